@@ -1,0 +1,189 @@
+package mem
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// live maps the base address of every mapping Alloc made to the mapping
+// itself (as unix.Mmap returned it, which unix.Munmap requires).
+var live struct {
+	sync.Mutex
+	m map[uintptr][]byte
+}
+
+// Alloc maps size bytes of zeroed, private, anonymous memory, rounded up to
+// whole pages, and returns it as a slice of length size whose capacity is the
+// rounded size. The memory starts page aligned and is not part of the Go heap.
+//
+// From 2 MiB on, Alloc asks for transparent huge pages (madvise
+// MADV_HUGEPAGE; a kernel without them is not an error). When node >= 0 and
+// the machine has more than one NUMA node, the pages are bound to that node
+// (mbind MPOL_BIND) before they are touched; binding is best effort where the
+// kernel or a seccomp filter forbids it (ENOSYS, EPERM), and other binding
+// errors, such as a node that does not exist, fail the allocation. node < 0,
+// or a machine with one node, means no binding.
+//
+// The slice stays valid until [Free], which must receive it with its start
+// and capacity unchanged. Alloc is safe for concurrent use.
+func Alloc(size int, node int) ([]byte, error) {
+	n, ok := roundUp(size)
+	if !ok {
+		return nil, fmt.Errorf("mem: alloc %d bytes: %w", size, ErrBadSize)
+	}
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("mem: alloc %d bytes: %w", size, err)
+	}
+	if n >= hugePageSize {
+		if err := unix.Madvise(b, unix.MADV_HUGEPAGE); err != nil && !errors.Is(err, unix.EINVAL) {
+			unix.Munmap(b)
+			return nil, fmt.Errorf("mem: alloc %d bytes: madvise: %w", size, err)
+		}
+	}
+	if node >= 0 && numNodes() > 1 {
+		if err := bind(b, node); err != nil {
+			unix.Munmap(b)
+			return nil, fmt.Errorf("mem: alloc %d bytes on node %d: %w", size, node, err)
+		}
+	}
+	live.Lock()
+	if live.m == nil {
+		live.m = make(map[uintptr][]byte)
+	}
+	live.m[base(b)] = b
+	live.Unlock()
+	return b[:size:n], nil
+}
+
+// Free unmaps a buffer that [Alloc] returned. b must start where Alloc's
+// slice started and keep its capacity (its length may differ); anything else,
+// including a second Free of the same buffer, fails with [ErrNotAllocated]
+// and unmaps nothing. After Free returns nil, no one may touch the memory.
+// Free is safe for concurrent use.
+func Free(b []byte) error {
+	p := base(b)
+	live.Lock()
+	defer live.Unlock()
+	m, ok := live.m[p]
+	if !ok || p == 0 || cap(b) != len(m) {
+		return fmt.Errorf("mem: free %#x (cap %d): %w", p, cap(b), ErrNotAllocated)
+	}
+	if err := unix.Munmap(m); err != nil {
+		return fmt.Errorf("mem: free %#x: %w", p, err)
+	}
+	delete(live.m, p)
+	return nil
+}
+
+// IsAllocated reports whether addr lies inside a live allocation of [Alloc]
+// (guarded buffers are not counted). It is safe for concurrent use; the
+// answer may be stale once another goroutine frees the allocation.
+func IsAllocated(addr uintptr) bool {
+	live.Lock()
+	defer live.Unlock()
+	if _, ok := live.m[addr]; ok {
+		return true
+	}
+	for p, m := range live.m {
+		if addr >= p && addr-p < uintptr(len(m)) {
+			return true
+		}
+	}
+	return false
+}
+
+// AllocGuarded maps a buffer of exactly size bytes between two inaccessible
+// (PROT_NONE) pages, and returns it with the function that unmaps it. The
+// buffer's end touches the upper guard page, so an access just past it
+// faults; its start is aligned only when size is a multiple of the page
+// size. The capacity equals size, so append cannot run into the guard.
+//
+// It is meant for tests and fuzz targets that prove code never reads or
+// writes outside a buffer. The buffer stays valid until free is called; a
+// second call of free returns [ErrNotAllocated]. [Free] does not accept a
+// guarded buffer. AllocGuarded and free are safe for concurrent use.
+func AllocGuarded(size int) (buf []byte, free func() error, err error) {
+	n, ok := roundUp(size)
+	if !ok {
+		return nil, nil, fmt.Errorf("mem: alloc guarded %d bytes: %w", size, ErrBadSize)
+	}
+	m, err := unix.Mmap(-1, 0, n+2*pageSize, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, nil, fmt.Errorf("mem: alloc guarded %d bytes: %w", size, err)
+	}
+	end := pageSize + n
+	if err := unix.Mprotect(m[pageSize:end], unix.PROT_READ|unix.PROT_WRITE); err != nil {
+		unix.Munmap(m)
+		return nil, nil, fmt.Errorf("mem: alloc guarded %d bytes: mprotect: %w", size, err)
+	}
+	var once sync.Mutex
+	freed := false
+	free = func() error {
+		once.Lock()
+		defer once.Unlock()
+		if freed {
+			return fmt.Errorf("mem: free guarded %#x: %w", base(m), ErrNotAllocated)
+		}
+		if err := unix.Munmap(m); err != nil {
+			return fmt.Errorf("mem: free guarded %#x: %w", base(m), err)
+		}
+		freed = true
+		return nil
+	}
+	return m[end-size : end : end], free, nil
+}
+
+// base is the address of b's first byte, 0 for a slice without backing
+// memory. The memory is outside the Go heap, so the address is stable.
+func base(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// numNodes counts the NUMA nodes in sysfs, once; 1 when sysfs does not say.
+var numNodes = sync.OnceValue(func() int {
+	ents, err := os.ReadDir("/sys/devices/system/node")
+	if err != nil {
+		return 1
+	}
+	n := 0
+	for _, e := range ents {
+		id, ok := strings.CutPrefix(e.Name(), "node")
+		if _, err := strconv.ParseUint(id, 10, 32); ok && err == nil {
+			n++
+		}
+	}
+	return max(n, 1)
+})
+
+// mpolBind is MPOL_BIND of <linux/mempolicy.h>: allocate only on the nodes in
+// the mask.
+const mpolBind = 2
+
+// maxNode bounds node numbers (the kernel's MAX_NUMNODES is at most 1024).
+const maxNode = 1 << 10
+
+// bind sets the memory policy of b's pages to node. Pages already faulted in
+// keep their place; Alloc binds before anything touches them.
+func bind(b []byte, node int) error {
+	if node < 0 || node >= maxNode {
+		return fmt.Errorf("mbind node %d: %w", node, unix.EINVAL)
+	}
+	mask := make([]uint64, node/64+1)
+	mask[node/64] = 1 << (node % 64)
+	// The kernel reads maxnode-1 bits of the mask (a historical off-by-one
+	// that numactl also compensates for), so pass one more than its size.
+	maxnode := uintptr(len(mask)*64 + 1)
+	_, _, errno := unix.Syscall6(unix.SYS_MBIND, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)),
+		mpolBind, uintptr(unsafe.Pointer(&mask[0])), maxnode, 0)
+	switch errno {
+	case 0, unix.ENOSYS, unix.EPERM:
+		return nil
+	}
+	return fmt.Errorf("mbind node %d: %w", node, errno)
+}

@@ -1,0 +1,28 @@
+//go:build !linux
+
+package mem
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Alloc maps engine memory; only Linux supports it, elsewhere it returns an
+// error wrapping errors.ErrUnsupported.
+func Alloc(size int, node int) ([]byte, error) {
+	return nil, fmt.Errorf("mem: alloc: %w", errors.ErrUnsupported)
+}
+
+// Free unmaps memory from [Alloc]; outside Linux nothing was allocated, so it
+// returns [ErrNotAllocated].
+func Free(b []byte) error { return fmt.Errorf("mem: free: %w", ErrNotAllocated) }
+
+// IsAllocated reports whether addr lies in a live allocation of [Alloc];
+// always false outside Linux.
+func IsAllocated(addr uintptr) bool { return false }
+
+// AllocGuarded maps a buffer between guard pages; only Linux supports it,
+// elsewhere it returns an error wrapping errors.ErrUnsupported.
+func AllocGuarded(size int) (buf []byte, free func() error, err error) {
+	return nil, nil, fmt.Errorf("mem: alloc guarded: %w", errors.ErrUnsupported)
+}

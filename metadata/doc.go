@@ -1,0 +1,40 @@
+// Package metadata holds segment descriptors: the record, published by each
+// engine, of its name, epoch, endpoints per transport and remote-accessible
+// buffers ([segtable.SegmentDesc]). Engines publish their own descriptor with
+// [Store.Put] and resolve a peer's with [Store.Get] when they open its
+// segment; [Store.Watch] tells them when a peer restarts or goes away.
+//
+// [Store] is the contract; [Memory] is the in-process store used by tests and
+// by engines that share one process. Stores that span machines (p2p, an HTTP
+// metadata server, etcd) implement the same interface and must keep the same
+// semantics; [github.com/moonring/moonring/metadata/storetest] checks them.
+//
+// # Ownership of a name
+//
+// A name belongs to one engine instance at a time, identified by the
+// descriptor's Epoch. Put under a name held with another epoch fails with
+// [ErrExists]; the owner republishes (after registering a buffer, say) with
+// its own epoch, and gives the name up with Delete. An engine that restarts
+// under the same name gets a new epoch, so peers that cached the old
+// descriptor can tell that the keys and addresses they hold are dead.
+//
+// # Concurrency
+//
+// Every Store is safe for concurrent use by any number of goroutines. The
+// descriptors a Store hands out are copies owned by the receiver.
+//
+// # Lifetimes
+//
+// A Store lives until Close. Close ends every Watch (their channels are
+// closed) and makes later calls fail with [ErrClosed]. A Watch channel is
+// closed when the watch's context is done or the store is closed, whichever
+// comes first; nothing else needs releasing.
+//
+// # Errors
+//
+// Errors are wrapped once with the store and the name, as in
+// `metadata memory: get "node-a": metadata: segment not found`, and match
+// their sentinel with errors.Is: [ErrNotFound], [ErrExists], [ErrEpoch],
+// [ErrClosed], [segtable.ErrBadDesc] for a descriptor that fails
+// Validate, and the context's error when the context is done.
+package metadata

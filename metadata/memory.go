@@ -1,0 +1,190 @@
+package metadata
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/moonring/moonring/segtable"
+)
+
+var _ Store = (*Memory)(nil)
+
+// Memory is the in-process [Store]: a map guarded by a mutex, for tests and
+// for engines that share one process. It is safe for concurrent use. Its zero
+// value is an empty, open store; a Memory must not be copied after first use.
+// It holds no resource but its watches, which Close ends.
+type Memory struct {
+	mu     sync.Mutex
+	closed bool
+	descs  map[string]*segtable.SegmentDesc
+	// watches holds the live watches of each name. A watch leaves the set,
+	// and its channel is closed, exactly once: when its context ends or the
+	// store closes, under mu.
+	watches map[string]map[*watch]struct{}
+}
+
+type watch struct {
+	ch   chan Event
+	stop func() bool // cancels the context.AfterFunc that ends the watch
+}
+
+// NewMemory returns an empty in-process store. Close it to end its watches.
+func NewMemory() *Memory { return new(Memory) }
+
+// String returns "memory".
+func (m *Memory) String() string { return "memory" }
+
+func (m *Memory) errorf(op, name string, err error) error {
+	return fmt.Errorf("metadata %s: %s %q: %w", m, op, name, err)
+}
+
+// check returns the error that stops an operation before it starts; m.mu is
+// held.
+func (m *Memory) check(ctx context.Context, op, name string) error {
+	if m.closed {
+		return m.errorf(op, name, ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return m.errorf(op, name, err)
+	}
+	return nil
+}
+
+// Get returns a copy of the descriptor under name; see [Store].
+func (m *Memory) Get(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(ctx, "get", name); err != nil {
+		return nil, err
+	}
+	d, ok := m.descs[name]
+	if !ok {
+		return nil, m.errorf("get", name, ErrNotFound)
+	}
+	return d.Clone(), nil
+}
+
+// Put validates d and stores a copy unless another epoch holds its name;
+// see [Store].
+func (m *Memory) Put(ctx context.Context, d *segtable.SegmentDesc) error {
+	if d == nil {
+		return m.errorf("put", "", fmt.Errorf("%w: nil descriptor", segtable.ErrBadDesc))
+	}
+	if err := d.Validate(); err != nil {
+		return m.errorf("put", d.Name, err)
+	}
+	d = d.Clone()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(ctx, "put", d.Name); err != nil {
+		return err
+	}
+	if old, ok := m.descs[d.Name]; ok && old.Epoch != d.Epoch {
+		return m.errorf("put", d.Name, fmt.Errorf("%w: held by epoch %d, not %d", ErrExists, old.Epoch, d.Epoch))
+	}
+	if m.descs == nil {
+		m.descs = make(map[string]*segtable.SegmentDesc)
+	}
+	m.descs[d.Name] = d
+	m.notify(d.Name, d, false)
+	return nil
+}
+
+// Delete removes the descriptor under name if its epoch matches (0 matches
+// any); see [Store].
+func (m *Memory) Delete(ctx context.Context, name string, epoch uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(ctx, "delete", name); err != nil {
+		return err
+	}
+	old, ok := m.descs[name]
+	if !ok {
+		return m.errorf("delete", name, ErrNotFound)
+	}
+	if epoch != 0 && old.Epoch != epoch {
+		return m.errorf("delete", name, fmt.Errorf("%w: held by epoch %d, not %d", ErrEpoch, old.Epoch, epoch))
+	}
+	delete(m.descs, name)
+	m.notify(name, old, true)
+	return nil
+}
+
+// Watch returns a coalescing channel of the changes of name, closed when ctx
+// is done or the store is closed; see [Store].
+func (m *Memory) Watch(ctx context.Context, name string) (<-chan Event, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(ctx, "watch", name); err != nil {
+		return nil, err
+	}
+	w := &watch{ch: make(chan Event, 1)}
+	if d, ok := m.descs[name]; ok {
+		w.ch <- Event{Desc: d.Clone()}
+	}
+	if m.watches == nil {
+		m.watches = make(map[string]map[*watch]struct{})
+	}
+	if m.watches[name] == nil {
+		m.watches[name] = make(map[*watch]struct{})
+	}
+	m.watches[name][w] = struct{}{}
+	// The function runs in its own goroutine, so it waits for mu if ctx is
+	// already done; by then w is registered.
+	w.stop = context.AfterFunc(ctx, func() { m.unwatch(name, w) })
+	return w.ch, nil
+}
+
+func (m *Memory) unwatch(name string, w *watch) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	set := m.watches[name]
+	if _, ok := set[w]; !ok {
+		return // the store closed first
+	}
+	delete(set, w)
+	if len(set) == 0 {
+		delete(m.watches, name)
+	}
+	close(w.ch)
+}
+
+// notify hands every watcher of name its own copy of the event, replacing
+// an event the watcher has not received yet. m.mu is held, and only holders
+// of m.mu send, so after the drain the channel has room and the send cannot
+// block.
+func (m *Memory) notify(name string, d *segtable.SegmentDesc, deleted bool) {
+	for w := range m.watches[name] {
+		ev := Event{Desc: d.Clone(), Deleted: deleted}
+		select {
+		case w.ch <- ev:
+		default:
+			select {
+			case <-w.ch:
+			default: // the watcher took it meanwhile
+			}
+			w.ch <- ev
+		}
+	}
+}
+
+// Close ends every watch and makes later calls fail with [ErrClosed]. It is
+// idempotent.
+func (m *Memory) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	for _, set := range m.watches {
+		for w := range set {
+			w.stop()
+			close(w.ch)
+		}
+	}
+	m.watches = nil
+	m.descs = nil
+	return nil
+}

@@ -1,0 +1,21 @@
+package metadata_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/storetest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestMemory(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) metadata.Store { return metadata.NewMemory() })
+}
+
+// The zero Memory is a usable store.
+func TestMemoryZeroValue(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) metadata.Store { return new(metadata.Memory) })
+}
