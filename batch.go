@@ -1,0 +1,464 @@
+package moonring
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/ring"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/sq"
+)
+
+// BatchID names a batch of transfer tasks from AllocateBatchID until
+// FreeBatchID. It packs a slot and a generation, so a freed ID is refused
+// even after its slot is reused.
+type BatchID uint64
+
+// Opcode is the direction of a TransferRequest.
+type Opcode uint8
+
+const (
+	// Read moves bytes from the target segment into Source.
+	Read Opcode = iota
+	// Write moves bytes from Source into the target segment.
+	Write
+)
+
+// TransferRequest is one task of a batch, as in Mooncake's transfer engine.
+type TransferRequest struct {
+	Opcode Opcode
+	// Source is the address of the local memory: it must lie, with Length
+	// bytes after it, inside one registered buffer. See AddressOf.
+	Source uintptr
+	// TargetID is the segment (LocalSegmentID for the engine's own memory).
+	TargetID SegmentID
+	// TargetOffset is the address in the target segment.
+	TargetOffset uint64
+	// Length is the number of bytes to move.
+	Length uint64
+}
+
+// AddressOf returns the address of b's first byte, for TransferRequest.Source
+// and for the TargetOffset of memory a peer registered.
+func AddressOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// TransferStatus is a task's status and the bytes it moved.
+type TransferStatus struct {
+	Status Status
+	// Bytes is the number of bytes moved: Length once COMPLETED, else 0.
+	Bytes uint64
+	// Code says why a task did not complete.
+	Code Code
+}
+
+// Err returns the task's error: nil unless it FAILED, timed out or was
+// canceled. It never allocates.
+func (s TransferStatus) Err() error { return s.Code.Err() }
+
+type task struct {
+	status atomic.Uint32 // cq.Status; stored last, so a terminal status publishes code and bytes
+	code   atomic.Uint32
+	bytes  atomic.Uint64
+	node   int32 // the node of the ring that runs it; written before submit
+}
+
+type batch struct {
+	gen        atomic.Uint32 // 16 bits used; 0 while free
+	tasks      []task        // capacity kept across uses
+	size       int           // tasks allocated
+	submitted  int           // tasks submitted (by the one filling goroutine)
+	unfinished atomic.Int64  // submitted and not terminal
+	done       chan struct{} // signaled when unfinished reaches 0 and waiting is set
+	waiting    atomic.Bool
+}
+
+// batchTable holds the engine's batches and the rings that serve them.
+type batchTable struct {
+	e     *Engine
+	mu    sync.Mutex // guards free, rings and the allocation of slots
+	slots []batch
+	free  []int
+	rings map[int]*ring.Ring // per NUMA node, made on first use
+}
+
+func (bt *batchTable) init(e *Engine, n int) {
+	bt.e = e
+	bt.slots = make([]batch, n)
+	bt.free = make([]int, n)
+	for i := range bt.slots {
+		bt.free[i] = n - 1 - i
+		bt.slots[i].done = make(chan struct{}, 1)
+	}
+	bt.rings = map[int]*ring.Ring{}
+}
+
+func (bt *batchTable) close() {
+	bt.mu.Lock()
+	rings := bt.rings
+	bt.rings = nil
+	bt.mu.Unlock()
+	for _, r := range rings {
+		r.Close()
+	}
+}
+
+// ring returns the batch ring of a node.
+func (bt *batchTable) ring(node int) (*ring.Ring, error) {
+	bt.mu.Lock()
+	defer bt.mu.Unlock()
+	if r := bt.rings[node]; r != nil {
+		return r, nil
+	}
+	if bt.rings == nil {
+		return nil, ErrClosed
+	}
+	e := bt.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed.Load() {
+		return nil, ErrClosed
+	}
+	n := e.cfg.BatchEntries
+	r, err := ring.New(ring.Config{
+		Entries: n, MaxInFlight: n, SliceSize: e.cfg.SliceSize, RetryLimit: e.cfg.RetryLimit,
+		Timeout: e.cfg.Timeout, Sink: (*batchSink)(bt),
+	}, &e.tables, e.poller(node))
+	if err != nil {
+		return nil, fmt.Errorf("moonring: batch ring: %w", err)
+	}
+	bt.rings[node] = r
+	return r, nil
+}
+
+// userData packs a task's address: slot, generation, task index.
+func userData(slot int, gen uint32, task int) uint64 {
+	return uint64(slot) | uint64(gen&0xffff)<<16 | uint64(task)<<32
+}
+
+func (bt *batchTable) lookup(id BatchID) (*batch, error) {
+	slot, gen := int(id&0xffff), uint32(id>>16&0xffff)
+	if id>>32 != 0 || slot >= len(bt.slots) || gen == 0 || bt.slots[slot].gen.Load() != gen {
+		return nil, fmt.Errorf("moonring: batch %#x: %w", uint64(id), ErrBadBatch)
+	}
+	return &bt.slots[slot], nil
+}
+
+// batchSink stores completions of the batch rings into task status.
+type batchSink batchTable
+
+func (s *batchSink) task(ud uint64) (*batch, *task) {
+	slot, gen, t := int(ud&0xffff), uint32(ud>>16&0xffff), int(ud>>32)
+	if slot >= len(s.slots) {
+		return nil, nil
+	}
+	b := &s.slots[slot]
+	if b.gen.Load() != gen || t >= b.size {
+		return nil, nil
+	}
+	return b, &b.tasks[t]
+}
+
+// Started marks the task PENDING.
+func (s *batchSink) Started(ud uint64) {
+	if _, t := s.task(ud); t != nil {
+		t.status.Store(uint32(cq.Pending))
+	}
+}
+
+// Complete stores the task's terminal status.
+func (s *batchSink) Complete(c *cq.Completion) {
+	b, t := s.task(c.UserData)
+	if t == nil {
+		return
+	}
+	t.bytes.Store(c.Bytes)
+	t.code.Store(uint32(c.Code))
+	t.status.Store(uint32(c.Status))
+	if b.unfinished.Add(-1) == 0 && b.waiting.Load() {
+		select {
+		case b.done <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// AllocateBatchID reserves a batch of up to n tasks. Free it with
+// FreeBatchID once its tasks are terminal.
+func (e *Engine) AllocateBatchID(n int) (BatchID, error) {
+	if e.closed.Load() {
+		return 0, ErrClosed
+	}
+	if n <= 0 || n > 1<<31 {
+		return 0, fmt.Errorf("moonring: allocate batch of %d: %w", n, ErrBadBatch)
+	}
+	bt := &e.batches
+	bt.mu.Lock()
+	defer bt.mu.Unlock()
+	if len(bt.free) == 0 {
+		return 0, fmt.Errorf("moonring: allocate batch: %w (%d)", ErrTooManyBatches, len(bt.slots))
+	}
+	slot := bt.free[len(bt.free)-1]
+	bt.free = bt.free[:len(bt.free)-1]
+	b := &bt.slots[slot]
+	if cap(b.tasks) < n {
+		b.tasks = make([]task, n)
+	}
+	b.tasks = b.tasks[:n]
+	for i := range b.tasks {
+		b.tasks[i].status.Store(uint32(cq.Waiting))
+		b.tasks[i].code.Store(0)
+		b.tasks[i].bytes.Store(0)
+	}
+	b.size, b.submitted = n, 0
+	b.unfinished.Store(0)
+	gen := (b.gen.Load() + 1) & 0xffff
+	if gen == 0 {
+		gen = 1
+	}
+	// Advance the stored generation past the free marker; a later store of
+	// gen publishes the reset tasks to the sink.
+	b.gen.Store(gen)
+	return BatchID(uint64(slot) | uint64(gen)<<16), nil
+}
+
+// FreeBatchID releases a batch. It fails with ErrBusy while tasks are not
+// terminal; the batch stays allocated then.
+func (e *Engine) FreeBatchID(id BatchID) error {
+	bt := &e.batches
+	bt.mu.Lock()
+	defer bt.mu.Unlock()
+	b, err := bt.lookup(id)
+	if err != nil {
+		return err
+	}
+	if n := b.unfinished.Load(); n > 0 {
+		return fmt.Errorf("moonring: free batch %#x: %d tasks unfinished: %w", uint64(id), n, ErrBusy)
+	}
+	b.gen.Store(0)
+	bt.free = append(bt.free, int(id&0xffff))
+	return nil
+}
+
+// SubmitTransfer checks reqs and appends them to the batch as tasks
+// (numbered from the number already submitted). It submits none when a
+// request is bad (an unregistered source range, an unknown segment, a
+// zero length) or the batch is too small. Without allocating, it waits
+// for room in the submission queue up to the engine's Timeout; tasks it
+// could not submit by then are FAILED and ErrSQFull is returned. One
+// goroutine at a time should submit to a given batch.
+func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
+	b, err := e.batches.lookup(id)
+	if err != nil {
+		return err
+	}
+	if b.submitted+len(reqs) > b.size {
+		return fmt.Errorf("moonring: submit %d tasks to batch of %d with %d submitted: %w", len(reqs), b.size, b.submitted, ErrBatchFull)
+	}
+	for i := range reqs {
+		if _, err := e.check(&reqs[i]); err != nil {
+			return fmt.Errorf("moonring: submit task %d: %w", b.submitted+i, err)
+		}
+	}
+	slot := int(id & 0xffff)
+	gen := b.gen.Load()
+	var es [32]sq.Entry
+	for start := 0; start < len(reqs); start += len(es) {
+		chunk := reqs[start:min(start+len(es), len(reqs))]
+		var r *ring.Ring
+		node := -1
+		n := 0
+		for i := range chunk {
+			req := &chunk[i]
+			buf, _ := e.check(req)
+			tn := nodeOf(buf.Location)
+			if node >= 0 && tn != node {
+				break // one ring per push
+			}
+			node = tn
+			task := b.submitted + start + i
+			b.tasks[task].node = int32(node)
+			op := sq.Read
+			if req.Opcode == Write {
+				op = sq.Write
+			}
+			es[i] = sq.Entry{Op: op, Segment: req.TargetID, Buffer: buf.ID, Local: uint64(req.Source - buf.Addr),
+				Remote: req.TargetOffset, Length: req.Length, UserData: userData(slot, gen, task)}
+			n++
+		}
+		if r, err = e.batches.ring(node); err != nil {
+			e.failTasks(b, b.submitted+start, len(reqs)-start)
+			return err
+		}
+		b.unfinished.Add(int64(n))
+		if err := e.push(r, es[:n]); err != nil {
+			// Tasks pushed before the error run; the rest are failed here.
+			b.unfinished.Add(-int64(n))
+			e.failTasks(b, b.submitted+start, len(reqs)-start)
+			return fmt.Errorf("moonring: submit to batch %#x: %w", uint64(id), err)
+		}
+		start -= len(es) - n // a chunk cut short by a node change resumes there
+	}
+	b.submitted += len(reqs)
+	return nil
+}
+
+// check resolves a request's source to its buffer and checks its length
+// and segment.
+func (e *Engine) check(req *TransferRequest) (*segtable.Buffer, error) {
+	if req.Opcode != Read && req.Opcode != Write {
+		return nil, fmt.Errorf("opcode %d: %w", req.Opcode, ErrInvalid)
+	}
+	if req.Length == 0 {
+		return nil, ErrLength
+	}
+	buf := e.buffers.Find(req.Source, req.Length)
+	if buf == nil {
+		return nil, fmt.Errorf("source [%#x, +%d): %w", req.Source, req.Length, ErrNotRegistered)
+	}
+	if e.segments.Get(req.TargetID) == nil {
+		return nil, fmt.Errorf("segment %d: %w", req.TargetID, ErrBadSegment)
+	}
+	return buf, nil
+}
+
+// push submits es, waiting for room up to the engine's timeout. On timeout
+// the entries not pushed are counted off by the caller.
+func (e *Engine) push(r *ring.Ring, es []sq.Entry) error {
+	var deadline time.Time
+	for spins := 0; ; spins++ {
+		n, err := r.Submit(es)
+		es = es[n:]
+		if err == nil {
+			return nil
+		}
+		if err != ring.ErrSQFull {
+			return err
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(e.cfg.Timeout)
+		} else if time.Now().After(deadline) {
+			return err
+		}
+		if spins < 64 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
+// failTasks marks n tasks from first FAILED (they were never submitted).
+func (e *Engine) failTasks(b *batch, first, n int) {
+	for i := first; i < first+n && i < b.size; i++ {
+		b.tasks[i].code.Store(uint32(cq.CodeClosed))
+		b.tasks[i].status.Store(uint32(cq.Failed))
+	}
+}
+
+// GetTransferStatus returns the status of one task. It takes no lock and
+// does not allocate.
+func (e *Engine) GetTransferStatus(id BatchID, taskID int) (TransferStatus, error) {
+	b, err := e.batches.lookup(id)
+	if err != nil {
+		return TransferStatus{}, err
+	}
+	if taskID < 0 || taskID >= b.size {
+		return TransferStatus{}, fmt.Errorf("moonring: task %d of batch of %d: %w", taskID, b.size, ErrBadBatch)
+	}
+	t := &b.tasks[taskID]
+	st := Status(t.status.Load())
+	return TransferStatus{Status: st, Bytes: t.bytes.Load(), Code: Code(t.code.Load())}, nil
+}
+
+// GetBatchTransferStatus fills dst with the status of the batch's first
+// len(dst) tasks (at most the batch's size) and returns how many it filled.
+func (e *Engine) GetBatchTransferStatus(id BatchID, dst []TransferStatus) (int, error) {
+	b, err := e.batches.lookup(id)
+	if err != nil {
+		return 0, err
+	}
+	n := min(len(dst), b.size)
+	for i := 0; i < n; i++ {
+		t := &b.tasks[i]
+		dst[i] = TransferStatus{Status: Status(t.status.Load()), Bytes: t.bytes.Load(), Code: Code(t.code.Load())}
+	}
+	return n, nil
+}
+
+// CancelTransfer cancels a task that is not yet complete; it then ends
+// CANCELED. A task already terminal is left alone.
+func (e *Engine) CancelTransfer(id BatchID, taskID int) error {
+	b, err := e.batches.lookup(id)
+	if err != nil {
+		return err
+	}
+	if taskID < 0 || taskID >= b.submitted {
+		return fmt.Errorf("moonring: cancel task %d: %w", taskID, ErrBadBatch)
+	}
+	if Status(b.tasks[taskID].status.Load()).Terminal() {
+		return nil
+	}
+	r, err := e.batches.ring(int(b.tasks[taskID].node))
+	if err != nil {
+		return err
+	}
+	return e.push(r, []sq.Entry{{Op: sq.Cancel, Remote: userData(int(id&0xffff), b.gen.Load(), taskID)}})
+}
+
+// WaitBatch blocks until every submitted task of the batch is terminal or
+// ctx is done.
+func (e *Engine) WaitBatch(ctx context.Context, id BatchID) error {
+	b, err := e.batches.lookup(id)
+	if err != nil {
+		return err
+	}
+	b.waiting.Store(true)
+	defer b.waiting.Store(false)
+	for b.unfinished.Load() > 0 {
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	select { // drop a signal left from a race with the last completion
+	case <-b.done:
+	default:
+	}
+	return nil
+}
+
+// Transfer runs reqs as one batch and waits for all of them. It returns
+// nil when every request completed, else the first task's error with its
+// index. When ctx ends first the unfinished requests are canceled.
+func (e *Engine) Transfer(ctx context.Context, reqs ...TransferRequest) error {
+	id, err := e.AllocateBatchID(len(reqs))
+	if err != nil {
+		return err
+	}
+	if err := e.SubmitTransfer(id, reqs); err != nil {
+		e.WaitBatch(context.Background(), id)
+		e.FreeBatchID(id)
+		return err
+	}
+	if werr := e.WaitBatch(ctx, id); werr != nil {
+		for i := range reqs {
+			e.CancelTransfer(id, i)
+		}
+		e.WaitBatch(context.Background(), id)
+	}
+	defer e.FreeBatchID(id)
+	for i := range reqs {
+		st, _ := e.GetTransferStatus(id, i)
+		if st.Status != COMPLETED {
+			return fmt.Errorf("moonring: transfer %d: %s: %w", i, st.Status, st.Err())
+		}
+	}
+	return nil
+}

@@ -1,0 +1,445 @@
+// Package cq defines the completion entry and the lock-free completion ring
+// that pollers fill and the caller reads without entering the kernel.
+//
+// # Concurrency
+//
+// Post may be called from any number of goroutines at once. Peek, PeekBatch,
+// Advance, Wait and EventFD belong to one reader at a time.
+//
+// # Lifetimes
+//
+// The pointer Peek returns stays valid until the next Advance. The eventfd
+// returned by EventFD belongs to the Ring and is closed by Close.
+//
+// # Overflow
+//
+// A full ring never drops a completion: Post keeps it on an overflow list,
+// Overflowed reports that this happened, and Advance moves held completions
+// into the ring, in order, as room appears (io_uring's overflow semantics).
+// Posting to the overflow list allocates; the steady state does not.
+package cq
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moonring/moonring/internal/mpsc"
+)
+
+// Status says whether a request's bytes moved. Only the last four are
+// terminal; Waiting and Pending appear in batch task status.
+type Status uint8
+
+const (
+	// Waiting: submitted, not yet taken by a poller.
+	Waiting Status = iota
+	// Pending: taken; slices are in flight.
+	Pending
+	// Completed: every byte moved.
+	Completed
+	// Timeout: the deadline passed first.
+	Timeout
+	// Failed: an error code says why.
+	Failed
+	// Canceled: canceled before it completed.
+	Canceled
+)
+
+var statusNames = [...]string{"WAITING", "PENDING", "COMPLETED", "TIMEOUT", "FAILED", "CANCELED"}
+
+// String returns the Mooncake status word.
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("STATUS(%d)", uint8(s))
+}
+
+// Terminal reports whether s is final.
+func (s Status) Terminal() bool { return s >= Completed && s <= Canceled }
+
+// Code is the error code of a completion; CodeOK is success.
+type Code uint8
+
+// Error codes carried by completions. Each maps to one sentinel error.
+const (
+	CodeOK Code = iota
+	CodeInvalid
+	CodeBadBuffer
+	CodeLocalRange
+	CodeBadSegment
+	CodeRemoteRange
+	CodeLength
+	CodeTimeout
+	CodeCanceled
+	CodeTransport
+	CodeDenied
+	CodeClosed
+	CodeNoTransport
+	codeCount
+)
+
+// Sentinel errors that completion codes map to. Retrying the same request
+// helps only after ErrTimeout, ErrTransport and (once the cause is fixed)
+// ErrNoTransport; the others describe the request itself.
+var (
+	// ErrInvalid: unknown op, unknown flags or non-zero reserved bytes.
+	ErrInvalid = errors.New("moonring: invalid request")
+	// ErrBadBuffer: the BufferID names no registered buffer (or one being
+	// unregistered).
+	ErrBadBuffer = errors.New("moonring: unknown local buffer")
+	// ErrLocalRange: the local range lies outside its buffer.
+	ErrLocalRange = errors.New("moonring: local range outside buffer")
+	// ErrBadSegment: the SegmentID names no open segment.
+	ErrBadSegment = errors.New("moonring: unknown segment")
+	// ErrRemoteRange: the remote range lies outside every buffer of the
+	// segment that the engine may access.
+	ErrRemoteRange = errors.New("moonring: remote range outside segment")
+	// ErrLength: zero length, or longer than the engine allows.
+	ErrLength = errors.New("moonring: bad length")
+	// ErrTimeout: the request's deadline passed before it completed.
+	ErrTimeout = errors.New("moonring: request timed out")
+	// ErrCanceled: the request was canceled.
+	ErrCanceled = errors.New("moonring: request canceled")
+	// ErrTransport: the transport failed the request after all retries.
+	ErrTransport = errors.New("moonring: transport failed")
+	// ErrDenied: the peer refused access (wrong key, range not granted).
+	ErrDenied = errors.New("moonring: access denied by peer")
+	// ErrClosed: the ring or engine closed before the request completed.
+	ErrClosed = os.ErrClosed
+	// ErrNoTransport: no installed transport reaches the segment.
+	ErrNoTransport = errors.New("moonring: no transport for segment")
+)
+
+var codeErrs = [codeCount]error{
+	CodeOK: nil, CodeInvalid: ErrInvalid, CodeBadBuffer: ErrBadBuffer,
+	CodeLocalRange: ErrLocalRange, CodeBadSegment: ErrBadSegment,
+	CodeRemoteRange: ErrRemoteRange, CodeLength: ErrLength, CodeTimeout: ErrTimeout,
+	CodeCanceled: ErrCanceled, CodeTransport: ErrTransport, CodeDenied: ErrDenied,
+	CodeClosed: ErrClosed, CodeNoTransport: ErrNoTransport,
+}
+
+var errUnknownCode = errors.New("moonring: unknown error code")
+
+// Err returns the sentinel for c: nil for CodeOK. It never allocates.
+func (c Code) Err() error {
+	if int(c) < len(codeErrs) {
+		return codeErrs[c]
+	}
+	return errUnknownCode
+}
+
+// CodeOf returns the code of a sentinel error (searched with errors.Is), and
+// CodeTransport for any other non-nil error.
+func CodeOf(err error) Code {
+	if err == nil {
+		return CodeOK
+	}
+	for c := Code(1); c < codeCount; c++ {
+		if errors.Is(err, codeErrs[c]) {
+			return c
+		}
+	}
+	return CodeTransport
+}
+
+// Status returns the terminal status that code c ends a request with.
+func (c Code) Status() Status {
+	switch c {
+	case CodeOK:
+		return Completed
+	case CodeTimeout:
+		return Timeout
+	case CodeCanceled:
+		return Canceled
+	}
+	return Failed
+}
+
+// Completion is one completion entry: 24 bytes, no pointers.
+type Completion struct {
+	UserData uint64 // echoed from the submission
+	Bytes    uint64 // bytes moved; equals the request's Length on success
+	Status   Status
+	Code     Code
+	_        [6]byte // reserved, zero
+}
+
+// CompletionSize is the size of a Completion in bytes.
+const CompletionSize = 24
+
+var _ [CompletionSize - unsafe.Sizeof(Completion{})]byte
+var _ [unsafe.Sizeof(Completion{}) - CompletionSize]byte
+
+// Err returns the completion's error: nil on success, a sentinel otherwise.
+// It never allocates.
+func (c *Completion) Err() error { return c.Code.Err() }
+
+// ErrEncoding reports a malformed encoded completion.
+var ErrEncoding = errors.New("cq: malformed encoded completion")
+
+// MarshalTo encodes c into b (24 bytes, little endian).
+func (c *Completion) MarshalTo(b []byte) error {
+	if len(b) != CompletionSize {
+		return ErrEncoding
+	}
+	clear(b)
+	binary.LittleEndian.PutUint64(b[0:], c.UserData)
+	binary.LittleEndian.PutUint64(b[8:], c.Bytes)
+	b[16] = byte(c.Status)
+	b[17] = byte(c.Code)
+	return nil
+}
+
+// UnmarshalFrom decodes b into c; it refuses unknown statuses and codes and
+// non-zero reserved bytes.
+func (c *Completion) UnmarshalFrom(b []byte) error {
+	if len(b) != CompletionSize || b[16] > byte(Canceled) || b[17] >= byte(codeCount) {
+		return ErrEncoding
+	}
+	for _, x := range b[18:] {
+		if x != 0 {
+			return ErrEncoding
+		}
+	}
+	*c = Completion{
+		UserData: binary.LittleEndian.Uint64(b[0:]),
+		Bytes:    binary.LittleEndian.Uint64(b[8:]),
+		Status:   Status(b[16]),
+		Code:     Code(b[17]),
+	}
+	return nil
+}
+
+// Ring is the completion ring. Its zero value is not usable; use New.
+type Ring struct {
+	q *mpsc.Queue[Completion]
+
+	// overflowing is set while completions wait on the overflow list; Post
+	// then appends there too, so order is kept.
+	overflowing atomic.Bool
+	overflowed  atomic.Uint64 // count of completions that ever overflowed
+	mu          sync.Mutex    // guards over
+	over        []Completion
+
+	// waiting is set by Wait before it sleeps; Post then signals wake.
+	waiting atomic.Bool
+	wake    chan struct{}
+	closed  atomic.Bool
+
+	// efd is the eventfd, -1 until EventFD is first called. signaled says
+	// whether a count is pending on it; Post sets it with one write, the
+	// reader clears it with one read when it empties the ring.
+	efd      atomic.Int32
+	signaled atomic.Bool
+}
+
+// New returns a ring of size completions (a power of two).
+func New(size int) (*Ring, error) {
+	q, err := mpsc.New[Completion](size)
+	if err != nil {
+		return nil, fmt.Errorf("cq: %w", err)
+	}
+	r := &Ring{q: q, wake: make(chan struct{}, 1)}
+	r.efd.Store(-1)
+	return r, nil
+}
+
+// Post adds a completion. It never drops one and never blocks on the reader.
+// Safe for concurrent use.
+func (r *Ring) Post(c *Completion) {
+	if r.overflowing.Load() || !r.q.PushOne(c) {
+		r.mu.Lock()
+		// Between the failed push and the lock the reader may have drained
+		// the overflow list and made room: try the ring again.
+		if len(r.over) > 0 || !r.q.PushOne(c) {
+			r.over = append(r.over, *c)
+			r.overflowing.Store(true)
+			r.overflowed.Add(1)
+		}
+		r.mu.Unlock()
+	}
+	r.notify()
+}
+
+// PostBatch adds completions in order, like Post for each, with one
+// reservation when they fit. Safe for concurrent use.
+func (r *Ring) PostBatch(cs []Completion) {
+	if len(cs) == 0 {
+		return
+	}
+	n := 0
+	if !r.overflowing.Load() {
+		n = r.q.Push(cs)
+	}
+	if n < len(cs) {
+		r.mu.Lock()
+		for _, c := range cs[n:] {
+			if len(r.over) > 0 || !r.q.PushOne(&c) {
+				r.over = append(r.over, c)
+				r.overflowing.Store(true)
+				r.overflowed.Add(1)
+			}
+		}
+		r.mu.Unlock()
+	}
+	r.notify()
+}
+
+func (r *Ring) notify() {
+	if r.waiting.Load() {
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
+	if fd := r.efd.Load(); fd >= 0 && !r.signaled.Load() && r.signaled.CompareAndSwap(false, true) {
+		var one = [8]byte{1}
+		unix.Write(int(fd), one[:])
+	}
+}
+
+// Overflowed returns how many completions found the ring full and waited on
+// the overflow list. A growing count means the reader reaps too slowly or
+// the ring is too small.
+func (r *Ring) Overflowed() uint64 { return r.overflowed.Load() }
+
+// Peek returns the oldest completion without removing it, valid until the
+// next Advance, or nil. It never enters the kernel.
+func (r *Ring) Peek() *Completion {
+	pos, n := r.q.Readable(1)
+	if n == 0 {
+		return nil
+	}
+	return r.q.Slot(pos)
+}
+
+// PeekBatch copies up to len(dst) of the oldest completions into dst without
+// removing them and returns how many. It never enters the kernel.
+func (r *Ring) PeekBatch(dst []Completion) int {
+	pos, n := r.q.Readable(len(dst))
+	for i := 0; i < n; i++ {
+		dst[i] = *r.q.Slot(pos + uint64(i))
+	}
+	return n
+}
+
+// Ready returns how many completions are ready to read.
+func (r *Ring) Ready() int {
+	_, n := r.q.Readable(r.q.Cap())
+	return n
+}
+
+// Advance removes n completions that Peek or PeekBatch returned. It enters
+// the kernel only to reset the eventfd when the ring becomes empty.
+func (r *Ring) Advance(n int) {
+	if n <= 0 {
+		return
+	}
+	r.q.Release(n)
+	if r.overflowing.Load() {
+		r.flush()
+	}
+	if r.signaled.Load() && r.q.Empty() {
+		r.signaled.Store(false)
+		var b [8]byte
+		unix.Read(int(r.efd.Load()), b[:])
+		// A Post that saw signaled set before the store above left no
+		// count behind; if its completion is already here, signal again.
+		if !r.q.Empty() {
+			r.notify()
+		}
+	}
+}
+
+func (r *Ring) flush() {
+	r.mu.Lock()
+	n := 0
+	for n < len(r.over) && r.q.PushOne(&r.over[n]) {
+		n++
+	}
+	r.over = r.over[:copy(r.over, r.over[n:])]
+	if len(r.over) == 0 {
+		r.overflowing.Store(false)
+	}
+	r.mu.Unlock()
+}
+
+// Wait blocks until at least n completions are ready, ctx is done, or the
+// ring is closed. It returns ctx's error or ErrClosed in the latter cases.
+func (r *Ring) Wait(ctx context.Context, n int) error {
+	if n > r.q.Cap() {
+		n = r.q.Cap()
+	}
+	for {
+		if r.Ready() >= n {
+			return nil
+		}
+		if r.overflowing.Load() {
+			r.flush()
+			continue
+		}
+		if r.closed.Load() {
+			return ErrClosed
+		}
+		r.waiting.Store(true)
+		if r.Ready() >= n || r.closed.Load() {
+			r.waiting.Store(false)
+			continue
+		}
+		select {
+		case <-r.wake:
+		case <-ctx.Done():
+			r.waiting.Store(false)
+			return ctx.Err()
+		}
+		r.waiting.Store(false)
+	}
+}
+
+// EventFD returns an eventfd that is readable while completions wait in the
+// ring, for epoll loops. The first call creates it; from then on Post writes
+// to it when the ring turns non-empty and Advance reads it when the ring
+// turns empty. The ring owns the descriptor; Close closes it.
+func (r *Ring) EventFD() (int, error) {
+	if fd := r.efd.Load(); fd >= 0 {
+		return int(fd), nil
+	}
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("cq: eventfd: %w", err)
+	}
+	r.efd.Store(int32(fd))
+	if !r.q.Empty() {
+		r.notify()
+	}
+	return fd, nil
+}
+
+// Close wakes a blocked Wait, which then returns ErrClosed once the ring is
+// drained of what it can read, and closes the eventfd. Completions already
+// posted stay readable.
+func (r *Ring) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	if fd := r.efd.Swap(-1); fd >= 0 {
+		return unix.Close(int(fd))
+	}
+	return nil
+}
+
+// Cap returns the ring's size.
+func (r *Ring) Cap() int { return r.q.Cap() }

@@ -1,0 +1,65 @@
+package moonring_test
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring"
+)
+
+func newEngine(t testing.TB, name string) *moonring.Engine {
+	t.Helper()
+	e, err := moonring.New(moonring.Config{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+func TestTransferBetweenEngines(t *testing.T) {
+	a := newEngine(t, t.Name()+"-a")
+	b := newEngine(t, t.Name()+"-b")
+	src := make([]byte, 3<<20+17)
+	dst := make([]byte, len(src))
+	back := make([]byte, len(src))
+	fill(src, 1)
+	if _, err := a.RegisterLocalMemory(src, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RegisterLocalMemory(back, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.RegisterLocalMemory(dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	seg, err := a.OpenSegment(ctx, b.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := uint64(len(src))
+	if err := a.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src), TargetID: seg, TargetOffset: uint64(moonring.AddressOf(dst)), Length: n}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("write: data differs")
+	}
+	if err := a.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Read, Source: moonring.AddressOf(back), TargetID: seg, TargetOffset: uint64(moonring.AddressOf(dst)), Length: n}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(src, back) {
+		t.Fatal("read: data differs")
+	}
+}

@@ -1,0 +1,250 @@
+// Package local is the in-process transport: it copies between the
+// registered buffers of engines that live in the same process, and between
+// an engine's own buffers. It is the reference transport of the conformance
+// suite and the benchmarks: what it costs is what the engine costs.
+//
+// # Concurrency
+//
+// A Transport and its endpoints are safe for concurrent use. Post copies on
+// the caller's goroutine and completes each slice before it returns.
+//
+// # Lifetimes
+//
+// A Transport is reachable by other engines of the process from New until
+// Close. Unregister waits for copies into or out of the buffer in progress.
+//
+// # Safety
+//
+// The target side checks every slice as a remote transport would: the range
+// must lie inside one buffer registered with this transport, the key must
+// match that buffer's, and the buffer must be remote-accessible unless the
+// slice comes through the engine's own Self endpoint.
+package local
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// Name is the transport's name in segment descriptors.
+const Name = "local"
+
+var (
+	registry sync.Map // endpoint string -> *Transport
+	nextID   atomic.Uint64
+)
+
+// Transport is the in-process transport of one engine. Use New.
+type Transport struct {
+	id     string
+	mu     sync.Mutex // serializes changes of regs
+	regs   atomic.Pointer[[]*region]
+	closed atomic.Bool
+}
+
+type region struct {
+	addr   uintptr
+	base   unsafe.Pointer
+	length uint64
+	key    uint64
+	remote bool
+	ref    segtable.Ref
+}
+
+var _ transport.Transport = (*Transport)(nil)
+
+// New returns a transport reachable from other engines of this process.
+func New() *Transport {
+	t := &Transport{id: strconv.Itoa(os.Getpid()) + "/" + strconv.FormatUint(nextID.Add(1), 10)}
+	registry.Store(t.id, t)
+	return t
+}
+
+// Name returns "local".
+func (t *Transport) Name() string { return Name }
+
+// Endpoint returns the transport's process-unique address.
+func (t *Transport) Endpoint() string { return t.id }
+
+// SliceSize returns 0: the engine's default slice size.
+func (t *Transport) SliceSize() uint64 { return 0 }
+
+func (t *Transport) list() []*region {
+	if p := t.regs.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// find returns the region holding [addr, addr+n), or nil.
+func find(rs []*region, addr uint64, n uint64) *region {
+	i := sort.Search(len(rs), func(i int) bool { return uint64(rs[i].addr)+rs[i].length > addr })
+	if i == len(rs) {
+		return nil
+	}
+	r := rs[i]
+	if addr < uint64(r.addr) || n > r.length || addr-uint64(r.addr) > r.length-n {
+		return nil
+	}
+	return r
+}
+
+// Register attaches a random 64-bit key to b.
+func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) {
+	if t.closed.Load() {
+		return segtable.Registration{}, fmt.Errorf("local: register: %w", transport.ErrClosed)
+	}
+	var k [8]byte
+	rand.Read(k[:])
+	mem := b.Bytes()
+	r := &region{addr: b.Addr, base: unsafe.Pointer(unsafe.SliceData(mem)), length: b.Length, key: binary.LittleEndian.Uint64(k[:]), remote: b.Remote}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rs := slices.Clone(t.list())
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].addr >= r.addr })
+	rs = slices.Insert(rs, i, r)
+	t.regs.Store(&rs)
+	return segtable.Registration{Key: strconv.FormatUint(r.key, 16)}, nil
+}
+
+// Unregister forgets b once no copy uses it.
+func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) error {
+	r := find(t.list(), uint64(b.Addr), b.Length)
+	if r == nil || r.addr != b.Addr {
+		return fmt.Errorf("local: unregister %#x: %w", b.Addr, segtable.ErrNotFound)
+	}
+	// Copies are short; a minute without progress means a bug, not load.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := r.ref.Drain(ctx); err != nil {
+		return fmt.Errorf("local: unregister %#x: %w", b.Addr, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rs := slices.DeleteFunc(slices.Clone(t.list()), func(x *region) bool { return x == r })
+	t.regs.Store(&rs)
+	return nil
+}
+
+// Open returns an endpoint to the engine of this process that published
+// desc, or ErrUnreachable when it lives elsewhere.
+func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (transport.Endpoint, error) {
+	if t.closed.Load() {
+		return nil, fmt.Errorf("local: open %s: %w", desc.Name, transport.ErrClosed)
+	}
+	v, ok := registry.Load(desc.Endpoints[Name])
+	if !ok {
+		return nil, fmt.Errorf("local: open %s: %w", desc.Name, transport.ErrUnreachable)
+	}
+	e := &Endpoint{from: t, to: v.(*Transport)}
+	e.Update(desc)
+	return e, nil
+}
+
+// Self returns the endpoint for the engine's own segment: it reaches every
+// buffer registered with t, remote-accessible or not.
+func (t *Transport) Self() transport.Endpoint { return &Endpoint{from: t, to: t, self: true} }
+
+// Close makes the transport unreachable; slices posted to it afterwards
+// fail with ErrClosed.
+func (t *Transport) Close() error {
+	if !t.closed.Swap(true) {
+		registry.Delete(t.id)
+	}
+	return nil
+}
+
+// Endpoint copies to and from one engine of this process.
+type Endpoint struct {
+	from, to *Transport
+	self     bool
+	keys     atomic.Pointer[[]keyRange] // from the descriptor, by address
+	closed   atomic.Bool
+}
+
+type keyRange struct {
+	addr, length, key uint64
+}
+
+var _ transport.Endpoint = (*Endpoint)(nil)
+
+// Rails returns 1: a copy has one lane.
+func (e *Endpoint) Rails() int { return 1 }
+
+// Update takes the keys of the segment's buffers from desc.
+func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
+	ks := make([]keyRange, 0, len(desc.Buffers))
+	for _, b := range desc.Buffers {
+		k, err := strconv.ParseUint(b.Keys[Name], 16, 64)
+		if err != nil {
+			continue // no key for this transport: slices to it are denied
+		}
+		ks = append(ks, keyRange{b.Addr, b.Length, k})
+	}
+	e.keys.Store(&ks)
+}
+
+func (e *Endpoint) keyFor(addr, n uint64) (uint64, bool) {
+	ks := *e.keys.Load()
+	i := sort.Search(len(ks), func(i int) bool { return ks[i].addr+ks[i].length > addr })
+	if i == len(ks) || addr < ks[i].addr || n > ks[i].length || addr-ks[i].addr > ks[i].length-n {
+		return 0, false
+	}
+	return ks[i].key, true
+}
+
+// Post copies every slice and completes it before returning.
+func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
+	for i := range s {
+		c.Complete(s[i].Token, e.copy(&s[i]))
+	}
+	return len(s), nil
+}
+
+func (e *Endpoint) copy(s *transport.Slice) error {
+	if e.closed.Load() || e.to.closed.Load() || e.from.closed.Load() {
+		return transport.ErrClosed
+	}
+	r := find(e.to.list(), s.Remote, s.Length)
+	if r == nil {
+		return transport.ErrRange
+	}
+	if !e.self {
+		// The target checks what the initiator presents, as over a wire.
+		key, ok := e.keyFor(s.Remote, s.Length)
+		if !ok || key != r.key || !r.remote {
+			return transport.ErrDenied
+		}
+	}
+	if !r.ref.Acquire() {
+		return transport.ErrDenied // being unregistered
+	}
+	remote := unsafe.Slice((*byte)(unsafe.Add(r.base, s.Remote-uint64(r.addr))), s.Length)
+	local := unsafe.Slice((*byte)(s.Local), s.Length)
+	if s.Op == transport.Write {
+		copy(remote, local)
+	} else {
+		copy(local, remote)
+	}
+	r.ref.Release()
+	return nil
+}
+
+// Close fails slices posted afterwards with ErrClosed.
+func (e *Endpoint) Close() error {
+	e.closed.Store(true)
+	return nil
+}

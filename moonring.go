@@ -1,0 +1,733 @@
+package moonring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/internal/mem"
+	"github.com/moonring/moonring/local"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/ring"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/sq"
+	"github.com/moonring/moonring/topology"
+	"github.com/moonring/moonring/transport"
+)
+
+// Types of the lower packages that callers use directly.
+type (
+	// Entry is a 64-byte submission descriptor; see sq.Entry.
+	Entry = sq.Entry
+	// Completion is a completion descriptor; see cq.Completion.
+	Completion = cq.Completion
+	// Ring is a submission/completion queue pair; see ring.Ring.
+	Ring = ring.Ring
+	// Status is a request's status word.
+	Status = cq.Status
+	// Code is a completion's error code.
+	Code = cq.Code
+	// BufferID names a registered local buffer.
+	BufferID = segtable.BufferID
+	// SegmentID names an opened segment.
+	SegmentID = segtable.SegmentID
+	// Location says where memory lives: "cpu:N" or "cuda:N".
+	Location = segtable.Location
+)
+
+// Entry ops.
+const (
+	OpNop    = sq.Nop
+	OpRead   = sq.Read
+	OpWrite  = sq.Write
+	OpCancel = sq.Cancel
+)
+
+// Status words, as in Mooncake's transfer engine.
+const (
+	WAITING   = cq.Waiting
+	PENDING   = cq.Pending
+	COMPLETED = cq.Completed
+	TIMEOUT   = cq.Timeout
+	FAILED    = cq.Failed
+	CANCELED  = cq.Canceled
+)
+
+// LocalSegmentID names the engine's own memory.
+const LocalSegmentID = segtable.LocalSegmentID
+
+// Sentinel errors of requests (see package cq for their meaning).
+var (
+	ErrInvalid     = cq.ErrInvalid
+	ErrBadBuffer   = cq.ErrBadBuffer
+	ErrLocalRange  = cq.ErrLocalRange
+	ErrBadSegment  = cq.ErrBadSegment
+	ErrRemoteRange = cq.ErrRemoteRange
+	ErrLength      = cq.ErrLength
+	ErrTimeout     = cq.ErrTimeout
+	ErrCanceled    = cq.ErrCanceled
+	ErrTransport   = cq.ErrTransport
+	ErrDenied      = cq.ErrDenied
+	ErrNoTransport = cq.ErrNoTransport
+	// ErrClosed: the engine (or ring) is closed. Equals os.ErrClosed.
+	ErrClosed = cq.ErrClosed
+	// ErrSQFull: a submission queue is full; reap, then retry.
+	ErrSQFull = ring.ErrSQFull
+)
+
+// Errors of the engine's methods.
+var (
+	// ErrBusy: requests in flight still use the buffer, segment or batch;
+	// nothing was changed. Retry once they complete.
+	ErrBusy = segtable.ErrBusy
+	// ErrNotRegistered: the memory is not (exactly) a registered buffer.
+	ErrNotRegistered = errors.New("moonring: memory not registered")
+	// ErrBadBatch: unknown or freed BatchID, or task index out of range.
+	ErrBadBatch = errors.New("moonring: bad batch id or task")
+	// ErrBatchFull: more requests than the batch was allocated for.
+	ErrBatchFull = errors.New("moonring: batch full")
+	// ErrTooManyBatches: Config.MaxBatches batches are allocated.
+	ErrTooManyBatches = errors.New("moonring: too many batches")
+	// ErrTransportExists: a transport with that name is installed.
+	ErrTransportExists = errors.New("moonring: transport already installed")
+	// ErrNoSuchTransport: no transport with that name is installed.
+	ErrNoSuchTransport = errors.New("moonring: no such transport")
+)
+
+// Config configures an Engine. Zero fields take the defaults that String
+// prints.
+type Config struct {
+	// Name is the engine's segment name (default "<hostname>-<pid>-<n>").
+	Name string
+	// Metadata is where the engine publishes its segment and looks up
+	// others (default: a store shared by the engines of this process).
+	Metadata metadata.Store
+	// Transports, when not empty, lists the transport names OpenSegment may
+	// use, in order of preference; by default any installed transport, in
+	// transport.Priority order.
+	Transports []string
+	// Timeout is the default deadline of a request (default 30 s).
+	Timeout time.Duration
+	// SliceSize is the slice size for transports that name none (64 KiB).
+	SliceSize uint64
+	// RetryLimit is how many failed slices a request may retry (default 3).
+	RetryLimit int
+	// PollerSpin is how long pollers poll after their last work before they
+	// park (default 20 µs).
+	PollerSpin time.Duration
+	// BusyPoll keeps pollers polling forever: one core per NUMA node.
+	BusyPoll bool
+	// PinPollers pins each poller to the CPUs of its NUMA node.
+	PinPollers bool
+	// MaxBatches bounds the batches allocated at once (default 1024).
+	MaxBatches int
+	// BatchEntries sizes the SQ and in-flight table of the ring that serves
+	// the batch API, per NUMA node (default 4096).
+	BatchEntries int
+}
+
+func (c *Config) fill() {
+	if c.Name == "" {
+		host, _ := os.Hostname()
+		c.Name = fmt.Sprintf("%s-%d-%d", host, os.Getpid(), engineSeq.Add(1))
+	}
+	if c.Metadata == nil {
+		c.Metadata = processStore
+	}
+	if c.Timeout == 0 {
+		c.Timeout = ring.DefaultTimeout
+	}
+	if c.SliceSize == 0 {
+		c.SliceSize = ring.DefaultSliceSize
+	}
+	if c.RetryLimit == 0 {
+		c.RetryLimit = ring.DefaultRetryLimit
+	}
+	if c.PollerSpin == 0 {
+		c.PollerSpin = ring.DefaultSpin
+	}
+	if c.MaxBatches == 0 {
+		c.MaxBatches = 1024
+	}
+	if c.BatchEntries == 0 {
+		c.BatchEntries = 4096
+	}
+}
+
+// String prints the effective configuration, one field per line.
+func (c Config) String() string {
+	c.fill()
+	ts := "any installed, in order " + strings.Join(transport.Priority, " > ")
+	if len(c.Transports) > 0 {
+		ts = strings.Join(c.Transports, " > ")
+	}
+	return fmt.Sprintf("name: %s\nmetadata: %s\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\nmax batches: %d\nbatch entries: %d\n",
+		c.Name, c.Metadata, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.MaxBatches, c.BatchEntries)
+}
+
+var (
+	engineSeq    atomic.Uint64
+	processStore = metadata.NewMemory()
+)
+
+// Engine moves bytes between its registered buffers and the segments it
+// opens. Use New. Safe for concurrent use.
+type Engine struct {
+	cfg   Config
+	epoch uint64
+	topo  *topology.Topology
+
+	mu         sync.Mutex // serializes registration, transports, segments, rings
+	buffers    segtable.Buffers
+	segments   segtable.Segments[transport.Endpoint]
+	tables     ring.Tables
+	transports [segtable.MaxTransports]transport.Transport
+	local      *local.Transport
+	self       *segtable.Segment[transport.Endpoint]
+	pollers    map[int]*ring.Poller
+	rings      map[*ring.Ring]struct{}
+	watches    map[SegmentID]context.CancelFunc
+	watchWG    sync.WaitGroup
+	closed     atomic.Bool
+
+	batches batchTable
+}
+
+// New starts an engine with the in-process transport installed and
+// publishes its (empty) segment.
+func New(cfg Config) (*Engine, error) {
+	cfg.fill()
+	topo, err := topology.Discover()
+	if err != nil {
+		return nil, fmt.Errorf("moonring: %w", err)
+	}
+	e := &Engine{
+		cfg:     cfg,
+		epoch:   uint64(time.Now().UnixNano()),
+		topo:    topo,
+		pollers: map[int]*ring.Poller{},
+		rings:   map[*ring.Ring]struct{}{},
+		watches: map[SegmentID]context.CancelFunc{},
+		local:   local.New(),
+	}
+	e.tables = ring.Tables{Buffers: &e.buffers, Segments: &e.segments}
+	e.transports[0] = e.local
+	e.self = e.segments.SetLocal(cfg.Name, e.desc(false), 0, 0, e.local.Self())
+	if err := e.publish(); err != nil {
+		e.local.Close()
+		return nil, err
+	}
+	e.batches.init(e, cfg.MaxBatches)
+	return e, nil
+}
+
+// Config returns the engine's effective configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Name returns the engine's segment name.
+func (e *Engine) Name() string { return e.cfg.Name }
+
+// Topology returns what the engine found of the machine.
+func (e *Engine) Topology() *topology.Topology { return e.topo }
+
+// desc builds the engine's descriptor: remote-accessible buffers only for
+// peers, every buffer for the local segment. mu must be held (or the engine
+// not yet shared).
+func (e *Engine) desc(remoteOnly bool) *segtable.SegmentDesc {
+	d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: e.cfg.Name, Epoch: e.epoch, Endpoints: map[string]string{}}
+	for _, t := range e.transports {
+		if t != nil {
+			d.Endpoints[t.Name()] = t.Endpoint()
+		}
+	}
+	for _, b := range e.buffers.All() {
+		if remoteOnly && !b.Remote {
+			continue
+		}
+		bd := segtable.BufferDesc{Addr: uint64(b.Addr), Length: b.Length, Location: string(b.Location), Keys: map[string]string{}}
+		for slot, t := range e.transports {
+			if r := b.Regs[slot].Load(); t != nil && r != nil && r.Key != "" {
+				bd.Keys[t.Name()] = r.Key
+			}
+		}
+		d.Buffers = append(d.Buffers, bd)
+	}
+	return d
+}
+
+// publish refreshes the local segment's descriptor and republishes the
+// engine's segment. mu must be held (or the engine not yet shared).
+func (e *Engine) publish() error {
+	e.self.SetDesc(e.desc(false))
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	if err := e.cfg.Metadata.Put(ctx, e.desc(true)); err != nil {
+		return fmt.Errorf("moonring: publish segment %q to %s: %w", e.cfg.Name, e.cfg.Metadata, err)
+	}
+	return nil
+}
+
+// poller returns the poller of a NUMA node, starting it. mu must be held.
+func (e *Engine) poller(node int) *ring.Poller {
+	if n, ok := e.topo.Node(node); !ok || n.ID != node {
+		node = 0
+	}
+	if p := e.pollers[node]; p != nil {
+		return p
+	}
+	pc := ring.PollerConfig{Spin: e.cfg.PollerSpin, Busy: e.cfg.BusyPoll}
+	if n, ok := e.topo.Node(node); ok && e.cfg.PinPollers {
+		pc.CPUs, pc.Pin = n.CPUs, topology.PinThread
+	}
+	p := ring.NewPoller(pc)
+	for _, t := range e.transports {
+		if h, ok := t.(transport.Poller); ok {
+			p.AddHook(h)
+		}
+	}
+	e.pollers[node] = p
+	return p
+}
+
+// nodeOf returns the NUMA node of a location.
+func nodeOf(loc Location) int {
+	kind, idx, err := loc.Parse()
+	if err != nil || kind != "cpu" || idx < 0 {
+		return 0
+	}
+	return idx
+}
+
+// RingConfig sizes a ring made by NewRing. Zero fields take the defaults.
+type RingConfig struct {
+	// Entries is the SQ size, a power of two (default 256).
+	Entries int
+	// CQEntries is the CQ size, a power of two (default 2*Entries).
+	CQEntries int
+	// MaxInFlight bounds requests in flight (default Entries).
+	MaxInFlight int
+	// Node is the NUMA node whose poller drains the ring (default 0).
+	Node int
+}
+
+// NewRing returns a ring drained by the poller of cfg.Node. The caller owns
+// it and closes it; Engine.Close closes rings still open.
+func (e *Engine) NewRing(cfg RingConfig) (*Ring, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed.Load() {
+		return nil, ErrClosed
+	}
+	r, err := ring.New(ring.Config{
+		Entries: cfg.Entries, CQEntries: cfg.CQEntries, MaxInFlight: cfg.MaxInFlight,
+		SliceSize: e.cfg.SliceSize, RetryLimit: e.cfg.RetryLimit, Timeout: e.cfg.Timeout,
+	}, &e.tables, e.poller(cfg.Node))
+	if err != nil {
+		return nil, fmt.Errorf("moonring: new ring: %w", err)
+	}
+	e.rings[r] = struct{}{}
+	return r, nil
+}
+
+// InstallTransport adds t: every registered buffer is registered with it,
+// the engine's segment republished with its endpoint, and OpenSegment may
+// choose it from then on. The engine owns t and closes it.
+func (e *Engine) InstallTransport(t transport.Transport) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	slot := -1
+	for i, x := range e.transports {
+		if x != nil && x.Name() == t.Name() {
+			return fmt.Errorf("moonring: install %s: %w", t.Name(), ErrTransportExists)
+		}
+		if x == nil && slot < 0 {
+			slot = i
+		}
+	}
+	if slot < 0 {
+		return fmt.Errorf("moonring: install %s: %d transports installed already", t.Name(), segtable.MaxTransports)
+	}
+	bufs := e.buffers.All()
+	for i, b := range bufs {
+		reg, err := t.Register(b)
+		if err != nil {
+			for _, b := range bufs[:i] {
+				t.Unregister(b, *b.Regs[slot].Swap(nil))
+			}
+			return fmt.Errorf("moonring: install %s: register buffer %d: %w", t.Name(), b.ID, err)
+		}
+		b.Regs[slot].Store(&reg)
+	}
+	e.transports[slot] = t
+	if h, ok := t.(transport.Poller); ok {
+		for _, p := range e.pollers {
+			p.AddHook(h)
+		}
+	}
+	return e.publish()
+}
+
+// UninstallTransport removes the transport named name and closes it. It
+// fails with ErrBusy while segments are open through it. The in-process
+// transport cannot be removed.
+func (e *Engine) UninstallTransport(name string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	slot := e.slotOf(name)
+	if slot < 0 {
+		return fmt.Errorf("moonring: uninstall %s: %w", name, ErrNoSuchTransport)
+	}
+	if slot == 0 {
+		return fmt.Errorf("moonring: uninstall %s: the in-process transport stays", name)
+	}
+	busy := false
+	e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) { busy = busy || s.Transport == slot })
+	if busy {
+		return fmt.Errorf("moonring: uninstall %s: segments are open through it: %w", name, ErrBusy)
+	}
+	t := e.transports[slot]
+	for _, b := range e.buffers.All() {
+		if r := b.Regs[slot].Swap(nil); r != nil {
+			t.Unregister(b, *r)
+		}
+	}
+	e.transports[slot] = nil
+	if h, ok := t.(transport.Poller); ok {
+		for _, p := range e.pollers {
+			p.RemoveHook(h)
+		}
+	}
+	err := t.Close()
+	if perr := e.publish(); perr != nil {
+		err = errors.Join(err, perr)
+	}
+	return err
+}
+
+func (e *Engine) slotOf(name string) int {
+	for i, t := range e.transports {
+		if t != nil && t.Name() == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Transport returns the installed transport named name, or nil.
+func (e *Engine) Transport(name string) transport.Transport {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if slot := e.slotOf(name); slot >= 0 {
+		return e.transports[slot]
+	}
+	return nil
+}
+
+// BufferSpec is one buffer for RegisterLocalMemoryBatch.
+type BufferSpec struct {
+	Buf      []byte
+	Location Location
+	Remote   bool
+}
+
+// RegisterLocalMemory registers buf with the engine and every installed
+// transport. A remote-accessible buffer is published in the engine's
+// segment so peers may read and write it; a local-only one may only be the
+// local side of requests. buf must stay valid (Go memory is pinned) until
+// UnregisterLocalMemory. Overlapping and empty ranges are refused.
+func (e *Engine) RegisterLocalMemory(buf []byte, loc Location, remoteAccessible bool) (BufferID, error) {
+	ids, err := e.RegisterLocalMemoryBatch([]BufferSpec{{buf, loc, remoteAccessible}})
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// RegisterLocalMemoryBatch registers several buffers and publishes the
+// segment once. It registers all or none.
+func (e *Engine) RegisterLocalMemoryBatch(specs []BufferSpec) ([]BufferID, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed.Load() {
+		return nil, ErrClosed
+	}
+	var done []*segtable.Buffer
+	undo := func() {
+		for _, b := range done {
+			e.unregisterLocked(b)
+		}
+	}
+	remote := false
+	for _, s := range specs {
+		b, err := e.buffers.Register(s.Buf, s.Location, s.Remote)
+		if err != nil {
+			undo()
+			return nil, fmt.Errorf("moonring: register memory: %w", err)
+		}
+		done = append(done, b)
+		for slot, t := range e.transports {
+			if t == nil {
+				continue
+			}
+			reg, err := t.Register(b)
+			if err != nil {
+				undo()
+				return nil, fmt.Errorf("moonring: register memory with %s: %w", t.Name(), err)
+			}
+			b.Regs[slot].Store(&reg)
+		}
+		remote = remote || s.Remote
+	}
+	ids := make([]BufferID, len(done))
+	for i, b := range done {
+		ids[i] = b.ID
+	}
+	e.self.SetDesc(e.desc(false))
+	if remote {
+		if err := e.publish(); err != nil {
+			undo()
+			return nil, err
+		}
+	}
+	return ids, nil
+}
+
+// unregisterLocked removes a buffer that no request holds. mu must be held.
+func (e *Engine) unregisterLocked(b *segtable.Buffer) error {
+	var err error
+	for slot, t := range e.transports {
+		if r := b.Regs[slot].Swap(nil); r != nil && t != nil {
+			err = errors.Join(err, t.Unregister(b, *r))
+		}
+	}
+	if _, uerr := e.buffers.Unregister(context.Background(), b.ID); uerr != nil {
+		err = errors.Join(err, uerr)
+	}
+	return err
+}
+
+// UnregisterLocalMemory unregisters the buffer that starts at buf's first
+// byte. Requests taken from now on that name it fail; the call waits for
+// those in flight, and if ctx ends first it leaves the buffer registered
+// and returns an error wrapping ErrBusy.
+func (e *Engine) UnregisterLocalMemory(ctx context.Context, buf []byte) error {
+	return e.UnregisterLocalMemoryBatch(ctx, [][]byte{buf})
+}
+
+// UnregisterLocalMemoryBatch unregisters several buffers and republishes
+// the segment once. It stops at the first buffer it cannot unregister.
+func (e *Engine) UnregisterLocalMemoryBatch(ctx context.Context, bufs [][]byte) error {
+	var err error
+	remote := false
+	for _, buf := range bufs {
+		if len(buf) == 0 {
+			err = fmt.Errorf("moonring: unregister memory: %w", ErrNotRegistered)
+			break
+		}
+		addr := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+		b := e.buffers.Find(addr, 1)
+		if b == nil || b.Addr != addr {
+			err = fmt.Errorf("moonring: unregister memory %#x: %w", addr, ErrNotRegistered)
+			break
+		}
+		// Refuse new requests and wait for those in flight, without the
+		// lock: registration elsewhere goes on meanwhile.
+		if _, derr := e.buffers.Unregister(ctx, b.ID); derr != nil {
+			err = fmt.Errorf("moonring: unregister memory %#x: %w", addr, derr)
+			break
+		}
+		e.mu.Lock()
+		for slot, t := range e.transports {
+			if r := b.Regs[slot].Swap(nil); r != nil && t != nil {
+				if terr := t.Unregister(b, *r); terr != nil {
+					err = errors.Join(err, fmt.Errorf("moonring: unregister memory from %s: %w", t.Name(), terr))
+				}
+			}
+		}
+		e.mu.Unlock()
+		remote = remote || b.Remote
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.self.SetDesc(e.desc(false))
+	if remote && !e.closed.Load() {
+		err = errors.Join(err, e.publish())
+	}
+	return err
+}
+
+// OpenSegment looks name up in the metadata store, picks the best
+// transport that reaches it and returns its ID. Opening an open segment
+// returns the same ID; the engine's own name returns LocalSegmentID.
+func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error) {
+	if name == e.cfg.Name {
+		return LocalSegmentID, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed.Load() {
+		return 0, ErrClosed
+	}
+	if s := e.segments.Find(name); s != nil {
+		return s.ID, nil
+	}
+	desc, err := e.cfg.Metadata.Get(ctx, name)
+	if err != nil {
+		return 0, fmt.Errorf("moonring: open segment %q: %w", name, err)
+	}
+	var installed []string
+	for _, t := range e.transports {
+		if t != nil {
+			installed = append(installed, t.Name())
+		}
+	}
+	var errs []error
+	for _, name := range transport.Candidates(installed, desc, e.cfg.Transports) {
+		slot := e.slotOf(name)
+		t := e.transports[slot]
+		ep, err := t.Open(ctx, desc)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		size := t.SliceSize()
+		s, err := e.segments.Open(desc.Name, desc, slot, size, ep)
+		if err != nil {
+			ep.Close()
+			return 0, fmt.Errorf("moonring: open segment %q: %w", desc.Name, err)
+		}
+		e.watch(s)
+		return s.ID, nil
+	}
+	return 0, fmt.Errorf("moonring: open segment %q (store %s): %w", name, e.cfg.Metadata, errors.Join(append([]error{ErrNoTransport}, errs...)...))
+}
+
+// watch follows the segment's descriptor in the store. mu must be held.
+func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := e.cfg.Metadata.Watch(ctx, s.Name)
+	if err != nil {
+		cancel()
+		return // the cached descriptor stays in use
+	}
+	e.watches[s.ID] = cancel
+	e.watchWG.Add(1)
+	go func() {
+		defer e.watchWG.Done()
+		for ev := range ch {
+			if ev.Deleted || ev.Desc == nil || ev.Desc.Epoch != s.Desc().Epoch {
+				// Gone or restarted: requests to the old incarnation will
+				// fail at its endpoint; the caller reopens the segment.
+				continue
+			}
+			s.Endpoint.Update(ev.Desc)
+			s.SetDesc(ev.Desc)
+		}
+	}()
+}
+
+// CloseSegment closes a segment once no request uses it. If ctx ends first
+// the segment stays open and the error wraps ErrBusy.
+func (e *Engine) CloseSegment(ctx context.Context, id SegmentID) error {
+	s, err := e.segments.Close(ctx, id)
+	if err != nil {
+		return fmt.Errorf("moonring: close segment: %w", err)
+	}
+	e.mu.Lock()
+	if cancel := e.watches[id]; cancel != nil {
+		cancel()
+		delete(e.watches, id)
+	}
+	e.mu.Unlock()
+	return s.Endpoint.Close()
+}
+
+// Alloc returns size bytes of page-aligned memory outside the Go heap,
+// bound to the NUMA node of loc when the machine has several and advised
+// for huge pages when large. Register it to use it; release it with Free.
+func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
+	kind, idx, err := loc.Parse()
+	if err != nil {
+		return nil, fmt.Errorf("moonring: alloc: %w", err)
+	}
+	if kind != "cpu" {
+		return nil, fmt.Errorf("moonring: alloc on %s: %w", loc, transport.ErrNotSupported)
+	}
+	b, err := mem.Alloc(size, idx)
+	if err != nil {
+		return nil, fmt.Errorf("moonring: alloc: %w", err)
+	}
+	return b, nil
+}
+
+// Free releases memory from Alloc. It refuses memory still registered.
+func (e *Engine) Free(b []byte) error {
+	if len(b) > 0 && e.buffers.Find(uintptr(unsafe.Pointer(unsafe.SliceData(b))), 1) != nil {
+		return fmt.Errorf("moonring: free: memory is registered: %w", ErrBusy)
+	}
+	if err := mem.Free(b); err != nil {
+		return fmt.Errorf("moonring: free: %w", err)
+	}
+	return nil
+}
+
+// Close stops the engine. Requests in flight complete with ErrClosed, rings
+// and segments close, the segment is withdrawn from the store, transports
+// close and buffers are unregistered. Close is idempotent.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed.Swap(true) {
+		e.mu.Unlock()
+		return nil
+	}
+	rings := e.rings
+	e.rings = nil
+	e.mu.Unlock()
+
+	var err error
+	for r := range rings {
+		r.Close()
+	}
+	e.batches.close()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, cancel := range e.watches {
+		cancel()
+	}
+	e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) {
+		s.Endpoint.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	if derr := e.cfg.Metadata.Delete(ctx, e.cfg.Name, e.epoch); derr != nil && !errors.Is(derr, metadata.ErrNotFound) {
+		err = errors.Join(err, derr)
+	}
+	for i, t := range e.transports {
+		if t != nil {
+			err = errors.Join(err, t.Close())
+			e.transports[i] = nil
+		}
+	}
+	for _, p := range e.pollers {
+		p.Stop()
+	}
+	for _, b := range e.buffers.All() {
+		// Transports are closed, so nothing touches the memory any more.
+		for b.InUse() > 0 {
+			b.Release()
+		}
+		e.buffers.Unregister(context.Background(), b.ID)
+	}
+	e.watchWG.Wait()
+	return err
+}

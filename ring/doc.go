@@ -1,0 +1,40 @@
+// Package ring turns submission entries into transport slices and slice
+// completions into completion entries: the Ring (SQ + CQ + a fixed in-flight
+// table) and the Poller that drains the rings of one NUMA node.
+//
+// # Data path
+//
+// The caller pushes 64-byte entries into the ring's SQ. The ring's poller
+// takes them in order, checks the local range against the buffer table and
+// the remote range against the segment's descriptor (a bad entry completes at
+// once with its error code), records the request in a slot of the in-flight
+// table, cuts it into slices (the transport's slice size, 64 KiB by default,
+// a short tail merged into the slice before it), spreads the slices over the
+// endpoint's rails and posts them. Transports report each slice through the
+// ring's Completer, which only pushes a token onto a lock-free queue; the
+// poller applies it. The last slice of a request writes one completion.
+//
+// # Concurrency
+//
+// Everything about a request belongs to its ring's poller goroutine: the
+// in-flight table has no locks and no atomics. Submit, Cancel and the
+// completion-reading methods are safe for concurrent use as documented on
+// each; the CQ has one reader at a time.
+//
+// # Failures and deadlines
+//
+// A slice that fails with a retryable error is posted again on the next
+// rail, up to RetryLimit times per request; then the request FAILs. A
+// request that passes its deadline completes with TIMEOUT, and a Cancel
+// entry completes it with CANCELED. Slices of such a request may still be in
+// flight: its slot stays reserved, and its buffer and segment referenced,
+// until the transport has returned every one of them; their completions are
+// then applied to nothing. Tokens carry the slot's generation, so a
+// completion from an earlier use of a slot is recognized and ignored.
+//
+// # Lifetimes
+//
+// A Ring lives until Close, which completes every request not yet complete
+// with ErrClosed. A Poller lives until Stop. The Completion pointer that Peek
+// returns is valid until the next Advance.
+package ring

@@ -1,0 +1,280 @@
+package ring
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/moonring/moonring/sq"
+	"github.com/moonring/moonring/transport"
+)
+
+// PollerConfig tunes a Poller. Zero fields take the defaults.
+type PollerConfig struct {
+	// Spin is how long the poller keeps polling after its last work before
+	// it parks (default 20 µs). A parked poller is woken by the next
+	// submission or slice completion.
+	Spin time.Duration
+	// Busy keeps the poller polling forever: lowest latency, one core.
+	Busy bool
+	// CPUs, when not empty, pins the poller's OS thread to these CPUs.
+	CPUs []int
+	// Pin is called on the poller's locked OS thread with CPUs when CPUs is
+	// not empty; the engine passes topology.PinThread.
+	Pin func(cpus []int) error
+}
+
+// DefaultSpin is PollerConfig.Spin's default.
+const DefaultSpin = 20 * time.Microsecond
+
+// Poller is one goroutine that drains the rings of one NUMA node and drives
+// the transports that need polling. Use NewPoller; it runs until Stop. Safe
+// for concurrent use.
+type Poller struct {
+	cfg   PollerConfig
+	bell  *sq.Doorbell
+	rings atomic.Pointer[[]*Ring]
+	hooks atomic.Pointer[[]transport.Poller]
+
+	mu       sync.Mutex // serializes attach, detach and Stop
+	requests chan func()
+	stop     chan struct{}
+	done     chan struct{}
+	pinErr   atomic.Pointer[error]
+}
+
+// NewPoller starts a poller.
+func NewPoller(cfg PollerConfig) *Poller {
+	if cfg.Spin == 0 {
+		cfg.Spin = DefaultSpin
+	}
+	p := &Poller{
+		cfg:      cfg,
+		bell:     sq.NewDoorbell(),
+		requests: make(chan func(), 1),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	go p.run()
+	return p
+}
+
+// PinError returns the error of pinning the poller's thread, if any.
+func (p *Poller) PinError() error {
+	if e := p.pinErr.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// do runs fn on the poller goroutine and waits for it.
+func (p *Poller) do(fn func()) error {
+	ran := make(chan struct{})
+	select {
+	case p.requests <- func() { fn(); close(ran) }:
+	case <-p.done:
+		return ErrClosed
+	}
+	p.bell.Ring()
+	select {
+	case <-ran:
+		return nil
+	case <-p.done:
+		return ErrClosed
+	}
+}
+
+func (p *Poller) attach(r *Ring) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.stop:
+		return fmt.Errorf("ring: poller stopped: %w", ErrClosed)
+	default:
+	}
+	p.update(func(rs []*Ring) []*Ring { return append(slices.Clone(rs), r) })
+	return nil
+}
+
+// update replaces the ring list with fn's result; fn may run more than once.
+func (p *Poller) update(fn func([]*Ring) []*Ring) {
+	for {
+		old := p.rings.Load()
+		var rs []*Ring
+		if old != nil {
+			rs = *old
+		}
+		n := fn(rs)
+		if p.rings.CompareAndSwap(old, &n) {
+			return
+		}
+	}
+}
+
+// detach completes the ring's work with ErrClosed on the poller goroutine
+// and removes it from the poller (after its last slice came back).
+func (p *Poller) detach(r *Ring) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.do(r.shutdown) != nil {
+		r.shutdown() // the poller is gone: nothing else touches the ring
+	}
+}
+
+func (p *Poller) list() []*Ring {
+	if rs := p.rings.Load(); rs != nil {
+		return *rs
+	}
+	return nil
+}
+
+// AddHook makes the poller call h.Poll on every round.
+func (p *Poller) AddHook(h transport.Poller) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var old []transport.Poller
+	if hs := p.hooks.Load(); hs != nil {
+		old = *hs
+	}
+	hs := append(slices.Clone(old), h)
+	p.hooks.Store(&hs)
+}
+
+// RemoveHook undoes AddHook.
+func (p *Poller) RemoveHook(h transport.Poller) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if hs := p.hooks.Load(); hs != nil {
+		n := slices.DeleteFunc(slices.Clone(*hs), func(x transport.Poller) bool { return x == h })
+		p.hooks.Store(&n)
+	}
+}
+
+// Stop ends the poller after completing the work of its rings with
+// ErrClosed. Rings attached to a stopped poller are closed.
+func (p *Poller) Stop() {
+	p.mu.Lock()
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	p.mu.Unlock()
+	<-p.done
+}
+
+// Wake wakes the poller if it is parked; transports with events to poll
+// call it. Safe for concurrent use.
+func (p *Poller) Wake() { p.bell.Ring() }
+
+func (p *Poller) run() {
+	defer close(p.done)
+	if len(p.cfg.CPUs) > 0 && p.cfg.Pin != nil {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := p.cfg.Pin(p.cfg.CPUs); err != nil {
+			p.pinErr.Store(&err)
+		}
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	spin := int64(p.cfg.Spin)
+	last := now()
+	for iter := 0; ; iter++ {
+		t := now()
+		work := false
+		rings := p.list()
+		prune := false
+		for _, r := range rings {
+			if r.detached {
+				work = r.reap() || work
+				prune = prune || !r.draining()
+			} else if r.step(t) {
+				work = true
+			}
+		}
+		if prune {
+			p.prune()
+		}
+		if hs := p.hooks.Load(); hs != nil {
+			for _, h := range *hs {
+				if h.Poll() > 0 {
+					work = true
+				}
+			}
+		}
+		select {
+		case fn := <-p.requests:
+			fn()
+			work = true
+		case <-p.stop:
+			for _, r := range p.list() {
+				r.closed.Store(true)
+				r.shutdown()
+				r.cq.Close()
+			}
+			return
+		default:
+		}
+		if work {
+			last = t
+			continue
+		}
+		if p.cfg.Busy || t-last < spin {
+			if iter&63 == 0 {
+				runtime.Gosched()
+			}
+			continue
+		}
+		// Park: arm the doorbell, look once more, sleep.
+		p.bell.Arm()
+		if p.ready() {
+			p.bell.Disarm()
+			continue
+		}
+		wait := time.Duration(1<<63 - 1)
+		for _, r := range rings {
+			if !r.detached && r.active > 0 {
+				wait = min(wait, time.Duration(r.nextCheck-t))
+			}
+		}
+		if hs := p.hooks.Load(); hs != nil && len(*hs) > 0 {
+			wait = min(wait, time.Millisecond)
+		}
+		if wait < time.Duration(1<<63-1) {
+			timer.Reset(max(wait, 0))
+		}
+		select {
+		case <-p.bell.C():
+		case <-timer.C:
+		case fn := <-p.requests:
+			fn()
+		case <-p.stop:
+			p.bell.Disarm()
+			continue // handled at the top of the loop
+		}
+		timer.Stop()
+		p.bell.Disarm()
+		last = now()
+	}
+}
+
+func (p *Poller) ready() bool {
+	for _, r := range p.list() {
+		if !r.detached && r.ready() {
+			return true
+		}
+	}
+	return len(p.requests) > 0
+}
+
+// prune drops detached rings whose slices have all come back. Detached
+// rings with slices out stay listed so their completions are applied.
+func (p *Poller) prune() {
+	p.update(func(rs []*Ring) []*Ring {
+		return slices.DeleteFunc(slices.Clone(rs), func(r *Ring) bool { return r.detached && !r.draining() })
+	})
+}

@@ -1,0 +1,763 @@
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/internal/mpsc"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/sq"
+	"github.com/moonring/moonring/transport"
+)
+
+// Errors returned by Ring methods.
+var (
+	// ErrSQFull: the submission queue is full; reap completions, then retry.
+	ErrSQFull = errors.New("ring: submission queue full")
+	// ErrClosed: the ring is closed.
+	ErrClosed = cq.ErrClosed
+)
+
+// Defaults of Config.
+const (
+	DefaultEntries    = 256
+	DefaultSliceSize  = 64 << 10
+	DefaultRetryLimit = 3
+	DefaultTimeout    = 30 * time.Second
+	DefaultMaxLength  = 1 << 40
+)
+
+// Config sizes a Ring. Zero fields take the defaults.
+type Config struct {
+	// Entries is the SQ size, a power of two (default 256).
+	Entries int
+	// CQEntries is the CQ size, a power of two (default 2*Entries).
+	CQEntries int
+	// MaxInFlight is the in-flight table size: requests taken from the SQ
+	// and not yet complete (default Entries).
+	MaxInFlight int
+	// MaxSlices bounds the slices posted and not yet completed, a power of
+	// two (default 4096).
+	MaxSlices int
+	// SliceSize is used for transports that name none (default 64 KiB).
+	SliceSize uint64
+	// RetryLimit is how many failed slices a request may retry (default 3).
+	RetryLimit int
+	// Timeout is the deadline of entries with Timeout 0 (default 30 s).
+	Timeout time.Duration
+	// MaxLength is the longest request accepted (default 1 TiB).
+	MaxLength uint64
+	// Sink, when set, receives completions instead of the CQ.
+	Sink Sink
+}
+
+// Sink receives a ring's completions instead of its CQ; the engine uses one
+// to store batch task status. Its methods run on the poller goroutine and
+// must not block.
+type Sink interface {
+	// Started says the request with userData passed its checks and its
+	// slices are being posted.
+	Started(userData uint64)
+	// Complete delivers the request's completion.
+	Complete(c *cq.Completion)
+}
+
+func (c *Config) fill() error {
+	if c.Entries == 0 {
+		c.Entries = DefaultEntries
+	}
+	if c.CQEntries == 0 {
+		c.CQEntries = 2 * c.Entries
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = c.Entries
+	}
+	if c.MaxSlices == 0 {
+		c.MaxSlices = 4096
+	}
+	if c.SliceSize == 0 {
+		c.SliceSize = DefaultSliceSize
+	}
+	if c.RetryLimit == 0 {
+		c.RetryLimit = DefaultRetryLimit
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxLength == 0 {
+		c.MaxLength = DefaultMaxLength
+	}
+	if c.MaxInFlight < 1 || c.MaxInFlight > 1<<idxBits || c.RetryLimit < 0 || c.Timeout < 0 {
+		return fmt.Errorf("ring: bad config: MaxInFlight %d, RetryLimit %d, Timeout %v", c.MaxInFlight, c.RetryLimit, c.Timeout)
+	}
+	return nil
+}
+
+// Tables are the engine's buffer and segment tables that rings resolve
+// entries against.
+type Tables struct {
+	Buffers  *segtable.Buffers
+	Segments *segtable.Segments[transport.Endpoint]
+}
+
+// Ring is one submission queue, completion queue and in-flight table,
+// drained by one Poller. Use Engine.NewRing (or New). Safe for concurrent
+// use as documented per method.
+type Ring struct {
+	sq     *sq.Queue
+	cq     *cq.Ring
+	done   *mpsc.Queue[sliceDone] // slice completions from transports
+	poller *Poller
+	closed atomic.Bool
+
+	// Poller-owned state below: only the poller goroutine touches it.
+	cfg         Config
+	tables      *Tables
+	reqs        []request
+	free        []int32 // free slots (stack)
+	postq       []uint64 // ref of requests with slices left to post (FIFO)
+	postHead    int
+	redo        []uint64 // slice tokens to post again
+	batch       []transport.Slice
+	batchEP     transport.Endpoint
+	cqes        []cq.Completion
+	outstanding int // slices posted and not yet completed
+	active      int // requests in slots, including zombies
+	nextCheck   int64
+	rail        uint16
+	detached    bool
+
+	stats Stats
+}
+
+// Stats are a ring's counters. Read them with Ring.Stats.
+type Stats struct {
+	Requests  atomic.Uint64 // requests completed
+	Bytes     atomic.Uint64 // bytes moved by completed requests
+	Retries   atomic.Uint64 // slices posted again after a failure
+	Timeouts  atomic.Uint64
+	Canceled  atomic.Uint64
+	Failed    atomic.Uint64
+	Stale     atomic.Uint64 // slice completions for a slot's earlier use
+	Overflows atomic.Uint64 // see cq.Ring.Overflowed
+}
+
+type sliceDone struct {
+	token uint64
+	code  cq.Code
+}
+
+const (
+	idxBits = 20
+	genBits = 12
+)
+
+// A token names one slice: slot index, slot generation, slice index.
+func token(idx int32, gen uint16, slice uint32) uint64 {
+	return uint64(idx) | uint64(gen)<<idxBits | uint64(slice)<<32
+}
+
+func splitToken(t uint64) (idx int32, gen uint16, slice uint32) {
+	return int32(t & (1<<idxBits - 1)), uint16(t >> idxBits & (1<<genBits - 1)), uint32(t >> 32)
+}
+
+type reqState uint8
+
+const (
+	stFree reqState = iota
+	stActive
+	stZombie // finished, waiting for its slices to come back
+)
+
+type request struct {
+	userData    uint64
+	buf         *segtable.Buffer
+	seg         *segtable.Segment[transport.Endpoint]
+	local       uint64
+	remote      uint64
+	length      uint64
+	sliceSize   uint64
+	deadline    int64
+	bytes       uint64
+	handle      uint64
+	nslices     uint32
+	posted      uint32 // next slice to post
+	done        uint32 // slices completed
+	outstanding uint32 // slices posted and not completed
+	retries     uint16
+	gen         uint16
+	rail        uint16
+	op          transport.Op
+	state       reqState
+}
+
+// New returns a ring drained by p. The engine uses it through NewRing.
+func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	s, err := sq.New(cfg.Entries, p.bell)
+	if err != nil {
+		return nil, err
+	}
+	c, err := cq.New(cfg.CQEntries)
+	if err != nil {
+		return nil, err
+	}
+	d, err := mpsc.New[sliceDone](cfg.MaxSlices)
+	if err != nil {
+		return nil, fmt.Errorf("ring: MaxSlices: %w", err)
+	}
+	r := &Ring{
+		sq: s, cq: c, done: d, poller: p, cfg: cfg, tables: tables,
+		reqs:  make([]request, cfg.MaxInFlight),
+		free:  make([]int32, cfg.MaxInFlight),
+		postq: make([]uint64, 0, cfg.MaxInFlight),
+		batch: make([]transport.Slice, 0, 64),
+		cqes:  make([]cq.Completion, 0, 64),
+	}
+	for i := range r.free {
+		r.free[i] = int32(cfg.MaxInFlight - 1 - i)
+		r.reqs[i].gen = 1
+	}
+	if err := p.attach(r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Submit copies entries into the SQ, in order, and returns how many it took.
+// When fewer than len(es) fit it returns ErrSQFull: reap completions, then
+// submit the rest. It makes no syscall while the poller is awake and does
+// not allocate. Safe for concurrent use.
+func (r *Ring) Submit(es []sq.Entry) (int, error) {
+	if r.closed.Load() {
+		return 0, ErrClosed
+	}
+	n := r.sq.Push(es)
+	if n < len(es) {
+		return n, ErrSQFull
+	}
+	return n, nil
+}
+
+// SubmitOne submits one entry. Safe for concurrent use.
+func (r *Ring) SubmitOne(e *sq.Entry) error {
+	_, err := r.Submit(unsafe.Slice(e, 1))
+	return err
+}
+
+// Cancel asks the poller to cancel the in-flight request whose UserData is
+// userData. It completes with CANCELED unless it completes first. Safe for
+// concurrent use.
+func (r *Ring) Cancel(userData uint64) error {
+	return r.SubmitOne(&sq.Entry{Op: sq.Cancel, Remote: userData})
+}
+
+// Peek returns the oldest completion, valid until Advance, or nil. It never
+// enters the kernel. One reader at a time.
+func (r *Ring) Peek() *cq.Completion { return r.cq.Peek() }
+
+// PeekBatch copies up to len(dst) completions into dst without removing
+// them and returns how many. One reader at a time.
+func (r *Ring) PeekBatch(dst []cq.Completion) int { return r.cq.PeekBatch(dst) }
+
+// Advance removes n completions that Peek or PeekBatch returned.
+func (r *Ring) Advance(n int) { r.cq.Advance(n) }
+
+// CQ returns the ring's completion queue (Wait, EventFD, Overflowed).
+func (r *Ring) CQ() *cq.Ring { return r.cq }
+
+// Stats returns the ring's counters, updated by its poller.
+func (r *Ring) Stats() *Stats { return &r.stats }
+
+// Close stops the ring: Submit fails from now on, requests not yet
+// complete (also those still in the SQ) complete with ErrClosed, and then
+// the CQ's Wait returns ErrClosed once drained. Close returns after the
+// poller has done so. Completions stay readable.
+func (r *Ring) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	r.poller.detach(r)
+	return r.cq.Close()
+}
+
+// now is the poller's clock: nanoseconds since process start, monotonic.
+var epoch = time.Now()
+
+func now() int64 { return int64(time.Since(epoch)) }
+
+// step does one round of work and reports whether it did any. Poller only.
+func (r *Ring) step(t int64) bool {
+	work := r.reap()
+	if len(r.redo) > 0 {
+		work = r.postRedo() || work
+	}
+	if r.postHead < len(r.postq) {
+		work = r.postPending() || work
+	}
+	work = r.take(t) || work
+	r.flush()
+	if r.active > 0 && t >= r.nextCheck {
+		r.expire(t)
+	}
+	r.flushCQ()
+	return work
+}
+
+// ready reports whether step would find work that needs no other event.
+func (r *Ring) ready() bool {
+	return !r.done.Empty() || (len(r.free) > 0 && !r.sq.Empty())
+}
+
+// take pops new entries while slots are free.
+func (r *Ring) take(t int64) bool {
+	max := min(64, len(r.free)+1) // +1: Nops and Cancels need no slot
+	pos, n := r.sq.Peek(max)
+	i := 0
+	for ; i < n; i++ {
+		e := r.sq.Entry(pos + uint64(i))
+		if (e.Op == sq.Read || e.Op == sq.Write) && len(r.free) == 0 {
+			break
+		}
+		r.start(e, t)
+	}
+	r.sq.Advance(i)
+	return i > 0
+}
+
+// reserved reports whether e has non-zero reserved bytes.
+func reserved(e *sq.Entry) bool {
+	// Entry is 64 bytes of 8-byte-aligned fields, so viewing it as eight
+	// words is sound; the words hold the reserved bytes at fixed places.
+	w := (*[8]uint64)(unsafe.Pointer(e))
+	return w[0]>>16&0xffff != 0 || w[1]>>32 != 0 || w[7] != 0
+}
+
+func (r *Ring) start(e *sq.Entry, t int64) {
+	if e.Flags&^sq.FlagsMask != 0 || reserved(e) || !e.Op.Valid() {
+		r.complete(e.UserData, cq.CodeInvalid, 0)
+		return
+	}
+	switch e.Op {
+	case sq.Nop:
+		r.complete(e.UserData, cq.CodeOK, 0)
+		return
+	case sq.Cancel:
+		r.cancel(e.Remote)
+		return
+	}
+	if e.Length == 0 || e.Length > r.cfg.MaxLength {
+		r.complete(e.UserData, cq.CodeLength, 0)
+		return
+	}
+	buf := r.tables.Buffers.Get(e.Buffer)
+	if buf == nil {
+		r.complete(e.UserData, cq.CodeBadBuffer, 0)
+		return
+	}
+	if !buf.Contains(e.Local, e.Length) {
+		r.complete(e.UserData, cq.CodeLocalRange, 0)
+		return
+	}
+	seg := r.tables.Segments.Get(e.Segment)
+	if seg == nil {
+		r.complete(e.UserData, cq.CodeBadSegment, 0)
+		return
+	}
+	if seg.Resolve(e.Remote, e.Length) < 0 {
+		r.complete(e.UserData, cq.CodeRemoteRange, 0)
+		return
+	}
+	reg := buf.Regs[seg.Transport].Load()
+	if reg == nil {
+		r.complete(e.UserData, cq.CodeNoTransport, 0)
+		return
+	}
+	if !buf.Acquire() {
+		r.complete(e.UserData, cq.CodeBadBuffer, 0)
+		return
+	}
+	if !seg.Acquire() {
+		buf.Release()
+		r.complete(e.UserData, cq.CodeBadSegment, 0)
+		return
+	}
+	idx := r.free[len(r.free)-1]
+	r.free = r.free[:len(r.free)-1]
+	q := &r.reqs[idx]
+	size := seg.SliceSize
+	if size == 0 {
+		size = r.cfg.SliceSize
+	}
+	deadline := t + int64(e.Deadline(r.cfg.Timeout))
+	if deadline < t { // overflow: no deadline worth the name
+		deadline = 1<<63 - 1
+	}
+	*q = request{
+		userData: e.UserData, buf: buf, seg: seg, local: e.Local, remote: e.Remote,
+		length: e.Length, sliceSize: size, deadline: deadline, handle: reg.Handle,
+		nslices: sliceCount(e.Length, size), gen: q.gen, rail: r.rail, state: stActive,
+		op: transport.Read,
+	}
+	if e.Op == sq.Write {
+		q.op = transport.Write
+	}
+	r.rail++
+	r.active++
+	if deadline < r.nextCheck || r.active == 1 {
+		r.nextCheck = deadline
+	}
+	if r.cfg.Sink != nil {
+		r.cfg.Sink.Started(e.UserData)
+	}
+	r.postq = append(r.postq, token(idx, q.gen, 0))
+	r.postPending()
+}
+
+// sliceCount returns how many slices a request of length n is cut into: a
+// tail shorter than a quarter slice joins the slice before it.
+func sliceCount(n, size uint64) uint32 {
+	c := (n + size - 1) / size
+	if c > 1 && n-(c-1)*size < size/4 {
+		c--
+	}
+	if c > 1<<32-1 {
+		c = 1<<32 - 1 // MaxLength keeps this out of reach; stay in range anyway
+	}
+	return uint32(c)
+}
+
+// sliceRange returns the offset and length of slice i of a request.
+func sliceRange(n, size uint64, count, i uint32) (off, length uint64) {
+	off = uint64(i) * size
+	if i == count-1 {
+		return off, n - off
+	}
+	return off, size
+}
+
+// live returns the active request a token names, or nil.
+func (r *Ring) live(tok uint64) *request {
+	idx, gen, _ := splitToken(tok)
+	if int(idx) >= len(r.reqs) {
+		return nil
+	}
+	q := &r.reqs[idx]
+	if q.gen != gen || q.state != stActive {
+		return nil
+	}
+	return q
+}
+
+// postPending appends the unposted slices of queued requests to the batch.
+func (r *Ring) postPending() bool {
+	work := false
+	for r.postHead < len(r.postq) {
+		tok := r.postq[r.postHead]
+		q := r.live(tok)
+		if q == nil || q.posted == q.nslices {
+			r.postHead++
+			continue
+		}
+		for q.posted < q.nslices {
+			if r.outstanding+len(r.batch) >= r.done.Cap() {
+				return work
+			}
+			idx, gen, _ := splitToken(tok)
+			if !r.add(q, token(idx, gen, q.posted)) {
+				return work
+			}
+			q.posted++
+			work = true
+		}
+		r.postHead++
+	}
+	r.postq = r.postq[:0]
+	r.postHead = 0
+	return work
+}
+
+// postRedo posts again the slices that failed or were not accepted.
+func (r *Ring) postRedo() bool {
+	redo := r.redo
+	r.redo = r.redo[len(r.redo):] // tokens refused again are appended anew
+	work := false
+	for i, tok := range redo {
+		q := r.live(tok)
+		if q == nil {
+			continue
+		}
+		if r.outstanding+len(r.batch) >= r.done.Cap() || !r.add(q, tok) {
+			r.redo = append(r.redo, redo[i:]...)
+			break
+		}
+		work = true
+	}
+	if len(r.redo) == 0 {
+		r.redo = redo[:0]
+	}
+	return work
+}
+
+// add appends one slice to the batch, flushing first when the batch is full
+// or bound to another endpoint. It reports false when the endpoint refused
+// slices (they are queued for redo), so the caller stops for this round.
+func (r *Ring) add(q *request, tok uint64) bool {
+	ep := q.seg.Endpoint
+	if len(r.batch) == cap(r.batch) || (len(r.batch) > 0 && r.batchEP != ep) {
+		if !r.flush() {
+			r.redo = append(r.redo, tok)
+			return false
+		}
+	}
+	_, _, i := splitToken(tok)
+	off, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
+	rails := ep.Rails()
+	r.batchEP = ep
+	r.batch = append(r.batch, transport.Slice{
+		Op:          q.op,
+		Rail:        uint16((int(q.rail) + int(i) + int(q.retries)) % rails),
+		LocalHandle: q.handle,
+		Local:       q.buf.Pointer(q.local + off),
+		Remote:      q.remote + off,
+		Length:      n,
+		Token:       tok,
+	})
+	return true
+}
+
+// flush posts the batch and reports whether the endpoint took all of it.
+func (r *Ring) flush() bool {
+	if len(r.batch) == 0 {
+		return true
+	}
+	// Count the slices as outstanding before posting: a transport may
+	// complete them inside Post.
+	for _, s := range r.batch {
+		r.reqs[s.Token&(1<<idxBits-1)].outstanding++
+	}
+	r.outstanding += len(r.batch)
+	n, err := r.batchEP.Post(r, r.batch)
+	if err != nil {
+		n = 0
+	}
+	rest := r.batch[n:]
+	for _, s := range rest {
+		r.reqs[s.Token&(1<<idxBits-1)].outstanding--
+		r.outstanding--
+	}
+	for _, s := range rest {
+		switch {
+		case err == nil:
+			r.redo = append(r.redo, s.Token)
+		case r.live(s.Token) != nil:
+			r.fail(s.Token, err)
+		}
+	}
+	all := n == len(r.batch)
+	clear(r.batch) // drop pointers into buffers
+	r.batch = r.batch[:0]
+	r.batchEP = nil
+	return all
+}
+
+// Complete implements transport.Completer: it queues the slice's result for
+// the poller. Safe for concurrent use; it never blocks.
+func (r *Ring) Complete(tok uint64, err error) {
+	d := sliceDone{token: tok, code: codeOf(err)}
+	if !r.done.PushOne(&d) {
+		// Cannot happen: the poller posts at most done.Cap() slices at once.
+		panic("ring: slice completion queue overrun")
+	}
+	r.poller.bell.Ring()
+}
+
+func codeOf(err error) cq.Code {
+	switch {
+	case err == nil:
+		return cq.CodeOK
+	case errors.Is(err, transport.ErrDenied):
+		return cq.CodeDenied
+	case errors.Is(err, transport.ErrRange):
+		return cq.CodeRemoteRange
+	case errors.Is(err, transport.ErrClosed):
+		return cq.CodeClosed
+	}
+	return cq.CodeTransport
+}
+
+// reap applies slice completions.
+func (r *Ring) reap() bool {
+	pos, n := r.done.Readable(256)
+	for i := 0; i < n; i++ {
+		d := r.done.Slot(pos + uint64(i))
+		r.applySlice(d.token, d.code)
+	}
+	r.done.Release(n)
+	return n > 0
+}
+
+func (r *Ring) applySlice(tok uint64, code cq.Code) {
+	idx, gen, i := splitToken(tok)
+	if int(idx) >= len(r.reqs) || r.reqs[idx].gen != gen || r.reqs[idx].state == stFree {
+		r.stats.Stale.Add(1)
+		return
+	}
+	q := &r.reqs[idx]
+	q.outstanding--
+	r.outstanding--
+	switch {
+	case q.state == stZombie:
+		if q.outstanding == 0 {
+			r.release(idx)
+		}
+	case code == cq.CodeOK:
+		_, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
+		q.bytes += n
+		q.done++
+		if q.done == q.nslices {
+			r.finish(idx, cq.CodeOK)
+		}
+	case code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit:
+		q.retries++
+		r.stats.Retries.Add(1)
+		r.redo = append(r.redo, tok)
+	default:
+		r.finish(idx, code)
+	}
+}
+
+// fail handles a slice that Post refused with an error.
+func (r *Ring) fail(tok uint64, err error) {
+	idx, _, _ := splitToken(tok)
+	q := &r.reqs[idx]
+	code := codeOf(err)
+	if code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit {
+		q.retries++
+		r.stats.Retries.Add(1)
+		r.redo = append(r.redo, tok)
+		return
+	}
+	r.finish(idx, code)
+}
+
+// finish completes a request; its slot is released when no slice is out.
+func (r *Ring) finish(idx int32, code cq.Code) {
+	q := &r.reqs[idx]
+	if q.state != stActive {
+		return
+	}
+	bytes := q.bytes
+	if code != cq.CodeOK {
+		bytes = 0 // a request that did not complete moved no bytes it can rely on
+	}
+	switch code {
+	case cq.CodeOK:
+	case cq.CodeTimeout:
+		r.stats.Timeouts.Add(1)
+	case cq.CodeCanceled:
+		r.stats.Canceled.Add(1)
+	default:
+		r.stats.Failed.Add(1)
+	}
+	r.complete(q.userData, code, bytes)
+	q.state = stZombie
+	if q.outstanding == 0 {
+		r.release(idx)
+	}
+}
+
+func (r *Ring) release(idx int32) {
+	q := &r.reqs[idx]
+	q.buf.Release()
+	q.seg.Release()
+	gen := (q.gen + 1) & (1<<genBits - 1)
+	if gen == 0 {
+		gen = 1
+	}
+	*q = request{gen: gen}
+	r.free = append(r.free, idx)
+	r.active--
+}
+
+// complete queues a completion for the CQ (or the sink).
+func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
+	c := cq.Completion{UserData: userData, Bytes: bytes, Status: code.Status(), Code: code}
+	if code == cq.CodeOK {
+		r.stats.Requests.Add(1)
+		r.stats.Bytes.Add(bytes)
+	}
+	if r.cfg.Sink != nil {
+		r.cfg.Sink.Complete(&c)
+		return
+	}
+	r.cqes = append(r.cqes, c)
+	if len(r.cqes) == cap(r.cqes) {
+		r.flushCQ()
+	}
+}
+
+func (r *Ring) flushCQ() {
+	if len(r.cqes) > 0 {
+		r.cq.PostBatch(r.cqes)
+		r.cqes = r.cqes[:0]
+	}
+}
+
+// cancel finishes the active request with userData.
+func (r *Ring) cancel(userData uint64) {
+	for i := range r.reqs {
+		if q := &r.reqs[i]; q.state == stActive && q.userData == userData {
+			r.finish(int32(i), cq.CodeCanceled)
+			return
+		}
+	}
+}
+
+// expire times out overdue requests and computes the next deadline.
+func (r *Ring) expire(t int64) {
+	next := int64(1<<63 - 1)
+	for i := range r.reqs {
+		q := &r.reqs[i]
+		if q.state != stActive {
+			continue
+		}
+		if q.deadline <= t {
+			r.finish(int32(i), cq.CodeTimeout)
+		} else if q.deadline < next {
+			next = q.deadline
+		}
+	}
+	r.nextCheck = next
+}
+
+// shutdown completes everything with ErrClosed: entries left in the SQ and
+// active requests. Poller only.
+func (r *Ring) shutdown() {
+	for {
+		pos, n := r.sq.Peek(64)
+		if n == 0 {
+			break
+		}
+		for i := 0; i < n; i++ {
+			if e := r.sq.Entry(pos + uint64(i)); e.Op != sq.Cancel {
+				r.complete(e.UserData, cq.CodeClosed, 0)
+			}
+		}
+		r.sq.Advance(n)
+	}
+	for i := range r.reqs {
+		r.finish(int32(i), cq.CodeClosed)
+	}
+	r.flushCQ()
+	r.detached = true
+}
+
+// draining reports whether a detached ring still has slices out.
+func (r *Ring) draining() bool { return r.active > 0 }

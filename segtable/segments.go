@@ -1,0 +1,124 @@
+package segtable
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+)
+
+// Segment is one opened remote segment: its descriptor and the endpoint
+// (of type E, the transport's) that reaches it. The descriptor may be
+// replaced when the peer republishes; the endpoint is fixed. Safe for
+// concurrent use.
+type Segment[E any] struct {
+	ID       SegmentID
+	Name     string
+	Endpoint E
+	// Transport is the slot of the transport that owns Endpoint.
+	Transport int
+	// SliceSize is the slice size of that transport; 0 means the default.
+	SliceSize uint64
+
+	desc atomic.Pointer[SegmentDesc]
+	ref  ref
+}
+
+// Desc returns the current descriptor. Callers must not modify it.
+func (s *Segment[E]) Desc() *SegmentDesc { return s.desc.Load() }
+
+// SetDesc replaces the descriptor (the peer republished it).
+func (s *Segment[E]) SetDesc(d *SegmentDesc) { s.desc.Store(d) }
+
+// Acquire takes a reference that keeps the segment open; it fails once
+// closing has begun. Every successful Acquire needs one Release.
+func (s *Segment[E]) Acquire() bool { return s.ref.Acquire() }
+
+// Release drops a reference taken by Acquire.
+func (s *Segment[E]) Release() { s.ref.Release() }
+
+// InUse returns how many references are held.
+func (s *Segment[E]) InUse() int { return s.ref.InUse() }
+
+// Resolve returns the index in the descriptor of the buffer that holds
+// [addr, addr+n), or -1.
+func (s *Segment[E]) Resolve(addr, n uint64) int {
+	if n == 0 {
+		return -1
+	}
+	return s.desc.Load().Find(addr, n)
+}
+
+// Segments is the table of opened segments, with O(1) lock-free lookup by
+// ID. Index 0 is reserved for LocalSegmentID, which the owner sets with
+// SetLocal. The zero value is an empty table ready for use. Safe for
+// concurrent use.
+type Segments[E any] struct {
+	t     table[Segment[E]]
+	local atomic.Pointer[Segment[E]]
+}
+
+// Open adds a segment and returns it with its new ID.
+func (ss *Segments[E]) Open(name string, desc *SegmentDesc, transportSlot int, sliceSize uint64, ep E) (*Segment[E], error) {
+	s := &Segment[E]{Name: name, Endpoint: ep, Transport: transportSlot, SliceSize: sliceSize}
+	s.desc.Store(desc)
+	ss.t.mu.Lock()
+	defer ss.t.mu.Unlock()
+	ss.t.first = 1
+	if _, err := ss.t.insert(s, func(id uint32) { s.ID = SegmentID(id) }); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// SetLocal installs the engine's own segment under LocalSegmentID.
+func (ss *Segments[E]) SetLocal(name string, desc *SegmentDesc, transportSlot int, sliceSize uint64, ep E) *Segment[E] {
+	s := &Segment[E]{ID: LocalSegmentID, Name: name, Endpoint: ep, Transport: transportSlot, SliceSize: sliceSize}
+	s.desc.Store(desc)
+	ss.local.Store(s)
+	return s
+}
+
+// Get returns the live segment named id, or nil. Lock-free.
+func (ss *Segments[E]) Get(id SegmentID) *Segment[E] {
+	if id == LocalSegmentID {
+		return ss.local.Load()
+	}
+	return ss.t.get(uint32(id))
+}
+
+// Find returns the open segment with the given name, or nil.
+func (ss *Segments[E]) Find(name string) *Segment[E] {
+	var found *Segment[E]
+	ss.t.each(func(s *Segment[E]) {
+		if s.Name == name {
+			found = s
+		}
+	})
+	return found
+}
+
+// Each calls fn for every open segment other than the local one.
+func (ss *Segments[E]) Each(fn func(*Segment[E])) { ss.t.each(fn) }
+
+// Close removes the segment named id once no request holds it; new requests
+// are refused from the moment it is called. If ctx ends first, the segment
+// stays open and the error wraps ErrBusy.
+func (ss *Segments[E]) Close(ctx context.Context, id SegmentID) (*Segment[E], error) {
+	if id == LocalSegmentID {
+		return nil, fmt.Errorf("%w: the local segment cannot be closed", ErrNotFound)
+	}
+	s := ss.Get(id)
+	if s == nil {
+		return nil, fmt.Errorf("%w: segment %d", ErrNotFound, id)
+	}
+	if err := s.ref.Drain(ctx); err != nil {
+		return nil, fmt.Errorf("segment %d (%s): %w", id, s.Name, err)
+	}
+	ss.t.mu.Lock()
+	defer ss.t.mu.Unlock()
+	if ss.t.get(uint32(id)) != s {
+		return nil, fmt.Errorf("%w: segment %d", ErrNotFound, id)
+	}
+	ss.t.set(uint32(id), nil)
+	return s, nil
+}

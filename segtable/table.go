@@ -1,0 +1,164 @@
+package segtable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Errors returned by the tables. None of them is helped by retrying the same
+// call, except ErrBusy once the work in flight has drained.
+var (
+	// ErrOverlap: the range overlaps a registered buffer.
+	ErrOverlap = errors.New("segtable: range overlaps a registered buffer")
+	// ErrEmpty: zero-length range.
+	ErrEmpty = errors.New("segtable: empty range")
+	// ErrNotFound: no entry with that ID, address or name.
+	ErrNotFound = errors.New("segtable: not found")
+	// ErrBusy: requests still use the entry; it was left in place.
+	ErrBusy = errors.New("segtable: in use by requests in flight")
+	// ErrFull: the table holds MaxEntries entries.
+	ErrFull = errors.New("segtable: table full")
+)
+
+// Ref is a reference count with a closing bit: Acquire fails once Drain has
+// begun, so the closer can wait for the count to reach zero knowing that it
+// only falls. Transports use it to keep a registration alive while a copy
+// runs. The zero value is ready for use; safe for concurrent use.
+type Ref struct{ v atomic.Uint64 }
+
+type ref = Ref
+
+const closingBit = 1 << 63
+
+// Acquire takes a reference unless the entry is closing.
+func (r *Ref) Acquire() bool {
+	for {
+		v := r.v.Load()
+		if v&closingBit != 0 {
+			return false
+		}
+		if r.v.CompareAndSwap(v, v+1) {
+			return true
+		}
+	}
+}
+
+// Release drops a reference taken by Acquire.
+func (r *Ref) Release() { r.v.Add(^uint64(0)) }
+
+// InUse returns the number of references held.
+func (r *Ref) InUse() int { return int(r.v.Load() &^ closingBit) }
+
+// Drain refuses new references and waits until none is held. If ctx ends
+// first it accepts references again and returns an error wrapping ErrBusy.
+func (r *Ref) Drain(ctx context.Context) error {
+	for {
+		v := r.v.Load()
+		if r.v.CompareAndSwap(v, v|closingBit) {
+			break
+		}
+	}
+	wait := time.Microsecond
+	for r.v.Load() != closingBit {
+		if ctx.Err() != nil {
+			r.v.And(^uint64(closingBit))
+			return fmt.Errorf("%w (%d in flight)", ErrBusy, r.InUse())
+		}
+		time.Sleep(wait)
+		if wait < time.Millisecond {
+			wait *= 2
+		}
+	}
+	return nil
+}
+
+// table is a copy-on-write index of entries: lookups load one pointer and
+// index an array; changes take mu and publish a new snapshot.
+type table[E any] struct {
+	mu   sync.Mutex
+	snap atomic.Pointer[[]slot[E]]
+	gens []uint32 // per index, guarded by mu; bumped on removal
+	free []int    // free indexes, guarded by mu
+	// first is the lowest index handed out (LocalSegmentID reserves 0).
+	first int
+}
+
+type slot[E any] struct {
+	id uint32
+	e  *E
+}
+
+func (t *table[E]) load() []slot[E] {
+	if p := t.snap.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// get returns the live entry named id, or nil. Lock-free.
+func (t *table[E]) get(id uint32) *E {
+	idx, _ := splitID(id)
+	s := t.load()
+	if idx >= len(s) || s[idx].id != id {
+		return nil
+	}
+	return s[idx].e
+}
+
+// insert places e and returns its ID; mu must be held. build is called with
+// the ID before the entry is published.
+func (t *table[E]) insert(e *E, build func(id uint32)) (uint32, error) {
+	old := t.load()
+	var idx int
+	if n := len(t.free); n > 0 {
+		idx, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		idx = max(len(old), t.first)
+		if idx >= MaxEntries {
+			return 0, ErrFull
+		}
+	}
+	size := max(len(old), idx+1)
+	for len(t.gens) < size {
+		t.gens = append(t.gens, 1)
+	}
+	id := makeID(idx, t.gens[idx])
+	build(id)
+	s := make([]slot[E], size)
+	copy(s, old)
+	s[idx] = slot[E]{id: id, e: e}
+	t.snap.Store(&s)
+	return id, nil
+}
+
+// set publishes e (or nil) at a live ID; mu must be held.
+func (t *table[E]) set(id uint32, e *E) {
+	idx, _ := splitID(id)
+	old := t.load()
+	s := make([]slot[E], len(old))
+	copy(s, old)
+	if e == nil {
+		s[idx] = slot[E]{}
+		t.gens[idx] = (t.gens[idx] + 1) & (1<<(32-idIndexBits) - 1)
+		if t.gens[idx] == 0 {
+			t.gens[idx] = 1 // generation 0 never names a live entry
+		}
+		t.free = append(t.free, idx)
+	} else {
+		s[idx] = slot[E]{id: id, e: e}
+	}
+	t.snap.Store(&s)
+}
+
+// each calls fn for every live entry of the current snapshot.
+func (t *table[E]) each(fn func(*E)) {
+	for _, s := range t.load() {
+		if s.e != nil {
+			fn(s.e)
+		}
+	}
+}

@@ -1,0 +1,235 @@
+// Package sq defines the 64-byte submission queue entry and the bounded
+// submission queue that many goroutines fill and one poller drains.
+//
+// # Concurrency
+//
+// Push may be called from any number of goroutines at once. Pop, Peek and
+// the Doorbell's Park belong to the single poller that drains the queue.
+//
+// # Wakeups
+//
+// A Queue shares a Doorbell with the other queues of its poller. The poller
+// arms the doorbell before it parks and checks its queues once more; Push
+// rings it only when armed. While the poller is awake, Push costs one CAS and
+// a few plain stores: no syscall and no channel operation, as with
+// io_uring's SQ_NEED_WAKEUP.
+package sq
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/internal/mpsc"
+	"github.com/moonring/moonring/segtable"
+)
+
+// Op is what an Entry asks for.
+type Op uint8
+
+const (
+	// Nop completes at once; it measures the ring itself.
+	Nop Op = iota
+	// Read moves bytes from the segment into the local buffer.
+	Read
+	// Write moves bytes from the local buffer into the segment.
+	Write
+	// Cancel cancels the in-flight request whose UserData equals this
+	// entry's Remote field. It posts no completion of its own; the canceled
+	// request completes with the canceled status. A request not found (not
+	// yet taken, or already done) is left alone.
+	Cancel
+	opCount
+)
+
+// String names the op.
+func (o Op) String() string {
+	switch o {
+	case Nop:
+		return "nop"
+	case Read:
+		return "read"
+	case Write:
+		return "write"
+	case Cancel:
+		return "cancel"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Valid reports whether o is a known op.
+func (o Op) Valid() bool { return o < opCount }
+
+// Flags modify an Entry.
+type Flags uint8
+
+// FlagsMask holds the flags this version knows; others are refused.
+const FlagsMask Flags = 0
+
+// Entry is one submission slot: 64 bytes, one cache line, no pointers.
+// Reserved bytes must be zero; an entry with non-zero reserved bytes, an
+// unknown op or unknown flags completes with an error code.
+type Entry struct {
+	Op      Op                 // 1B
+	Flags   Flags              // 1B
+	_       [2]byte            // reserved, zero
+	Segment segtable.SegmentID // 4B target segment
+	Buffer  segtable.BufferID  // 4B registered local buffer
+	_       [4]byte            // reserved, zero
+	// Local is the offset inside Buffer.
+	Local uint64
+	// Remote is the address inside Segment (for Cancel: the UserData to cancel).
+	Remote uint64
+	// Length is the number of bytes to move.
+	Length uint64
+	// UserData is echoed in the completion; never a Go pointer.
+	UserData uint64
+	// Timeout is the request's deadline in nanoseconds after the poller takes
+	// it; 0 means the engine's default.
+	Timeout uint64
+	_       [8]byte // reserved, zero
+}
+
+// EntrySize is the size of an Entry in bytes.
+const EntrySize = 64
+
+var _ [EntrySize - unsafe.Sizeof(Entry{})]byte // compile error if larger
+var _ [unsafe.Sizeof(Entry{}) - EntrySize]byte // compile error if smaller
+
+// Deadline returns Timeout as a duration, or def when Timeout is 0.
+func (e *Entry) Deadline(def time.Duration) time.Duration {
+	if e.Timeout == 0 {
+		return def
+	}
+	return time.Duration(e.Timeout)
+}
+
+// ErrShort reports an encoded entry of the wrong length.
+var ErrShort = errors.New("sq: encoded entry must be 64 bytes")
+
+// ErrReserved reports an encoded entry with non-zero reserved bytes.
+var ErrReserved = errors.New("sq: reserved bytes must be zero")
+
+// MarshalTo encodes e into b (little endian, 64 bytes).
+func (e *Entry) MarshalTo(b []byte) error {
+	if len(b) != EntrySize {
+		return ErrShort
+	}
+	clear(b)
+	b[0] = byte(e.Op)
+	b[1] = byte(e.Flags)
+	binary.LittleEndian.PutUint32(b[4:], uint32(e.Segment))
+	binary.LittleEndian.PutUint32(b[8:], uint32(e.Buffer))
+	binary.LittleEndian.PutUint64(b[16:], e.Local)
+	binary.LittleEndian.PutUint64(b[24:], e.Remote)
+	binary.LittleEndian.PutUint64(b[32:], e.Length)
+	binary.LittleEndian.PutUint64(b[40:], e.UserData)
+	binary.LittleEndian.PutUint64(b[48:], e.Timeout)
+	return nil
+}
+
+// UnmarshalFrom decodes b into e. Bytes 2-3, 12-15 and 56-63 are reserved
+// and must be zero.
+func (e *Entry) UnmarshalFrom(b []byte) error {
+	if len(b) != EntrySize {
+		return ErrShort
+	}
+	if b[2]|b[3]|b[12]|b[13]|b[14]|b[15] != 0 || binary.LittleEndian.Uint64(b[56:]) != 0 {
+		return ErrReserved
+	}
+	*e = Entry{
+		Op:       Op(b[0]),
+		Flags:    Flags(b[1]),
+		Segment:  segtable.SegmentID(binary.LittleEndian.Uint32(b[4:])),
+		Buffer:   segtable.BufferID(binary.LittleEndian.Uint32(b[8:])),
+		Local:    binary.LittleEndian.Uint64(b[16:]),
+		Remote:   binary.LittleEndian.Uint64(b[24:]),
+		Length:   binary.LittleEndian.Uint64(b[32:]),
+		UserData: binary.LittleEndian.Uint64(b[40:]),
+		Timeout:  binary.LittleEndian.Uint64(b[48:]),
+	}
+	return nil
+}
+
+// Doorbell wakes a parked poller. One Doorbell serves all the queues of one
+// poller. Its zero value is not usable; use NewDoorbell. Safe for concurrent
+// use: any goroutine may Ring, only the poller Arms and Waits.
+type Doorbell struct {
+	armed atomic.Bool
+	ch    chan struct{}
+}
+
+// NewDoorbell returns a disarmed doorbell.
+func NewDoorbell() *Doorbell { return &Doorbell{ch: make(chan struct{}, 1)} }
+
+// Ring wakes the poller if it is armed. It costs one atomic load when not.
+func (d *Doorbell) Ring() {
+	if d.armed.Load() && d.armed.CompareAndSwap(true, false) {
+		select {
+		case d.ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Arm announces that the poller is about to park. The poller must check for
+// work after Arm and before Wait, and Disarm if it finds any.
+func (d *Doorbell) Arm() { d.armed.Store(true) }
+
+// Disarm cancels Arm.
+func (d *Doorbell) Disarm() { d.armed.Store(false) }
+
+// C returns the channel that receives a value when the doorbell rings.
+func (d *Doorbell) C() <-chan struct{} { return d.ch }
+
+// Queue is the bounded submission queue. Its zero value is not usable; use
+// New.
+type Queue struct {
+	q    *mpsc.Queue[Entry]
+	bell *Doorbell
+}
+
+// New returns a queue of size entries (a power of two) that rings bell after
+// each Push that added entries.
+func New(size int, bell *Doorbell) (*Queue, error) {
+	q, err := mpsc.New[Entry](size)
+	if err != nil {
+		return nil, fmt.Errorf("sq: %w", err)
+	}
+	return &Queue{q: q, bell: bell}, nil
+}
+
+// Push copies as many entries as fit, in order, and returns how many; 0 means
+// the queue is full (reap completions, then retry). Safe for concurrent use.
+func (q *Queue) Push(es []Entry) int {
+	n := q.q.Push(es)
+	if n > 0 && q.bell != nil {
+		q.bell.Ring()
+	}
+	return n
+}
+
+// Peek returns how many entries are ready, at most max, and the first's
+// position; Entry(pos+i) reads them in place until Advance. Poller only.
+func (q *Queue) Peek(max int) (pos uint64, n int) { return q.q.Readable(max) }
+
+// Entry returns the entry at a position Peek reported. Poller only.
+func (q *Queue) Entry(pos uint64) *Entry { return q.q.Slot(pos) }
+
+// Advance releases n entries that Peek reported. Poller only.
+func (q *Queue) Advance(n int) { q.q.Release(n) }
+
+// Pop copies up to len(dst) entries out and releases them. Poller only.
+func (q *Queue) Pop(dst []Entry) int { return q.q.Pop(dst) }
+
+// Empty reports whether no entry is ready. Poller only.
+func (q *Queue) Empty() bool { return q.q.Empty() }
+
+// Len returns a snapshot of the number of queued entries.
+func (q *Queue) Len() int { return q.q.Len() }
+
+// Cap returns the queue's size.
+func (q *Queue) Cap() int { return q.q.Cap() }

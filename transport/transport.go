@@ -1,0 +1,157 @@
+// Package transport defines what a transport is to the engine: the Transport
+// and Endpoint interfaces, the Slice a transport moves, the Completer it
+// reports to, and the choice of transport for a segment.
+//
+// A transport knows its hardware and nothing of rings or batches. The
+// engine registers buffers with it, opens an Endpoint per remote segment,
+// posts slices, and hears of each slice exactly once through the Completer.
+//
+// # Concurrency
+//
+// Register, Unregister, Open and Close may be called from any goroutine.
+// Post on one Endpoint is called by one poller at a time; Complete may be
+// called from any goroutine, including from inside Post.
+//
+// # Lifetimes
+//
+// An Endpoint lives until its Close or its transport's Close. Every slice
+// that Post accepted is completed exactly once, also when the endpoint or
+// the transport closes with the slice in flight (with an error then).
+//
+// # Errors
+//
+// Completion errors tell the engine what to do: ErrDenied and ErrRange are
+// final (the peer refused the request itself); any other error lets the
+// engine retry the slice on another rail.
+package transport
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"unsafe"
+
+	"github.com/moonring/moonring/segtable"
+)
+
+// Errors that transports return or complete slices with.
+var (
+	// ErrNotSupported: this transport cannot work on this machine or build.
+	ErrNotSupported = errors.ErrUnsupported
+	// ErrUnreachable: this transport cannot reach the segment; another may.
+	ErrUnreachable = errors.New("transport: segment unreachable on this transport")
+	// ErrDenied: the peer refused the slice (wrong key, range not granted or
+	// not remote-accessible). Final.
+	ErrDenied = errors.New("transport: access denied")
+	// ErrRange: the remote range is not inside one buffer of the segment. Final.
+	ErrRange = errors.New("transport: remote range outside segment")
+	// ErrClosed: the endpoint or transport closed with the slice in flight.
+	ErrClosed = errors.New("transport: closed")
+	// ErrPeer: the connection to the peer broke; another rail may work.
+	ErrPeer = errors.New("transport: peer connection failed")
+)
+
+// Op is the direction of a slice.
+type Op uint8
+
+const (
+	// Read moves Length bytes from Remote into Local.
+	Read Op = 1
+	// Write moves Length bytes from Local to Remote.
+	Write Op = 2
+)
+
+// Slice is one piece of a request that a transport moves in one operation on
+// one rail.
+type Slice struct {
+	Op   Op
+	Rail uint16
+	// LocalHandle is the transport's handle for the local buffer (the
+	// Handle of its Registration).
+	LocalHandle uint64
+	// Local is the first local byte: pinned Go memory or mmap'd memory,
+	// valid until the slice completes.
+	Local unsafe.Pointer
+	// Remote is the address in the segment.
+	Remote uint64
+	Length uint64
+	// Token is the engine's; the transport hands it back to the Completer.
+	Token uint64
+}
+
+// Completer hears of every posted slice exactly once. Implementations are
+// lock-free and safe for concurrent use; Complete must not block.
+type Completer interface {
+	// Complete reports that the slice carrying token finished: err is nil
+	// when every byte moved.
+	Complete(token uint64, err error)
+}
+
+// Transport moves bytes for one engine over one kind of link.
+type Transport interface {
+	// Name is the transport's name in SegmentDescs ("local", "tcp", ...).
+	Name() string
+	// Endpoint returns what peers need to reach this transport (an address),
+	// published in the engine's SegmentDesc; "" when peers need nothing.
+	Endpoint() string
+	// SliceSize is the largest slice the engine should post; 0 means the
+	// engine's default.
+	SliceSize() uint64
+	// Register makes b reachable through the transport and returns the
+	// transport's handle and the key peers must present.
+	Register(b *segtable.Buffer) (segtable.Registration, error)
+	// Unregister forgets a registration. It waits for peers' operations on
+	// the buffer in progress in this process to finish.
+	Unregister(b *segtable.Buffer, r segtable.Registration) error
+	// Open returns an Endpoint to the segment desc describes, or an error
+	// wrapping ErrUnreachable when this transport cannot reach it.
+	Open(ctx context.Context, desc *segtable.SegmentDesc) (Endpoint, error)
+	// Close completes every slice in flight with ErrClosed, closes all
+	// endpoints and releases the transport's resources.
+	Close() error
+}
+
+// Endpoint is one transport's way to one remote segment.
+type Endpoint interface {
+	// Rails is how many independent lanes (connections, QPs) the endpoint
+	// spreads slices over; at least 1.
+	Rails() int
+	// Post starts the slices and returns how many it accepted, in order.
+	// Fewer than len(s) means the endpoint is full: the caller retries the
+	// rest later. An error means the endpoint cannot take slices at all.
+	Post(c Completer, s []Slice) (int, error)
+	// Update gives the endpoint the segment's new descriptor (its peer
+	// republished).
+	Update(desc *segtable.SegmentDesc)
+	// Close completes the endpoint's slices in flight with ErrClosed.
+	Close() error
+}
+
+// Poller is implemented by transports whose completions must be driven by
+// the engine's pollers (a completion queue to poll, software progress).
+type Poller interface {
+	// Poll makes progress and reports how many completions it delivered.
+	Poll() int
+}
+
+// Priority is the default order of preference among transports, best
+// first: same process, then NVLink, shared memory, RDMA, EFA, TCP.
+var Priority = []string{"local", "nvlink", "shm", "rdma", "efa", "tcp"}
+
+// Candidates returns the names of installed that desc has an endpoint for,
+// in order of preference: prefer first (when non-empty, only those it
+// names), then Priority, then the rest by name.
+func Candidates(installed []string, desc *segtable.SegmentDesc, prefer []string) []string {
+	order := prefer
+	if len(order) == 0 {
+		order = append(slices.Clone(Priority), installed...)
+		slices.Sort(order[len(Priority):])
+	}
+	var out []string
+	for _, name := range order {
+		if _, ok := desc.Endpoints[name]; ok && slices.Contains(installed, name) && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
