@@ -118,7 +118,7 @@ type Ring struct {
 	cfg         Config
 	tables      *Tables
 	reqs        []request
-	free        []int32 // free slots (stack)
+	free        []int32  // free slots (stack)
 	postq       []uint64 // ref of requests with slices left to post (FIFO)
 	postHead    int
 	redo        []uint64 // slice tokens to post again
