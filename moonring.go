@@ -192,6 +192,7 @@ type Engine struct {
 	local      *local.Transport
 	self       *segtable.Segment[transport.Endpoint]
 	pollers    map[int]*ring.Poller
+	pollerList atomic.Pointer[[]*ring.Poller] // the values of pollers, for lock-free readers
 	rings      map[*ring.Ring]struct{}
 	watches    map[SegmentID]context.CancelFunc
 	watchWG    sync.WaitGroup
@@ -218,6 +219,8 @@ func New(cfg Config) (*Engine, error) {
 		local:   local.New(),
 	}
 	e.tables = ring.Tables{Buffers: &e.buffers, Segments: &e.segments}
+	e.buffers.Busy = func(b *segtable.Buffer) bool { return e.inFlight(b, nil) }
+	e.segments.Busy = func(s *segtable.Segment[transport.Endpoint]) bool { return e.inFlight(nil, s) }
 	e.transports[0] = e.local
 	e.self = e.segments.SetLocal(cfg.Name, e.desc(false), 0, 0, e.local.Self())
 	if err := e.publish(); err != nil {
@@ -293,7 +296,24 @@ func (e *Engine) poller(node int) *ring.Poller {
 		}
 	}
 	e.pollers[node] = p
+	list := make([]*ring.Poller, 0, len(e.pollers))
+	for _, p := range e.pollers {
+		list = append(list, p)
+	}
+	e.pollerList.Store(&list)
 	return p
+}
+
+// inFlight reports whether a request of any ring names buf or seg.
+func (e *Engine) inFlight(buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint]) bool {
+	if ps := e.pollerList.Load(); ps != nil {
+		for _, p := range *ps {
+			if p.Uses(buf, seg) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // nodeOf returns the NUMA node of a location.
@@ -722,10 +742,8 @@ func (e *Engine) Close() error {
 		p.Stop()
 	}
 	for _, b := range e.buffers.All() {
-		// Transports are closed, so nothing touches the memory any more.
-		for b.InUse() > 0 {
-			b.Release()
-		}
+		// Pollers are stopped and transports closed: nothing touches the
+		// memory any more.
 		e.buffers.Unregister(context.Background(), b.ID)
 	}
 	e.watchWG.Wait()

@@ -91,7 +91,15 @@ func (t *Transport) list() []*region {
 
 // find returns the region holding [addr, addr+n), or nil.
 func find(rs []*region, addr uint64, n uint64) *region {
-	i := sort.Search(len(rs), func(i int) bool { return uint64(rs[i].addr)+rs[i].length > addr })
+	i, j := 0, len(rs) // sort.Search by hand: this runs for every slice
+	for i < j {
+		h := int(uint(i+j) >> 1)
+		if uint64(rs[h].addr)+rs[h].length > addr {
+			j = h
+		} else {
+			i = h + 1
+		}
+	}
 	if i == len(rs) {
 		return nil
 	}
@@ -179,7 +187,10 @@ type keyRange struct {
 	addr, length, key uint64
 }
 
-var _ transport.Endpoint = (*Endpoint)(nil)
+var (
+	_ transport.Endpoint = (*Endpoint)(nil)
+	_ transport.Copier   = (*Endpoint)(nil)
+)
 
 // Rails returns 1: a copy has one lane.
 func (e *Endpoint) Rails() int { return 1 }
@@ -199,7 +210,15 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 
 func (e *Endpoint) keyFor(addr, n uint64) (uint64, bool) {
 	ks := *e.keys.Load()
-	i := sort.Search(len(ks), func(i int) bool { return ks[i].addr+ks[i].length > addr })
+	i, j := 0, len(ks)
+	for i < j {
+		h := int(uint(i+j) >> 1)
+		if ks[h].addr+ks[h].length > addr {
+			j = h
+		} else {
+			i = h + 1
+		}
+	}
 	if i == len(ks) || addr < ks[i].addr || n > ks[i].length || addr-ks[i].addr > ks[i].length-n {
 		return 0, false
 	}
@@ -209,12 +228,13 @@ func (e *Endpoint) keyFor(addr, n uint64) (uint64, bool) {
 // Post copies every slice and completes it before returning.
 func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
 	for i := range s {
-		c.Complete(s[i].Token, e.copy(&s[i]))
+		c.Complete(s[i].Token, e.Copy(&s[i]))
 	}
 	return len(s), nil
 }
 
-func (e *Endpoint) copy(s *transport.Slice) error {
+// Copy moves one slice synchronously, with the checks of Post.
+func (e *Endpoint) Copy(s *transport.Slice) error {
 	if e.closed.Load() || e.to.closed.Load() || e.from.closed.Load() {
 		return transport.ErrClosed
 	}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/sq"
 	"github.com/moonring/moonring/transport"
 )
@@ -44,6 +45,9 @@ type Poller struct {
 	stop     chan struct{}
 	done     chan struct{}
 	pinErr   atomic.Pointer[error]
+	// asked counts callers of do and Stop: the loop looks at its channels
+	// only when it is non-zero, not on every round.
+	asked atomic.Int32
 }
 
 // NewPoller starts a poller.
@@ -73,6 +77,8 @@ func (p *Poller) PinError() error {
 // do runs fn on the poller goroutine and waits for it.
 func (p *Poller) do(fn func()) error {
 	ran := make(chan struct{})
+	p.asked.Add(1)
+	defer p.asked.Add(-1)
 	select {
 	case p.requests <- func() { fn(); close(ran) }:
 	case <-p.done:
@@ -156,6 +162,8 @@ func (p *Poller) RemoveHook(h transport.Poller) {
 // Stop ends the poller after completing the work of its rings with
 // ErrClosed. Rings attached to a stopped poller are closed.
 func (p *Poller) Stop() {
+	p.asked.Add(1)
+	p.bell.Ring()
 	p.mu.Lock()
 	select {
 	case <-p.stop:
@@ -206,18 +214,20 @@ func (p *Poller) run() {
 				}
 			}
 		}
-		select {
-		case fn := <-p.requests:
-			fn()
-			work = true
-		case <-p.stop:
-			for _, r := range p.list() {
-				r.closed.Store(true)
-				r.shutdown()
-				r.cq.Close()
+		if p.asked.Load() != 0 {
+			select {
+			case fn := <-p.requests:
+				fn()
+				work = true
+			case <-p.stop:
+				for _, r := range p.list() {
+					r.closed.Store(true)
+					r.shutdown()
+					r.cq.Close()
+				}
+				return
+			default:
 			}
-			return
-		default:
 		}
 		if work {
 			last = t
@@ -277,4 +287,21 @@ func (p *Poller) prune() {
 	p.update(func(rs []*Ring) []*Ring {
 		return slices.DeleteFunc(slices.Clone(rs), func(r *Ring) bool { return r.detached && !r.draining() })
 	})
+}
+
+// Uses reports whether a request of the poller's rings, in flight or
+// waiting for its slices to come back, names buf or seg (either may be
+// nil). It asks the poller goroutine, so it sees every request that passed
+// the Closing check. A stopped poller uses nothing.
+func (p *Poller) Uses(buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint]) bool {
+	used := false
+	err := p.do(func() {
+		for _, r := range p.list() {
+			if r.uses(buf, seg) {
+				used = true
+				return
+			}
+		}
+	})
+	return err == nil && used
 }

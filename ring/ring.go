@@ -125,6 +125,9 @@ type Ring struct {
 	batch       []transport.Slice
 	batchEP     transport.Endpoint
 	cqes        []cq.Completion
+	sinkCQE     cq.Completion
+	requests    uint64 // published to stats once per step
+	bytes       uint64
 	outstanding int // slices posted and not yet completed
 	active      int // requests in slots, including zombies
 	nextCheck   int64
@@ -307,6 +310,13 @@ func (r *Ring) step(t int64) bool {
 		r.expire(t)
 	}
 	r.flushCQ()
+	if r.requests != 0 {
+		// One writer: a load and a store publish the step's counts without
+		// a locked instruction per request.
+		r.stats.Requests.Store(r.stats.Requests.Load() + r.requests)
+		r.stats.Bytes.Store(r.stats.Bytes.Load() + r.bytes)
+		r.requests, r.bytes = 0, 0
+	}
 	return work
 }
 
@@ -379,12 +389,15 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		r.complete(e.UserData, cq.CodeNoTransport, 0)
 		return
 	}
-	if !buf.Acquire() {
+	// No reference is taken: the request's slot in the in-flight table is
+	// the reference, and Uses reports it to an unregistering caller. A
+	// buffer or segment that began closing before this point is refused;
+	// one that begins after finds the slot when it asks the poller.
+	if buf.Closing() {
 		r.complete(e.UserData, cq.CodeBadBuffer, 0)
 		return
 	}
-	if !seg.Acquire() {
-		buf.Release()
+	if seg.Closing() {
 		r.complete(e.UserData, cq.CodeBadSegment, 0)
 		return
 	}
@@ -399,12 +412,12 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	if deadline < t { // overflow: no deadline worth the name
 		deadline = 1<<63 - 1
 	}
-	*q = request{
-		userData: e.UserData, buf: buf, seg: seg, local: e.Local, remote: e.Remote,
-		length: e.Length, sliceSize: size, deadline: deadline, handle: reg.Handle,
-		nslices: sliceCount(e.Length, size), gen: q.gen, rail: r.rail, state: stActive,
-		op: transport.Read,
-	}
+	// Field by field: a composite literal with pointers would be built
+	// aside and copied with write barriers.
+	q.userData, q.buf, q.seg = e.UserData, buf, seg
+	q.local, q.remote, q.length = e.Local, e.Remote, e.Length
+	q.sliceSize, q.deadline, q.handle = size, deadline, reg.Handle
+	q.nslices, q.rail, q.state, q.op = sliceCount(e.Length, size), r.rail, stActive, transport.Read
 	if e.Op == sq.Write {
 		q.op = transport.Write
 	}
@@ -520,21 +533,23 @@ func (r *Ring) add(q *request, tok uint64) bool {
 	off, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
 	rails := ep.Rails()
 	r.batchEP = ep
-	r.batch = append(r.batch, transport.Slice{
-		Op:          q.op,
-		Rail:        uint16((int(q.rail) + int(i) + int(q.retries)) % rails),
-		LocalHandle: q.handle,
-		Local:       q.buf.Pointer(q.local + off),
-		Remote:      q.remote + off,
-		Length:      n,
-		Token:       tok,
-	})
+	r.batch = r.batch[:len(r.batch)+1]
+	sl := &r.batch[len(r.batch)-1]
+	sl.Op = q.op
+	sl.Rail = uint16((int(q.rail) + int(i) + int(q.retries)) % rails)
+	sl.LocalHandle = q.handle
+	sl.Local = q.buf.Pointer(q.local + off)
+	sl.Remote, sl.Length, sl.Token = q.remote+off, n, tok
 	return true
 }
 
 // flush posts the batch and reports whether the endpoint took all of it.
 func (r *Ring) flush() bool {
 	if len(r.batch) == 0 {
+		return true
+	}
+	if cp, ok := r.batchEP.(transport.Copier); ok {
+		r.copyBatch(cp)
 		return true
 	}
 	// Count the slices as outstanding before posting: a transport may
@@ -565,6 +580,25 @@ func (r *Ring) flush() bool {
 	r.batch = r.batch[:0]
 	r.batchEP = nil
 	return all
+}
+
+// copyBatch runs the batch on a synchronous endpoint. Each slice is checked
+// live just before its copy: an earlier slice of the batch may have ended
+// its request, whose buffer must then no longer be touched.
+func (r *Ring) copyBatch(cp transport.Copier) {
+	for i := range r.batch {
+		s := &r.batch[i]
+		q := r.live(s.Token)
+		if q == nil {
+			continue
+		}
+		q.outstanding++
+		r.outstanding++
+		r.applySlice(s.Token, codeOf(cp.Copy(s)))
+	}
+	clear(r.batch)
+	r.batch = r.batch[:0]
+	r.batchEP = nil
 }
 
 // Complete implements transport.Completer: it queues the slice's result for
@@ -675,29 +709,31 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 
 func (r *Ring) release(idx int32) {
 	q := &r.reqs[idx]
-	q.buf.Release()
-	q.seg.Release()
 	gen := (q.gen + 1) & (1<<genBits - 1)
 	if gen == 0 {
 		gen = 1
 	}
-	*q = request{gen: gen}
+	q.buf, q.seg = nil, nil
+	q.bytes, q.posted, q.done, q.outstanding, q.retries = 0, 0, 0, 0, 0
+	q.gen, q.state = gen, stFree
 	r.free = append(r.free, idx)
 	r.active--
 }
 
 // complete queues a completion for the CQ (or the sink).
 func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
-	c := cq.Completion{UserData: userData, Bytes: bytes, Status: code.Status(), Code: code}
 	if code == cq.CodeOK {
-		r.stats.Requests.Add(1)
-		r.stats.Bytes.Add(bytes)
+		r.requests++
+		r.bytes += bytes
 	}
 	if r.cfg.Sink != nil {
-		r.cfg.Sink.Complete(&c)
+		// A field, not a local: a local passed to an interface method
+		// would escape to the heap on every completion.
+		r.sinkCQE = cq.Completion{UserData: userData, Bytes: bytes, Status: code.Status(), Code: code}
+		r.cfg.Sink.Complete(&r.sinkCQE)
 		return
 	}
-	r.cqes = append(r.cqes, c)
+	r.cqes = append(r.cqes, cq.Completion{UserData: userData, Bytes: bytes, Status: code.Status(), Code: code})
 	if len(r.cqes) == cap(r.cqes) {
 		r.flushCQ()
 	}
@@ -757,6 +793,21 @@ func (r *Ring) shutdown() {
 	}
 	r.flushCQ()
 	r.detached = true
+}
+
+// uses reports whether a request in the table (active or waiting for its
+// slices) names buf or seg. Poller only.
+func (r *Ring) uses(buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint]) bool {
+	if r.active == 0 {
+		return false
+	}
+	for i := range r.reqs {
+		q := &r.reqs[i]
+		if q.state != stFree && ((buf != nil && q.buf == buf) || (seg != nil && q.seg == seg)) {
+			return true
+		}
+	}
+	return false
 }
 
 // draining reports whether a detached ring still has slices out.

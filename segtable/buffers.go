@@ -88,6 +88,10 @@ func (b *Buffer) Acquire() bool { return b.ref.Acquire() }
 // Release drops a reference taken by Acquire.
 func (b *Buffer) Release() { b.ref.Release() }
 
+// Closing reports whether unregistration has begun. Users that do not take
+// references check it before each use and answer Buffers.Busy.
+func (b *Buffer) Closing() bool { return b.ref.Closing() }
+
 // InUse returns how many references are held.
 func (b *Buffer) InUse() int { return b.ref.InUse() }
 
@@ -101,6 +105,11 @@ func (b *Buffer) Contains(off, n uint64) bool {
 // publishes a new snapshot. The zero value is an empty table ready for use.
 // Safe for concurrent use.
 type Buffers struct {
+	// Busy, when set before the table is shared, reports whether users
+	// that do not take references still use a buffer; Unregister waits for
+	// it to say false.
+	Busy func(*Buffer) bool
+
 	t      table[Buffer]
 	sorted atomic.Pointer[[]*Buffer] // by Addr; written under t.mu
 }
@@ -162,7 +171,7 @@ func (bs *Buffers) Unregister(ctx context.Context, id BufferID) (*Buffer, error)
 	if b == nil {
 		return nil, fmt.Errorf("%w: buffer %d", ErrNotFound, id)
 	}
-	if err := b.ref.Drain(ctx); err != nil {
+	if err := b.ref.DrainWhile(ctx, bs.busy(b)); err != nil {
 		return nil, fmt.Errorf("buffer %d: %w", id, err)
 	}
 	bs.t.mu.Lock()
@@ -186,3 +195,10 @@ func (bs *Buffers) Unregister(ctx context.Context, id BufferID) (*Buffer, error)
 // All returns the registered buffers sorted by address: a snapshot that the
 // caller must not modify.
 func (bs *Buffers) All() []*Buffer { return bs.sortedList() }
+
+func (bs *Buffers) busy(b *Buffer) func() bool {
+	if bs.Busy == nil {
+		return nil
+	}
+	return func() bool { return bs.Busy(b) }
+}

@@ -116,7 +116,16 @@ func cloneMap(m map[string]string) map[string]string {
 
 // Find returns the index of the buffer that holds [addr, addr+length), or -1.
 func (d *SegmentDesc) Find(addr, length uint64) int {
-	i := sort.Search(len(d.Buffers), func(i int) bool { return d.Buffers[i].Addr+d.Buffers[i].Length > addr })
+	// sort.Search by hand: this runs for every request.
+	i, j := 0, len(d.Buffers)
+	for i < j {
+		h := int(uint(i+j) >> 1)
+		if d.Buffers[h].Addr+d.Buffers[h].Length > addr {
+			j = h
+		} else {
+			i = h + 1
+		}
+	}
 	if i == len(d.Buffers) {
 		return -1
 	}

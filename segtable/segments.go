@@ -36,6 +36,10 @@ func (s *Segment[E]) Acquire() bool { return s.ref.Acquire() }
 // Release drops a reference taken by Acquire.
 func (s *Segment[E]) Release() { s.ref.Release() }
 
+// Closing reports whether closing has begun. Users that do not take
+// references check it before each use and answer Segments.Busy.
+func (s *Segment[E]) Closing() bool { return s.ref.Closing() }
+
 // InUse returns how many references are held.
 func (s *Segment[E]) InUse() int { return s.ref.InUse() }
 
@@ -53,6 +57,11 @@ func (s *Segment[E]) Resolve(addr, n uint64) int {
 // SetLocal. The zero value is an empty table ready for use. Safe for
 // concurrent use.
 type Segments[E any] struct {
+	// Busy, when set before the table is shared, reports whether users
+	// that do not take references still use a segment; Close waits for it
+	// to say false.
+	Busy func(*Segment[E]) bool
+
 	t     table[Segment[E]]
 	local atomic.Pointer[Segment[E]]
 }
@@ -111,7 +120,11 @@ func (ss *Segments[E]) Close(ctx context.Context, id SegmentID) (*Segment[E], er
 	if s == nil {
 		return nil, fmt.Errorf("%w: segment %d", ErrNotFound, id)
 	}
-	if err := s.ref.Drain(ctx); err != nil {
+	var busy func() bool
+	if ss.Busy != nil {
+		busy = func() bool { return ss.Busy(s) }
+	}
+	if err := s.ref.DrainWhile(ctx, busy); err != nil {
 		return nil, fmt.Errorf("segment %d (%s): %w", id, s.Name, err)
 	}
 	ss.t.mu.Lock()

@@ -36,15 +36,13 @@ const closingBit = 1 << 63
 
 // Acquire takes a reference unless the entry is closing.
 func (r *Ref) Acquire() bool {
-	for {
-		v := r.v.Load()
-		if v&closingBit != 0 {
-			return false
-		}
-		if r.v.CompareAndSwap(v, v+1) {
-			return true
-		}
+	// One locked add; a reference taken after Drain began is given back at
+	// once, and Drain only waits for the count to reach zero.
+	if r.v.Add(1)&closingBit != 0 {
+		r.v.Add(^uint64(0))
+		return false
 	}
+	return true
 }
 
 // Release drops a reference taken by Acquire.
@@ -53,9 +51,19 @@ func (r *Ref) Release() { r.v.Add(^uint64(0)) }
 // InUse returns the number of references held.
 func (r *Ref) InUse() int { return int(r.v.Load() &^ closingBit) }
 
+// Closing reports whether Drain has begun: a lock-free check for users
+// that track their use elsewhere (see DrainWhile).
+func (r *Ref) Closing() bool { return r.v.Load()&closingBit != 0 }
+
 // Drain refuses new references and waits until none is held. If ctx ends
 // first it accepts references again and returns an error wrapping ErrBusy.
-func (r *Ref) Drain(ctx context.Context) error {
+func (r *Ref) Drain(ctx context.Context) error { return r.DrainWhile(ctx, nil) }
+
+// DrainWhile is Drain that also waits while busy reports true. busy covers
+// users that do not take references but check Closing before each use and
+// can say whether they still use the entry (the pollers, for their
+// in-flight tables).
+func (r *Ref) DrainWhile(ctx context.Context, busy func() bool) error {
 	for {
 		v := r.v.Load()
 		if r.v.CompareAndSwap(v, v|closingBit) {
@@ -63,7 +71,7 @@ func (r *Ref) Drain(ctx context.Context) error {
 		}
 	}
 	wait := time.Microsecond
-	for r.v.Load() != closingBit {
+	for r.v.Load() != closingBit || (busy != nil && busy()) {
 		if ctx.Err() != nil {
 			r.v.And(^uint64(closingBit))
 			return fmt.Errorf("%w (%d in flight)", ErrBusy, r.InUse())

@@ -127,6 +127,14 @@ type Endpoint interface {
 	Close() error
 }
 
+// Copier is implemented by endpoints that move a slice synchronously on
+// the caller's goroutine (plain memory copies). The engine then calls Copy
+// instead of Post and applies the result at once, skipping the completion
+// queue. Copy must make the same checks as Post.
+type Copier interface {
+	Copy(s *Slice) error
+}
+
 // Poller is implemented by transports whose completions must be driven by
 // the engine's pollers (a completion queue to poll, software progress).
 type Poller interface {
