@@ -28,6 +28,8 @@ type (
 	Entry = sq.Entry
 	// Completion is a completion descriptor; see cq.Completion.
 	Completion = cq.Completion
+	// Op is an Entry's operation.
+	Op = sq.Op
 	// Ring is a submission/completion queue pair; see ring.Ring.
 	Ring = ring.Ring
 	// Status is a request's status word.

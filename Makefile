@@ -1,0 +1,51 @@
+# moonring: build, test, bench, fuzz, cover.
+#
+#   make test    vet, the whole suite with -race (property tests included),
+#                and a short run of every fuzz target
+#   make bench   the benchmarks whose figures BENCHMARKS.md records
+#   make fuzz    every fuzz target for FUZZTIME each (default 1m)
+
+GO        ?= go
+PKGS      ?= ./...
+FUZZSHORT ?= 8s
+FUZZTIME  ?= 1m
+BENCHTIME ?= 1s
+BENCHCOUNT ?= 5
+
+.PHONY: all build test vet race fuzz-short fuzz bench cover clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build ./...
+	CGO_ENABLED=0 $(GO) build -o bin/moonring ./cmd/moonring
+
+vet:
+	@unformatted="$$(gofmt -l $$(git ls-files '*.go'))"; \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet $(PKGS)
+	CGO_ENABLED=0 $(GO) vet $(PKGS)
+
+race:
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+# Every Fuzz target in the module, each for FUZZSHORT.
+fuzz-short:
+	@scripts/fuzz.sh $(FUZZSHORT)
+
+test: vet race fuzz-short
+
+fuzz:
+	@scripts/fuzz.sh $(FUZZTIME)
+
+bench:
+	$(GO) test -run '^$$' -bench 'RingNop|ChanBaseline|LocalWrite|CopyBaseline' \
+		-benchtime $(BENCHTIME) -count $(BENCHCOUNT) . | tee bench.out
+	@scripts/uring-baseline.sh || true
+
+cover:
+	$(GO) test -count=1 -coverprofile=cover.out $(PKGS)
+	$(GO) tool cover -func=cover.out | tail -1
+
+clean:
+	rm -rf bin cover.out bench.out

@@ -1,0 +1,95 @@
+// Command moonring runs and inspects the moonring transfer engine.
+//
+//	moonring bench [flags]   sweep WRITE/READ over block sizes, print a table
+//	moonring info            machine topology, transports, effective config
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/moonring/moonring"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "moonring:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage: moonring <command> [flags]
+
+commands:
+  bench   move bytes between two engines and report GB/s, req/s and latency
+  info    show NUMA nodes, CPU features, NICs, transports and the config
+`)
+}
+
+func run(args []string, out io.Writer) error {
+	if len(args) == 0 {
+		usage(os.Stderr)
+		return errors.New("no command given")
+	}
+	switch args[0] {
+	case "bench":
+		return bench(args[1:], out)
+	case "info":
+		return info(out)
+	case "-h", "-help", "--help", "help":
+		usage(out)
+		return nil
+	}
+	usage(os.Stderr)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+func info(out io.Writer) error {
+	e, err := moonring.New(moonring.Config{})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	t := e.Topology()
+	fmt.Fprintf(out, "cpu: %s (%s), %d logical cores per socket, cache line %d B\n", t.CPU.Brand, t.CPU.Vendor, t.CPU.LogicalCores, t.CPU.CacheLine)
+	fmt.Fprintf(out, "cpu features: %s\n", strings.Join(t.CPU.Features, " "))
+	for _, n := range t.Nodes {
+		fmt.Fprintf(out, "numa node %d: cpus %v, memory %d MiB\n", n.ID, n.CPUs, n.MemoryBytes>>20)
+	}
+	nics, err := t.NICs()
+	if err != nil {
+		fmt.Fprintf(out, "nics: %v\n", err)
+	}
+	for _, n := range nics {
+		fmt.Fprintf(out, "nic %s: numa node %d, speed %d Mb/s\n", n.Name, n.Node, n.Speed)
+	}
+	rdma, _ := t.RDMADevices()
+	for _, d := range rdma {
+		fmt.Fprintf(out, "rdma device %s: numa node %d\n", d.Name, d.Node)
+	}
+	fmt.Fprintln(out, "transports:")
+	for _, name := range []string{"local", "nvlink", "shm", "rdma", "efa", "tcp"} {
+		if e.Transport(name) != nil {
+			fmt.Fprintf(out, "  %-7s usable: memcpy between engines of one process\n", name)
+		} else {
+			fmt.Fprintf(out, "  %-7s not in this build yet\n", name)
+		}
+	}
+	fmt.Fprintf(out, "config:\n%s", indent(e.Config().String()))
+	return nil
+}
+
+func indent(s string) string {
+	return "  " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n  ") + "\n"
+}
+
+// ctxMain is the context of a command; bench stops on it.
+var ctxMain = context.Background()
