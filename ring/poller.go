@@ -45,6 +45,9 @@ type Poller struct {
 	stop     chan struct{}
 	done     chan struct{}
 	pinErr   atomic.Pointer[error]
+	// slow is set by rings (poller goroutine only) after a round that
+	// copied enough bytes for the cached clock to fall behind.
+	slow bool
 	// asked counts callers of do and Stop: the loop looks at its channels
 	// only when it is non-zero, not on every round.
 	asked atomic.Int32
@@ -191,8 +194,16 @@ func (p *Poller) run() {
 	timer.Stop()
 	spin := int64(p.cfg.Spin)
 	last := now()
+	t := last
+	busy := false // whether the last round did work
 	for iter := 0; ; iter++ {
-		t := now()
+		// Reading the clock costs as much as a small request, so it is
+		// read every fourth round, or after a round that copied enough to
+		// take long. Deadlines and spins are kept to within a few rounds.
+		if iter&3 == 0 || p.slow {
+			t = now()
+			p.slow = false
+		}
 		work := false
 		rings := p.list()
 		prune := false
@@ -230,8 +241,13 @@ func (p *Poller) run() {
 			}
 		}
 		if work {
-			last = t
+			busy = true
 			continue
+		}
+		if busy { // the first idle round: the spin starts now
+			busy = false
+			t = now()
+			last = t
 		}
 		if p.cfg.Busy || t-last < spin {
 			if iter&63 == 0 {
@@ -268,7 +284,8 @@ func (p *Poller) run() {
 		}
 		timer.Stop()
 		p.bell.Disarm()
-		last = now()
+		t = now()
+		last = t
 	}
 }
 

@@ -126,8 +126,6 @@ type Ring struct {
 	batchEP     transport.Endpoint
 	cqes        []cq.Completion
 	sinkCQE     cq.Completion
-	requests    uint64 // published to stats once per step
-	bytes       uint64
 	outstanding int // slices posted and not yet completed
 	active      int // requests in slots, including zombies
 	nextCheck   int64
@@ -137,16 +135,16 @@ type Ring struct {
 	stats Stats
 }
 
-// Stats are a ring's counters. Read them with Ring.Stats.
+// Stats are a ring's counters, kept by its poller without atomics and read
+// with Ring.Stats.
 type Stats struct {
-	Requests  atomic.Uint64 // requests completed
-	Bytes     atomic.Uint64 // bytes moved by completed requests
-	Retries   atomic.Uint64 // slices posted again after a failure
-	Timeouts  atomic.Uint64
-	Canceled  atomic.Uint64
-	Failed    atomic.Uint64
-	Stale     atomic.Uint64 // slice completions for a slot's earlier use
-	Overflows atomic.Uint64 // see cq.Ring.Overflowed
+	Requests uint64 // requests completed
+	Bytes    uint64 // bytes moved by completed requests
+	Retries  uint64 // slices posted again after a failure
+	Timeouts uint64
+	Canceled uint64
+	Failed   uint64
+	Stale    uint64 // slice completions for a slot's earlier use
 }
 
 type sliceDone struct {
@@ -275,8 +273,15 @@ func (r *Ring) Advance(n int) { r.cq.Advance(n) }
 // CQ returns the ring's completion queue (Wait, EventFD, Overflowed).
 func (r *Ring) CQ() *cq.Ring { return r.cq }
 
-// Stats returns the ring's counters, updated by its poller.
-func (r *Ring) Stats() *Stats { return &r.stats }
+// Stats returns a snapshot of the ring's counters, taken on its poller's
+// goroutine (a round trip to it). Safe for concurrent use.
+func (r *Ring) Stats() Stats {
+	var st Stats
+	if r.poller.do(func() { st = r.stats }) != nil {
+		st = r.stats // the poller is gone: nothing writes the counters any more
+	}
+	return st
+}
 
 // Close stops the ring: Submit fails from now on, requests not yet
 // complete (also those still in the SQ) complete with ErrClosed, and then
@@ -310,13 +315,6 @@ func (r *Ring) step(t int64) bool {
 		r.expire(t)
 	}
 	r.flushCQ()
-	if r.requests != 0 {
-		// One writer: a load and a store publish the step's counts without
-		// a locked instruction per request.
-		r.stats.Requests.Store(r.stats.Requests.Load() + r.requests)
-		r.stats.Bytes.Store(r.stats.Bytes.Load() + r.bytes)
-		r.requests, r.bytes = 0, 0
-	}
 	return work
 }
 
@@ -586,6 +584,7 @@ func (r *Ring) flush() bool {
 // live just before its copy: an earlier slice of the batch may have ended
 // its request, whose buffer must then no longer be touched.
 func (r *Ring) copyBatch(cp transport.Copier) {
+	var copied uint64
 	for i := range r.batch {
 		s := &r.batch[i]
 		q := r.live(s.Token)
@@ -595,6 +594,10 @@ func (r *Ring) copyBatch(cp transport.Copier) {
 		q.outstanding++
 		r.outstanding++
 		r.applySlice(s.Token, codeOf(cp.Copy(s)))
+		copied += s.Length
+	}
+	if copied >= 256<<10 {
+		r.poller.slow = true
 	}
 	clear(r.batch)
 	r.batch = r.batch[:0]
@@ -640,7 +643,7 @@ func (r *Ring) reap() bool {
 func (r *Ring) applySlice(tok uint64, code cq.Code) {
 	idx, gen, i := splitToken(tok)
 	if int(idx) >= len(r.reqs) || r.reqs[idx].gen != gen || r.reqs[idx].state == stFree {
-		r.stats.Stale.Add(1)
+		r.stats.Stale++
 		return
 	}
 	q := &r.reqs[idx]
@@ -660,7 +663,7 @@ func (r *Ring) applySlice(tok uint64, code cq.Code) {
 		}
 	case code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit:
 		q.retries++
-		r.stats.Retries.Add(1)
+		r.stats.Retries++
 		r.redo = append(r.redo, tok)
 	default:
 		r.finish(idx, code)
@@ -674,7 +677,7 @@ func (r *Ring) fail(tok uint64, err error) {
 	code := codeOf(err)
 	if code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit {
 		q.retries++
-		r.stats.Retries.Add(1)
+		r.stats.Retries++
 		r.redo = append(r.redo, tok)
 		return
 	}
@@ -694,11 +697,11 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 	switch code {
 	case cq.CodeOK:
 	case cq.CodeTimeout:
-		r.stats.Timeouts.Add(1)
+		r.stats.Timeouts++
 	case cq.CodeCanceled:
-		r.stats.Canceled.Add(1)
+		r.stats.Canceled++
 	default:
-		r.stats.Failed.Add(1)
+		r.stats.Failed++
 	}
 	r.complete(q.userData, code, bytes)
 	q.state = stZombie
@@ -723,8 +726,8 @@ func (r *Ring) release(idx int32) {
 // complete queues a completion for the CQ (or the sink).
 func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
 	if code == cq.CodeOK {
-		r.requests++
-		r.bytes += bytes
+		r.stats.Requests++
+		r.stats.Bytes += bytes
 	}
 	if r.cfg.Sink != nil {
 		// A field, not a local: a local passed to an interface method
