@@ -133,6 +133,17 @@ func (p *Poller) detach(r *Ring) {
 	}
 }
 
+// drainClosed completes the entries left in the SQ of a closed ring: on
+// the poller goroutine, or directly once it is gone (then mu keeps two
+// callers from draining at once).
+func (p *Poller) drainClosed(r *Ring) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.do(r.drainSQ) != nil {
+		r.drainSQ()
+	}
+}
+
 func (p *Poller) list() []*Ring {
 	if rs := p.rings.Load(); rs != nil {
 		return *rs

@@ -3,6 +3,7 @@ package ring
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -153,18 +154,26 @@ type sliceDone struct {
 }
 
 const (
-	idxBits = 20
-	genBits = 12
+	idxBits   = 20
+	genBits   = 12
+	sliceBits = 28
+	// attemptOne is 1 in a token's top 4 bits, which count the posts of
+	// the slice so that each retry goes to the next rail.
+	attemptOne = 1 << (32 + sliceBits)
 )
 
-// A token names one slice: slot index, slot generation, slice index.
+// A token names one slice: slot index, slot generation, slice index, and
+// in the top bits how often the slice failed (modulo 16).
 func token(idx int32, gen uint16, slice uint32) uint64 {
 	return uint64(idx) | uint64(gen)<<idxBits | uint64(slice)<<32
 }
 
 func splitToken(t uint64) (idx int32, gen uint16, slice uint32) {
-	return int32(t & (1<<idxBits - 1)), uint16(t >> idxBits & (1<<genBits - 1)), uint32(t >> 32)
+	return int32(t & (1<<idxBits - 1)), uint16(t >> idxBits & (1<<genBits - 1)), uint32(t >> 32 & (1<<sliceBits - 1))
 }
+
+// attempt returns how often the slice of t failed, modulo 16.
+func attempt(t uint64) uint64 { return t / attemptOne }
 
 type reqState uint8
 
@@ -240,6 +249,12 @@ func (r *Ring) Submit(es []sq.Entry) (int, error) {
 		return 0, ErrClosed
 	}
 	n := r.sq.Push(es)
+	if r.closed.Load() {
+		// Close came between the check above and the push, and its
+		// shutdown may have emptied the SQ before these arrived: complete
+		// what it left, as it would have.
+		r.poller.drainClosed(r)
+	}
 	if n < len(es) {
 		return n, ErrSQFull
 	}
@@ -438,8 +453,8 @@ func sliceCount(n, size uint64) uint32 {
 	if c > 1 && n-(c-1)*size < size/4 {
 		c--
 	}
-	if c > 1<<32-1 {
-		c = 1<<32 - 1 // MaxLength keeps this out of reach; stay in range anyway
+	if c > 1<<sliceBits-1 {
+		c = 1<<sliceBits - 1 // MaxLength keeps this out of reach; stay in range anyway
 	}
 	return uint32(c)
 }
@@ -518,12 +533,12 @@ func (r *Ring) postRedo() bool {
 
 // add appends one slice to the batch, flushing first when the batch is full
 // or bound to another endpoint. It reports false when the endpoint refused
-// slices (they are queued for redo), so the caller stops for this round.
+// slices of the batch (flush queued them for redo) and tok was not added:
+// the caller keeps tok and stops for this round.
 func (r *Ring) add(q *request, tok uint64) bool {
 	ep := q.seg.Endpoint
 	if len(r.batch) == cap(r.batch) || (len(r.batch) > 0 && r.batchEP != ep) {
 		if !r.flush() {
-			r.redo = append(r.redo, tok)
 			return false
 		}
 	}
@@ -534,7 +549,7 @@ func (r *Ring) add(q *request, tok uint64) bool {
 	r.batch = r.batch[:len(r.batch)+1]
 	sl := &r.batch[len(r.batch)-1]
 	sl.Op = q.op
-	sl.Rail = uint16((int(q.rail) + int(i) + int(q.retries)) % rails)
+	sl.Rail = uint16((uint64(q.rail) + uint64(i) + attempt(tok)) % uint64(rails))
 	sl.LocalHandle = q.handle
 	sl.Local = q.buf.Pointer(q.local + off)
 	sl.Remote, sl.Length, sl.Token = q.remote+off, n, tok
@@ -664,7 +679,7 @@ func (r *Ring) applySlice(tok uint64, code cq.Code) {
 	case code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit:
 		q.retries++
 		r.stats.Retries++
-		r.redo = append(r.redo, tok)
+		r.redo = append(r.redo, tok+attemptOne)
 	default:
 		r.finish(idx, code)
 	}
@@ -678,7 +693,7 @@ func (r *Ring) fail(tok uint64, err error) {
 	if code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit {
 		q.retries++
 		r.stats.Retries++
-		r.redo = append(r.redo, tok)
+		r.redo = append(r.redo, tok+attemptOne)
 		return
 	}
 	r.finish(idx, code)
@@ -750,9 +765,14 @@ func (r *Ring) flushCQ() {
 }
 
 // cancel finishes the active request with userData.
+//
+// A request taken in this round may have slices cut and not yet posted:
+// they leave the batch first, since once the request's slot is released
+// (at once, with no slice out) nothing may reach the transport in its name.
 func (r *Ring) cancel(userData uint64) {
 	for i := range r.reqs {
 		if q := &r.reqs[i]; q.state == stActive && q.userData == userData {
+			r.batch = slices.DeleteFunc(r.batch, func(s transport.Slice) bool { return s.Token&(1<<idxBits-1) == uint64(i) })
 			r.finish(int32(i), cq.CodeCanceled)
 			return
 		}
@@ -779,6 +799,16 @@ func (r *Ring) expire(t int64) {
 // shutdown completes everything with ErrClosed: entries left in the SQ and
 // active requests. Poller only.
 func (r *Ring) shutdown() {
+	r.drainSQ()
+	for i := range r.reqs {
+		r.finish(int32(i), cq.CodeClosed)
+	}
+	r.flushCQ()
+	r.detached = true
+}
+
+// drainSQ completes the entries left in the SQ with ErrClosed. Poller only.
+func (r *Ring) drainSQ() {
 	for {
 		pos, n := r.sq.Peek(64)
 		if n == 0 {
@@ -791,11 +821,7 @@ func (r *Ring) shutdown() {
 		}
 		r.sq.Advance(n)
 	}
-	for i := range r.reqs {
-		r.finish(int32(i), cq.CodeClosed)
-	}
 	r.flushCQ()
-	r.detached = true
 }
 
 // uses reports whether a request in the table (active or waiting for its
