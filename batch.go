@@ -250,7 +250,8 @@ func (e *Engine) FreeBatchID(id BatchID) error {
 // request is bad (an unregistered source range, an unknown segment, a
 // zero length) or the batch is too small. Without allocating, it waits
 // for room in the submission queue up to the engine's Timeout; tasks it
-// could not submit by then are FAILED and ErrSQFull is returned. One
+// could not submit by then are FAILED and ErrSQFull is returned (the
+// tasks it did submit run, and all of reqs count as submitted). One
 // goroutine at a time should submit to a given batch.
 func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 	b, err := e.batches.lookup(id)
@@ -293,13 +294,17 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 		}
 		if r, err = e.batches.ring(node); err != nil {
 			e.failTasks(b, b.submitted+start, len(reqs)-start)
+			b.submitted += len(reqs) // the tasks pushed before run
 			return err
 		}
 		b.unfinished.Add(int64(n))
-		if err := e.push(r, es[:n]); err != nil {
-			// Tasks pushed before the error run; the rest are failed here.
-			b.unfinished.Add(-int64(n))
-			e.failTasks(b, b.submitted+start, len(reqs)-start)
+		if pushed, err := e.push(r, es[:n]); err != nil {
+			// Tasks pushed before the error run and end as usual: only the
+			// rest are failed here (and leave the unfinished count). All
+			// count as submitted, so no later call reuses their numbers.
+			b.unfinished.Add(-int64(n - pushed))
+			e.failTasks(b, b.submitted+start+pushed, len(reqs)-start-pushed)
+			b.submitted += len(reqs)
 			return fmt.Errorf("moonring: submit to batch %#x: %w", uint64(id), err)
 		}
 		start -= len(es) - n // a chunk cut short by a node change resumes there
@@ -327,23 +332,25 @@ func (e *Engine) check(req *TransferRequest) (*segtable.Buffer, error) {
 	return buf, nil
 }
 
-// push submits es, waiting for room up to the engine's timeout. On timeout
-// the entries not pushed are counted off by the caller.
-func (e *Engine) push(r *ring.Ring, es []sq.Entry) error {
+// push submits es, waiting for room up to the engine's timeout, and
+// returns how many it pushed. On error the entries not pushed are counted
+// off by the caller; those pushed run.
+func (e *Engine) push(r *ring.Ring, es []sq.Entry) (int, error) {
 	var deadline time.Time
+	pushed := 0
 	for spins := 0; ; spins++ {
-		n, err := r.Submit(es)
-		es = es[n:]
+		n, err := r.Submit(es[pushed:])
+		pushed += n
 		if err == nil {
-			return nil
+			return pushed, nil
 		}
 		if err != ring.ErrSQFull {
-			return err
+			return pushed, err
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(e.cfg.Timeout)
 		} else if time.Now().After(deadline) {
-			return err
+			return pushed, err
 		}
 		if spins < 64 {
 			runtime.Gosched()
@@ -353,7 +360,7 @@ func (e *Engine) push(r *ring.Ring, es []sq.Entry) error {
 	}
 }
 
-// failTasks marks n tasks from first FAILED (they were never submitted).
+// failTasks marks n tasks from first FAILED (they were never pushed).
 func (e *Engine) failTasks(b *batch, first, n int) {
 	for i := first; i < first+n && i < b.size; i++ {
 		b.tasks[i].code.Store(uint32(cq.CodeClosed))
@@ -408,7 +415,8 @@ func (e *Engine) CancelTransfer(id BatchID, taskID int) error {
 	if err != nil {
 		return err
 	}
-	return e.push(r, []sq.Entry{{Op: sq.Cancel, Remote: userData(int(id&0xffff), b.gen.Load(), taskID)}})
+	_, err = e.push(r, []sq.Entry{{Op: sq.Cancel, Remote: userData(int(id&0xffff), b.gen.Load(), taskID)}})
+	return err
 }
 
 // WaitBatch blocks until every submitted task of the batch is terminal or
