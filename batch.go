@@ -69,7 +69,7 @@ type task struct {
 }
 
 type batch struct {
-	gen        atomic.Uint32 // 16 bits used; 0 while free
+	gen        atomic.Uint32 // the generation in the low 16 bits; batchFree set while free
 	tasks      []task        // capacity kept across uses
 	size       int           // tasks allocated
 	submitted  int           // tasks submitted (by the one filling goroutine)
@@ -238,12 +238,27 @@ func (e *Engine) FreeBatchID(id BatchID) error {
 		return err
 	}
 	if n := b.unfinished.Load(); n > 0 {
-		return fmt.Errorf("moonring: free batch %#x: %d tasks unfinished: %w", uint64(id), n, ErrBusy)
+		for i := 0; i < b.submitted; i++ {
+			if !Status(b.tasks[i].status.Load()).Terminal() {
+				return fmt.Errorf("moonring: free batch %#x: %d tasks unfinished: %w", uint64(id), n, ErrBusy)
+			}
+		}
+		// Every task is terminal: the sink stored the last status and has
+		// yet to count it off, a few instructions away. A caller that saw
+		// the status may free the batch; wait for the count.
+		for b.unfinished.Load() > 0 {
+			runtime.Gosched()
+		}
 	}
-	b.gen.Store(0)
+	// Keep the generation: a freed ID must not come back to life when the
+	// slot is allocated again.
+	b.gen.Store(b.gen.Load() | batchFree)
 	bt.free = append(bt.free, int(id&0xffff))
 	return nil
 }
+
+// batchFree marks a batch's generation while the batch is free.
+const batchFree = 1 << 16
 
 // SubmitTransfer checks reqs and appends them to the batch as tasks
 // (numbered from the number already submitted). It submits none when a

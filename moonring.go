@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -318,13 +319,16 @@ func (e *Engine) inFlight(buf *segtable.Buffer, seg *segtable.Segment[transport.
 	return false
 }
 
-// nodeOf returns the NUMA node of a location.
+// nodeOf returns the NUMA node of a location: N for "cpu:N", else 0. It
+// runs per request, so it does not call Location.Parse, whose fmt.Sscanf
+// allocates; registered locations are valid, hence canonical.
 func nodeOf(loc Location) int {
-	kind, idx, err := loc.Parse()
-	if err != nil || kind != "cpu" || idx < 0 {
-		return 0
+	if n, ok := strings.CutPrefix(string(loc), "cpu:"); ok {
+		if idx, err := strconv.Atoi(n); err == nil && idx >= 0 {
+			return idx
+		}
 	}
-	return idx
+	return 0
 }
 
 // RingConfig sizes a ring made by NewRing. Zero fields take the defaults.
