@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -235,12 +236,21 @@ type Ring struct {
 	wake    chan struct{}
 	closed  atomic.Bool
 
-	// efd is the eventfd, -1 until EventFD is first called. signaled says
-	// whether a count is pending on it; Post sets it with one write, the
-	// reader clears it with one read when it empties the ring.
-	efd      atomic.Int32
-	signaled atomic.Bool
+	// efd is the eventfd, -1 until EventFD is first called. signal says
+	// whether a count is pending on it: sigClear, then sigWriting while the
+	// one Post that found it clear writes the count, then sigSet. Only the
+	// reader clears it, with one read, when the ring is empty. A count is
+	// never pending while signal is sigClear.
+	efd    atomic.Int32
+	signal atomic.Uint32
 }
+
+// States of Ring.signal.
+const (
+	sigClear uint32 = iota
+	sigWriting
+	sigSet
+)
 
 // New returns a ring of size completions (a power of two).
 func New(size int) (*Ring, error) {
@@ -264,6 +274,7 @@ func (r *Ring) Post(c *Completion) {
 			r.over = append(r.over, *c)
 			r.overflowing.Store(true)
 			r.overflowed.Add(1)
+			r.flushLocked()
 		}
 		r.mu.Unlock()
 	}
@@ -289,6 +300,9 @@ func (r *Ring) PostBatch(cs []Completion) {
 				r.overflowed.Add(1)
 			}
 		}
+		if len(r.over) > 0 {
+			r.flushLocked()
+		}
 		r.mu.Unlock()
 	}
 	r.notify()
@@ -301,9 +315,10 @@ func (r *Ring) notify() {
 		default:
 		}
 	}
-	if fd := r.efd.Load(); fd >= 0 && !r.signaled.Load() && r.signaled.CompareAndSwap(false, true) {
+	if fd := r.efd.Load(); fd >= 0 && r.signal.Load() == sigClear && r.signal.CompareAndSwap(sigClear, sigWriting) {
 		var one = [8]byte{1}
 		unix.Write(int(fd), one[:])
+		r.signal.Store(sigSet)
 	}
 }
 
@@ -313,19 +328,28 @@ func (r *Ring) notify() {
 func (r *Ring) Overflowed() uint64 { return r.overflowed.Load() }
 
 // Peek returns the oldest completion without removing it, valid until the
-// next Advance, or nil. It never enters the kernel.
+// next Advance, or nil. It enters the kernel only when it finds the ring
+// empty and the eventfd still signaled (a Post raced with the Advance that
+// emptied the ring), to reset the eventfd.
 func (r *Ring) Peek() *Completion {
 	pos, n := r.q.Readable(1)
 	if n == 0 {
+		if r.signal.Load() != sigClear {
+			r.reset()
+		}
 		return nil
 	}
 	return r.q.Slot(pos)
 }
 
 // PeekBatch copies up to len(dst) of the oldest completions into dst without
-// removing them and returns how many. It never enters the kernel.
+// removing them and returns how many. Like Peek, it enters the kernel only
+// to reset an eventfd left signaled on an empty ring.
 func (r *Ring) PeekBatch(dst []Completion) int {
 	pos, n := r.q.Readable(len(dst))
+	if n == 0 && r.signal.Load() != sigClear {
+		r.reset()
+	}
 	for i := 0; i < n; i++ {
 		dst[i] = *r.q.Slot(pos + uint64(i))
 	}
@@ -348,20 +372,62 @@ func (r *Ring) Advance(n int) {
 	if r.overflowing.Load() {
 		r.flush()
 	}
-	if r.signaled.Load() && r.q.Empty() {
-		r.signaled.Store(false)
-		var b [8]byte
-		unix.Read(int(r.efd.Load()), b[:])
-		// A Post that saw signaled set before the store above left no
-		// count behind; if its completion is already here, signal again.
-		if !r.q.Empty() {
-			r.notify()
-		}
+	if r.signal.Load() != sigClear {
+		r.reset()
+	}
+}
+
+// reset clears the eventfd's count if the ring is empty. Reader only.
+//
+// It waits out a Post that is writing its count, and reads the count before
+// it clears signal, not after, so that no write lands between its read and
+// its store: a Post that finds signal clear writes after the read, and its
+// count stays. (Cleared first, a Post could write between the store and the
+// read, the read would take its count, and the notify below would find
+// signal taken by that Post and write nothing: the eventfd would stay quiet
+// while the completion waits, and an epoll loop would sleep on it. Read
+// while a Post is still writing, the count would land after the store on a
+// ring the reader may already have emptied, and stay there with signal
+// clear, so no reset would remove it: an epoll loop would spin.)
+//
+// A Post whose completion the reader takes before the Post's write still
+// leaves a count on an empty ring, with signal set; Peek and PeekBatch call
+// reset when they find the ring empty and signal set, so such a count lasts
+// only until the reader looks again.
+func (r *Ring) reset() {
+	if !r.q.Empty() {
+		return
+	}
+	for r.signal.Load() == sigWriting {
+		runtime.Gosched() // a Post is between its CompareAndSwap and its Store
+	}
+	var b [8]byte
+	unix.Read(int(r.efd.Load()), b[:])
+	r.signal.Store(sigClear)
+	// A Post that saw signal taken before the store above left no count
+	// behind; if its completion is already here, signal again.
+	if !r.q.Empty() {
+		r.notify()
 	}
 }
 
 func (r *Ring) flush() {
 	r.mu.Lock()
+	r.flushLocked()
+	r.mu.Unlock()
+}
+
+// flushLocked moves overflowed completions into the ring while room lasts;
+// r.mu must be held.
+//
+// Post and PostBatch call it right after they overflow, once overflowing
+// is set: the reader may have emptied the ring between their failed push
+// and that store, and seen overflowing still false in Advance, so no
+// Advance would come to flush, and Peek would find an empty ring with
+// completions held back for good. Either the reader's load of overflowing
+// follows the store, and its Advance flushes, or its release of room
+// precedes the push here, which then succeeds.
+func (r *Ring) flushLocked() {
 	n := 0
 	for n < len(r.over) && r.q.PushOne(&r.over[n]) {
 		n++
@@ -370,7 +436,6 @@ func (r *Ring) flush() {
 	if len(r.over) == 0 {
 		r.overflowing.Store(false)
 	}
-	r.mu.Unlock()
 }
 
 // Wait blocks until at least n completions are ready, ctx is done, or the
@@ -408,16 +473,29 @@ func (r *Ring) Wait(ctx context.Context, n int) error {
 // EventFD returns an eventfd that is readable while completions wait in the
 // ring, for epoll loops. The first call creates it; from then on Post writes
 // to it when the ring turns non-empty and Advance reads it when the ring
-// turns empty. The ring owns the descriptor; Close closes it.
+// turns empty. A Post racing with that Advance can leave it readable on an
+// empty ring until the reader's next Peek or PeekBatch, which resets it. The
+// ring owns the descriptor; Close closes it.
 func (r *Ring) EventFD() (int, error) {
 	if fd := r.efd.Load(); fd >= 0 {
 		return int(fd), nil
+	}
+	if r.closed.Load() {
+		// Close has run: nothing would close a new descriptor.
+		return -1, fmt.Errorf("cq: eventfd: %w", ErrClosed)
 	}
 	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("cq: eventfd: %w", err)
 	}
 	r.efd.Store(int32(fd))
+	if r.closed.Load() {
+		// Close ran meanwhile; whichever of the two takes fd back closes it.
+		if r.efd.CompareAndSwap(int32(fd), -1) {
+			unix.Close(fd)
+		}
+		return -1, fmt.Errorf("cq: eventfd: %w", ErrClosed)
+	}
 	if !r.q.Empty() {
 		r.notify()
 	}

@@ -20,7 +20,9 @@ var (
 	ErrNotFound = errors.New("segtable: not found")
 	// ErrBusy: requests still use the entry; it was left in place.
 	ErrBusy = errors.New("segtable: in use by requests in flight")
-	// ErrFull: the table holds MaxEntries entries.
+	// ErrFull: the table holds MaxEntries entries, or has retired so many
+	// indexes (each after 4095 entries, so that no ID is ever reused) that
+	// none is left.
 	ErrFull = errors.New("segtable: table full")
 )
 
@@ -151,11 +153,15 @@ func (t *table[E]) set(id uint32, e *E) {
 	copy(s, old)
 	if e == nil {
 		s[idx] = slot[E]{}
-		t.gens[idx] = (t.gens[idx] + 1) & (1<<(32-idIndexBits) - 1)
-		if t.gens[idx] == 0 {
-			t.gens[idx] = 1 // generation 0 never names a live entry
+		// Generation 0 never names a live entry. When the generations of
+		// an index run out, retire the index rather than wrap: wrapped,
+		// an ID kept from the index's first entry would name a later one
+		// (after 4095 reuses, which a loop that registers and unregisters
+		// one buffer reaches in milliseconds, since free is LIFO).
+		if gen := (t.gens[idx] + 1) & (1<<(32-idIndexBits) - 1); gen != 0 {
+			t.gens[idx] = gen
+			t.free = append(t.free, idx)
 		}
-		t.free = append(t.free, idx)
 	} else {
 		s[idx] = slot[E]{id: id, e: e}
 	}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package cq_test
+
+const raceEnabled = false
