@@ -428,12 +428,10 @@ func (r *Ring) flush() {
 // follows the store, and its Advance flushes, or its release of room
 // precedes the push here, which then succeeds.
 func (r *Ring) flushLocked() {
-	n := 0
-	for n < len(r.over) && r.q.PushOne(&r.over[n]) {
-		n++
-	}
-	r.over = r.over[:copy(r.over, r.over[n:])]
+	n := r.q.Push(r.over)
+	r.over = r.over[n:] // no shifting: a long overflow drains in linear time
 	if len(r.over) == 0 {
+		r.over = nil
 		r.overflowing.Store(false)
 	}
 }

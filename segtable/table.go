@@ -38,13 +38,17 @@ const closingBit = 1 << 63
 
 // Acquire takes a reference unless the entry is closing.
 func (r *Ref) Acquire() bool {
-	// One locked add; a reference taken after Drain began is given back at
-	// once, and Drain only waits for the count to reach zero.
-	if r.v.Add(1)&closingBit != 0 {
-		r.v.Add(^uint64(0))
-		return false
+	// Load and CAS rather than add-then-undo: a refused Acquire must not
+	// touch the count, or callers retrying in a loop could hold off Drain.
+	for {
+		v := r.v.Load()
+		if v&closingBit != 0 {
+			return false
+		}
+		if r.v.CompareAndSwap(v, v+1) {
+			return true
+		}
 	}
-	return true
 }
 
 // Release drops a reference taken by Acquire.
