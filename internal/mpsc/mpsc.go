@@ -159,6 +159,14 @@ func (q *Queue[T]) Pop(dst []T) int {
 	return n
 }
 
+// Committed returns the first position not yet committed: positions below
+// it hold published values until the consumer releases them. A second
+// reader that trails the consumer (a sender ahead of a completer) uses it.
+func (q *Queue[T]) Committed() uint64 { return q.committed.Load() }
+
+// Head returns the consumer's first unreleased position. Consumer only.
+func (q *Queue[T]) Head() uint64 { return q.local }
+
 // Len returns the number of reserved, unreleased positions: a snapshot, exact
 // only when no goroutine is using the queue.
 func (q *Queue[T]) Len() int {

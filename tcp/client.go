@@ -1,0 +1,493 @@
+package tcp
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/internal/mpsc"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/sq"
+	"github.com/moonring/moonring/transport"
+)
+
+// Endpoint is the way to one remote segment: Rails connections, each
+// redialed with backoff when it breaks.
+type Endpoint struct {
+	t      *Transport
+	name   string
+	addr   string
+	key    []byte
+	maxLen atomic.Uint32
+	bufs   atomic.Pointer[[]remoteBuf]
+	rails  []atomic.Pointer[conn]
+	closed atomic.Bool
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+type remoteBuf struct {
+	addr, length uint64
+	id           uint32
+	key          uint64
+}
+
+var _ transport.Endpoint = (*Endpoint)(nil)
+
+// Open dials the segment's rails. The first connection is made before Open
+// returns, so a wrong key or an unreachable peer is reported at once; the
+// others are dialed in the background.
+func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (transport.Endpoint, error) {
+	if t.closed.Load() {
+		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, transport.ErrClosed)
+	}
+	ep, ok := desc.Endpoints[Name]
+	if !ok {
+		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, transport.ErrUnreachable)
+	}
+	addr, key, err := t.parseEndpoint(ep)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, err)
+	}
+	e := &Endpoint{t: t, name: desc.Name, addr: addr, key: key, rails: make([]atomic.Pointer[conn], t.cfg.Rails), stop: make(chan struct{})}
+	e.Update(desc)
+	first, err := e.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: open %s at %s: %w", desc.Name, addr, err)
+	}
+	t.mu.Lock()
+	if t.closed.Load() {
+		t.mu.Unlock()
+		first.close(transport.ErrClosed)
+		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, transport.ErrClosed)
+	}
+	t.eps[e] = struct{}{}
+	t.mu.Unlock()
+	e.rails[0].Store(first)
+	e.wg.Add(len(e.rails))
+	go e.keep(0, first)
+	for i := 1; i < len(e.rails); i++ {
+		go e.keep(i, nil)
+	}
+	return e, nil
+}
+
+// Rails returns the number of connections.
+func (e *Endpoint) Rails() int { return len(e.rails) }
+
+// Update takes the buffers and keys of a republished descriptor.
+func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
+	bs := make([]remoteBuf, 0, len(desc.Buffers))
+	for _, b := range desc.Buffers {
+		id, key, ok := strings.Cut(b.Keys[Name], ".")
+		bid, err1 := strconv.ParseUint(id, 16, 32)
+		k, err2 := strconv.ParseUint(key, 16, 64)
+		if !ok || err1 != nil || err2 != nil {
+			continue // not served over tcp: slices to it are denied
+		}
+		bs = append(bs, remoteBuf{b.Addr, b.Length, uint32(bid), k})
+	}
+	e.bufs.Store(&bs)
+}
+
+func (e *Endpoint) find(addr, n uint64) *remoteBuf {
+	bs := *e.bufs.Load()
+	i, j := 0, len(bs)
+	for i < j {
+		h := int(uint(i+j) >> 1)
+		if bs[h].addr+bs[h].length > addr {
+			j = h
+		} else {
+			i = h + 1
+		}
+	}
+	if i == len(bs) || addr < bs[i].addr || n > bs[i].length || addr-bs[i].addr > bs[i].length-n {
+		return nil
+	}
+	return &bs[i]
+}
+
+// Post queues the slices on their rails. It accepts slices in order until
+// a rail is full (the rest are for later) or down (ErrPeer for the rest, so
+// the engine retries them on another rail).
+func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
+	if e.closed.Load() {
+		return 0, transport.ErrClosed
+	}
+	for i := range s {
+		sl := &s[i]
+		if sl.Length > uint64(e.maxLen.Load()) {
+			c.Complete(sl.Token, fmt.Errorf("tcp: slice of %d bytes above the peer's limit: %w", sl.Length, transport.ErrRange))
+			continue
+		}
+		b := e.find(sl.Remote, sl.Length)
+		if b == nil {
+			c.Complete(sl.Token, transport.ErrDenied)
+			continue
+		}
+		cn := e.rail(int(sl.Rail))
+		if cn == nil {
+			return i, transport.ErrPeer
+		}
+		ok, err := cn.post(c, sl, b)
+		if err != nil {
+			return i, err
+		}
+		if !ok {
+			return i, nil
+		}
+	}
+	return len(s), nil
+}
+
+// rail returns the connection of rail i or, while it is down, the next one
+// up; nil when none is.
+func (e *Endpoint) rail(i int) *conn {
+	for k := range e.rails {
+		if c := e.rails[(i+k)%len(e.rails)].Load(); c != nil && !c.failed.Load() {
+			return c
+		}
+	}
+	return nil
+}
+
+// Close closes the rails; their slices complete with ErrClosed.
+func (e *Endpoint) Close() error {
+	if e.closed.Swap(true) {
+		return nil
+	}
+	close(e.stop)
+	for i := range e.rails {
+		if c := e.rails[i].Load(); c != nil {
+			c.close(transport.ErrClosed)
+		}
+	}
+	e.wg.Wait()
+	e.t.mu.Lock()
+	delete(e.t.eps, e)
+	e.t.mu.Unlock()
+	return nil
+}
+
+// keep owns rail i: it waits for its connection to die and redials with
+// backoff until the endpoint closes.
+func (e *Endpoint) keep(i int, c *conn) {
+	defer e.wg.Done()
+	backoff := 10 * time.Millisecond
+	for {
+		if c != nil {
+			select {
+			case <-c.dead:
+			case <-e.stop:
+				c.close(transport.ErrClosed)
+				<-c.dead
+				return
+			}
+			e.rails[i].CompareAndSwap(c, nil)
+			c = nil
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), e.t.cfg.DialTimeout)
+		go func() {
+			select {
+			case <-e.stop:
+			case <-ctx.Done():
+			}
+			cancel()
+		}()
+		nc, err := e.dial(ctx)
+		cancel()
+		if err != nil {
+			e.t.cfg.Logger.Info("tcp: dial", "segment", e.name, "addr", e.addr, "err", err, "retry in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-e.stop:
+				return
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		if e.closed.Load() {
+			nc.close(transport.ErrClosed)
+			<-nc.dead
+			return
+		}
+		backoff = 10 * time.Millisecond
+		c = nc
+		e.rails[i].Store(c)
+	}
+}
+
+// dial connects, runs the hello and starts the connection's goroutines.
+func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
+	d := net.Dialer{Timeout: e.t.cfg.DialTimeout}
+	raw, err := d.DialContext(ctx, "tcp", e.addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", transport.ErrPeer, err)
+	}
+	if tc, ok := raw.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	var nc net.Conn = raw
+	if deadline, ok := ctx.Deadline(); ok {
+		raw.SetDeadline(deadline)
+	} else {
+		raw.SetDeadline(time.Now().Add(helloTimeout))
+	}
+	if e.t.cfg.ClientTLS != nil {
+		tc := tls.Client(raw, e.t.cfg.ClientTLS)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("tcp: tls: %w", err)
+		}
+		nc = tc
+	}
+	br := bufio.NewReaderSize(nc, 64<<10)
+	maxLen, err := clientHello(nc, br, e.key)
+	if err != nil {
+		raw.Close()
+		return nil, err
+	}
+	raw.SetDeadline(time.Time{})
+	e.maxLen.Store(maxLen)
+	c := &conn{e: e, nc: nc, br: br, bell: sq.NewDoorbell(), hdrs: make([][reqSize]byte, e.t.cfg.Depth),
+		quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
+	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
+	go c.send()
+	go c.receive()
+	return c, nil
+}
+
+func clientHello(nc net.Conn, br *bufio.Reader, key []byte) (maxLen uint32, err error) {
+	var h [24]byte
+	copy(h[:], magic)
+	binary.BigEndian.PutUint16(h[4:], version)
+	cnonce := h[8:24]
+	rand.Read(cnonce)
+	if _, err := nc.Write(h[:]); err != nil {
+		return 0, fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
+	}
+	var ch [32]byte
+	if _, err := io.ReadFull(br, ch[:]); err != nil {
+		return 0, fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
+	}
+	if string(ch[:4]) != magic {
+		return 0, fmt.Errorf("%w: bad magic in challenge", ErrProtocol)
+	}
+	switch binary.BigEndian.Uint16(ch[6:]) {
+	case helloOK:
+	case helloBadVersion:
+		return 0, fmt.Errorf("%w: we speak %d, it speaks %d", ErrVersion, version, binary.BigEndian.Uint16(ch[4:]))
+	case helloTLS:
+		return 0, ErrTLSRequired
+	default:
+		return 0, fmt.Errorf("%w: bad challenge status", ErrProtocol)
+	}
+	snonce := ch[8:24]
+	maxLen = binary.BigEndian.Uint32(ch[24:])
+	if _, err := nc.Write(mac(key, "initiator", cnonce, snonce)); err != nil {
+		return 0, fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
+	}
+	var acc [36]byte
+	if _, err := io.ReadFull(br, acc[:]); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return 0, fmt.Errorf("%w: the target closed the hello", ErrAuth)
+		}
+		return 0, fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
+	}
+	if binary.BigEndian.Uint16(acc[:]) == helloBadKey {
+		return 0, ErrAuth
+	}
+	if !hmac.Equal(acc[4:], mac(key, "target", cnonce, snonce)) {
+		return 0, fmt.Errorf("%w: the target does not hold the key", ErrAuth)
+	}
+	return maxLen, nil
+}
+
+// pending is one slice on a connection, from Post to its response.
+type pending struct {
+	s      transport.Slice
+	c      transport.Completer
+	buffer uint32
+	key    uint64
+	addr   uint64
+}
+
+// conn is one rail. Post appends to q (any poller); send writes frames for
+// positions it has not written yet, up to q.Committed(); receive reads the
+// responses in order and releases positions from q's head.
+type conn struct {
+	e    *Endpoint
+	nc   net.Conn
+	br   *bufio.Reader
+	q    *mpsc.Queue[pending]
+	bell *sq.Doorbell
+	hdrs [][reqSize]byte // request headers by slot, written by send
+
+	// posting counts Posts in progress; failed is set once the connection
+	// broke. The failer waits for posting to drain after setting failed, so
+	// no slice is left behind in a dead queue.
+	posting atomic.Int32
+	failed  atomic.Bool
+	once    sync.Once
+	err     error // why it failed; written once, read after dead closes
+	quit     chan struct{} // closed when the connection fails
+	sendDone chan struct{}
+	recvDone chan struct{}
+	dead     chan struct{} // closed once every queued slice is completed
+}
+
+// post queues one slice: false when the rail is full.
+func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf) (bool, error) {
+	c.posting.Add(1)
+	defer c.posting.Add(-1)
+	if c.failed.Load() {
+		return false, transport.ErrPeer
+	}
+	pos, n := c.q.Reserve(1)
+	if n == 0 {
+		return false, nil
+	}
+	p := c.q.Slot(pos)
+	p.s, p.c = *s, comp
+	p.buffer, p.key, p.addr = b.id, b.key, s.Remote
+	c.q.Commit(pos, 1)
+	c.bell.Ring()
+	return true, nil
+}
+
+// send writes request frames, WRITE payloads straight from registered
+// memory, many frames per writev.
+func (c *conn) send() {
+	defer close(c.sendDone)
+	var (
+		next uint64 // first position not yet written
+		iov  = make([][]byte, 0, 128)
+		bufs net.Buffers
+		req  request
+	)
+	for {
+		end := c.q.Committed()
+		if next == end {
+			c.bell.Arm()
+			if end = c.q.Committed(); next == end {
+				select {
+				case <-c.bell.C():
+				case <-c.quit:
+					return
+				}
+				continue
+			}
+			c.bell.Disarm()
+		}
+		iov = iov[:0]
+		for ; next < end && len(iov) < cap(iov)-1; next++ {
+			p := c.q.Slot(next)
+			h := &c.hdrs[int(next)&(len(c.hdrs)-1)]
+			req = request{op: opRead, id: uint32(next), buffer: p.buffer, length: uint32(p.s.Length), key: p.key, addr: p.addr}
+			if p.s.Op == transport.Write {
+				req.op = opWrite
+			}
+			req.encode(h[:])
+			iov = append(iov, h[:])
+			if req.op == opWrite {
+				iov = append(iov, unsafe.Slice((*byte)(p.s.Local), p.s.Length))
+			}
+		}
+		bufs = iov
+		raceRelease()
+		if _, err := bufs.WriteTo(c.nc); err != nil {
+			c.fail(fmt.Errorf("%w: send: %v", transport.ErrPeer, err))
+			return
+		}
+	}
+}
+
+// receive completes slices in the order of their responses.
+func (c *conn) receive() {
+	defer close(c.recvDone)
+	var hdr [respSize]byte
+	for {
+		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
+			c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
+			return
+		}
+		id, status, err := decodeResp(hdr[:])
+		pos := c.q.Head()
+		if err == nil && (pos == c.q.Committed() || id != uint32(pos)) {
+			err = fmt.Errorf("%w: response %d not expected (next is %d)", ErrProtocol, id, uint32(pos))
+		}
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		p := c.q.Slot(pos)
+		var result error
+		switch status {
+		case stDenied:
+			result = transport.ErrDenied
+		case stRange:
+			result = transport.ErrRange
+		}
+		if status == stOK && p.s.Op == transport.Read {
+			if _, err := io.ReadFull(c.br, unsafe.Slice((*byte)(p.s.Local), p.s.Length)); err != nil {
+				c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
+				return
+			}
+		}
+		comp, tok := p.c, p.s.Token
+		p.c, p.s.Local = nil, nil
+		c.q.Release(1)
+		comp.Complete(tok, result)
+	}
+}
+
+// fail breaks the connection: both goroutines stop, and the receiver (or
+// the closer) completes every queued slice with err.
+func (c *conn) fail(err error) { c.close(err) }
+
+func (c *conn) close(err error) {
+	c.once.Do(func() {
+		c.err = err
+		c.failed.Store(true)
+		close(c.quit)
+		c.nc.Close()
+		go c.drain()
+	})
+}
+
+// drain completes what is queued once no Post is adding to the queue and
+// the receiver has stopped, then marks the connection dead.
+func (c *conn) drain() {
+	for c.posting.Load() != 0 {
+		time.Sleep(time.Microsecond)
+	}
+	<-c.sendDone
+	<-c.recvDone
+	for {
+		pos, n := c.q.Readable(c.q.Cap())
+		if n == 0 {
+			break
+		}
+		for i := 0; i < n; i++ {
+			p := c.q.Slot(pos + uint64(i))
+			comp, tok := p.c, p.s.Token
+			p.c, p.s.Local = nil, nil
+			comp.Complete(tok, c.err)
+		}
+		c.q.Release(n)
+	}
+	close(c.dead)
+}

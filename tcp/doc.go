@@ -1,0 +1,34 @@
+// Package tcp is the TCP transport: what every deployment has. Its wire
+// protocol is written down in PROTOCOL.md.
+//
+// The initiator keeps a small pool of persistent connections per peer (the
+// rails). Each connection pipelines many slices: the engine's poller posts
+// them into a lock-free queue, a sender goroutine writes their request
+// frames (WRITE payloads straight from registered memory, with writev), and
+// a receiver goroutine reads the responses in order, landing READ payloads
+// straight in registered memory. A broken connection fails its slices with a
+// retryable error, so the engine moves them to another rail, and is redialed
+// with backoff.
+//
+// The target serves each connection on one goroutine: it checks every
+// request against its own registrations and moves the payload between the
+// socket and the registered buffer with no intermediate copy and no
+// allocation per frame.
+//
+// # Concurrency
+//
+// A Transport and its endpoints are safe for concurrent use.
+//
+// # Lifetimes
+//
+// A Transport listens from New until Close; Close ends its connections and
+// completes every slice in flight with an error. Unregister waits for
+// frames that are moving bytes of the buffer.
+//
+// # Security
+//
+// A connection starts with an HMAC challenge over fresh nonces that proves
+// both sides hold the segment key; every frame names a buffer and its key,
+// and the target accepts only buffers registered remote-accessible. TLS, on
+// the same port, is one Config field away.
+package tcp

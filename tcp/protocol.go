@@ -1,0 +1,109 @@
+package tcp
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Wire constants; see PROTOCOL.md.
+const (
+	version  = 1
+	magic    = "MRNG"
+	reqSize  = 32
+	respSize = 8
+
+	opRead  = 1
+	opWrite = 2
+
+	stOK     = 0
+	stDenied = 1
+	stRange  = 2
+
+	helloOK         = 0
+	helloBadVersion = 1
+	helloTLS        = 2
+	helloBadKey     = 3
+
+	keySize   = 32
+	nonceSize = 16
+)
+
+// Errors of the hello. None is helped by retrying without a change.
+var (
+	// ErrVersion: the peer speaks another protocol version.
+	ErrVersion = errors.New("tcp: protocol version not supported by peer")
+	// ErrAuth: the peers do not hold the same segment key.
+	ErrAuth = errors.New("tcp: segment key refused")
+	// ErrTLSRequired: the target accepts only TLS connections.
+	ErrTLSRequired = errors.New("tcp: target requires TLS")
+	// ErrProtocol: the peer broke the framing; the connection is closed.
+	ErrProtocol = errors.New("tcp: protocol error")
+)
+
+// request is a decoded request header.
+type request struct {
+	op     uint8
+	id     uint32
+	buffer uint32
+	length uint32
+	key    uint64
+	addr   uint64
+}
+
+func (r *request) encode(b []byte) {
+	_ = b[reqSize-1]
+	b[0], b[1], b[2], b[3] = r.op, 0, 0, 0
+	binary.BigEndian.PutUint32(b[4:], r.id)
+	binary.BigEndian.PutUint32(b[8:], r.buffer)
+	binary.BigEndian.PutUint32(b[12:], r.length)
+	binary.BigEndian.PutUint64(b[16:], r.key)
+	binary.BigEndian.PutUint64(b[24:], r.addr)
+}
+
+// decode parses a request header; it refuses framing it cannot trust.
+func (r *request) decode(b []byte, maxLen uint32) error {
+	_ = b[reqSize-1]
+	*r = request{
+		op:     b[0],
+		id:     binary.BigEndian.Uint32(b[4:]),
+		buffer: binary.BigEndian.Uint32(b[8:]),
+		length: binary.BigEndian.Uint32(b[12:]),
+		key:    binary.BigEndian.Uint64(b[16:]),
+		addr:   binary.BigEndian.Uint64(b[24:]),
+	}
+	switch {
+	case r.op != opRead && r.op != opWrite:
+		return fmt.Errorf("%w: unknown op %d", ErrProtocol, r.op)
+	case b[1]|b[2]|b[3] != 0:
+		return fmt.Errorf("%w: flags or reserved bytes set", ErrProtocol)
+	case r.length == 0 || r.length > maxLen:
+		return fmt.Errorf("%w: length %d outside [1, %d]", ErrProtocol, r.length, maxLen)
+	}
+	return nil
+}
+
+func encodeResp(b []byte, id uint32, status uint8) {
+	_ = b[respSize-1]
+	binary.BigEndian.PutUint32(b, id)
+	b[4], b[5], b[6], b[7] = status, 0, 0, 0
+}
+
+func decodeResp(b []byte) (id uint32, status uint8, err error) {
+	_ = b[respSize-1]
+	if b[5]|b[6]|b[7] != 0 || b[4] > stRange {
+		return 0, 0, fmt.Errorf("%w: bad response", ErrProtocol)
+	}
+	return binary.BigEndian.Uint32(b), b[4], nil
+}
+
+func mac(key []byte, role string, cnonce, snonce []byte) []byte {
+	h := hmac.New(sha256.New, key)
+	io.WriteString(h, "moonring/1 "+role)
+	h.Write(cnonce)
+	h.Write(snonce)
+	return h.Sum(nil)
+}

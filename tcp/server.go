@@ -1,0 +1,237 @@
+package tcp
+
+import (
+	"bufio"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+	"unsafe"
+)
+
+const helloTimeout = 10 * time.Second
+
+func (t *Transport) accept() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			if t.closed.Load() {
+				return
+			}
+			t.cfg.Logger.Warn("tcp: accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		t.mu.Lock()
+		if t.closed.Load() {
+			t.mu.Unlock()
+			c.Close()
+			return
+		}
+		t.conns[c] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		go func() {
+			defer t.wg.Done()
+			err := t.serve(c)
+			t.mu.Lock()
+			delete(t.conns, c)
+			t.mu.Unlock()
+			c.Close()
+			if err != nil && !errors.Is(err, io.EOF) && !t.closed.Load() {
+				t.cfg.Logger.Info("tcp: connection closed", "peer", c.RemoteAddr(), "err", err)
+			}
+		}()
+	}
+}
+
+// serve runs the hello and then the frames of one connection.
+func (t *Transport) serve(raw net.Conn) error {
+	if tc, ok := raw.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	raw.SetDeadline(time.Now().Add(helloTimeout))
+	br := bufio.NewReaderSize(raw, 64<<10)
+	first, err := br.Peek(1)
+	if err != nil {
+		return err
+	}
+	var conn net.Conn = peekConn{raw, br}
+	if first[0] == 0x16 && t.cfg.TLS != nil { // a TLS ClientHello
+		tc := tls.Server(conn, t.cfg.TLS)
+		if err := tc.Handshake(); err != nil {
+			return fmt.Errorf("tcp: tls: %w", err)
+		}
+		conn = tc
+		br = bufio.NewReaderSize(tc, 64<<10)
+	} else if t.cfg.RequireTLS {
+		var hello [24]byte
+		io.ReadFull(br, hello[:])
+		t.challenge(raw, helloTLS, nil)
+		return ErrTLSRequired
+	}
+	if err := t.hello(conn, br); err != nil {
+		return err
+	}
+	raw.SetDeadline(time.Time{})
+	return t.frames(conn, br)
+}
+
+func (t *Transport) challenge(w io.Writer, status uint16, snonce []byte) error {
+	var b [32]byte
+	copy(b[:], magic)
+	binary.BigEndian.PutUint16(b[4:], version)
+	binary.BigEndian.PutUint16(b[6:], status)
+	copy(b[8:24], snonce)
+	binary.BigEndian.PutUint32(b[24:], t.cfg.MaxLength)
+	_, err := w.Write(b[:])
+	return err
+}
+
+// hello proves to each other that both sides hold the segment key.
+func (t *Transport) hello(conn net.Conn, br *bufio.Reader) error {
+	var h [24]byte
+	if _, err := io.ReadFull(br, h[:]); err != nil {
+		return err
+	}
+	if string(h[:4]) != magic {
+		return fmt.Errorf("%w: bad magic", ErrProtocol)
+	}
+	if binary.BigEndian.Uint16(h[4:]) != version {
+		t.challenge(conn, helloBadVersion, nil)
+		return ErrVersion
+	}
+	cnonce := h[8:24]
+	snonce := make([]byte, nonceSize)
+	rand.Read(snonce)
+	if err := t.challenge(conn, helloOK, snonce); err != nil {
+		return err
+	}
+	var proof [32]byte
+	if _, err := io.ReadFull(br, proof[:]); err != nil {
+		return err
+	}
+	var acc [36]byte
+	if !hmac.Equal(proof[:], mac(t.key, "initiator", cnonce, snonce)) {
+		binary.BigEndian.PutUint16(acc[:], helloBadKey)
+		conn.Write(acc[:])
+		return ErrAuth
+	}
+	copy(acc[4:], mac(t.key, "target", cnonce, snonce))
+	_, err := conn.Write(acc[:])
+	return err
+}
+
+// frames serves requests until the connection ends. Responses gather in
+// out and go out with the READ payloads in one writev, flushed whenever no
+// further request is already buffered.
+func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
+	var (
+		hdr  [reqSize]byte
+		req  request
+		out  = make([]byte, 0, 64<<10)
+		iov  [2][]byte
+		bufs net.Buffers
+	)
+	flush := func(payload []byte) error {
+		if len(payload) == 0 {
+			if len(out) == 0 {
+				return nil
+			}
+			_, err := conn.Write(out)
+			out = out[:0]
+			return err
+		}
+		iov[0], iov[1] = out, payload
+		bufs = iov[:]
+		raceRelease()
+		_, err := bufs.WriteTo(conn)
+		out = out[:0]
+		return err
+	}
+	for {
+		if br.Buffered() < reqSize {
+			if err := flush(nil); err != nil {
+				return err
+			}
+		}
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			return err
+		}
+		if err := req.decode(hdr[:], t.cfg.MaxLength); err != nil {
+			return err
+		}
+		r, status := t.check(&req)
+		if req.op == opWrite {
+			if r == nil {
+				if _, err := br.Discard(int(req.length)); err != nil {
+					return err
+				}
+			} else {
+				_, err := io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(r.base, req.addr-r.addr)), req.length))
+				r.ref.Release()
+				if err != nil {
+					return err
+				}
+			}
+			out = out[:len(out)+respSize]
+			encodeResp(out[len(out)-respSize:], req.id, status)
+			if len(out)+respSize > cap(out) {
+				if err := flush(nil); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		out = out[:len(out)+respSize]
+		encodeResp(out[len(out)-respSize:], req.id, status)
+		if r == nil {
+			continue
+		}
+		payload := unsafe.Slice((*byte)(unsafe.Add(r.base, req.addr-r.addr)), req.length)
+		var err error
+		if len(payload) <= cap(out)-len(out) && len(payload) < 16<<10 {
+			out = append(out, payload...) // small: one copy beats a syscall
+		} else {
+			err = flush(payload)
+		}
+		r.ref.Release()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// check finds the request's region and holds it; nil with the status to
+// answer when the request may not proceed.
+func (t *Transport) check(req *request) (*region, uint8) {
+	rs := *t.regs.Load()
+	i, j := 0, len(rs) // the region that ends above addr
+	for i < j {
+		h := int(uint(i+j) >> 1)
+		if rs[h].addr+rs[h].length > req.addr {
+			j = h
+		} else {
+			i = h + 1
+		}
+	}
+	if i == len(rs) || req.addr < rs[i].addr || uint64(req.length) > rs[i].length-(req.addr-rs[i].addr) {
+		return nil, stRange
+	}
+	r := rs[i]
+	// The key must be this buffer's: a key of another buffer grants nothing
+	// here.
+	if r.id != req.buffer || r.key != req.key {
+		return nil, stDenied
+	}
+	if !r.ref.Acquire() {
+		return nil, stDenied // being unregistered
+	}
+	return r, stOK
+}

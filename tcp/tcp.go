@@ -1,0 +1,283 @@
+package tcp
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// Name is the transport's name in segment descriptors.
+const Name = "tcp"
+
+// Defaults of Config.
+const (
+	DefaultRails     = 2
+	DefaultDepth     = 128
+	DefaultSliceSize = 256 << 10
+	DefaultMaxLength = 16 << 20
+)
+
+// Config configures a Transport. Zero fields take the defaults.
+type Config struct {
+	// Listen is the address to serve on (default "127.0.0.1:0").
+	Listen string
+	// Advertise is the host:port peers dial (default: the listener's).
+	Advertise string
+	// Key is the segment key shared by the deployment (any length; it is
+	// hashed to 32 bytes). Empty: a random key, published in the
+	// descriptor, so whoever reads the descriptor may connect.
+	Key []byte
+	// Rails is the number of connections per peer (default 2).
+	Rails int
+	// Depth bounds the slices in flight per connection (default 128).
+	Depth int
+	// SliceSize is the slice size the engine uses (default 256 KiB).
+	SliceSize uint64
+	// MaxLength is the longest request frame accepted (default 16 MiB).
+	MaxLength uint32
+	// TLS, when set, makes the target accept TLS on its port.
+	TLS *tls.Config
+	// RequireTLS refuses plain connections (needs TLS).
+	RequireTLS bool
+	// ClientTLS, when set, makes the initiator dial with TLS.
+	ClientTLS *tls.Config
+	// DialTimeout bounds a dial and its hello (default 5 s).
+	DialTimeout time.Duration
+	// Logger receives connection events (default: discard).
+	Logger *slog.Logger
+}
+
+func (c *Config) fill() error {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:0"
+	}
+	if c.Rails == 0 {
+		c.Rails = DefaultRails
+	}
+	if c.Depth == 0 {
+		c.Depth = DefaultDepth
+	}
+	if c.SliceSize == 0 {
+		c.SliceSize = DefaultSliceSize
+	}
+	if c.MaxLength == 0 {
+		c.MaxLength = DefaultMaxLength
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Rails < 1 || c.Rails > 64 || c.Depth < 2 || c.Depth > 1<<16 || c.Depth&(c.Depth-1) != 0 {
+		return fmt.Errorf("tcp: bad config: Rails %d (1..64), Depth %d (a power of two, 2..65536)", c.Rails, c.Depth)
+	}
+	if c.SliceSize > uint64(c.MaxLength) {
+		return fmt.Errorf("tcp: bad config: SliceSize %d above MaxLength %d", c.SliceSize, c.MaxLength)
+	}
+	if c.RequireTLS && c.TLS == nil {
+		return errors.New("tcp: bad config: RequireTLS without TLS")
+	}
+	return nil
+}
+
+// Transport is the TCP transport of one engine. Use New.
+type Transport struct {
+	cfg      Config
+	key      []byte
+	open     bool // the key is published in the descriptor
+	ln       net.Listener
+	addr     string
+	mu       sync.Mutex // guards regs changes, conns, endpoints
+	regs     atomic.Pointer[[]*region] // sorted by addr
+	conns    map[net.Conn]struct{}
+	eps      map[*Endpoint]struct{}
+	closed   atomic.Bool
+	wg       sync.WaitGroup
+	shutdown chan struct{}
+}
+
+type region struct {
+	id     uint32
+	addr   uint64
+	base   unsafe.Pointer
+	length uint64
+	key    uint64
+	ref    segtable.Ref
+}
+
+var _ transport.Transport = (*Transport)(nil)
+
+// New listens on cfg.Listen and starts serving.
+func New(cfg Config) (*Transport, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	t := &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, eps: map[*Endpoint]struct{}{}, shutdown: make(chan struct{})}
+	if len(cfg.Key) > 0 {
+		h := hashKey(cfg.Key)
+		t.key = h[:]
+	} else {
+		t.key = make([]byte, keySize)
+		rand.Read(t.key)
+		t.open = true
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: listen: %w", err)
+	}
+	t.ln = ln
+	t.addr = cfg.Advertise
+	if t.addr == "" {
+		t.addr = ln.Addr().String()
+	}
+	t.regs.Store(new([]*region))
+	t.wg.Add(1)
+	go t.accept()
+	return t, nil
+}
+
+// Name returns "tcp".
+func (t *Transport) Name() string { return Name }
+
+// Addr returns the address peers dial.
+func (t *Transport) Addr() string { return t.addr }
+
+// Endpoint returns host:port, followed by "/<key hex>" in open mode.
+func (t *Transport) Endpoint() string {
+	if t.open {
+		return t.addr + "/" + hex.EncodeToString(t.key)
+	}
+	return t.addr
+}
+
+// SliceSize returns Config.SliceSize.
+func (t *Transport) SliceSize() uint64 { return t.cfg.SliceSize }
+
+// Register gives b a random 64-bit buffer key. Only remote-accessible
+// buffers are served to peers; local-only ones get a registration with no
+// key, for the initiator side.
+func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) {
+	if t.closed.Load() {
+		return segtable.Registration{}, fmt.Errorf("tcp: register: %w", transport.ErrClosed)
+	}
+	if !b.Remote {
+		return segtable.Registration{}, nil
+	}
+	var k [8]byte
+	rand.Read(k[:])
+	mem := b.Bytes()
+	r := &region{id: uint32(b.ID), addr: uint64(b.Addr), base: unsafe.Pointer(unsafe.SliceData(mem)), length: b.Length, key: binary.LittleEndian.Uint64(k[:])}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rs := slices.Clone(*t.regs.Load())
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].addr >= r.addr })
+	rs = slices.Insert(rs, i, r)
+	t.regs.Store(&rs)
+	return segtable.Registration{Key: strconv.FormatUint(uint64(b.ID), 16) + "." + strconv.FormatUint(r.key, 16)}, nil
+}
+
+// Unregister stops serving b once no frame moves its bytes.
+func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) error {
+	if !b.Remote {
+		return nil
+	}
+	var r *region
+	for _, x := range *t.regs.Load() {
+		if x.id == uint32(b.ID) {
+			r = x
+		}
+	}
+	if r == nil {
+		return fmt.Errorf("tcp: unregister buffer %d: %w", b.ID, segtable.ErrNotFound)
+	}
+	// A frame holds the region only while it moves its payload, which a
+	// connection's deadline bounds.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := r.ref.Drain(ctx); err != nil {
+		return fmt.Errorf("tcp: unregister buffer %d: %w", b.ID, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rs := slices.DeleteFunc(slices.Clone(*t.regs.Load()), func(x *region) bool { return x == r })
+	t.regs.Store(&rs)
+	return nil
+}
+
+// Close stops the listener, closes every connection and endpoint and waits
+// for their goroutines.
+func (t *Transport) Close() error {
+	if t.closed.Swap(true) {
+		return nil
+	}
+	close(t.shutdown)
+	err := t.ln.Close()
+	t.mu.Lock()
+	for c := range t.conns {
+		c.Close()
+	}
+	eps := make([]*Endpoint, 0, len(t.eps))
+	for e := range t.eps {
+		eps = append(eps, e)
+	}
+	t.mu.Unlock()
+	for _, e := range eps {
+		e.Close()
+	}
+	t.wg.Wait()
+	return err
+}
+
+func hashKey(k []byte) [32]byte {
+	// A fixed-size key from a passphrase of any length.
+	h := mac(k, "key", nil, nil)
+	var out [32]byte
+	copy(out[:], h)
+	return out
+}
+
+// parseEndpoint splits a descriptor's tcp endpoint into address and key.
+func (t *Transport) parseEndpoint(ep string) (addr string, key []byte, err error) {
+	addr, k, open := strings.Cut(ep, "/")
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return "", nil, fmt.Errorf("tcp: bad endpoint %q: %w", ep, err)
+	}
+	if !open {
+		if t.open {
+			return "", nil, fmt.Errorf("tcp: endpoint %q publishes no key and none is configured: %w", ep, ErrAuth)
+		}
+		return addr, t.key, nil
+	}
+	key, err = hex.DecodeString(k)
+	if err != nil || len(key) != keySize {
+		return "", nil, fmt.Errorf("tcp: bad key in endpoint %q", ep)
+	}
+	return addr, key, nil
+}
+
+// peekConn replays bytes a bufio.Reader already took from the connection.
+type peekConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c peekConn) Read(b []byte) (int, error) { return c.r.Read(b) }

@@ -1,0 +1,35 @@
+package tcp_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/moonring/moonring/tcp"
+	"github.com/moonring/moonring/transport"
+	"github.com/moonring/moonring/transport/transporttest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newTCP(t *testing.T, cfg tcp.Config) *tcp.Transport {
+	t.Helper()
+	tr, err := tcp.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func TestConformance(t *testing.T) {
+	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
+		return newTCP(t, tcp.Config{}), newTCP(t, tcp.Config{})
+	})
+}
+
+func TestConformanceSharedKey(t *testing.T) {
+	key := []byte("a deployment's shared secret")
+	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
+		return newTCP(t, tcp.Config{Key: key, Rails: 1, Depth: 4}), newTCP(t, tcp.Config{Key: key})
+	})
+}
