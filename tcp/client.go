@@ -339,10 +339,10 @@ type conn struct {
 	// posting counts Posts in progress; failed is set once the connection
 	// broke. The failer waits for posting to drain after setting failed, so
 	// no slice is left behind in a dead queue.
-	posting atomic.Int32
-	failed  atomic.Bool
-	once    sync.Once
-	err     error // why it failed; written once, read after dead closes
+	posting  atomic.Int32
+	failed   atomic.Bool
+	once     sync.Once
+	err      error         // why it failed; written once, read after dead closes
 	quit     chan struct{} // closed when the connection fails
 	sendDone chan struct{}
 	recvDone chan struct{}

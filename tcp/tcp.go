@@ -106,7 +106,7 @@ type Transport struct {
 	open     bool // the key is published in the descriptor
 	ln       net.Listener
 	addr     string
-	mu       sync.Mutex // guards regs changes, conns, endpoints
+	mu       sync.Mutex                // guards regs changes, conns, endpoints
 	regs     atomic.Pointer[[]*region] // sorted by addr
 	conns    map[net.Conn]struct{}
 	eps      map[*Endpoint]struct{}
