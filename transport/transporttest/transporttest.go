@@ -57,21 +57,49 @@ const canary = 0xA5
 
 // Run runs the suite against the transports that newPair returns: the
 // initiator opens endpoints and posts slices, the target registers the
-// memory that the slices address.
+// memory that the slices address. When the initiator's endpoints implement
+// transport.Copier, the suite runs a second time moving every slice with
+// Copy, which the engine then calls instead of Post.
 func Run(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
-	t.Run("Basics", func(t *testing.T) { testBasics(t, newPair) })
-	t.Run("ReadWriteSizes", func(t *testing.T) { testReadWriteSizes(t, newPair) })
-	t.Run("Bounds", func(t *testing.T) { testBounds(t, newPair) })
-	t.Run("LocalOnlyDenied", func(t *testing.T) { testLocalOnly(t, newPair) })
-	t.Run("WrongKeyDenied", func(t *testing.T) { testWrongKey(t, newPair) })
-	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, newPair) })
-	t.Run("PostAfterEndpointClose", func(t *testing.T) { testPostAfterEndpointClose(t, newPair) })
-	t.Run("PostAfterInitiatorClose", func(t *testing.T) { testPostAfterTransportClose(t, newPair, true) })
-	t.Run("PostAfterTargetClose", func(t *testing.T) { testPostAfterTransportClose(t, newPair, false) })
-	t.Run("EndpointCloseInFlight", func(t *testing.T) { testCloseInFlight(t, newPair, closeEndpoint) })
-	t.Run("InitiatorCloseInFlight", func(t *testing.T) { testCloseInFlight(t, newPair, closeInitiator) })
-	t.Run("TargetCloseInFlight", func(t *testing.T) { testCloseInFlight(t, newPair, closeTarget) })
-	t.Run("UnregisterTarget", func(t *testing.T) { testUnregisterTarget(t, newPair) })
+	t.Run("Post", func(t *testing.T) { runAll(t, suite{newPair: newPair}) })
+	t.Run("Copy", func(t *testing.T) { runAll(t, suite{newPair: newPair, copy: true}) })
+}
+
+// suite is how a run of the suite reaches the transports.
+type suite struct {
+	newPair func(t *testing.T) (initiator, target transport.Transport)
+	// copy moves slices with the endpoints' Copy method rather than Post.
+	copy bool
+}
+
+func runAll(t *testing.T, su suite) {
+	t.Run("Basics", func(t *testing.T) { testBasics(t, su) })
+	t.Run("ReadWriteSizes", func(t *testing.T) { testReadWriteSizes(t, su) })
+	t.Run("Bounds", func(t *testing.T) { testBounds(t, su) })
+	t.Run("LocalOnlyDenied", func(t *testing.T) { testLocalOnly(t, su) })
+	t.Run("WrongKeyDenied", func(t *testing.T) { testWrongKey(t, su) })
+	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, su) })
+	t.Run("PostAfterEndpointClose", func(t *testing.T) { testPostAfterEndpointClose(t, su) })
+	t.Run("PostAfterInitiatorClose", func(t *testing.T) { testPostAfterTransportClose(t, su, true) })
+	t.Run("PostAfterTargetClose", func(t *testing.T) { testPostAfterTransportClose(t, su, false) })
+	t.Run("EndpointCloseInFlight", func(t *testing.T) { testCloseInFlight(t, su, closeEndpoint) })
+	t.Run("InitiatorCloseInFlight", func(t *testing.T) { testCloseInFlight(t, su, closeInitiator) })
+	t.Run("TargetCloseInFlight", func(t *testing.T) { testCloseInFlight(t, su, closeTarget) })
+	t.Run("UnregisterTarget", func(t *testing.T) { testUnregisterTarget(t, su) })
+}
+
+// copyEndpoint moves the slices posted to it with the endpoint's Copy, one
+// by one on the caller's goroutine, and completes each with its result.
+type copyEndpoint struct {
+	transport.Endpoint
+	cp transport.Copier
+}
+
+func (e copyEndpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
+	for i := range s {
+		c.Complete(s[i].Token, e.cp.Copy(&s[i]))
+	}
+	return len(s), nil
 }
 
 // side is one transport with its table of registered memory.
@@ -123,18 +151,20 @@ type fixture struct {
 	l          *segtable.Buffer
 	desc       *segtable.SegmentDesc
 	tokens     atomic.Uint64
+	copy       bool // open copyEndpoints
 }
 
-func newFixture(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) *fixture {
+func newFixture(t *testing.T, su suite) *fixture {
 	t.Helper()
-	return newFixtureSize(t, newPair, smallA)
+	return newFixtureSize(t, su, smallA)
 }
 
-func newFixtureSize(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport), aLen int) *fixture {
+func newFixtureSize(t *testing.T, su suite, aLen int) *fixture {
 	t.Helper()
-	it, tt := newPair(t)
+	it, tt := su.newPair(t)
 	f := &fixture{
 		t:    t,
+		copy: su.copy,
 		init: &side{tr: it, regs: map[*segtable.Buffer]segtable.Registration{}},
 		targ: &side{tr: tt, regs: map[*segtable.Buffer]segtable.Registration{}},
 	}
@@ -223,6 +253,13 @@ func (f *fixture) open(desc *segtable.SegmentDesc) transport.Endpoint {
 		f.t.Fatalf("%s: Rails() = %d, want >= 1", f.init.tr.Name(), ep.Rails())
 	}
 	f.t.Cleanup(func() { ep.Close() })
+	if f.copy {
+		cp, ok := ep.(transport.Copier)
+		if !ok {
+			f.t.Skipf("%s endpoints do not implement transport.Copier", f.init.tr.Name())
+		}
+		return copyEndpoint{ep, cp}
+	}
 	return ep
 }
 
@@ -451,8 +488,8 @@ func firstDiff(a, b []byte) int {
 	return min(len(a), len(b))
 }
 
-func testBasics(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
-	f := newFixture(t, newPair)
+func testBasics(t *testing.T, su suite) {
+	f := newFixture(t, su)
 	if f.init.tr.Name() == "" || f.targ.tr.Name() != f.init.tr.Name() {
 		t.Fatalf("names %q and %q: want the same non-empty name", f.init.tr.Name(), f.targ.tr.Name())
 	}
@@ -470,8 +507,8 @@ func testBasics(t *testing.T, newPair func(t *testing.T) (initiator, target tran
 	}
 }
 
-func testReadWriteSizes(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
-	f := newFixtureSize(t, newPair, bigA)
+func testReadWriteSizes(t *testing.T, su suite) {
+	f := newFixtureSize(t, su, bigA)
 	ep := f.open(f.desc)
 	c := newCollector()
 	accepted := map[uint64]bool{}
@@ -567,8 +604,8 @@ func (op opName) String() string { return [...]string{"op0", "READ", "WRITE"}[op
 
 type opName transport.Op
 
-func testBounds(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
-	f := newFixture(t, newPair)
+func testBounds(t *testing.T, su suite) {
+	f := newFixture(t, su)
 	ep := f.open(f.desc)
 	c := newCollector()
 	aEnd := uint64(f.a.Addr) + f.a.Length
@@ -601,8 +638,8 @@ func testBounds(t *testing.T, newPair func(t *testing.T) (initiator, target tran
 	c.check(t, nil)
 }
 
-func testLocalOnly(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
-	f := newFixture(t, newPair)
+func testLocalOnly(t *testing.T, su suite) {
+	f := newFixture(t, su)
 	ep := f.open(f.desc) // the descriptor lists D with its real key
 	c := newCollector()
 	for i := range f.iarena[page : page+int(dLen)] {
@@ -616,8 +653,8 @@ func testLocalOnly(t *testing.T, newPair func(t *testing.T) (initiator, target t
 	c.check(t, nil)
 }
 
-func testWrongKey(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
-	f := newFixture(t, newPair)
+func testWrongKey(t *testing.T, su suite) {
+	f := newFixture(t, su)
 	c := newCollector()
 	regs := f.targ.regs
 	variants := []struct {
@@ -660,8 +697,8 @@ func testWrongKey(t *testing.T, newPair func(t *testing.T) (initiator, target tr
 	c.check(t, nil)
 }
 
-func testConcurrent(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
-	f := newFixture(t, newPair)
+func testConcurrent(t *testing.T, su suite) {
+	f := newFixture(t, su)
 	const (
 		workers = 4
 		rounds  = 20
@@ -803,8 +840,8 @@ func window(arena []byte, addr uintptr, n uint64) []byte {
 	return arena[max(lo, 0):min(max(hi, 0), len(arena))]
 }
 
-func testPostAfterEndpointClose(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
-	f := newFixture(t, newPair)
+func testPostAfterEndpointClose(t *testing.T, su suite) {
+	f := newFixture(t, su)
 	ep := f.open(f.desc)
 	other := f.open(f.desc)
 	c := newCollector()
@@ -825,8 +862,8 @@ func testPostAfterEndpointClose(t *testing.T, newPair func(t *testing.T) (initia
 	c.check(t, nil)
 }
 
-func testPostAfterTransportClose(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport), initiator bool) {
-	f := newFixture(t, newPair)
+func testPostAfterTransportClose(t *testing.T, su suite, initiator bool) {
+	f := newFixture(t, su)
 	ep := f.open(f.desc)
 	c := newCollector()
 	if err := f.runOne(ep, c, f.slice(transport.Write, 0, uint64(f.a.Addr), 64, 0)); err != nil {
@@ -859,8 +896,8 @@ const (
 	closeTarget
 )
 
-func testCloseInFlight(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport), what int) {
-	f := newFixture(t, newPair)
+func testCloseInFlight(t *testing.T, su suite, what int) {
+	f := newFixture(t, su)
 	const workers = 3
 	c := newCollector()
 	var mu sync.Mutex
@@ -943,8 +980,8 @@ func testCloseInFlight(t *testing.T, newPair func(t *testing.T) (initiator, targ
 	}
 }
 
-func testUnregisterTarget(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
-	f := newFixture(t, newPair)
+func testUnregisterTarget(t *testing.T, su suite) {
+	f := newFixture(t, su)
 	ep := f.open(f.desc)
 	c := newCollector()
 	fillRandom(f.iarena[page:page+4096], 3)
