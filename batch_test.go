@@ -141,6 +141,14 @@ func TestBatchTimeout(t *testing.T) {
 	if st.Status != moonring.TIMEOUT || !errors.Is(st.Err(), moonring.ErrTimeout) || st.Bytes != 0 {
 		t.Fatalf("held task: %+v; want TIMEOUT", st)
 	}
+	// Timed out, but the transport still holds a pointer into the source:
+	// the buffer must not be unregistered under it.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	err = p.a.UnregisterLocalMemory(ctx, p.src)
+	cancel()
+	if !errors.Is(err, moonring.ErrBusy) {
+		t.Fatalf("UnregisterLocalMemory while a timed-out request's slice is out: %v; want ErrBusy", err)
+	}
 	p.fa.release(-1) // late: the bytes move, the status stays
 	if err := p.a.FreeBatchID(id); err != nil {
 		t.Fatal(err)

@@ -334,6 +334,38 @@ func TestUnregisterDuringTransfer(t *testing.T) {
 	}
 }
 
+// TestTargetUnregisterDuringTransfer: the target unregisters the buffer a
+// held WRITE addresses. Nothing on the target uses it, so that succeeds;
+// the slice, released later, must then be refused, not written.
+func TestTargetUnregisterDuringTransfer(t *testing.T) {
+	p := newFaultPair(t, moonring.Config{}, 64<<10)
+	p.fa.setHold(true)
+	id, err := p.a.AllocateBatchID(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.a.SubmitTransfer(id, []moonring.TransferRequest{p.write(0, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	p.fa.waitHeld(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+	defer cancel()
+	if err := p.b.UnregisterLocalMemory(ctx, p.dst); err != nil {
+		t.Fatalf("target UnregisterLocalMemory: %v", err)
+	}
+	p.fa.release(-1)
+	waitBatch(t, p.a, id)
+	st := statusOf(t, p.a, id, 0)
+	if st.Status != moonring.FAILED || !(errors.Is(st.Err(), moonring.ErrRemoteRange) || errors.Is(st.Err(), moonring.ErrDenied)) {
+		t.Fatalf("a write into memory the target unregistered: %v (%v); want FAILED, refused by the target", st.Status, st.Err())
+	}
+	for i, b := range p.dst {
+		if b != 0 {
+			t.Fatalf("byte %d of the unregistered buffer was written", i)
+		}
+	}
+}
+
 // TestEngineCloseInFlight closes an engine with requests held by the
 // transport, queued in the SQ and waiting to be pushed: Close returns, and
 // every task ends terminal.
