@@ -5,9 +5,18 @@
 // segment; [Store.Watch] tells them when a peer restarts or goes away.
 //
 // [Store] is the contract; [Memory] is the in-process store used by tests and
-// by engines that share one process. Stores that span machines (p2p, an HTTP
-// metadata server, etcd) implement the same interface and must keep the same
-// semantics; [github.com/moonring/moonring/metadata/storetest] checks them.
+// by engines that share one process. [P2P] is the default of a deployment:
+// each engine serves its own descriptor on a small HTTP endpoint whose
+// host:port is the segment's name, and fetches and polls its peers'. Stores
+// that span machines (p2p, an HTTP metadata server, etcd) implement the same
+// interface and must keep the same semantics;
+// [github.com/moonring/moonring/metadata/storetest] checks them. Where a
+// store cannot, the difference is documented on the store and declared to
+// the suite through
+// [github.com/moonring/moonring/metadata/storetest.Options]: a P2P store
+// publishes only its own name ([ErrNotOwner] for any other), and its
+// watches of a peer report Deleted when the peer stops answering as well as
+// when it deletes.
 //
 // # Ownership of a name
 //
@@ -26,7 +35,9 @@
 // # Lifetimes
 //
 // A Store lives until Close. Close ends every Watch (their channels are
-// closed) and makes later calls fail with [ErrClosed]. A Watch channel is
+// closed) and makes later calls fail with [ErrClosed]. A P2P store serves its
+// endpoint from NewP2P until Close, and runs one goroutine per watch of a
+// peer; Close shuts the endpoint down and waits for those goroutines. A Watch channel is
 // closed when the watch's context is done or the store is closed, whichever
 // comes first; nothing else needs releasing.
 //
@@ -36,5 +47,9 @@
 // `metadata memory: get "node-a": metadata: segment not found`, and match
 // their sentinel with errors.Is: [ErrNotFound], [ErrExists], [ErrEpoch],
 // [ErrClosed], [segtable.ErrBadDesc] for a descriptor that fails
-// Validate, and the context's error when the context is done.
+// Validate, and the context's error when the context is done. A P2P store
+// adds [ErrNotOwner] (a Put or Delete of another engine's name; no retry
+// helps) and [ErrUnreachable] (a peer that did not answer properly; a retry
+// can help), and reports a peer's malformed, oversized or misnamed answer
+// as [segtable.ErrBadDesc].
 package metadata

@@ -1,7 +1,9 @@
 // Package storetest is the conformance suite for [metadata.Store]
 // implementations: every store (memory, p2p, HTTP, etcd) runs the same
 // [Run] so that engines can rely on the same semantics whichever store a
-// deployment picks.
+// deployment picks. A store whose documented semantics are narrower (a p2p
+// store publishes only its own name) runs [RunOptions] and says so in
+// [Options], which relaxes only that store's suite.
 //
 // The suite makes no timed assertions: a store that loses an event or never
 // closes a watch makes the suite hang until the hang guard of a minute

@@ -1,0 +1,744 @@
+package metadata
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/moonring/moonring/segtable"
+)
+
+var _ Store = (*P2P)(nil)
+
+// Errors of the p2p store, beside those of [Store].
+var (
+	// ErrNotOwner reports a Put or Delete under a name other than the
+	// store's own ([P2P.Name]): a p2p store publishes only its own
+	// engine's segment, whose name is the address it serves it at. A
+	// retry does not help.
+	ErrNotOwner = errors.New("metadata: not this store's segment")
+	// ErrUnreachable reports that a peer's endpoint did not answer with a
+	// descriptor or a 404: the connection failed or timed out, or the
+	// peer answered another HTTP status (a 500, say). The error also
+	// wraps the cause. A retry can help: the peer may be restarting.
+	ErrUnreachable = errors.New("metadata: peer unreachable")
+)
+
+// Paths served by a [P2P] store.
+const (
+	p2pSegmentPath = "/moonring/v1/segment"
+	p2pHealthPath  = "/moonring/v1/healthz"
+)
+
+const (
+	// p2pMaxDesc bounds the JSON of a descriptor, served or fetched: a
+	// peer's answer is never trusted to be small.
+	p2pMaxDesc = 16 << 20
+	// p2pGoneAfter is how many polls in a row a remote watch tolerates
+	// failing before it reports the segment Deleted: a dead engine's
+	// segment must disappear, and one failed poll is not death.
+	p2pGoneAfter = 3
+	// p2pShutdown bounds how long Close waits for requests in flight.
+	p2pShutdown = time.Second
+)
+
+// P2PConfig configures [NewP2P]. Its zero value serves on an ephemeral
+// loopback port over plain HTTP and polls watched peers every second.
+type P2PConfig struct {
+	// Listen is the TCP address the endpoint listens on; default
+	// "127.0.0.1:0" (an ephemeral port).
+	Listen string
+	// Advertise is the host:port peers reach the endpoint at, and so the
+	// store's [P2P.Name]. Default: the listener's address, with the
+	// port resolved when Listen's port is 0 and, when Listen's host is
+	// unspecified (0.0.0.0, [::] or empty), the first non-loopback
+	// address of an interface that is up (IPv4 first; IPv6 only when
+	// listening on [::]), or loopback if there is none.
+	// When Advertise's host is empty or its port empty or 0, the
+	// listener's are used for the missing part.
+	Advertise string
+	// Client fetches peers' descriptors (Get and Watch of other names).
+	// Default: a client that dials in 2s, waits 5s for headers, gives up
+	// after 10s, follows no redirects, uses no proxy, and dials https
+	// with TLS as its client configuration when TLS is set. A Client
+	// given here is used as is and not closed.
+	Client *http.Client
+	// PollInterval is how often a watch of another engine's segment asks
+	// the peer for changes; default 1s.
+	PollInterval time.Duration
+	// Handler, when set, serves every path the store does not (it is
+	// mounted at "/"), e.g. metrics, on the same endpoint.
+	Handler http.Handler
+	// TLS, when set, makes the endpoint serve HTTPS with it (it must hold
+	// a certificate) and peers be fetched over https: every engine of a
+	// deployment uses TLS or none does.
+	TLS *tls.Config
+}
+
+// P2P is the default [Store] of a deployment: each engine serves its own
+// descriptor at GET /moonring/v1/segment on a small HTTP endpoint, and a
+// segment's name is the host:port of that endpoint ([P2P.Name]). There is
+// no shared service to run or to lose.
+//
+// The store publishes one name, its own: Put and Delete of any other fail
+// with [ErrNotOwner], with the epoch rules of [Store] otherwise. Get and
+// Watch of its own name answer locally, exactly as [Memory] does. Get of
+// another name fetches http://name/moonring/v1/segment (https with TLS),
+// refusing answers over 16 MiB, that fail validation or that carry another
+// name ([segtable.ErrBadDesc]); a 404 is [ErrNotFound], no answer or
+// another status [ErrUnreachable]. A name that is not a host:port holds
+// nothing ([ErrNotFound]).
+//
+// Watch of another name fetches once before it returns, so the current
+// descriptor, if the peer is reachable and has one, is the first event;
+// then one goroutine polls every PollInterval with If-None-Match, so an
+// unchanged descriptor costs a 304. It delivers the descriptor whenever
+// what the peer serves changes: every Put its ETag shows (polls coalesce
+// Puts between them), or other content, a new epoch included. It delivers
+// Deleted, carrying the last descriptor, when the peer answers 404, and
+// also after three polls in a row fail (no connection, timeout, a bad
+// answer): a dead engine cannot Delete its segment, and its segment must
+// disappear from its peers, so a peer that cannot be read is treated as
+// gone; a peer that comes back is delivered again. The price is that a
+// network outage of three polls looks like a restart to watchers. A peer
+// that never served a descriptor yields no event. Events are coalesced as
+// [Store] says, and the channel is closed when ctx is done or the store is
+// closed.
+//
+// The endpoint also answers GET /moonring/v1/healthz with 200 "ok", and
+// hands any other path to P2PConfig.Handler.
+//
+// A P2P is safe for concurrent use; its zero value is not usable, and it
+// must not be copied. It serves from [NewP2P] until Close, which shuts the
+// endpoint down, ends every watch and waits for their goroutines.
+type P2P struct {
+	name      string
+	str       string // "p2p " + name
+	scheme    string // "http" or "https"
+	client    *http.Client
+	ownClient bool // client was made here, so Close closes its connections
+	poll      time.Duration
+
+	srv    *http.Server
+	served chan struct{} // closed when srv's Serve returns
+	// ctx is canceled by Close; remote watches and fetches run under it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// remote counts remote watch goroutines, and Watch calls setting one
+	// up; Add happens under mu while the store is open, so Close's Wait
+	// sees them all.
+	remote sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	desc   *segtable.SegmentDesc // published under name, or nil
+	body   []byte                // desc as served
+	etag   string                // desc's ETag: "<epoch>-<rev>"
+	rev    uint64                // counts Puts and Deletes, so ETags never repeat
+	// watches holds the local watches (of name); as in Memory, a watch
+	// leaves it, and its channel is closed, once, under mu.
+	watches map[*watch]struct{}
+}
+
+// NewP2P listens on cfg.Listen and serves the store's endpoint until Close.
+// It fails when the listener cannot be opened, Advertise is not a
+// host:port, or TLS holds no certificate.
+func NewP2P(cfg P2PConfig) (*P2P, error) {
+	if cfg.TLS != nil && len(cfg.TLS.Certificates) == 0 && cfg.TLS.GetCertificate == nil && cfg.TLS.GetConfigForClient == nil {
+		return nil, errors.New("metadata p2p: TLS config has no certificate to serve")
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = time.Second
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("metadata p2p: %w", err)
+	}
+	name, err := p2pAdvertise(cfg.Advertise, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	p := &P2P{
+		name:   name,
+		str:    "p2p " + name,
+		scheme: "http",
+		client: cfg.Client,
+		poll:   cfg.PollInterval,
+		served: make(chan struct{}),
+	}
+	if cfg.TLS != nil {
+		p.scheme = "https"
+	}
+	if p.client == nil {
+		p.client, p.ownClient = p2pClient(cfg.TLS), true
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+p2pSegmentPath, p.serveSegment)
+	mux.HandleFunc("GET "+p2pHealthPath, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, "ok")
+	})
+	if cfg.Handler != nil {
+		mux.Handle("/", cfg.Handler)
+	}
+	p.srv = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	if cfg.TLS != nil {
+		p.srv.TLSConfig = cfg.TLS.Clone()
+	}
+	go func() {
+		defer close(p.served)
+		defer ln.Close() // Serve closes it, ServeTLS not if it fails early
+		if cfg.TLS != nil {
+			p.srv.ServeTLS(ln, "", "")
+		} else {
+			p.srv.Serve(ln)
+		}
+	}()
+	return p, nil
+}
+
+// p2pAdvertise returns the name peers reach a listener at; see
+// P2PConfig.Advertise.
+func p2pAdvertise(advertise string, addr *net.TCPAddr) (string, error) {
+	host, port := "", ""
+	if advertise != "" {
+		var err error
+		if host, port, err = net.SplitHostPort(advertise); err != nil {
+			return "", fmt.Errorf("metadata p2p: advertise %q: %w", advertise, err)
+		}
+	}
+	if port == "" || port == "0" {
+		port = strconv.Itoa(addr.Port)
+	}
+	if host == "" {
+		ip := addr.IP
+		if ip == nil || ip.IsUnspecified() {
+			ip = p2pInterfaceIP(ip == nil || ip.To4() == nil)
+		}
+		host = ip.String()
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// p2pInterfaceIP picks the address to advertise for a listener on all
+// interfaces: the first non-loopback unicast address of an interface that
+// is up, IPv4 first and IPv6 only when v6 (the listener takes it), else
+// loopback. Link-local addresses are left out: they need a zone to dial.
+func p2pInterfaceIP(v6 bool) net.IP {
+	ifs, _ := net.Interfaces()
+	var six net.IP
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			n, ok := a.(*net.IPNet)
+			if !ok || !n.IP.IsGlobalUnicast() {
+				continue
+			}
+			if n.IP.To4() != nil {
+				return n.IP
+			}
+			if v6 && six == nil {
+				six = n.IP
+			}
+		}
+	}
+	switch {
+	case six != nil:
+		return six
+	case v6:
+		return net.IPv6loopback
+	}
+	return net.IPv4(127, 0, 0, 1)
+}
+
+func p2pClient(tlsConfig *tls.Config) *http.Client {
+	tr := &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          64,
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       time.Minute,
+		TLSHandshakeTimeout:   2 * time.Second,
+		ResponseHeaderTimeout: 5 * time.Second,
+	}
+	if tlsConfig != nil {
+		tr.TLSClientConfig = tlsConfig.Clone()
+	}
+	return &http.Client{
+		Transport: tr,
+		Timeout:   10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse // a peer answers itself
+		},
+	}
+}
+
+// Name returns the host:port peers reach this store's endpoint at: the name
+// of the segment it publishes, which the engine uses as its segment name.
+func (p *P2P) Name() string { return p.name }
+
+// String returns "p2p " and the store's name.
+func (p *P2P) String() string { return p.str }
+
+func (p *P2P) errorf(op, name string, err error) error {
+	return fmt.Errorf("metadata %s: %s %q: %w", p, op, name, err)
+}
+
+// check returns the error that stops an operation before it starts; p.mu is
+// held.
+func (p *P2P) check(ctx context.Context, op, name string) error {
+	if p.closed {
+		return p.errorf(op, name, ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return p.errorf(op, name, err)
+	}
+	return nil
+}
+
+// Get returns a copy of the descriptor under name: the store's own, or
+// one fetched from the peer at name; see [P2P] and [Store].
+func (p *P2P) Get(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
+	p.mu.Lock()
+	if err := p.check(ctx, "get", name); err != nil {
+		p.mu.Unlock()
+		return nil, err
+	}
+	if name == p.name {
+		defer p.mu.Unlock()
+		if p.desc == nil {
+			return nil, p.errorf("get", name, ErrNotFound)
+		}
+		return p.desc.Clone(), nil
+	}
+	p.mu.Unlock()
+
+	u, err := p.segmentURL(name)
+	if err != nil {
+		return nil, p.errorf("get", name, err)
+	}
+	fctx, stop := p.join(ctx)
+	defer stop()
+	a, err := p.fetch(fctx, u, name, "")
+	if err != nil {
+		return nil, p.errorf("get", name, p.ctxErr(ctx, err))
+	}
+	if a.desc == nil {
+		return nil, p.errorf("get", name, ErrNotFound)
+	}
+	return a.desc, nil
+}
+
+// Put publishes a copy of d, which must carry the store's name, unless
+// another epoch holds it; see [P2P] and [Store].
+func (p *P2P) Put(ctx context.Context, d *segtable.SegmentDesc) error {
+	if d == nil {
+		return p.errorf("put", "", fmt.Errorf("%w: nil descriptor", segtable.ErrBadDesc))
+	}
+	if err := d.Validate(); err != nil {
+		return p.errorf("put", d.Name, err)
+	}
+	body, err := d.Marshal()
+	if err != nil {
+		return p.errorf("put", d.Name, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err))
+	}
+	if len(body) > p2pMaxDesc {
+		return p.errorf("put", d.Name, fmt.Errorf("%w: %d bytes of JSON, peers accept at most %d", segtable.ErrBadDesc, len(body), p2pMaxDesc))
+	}
+	d = d.Clone()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.check(ctx, "put", d.Name); err != nil {
+		return err
+	}
+	if d.Name != p.name {
+		return p.errorf("put", d.Name, fmt.Errorf("%w: a p2p store publishes only its own segment, %q", ErrNotOwner, p.name))
+	}
+	if p.desc != nil && p.desc.Epoch != d.Epoch {
+		return p.errorf("put", d.Name, fmt.Errorf("%w: held by epoch %d, not %d", ErrExists, p.desc.Epoch, d.Epoch))
+	}
+	p.rev++
+	p.desc, p.body, p.etag = d, body, fmt.Sprintf(`"%d-%d"`, d.Epoch, p.rev)
+	p.notify(d, false)
+	return nil
+}
+
+// Delete unpublishes the store's descriptor if its epoch matches (0
+// matches any); see [P2P] and [Store].
+func (p *P2P) Delete(ctx context.Context, name string, epoch uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.check(ctx, "delete", name); err != nil {
+		return err
+	}
+	if name != p.name {
+		return p.errorf("delete", name, fmt.Errorf("%w: a p2p store publishes only its own segment, %q", ErrNotOwner, p.name))
+	}
+	old := p.desc
+	if old == nil {
+		return p.errorf("delete", name, ErrNotFound)
+	}
+	if epoch != 0 && old.Epoch != epoch {
+		return p.errorf("delete", name, fmt.Errorf("%w: held by epoch %d, not %d", ErrEpoch, old.Epoch, epoch))
+	}
+	p.rev++
+	p.desc, p.body, p.etag = nil, nil, ""
+	p.notify(old, true)
+	return nil
+}
+
+// Watch returns a coalescing channel of the changes of name, closed when
+// ctx is done or the store is closed: local for the store's own name,
+// polled from the peer for another; see [P2P] and [Store].
+func (p *P2P) Watch(ctx context.Context, name string) (<-chan Event, error) {
+	p.mu.Lock()
+	if err := p.check(ctx, "watch", name); err != nil {
+		p.mu.Unlock()
+		return nil, err
+	}
+	if name == p.name {
+		defer p.mu.Unlock()
+		return p.watchLocal(ctx), nil
+	}
+	u, err := p.segmentURL(name)
+	if err != nil {
+		p.mu.Unlock()
+		return nil, p.errorf("watch", name, err)
+	}
+	p.remote.Add(1)
+	p.mu.Unlock()
+
+	wctx, stop := p.join(ctx)
+	w := &remoteWatch{p: p, url: u, name: name, ch: make(chan Event, 1)}
+	w.step(wctx)
+	if wctx.Err() != nil {
+		stop()
+		p.remote.Done()
+		return nil, p.errorf("watch", name, p.ctxErr(ctx, wctx.Err()))
+	}
+	go w.run(wctx, stop)
+	return w.ch, nil
+}
+
+// watchLocal registers a watch of the store's own name; p.mu is held.
+func (p *P2P) watchLocal(ctx context.Context) <-chan Event {
+	w := &watch{ch: make(chan Event, 1)}
+	if p.desc != nil {
+		w.ch <- Event{Desc: p.desc.Clone()}
+	}
+	if p.watches == nil {
+		p.watches = make(map[*watch]struct{})
+	}
+	p.watches[w] = struct{}{}
+	// The function runs in its own goroutine, so it waits for mu if ctx is
+	// already done; by then w is registered.
+	w.stop = context.AfterFunc(ctx, func() { p.unwatch(w) })
+	return w.ch
+}
+
+func (p *P2P) unwatch(w *watch) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.watches[w]; !ok {
+		return // the store closed first
+	}
+	delete(p.watches, w)
+	close(w.ch)
+}
+
+// notify hands every local watcher its own copy of the event; p.mu is held,
+// and only holders of p.mu send to local watches, so send cannot block.
+func (p *P2P) notify(d *segtable.SegmentDesc, deleted bool) {
+	for w := range p.watches {
+		sendLatest(w.ch, Event{Desc: d.Clone(), Deleted: deleted})
+	}
+}
+
+// sendLatest puts ev in ch, replacing an event not received yet. The caller
+// must be ch's only sender at the time, so that after the drain the send
+// finds room.
+func sendLatest(ch chan Event, ev Event) {
+	select {
+	case ch <- ev:
+		return
+	default:
+	}
+	select {
+	case <-ch:
+	default: // the watcher took it meanwhile
+	}
+	ch <- ev
+}
+
+// Close shuts the endpoint down (requests in flight get a second), ends
+// every watch, waits for the remote watches' goroutines and makes later
+// calls fail with [ErrClosed]. It is idempotent and returns nil.
+func (p *P2P) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	for w := range p.watches {
+		w.stop()
+		close(w.ch)
+	}
+	p.watches = nil
+	p.desc, p.body, p.etag = nil, nil, ""
+	p.mu.Unlock()
+
+	p.cancel()
+	p.remote.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), p2pShutdown)
+	defer cancel()
+	if p.srv.Shutdown(ctx) != nil {
+		p.srv.Close()
+	}
+	<-p.served
+	if p.ownClient {
+		p.client.CloseIdleConnections()
+	}
+	return nil
+}
+
+// serveSegment answers GET /moonring/v1/segment with the published
+// descriptor, or 304 when the asker's copy is current, or 404.
+func (p *P2P) serveSegment(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	body, etag := p.body, p.etag // never modified in place: Put replaces them
+	p.mu.Unlock()
+	h := w.Header()
+	h.Set("Cache-Control", "no-cache")
+	if body == nil {
+		http.Error(w, "no segment published", http.StatusNotFound)
+		return
+	}
+	h.Set("ETag", etag)
+	if etagMatch(r.Header.Get("If-None-Match"), etag) {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.Write(body)
+}
+
+// etagMatch reports whether an If-None-Match header names etag (RFC 9110:
+// a list of tags, weak comparison, or "*").
+func etagMatch(header, etag string) bool {
+	for t := range strings.SplitSeq(header, ",") {
+		t = strings.TrimSpace(t)
+		if t == "*" || strings.TrimPrefix(t, "W/") == etag {
+			return true
+		}
+	}
+	return false
+}
+
+// segmentURL returns the address of the descriptor served under name, or
+// an error wrapping ErrNotFound when name is not a host:port: nothing can
+// be published under such a name.
+func (p *P2P) segmentURL(name string) (string, error) {
+	host, port, err := net.SplitHostPort(name)
+	if err == nil {
+		if host == "" {
+			err = errors.New("empty host")
+		} else if n, perr := strconv.ParseUint(port, 10, 16); perr != nil || n == 0 {
+			err = fmt.Errorf("bad port %q", port)
+		} else if i := strings.IndexFunc(host, badHostRune); i >= 0 {
+			err = fmt.Errorf("bad character %q in host", host[i])
+		}
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: a p2p segment name is a host:port (%v)", ErrNotFound, err)
+	}
+	u := url.URL{Scheme: p.scheme, Host: name, Path: p2pSegmentPath}
+	return u.String(), nil
+}
+
+// badHostRune reports a rune that has no place in a host name or an IP
+// address (with an IPv6 zone), so that a name cannot smuggle a path, user
+// or query into the URL.
+func badHostRune(r rune) bool {
+	switch {
+	case 'a' <= r && r <= 'z', 'A' <= r && r <= 'Z', '0' <= r && r <= '9':
+		return false
+	}
+	return !strings.ContainsRune(".-_:%", r)
+}
+
+// join returns a context done when ctx is or the store closes.
+func (p *P2P) join(ctx context.Context) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(p.ctx, cancel)
+	return c, func() { stop(); cancel() }
+}
+
+// ctxErr returns the error of a fetch under p.join(ctx): ErrClosed when the
+// store closed, ctx's error when ctx is done, else err.
+func (p *P2P) ctxErr(ctx context.Context, err error) error {
+	switch {
+	case p.ctx.Err() != nil:
+		return ErrClosed
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return err
+}
+
+// peerAnswer is what a fetch learned: a descriptor (desc, its body and
+// ETag), not-modified, or nothing published (desc nil, notModified false).
+type peerAnswer struct {
+	desc        *segtable.SegmentDesc
+	body        []byte
+	etag        string
+	notModified bool
+}
+
+// fetch asks the peer at u for the descriptor of name, sending
+// ifNoneMatch when not empty. It reads at most p2pMaxDesc bytes and
+// returns a validated descriptor of that name or an error.
+func (p *P2P) fetch(ctx context.Context, u, name, ifNoneMatch string) (peerAnswer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("%w: %w", ErrUnreachable, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if ifNoneMatch != "" {
+		req.Header.Set("If-None-Match", ifNoneMatch)
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("%w: %w", ErrUnreachable, err)
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusOK:
+	case resp.StatusCode == http.StatusNotModified && ifNoneMatch != "":
+		return peerAnswer{notModified: true}, nil
+	case resp.StatusCode == http.StatusNotFound:
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // lets the connection be reused
+		return peerAnswer{}, nil
+	default:
+		return peerAnswer{}, fmt.Errorf("%w: peer answered HTTP %s", ErrUnreachable, resp.Status)
+	}
+	if resp.ContentLength > p2pMaxDesc {
+		return peerAnswer{}, fmt.Errorf("%w: peer's answer is %d bytes, more than %d", segtable.ErrBadDesc, resp.ContentLength, p2pMaxDesc)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, p2pMaxDesc+1))
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("%w: reading the answer: %w", ErrUnreachable, err)
+	}
+	if len(body) > p2pMaxDesc {
+		return peerAnswer{}, fmt.Errorf("%w: peer's answer is more than %d bytes", segtable.ErrBadDesc, p2pMaxDesc)
+	}
+	d, err := segtable.UnmarshalDesc(body)
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("peer's answer: %w", err)
+	}
+	if d.Name != name {
+		return peerAnswer{}, fmt.Errorf("%w: peer serves segment %q", segtable.ErrBadDesc, d.Name)
+	}
+	return peerAnswer{desc: d, body: body, etag: resp.Header.Get("ETag")}, nil
+}
+
+// remoteWatch is the state of one watch of another engine's segment; only
+// its goroutine (or Watch, before starting it) touches it.
+type remoteWatch struct {
+	p    *P2P
+	url  string
+	name string
+	ch   chan Event // only this watch sends, so sendLatest cannot block
+	// last is a private copy of the descriptor last delivered, nil before
+	// the first and after a Deleted; lastBody is its JSON, to tell
+	// changes apart whatever ETags the peer sends.
+	last     *segtable.SegmentDesc
+	lastBody []byte
+	etag     string // of last, for If-None-Match
+	fails    int    // polls failed in a row
+}
+
+func (w *remoteWatch) run(ctx context.Context, stop context.CancelFunc) {
+	defer w.p.remote.Done()
+	defer close(w.ch)
+	defer stop()
+	t := time.NewTicker(w.p.poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.step(ctx)
+	}
+}
+
+// step polls the peer once and delivers what changed.
+func (w *remoteWatch) step(ctx context.Context) {
+	inm := ""
+	if w.last != nil {
+		inm = w.etag
+	}
+	a, err := w.p.fetch(ctx, w.url, w.name, inm)
+	switch {
+	case err != nil:
+		if ctx.Err() != nil {
+			return // the watch is ending; its failure says nothing of the peer
+		}
+		if w.fails++; w.fails >= p2pGoneAfter {
+			w.gone()
+		}
+	case a.notModified:
+		w.fails = 0
+	case a.desc == nil:
+		w.fails = 0
+		w.gone()
+	default:
+		w.fails = 0
+		// A new ETag is a new Put, even of the same descriptor, as Memory
+		// delivers; the body tells changes apart for peers without ETags.
+		changed := w.last == nil || a.etag != w.etag || !bytes.Equal(a.body, w.lastBody)
+		w.etag = a.etag
+		if changed {
+			w.last, w.lastBody = a.desc.Clone(), a.body
+			sendLatest(w.ch, Event{Desc: a.desc})
+		}
+	}
+}
+
+// gone delivers Deleted once for the descriptor last delivered.
+func (w *remoteWatch) gone() {
+	if w.last == nil {
+		return
+	}
+	sendLatest(w.ch, Event{Desc: w.last, Deleted: true})
+	w.last, w.lastBody, w.etag = nil, nil, ""
+}
