@@ -6,4 +6,9 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if runChild() {
+		return
+	}
+	goleak.VerifyTestMain(m)
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/moonring/moonring/ring"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/sq"
+	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/topology"
 	"github.com/moonring/moonring/transport"
 )
@@ -107,7 +108,8 @@ var (
 // Config configures an Engine. Zero fields take the defaults that String
 // prints.
 type Config struct {
-	// Name is the engine's segment name (default "<hostname>-<pid>-<n>").
+	// Name is the engine's segment name (default: the p2p store's address
+	// when Metadata is a metadata.P2P, else "<hostname>-<pid>-<n>").
 	Name string
 	// Metadata is where the engine publishes its segment and looks up
 	// others (default: a store shared by the engines of this process).
@@ -131,12 +133,17 @@ type Config struct {
 	PinPollers bool
 	// MaxBatches bounds the batches allocated at once (default 1024).
 	MaxBatches int
+	// TCP, when set, installs the TCP transport with this configuration.
+	TCP *tcp.Config
 	// BatchEntries sizes the SQ and in-flight table of the ring that serves
 	// the batch API, per NUMA node (default 4096).
 	BatchEntries int
 }
 
 func (c *Config) fill() {
+	if n, ok := c.Metadata.(interface{ Name() string }); ok && c.Name == "" {
+		c.Name = n.Name() // a p2p store: the segment is named by its address
+	}
 	if c.Name == "" {
 		host, _ := os.Hostname()
 		c.Name = fmt.Sprintf("%s-%d-%d", host, os.Getpid(), engineSeq.Add(1))
@@ -170,6 +177,10 @@ func (c Config) String() string {
 	ts := "any installed, in order " + strings.Join(transport.Priority, " > ")
 	if len(c.Transports) > 0 {
 		ts = strings.Join(c.Transports, " > ")
+	}
+	if c.TCP != nil {
+		tc, _ := c.TCP.Effective()
+		ts += fmt.Sprintf("\ntcp: listen %s, %d rails, depth %d, slice %d, tls %v", tc.Listen, tc.Rails, tc.Depth, tc.SliceSize, tc.TLS != nil)
 	}
 	return fmt.Sprintf("name: %s\nmetadata: %s\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\nmax batches: %d\nbatch entries: %d\n",
 		c.Name, c.Metadata, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.MaxBatches, c.BatchEntries)
@@ -231,6 +242,16 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e.batches.init(e, cfg.MaxBatches)
+	if cfg.TCP != nil {
+		t, err := tcp.New(*cfg.TCP)
+		if err == nil {
+			err = e.InstallTransport(t)
+		}
+		if err != nil {
+			e.Close()
+			return nil, fmt.Errorf("moonring: tcp transport: %w", err)
+		}
+	}
 	return e, nil
 }
 

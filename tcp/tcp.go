@@ -65,6 +65,12 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Effective returns c with the defaults filled in, and whether it is valid.
+func (c Config) Effective() (Config, error) {
+	err := c.fill()
+	return c, err
+}
+
 func (c *Config) fill() error {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:0"

@@ -1,0 +1,214 @@
+package moonring_test
+
+// Child processes for the tests and benchmarks that need two OS processes:
+// the test binary re-executes itself with MOONRING_CHILD set.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/tcp"
+)
+
+// childKey is the segment key the parent and its children share.
+var childKey = []byte("moonring two-process test key")
+
+// runChild runs the role named by MOONRING_CHILD and exits; it reports
+// false when this process is not a child.
+func runChild() bool {
+	role := os.Getenv("MOONRING_CHILD")
+	if role == "" {
+		return false
+	}
+	var err error
+	switch role {
+	case "target":
+		err = childTarget()
+	case "sink", "source", "pong":
+		err = childRaw(role)
+	default:
+		err = fmt.Errorf("unknown child role %q", role)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+	return true
+}
+
+// childTarget serves a remote-accessible buffer over TCP and prints the
+// engine's descriptor as one JSON line; it stops when stdin closes.
+func childTarget() error {
+	size, _ := strconv.Atoi(os.Getenv("MOONRING_SIZE"))
+	store := metadata.NewMemory()
+	e, err := moonring.New(moonring.Config{Metadata: store, TCP: &tcp.Config{Key: childKey}})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	buf, err := e.Alloc(size, "cpu:0")
+	if err != nil {
+		return err
+	}
+	for i := range buf {
+		buf[i] = byte(i * 7)
+	}
+	if _, err := e.RegisterLocalMemory(buf, "cpu:0", true); err != nil {
+		return err
+	}
+	d, err := store.Get(context.Background(), e.Name())
+	if err != nil {
+		return err
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(d); err != nil {
+		return err
+	}
+	io.Copy(io.Discard, os.Stdin)
+	return nil
+}
+
+// childRaw is the raw TCP baseline's far end: a sink that reads and drops,
+// a source that writes without end, or an 8-byte echo.
+func childRaw(role string) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	fmt.Println(ln.Addr())
+	go func() { io.Copy(io.Discard, os.Stdin); os.Exit(0) }()
+	c, err := ln.Accept()
+	if err != nil {
+		return err
+	}
+	c.(*net.TCPConn).SetNoDelay(true)
+	buf := make([]byte, 1<<20)
+	switch role {
+	case "sink":
+		_, err = io.CopyBuffer(io.Discard, c, buf)
+	case "source":
+		for err == nil {
+			_, err = c.Write(buf)
+		}
+	case "pong":
+		var b [8]byte
+		for {
+			if _, err = io.ReadFull(c, b[:]); err != nil {
+				break
+			}
+			if _, err = c.Write(b[:]); err != nil {
+				break
+			}
+		}
+	}
+	if err == io.EOF {
+		err = nil
+	}
+	return nil
+}
+
+// child is a running child process and the first line it printed.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	line  string
+}
+
+func startChild(t testing.TB, role string, env ...string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), append([]string{"MOONRING_CHILD=" + role}, env...)...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, stdin: stdin}
+	t.Cleanup(c.stop)
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(stdout).ReadString('\n')
+		line <- s
+	}()
+	select {
+	case c.line = <-line:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("child %s printed nothing", role)
+	}
+	if c.line == "" {
+		t.Fatalf("child %s exited before printing", role)
+	}
+	return c
+}
+
+// stop closes the child's stdin, which ends it, and waits.
+func (c *child) stop() {
+	c.stdin.Close()
+	done := make(chan struct{})
+	go func() { c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		c.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// kill ends the child at once, as a crash would.
+func (c *child) kill() {
+	c.cmd.Process.Kill()
+}
+
+// targetDesc decodes the descriptor a target child printed.
+func (c *child) targetDesc(t testing.TB) *segtable.SegmentDesc {
+	t.Helper()
+	d, err := segtable.UnmarshalDesc([]byte(c.line))
+	if err != nil {
+		t.Fatalf("child descriptor: %v", err)
+	}
+	return d
+}
+
+// remoteEngine starts an initiator engine that knows the target child's
+// descriptor through its own store, and opens the segment.
+func remoteEngine(t testing.TB, c *child, cfg moonring.Config) (*moonring.Engine, moonring.SegmentID, *segtable.SegmentDesc) {
+	t.Helper()
+	d := c.targetDesc(t)
+	store := metadata.NewMemory()
+	if err := store.Put(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Metadata = store
+	if cfg.TCP == nil {
+		cfg.TCP = &tcp.Config{Key: childKey}
+	}
+	e, err := moonring.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	seg, err := e.OpenSegment(context.Background(), d.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, seg, d
+}

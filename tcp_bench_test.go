@@ -1,0 +1,228 @@
+package moonring_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/tcp"
+)
+
+var tcpSizes = []struct {
+	name  string
+	bytes int
+	depth int
+}{
+	{"4KiB", 4 << 10, 64},
+	{"64KiB", 64 << 10, 32},
+	{"1MiB", 1 << 20, 8},
+	{"16MiB", 16 << 20, 4},
+}
+
+// drive keeps depth requests of op in flight, each on its own block of the
+// local and remote buffers, for b.N requests.
+func drive(b *testing.B, r *moonring.Ring, proto moonring.Entry, size, depth int) {
+	cqes := make([]moonring.Completion, depth)
+	submit := func(slot int) {
+		e := proto
+		e.Local += uint64(slot * size)
+		e.Remote += uint64(slot * size)
+		e.UserData = uint64(slot)
+		if err := r.SubmitOne(&e); err != nil {
+			b.Fatal(err)
+		}
+	}
+	inflight, sent := 0, 0
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for ; sent < min(depth, b.N); sent++ {
+		submit(sent)
+		inflight++
+	}
+	for inflight > 0 {
+		n := r.PeekBatch(cqes)
+		for _, c := range cqes[:n] {
+			if err := c.Err(); err != nil {
+				b.Fatalf("request %d: %v", c.UserData, err)
+			}
+			inflight--
+			if sent < b.N {
+				submit(int(c.UserData))
+				sent++
+				inflight++
+			}
+		}
+		r.Advance(n)
+	}
+	b.ReportMetric(float64(b.N)*float64(size)/b.Elapsed().Seconds()/1e9, "GB/s")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+}
+
+func benchTCP(b *testing.B, op moonring.Op) {
+	for _, sz := range tcpSizes {
+		b.Run("size="+sz.name, func(b *testing.B) {
+			span := sz.bytes * sz.depth
+			c := startChild(b, "target", "MOONRING_SIZE="+strconv.Itoa(span))
+			e, seg, d := remoteEngine(b, c, benchConfig())
+			buf, err := e.Alloc(span, "cpu:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Free(buf)
+			id, err := e.RegisterLocalMemory(buf, "cpu:0", false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.UnregisterLocalMemory(b.Context(), buf)
+			r, err := e.NewRing(moonring.RingConfig{Entries: 256})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			drive(b, r, moonring.Entry{Op: op, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: uint64(sz.bytes)}, sz.bytes, sz.depth)
+		})
+	}
+}
+
+// BenchmarkTCPWrite writes from this process into a child process's
+// buffer over loopback TCP, through the engine.
+func BenchmarkTCPWrite(b *testing.B) { benchTCP(b, moonring.OpWrite) }
+
+// BenchmarkTCPRead reads a child process's buffer over loopback TCP.
+func BenchmarkTCPRead(b *testing.B) { benchTCP(b, moonring.OpRead) }
+
+// BenchmarkTCPReadLatency is one 8-byte READ at a time: p50 and p99.
+func BenchmarkTCPReadLatency(b *testing.B) {
+	c := startChild(b, "target", "MOONRING_SIZE=4096")
+	e, seg, d := remoteEngine(b, c, moonring.Config{})
+	buf := make([]byte, 4096)
+	id, err := e.RegisterLocalMemory(buf, "cpu:0", false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.UnregisterLocalMemory(b.Context(), buf)
+	r, err := e.NewRing(moonring.RingConfig{Entries: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	en := moonring.Entry{Op: moonring.OpRead, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: 8}
+	lat := make([]time.Duration, 0, 1<<20)
+	b.ReportAllocs()
+	for b.Loop() {
+		t0 := time.Now()
+		if err := r.SubmitOne(&en); err != nil {
+			b.Fatal(err)
+		}
+		var cqe *moonring.Completion
+		for cqe = r.Peek(); cqe == nil; cqe = r.Peek() {
+		}
+		if err := cqe.Err(); err != nil {
+			b.Fatal(err)
+		}
+		r.Advance(1)
+		lat = append(lat, time.Since(t0))
+	}
+	reportLatency(b, lat)
+}
+
+func reportLatency(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+}
+
+// dialChild connects to a raw baseline child.
+func dialChild(b *testing.B, role string) net.Conn {
+	c := startChild(b, role)
+	conn, err := net.Dial("tcp", strings.TrimSpace(c.line))
+	if err != nil {
+		b.Fatal(err)
+	}
+	conn.(*net.TCPConn).SetNoDelay(true)
+	b.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// BenchmarkRawTCPWrite is the baseline of BenchmarkTCPWrite: a plain Go
+// sender writing the same blocks to a child that reads and drops them.
+func BenchmarkRawTCPWrite(b *testing.B) {
+	for _, sz := range tcpSizes {
+		b.Run("size="+sz.name, func(b *testing.B) {
+			conn := dialChild(b, "sink")
+			buf := make([]byte, sz.bytes)
+			b.SetBytes(int64(sz.bytes))
+			for b.Loop() {
+				if _, err := conn.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)*float64(sz.bytes)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
+
+// BenchmarkRawTCPRead is the baseline of BenchmarkTCPRead: a plain Go
+// receiver reading blocks that a child writes without pause.
+func BenchmarkRawTCPRead(b *testing.B) {
+	for _, sz := range tcpSizes {
+		b.Run("size="+sz.name, func(b *testing.B) {
+			conn := dialChild(b, "source")
+			buf := make([]byte, sz.bytes)
+			b.SetBytes(int64(sz.bytes))
+			for b.Loop() {
+				if _, err := io.ReadFull(conn, buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)*float64(sz.bytes)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
+
+// BenchmarkRawTCPPingPong is the latency baseline: 8 bytes there and back.
+func BenchmarkRawTCPPingPong(b *testing.B) {
+	conn := dialChild(b, "pong")
+	var msg [8]byte
+	lat := make([]time.Duration, 0, 1<<20)
+	for b.Loop() {
+		t0 := time.Now()
+		if _, err := conn.Write(msg[:]); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(conn, msg[:]); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	reportLatency(b, lat)
+}
+
+// benchConfig is the initiator's configuration; MOONRING_BENCH_SPIN and
+// MOONRING_BENCH_RAILS override the defaults for tuning runs.
+func benchConfig() moonring.Config {
+	var cfg moonring.Config
+	if v := os.Getenv("MOONRING_BENCH_SPIN"); v != "" {
+		cfg.PollerSpin, _ = time.ParseDuration(v)
+	}
+	tc := tcp.Config{Key: childKey}
+	if v := os.Getenv("MOONRING_BENCH_RAILS"); v != "" {
+		tc.Rails, _ = strconv.Atoi(v)
+	}
+	if v := os.Getenv("MOONRING_BENCH_SLICE"); v != "" {
+		n, _ := strconv.Atoi(v)
+		tc.SliceSize = uint64(n)
+	}
+	cfg.TCP = &tc
+	return cfg
+}
+
+var _ = fmt.Sprint
