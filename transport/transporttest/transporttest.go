@@ -312,6 +312,13 @@ func (c *collector) Complete(token uint64, err error) {
 	}
 }
 
+func (c *collector) completed(token uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.got[token]
+	return ok
+}
+
 func (c *collector) count() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -918,16 +925,31 @@ func testCloseInFlight(t *testing.T, su suite, what int) {
 			defer wg.Done()
 			ep := eps[w]
 			first := true
+			// Each of 16 regions (of L and of A) takes a new slice only
+			// once its last one completed: slices in flight never share a
+			// byte, so an asynchronous transport's copies do not race.
+			var last [16]uint64
+			var ks []int
 			for i := 0; !stop.Load(); i++ {
 				var s []transport.Slice
-				for k := 0; k < 16; k++ {
-					off := uint64(w<<20 + (k%8)<<16)
+				ks = ks[:0]
+				for k := range last {
+					if last[k] != 0 && !c.completed(last[k]) {
+						continue
+					}
+					off := uint64(w<<20 + k<<16)
 					s = append(s, f.slice(transport.Op(1+(i+k)%2), off, uint64(f.a.Addr)+off, 1+uint64(i*k%4096), k%ep.Rails()))
+					ks = append(ks, k)
+				}
+				if len(s) == 0 {
+					runtime.Gosched()
+					continue
 				}
 				n, err := ep.Post(c, s)
 				mu.Lock()
-				for _, x := range s[:n] {
+				for j, x := range s[:n] {
 					accepted[x.Token] = true
+					last[ks[j]] = x.Token
 				}
 				mu.Unlock()
 				if first {
