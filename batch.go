@@ -13,6 +13,7 @@ import (
 	"github.com/moonring/moonring/ring"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/sq"
+	"github.com/moonring/moonring/transport"
 )
 
 // BatchID names a batch of transfer tasks from AllocateBatchID until
@@ -42,6 +43,16 @@ type TransferRequest struct {
 	TargetOffset uint64
 	// Length is the number of bytes to move.
 	Length uint64
+	// Notify, on a Write, delivers a notification to the target engine
+	// once the bytes are in its memory; the task completes only after.
+	// Msg (at most 4096 bytes) must stay unchanged until the task ends.
+	Notify *Notify
+}
+
+// Notify is the notification a TransferRequest delivers.
+type Notify struct {
+	Tag uint64
+	Msg []byte
 }
 
 // AddressOf returns the address of b's first byte, for TransferRequest.Source
@@ -65,7 +76,8 @@ type task struct {
 	status atomic.Uint32 // cq.Status; stored last, so a terminal status publishes code and bytes
 	code   atomic.Uint32
 	bytes  atomic.Uint64
-	node   int32 // the node of the ring that runs it; written before submit
+	node   int32  // the node of the ring that runs it; written before submit
+	msg    []byte // the notification's message; written before submit
 }
 
 type batch struct {
@@ -169,6 +181,14 @@ func (s *batchSink) Started(ud uint64) {
 	if _, t := s.task(ud); t != nil {
 		t.status.Store(uint32(cq.Pending))
 	}
+}
+
+// Message returns the message of a task's notification.
+func (s *batchSink) Message(ud uint64) []byte {
+	if _, t := s.task(ud); t != nil {
+		return t.msg
+	}
+	return nil
 }
 
 // Complete stores the task's terminal status.
@@ -305,6 +325,11 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 			}
 			es[i] = sq.Entry{Op: op, Segment: req.TargetID, Buffer: buf.ID, Local: uint64(req.Source - buf.Addr),
 				Remote: req.TargetOffset, Length: req.Length, UserData: userData(slot, gen, task)}
+			b.tasks[task].msg = nil
+			if req.Notify != nil {
+				es[i].Flags, es[i].Tag = sq.FlagNotify, req.Notify.Tag
+				b.tasks[task].msg = req.Notify.Msg
+			}
 			n++
 		}
 		if r, err = e.batches.ring(node); err != nil {
@@ -336,6 +361,9 @@ func (e *Engine) check(req *TransferRequest) (*segtable.Buffer, error) {
 	}
 	if req.Length == 0 {
 		return nil, ErrLength
+	}
+	if req.Notify != nil && (req.Opcode != Write || len(req.Notify.Msg) > transport.MaxNotifyMessage) {
+		return nil, fmt.Errorf("notify on a %s of %d message bytes: %w", map[Opcode]string{Read: "read", Write: "write"}[req.Opcode], len(req.Notify.Msg), ErrInvalid)
 	}
 	buf := e.buffers.Find(req.Source, req.Length)
 	if buf == nil {

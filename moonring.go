@@ -1,6 +1,7 @@
 package moonring
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,6 +46,10 @@ type (
 	// Location says where memory lives: "cpu:N" or "cuda:N".
 	Location = segtable.Location
 )
+
+// FlagNotify on a WRITE Entry delivers a notification (Entry.Tag) to the
+// target engine once the bytes are in its memory.
+const FlagNotify = sq.FlagNotify
 
 // Entry ops.
 const (
@@ -133,6 +138,9 @@ type Config struct {
 	PinPollers bool
 	// MaxBatches bounds the batches allocated at once (default 1024).
 	MaxBatches int
+	// NotifyQueue is how many received notifications wait for the caller
+	// (default 1024); beyond it senders' notifications fail and are retried.
+	NotifyQueue int
 	// TCP, when set, installs the TCP transport with this configuration.
 	TCP *tcp.Config
 	// BatchEntries sizes the SQ and in-flight table of the ring that serves
@@ -168,6 +176,9 @@ func (c *Config) fill() {
 	}
 	if c.BatchEntries == 0 {
 		c.BatchEntries = 4096
+	}
+	if c.NotifyQueue == 0 {
+		c.NotifyQueue = 1024
 	}
 }
 
@@ -213,6 +224,28 @@ type Engine struct {
 	closed     atomic.Bool
 
 	batches batchTable
+	notes   chan Notification
+}
+
+// Notification is what a peer's WRITE with FlagNotify (or a
+// TransferRequest with Notify) delivered to this engine: the peer's segment
+// name, the tag and the message. The engine owns no part of it.
+type Notification = transport.Notification
+
+// Notifications returns the channel on which notifications from peers
+// arrive, once the bytes of their request are in this engine's memory. The
+// channel holds Config.NotifyQueue of them; while it is full, senders'
+// notifications fail and are retried. It is never closed.
+func (e *Engine) Notifications() <-chan Notification { return e.notes }
+
+// deliver queues a notification for Notifications, without blocking.
+func (e *Engine) deliver(n *transport.Notification) error {
+	select {
+	case e.notes <- Notification{From: n.From, Tag: n.Tag, Msg: bytes.Clone(n.Msg)}:
+		return nil
+	default:
+		return transport.ErrNotifyFull
+	}
 }
 
 // New starts an engine with the in-process transport installed and
@@ -231,7 +264,9 @@ func New(cfg Config) (*Engine, error) {
 		rings:   map[*ring.Ring]struct{}{},
 		watches: map[SegmentID]context.CancelFunc{},
 		local:   local.New(),
+		notes:   make(chan Notification, cfg.NotifyQueue),
 	}
+	e.local.SetNotify(cfg.Name, e.deliver)
 	e.tables = ring.Tables{Buffers: &e.buffers, Segments: &e.segments}
 	e.buffers.Busy = func(b *segtable.Buffer) bool { return e.inFlight(b, nil) }
 	e.segments.Busy = func(s *segtable.Segment[transport.Endpoint]) bool { return e.inFlight(nil, s) }
@@ -403,6 +438,9 @@ func (e *Engine) InstallTransport(t transport.Transport) error {
 	}
 	if slot < 0 {
 		return fmt.Errorf("moonring: install %s: %d transports installed already", t.Name(), segtable.MaxTransports)
+	}
+	if n, ok := t.(transport.Notifier); ok {
+		n.SetNotify(e.cfg.Name, e.deliver)
 	}
 	bufs := e.buffers.All()
 	for i, b := range bufs {

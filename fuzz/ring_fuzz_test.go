@@ -129,7 +129,7 @@ func (w *world) entry(rec []byte, ud uint64) sq.Entry {
 	ops := [8]sq.Op{sq.Write, sq.Read, sq.Write, sq.Read, sq.Nop, sq.Cancel, 4, 0xff}
 	e.Op = ops[rec[0]&7]
 	if rec[0]>>3 == 0x1f {
-		e.Flags = 1
+		e.Flags = 2 // a flag this version does not know
 	}
 	local := w.la1
 	switch rec[2] % 8 {
@@ -188,7 +188,7 @@ func (w *world) entry(rec []byte, ud uint64) sq.Entry {
 		e.Remote = ud - 1 // the entry before, long complete: nothing to cancel
 	}
 	if rec[10] == 0xA5 {
-		at := [6]int{2, 3, 12, 15, 56, 63}[rec[11]%6]
+		at := [6]int{2, 3, 12, 13, 14, 15}[rec[11]%6]
 		// Entry is a plain 64-byte struct: writing one of its reserved
 		// bytes through a byte view is what a caller's bug would do.
 		(*[sq.EntrySize]byte)(unsafe.Pointer(&e))[at] = rec[11] | 1
@@ -197,10 +197,10 @@ func (w *world) entry(rec []byte, ud uint64) sq.Entry {
 }
 
 // reserved reports whether e has a non-zero byte where sq.Entry reserves
-// one (bytes 2-3, 12-15 and 56-63, as its encoding documents).
+// one (bytes 2-3 and 12-15, as its encoding documents).
 func reserved(e *sq.Entry) bool {
 	b := (*[sq.EntrySize]byte)(unsafe.Pointer(e))
-	for _, i := range []int{2, 3, 12, 13, 14, 15, 56, 57, 58, 59, 60, 61, 62, 63} {
+	for _, i := range []int{2, 3, 12, 13, 14, 15} {
 		if b[i] != 0 {
 			return true
 		}
@@ -212,7 +212,7 @@ func reserved(e *sq.Entry) bool {
 // the code e must complete with, the buffers it reads and writes, and
 // whether it completes at all (a Cancel does not).
 func (w *world) expect(e *sq.Entry) (code moonring.Code, src, dst *gbuf, srcOff, dstOff uint64, completes bool) {
-	if e.Flags != 0 || reserved(e) || !e.Op.Valid() {
+	if e.Flags&^sq.FlagsMask != 0 || reserved(e) || !e.Op.Valid() || (e.Flags&sq.FlagNotify != 0 && e.Op != sq.Write) {
 		return cq.CodeInvalid, nil, nil, 0, 0, true
 	}
 	switch e.Op {

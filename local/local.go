@@ -49,7 +49,9 @@ var (
 
 // Transport is the in-process transport of one engine. Use New.
 type Transport struct {
-	id     string
+	id      string
+	self    string // the engine's segment name, the From of notifications
+	deliver atomic.Pointer[func(*transport.Notification) error]
 	mu     sync.Mutex // serializes changes of regs
 	regs   atomic.Pointer[[]*region]
 	closed atomic.Bool
@@ -64,7 +66,17 @@ type region struct {
 	ref    segtable.Ref
 }
 
-var _ transport.Transport = (*Transport)(nil)
+var (
+	_ transport.Transport = (*Transport)(nil)
+	_ transport.Notifier  = (*Transport)(nil)
+)
+
+// SetNotify sets the engine's name and the function that takes the
+// notifications other engines send to it.
+func (t *Transport) SetNotify(self string, deliver func(*transport.Notification) error) {
+	t.self = self
+	t.deliver.Store(&deliver)
+}
 
 // New returns a transport reachable from other engines of this process.
 func New() *Transport {
@@ -238,6 +250,9 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 	if e.closed.Load() || e.to.closed.Load() || e.from.closed.Load() {
 		return transport.ErrClosed
 	}
+	if s.Op == transport.Notify {
+		return e.notify(s)
+	}
 	r := find(e.to.list(), s.Remote, s.Length)
 	if r == nil {
 		return transport.ErrRange
@@ -261,6 +276,21 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 	}
 	r.ref.Release()
 	return nil
+}
+
+func (e *Endpoint) notify(s *transport.Slice) error {
+	d := e.to.deliver.Load()
+	if d == nil {
+		return transport.ErrDenied // the target takes no notifications
+	}
+	if s.Length > transport.MaxNotifyMessage {
+		return transport.ErrRange
+	}
+	n := transport.Notification{From: e.from.self, Tag: s.Remote}
+	if s.Length > 0 {
+		n.Msg = unsafe.Slice((*byte)(s.Local), s.Length)
+	}
+	return (*d)(&n)
 }
 
 // Close fails slices posted afterwards with ErrClosed.

@@ -203,6 +203,8 @@ type request struct {
 	rail        uint16
 	op          transport.Op
 	state       reqState
+	notify      bool   // post a Notify slice (index nslices) after the data
+	tag         uint64 // the notification's tag
 }
 
 // New returns a ring drained by p. The engine uses it through NewRing.
@@ -359,11 +361,11 @@ func reserved(e *sq.Entry) bool {
 	// Entry is 64 bytes of 8-byte-aligned fields, so viewing it as eight
 	// words is sound; the words hold the reserved bytes at fixed places.
 	w := (*[8]uint64)(unsafe.Pointer(e))
-	return w[0]>>16&0xffff != 0 || w[1]>>32 != 0 || w[7] != 0
+	return w[0]>>16&0xffff != 0 || w[1]>>32 != 0
 }
 
 func (r *Ring) start(e *sq.Entry, t int64) {
-	if e.Flags&^sq.FlagsMask != 0 || reserved(e) || !e.Op.Valid() {
+	if e.Flags&^sq.FlagsMask != 0 || reserved(e) || !e.Op.Valid() || (e.Flags&sq.FlagNotify != 0 && e.Op != sq.Write) {
 		r.complete(e.UserData, cq.CodeInvalid, 0)
 		return
 	}
@@ -434,6 +436,9 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	if e.Op == sq.Write {
 		q.op = transport.Write
 	}
+	if e.Flags&sq.FlagNotify != 0 {
+		q.notify, q.tag = true, e.Tag
+	}
 	r.rail++
 	r.active++
 	if deadline < r.nextCheck || r.active == 1 {
@@ -453,8 +458,10 @@ func sliceCount(n, size uint64) uint32 {
 	if c > 1 && n-(c-1)*size < size/4 {
 		c--
 	}
-	if c > 1<<sliceBits-1 {
-		c = 1<<sliceBits - 1 // MaxLength keeps this out of reach; stay in range anyway
+	if c > 1<<sliceBits-2 {
+		// MaxLength keeps this out of reach; stay in range anyway, with
+		// index c free for a notification.
+		c = 1<<sliceBits - 2
 	}
 	return uint32(c)
 }
@@ -543,17 +550,39 @@ func (r *Ring) add(q *request, tok uint64) bool {
 		}
 	}
 	_, _, i := splitToken(tok)
-	off, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
 	rails := ep.Rails()
 	r.batchEP = ep
 	r.batch = r.batch[:len(r.batch)+1]
 	sl := &r.batch[len(r.batch)-1]
-	sl.Op = q.op
 	sl.Rail = uint16((uint64(q.rail) + uint64(i) + attempt(tok)) % uint64(rails))
 	sl.LocalHandle = q.handle
+	sl.Token = tok
+	if i == q.nslices { // the notification, after every data slice
+		msg := r.message(q.userData)
+		sl.Op, sl.Remote, sl.Length = transport.Notify, q.tag, uint64(len(msg))
+		sl.Local = unsafe.Pointer(unsafe.SliceData(msg))
+		return true
+	}
+	off, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
+	sl.Op = q.op
 	sl.Local = q.buf.Pointer(q.local + off)
-	sl.Remote, sl.Length, sl.Token = q.remote+off, n, tok
+	sl.Remote, sl.Length = q.remote+off, n
 	return true
+}
+
+// Messenger is implemented by Sinks that attach a message to the
+// notification of a request with FlagNotify.
+type Messenger interface {
+	// Message returns the message of userData's notification (at most
+	// transport.MaxNotifyMessage bytes), valid until the request completes.
+	Message(userData uint64) []byte
+}
+
+func (r *Ring) message(userData uint64) []byte {
+	if m, ok := r.cfg.Sink.(Messenger); ok {
+		return m.Message(userData)
+	}
+	return nil
 }
 
 // flush posts the batch and reports whether the endpoint took all of it.
@@ -669,12 +698,19 @@ func (r *Ring) applySlice(tok uint64, code cq.Code) {
 		if q.outstanding == 0 {
 			r.release(idx)
 		}
+	case code == cq.CodeOK && i == q.nslices: // the notification was taken
+		r.finish(idx, cq.CodeOK)
 	case code == cq.CodeOK:
 		_, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
 		q.bytes += n
 		q.done++
 		if q.done == q.nslices {
-			r.finish(idx, cq.CodeOK)
+			if q.notify {
+				// Every byte is in place: now the notification.
+				r.redo = append(r.redo, token(idx, gen, q.nslices))
+			} else {
+				r.finish(idx, cq.CodeOK)
+			}
 		}
 	case code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit:
 		q.retries++

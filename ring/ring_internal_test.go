@@ -144,8 +144,9 @@ func TestTokenRoundTrip(t *testing.T) {
 		}
 	}
 	// The slice count never exceeds what a token can name.
-	if c := sliceCount(DefaultMaxLength, 1); c != 1<<sliceBits-1 {
-		t.Fatalf("sliceCount(1 TiB, 1) = %d, want the cap %d", c, 1<<sliceBits-1)
+	// (One index is kept free for the notification slice.)
+	if c := sliceCount(DefaultMaxLength, 1); c != 1<<sliceBits-2 {
+		t.Fatalf("sliceCount(1 TiB, 1) = %d, want the cap %d", c, 1<<sliceBits-2)
 	}
 }
 
@@ -985,15 +986,15 @@ func TestBadEntries(t *testing.T) {
 		{"nop", cq.CodeOK, func(e *sq.Entry) { e.Op = sq.Nop }},
 		{"unknown op 4", cq.CodeInvalid, func(e *sq.Entry) { e.Op = 4 }},
 		{"unknown op 255", cq.CodeInvalid, func(e *sq.Entry) { e.Op = 255 }},
-		{"unknown flag", cq.CodeInvalid, func(e *sq.Entry) { e.Flags = 1 }},
+		{"unknown flag", cq.CodeInvalid, func(e *sq.Entry) { e.Flags = 2 }},
+		{"notify on a read", cq.CodeInvalid, func(e *sq.Entry) { e.Op = sq.Read; e.Flags = sq.FlagNotify }},
 		{"high flag", cq.CodeInvalid, func(e *sq.Entry) { e.Flags = 0x80 }},
 		{"reserved byte 2", cq.CodeInvalid, reservedAt(2)},
 		{"reserved byte 3", cq.CodeInvalid, reservedAt(3)},
 		{"reserved byte 12", cq.CodeInvalid, reservedAt(12)},
 		{"reserved byte 15", cq.CodeInvalid, reservedAt(15)},
-		{"reserved byte 56", cq.CodeInvalid, reservedAt(56)},
-		{"reserved byte 63", cq.CodeInvalid, reservedAt(63)},
-		{"reserved byte on a nop", cq.CodeInvalid, func(e *sq.Entry) { e.Op = sq.Nop; reservedAt(60)(e) }},
+		{"reserved byte 13", cq.CodeInvalid, reservedAt(13)},
+		{"reserved byte on a nop", cq.CodeInvalid, func(e *sq.Entry) { e.Op = sq.Nop; reservedAt(14)(e) }},
 		{"zero length", cq.CodeLength, func(e *sq.Entry) { e.Length = 0 }},
 		{"length over MaxLength", cq.CodeLength, func(e *sq.Entry) { e.Length = 2<<20 + 1 }},
 		{"huge length", cq.CodeLength, func(e *sq.Entry) { e.Length = math.MaxUint64 }},

@@ -66,8 +66,17 @@ func (o Op) Valid() bool { return o < opCount }
 // Flags modify an Entry.
 type Flags uint8
 
+// Flags of an Entry.
+const (
+	// FlagNotify, on a Write, delivers a notification (Tag, and for the
+	// batch API a short message) to the target engine once every byte of
+	// the request is in its memory; the request completes only after the
+	// target has taken the notification.
+	FlagNotify Flags = 1 << iota
+)
+
 // FlagsMask holds the flags this version knows; others are refused.
-const FlagsMask Flags = 0
+const FlagsMask = FlagNotify
 
 // Entry is one submission slot: 64 bytes, one cache line, no pointers.
 // Reserved bytes must be zero; an entry with non-zero reserved bytes, an
@@ -90,7 +99,8 @@ type Entry struct {
 	// Timeout is the request's deadline in nanoseconds after the poller takes
 	// it; 0 means the engine's default.
 	Timeout uint64
-	_       [8]byte // reserved, zero
+	// Tag is the notification's tag when Flags has FlagNotify.
+	Tag uint64
 }
 
 // EntrySize is the size of an Entry in bytes.
@@ -128,16 +138,17 @@ func (e *Entry) MarshalTo(b []byte) error {
 	binary.LittleEndian.PutUint64(b[32:], e.Length)
 	binary.LittleEndian.PutUint64(b[40:], e.UserData)
 	binary.LittleEndian.PutUint64(b[48:], e.Timeout)
+	binary.LittleEndian.PutUint64(b[56:], e.Tag)
 	return nil
 }
 
-// UnmarshalFrom decodes b into e. Bytes 2-3, 12-15 and 56-63 are reserved
-// and must be zero.
+// UnmarshalFrom decodes b into e. Bytes 2-3 and 12-15 are reserved and
+// must be zero.
 func (e *Entry) UnmarshalFrom(b []byte) error {
 	if len(b) != EntrySize {
 		return ErrShort
 	}
-	if b[2]|b[3]|b[12]|b[13]|b[14]|b[15] != 0 || binary.LittleEndian.Uint64(b[56:]) != 0 {
+	if b[2]|b[3]|b[12]|b[13]|b[14]|b[15] != 0 {
 		return ErrReserved
 	}
 	*e = Entry{
@@ -150,6 +161,7 @@ func (e *Entry) UnmarshalFrom(b []byte) error {
 		Length:   binary.LittleEndian.Uint64(b[32:]),
 		UserData: binary.LittleEndian.Uint64(b[40:]),
 		Timeout:  binary.LittleEndian.Uint64(b[48:]),
+		Tag:      binary.LittleEndian.Uint64(b[56:]),
 	}
 	return nil
 }

@@ -103,7 +103,7 @@ func TestMarshalClearsBuffer(t *testing.T) {
 	}
 }
 
-var reservedBytes = []int{2, 3, 12, 13, 14, 15, 56, 57, 58, 59, 60, 61, 62, 63}
+var reservedBytes = []int{2, 3, 12, 13, 14, 15}
 
 func TestEntryReservedRefused(t *testing.T) {
 	e := sq.Entry{Op: sq.Read, Segment: 3, Buffer: 4, Local: 5, Remote: 6, Length: 7, UserData: 8, Timeout: 9}

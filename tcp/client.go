@@ -129,6 +129,24 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 	}
 	for i := range s {
 		sl := &s[i]
+		if sl.Op == transport.Notify {
+			if sl.Length > transport.MaxNotifyMessage {
+				c.Complete(sl.Token, transport.ErrRange)
+				continue
+			}
+			cn := e.rail(int(sl.Rail))
+			if cn == nil {
+				return i, transport.ErrPeer
+			}
+			ok, err := cn.post(c, sl, &remoteBuf{})
+			if err != nil {
+				return i, err
+			}
+			if !ok {
+				return i, nil
+			}
+			continue
+		}
 		if sl.Length > uint64(e.maxLen.Load()) {
 			c.Complete(sl.Token, fmt.Errorf("tcp: slice of %d bytes above the peer's limit: %w", sl.Length, transport.ErrRange))
 			continue
@@ -262,7 +280,7 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 	}
 	raw.SetDeadline(time.Time{})
 	e.maxLen.Store(maxLen)
-	c := &conn{e: e, nc: nc, br: br, bell: sq.NewDoorbell(), hdrs: make([][reqSize]byte, e.t.cfg.Depth),
+	c := &conn{e: e, nc: nc, br: br, bell: sq.NewDoorbell(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
 		quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
 	go c.send()
@@ -334,7 +352,8 @@ type conn struct {
 	br   *bufio.Reader
 	q    *mpsc.Queue[pending]
 	bell *sq.Doorbell
-	hdrs [][reqSize]byte // request headers by slot, written by send
+	hdrs  [][reqSize]byte // request headers by slot, written by send
+	notes [][10 + 255]byte // NOTIFY payload prefixes by slot, written by send
 
 	// posting counts Posts in progress; failed is set once the connection
 	// broke. The failer waits for posting to drain after setting failed, so
@@ -393,10 +412,24 @@ func (c *conn) send() {
 			c.bell.Disarm()
 		}
 		iov = iov[:0]
-		for ; next < end && len(iov) < cap(iov)-1; next++ {
+		for ; next < end && len(iov) < cap(iov)-2; next++ {
 			p := c.q.Slot(next)
 			h := &c.hdrs[int(next)&(len(c.hdrs)-1)]
 			req = request{op: opRead, id: uint32(next), buffer: p.buffer, length: uint32(p.s.Length), key: p.key, addr: p.addr}
+			if p.s.Op == transport.Notify {
+				name := c.e.t.self
+				pre := c.notes[int(next)&(len(c.notes)-1)][:10+len(name)]
+				binary.BigEndian.PutUint64(pre, p.s.Remote)
+				binary.BigEndian.PutUint16(pre[8:], uint16(len(name)))
+				copy(pre[10:], name)
+				req = request{op: opNotify, id: uint32(next), length: uint32(len(pre)) + uint32(p.s.Length)}
+				req.encode(h[:])
+				iov = append(iov, h[:], pre)
+				if p.s.Length > 0 {
+					iov = append(iov, unsafe.Slice((*byte)(p.s.Local), p.s.Length))
+				}
+				continue
+			}
 			if p.s.Op == transport.Write {
 				req.op = opWrite
 			}
@@ -440,6 +473,8 @@ func (c *conn) receive() {
 			result = transport.ErrDenied
 		case stRange:
 			result = transport.ErrRange
+		case stBusy:
+			result = transport.ErrNotifyFull
 		}
 		if status == stOK && p.s.Op == transport.Read {
 			if _, err := io.ReadFull(c.br, unsafe.Slice((*byte)(p.s.Local), p.s.Length)); err != nil {

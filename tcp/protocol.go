@@ -16,12 +16,17 @@ const (
 	reqSize  = 32
 	respSize = 8
 
-	opRead  = 1
-	opWrite = 2
+	opRead   = 1
+	opWrite  = 2
+	opNotify = 3
 
 	stOK     = 0
 	stDenied = 1
 	stRange  = 2
+	stBusy   = 3
+
+	// maxNotify bounds a NOTIFY payload: tag, name length, name, message.
+	maxNotify = 8 + 2 + 255 + 4096
 
 	helloOK         = 0
 	helloBadVersion = 1
@@ -76,8 +81,10 @@ func (r *request) decode(b []byte, maxLen uint32) error {
 		addr:   binary.BigEndian.Uint64(b[24:]),
 	}
 	switch {
-	case r.op != opRead && r.op != opWrite:
+	case r.op < opRead || r.op > opNotify:
 		return fmt.Errorf("%w: unknown op %d", ErrProtocol, r.op)
+	case r.op == opNotify && (r.buffer != 0 || r.key != 0 || r.addr != 0 || r.length < 10 || r.length > maxNotify):
+		return fmt.Errorf("%w: bad notify frame", ErrProtocol)
 	case b[1]|b[2]|b[3] != 0:
 		return fmt.Errorf("%w: flags or reserved bytes set", ErrProtocol)
 	case r.length == 0 || r.length > maxLen:
@@ -94,7 +101,7 @@ func encodeResp(b []byte, id uint32, status uint8) {
 
 func decodeResp(b []byte) (id uint32, status uint8, err error) {
 	_ = b[respSize-1]
-	if b[5]|b[6]|b[7] != 0 || b[4] > stRange {
+	if b[5]|b[6]|b[7] != 0 || b[4] > stBusy {
 		return 0, 0, fmt.Errorf("%w: bad response", ErrProtocol)
 	}
 	return binary.BigEndian.Uint32(b), b[4], nil

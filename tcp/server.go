@@ -12,6 +12,8 @@ import (
 	"net"
 	"time"
 	"unsafe"
+
+	"github.com/moonring/moonring/transport"
 )
 
 const helloTimeout = 10 * time.Second
@@ -138,6 +140,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 		out  = make([]byte, 0, 64<<10)
 		iov  [2][]byte
 		bufs net.Buffers
+		note [maxNotify]byte
 	)
 	flush := func(payload []byte) error {
 		if len(payload) == 0 {
@@ -166,6 +169,18 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 		}
 		if err := req.decode(hdr[:], t.cfg.MaxLength); err != nil {
 			return err
+		}
+		if req.op == opNotify {
+			if _, err := io.ReadFull(br, note[:req.length]); err != nil {
+				return err
+			}
+			status, err := t.notify(note[:req.length])
+			if err != nil {
+				return err
+			}
+			out = out[:len(out)+respSize]
+			encodeResp(out[len(out)-respSize:], req.id, status)
+			continue
 		}
 		r, status := t.check(&req)
 		if req.op == opWrite {
@@ -206,6 +221,23 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 			return err
 		}
 	}
+}
+
+// notify delivers a NOTIFY payload: tag u64, name length u16, name, msg.
+func (t *Transport) notify(p []byte) (uint8, error) {
+	tag, nl := binary.BigEndian.Uint64(p), int(binary.BigEndian.Uint16(p[8:]))
+	if nl > 255 || 10+nl > len(p) {
+		return 0, fmt.Errorf("%w: bad notify payload", ErrProtocol)
+	}
+	d := t.deliver.Load()
+	if d == nil {
+		return stDenied, nil
+	}
+	n := transport.Notification{From: string(p[10 : 10+nl]), Tag: tag, Msg: p[10+nl:]}
+	if err := (*d)(&n); err != nil {
+		return stBusy, nil
+	}
+	return stOK, nil
 }
 
 // check finds the request's region and holds it; nil with the status to

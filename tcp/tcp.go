@@ -119,6 +119,8 @@ type Transport struct {
 	closed   atomic.Bool
 	wg       sync.WaitGroup
 	shutdown chan struct{}
+	self     string // the engine's segment name, sent as From
+	deliver  atomic.Pointer[func(*transport.Notification) error]
 }
 
 type region struct {
@@ -130,7 +132,20 @@ type region struct {
 	ref    segtable.Ref
 }
 
-var _ transport.Transport = (*Transport)(nil)
+var (
+	_ transport.Transport = (*Transport)(nil)
+	_ transport.Notifier  = (*Transport)(nil)
+)
+
+// SetNotify sets the engine's name, sent with its notifications, and the
+// function that takes the notifications peers send.
+func (t *Transport) SetNotify(self string, deliver func(*transport.Notification) error) {
+	if len(self) > 255 {
+		self = self[:255]
+	}
+	t.self = self
+	t.deliver.Store(&deliver)
+}
 
 // New listens on cfg.Listen and starts serving.
 func New(cfg Config) (*Transport, error) {

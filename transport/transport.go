@@ -9,8 +9,9 @@
 // # Concurrency
 //
 // Register, Unregister, Open and Close may be called from any goroutine.
-// Post on one Endpoint is called by one poller at a time; Complete may be
-// called from any goroutine, including from inside Post.
+// Post may be called by several pollers at once (rings of every NUMA node
+// share a segment's endpoint); Complete may be called from any goroutine,
+// including from inside Post.
 //
 // # Lifetimes
 //
@@ -59,7 +60,35 @@ const (
 	Read Op = 1
 	// Write moves Length bytes from Local to Remote.
 	Write Op = 2
+	// Notify delivers a notification to the peer engine: Remote is the tag,
+	// [Local, Local+Length) the message (Length may be 0). The engine posts
+	// it only after the request's Write slices completed.
+	Notify Op = 3
 )
+
+// MaxNotifyMessage bounds a notification's message.
+const MaxNotifyMessage = 4096
+
+// Notification is what a Notify slice delivers to the target engine.
+type Notification struct {
+	// From is the initiating engine's segment name.
+	From string
+	Tag  uint64
+	// Msg is valid only during the delivery call.
+	Msg []byte
+}
+
+// Notifier is implemented by transports that carry notifications. The
+// engine calls SetNotify once, before any Open, with its own segment name
+// (sent as From) and the function that takes delivered notifications. The
+// function does not block; it fails (the engine's queue is full) with an
+// error the transport passes back to the sender as a retryable failure.
+type Notifier interface {
+	SetNotify(self string, deliver func(*Notification) error)
+}
+
+// ErrNotifyFull reports a notification the target engine could not queue.
+var ErrNotifyFull = errors.New("transport: target's notification queue is full")
 
 // Slice is one piece of a request that a transport moves in one operation on
 // one rail.
@@ -118,7 +147,8 @@ type Endpoint interface {
 	Rails() int
 	// Post starts the slices and returns how many it accepted, in order.
 	// Fewer than len(s) means the endpoint is full: the caller retries the
-	// rest later. An error means the endpoint cannot take slices at all.
+	// rest later. An error means the endpoint cannot take the slices from
+	// the n-th on. Rings of several pollers may call Post at once.
 	Post(c Completer, s []Slice) (int, error)
 	// Update gives the endpoint the segment's new descriptor (its peer
 	// republished).
