@@ -52,9 +52,9 @@ type Transport struct {
 	id      string
 	self    string // the engine's segment name, the From of notifications
 	deliver atomic.Pointer[func(*transport.Notification) error]
-	mu     sync.Mutex // serializes changes of regs
-	regs   atomic.Pointer[[]*region]
-	closed atomic.Bool
+	mu      sync.Mutex // serializes changes of regs
+	regs    atomic.Pointer[[]*region]
+	closed  atomic.Bool
 }
 
 type region struct {

@@ -347,12 +347,12 @@ type pending struct {
 // positions it has not written yet, up to q.Committed(); receive reads the
 // responses in order and releases positions from q's head.
 type conn struct {
-	e    *Endpoint
-	nc   net.Conn
-	br   *bufio.Reader
-	q    *mpsc.Queue[pending]
-	bell *sq.Doorbell
-	hdrs  [][reqSize]byte // request headers by slot, written by send
+	e     *Endpoint
+	nc    net.Conn
+	br    *bufio.Reader
+	q     *mpsc.Queue[pending]
+	bell  *sq.Doorbell
+	hdrs  [][reqSize]byte  // request headers by slot, written by send
 	notes [][10 + 255]byte // NOTIFY payload prefixes by slot, written by send
 
 	// posting counts Posts in progress; failed is set once the connection
