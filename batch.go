@@ -333,7 +333,7 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 			n++
 		}
 		if r, err = e.batches.ring(node); err != nil {
-			e.failTasks(b, b.submitted+start, len(reqs)-start)
+			e.failTasks(b, b.submitted+start, len(reqs)-start, cq.CodeClosed)
 			b.submitted += len(reqs) // the tasks pushed before run
 			return err
 		}
@@ -343,7 +343,7 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 			// rest are failed here (and leave the unfinished count). All
 			// count as submitted, so no later call reuses their numbers.
 			b.unfinished.Add(-int64(n - pushed))
-			e.failTasks(b, b.submitted+start+pushed, len(reqs)-start-pushed)
+			e.failTasks(b, b.submitted+start+pushed, len(reqs)-start-pushed, cq.CodeOf(err))
 			b.submitted += len(reqs)
 			return fmt.Errorf("moonring: submit to batch %#x: %w", uint64(id), err)
 		}
@@ -403,10 +403,11 @@ func (e *Engine) push(r *ring.Ring, es []sq.Entry) (int, error) {
 	}
 }
 
-// failTasks marks n tasks from first FAILED (they were never pushed).
-func (e *Engine) failTasks(b *batch, first, n int) {
+// failTasks marks n tasks from first FAILED with code (they were never
+// pushed).
+func (e *Engine) failTasks(b *batch, first, n int, code cq.Code) {
 	for i := first; i < first+n && i < b.size; i++ {
-		b.tasks[i].code.Store(uint32(cq.CodeClosed))
+		b.tasks[i].code.Store(uint32(code))
 		b.tasks[i].status.Store(uint32(cq.Failed))
 	}
 }

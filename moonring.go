@@ -85,9 +85,11 @@ var (
 	ErrTransport   = cq.ErrTransport
 	ErrDenied      = cq.ErrDenied
 	ErrNoTransport = cq.ErrNoTransport
+	ErrQueueFull   = cq.ErrQueueFull
 	// ErrClosed: the engine (or ring) is closed. Equals os.ErrClosed.
 	ErrClosed = cq.ErrClosed
-	// ErrSQFull: a submission queue is full; reap, then retry.
+	// ErrSQFull: a submission queue is full; reap, then retry. It is
+	// ErrQueueFull, also the code of batch tasks that could not be queued.
 	ErrSQFull = ring.ErrSQFull
 )
 

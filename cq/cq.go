@@ -85,6 +85,7 @@ const (
 	CodeDenied
 	CodeClosed
 	CodeNoTransport
+	CodeQueueFull
 	codeCount
 )
 
@@ -118,6 +119,9 @@ var (
 	ErrClosed = os.ErrClosed
 	// ErrNoTransport: no installed transport reaches the segment.
 	ErrNoTransport = errors.New("moonring: no transport for segment")
+	// ErrQueueFull: the submission queue stayed full; the request was not
+	// submitted. Reap completions, then retry.
+	ErrQueueFull = errors.New("moonring: submission queue full")
 )
 
 var codeErrs = [codeCount]error{
@@ -125,7 +129,7 @@ var codeErrs = [codeCount]error{
 	CodeLocalRange: ErrLocalRange, CodeBadSegment: ErrBadSegment,
 	CodeRemoteRange: ErrRemoteRange, CodeLength: ErrLength, CodeTimeout: ErrTimeout,
 	CodeCanceled: ErrCanceled, CodeTransport: ErrTransport, CodeDenied: ErrDenied,
-	CodeClosed: ErrClosed, CodeNoTransport: ErrNoTransport,
+	CodeClosed: ErrClosed, CodeNoTransport: ErrNoTransport, CodeQueueFull: ErrQueueFull,
 }
 
 var errUnknownCode = errors.New("moonring: unknown error code")

@@ -45,6 +45,7 @@ var allCodes = []struct {
 	{cq.CodeDenied, cq.ErrDenied, cq.Failed},
 	{cq.CodeClosed, cq.ErrClosed, cq.Failed},
 	{cq.CodeNoTransport, cq.ErrNoTransport, cq.Failed},
+	{cq.CodeQueueFull, cq.ErrQueueFull, cq.Failed},
 }
 
 func TestCodes(t *testing.T) {
@@ -245,7 +246,7 @@ func (o cqOp) String() string {
 }
 
 func completion(v uint64) cq.Completion {
-	return cq.Completion{UserData: v, Bytes: v * 7, Status: cq.Status(v % 6), Code: cq.Code(v % 13)}
+	return cq.Completion{UserData: v, Bytes: v * 7, Status: cq.Status(v % 6), Code: cq.Code(v % 14)}
 }
 
 // runCQOps applies ops to an 8-slot ring with an eventfd and to a FIFO: the

@@ -18,7 +18,7 @@ import (
 // Errors returned by Ring methods.
 var (
 	// ErrSQFull: the submission queue is full; reap completions, then retry.
-	ErrSQFull = errors.New("ring: submission queue full")
+	ErrSQFull = cq.ErrQueueFull
 	// ErrClosed: the ring is closed.
 	ErrClosed = cq.ErrClosed
 )
@@ -46,7 +46,8 @@ type Config struct {
 	MaxSlices int
 	// SliceSize is used for transports that name none (default 64 KiB).
 	SliceSize uint64
-	// RetryLimit is how many failed slices a request may retry (default 3).
+	// RetryLimit is how many failed slices a request may retry (default 3;
+	// negative: none).
 	RetryLimit int
 	// Timeout is the deadline of entries with Timeout 0 (default 30 s).
 	Timeout time.Duration
@@ -85,6 +86,8 @@ func (c *Config) fill() error {
 	}
 	if c.RetryLimit == 0 {
 		c.RetryLimit = DefaultRetryLimit
+	} else if c.RetryLimit < 0 {
+		c.RetryLimit = 0
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
@@ -601,9 +604,7 @@ func (r *Ring) flush() bool {
 	}
 	r.outstanding += len(r.batch)
 	n, err := r.batchEP.Post(r, r.batch)
-	if err != nil {
-		n = 0
-	}
+	n = min(max(n, 0), len(r.batch)) // slices before n were accepted, error or not
 	rest := r.batch[n:]
 	for _, s := range rest {
 		r.reqs[s.Token&(1<<idxBits-1)].outstanding--
