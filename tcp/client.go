@@ -11,12 +11,16 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/moonring/moonring/internal/mpsc"
 	"github.com/moonring/moonring/segtable"
@@ -123,9 +127,29 @@ func (e *Endpoint) find(addr, n uint64) *remoteBuf {
 // Post queues the slices on their rails. It accepts slices in order until
 // a rail is full (the rest are for later) or down (ErrPeer for the rest, so
 // the engine retries them on another rail).
-func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
+func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (n int, err error) {
 	if e.closed.Load() {
 		return 0, transport.ErrClosed
+	}
+	var touched [4]*conn // the rails posted to, kicked once at the end
+	defer func() {
+		for _, cn := range touched {
+			if cn != nil {
+				cn.kick()
+			}
+		}
+	}()
+	touch := func(cn *conn) {
+		for i, t := range touched {
+			if t == cn {
+				return
+			}
+			if t == nil {
+				touched[i] = cn
+				return
+			}
+		}
+		cn.kick() // more rails than slots: kick at once
 	}
 	for i := range s {
 		sl := &s[i]
@@ -145,6 +169,7 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 			if !ok {
 				return i, nil
 			}
+			touch(cn)
 			continue
 		}
 		if sl.Length > uint64(e.maxLen.Load()) {
@@ -167,6 +192,7 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 		if !ok {
 			return i, nil
 		}
+		touch(cn)
 	}
 	return len(s), nil
 }
@@ -283,6 +309,16 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 	c := &conn{e: e, nc: nc, br: br, bell: sq.NewDoorbell(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
 		quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
+	c.iov = make([][]byte, 0, 192)
+	c.sizes = make([]int, 0, 192)
+	if tc, ok := nc.(*net.TCPConn); ok {
+		c.rc, _ = tc.SyscallConn()
+		// Made once: a closure per kick would allocate.
+		c.writeFn = func(fd uintptr) bool {
+			c.wn, c.werr = unix.Writev(int(fd), c.wiov)
+			return true // never wait: the sender goroutine does that
+		}
+	}
 	go c.send()
 	go c.receive()
 	return c, nil
@@ -358,10 +394,26 @@ type conn struct {
 	// posting counts Posts in progress; failed is set once the connection
 	// broke. The failer waits for posting to drain after setting failed, so
 	// no slice is left behind in a dead queue.
-	posting  atomic.Int32
-	failed   atomic.Bool
-	once     sync.Once
-	err      error         // why it failed; written once, read after dead closes
+	posting atomic.Int32
+	failed  atomic.Bool
+	once    sync.Once
+	err     error // why it failed; written once, read after dead closes
+	// sending is held by whoever writes frames: kick (on a poller, with
+	// non-blocking writes) or send. next and off (the first frame not fully
+	// written and how much of it is) belong to the holder; sent mirrors next
+	// for the sender's parking check.
+	sending atomic.Bool
+	next    uint64
+	off     int
+	sent    atomic.Uint64
+	iov     [][]byte
+	sizes   []int           // of the frames gather last gathered
+	rc      syscall.RawConn // nil on TLS: every frame goes through send
+	writeFn func(fd uintptr) bool
+	wiov    [][]byte
+	wn      int
+	werr    error
+
 	quit     chan struct{} // closed when the connection fails
 	sendDone chan struct{}
 	recvDone chan struct{}
@@ -383,25 +435,115 @@ func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf) 
 	p.s, p.c = *s, comp
 	p.buffer, p.key, p.addr = b.id, b.key, s.Remote
 	c.q.Commit(pos, 1)
-	c.bell.Ring()
 	return true, nil
 }
 
-// send writes request frames, WRITE payloads straight from registered
-// memory, many frames per writev.
+// frame appends the iovecs of the request frame at pos: its header (built
+// into hdrs), then a WRITE's payload or a NOTIFY's prefix and message,
+// skipping the first skip bytes. It returns the frame's size.
+func (c *conn) frame(iov [][]byte, pos uint64, skip int) ([][]byte, int) {
+	p := c.q.Slot(pos)
+	h := c.hdrs[int(pos)&(len(c.hdrs)-1)][:]
+	req := request{op: opRead, id: uint32(pos), buffer: p.buffer, length: uint32(p.s.Length), key: p.key, addr: p.addr}
+	parts := [3][]byte{h}
+	switch p.s.Op {
+	case transport.Notify:
+		name := c.e.t.self
+		pre := c.notes[int(pos)&(len(c.notes)-1)][:10+len(name)]
+		binary.BigEndian.PutUint64(pre, p.s.Remote)
+		binary.BigEndian.PutUint16(pre[8:], uint16(len(name)))
+		copy(pre[10:], name)
+		req = request{op: opNotify, id: uint32(pos), length: uint32(len(pre)) + uint32(p.s.Length)}
+		parts[1] = pre
+		if p.s.Length > 0 {
+			parts[2] = unsafe.Slice((*byte)(p.s.Local), p.s.Length)
+		}
+	case transport.Write:
+		req.op = opWrite
+		parts[1] = unsafe.Slice((*byte)(p.s.Local), p.s.Length)
+	}
+	req.encode(h)
+	size := 0
+	for _, b := range parts {
+		size += len(b)
+		if skip >= len(b) {
+			skip -= len(b)
+			continue
+		}
+		iov = append(iov, b[skip:])
+		skip = 0
+	}
+	return iov, size
+}
+
+// gather builds the iovecs of the frames from c.next (less c.off bytes
+// already written) up to end. The sending flag must be held.
+// It records the frames' sizes for advance: once written, a frame's slot
+// may be completed and cleared by the receiver at any moment.
+func (c *conn) gather(end uint64) [][]byte {
+	iov := c.iov[:0]
+	c.sizes = c.sizes[:0]
+	skip := c.off
+	for pos := c.next; pos < end && len(iov) < cap(iov)-3; pos++ {
+		var size int
+		iov, size = c.frame(iov, pos, skip)
+		c.sizes = append(c.sizes, size)
+		skip = 0
+	}
+	return iov
+}
+
+// advance moves c.next and c.off past n written bytes. The sending flag
+// must be held.
+func (c *conn) advance(n int) {
+	for k := 0; n > 0; k++ {
+		if left := c.sizes[k] - c.off; n >= left {
+			n -= left
+			c.next++
+			c.off = 0
+		} else {
+			c.off += n
+			n = 0
+		}
+	}
+	c.sent.Store(c.next)
+}
+
+// kick gets the queued frames going: on the caller's goroutine with
+// non-blocking writes when the socket takes them (no hand-off, no wakeup),
+// else through the sender goroutine.
+func (c *conn) kick() {
+	if c.rc == nil || !c.sending.CompareAndSwap(false, true) {
+		c.bell.Ring()
+		return
+	}
+	for c.next < c.q.Committed() {
+		c.wiov = c.gather(c.q.Committed())
+		raceRelease()
+		c.rc.Write(c.writeFn)
+		n, err := c.wn, c.werr
+		if n > 0 {
+			c.advance(n)
+		}
+		if err != nil || n == 0 {
+			break // the socket is full (or broken): leave it to the sender
+		}
+	}
+	pending := c.next < c.q.Committed()
+	c.sending.Store(false)
+	if pending {
+		c.bell.Ring()
+	}
+}
+
+// send writes the frames that kick left, blocking as the socket needs.
 func (c *conn) send() {
 	defer close(c.sendDone)
-	var (
-		next uint64 // first position not yet written
-		iov  = make([][]byte, 0, 128)
-		bufs net.Buffers
-		req  request
-	)
+	var bufs net.Buffers
 	for {
-		end := c.q.Committed()
-		if next == end {
+		if c.sent.Load() == c.q.Committed() {
 			c.bell.Arm()
-			if end = c.q.Committed(); next == end {
+			if c.sent.Load() == c.q.Committed() {
 				select {
 				case <-c.bell.C():
 				case <-c.quit:
@@ -411,40 +553,23 @@ func (c *conn) send() {
 			}
 			c.bell.Disarm()
 		}
-		iov = iov[:0]
-		for ; next < end && len(iov) < cap(iov)-2; next++ {
-			p := c.q.Slot(next)
-			h := &c.hdrs[int(next)&(len(c.hdrs)-1)]
-			req = request{op: opRead, id: uint32(next), buffer: p.buffer, length: uint32(p.s.Length), key: p.key, addr: p.addr}
-			if p.s.Op == transport.Notify {
-				name := c.e.t.self
-				pre := c.notes[int(next)&(len(c.notes)-1)][:10+len(name)]
-				binary.BigEndian.PutUint64(pre, p.s.Remote)
-				binary.BigEndian.PutUint16(pre[8:], uint16(len(name)))
-				copy(pre[10:], name)
-				req = request{op: opNotify, id: uint32(next), length: uint32(len(pre)) + uint32(p.s.Length)}
-				req.encode(h[:])
-				iov = append(iov, h[:], pre)
-				if p.s.Length > 0 {
-					iov = append(iov, unsafe.Slice((*byte)(p.s.Local), p.s.Length))
-				}
-				continue
-			}
-			if p.s.Op == transport.Write {
-				req.op = opWrite
-			}
-			req.encode(h[:])
-			iov = append(iov, h[:])
-			if req.op == opWrite {
-				iov = append(iov, unsafe.Slice((*byte)(p.s.Local), p.s.Length))
+		if !c.sending.CompareAndSwap(false, true) {
+			runtime.Gosched() // a kick is writing; it hands over what it leaves
+			continue
+		}
+		end := c.q.Committed()
+		for c.next < end {
+			bufs = c.gather(end)
+			raceRelease()
+			n, err := bufs.WriteTo(c.nc)
+			c.advance(int(n))
+			if err != nil {
+				c.sending.Store(false)
+				c.fail(fmt.Errorf("%w: send: %v", transport.ErrPeer, err))
+				return
 			}
 		}
-		bufs = iov
-		raceRelease()
-		if _, err := bufs.WriteTo(c.nc); err != nil {
-			c.fail(fmt.Errorf("%w: send: %v", transport.ErrPeer, err))
-			return
-		}
+		c.sending.Store(false)
 	}
 }
 
