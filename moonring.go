@@ -712,11 +712,15 @@ func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 	go func() {
 		defer e.watchWG.Done()
 		for ev := range ch {
-			if ev.Deleted || ev.Desc == nil || ev.Desc.Epoch != s.Desc().Epoch {
-				// Gone or restarted: requests to the old incarnation will
-				// fail at its endpoint; the caller reopens the segment.
+			if ev.Deleted || ev.Desc == nil {
+				// Gone: requests fail at the endpoint until the peer is back
+				// (a new epoch arrives here) or the caller closes the segment.
 				continue
 			}
+			// The same engine republished, or a restarted one (a new epoch)
+			// took the name: either way the endpoint follows the new
+			// descriptor (a transport redials a new address and keys), and
+			// the SegmentID stays valid.
 			s.Endpoint.Update(ev.Desc)
 			s.SetDesc(ev.Desc)
 		}

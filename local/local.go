@@ -169,14 +169,19 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	if !ok {
 		return nil, fmt.Errorf("local: open %s: %w", desc.Name, transport.ErrUnreachable)
 	}
-	e := &Endpoint{from: t, to: v.(*Transport)}
+	e := &Endpoint{from: t}
+	e.to.Store(v.(*Transport))
 	e.Update(desc)
 	return e, nil
 }
 
 // Self returns the endpoint for the engine's own segment: it reaches every
 // buffer registered with t, remote-accessible or not.
-func (t *Transport) Self() transport.Endpoint { return &Endpoint{from: t, to: t, self: true} }
+func (t *Transport) Self() transport.Endpoint {
+	e := &Endpoint{from: t, self: true}
+	e.to.Store(t)
+	return e
+}
 
 // Close makes the transport unreachable; slices posted to it afterwards
 // fail with ErrClosed.
@@ -189,7 +194,8 @@ func (t *Transport) Close() error {
 
 // Endpoint copies to and from one engine of this process.
 type Endpoint struct {
-	from, to *Transport
+	from     *Transport
+	to       atomic.Pointer[Transport] // a restarted peer's is swapped in by Update
 	self     bool
 	keys     atomic.Pointer[[]keyRange] // from the descriptor, by address
 	closed   atomic.Bool
@@ -207,8 +213,12 @@ var (
 // Rails returns 1: a copy has one lane.
 func (e *Endpoint) Rails() int { return 1 }
 
-// Update takes the keys of the segment's buffers from desc.
+// Update takes the keys of the segment's buffers from desc, and the
+// engine that now publishes it (a restarted one) when that changed.
 func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
+	if v, ok := registry.Load(desc.Endpoints[Name]); ok && !e.self {
+		e.to.Store(v.(*Transport))
+	}
 	ks := make([]keyRange, 0, len(desc.Buffers))
 	for _, b := range desc.Buffers {
 		k, err := strconv.ParseUint(b.Keys[Name], 16, 64)
@@ -247,13 +257,14 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 
 // Copy moves one slice synchronously, with the checks of Post.
 func (e *Endpoint) Copy(s *transport.Slice) error {
-	if e.closed.Load() || e.to.closed.Load() || e.from.closed.Load() {
+	to := e.to.Load()
+	if e.closed.Load() || to.closed.Load() || e.from.closed.Load() {
 		return transport.ErrClosed
 	}
 	if s.Op == transport.Notify {
 		return e.notify(s)
 	}
-	r := find(e.to.list(), s.Remote, s.Length)
+	r := find(to.list(), s.Remote, s.Length)
 	if r == nil {
 		return transport.ErrRange
 	}
@@ -279,7 +290,7 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 }
 
 func (e *Endpoint) notify(s *transport.Slice) error {
-	d := e.to.deliver.Load()
+	d := e.to.Load().deliver.Load()
 	if d == nil {
 		return transport.ErrDenied // the target takes no notifications
 	}

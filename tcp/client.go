@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -33,14 +34,18 @@ import (
 type Endpoint struct {
 	t      *Transport
 	name   string
-	addr   string
-	key    []byte
+	dest   atomic.Pointer[dest] // where to dial; a restarted peer's replaces it
 	maxLen atomic.Uint32
 	bufs   atomic.Pointer[[]remoteBuf]
 	rails  []atomic.Pointer[conn]
 	closed atomic.Bool
 	stop   chan struct{}
 	wg     sync.WaitGroup
+}
+
+type dest struct {
+	addr string
+	key  []byte
 }
 
 type remoteBuf struct {
@@ -66,7 +71,8 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	if err != nil {
 		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, err)
 	}
-	e := &Endpoint{t: t, name: desc.Name, addr: addr, key: key, rails: make([]atomic.Pointer[conn], t.cfg.Rails), stop: make(chan struct{})}
+	e := &Endpoint{t: t, name: desc.Name, rails: make([]atomic.Pointer[conn], t.cfg.Rails), stop: make(chan struct{})}
+	e.dest.Store(&dest{addr, key})
 	e.Update(desc)
 	first, err := e.dial(ctx)
 	if err != nil {
@@ -92,8 +98,21 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 // Rails returns the number of connections.
 func (e *Endpoint) Rails() int { return len(e.rails) }
 
-// Update takes the buffers and keys of a republished descriptor.
+// Update takes the buffers and keys of a republished descriptor. When the
+// peer restarted (a new address or segment key), the rails are closed and
+// redialed there; their slices fail with ErrPeer and the engine retries
+// them.
 func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
+	if addr, key, err := e.t.parseEndpoint(desc.Endpoints[Name]); err == nil {
+		if old := e.dest.Load(); old != nil && (old.addr != addr || !bytes.Equal(old.key, key)) {
+			e.dest.Store(&dest{addr, key})
+			for i := range e.rails {
+				if c := e.rails[i].Load(); c != nil {
+					c.close(fmt.Errorf("%w: the peer moved to %s", transport.ErrPeer, addr))
+				}
+			}
+		}
+	}
 	bs := make([]remoteBuf, 0, len(desc.Buffers))
 	for _, b := range desc.Buffers {
 		id, key, ok := strings.Cut(b.Keys[Name], ".")
@@ -254,7 +273,7 @@ func (e *Endpoint) keep(i int, c *conn) {
 		nc, err := e.dial(ctx)
 		cancel()
 		if err != nil {
-			e.t.cfg.Logger.Info("tcp: dial", "segment", e.name, "addr", e.addr, "err", err, "retry in", backoff)
+			e.t.cfg.Logger.Info("tcp: dial", "segment", e.name, "addr", e.dest.Load().addr, "err", err, "retry in", backoff)
 			select {
 			case <-time.After(backoff):
 			case <-e.stop:
@@ -277,7 +296,8 @@ func (e *Endpoint) keep(i int, c *conn) {
 // dial connects, runs the hello and starts the connection's goroutines.
 func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 	d := net.Dialer{Timeout: e.t.cfg.DialTimeout}
-	raw, err := d.DialContext(ctx, "tcp", e.addr)
+	to := e.dest.Load()
+	raw, err := d.DialContext(ctx, "tcp", to.addr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", transport.ErrPeer, err)
 	}
@@ -290,8 +310,14 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 	} else {
 		raw.SetDeadline(time.Now().Add(helloTimeout))
 	}
-	if e.t.cfg.ClientTLS != nil {
-		tc := tls.Client(raw, e.t.cfg.ClientTLS)
+	if cfg := e.t.cfg.ClientTLS; cfg != nil {
+		if cfg.ServerName == "" {
+			// As tls.Dial does: verify the peer as the host dialed. One
+			// ClientTLS serves every peer, so it cannot name each of them.
+			cfg = cfg.Clone()
+			cfg.ServerName, _, _ = net.SplitHostPort(to.addr)
+		}
+		tc := tls.Client(raw, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			raw.Close()
 			return nil, fmt.Errorf("tcp: tls: %w", err)
@@ -299,7 +325,7 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 		nc = tc
 	}
 	br := bufio.NewReaderSize(nc, 64<<10)
-	maxLen, err := clientHello(nc, br, e.key)
+	maxLen, err := clientHello(nc, br, to.key)
 	if err != nil {
 		raw.Close()
 		return nil, err
