@@ -170,6 +170,14 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 		if err := req.decode(hdr[:], t.cfg.MaxLength); err != nil {
 			return err
 		}
+		// Make room for this request's response first: READ payloads copied
+		// into out can fill it to the byte (four pipelined 16376-byte READs
+		// do), and slicing out past its capacity would panic the process.
+		if cap(out)-len(out) < respSize {
+			if err := flush(nil); err != nil {
+				return err
+			}
+		}
 		if req.op == opNotify {
 			if _, err := io.ReadFull(br, note[:req.length]); err != nil {
 				return err
@@ -197,11 +205,6 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 			}
 			out = out[:len(out)+respSize]
 			encodeResp(out[len(out)-respSize:], req.id, status)
-			if len(out)+respSize > cap(out) {
-				if err := flush(nil); err != nil {
-					return err
-				}
-			}
 			continue
 		}
 		out = out[:len(out)+respSize]
