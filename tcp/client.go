@@ -324,8 +324,14 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 		}
 		nc = tc
 	}
+	// The hello's reads heed only the deadline: closing the socket is what
+	// makes ctx's end (Endpoint.Close stopping a redial) cut it short.
+	stop := context.AfterFunc(ctx, func() { raw.Close() })
 	br := bufio.NewReaderSize(nc, 64<<10)
 	maxLen, err := clientHello(nc, br, to.key)
+	if !stop() && err == nil {
+		err = fmt.Errorf("%w: hello: %v", transport.ErrPeer, context.Cause(ctx))
+	}
 	if err != nil {
 		raw.Close()
 		return nil, err
