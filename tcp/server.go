@@ -137,30 +137,40 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 	var (
 		hdr  [reqSize]byte
 		req  request
-		out  = make([]byte, 0, 64<<10)
-		iov  [2][]byte
-		bufs net.Buffers
 		note [maxNotify]byte
+		// Responses gather in out; READ payloads join them as iovecs that
+		// point into registered memory, whose regions stay held until the
+		// flush. out[mark:] is not yet in iovs.
+		out  = make([]byte, 0, 64<<10)
+		mark int
+		iovs = make([][]byte, 0, 64)
+		held = make([]*region, 0, 32)
+		bufs net.Buffers
 	)
-	flush := func(payload []byte) error {
-		if len(payload) == 0 {
-			if len(out) == 0 {
-				return nil
-			}
-			_, err := conn.Write(out)
-			out = out[:0]
-			return err
+	flush := func() error {
+		if mark < len(out) {
+			iovs = append(iovs, out[mark:])
 		}
-		iov[0], iov[1] = out, payload
-		bufs = iov[:]
-		raceRelease()
-		_, err := bufs.WriteTo(conn)
-		out = out[:0]
+		var err error
+		if len(iovs) > 0 {
+			raceRelease()
+			bufs = iovs
+			_, err = bufs.WriteTo(conn)
+		}
+		for _, r := range held {
+			r.ref.Release()
+		}
+		clear(held)
+		clear(iovs)
+		held, iovs, out, mark = held[:0], iovs[:0], out[:0], 0
 		return err
 	}
+	defer flush() // give back held regions on every way out
 	for {
+		// Write what is gathered before waiting for more requests, so a
+		// pipelined burst leaves in one writev and a lone request at once.
 		if br.Buffered() < reqSize {
-			if err := flush(nil); err != nil {
+			if err := flush(); err != nil {
 				return err
 			}
 		}
@@ -170,11 +180,11 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 		if err := req.decode(hdr[:], t.cfg.MaxLength); err != nil {
 			return err
 		}
-		// Make room for this request's response first: READ payloads copied
-		// into out can fill it to the byte (four pipelined 16376-byte READs
-		// do), and slicing out past its capacity would panic the process.
-		if cap(out)-len(out) < respSize {
-			if err := flush(nil); err != nil {
+		// Make room for this request's response and payload first: READ
+		// payloads copied into out can fill it to the byte, and slicing out
+		// past its capacity would panic the process.
+		if cap(out)-len(out) < respSize || len(iovs) >= cap(iovs)-2 || len(held) == cap(held) {
+			if err := flush(); err != nil {
 				return err
 			}
 		}
@@ -189,6 +199,13 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 			out = out[:len(out)+respSize]
 			encodeResp(out[len(out)-respSize:], req.id, status)
 			continue
+		}
+		if req.op == opWrite && len(held) > 0 {
+			// READ payloads gathered so far are sent by reference: send them
+			// before this WRITE may change their bytes.
+			if err := flush(); err != nil {
+				return err
+			}
 		}
 		r, status := t.check(&req)
 		if req.op == opWrite {
@@ -213,16 +230,14 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 			continue
 		}
 		payload := unsafe.Slice((*byte)(unsafe.Add(r.base, req.addr-r.addr)), req.length)
-		var err error
 		if len(payload) <= cap(out)-len(out) && len(payload) < 16<<10 {
-			out = append(out, payload...) // small: one copy beats a syscall
-		} else {
-			err = flush(payload)
+			out = append(out, payload...) // small: one copy beats an iovec
+			r.ref.Release()
+			continue
 		}
-		r.ref.Release()
-		if err != nil {
-			return err
-		}
+		iovs = append(iovs, out[mark:], payload)
+		mark = len(out)
+		held = append(held, r)
 	}
 }
 
