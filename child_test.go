@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,10 +52,13 @@ func runChild() bool {
 
 // childTarget serves a remote-accessible buffer over TCP and prints the
 // engine's descriptor as one JSON line; it stops when stdin closes.
+// MOONRING_SIZE is the buffer's size; MOONRING_LISTEN, when set, is the
+// TCP listen address (default 127.0.0.1:0), for a target inside a network
+// namespace.
 func childTarget() error {
 	size, _ := strconv.Atoi(os.Getenv("MOONRING_SIZE"))
 	store := metadata.NewMemory()
-	e, err := moonring.New(moonring.Config{Metadata: store, TCP: &tcp.Config{Key: childKey}})
+	e, err := moonring.New(moonring.Config{Metadata: store, TCP: &tcp.Config{Key: childKey, Listen: os.Getenv("MOONRING_LISTEN")}})
 	if err != nil {
 		return err
 	}
@@ -124,11 +128,23 @@ type child struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	line  string
+
+	waitOnce sync.Once
+	waitErr  error
 }
 
 func startChild(t testing.TB, role string, env ...string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	return startChildVia(t, nil, role, env...)
+}
+
+// startChildVia starts the child through a wrapper command that execs its
+// arguments, such as "ip netns exec NS": the process started is then the
+// test binary itself, so kill ends the child.
+func startChildVia(t testing.TB, wrapper []string, role string, env ...string) *child {
+	t.Helper()
+	argv := append(append([]string(nil), wrapper...), os.Args[0], "-test.run=^$")
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), append([]string{"MOONRING_CHILD=" + role}, env...)...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -164,7 +180,7 @@ func startChild(t testing.TB, role string, env ...string) *child {
 func (c *child) stop() {
 	c.stdin.Close()
 	done := make(chan struct{})
-	go func() { c.cmd.Wait(); close(done) }()
+	go func() { c.wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
@@ -173,9 +189,23 @@ func (c *child) stop() {
 	}
 }
 
+// wait waits for the child to exit, once however often it is called, and
+// returns how it exited.
+func (c *child) wait() error {
+	c.waitOnce.Do(func() { c.waitErr = c.cmd.Wait() })
+	return c.waitErr
+}
+
 // kill ends the child at once, as a crash would.
 func (c *child) kill() {
 	c.cmd.Process.Kill()
+}
+
+// killWait kills the child and waits until it is gone: its sockets are
+// closed by then, and nothing it served can move another byte.
+func (c *child) killWait() {
+	c.kill()
+	c.wait()
 }
 
 // targetDesc decodes the descriptor a target child printed.

@@ -303,6 +303,10 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 	}
 	if tc, ok := raw.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
+		if err := setPeerTimeout(tc, e.t.cfg.PeerTimeout); err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("tcp: set TCP_USER_TIMEOUT: %w", err)
+		}
 	}
 	var nc net.Conn = raw
 	if deadline, ok := ctx.Deadline(); ok {

@@ -1,0 +1,43 @@
+#!/bin/sh
+# ensure-deps.sh: install the system tools the network-namespace tests
+# (netns_test.go) use, when they are missing: ip and tc (iproute2), and nft
+# (nftables), which emulates packet loss on kernels built without netem.
+# It installs with apt-get and so needs root; it does nothing when every
+# tool is there. netns_test.go runs it itself when a tool is missing; it
+# may also be run by hand or from CI before the tests.
+#
+#   scripts/ensure-deps.sh          install what is missing
+#   scripts/ensure-deps.sh --check  only report what is missing (exit 1)
+set -eu
+
+need=""
+add() {
+	case " $need " in
+	*" $1 "*) ;;
+	*) need="$need $1" ;;
+	esac
+}
+command -v ip >/dev/null 2>&1 || add iproute2
+command -v tc >/dev/null 2>&1 || add iproute2
+command -v nft >/dev/null 2>&1 || add nftables
+
+if [ -z "$need" ]; then
+	exit 0
+fi
+if [ "${1:-}" = "--check" ]; then
+	echo "ensure-deps: missing packages:$need" >&2
+	exit 1
+fi
+if [ "$(id -u)" != 0 ]; then
+	echo "ensure-deps: need packages$need, but installing them needs root" >&2
+	exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+	echo "ensure-deps: need packages$need, but there is no apt-get here" >&2
+	exit 1
+fi
+echo "ensure-deps: installing$need" >&2
+export DEBIAN_FRONTEND=noninteractive
+# shellcheck disable=SC2086 # one word per package
+apt-get install -y -q --no-install-recommends $need >&2 ||
+	{ apt-get update -q >&2 && apt-get install -y -q --no-install-recommends $need >&2; }
