@@ -12,7 +12,7 @@ FUZZTIME  ?= 1m
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 5
 
-.PHONY: all build test vet race fuzz-short fuzz bench cover clean
+.PHONY: all build deps test vet race fuzz-short fuzz bench cover clean
 
 all: build
 
@@ -33,14 +33,20 @@ race:
 fuzz-short:
 	@scripts/fuzz.sh $(FUZZSHORT)
 
-test: vet race fuzz-short
+# System tools of the end-to-end tests (iproute2, nftables), installed when
+# missing and possible; the tests say loudly what they lack otherwise.
+deps:
+	-@scripts/ensure-deps.sh
+
+test: deps vet race fuzz-short
 
 fuzz:
 	@scripts/fuzz.sh $(FUZZTIME)
 
 bench:
-	$(GO) test -run '^$$' -bench 'RingNop|ChanBaseline|LocalWrite|CopyBaseline' \
+	$(GO) test -run '^$$' -bench 'RingNop|ChanBaseline|LocalWrite|CopyBaseline|TCP' \
 		-benchtime $(BENCHTIME) -count $(BENCHCOUNT) . | tee bench.out
+	$(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da bench.out
 	@scripts/uring-baseline.sh || true
 
 cover:

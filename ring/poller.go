@@ -274,8 +274,8 @@ func (p *Poller) run() {
 		}
 		wait := time.Duration(1<<63 - 1)
 		for _, r := range rings {
-			if !r.detached && r.active > 0 {
-				wait = min(wait, time.Duration(r.nextCheck-t))
+			if !r.detached {
+				wait = min(wait, time.Duration(r.wakeAt()-t))
 			}
 		}
 		if hs := p.hooks.Load(); hs != nil && len(*hs) > 0 {

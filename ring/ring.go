@@ -133,8 +133,11 @@ type Ring struct {
 	outstanding int // slices posted and not yet completed
 	active      int // requests in slots, including zombies
 	nextCheck   int64
-	rail        uint16
-	detached    bool
+	// blockedSince is when the ring last found no free slot for the entry
+	// at the head of its SQ; 0 while it is not blocked.
+	blockedSince int64
+	rail         uint16
+	detached     bool
 
 	stats Stats
 }
@@ -343,7 +346,28 @@ func (r *Ring) ready() bool {
 	return !r.done.Empty() || (len(r.free) > 0 && !r.sq.Empty())
 }
 
+// wakeAt returns when the ring next needs its poller without any event: a
+// deadline of a request in flight, or the timeout of the entry blocked at
+// the head of the SQ. Poller only.
+func (r *Ring) wakeAt() int64 {
+	at := int64(1<<63 - 1)
+	if r.active > 0 {
+		at = r.nextCheck
+	}
+	if r.blockedSince != 0 {
+		if pos, n := r.sq.Peek(1); n == 1 {
+			at = min(at, r.blockedSince+int64(r.sq.Entry(pos).Deadline(r.cfg.Timeout)))
+		}
+	}
+	return at
+}
+
 // take pops new entries while slots are free.
+//
+// While every slot is taken the ring is blocked: a request at the head of
+// the SQ then times out once the ring has been blocked for longer than the
+// request's timeout, without a slot, so that no request waits past its
+// deadline for one (slots come back only when transports return slices).
 func (r *Ring) take(t int64) bool {
 	max := min(64, len(r.free)+1) // +1: Nops and Cancels need no slot
 	pos, n := r.sq.Peek(max)
@@ -351,9 +375,20 @@ func (r *Ring) take(t int64) bool {
 	for ; i < n; i++ {
 		e := r.sq.Entry(pos + uint64(i))
 		if (e.Op == sq.Read || e.Op == sq.Write) && len(r.free) == 0 {
-			break
+			if r.blockedSince == 0 {
+				r.blockedSince = t
+			}
+			if t-r.blockedSince < int64(e.Deadline(r.cfg.Timeout)) {
+				break
+			}
+			r.complete(e.UserData, cq.CodeTimeout, 0)
+			r.stats.Timeouts++
+			continue
 		}
 		r.start(e, t)
+	}
+	if len(r.free) > 0 {
+		r.blockedSince = 0
 	}
 	r.sq.Advance(i)
 	return i > 0

@@ -57,6 +57,9 @@ func (t *Transport) accept() {
 func (t *Transport) serve(raw net.Conn) error {
 	if tc, ok := raw.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
+		// A vanished initiator must not hold a region (and its Unregister)
+		// until the kernel gives up retransmitting, ~15 minutes.
+		setPeerTimeout(tc, t.cfg.PeerTimeout)
 	}
 	raw.SetDeadline(time.Now().Add(helloTimeout))
 	br := bufio.NewReaderSize(raw, 64<<10)
@@ -244,7 +247,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 // notify delivers a NOTIFY payload: tag u64, name length u16, name, msg.
 func (t *Transport) notify(p []byte) (uint8, error) {
 	tag, nl := binary.BigEndian.Uint64(p), int(binary.BigEndian.Uint16(p[8:]))
-	if nl > 255 || 10+nl > len(p) {
+	if nl > 255 || 10+nl > len(p) || len(p)-10-nl > transport.MaxNotifyMessage {
 		return 0, fmt.Errorf("%w: bad notify payload", ErrProtocol)
 	}
 	d := t.deliver.Load()
