@@ -194,11 +194,11 @@ func (t *Transport) Close() error {
 
 // Endpoint copies to and from one engine of this process.
 type Endpoint struct {
-	from     *Transport
-	to       atomic.Pointer[Transport] // a restarted peer's is swapped in by Update
-	self     bool
-	keys     atomic.Pointer[[]keyRange] // from the descriptor, by address
-	closed   atomic.Bool
+	from   *Transport
+	to     atomic.Pointer[Transport] // a restarted peer's is swapped in by Update
+	self   bool
+	keys   atomic.Pointer[[]keyRange] // from the descriptor, by address
+	closed atomic.Bool
 }
 
 type keyRange struct {
