@@ -556,7 +556,11 @@ func (c *conn) kick() {
 	for c.next < c.q.Committed() {
 		c.wiov = c.gather(c.q.Committed())
 		raceRelease()
-		c.rc.Write(c.writeFn)
+		if c.rc.Write(c.writeFn) != nil {
+			// Refused before writeFn ran (closed, a deadline passed): c.wn
+			// still holds the last write's count. The sender fails the rail.
+			break
+		}
 		n, err := c.wn, c.werr
 		if n > 0 {
 			c.advance(n)

@@ -312,3 +312,30 @@ func TestEndpointCloseUnreachable(t *testing.T) {
 		})
 	}
 }
+
+// TestKickWriteRefused: when the socket refuses a poller's write before
+// writing anything (closed under it, or a write deadline passed), kick
+// must not count bytes from an earlier write as written. A past write
+// deadline makes the refusal deterministic; the rail then fails, the slice
+// completes with ErrPeer, and the rail is redialed.
+func TestKickWriteRefused(t *testing.T) {
+	targ := newSide(t, Config{})
+	remote := targ.register(t, targ.alloc(t, 64<<10, 0), true)
+	init := newSide(t, Config{Rails: 1})
+	ep := open(t, init, targ, remote)
+	e := ep.(*Endpoint)
+	roundTrip(t, ep, init, remote, 4096) // the poller's last write: a 4 KiB frame
+
+	c := e.rails[0].Load()
+	c.nc.SetWriteDeadline(time.Unix(1, 0))
+	comp := make(chanCompleter, 1)
+	s := []transport.Slice{localSlice(transport.Read, init.alloc(t, 8, 0), remote.addr, 7)}
+	if k, err := ep.Post(comp, s); k != 1 || err != nil {
+		t.Fatalf("Post: %d, %v", k, err)
+	}
+	if err := comp.await(t, 1)[7]; !errors.Is(err, transport.ErrPeer) {
+		t.Fatalf("slice on a rail whose writes fail: %v, want ErrPeer", err)
+	}
+	waitFor(t, "the rail redialed", func() bool { return railsUp(e) && e.rails[0].Load() != c })
+	roundTrip(t, ep, init, remote, 4096)
+}
