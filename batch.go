@@ -284,7 +284,7 @@ const batchFree = 1 << 16
 // (numbered from the number already submitted). It submits none when a
 // request is bad (an unregistered source range, an unknown segment, a
 // zero length) or the batch is too small. Without allocating, it waits
-// for room in the submission queue up to the engine's Timeout; tasks it
+// for room in the submission queue up to half the engine's Timeout; tasks it
 // could not submit by then are FAILED and ErrSQFull is returned (the
 // tasks it did submit run, and all of reqs count as submitted). One
 // goroutine at a time should submit to a given batch.
@@ -391,7 +391,10 @@ func (e *Engine) push(r *ring.Ring, es []sq.Entry) (int, error) {
 			return pushed, err
 		}
 		if deadline.IsZero() {
-			deadline = time.Now().Add(e.cfg.Timeout)
+			// Half the timeout: a ring blocked longer than the timeout
+			// starts timing out what waits in its SQ, and giving up here
+			// first keeps "pushed" and "failed here" apart.
+			deadline = time.Now().Add(e.cfg.Timeout / 2)
 		} else if time.Now().After(deadline) {
 			return pushed, err
 		}
