@@ -10,3 +10,8 @@ import "syscall"
 // net.Buffers uses: a zero-byte write to no descriptor carries the
 // annotation and nothing else.
 func raceRelease() { syscall.Write(-1, nil) }
+
+// raceAcquire is raceRelease's counterpart for bytes read with a raw
+// read(2) from fd: a zero-byte read(2) through package syscall carries the
+// annotation.
+func raceAcquire(fd int) { syscall.Read(fd, nil) }

@@ -10,8 +10,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/moonring/moonring/transport"
 )
@@ -62,7 +65,18 @@ func (t *Transport) serve(raw net.Conn) error {
 		setPeerTimeout(tc, t.cfg.PeerTimeout)
 	}
 	raw.SetDeadline(time.Now().Add(helloTimeout))
-	br := bufio.NewReaderSize(raw, 64<<10)
+	nb := &nbReader{Conn: raw}
+	if tc, ok := raw.(*net.TCPConn); ok {
+		nb.rc, _ = tc.SyscallConn()
+		nb.readFn = func(fd uintptr) bool {
+			nb.n, nb.err = unix.Read(int(fd), nb.p)
+			if nb.n > 0 {
+				raceAcquire(int(fd))
+			}
+			return true // never wait: the caller asked not to
+		}
+	}
+	br := bufio.NewReaderSize(nb, 64<<10)
 	first, err := br.Peek(1)
 	if err != nil {
 		return err
@@ -75,6 +89,7 @@ func (t *Transport) serve(raw net.Conn) error {
 		}
 		conn = tc
 		br = bufio.NewReaderSize(tc, 64<<10)
+		nb = nil // TLS records: no peeking at the socket underneath
 	} else if t.cfg.RequireTLS {
 		var hello [24]byte
 		io.ReadFull(br, hello[:])
@@ -85,7 +100,59 @@ func (t *Transport) serve(raw net.Conn) error {
 		return err
 	}
 	raw.SetDeadline(time.Time{})
-	return t.frames(conn, br)
+	return t.frames(conn, br, nb)
+}
+
+// nbReader is the connection as the frames' bufio.Reader sees it. With
+// nonblock set, a Read takes what the socket holds and returns
+// errWouldBlock instead of waiting: the target uses it to tell "more
+// requests are already here" (keep gathering responses) from "the
+// initiator is waiting for us" (send them now).
+type nbReader struct {
+	net.Conn
+	rc       syscall.RawConn // nil when the trick is not available
+	nonblock bool
+	readFn   func(fd uintptr) bool
+	p        []byte
+	n        int
+	err      error
+}
+
+var errWouldBlock = errors.New("tcp: would block")
+
+func (r *nbReader) Read(p []byte) (int, error) {
+	if !r.nonblock || r.rc == nil {
+		return r.Conn.Read(p)
+	}
+	r.p = p
+	if err := r.rc.Read(r.readFn); err != nil {
+		return 0, err
+	}
+	r.p = nil
+	switch {
+	case r.err == unix.EAGAIN:
+		return 0, errWouldBlock
+	case r.err != nil:
+		return 0, r.err
+	case r.n == 0:
+		return 0, io.EOF
+	}
+	return r.n, nil
+}
+
+// more reports whether a whole request header is already buffered or can
+// be read from the socket without waiting.
+func more(br *bufio.Reader, nb *nbReader) bool {
+	if br.Buffered() >= reqSize {
+		return true
+	}
+	if nb == nil || nb.rc == nil {
+		return false
+	}
+	nb.nonblock = true
+	_, err := br.Peek(reqSize)
+	nb.nonblock = false
+	return err == nil
 }
 
 func (t *Transport) challenge(w io.Writer, status uint16, snonce []byte) error {
@@ -136,7 +203,7 @@ func (t *Transport) hello(conn net.Conn, br *bufio.Reader) error {
 // frames serves requests until the connection ends. Responses gather in
 // out and go out with the READ payloads in one writev, flushed whenever no
 // further request is already buffered.
-func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
+func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error {
 	var (
 		hdr  [reqSize]byte
 		req  request
@@ -172,7 +239,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader) error {
 	for {
 		// Write what is gathered before waiting for more requests, so a
 		// pipelined burst leaves in one writev and a lone request at once.
-		if br.Buffered() < reqSize {
+		if !more(br, nb) {
 			if err := flush(); err != nil {
 				return err
 			}
