@@ -1,19 +1,27 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/tcp"
 )
 
 // result is one step of the sweep.
@@ -51,20 +59,44 @@ func parseSizes(s string) ([]int, error) {
 	return out, nil
 }
 
+// pattern is what a bench target's buffer holds at offset i before any
+// WRITE: the initiator checks READs against it.
+func pattern(i int) byte { return byte(i*7 ^ i>>9) }
+
+// benchKey is the segment key of a bench target and its initiator unless
+// MOONRING_KEY sets another.
+func benchKey() []byte {
+	if k := os.Getenv("MOONRING_KEY"); k != "" {
+		return []byte(k)
+	}
+	return []byte("moonring bench")
+}
+
 func bench(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	protocol := fs.String("protocol", "local", "transport: local (engines in this process)")
+	mode := fs.String("mode", "initiator", "initiator, or target (serve a buffer until stdin closes or a signal)")
+	protocol := fs.String("protocol", "tcp", "tcp (a target process) or local (engines in this process)")
 	operation := fs.String("operation", "write,read", "write, read or both, comma separated")
 	blocks := fs.String("block-size", "4K,64K,1M,16M", "block sizes, comma separated (K, M suffixes)")
 	batch := fs.Int("batch-size", 32, "requests in flight")
 	duration := fs.Duration("duration", time.Second, "measured time per step (after a warm-up of a fifth of it)")
+	bufSize := fs.String("buffer-size", "64M", "the target's buffer")
+	segment := fs.String("segment", "", "the target's segment (host:port of its p2p endpoint); default: start one")
+	listen := fs.String("listen", "127.0.0.1:0", "target: the p2p metadata endpoint's address (the segment name)")
 	verify := fs.Bool("verify", true, "check the data of every step")
 	asJSON := fs.Bool("json", false, "print results as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *protocol != "local" {
-		return fmt.Errorf("protocol %q is not in this build yet (have: local)", *protocol)
+	bs, err := parseSizes(*bufSize)
+	if err != nil || len(bs) != 1 {
+		return fmt.Errorf("bad buffer-size %q", *bufSize)
+	}
+	if *mode == "target" {
+		return serveTarget(*listen, bs[0], out)
+	}
+	if *mode != "initiator" {
+		return fmt.Errorf("bad mode %q (want initiator or target)", *mode)
 	}
 	sizes, err := parseSizes(*blocks)
 	if err != nil {
@@ -84,15 +116,31 @@ func bench(args []string, out io.Writer) error {
 			return fmt.Errorf("bad operation %q (want write or read)", o)
 		}
 	}
+	if slices.Max(sizes) > bs[0] {
+		return fmt.Errorf("block size %d above the buffer size %d", slices.Max(sizes), bs[0])
+	}
+	var tg *target
+	switch *protocol {
+	case "tcp":
+		tg, err = remoteTarget(*segment, bs[0])
+	case "local":
+		tg, err = localTarget(bs[0])
+	default:
+		return fmt.Errorf("protocol %q is not in this build (have: tcp, local)", *protocol)
+	}
+	if err != nil {
+		return err
+	}
+	defer tg.close()
 	var results []result
 	for _, op := range ops {
 		for _, size := range sizes {
-			res, err := step(op, size, *batch, *duration, *verify)
+			res, err := tg.step(op, size, *batch, *duration, *verify)
 			if err != nil {
 				return err
 			}
 			if !*asJSON {
-				fmt.Fprintf(out, "%s %s %d: %.2f GB/s\n", res.Transport, res.Op, res.BlockSize, res.GBps)
+				fmt.Fprintf(os.Stderr, "%s %s %d: %.2f GB/s, %.0f req/s\n", res.Transport, res.Op, res.BlockSize, res.GBps, res.ReqPerSec)
 			}
 			results = append(results, res)
 		}
@@ -110,80 +158,214 @@ func bench(args []string, out io.Writer) error {
 	return tw.Flush()
 }
 
-// step runs one op and block size between two engines of this process.
-func step(op moonring.Op, size, depth int, d time.Duration, verify bool) (result, error) {
-	res := result{Transport: "local", Op: op.String(), BlockSize: size, Batch: depth}
+// serveTarget publishes a buffer filled with pattern through a p2p store
+// and TCP, prints "segment <name>" and serves until stdin closes or a
+// signal arrives.
+func serveTarget(listen string, size int, out io.Writer) error {
+	store, err := metadata.NewP2P(metadata.P2PConfig{Listen: listen})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	host, _, _ := strings.Cut(store.Name(), ":")
+	e, err := moonring.New(moonring.Config{Metadata: store, TCP: &tcp.Config{Listen: host + ":0", Key: benchKey()}})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	buf, err := e.Alloc(size, "cpu:0")
+	if err != nil {
+		return err
+	}
+	defer e.Free(buf)
+	for i := range buf {
+		buf[i] = pattern(i)
+	}
+	if _, err := e.RegisterLocalMemory(buf, "cpu:0", true); err != nil {
+		return err
+	}
+	defer e.UnregisterLocalMemory(context.Background(), buf)
+	fmt.Fprintf(out, "segment %s\n", e.Name())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	eof := make(chan struct{})
+	go func() { io.Copy(io.Discard, os.Stdin); close(eof) }()
+	select {
+	case <-sig:
+	case <-eof:
+	}
+	return nil
+}
+
+// target is what a sweep runs against: an initiator engine, the target's
+// segment and buffer, and what the buffer holds.
+type target struct {
+	transport string
+	ini       *moonring.Engine
+	seg       moonring.SegmentID
+	base      uint64 // the remote buffer's address
+	model     []byte // what the remote buffer holds
+	closers   []func()
+}
+
+func (t *target) close() {
+	for i := len(t.closers) - 1; i >= 0; i-- {
+		t.closers[i]()
+	}
+}
+
+// localTarget is a second engine of this process.
+func localTarget(size int) (*target, error) {
+	t := &target{transport: "local"}
 	ini, err := moonring.New(moonring.Config{})
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	defer ini.Close()
+	t.ini = ini
+	t.closers = append(t.closers, func() { ini.Close() })
 	tgt, err := moonring.New(moonring.Config{})
 	if err != nil {
-		return res, err
+		t.close()
+		return nil, err
 	}
-	defer tgt.Close()
-	// One block per request slot, so requests in flight never share bytes.
-	span := size * depth
-	local, err := ini.Alloc(span, "cpu:0")
+	t.closers = append(t.closers, func() { tgt.Close() })
+	remote, err := tgt.Alloc(size, "cpu:0")
 	if err != nil {
-		return res, err
+		t.close()
+		return nil, err
 	}
-	defer ini.Free(local)
-	remote, err := tgt.Alloc(span, "cpu:0")
-	if err != nil {
-		return res, err
-	}
-	defer tgt.Free(remote)
-	src, dst := local, remote
-	if op == moonring.OpRead {
-		src, dst = remote, local
-	}
-	rng := rand.New(rand.NewPCG(uint64(size), 7))
-	for i := range src {
-		src[i] = byte(rng.Uint32())
-	}
-	for i := range dst {
-		dst[i] = 0xA5 // fault the pages in before the clock starts
-	}
-	lid, err := ini.RegisterLocalMemory(local, "cpu:0", false)
-	if err != nil {
-		return res, err
+	for i := range remote {
+		remote[i] = pattern(i)
 	}
 	if _, err := tgt.RegisterLocalMemory(remote, "cpu:0", true); err != nil {
-		return res, err
+		t.close()
+		return nil, err
 	}
-	seg, err := ini.OpenSegment(ctxMain, tgt.Name())
+	if t.seg, err = ini.OpenSegment(ctxMain, tgt.Name()); err != nil {
+		t.close()
+		return nil, err
+	}
+	t.base = uint64(moonring.AddressOf(remote))
+	t.model = bytes.Clone(remote)
+	return t, nil
+}
+
+// remoteTarget opens the segment name over TCP, first starting a target
+// process on loopback when name is empty.
+func remoteTarget(name string, size int) (*target, error) {
+	t := &target{transport: "tcp"}
+	if name == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(self, "bench", "--mode", "target", "--buffer-size", strconv.Itoa(size))
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return nil, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start the target: %w", err)
+		}
+		t.closers = append(t.closers, func() { stdin.Close(); cmd.Wait() })
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if !strings.HasPrefix(line, "segment ") {
+			t.close()
+			return nil, fmt.Errorf("the target process did not start (%q, %v)", line, err)
+		}
+		name = strings.TrimSpace(strings.TrimPrefix(line, "segment "))
+	}
+	store, err := metadata.NewP2P(metadata.P2PConfig{})
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	t.closers = append(t.closers, func() { store.Close() })
+	ini, err := moonring.New(moonring.Config{Metadata: store, Transports: []string{"tcp"}, TCP: &tcp.Config{Key: benchKey()}})
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	t.ini = ini
+	t.closers = append(t.closers, func() { ini.Close() })
+	ctx, cancel := context.WithTimeout(ctxMain, 10*time.Second)
+	defer cancel()
+	desc, err := store.Get(ctx, name)
+	if err != nil {
+		t.close()
+		return nil, fmt.Errorf("segment %s: %w", name, err)
+	}
+	if len(desc.Buffers) == 0 || desc.Buffers[0].Length < uint64(size) {
+		t.close()
+		return nil, fmt.Errorf("segment %s serves no buffer of %d bytes", name, size)
+	}
+	if t.seg, err = ini.OpenSegment(ctx, name); err != nil {
+		t.close()
+		return nil, err
+	}
+	t.base = desc.Buffers[0].Addr
+	t.model = make([]byte, size)
+	for i := range t.model {
+		t.model[i] = pattern(i)
+	}
+	return t, nil
+}
+
+// step runs one op and block size for d, depth requests in flight, each
+// on its own block of both buffers, and checks the bytes afterwards.
+func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify bool) (result, error) {
+	depth = max(1, min(depth, len(t.model)/size))
+	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Batch: depth}
+	span := size * depth
+	local, err := t.ini.Alloc(span, "cpu:0")
 	if err != nil {
 		return res, err
 	}
-	r, err := ini.NewRing(moonring.RingConfig{Entries: 1024})
+	defer t.ini.Free(local)
+	for i := range local {
+		local[i] = byte(i*13 + size) // distinct from pattern: a READ that moves nothing shows
+	}
+	lid, err := t.ini.RegisterLocalMemory(local, "cpu:0", false)
+	if err != nil {
+		return res, err
+	}
+	defer t.ini.UnregisterLocalMemory(context.Background(), local)
+	r, err := t.ini.NewRing(moonring.RingConfig{Entries: 1024})
 	if err != nil {
 		return res, err
 	}
 	defer r.Close()
-	base := uint64(moonring.AddressOf(remote))
 	started := make([]time.Time, depth)
 	lat := make([]time.Duration, 0, 1<<16)
 	cqes := make([]moonring.Completion, depth)
-	submit := func(slot int) error {
+	submit := func(slot int, op moonring.Op) error {
 		started[slot] = time.Now()
 		off := uint64(slot * size)
-		return r.SubmitOne(&moonring.Entry{Op: op, Segment: seg, Buffer: lid, Local: off, Remote: base + off, Length: uint64(size), UserData: uint64(slot)})
+		return r.SubmitOne(&moonring.Entry{Op: op, Segment: t.seg, Buffer: lid, Local: off, Remote: t.base + off, Length: uint64(size), UserData: uint64(slot)})
 	}
 	// A warm-up of a fifth of the step is run and then forgotten: the
-	// first requests pay for cold caches and the runtime's own start.
+	// first requests pay for cold caches and connections.
 	t0 := time.Now()
-	warm := d / 5
-	warmed := false
+	warm, warmed := d/5, false
 	for slot := range depth {
-		if err := submit(slot); err != nil {
+		if err := submit(slot, op); err != nil {
 			return res, err
 		}
 	}
-	inflight := depth
-	for inflight > 0 {
+	for inflight := depth; inflight > 0; {
 		n := r.PeekBatch(cqes)
+		if n == 0 {
+			if err := r.CQ().Wait(ctxMain, 1); err != nil {
+				return res, err
+			}
+			continue
+		}
 		now := time.Now()
 		for _, c := range cqes[:n] {
 			if err := c.Err(); err != nil {
@@ -198,7 +380,7 @@ func step(op moonring.Op, size, depth int, d time.Duration, verify bool) (result
 				res.Requests, lat = 0, lat[:0]
 			}
 			if !warmed || now.Sub(t0) < d {
-				if err := submit(slot); err != nil {
+				if err := submit(slot, op); err != nil {
 					return res, err
 				}
 				inflight++
@@ -209,14 +391,39 @@ func step(op moonring.Op, size, depth int, d time.Duration, verify bool) (result
 	el := time.Since(t0)
 	res.GBps = float64(res.Requests) * float64(size) / el.Seconds() / 1e9
 	res.ReqPerSec = float64(res.Requests) / el.Seconds()
-	slices.Sort(lat)
-	pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
-	res.P50us, res.P99us, res.P999us = pct(0.50), pct(0.99), pct(0.999)
-	if verify {
-		if !bytes.Equal(src, dst) {
-			return res, fmt.Errorf("%s %d: data differs after the step", res.Op, size)
-		}
-		res.Verified = true
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
+		res.P50us, res.P99us, res.P999us = pct(0.50), pct(0.99), pct(0.999)
 	}
+	if op == moonring.OpWrite {
+		copy(t.model, local) // every slot was written with the same bytes each time
+	}
+	if !verify {
+		return res, nil
+	}
+	if op == moonring.OpWrite {
+		// Read the blocks back into the local buffer, cleared first.
+		clear(local)
+		for slot := range depth {
+			if err := submit(slot, moonring.OpRead); err != nil {
+				return res, err
+			}
+		}
+		if err := r.CQ().Wait(ctxMain, depth); err != nil {
+			return res, err
+		}
+		n := r.PeekBatch(cqes)
+		for _, c := range cqes[:n] {
+			if err := c.Err(); err != nil {
+				return res, fmt.Errorf("read back %d: %w", size, err)
+			}
+		}
+		r.Advance(n)
+	}
+	if !bytes.Equal(local, t.model[:span]) {
+		return res, errors.New(res.Op + " " + strconv.Itoa(size) + ": data differs after the step")
+	}
+	res.Verified = true
 	return res, nil
 }

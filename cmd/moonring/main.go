@@ -29,7 +29,8 @@ func usage(w io.Writer) {
 	fmt.Fprint(w, `usage: moonring <command> [flags]
 
 commands:
-  bench   move bytes between two engines and report GB/s, req/s and latency
+  bench   move bytes to a target (a child process over TCP by default) and
+          report GB/s, req/s and latency; --mode target serves one
   info    show NUMA nodes, CPU features, NICs, transports and the config
 `)
 }
@@ -76,12 +77,15 @@ func info(out io.Writer) error {
 		fmt.Fprintf(out, "rdma device %s: numa node %d\n", d.Name, d.Node)
 	}
 	fmt.Fprintln(out, "transports:")
-	for _, name := range []string{"local", "nvlink", "shm", "rdma", "efa", "tcp"} {
-		if e.Transport(name) != nil {
-			fmt.Fprintf(out, "  %-7s usable: memcpy between engines of one process\n", name)
-		} else {
-			fmt.Fprintf(out, "  %-7s not in this build yet\n", name)
-		}
+	for _, tr := range []struct{ name, why string }{
+		{"local", "usable: memcpy between engines of one process (always installed)"},
+		{"nvlink", "not in this build yet"},
+		{"shm", "not in this build yet"},
+		{"rdma", "not in this build yet"},
+		{"efa", "not in this build yet"},
+		{"tcp", "usable: Config.TCP installs it (moonring bench --protocol tcp)"},
+	} {
+		fmt.Fprintf(out, "  %-7s %s\n", tr.name, tr.why)
 	}
 	fmt.Fprintf(out, "config:\n%s", indent(e.Config().String()))
 	return nil

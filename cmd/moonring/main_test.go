@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestMain lets the test binary stand in for the moonring binary when the
+// bench starts a target process (os.Executable is the test binary).
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "bench" {
+		if err := run(os.Args[1:], os.Stdout); err != nil {
+			os.Stderr.WriteString("moonring: " + err.Error() + "\n")
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func benchJSON(t *testing.T, args ...string) []result {
+	t.Helper()
+	var out bytes.Buffer
+	args = append([]string{"bench", "--json", "--duration", "50ms", "--block-size", "4K,64K", "--buffer-size", "4M"}, args...)
+	if err := run(args, &out); err != nil {
+		t.Fatalf("moonring %s: %v", strings.Join(args, " "), err)
+	}
+	var rs []result
+	if err := json.Unmarshal(out.Bytes(), &rs); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, out.String())
+	}
+	if len(rs) != 4 {
+		t.Fatalf("%d steps; want write and read at 2 sizes", len(rs))
+	}
+	for _, r := range rs {
+		if !r.Verified || r.Requests == 0 || r.GBps <= 0 || r.P50us <= 0 {
+			t.Errorf("step %+v: want verified data, requests and figures", r)
+		}
+	}
+	return rs
+}
+
+func TestBenchLocal(t *testing.T) {
+	for _, r := range benchJSON(t, "--protocol", "local") {
+		if r.Transport != "local" {
+			t.Errorf("transport %q", r.Transport)
+		}
+	}
+}
+
+// The default: a target in a child process, over TCP.
+func TestBenchTCP(t *testing.T) {
+	for _, r := range benchJSON(t) {
+		if r.Transport != "tcp" {
+			t.Errorf("transport %q", r.Transport)
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"frobnicate"},
+		{"bench", "--protocol", "carrier-pigeon"},
+		{"bench", "--batch-size", "0"},
+		{"bench", "--block-size", "4Q"},
+		{"bench", "--operation", "erase"},
+		{"bench", "--block-size", "8M", "--buffer-size", "4M"},
+		{"bench", "--mode", "both"},
+		{"bench", "--segment", "127.0.0.1:1", "--duration", "10ms"},
+	} {
+		var out bytes.Buffer
+		if err := run(args, &out); err == nil {
+			t.Errorf("moonring %q: no error", args)
+		}
+	}
+}
+
+func TestInfo(t *testing.T) {
+	var out bytes.Buffer
+	if err := run([]string{"info"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"numa node 0", "tcp", "local", "timeout:"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("info lacks %q:\n%s", want, out.String())
+		}
+	}
+}
