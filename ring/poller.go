@@ -275,7 +275,7 @@ func (p *Poller) run() {
 		wait := time.Duration(1<<63 - 1)
 		for _, r := range rings {
 			if !r.detached {
-				wait = min(wait, time.Duration(r.wakeAt()-t))
+				wait = min(wait, time.Duration(r.wakeAt(t)-t))
 			}
 		}
 		if hs := p.hooks.Load(); hs != nil && len(*hs) > 0 {

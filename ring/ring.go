@@ -126,6 +126,7 @@ type Ring struct {
 	postq       []uint64 // ref of requests with slices left to post (FIFO)
 	postHead    int
 	redo        []uint64 // slice tokens to post again
+	spare       []uint64 // redo's other buffer
 	batch       []transport.Slice
 	batchEP     transport.Endpoint
 	cqes        []cq.Completion
@@ -347,12 +348,17 @@ func (r *Ring) ready() bool {
 }
 
 // wakeAt returns when the ring next needs its poller without any event: a
-// deadline of a request in flight, or the timeout of the entry blocked at
-// the head of the SQ. Poller only.
-func (r *Ring) wakeAt() int64 {
+// deadline of a request in flight, the timeout of the entry blocked at the
+// head of the SQ, or soon when slices wait for an endpoint that refused
+// them (room there may come from another poller's rings, whose completions
+// do not wake this one). Poller only.
+func (r *Ring) wakeAt(t int64) int64 {
 	at := int64(1<<63 - 1)
+	if len(r.redo) > 0 || r.postHead < len(r.postq) {
+		at = t + int64(100*time.Microsecond)
+	}
 	if r.active > 0 {
-		at = r.nextCheck
+		at = min(at, r.nextCheck)
 	}
 	if r.blockedSince != 0 {
 		if pos, n := r.sq.Peek(1); n == 1 {
@@ -474,9 +480,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	if e.Op == sq.Write {
 		q.op = transport.Write
 	}
-	if e.Flags&sq.FlagNotify != 0 {
-		q.notify, q.tag = true, e.Tag
-	}
+	q.notify, q.tag = e.Flags&sq.FlagNotify != 0, e.Tag
 	r.rail++
 	r.active++
 	if deadline < r.nextCheck || r.active == 1 {
@@ -528,15 +532,17 @@ func (r *Ring) live(tok uint64) *request {
 
 // postPending appends the unposted slices of queued requests to the batch.
 func (r *Ring) postPending() bool {
+	if r.postHead > 0 {
+		// Keep postq within MaxInFlight entries (its capacity): a request
+		// appears in it once, and a refused round must not make it grow.
+		r.postq = r.postq[:copy(r.postq, r.postq[r.postHead:])]
+		r.postHead = 0
+	}
 	work := false
 	for r.postHead < len(r.postq) {
 		tok := r.postq[r.postHead]
 		q := r.live(tok)
-		if q == nil || q.posted == q.nslices {
-			r.postHead++
-			continue
-		}
-		for q.posted < q.nslices {
+		for q != nil && q.posted < q.nslices {
 			if r.outstanding+len(r.batch) >= r.done.Cap() {
 				return work
 			}
@@ -544,8 +550,11 @@ func (r *Ring) postPending() bool {
 			if !r.add(q, token(idx, gen, q.posted)) {
 				return work
 			}
-			q.posted++
 			work = true
+			if r.live(tok) == nil {
+				break // a flush ended the request: its slot is free, or reused
+			}
+			q.posted++
 		}
 		r.postHead++
 	}
@@ -554,10 +563,12 @@ func (r *Ring) postPending() bool {
 	return work
 }
 
-// postRedo posts again the slices that failed or were not accepted.
+// postRedo posts again the slices that failed or were not accepted. The
+// tokens are processed from one buffer while refusals (and retries that a
+// synchronous flush produces) gather in the other: no allocation per round.
 func (r *Ring) postRedo() bool {
 	redo := r.redo
-	r.redo = r.redo[len(r.redo):] // tokens refused again are appended anew
+	r.redo = r.spare[:0]
 	work := false
 	for i, tok := range redo {
 		q := r.live(tok)
@@ -570,21 +581,24 @@ func (r *Ring) postRedo() bool {
 		}
 		work = true
 	}
-	if len(r.redo) == 0 {
-		r.redo = redo[:0]
-	}
+	r.spare = redo[:0]
 	return work
 }
 
 // add appends one slice to the batch, flushing first when the batch is full
 // or bound to another endpoint. It reports false when the endpoint refused
 // slices of the batch (flush queued them for redo) and tok was not added:
-// the caller keeps tok and stops for this round.
+// the caller keeps tok and stops for this round. A flush may also end q
+// (a synchronous copy failed): then tok is dropped, and add reports true;
+// callers check r.live(tok) before touching q again.
 func (r *Ring) add(q *request, tok uint64) bool {
 	ep := q.seg.Endpoint
 	if len(r.batch) == cap(r.batch) || (len(r.batch) > 0 && r.batchEP != ep) {
 		if !r.flush() {
 			return false
+		}
+		if r.live(tok) == nil {
+			return true
 		}
 	}
 	_, _, i := splitToken(tok)
@@ -805,6 +819,7 @@ func (r *Ring) release(idx int32) {
 	}
 	q.buf, q.seg = nil, nil
 	q.bytes, q.posted, q.done, q.outstanding, q.retries = 0, 0, 0, 0, 0
+	q.notify, q.tag = false, 0
 	q.gen, q.state = gen, stFree
 	r.free = append(r.free, idx)
 	r.active--
