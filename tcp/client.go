@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -442,6 +443,9 @@ type conn struct {
 	next    uint64
 	off     int
 	sent    atomic.Uint64
+	// writing is the end of the frames handed to the kernel (or about to
+	// be): the receiver accepts responses only below it.
+	writing atomic.Uint64
 	iov     [][]byte
 	sizes   []int           // of the frames gather last gathered
 	rc      syscall.RawConn // nil on TLS: every frame goes through send
@@ -555,6 +559,7 @@ func (c *conn) kick() {
 	}
 	for c.next < c.q.Committed() {
 		c.wiov = c.gather(c.q.Committed())
+		c.writing.Store(c.next + uint64(len(c.sizes)))
 		raceRelease()
 		if c.rc.Write(c.writeFn) != nil {
 			// Refused before writeFn ran (closed, a deadline passed): c.wn
@@ -600,6 +605,7 @@ func (c *conn) send() {
 		end := c.q.Committed()
 		for c.next < end {
 			bufs = c.gather(end)
+			c.writing.Store(c.next + uint64(len(c.sizes)))
 			raceRelease()
 			n, err := bufs.WriteTo(c.nc)
 			c.advance(int(n))
@@ -616,15 +622,34 @@ func (c *conn) send() {
 // receive completes slices in the order of their responses.
 func (c *conn) receive() {
 	defer close(c.recvDone)
-	var hdr [respSize]byte
+	var (
+		hdr   [respSize]byte
+		armed time.Time // when the read deadline was last pushed out
+	)
+	timeout := c.e.t.cfg.ResponseTimeout
 	for {
+		// A target that keeps the connection up but stops answering must
+		// not hold slices (and their ring slots) for ever: while requests
+		// are out, a response must come within ResponseTimeout. The
+		// deadline is pushed out every half timeout, not per response.
+		if now := time.Now(); timeout > 0 && now.Sub(armed) > timeout/2 {
+			c.nc.SetReadDeadline(now.Add(timeout))
+			armed = now
+		}
 		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && c.q.Head() == c.q.Committed() {
+				armed = time.Time{} // idle: nothing was owed
+				continue
+			}
 			c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
 			return
 		}
 		id, status, err := decodeResp(hdr[:])
 		pos := c.q.Head()
-		if err == nil && (pos == c.q.Committed() || id != uint32(pos)) {
+		// A response may only answer a frame already handed to the kernel:
+		// an early one (a broken or hostile target guessing ids) would
+		// release a slot that a sender is still reading.
+		if err == nil && (pos >= c.writing.Load() || id != uint32(pos)) {
 			err = fmt.Errorf("%w: response %d not expected (next is %d)", ErrProtocol, id, uint32(pos))
 		}
 		if err != nil {
@@ -676,6 +701,11 @@ func (c *conn) drain() {
 	}
 	<-c.sendDone
 	<-c.recvDone
+	// Take the sending flag for good: a kick on a poller may be gathering
+	// frames from the slots about to be cleared.
+	for !c.sending.CompareAndSwap(false, true) {
+		runtime.Gosched()
+	}
 	for {
 		pos, n := c.q.Readable(c.q.Cap())
 		if n == 0 {

@@ -217,12 +217,26 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		held = make([]*region, 0, 32)
 		bufs net.Buffers
 	)
+	// frameDeadline bounds the moving of payloads (FrameTimeout): set at
+	// the first payload of a burst, cleared before waiting for the next
+	// request, so an idle connection has none and a stalled initiator
+	// cannot hold a region for ever.
+	deadline := false
+	setDeadline := func() {
+		if !deadline {
+			conn.SetDeadline(time.Now().Add(t.cfg.FrameTimeout))
+			deadline = true
+		}
+	}
 	flush := func() error {
 		if mark < len(out) {
 			iovs = append(iovs, out[mark:])
 		}
 		var err error
 		if len(iovs) > 0 {
+			if len(held) > 0 {
+				setDeadline()
+			}
 			raceRelease()
 			bufs = iovs
 			_, err = bufs.WriteTo(conn)
@@ -242,6 +256,10 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		if !more(br, nb) {
 			if err := flush(); err != nil {
 				return err
+			}
+			if deadline {
+				conn.SetDeadline(time.Time{})
+				deadline = false
 			}
 		}
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
@@ -280,10 +298,16 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		r, status := t.check(&req)
 		if req.op == opWrite {
 			if r == nil {
+				if br.Buffered() < int(req.length) {
+					setDeadline()
+				}
 				if _, err := br.Discard(int(req.length)); err != nil {
 					return err
 				}
 			} else {
+				if br.Buffered() < int(req.length) {
+					setDeadline()
+				}
 				_, err := io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(r.base, req.addr-r.addr)), req.length))
 				r.ref.Release()
 				if err != nil {

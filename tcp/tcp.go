@@ -65,6 +65,15 @@ type Config struct {
 	ClientTLS *tls.Config
 	// DialTimeout bounds a dial and its hello (default 5 s).
 	DialTimeout time.Duration
+	// ResponseTimeout bounds the wait for a response while requests are
+	// out on a connection (default 30 s; negative: none). A target that
+	// keeps the connection but stops answering then fails the rail, and
+	// its slices come back to the engine with ErrPeer.
+	ResponseTimeout time.Duration
+	// FrameTimeout bounds the target's moving of one frame's payload (a
+	// WRITE's bytes in, a READ's out; default 30 s), so that a stalled
+	// initiator cannot hold a buffer's Unregister.
+	FrameTimeout time.Duration
 	// PeerTimeout is how long bytes a rail sent may stay unacknowledged by
 	// the peer's host before the rail breaks (TCP_USER_TIMEOUT, Linux
 	// only; default 10 s; negative: the kernel's default, about 15
@@ -101,6 +110,12 @@ func (c *Config) fill() error {
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 5 * time.Second
+	}
+	if c.ResponseTimeout == 0 {
+		c.ResponseTimeout = 30 * time.Second
+	}
+	if c.FrameTimeout == 0 {
+		c.FrameTimeout = 30 * time.Second
 	}
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = DefaultPeerTimeout

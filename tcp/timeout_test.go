@@ -1,0 +1,46 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring/transport"
+)
+
+// A target that keeps the connection up but stops answering: every slice
+// out on it comes back with ErrPeer once ResponseTimeout passes, instead of
+// holding its ring slot for ever.
+func TestResponseTimeout(t *testing.T) {
+	targ := newSide(t, Config{})
+	remote := targ.register(t, targ.alloc(t, 1<<20, 0), true)
+	px := newProxy(t, targ.tr.Addr())
+	init := newSide(t, Config{Rails: 1, ResponseTimeout: 200 * time.Millisecond})
+	local := init.alloc(t, 1<<20, 1)
+	ep, err := init.tr.Open(context.Background(), targ.desc(px.addr(), remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	// An idle connection outlives the timeout: nothing was owed.
+	time.Sleep(500 * time.Millisecond)
+	if !railsUp(ep.(*Endpoint)) {
+		t.Fatal("an idle rail was dropped")
+	}
+	px.hold.Store(true)
+	const n, size = 8, 4096
+	s := make([]transport.Slice, n)
+	for i := range s {
+		s[i] = localSlice(transport.Read, local[i*size:(i+1)*size], remote.addr+uint64(i*size), uint64(i+1))
+	}
+	comp := make(chanCompleter, 2*n)
+	if k, err := ep.Post(comp, s); k != n || err != nil {
+		t.Fatalf("Post: %d, %v", k, err)
+	}
+	for tok, err := range comp.await(t, n) {
+		if !errors.Is(err, transport.ErrPeer) {
+			t.Errorf("slice %d: %v; want ErrPeer after the response timeout", tok, err)
+		}
+	}
+}
