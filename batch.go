@@ -76,7 +76,7 @@ type task struct {
 	status atomic.Uint32 // cq.Status; stored last, so a terminal status publishes code and bytes
 	code   atomic.Uint32
 	bytes  atomic.Uint64
-	node   int32  // the node of the ring that runs it; written before submit
+	node   atomic.Int32 // the node of the ring that runs it; stored before submit
 	msg    []byte // the notification's message; written before submit
 }
 
@@ -84,7 +84,7 @@ type batch struct {
 	gen        atomic.Uint32 // the generation in the low 16 bits; batchFree set while free
 	tasks      []task        // capacity kept across uses
 	size       int           // tasks allocated
-	submitted  int           // tasks submitted (by the one filling goroutine)
+	submitted  atomic.Int64  // tasks submitted; written by the one filling goroutine
 	unfinished atomic.Int64  // submitted and not terminal
 	done       chan struct{} // signaled when unfinished reaches 0 and waiting is set
 	waiting    atomic.Bool
@@ -97,6 +97,9 @@ type batchTable struct {
 	slots []batch
 	free  []int
 	rings map[int]*ring.Ring // per NUMA node, made on first use
+	// fast mirrors rings for nodes below 64, read without the lock on
+	// every SubmitTransfer.
+	fast [64]atomic.Pointer[ring.Ring]
 }
 
 func (bt *batchTable) init(e *Engine, n int) {
@@ -122,6 +125,11 @@ func (bt *batchTable) close() {
 
 // ring returns the batch ring of a node.
 func (bt *batchTable) ring(node int) (*ring.Ring, error) {
+	if node >= 0 && node < len(bt.fast) {
+		if r := bt.fast[node].Load(); r != nil && !r.Closed() {
+			return r, nil
+		}
+	}
 	bt.mu.Lock()
 	defer bt.mu.Unlock()
 	if r := bt.rings[node]; r != nil {
@@ -145,6 +153,9 @@ func (bt *batchTable) ring(node int) (*ring.Ring, error) {
 		return nil, fmt.Errorf("moonring: batch ring: %w", err)
 	}
 	bt.rings[node] = r
+	if node >= 0 && node < len(bt.fast) {
+		bt.fast[node].Store(r)
+	}
 	return r, nil
 }
 
@@ -235,7 +246,8 @@ func (e *Engine) AllocateBatchID(n int) (BatchID, error) {
 		b.tasks[i].code.Store(0)
 		b.tasks[i].bytes.Store(0)
 	}
-	b.size, b.submitted = n, 0
+	b.size = n
+	b.submitted.Store(0)
 	b.unfinished.Store(0)
 	gen := (b.gen.Load() + 1) & 0xffff
 	if gen == 0 {
@@ -258,7 +270,7 @@ func (e *Engine) FreeBatchID(id BatchID) error {
 		return err
 	}
 	if n := b.unfinished.Load(); n > 0 {
-		for i := 0; i < b.submitted; i++ {
+		for i := 0; i < int(b.submitted.Load()); i++ {
 			if !Status(b.tasks[i].status.Load()).Terminal() {
 				return fmt.Errorf("moonring: free batch %#x: %d tasks unfinished: %w", uint64(id), n, ErrBusy)
 			}
@@ -293,63 +305,74 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 	if err != nil {
 		return err
 	}
-	if b.submitted+len(reqs) > b.size {
-		return fmt.Errorf("moonring: submit %d tasks to batch of %d with %d submitted: %w", len(reqs), b.size, b.submitted, ErrBatchFull)
+	if done := int(b.submitted.Load()); done+len(reqs) > b.size {
+		return fmt.Errorf("moonring: submit %d tasks to batch of %d with %d submitted: %w", len(reqs), b.size, done, ErrBatchFull)
 	}
 	for i := range reqs {
 		if _, err := e.check(&reqs[i]); err != nil {
-			return fmt.Errorf("moonring: submit task %d: %w", b.submitted+i, err)
+			return fmt.Errorf("moonring: submit task %d: %w", int(b.submitted.Load())+i, err)
 		}
 	}
 	slot := int(id & 0xffff)
 	gen := b.gen.Load()
+	base := int(b.submitted.Load())
 	var es [32]sq.Entry
-	for start := 0; start < len(reqs); start += len(es) {
-		chunk := reqs[start:min(start+len(es), len(reqs))]
-		var r *ring.Ring
-		node := -1
-		n := 0
-		for i := range chunk {
-			req := &chunk[i]
-			buf, _ := e.check(req)
+	for next := 0; next < len(reqs); {
+		node, n := -1, 0
+		for next < len(reqs) && n < len(es) {
+			req := &reqs[next]
+			task := base + next
+			buf, err := e.check(req)
+			if err != nil {
+				// Checked above; the buffer went away since (unregistered
+				// by another goroutine): this task fails on its own.
+				e.failTasks(b, task, 1, cq.CodeOf(err))
+				next++
+				continue
+			}
 			tn := nodeOf(buf.Location)
 			if node >= 0 && tn != node {
 				break // one ring per push
 			}
 			node = tn
-			task := b.submitted + start + i
-			b.tasks[task].node = int32(node)
+			b.tasks[task].node.Store(int32(node))
 			op := sq.Read
 			if req.Opcode == Write {
 				op = sq.Write
 			}
-			es[i] = sq.Entry{Op: op, Segment: req.TargetID, Buffer: buf.ID, Local: uint64(req.Source - buf.Addr),
+			es[n] = sq.Entry{Op: op, Segment: req.TargetID, Buffer: buf.ID, Local: uint64(req.Source - buf.Addr),
 				Remote: req.TargetOffset, Length: req.Length, UserData: userData(slot, gen, task)}
 			b.tasks[task].msg = nil
 			if req.Notify != nil {
-				es[i].Flags, es[i].Tag = sq.FlagNotify, req.Notify.Tag
+				es[n].Flags, es[n].Tag = sq.FlagNotify, req.Notify.Tag
 				b.tasks[task].msg = req.Notify.Msg
 			}
 			n++
+			next++
 		}
-		if r, err = e.batches.ring(node); err != nil {
-			e.failTasks(b, b.submitted+start, len(reqs)-start, cq.CodeClosed)
-			b.submitted += len(reqs) // the tasks pushed before run
-			return err
+		if n == 0 {
+			continue
 		}
-		b.unfinished.Add(int64(n))
-		if pushed, err := e.push(r, es[:n]); err != nil {
-			// Tasks pushed before the error run and end as usual: only the
-			// rest are failed here (and leave the unfinished count). All
-			// count as submitted, so no later call reuses their numbers.
-			b.unfinished.Add(-int64(n - pushed))
-			e.failTasks(b, b.submitted+start+pushed, len(reqs)-start-pushed, cq.CodeOf(err))
-			b.submitted += len(reqs)
+		r, err := e.batches.ring(node)
+		if err == nil {
+			b.unfinished.Add(int64(n))
+			var pushed int
+			if pushed, err = e.push(r, es[:n]); err != nil {
+				b.unfinished.Add(-int64(n - pushed))
+				es[0] = es[pushed] // the first entry not pushed
+			}
+		}
+		if err != nil {
+			// Tasks pushed before the error run and end as usual; the rest
+			// fail here. All count as submitted, so no later call reuses
+			// their numbers.
+			first := int(es[0].UserData >> 32)
+			e.failTasks(b, first, base+len(reqs)-first, cq.CodeOf(err))
+			b.submitted.Store(int64(base + len(reqs)))
 			return fmt.Errorf("moonring: submit to batch %#x: %w", uint64(id), err)
 		}
-		start -= len(es) - n // a chunk cut short by a node change resumes there
 	}
-	b.submitted += len(reqs)
+	b.submitted.Store(int64(base + len(reqs)))
 	return nil
 }
 
@@ -452,13 +475,13 @@ func (e *Engine) CancelTransfer(id BatchID, taskID int) error {
 	if err != nil {
 		return err
 	}
-	if taskID < 0 || taskID >= b.submitted {
+	if taskID < 0 || taskID >= int(b.submitted.Load()) {
 		return fmt.Errorf("moonring: cancel task %d: %w", taskID, ErrBadBatch)
 	}
 	if Status(b.tasks[taskID].status.Load()).Terminal() {
 		return nil
 	}
-	r, err := e.batches.ring(int(b.tasks[taskID].node))
+	r, err := e.batches.ring(int(b.tasks[taskID].node.Load()))
 	if err != nil {
 		return err
 	}
@@ -467,7 +490,7 @@ func (e *Engine) CancelTransfer(id BatchID, taskID int) error {
 }
 
 // WaitBatch blocks until every submitted task of the batch is terminal or
-// ctx is done.
+// ctx is done. One goroutine at a time may wait on a given batch.
 func (e *Engine) WaitBatch(ctx context.Context, id BatchID) error {
 	b, err := e.batches.lookup(id)
 	if err != nil {

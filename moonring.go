@@ -129,7 +129,8 @@ type Config struct {
 	Timeout time.Duration
 	// SliceSize is the slice size for transports that name none (64 KiB).
 	SliceSize uint64
-	// RetryLimit is how many failed slices a request may retry (default 3).
+	// RetryLimit is how many failed slices a request may retry (default 3;
+	// negative: none).
 	RetryLimit int
 	// PollerSpin is how long pollers poll after their last work before they
 	// park (default 20 µs).
@@ -195,8 +196,8 @@ func (c Config) String() string {
 		tc, _ := c.TCP.Effective()
 		ts += fmt.Sprintf("\ntcp: listen %s, %d rails, depth %d, slice %d, tls %v", tc.Listen, tc.Rails, tc.Depth, tc.SliceSize, tc.TLS != nil)
 	}
-	return fmt.Sprintf("name: %s\nmetadata: %s\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\nmax batches: %d\nbatch entries: %d\n",
-		c.Name, c.Metadata, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.MaxBatches, c.BatchEntries)
+	return fmt.Sprintf("name: %s\nmetadata: %s\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
+		c.Name, c.Metadata, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
 }
 
 var (
@@ -254,6 +255,9 @@ func (e *Engine) deliver(n *transport.Notification) error {
 // publishes its (empty) segment.
 func New(cfg Config) (*Engine, error) {
 	cfg.fill()
+	if cfg.MaxBatches < 1 || cfg.MaxBatches > 1<<16-1 || cfg.BatchEntries < 2 || cfg.NotifyQueue < 1 {
+		return nil, fmt.Errorf("moonring: bad config: MaxBatches %d (1..65535), BatchEntries %d, NotifyQueue %d", cfg.MaxBatches, cfg.BatchEntries, cfg.NotifyQueue)
+	}
 	topo, err := topology.Discover()
 	if err != nil {
 		return nil, fmt.Errorf("moonring: %w", err)
@@ -415,6 +419,11 @@ func (e *Engine) NewRing(cfg RingConfig) (*Ring, error) {
 	}, &e.tables, e.poller(cfg.Node))
 	if err != nil {
 		return nil, fmt.Errorf("moonring: new ring: %w", err)
+	}
+	for old := range e.rings {
+		if old.Closed() { // closed by their owner: Close need not see them
+			delete(e.rings, old)
+		}
 	}
 	e.rings[r] = struct{}{}
 	return r, nil
@@ -763,8 +772,12 @@ func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 
 // Free releases memory from Alloc. It refuses memory still registered.
 func (e *Engine) Free(b []byte) error {
-	if len(b) > 0 && e.buffers.Find(uintptr(unsafe.Pointer(unsafe.SliceData(b))), 1) != nil {
-		return fmt.Errorf("moonring: free: memory is registered: %w", ErrBusy)
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	hi := lo + uintptr(cap(b))
+	for _, x := range e.buffers.All() {
+		if x.Addr < hi && lo < x.Addr+uintptr(x.Length) {
+			return fmt.Errorf("moonring: free: buffer %d lies in this memory: %w", x.ID, ErrBusy)
+		}
 	}
 	if err := mem.Free(b); err != nil {
 		return fmt.Errorf("moonring: free: %w", err)

@@ -53,11 +53,13 @@ type Transport struct {
 	self    string // the engine's segment name, the From of notifications
 	deliver atomic.Pointer[func(*transport.Notification) error]
 	mu      sync.Mutex // serializes changes of regs
+	seq     uint64     // the last registration handle, under mu
 	regs    atomic.Pointer[[]*region]
 	closed  atomic.Bool
 }
 
 type region struct {
+	handle uint64 // the Registration's Handle
 	addr   uintptr
 	base   unsafe.Pointer
 	length uint64
@@ -135,17 +137,26 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	r := &region{addr: b.Addr, base: unsafe.Pointer(unsafe.SliceData(mem)), length: b.Length, key: binary.LittleEndian.Uint64(k[:]), remote: b.Remote}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.seq++
+	r.handle = t.seq
 	rs := slices.Clone(t.list())
 	i := sort.Search(len(rs), func(i int) bool { return rs[i].addr >= r.addr })
 	rs = slices.Insert(rs, i, r)
 	t.regs.Store(&rs)
-	return segtable.Registration{Key: strconv.FormatUint(r.key, 16)}, nil
+	return segtable.Registration{Handle: r.handle, Key: strconv.FormatUint(r.key, 16)}, nil
 }
 
 // Unregister forgets b once no copy uses it.
 func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) error {
-	r := find(t.list(), uint64(b.Addr), b.Length)
-	if r == nil || r.addr != b.Addr {
+	// By handle, not by address: the same memory may be registered again
+	// (as a new buffer) before this old registration goes.
+	var r *region
+	for _, x := range t.list() {
+		if x.handle == reg.Handle {
+			r = x
+		}
+	}
+	if r == nil {
 		return fmt.Errorf("local: unregister %#x: %w", b.Addr, segtable.ErrNotFound)
 	}
 	// Copies are short; a minute without progress means a bug, not load.

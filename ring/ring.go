@@ -297,6 +297,9 @@ func (r *Ring) Advance(n int) { r.cq.Advance(n) }
 // CQ returns the ring's completion queue (Wait, EventFD, Overflowed).
 func (r *Ring) CQ() *cq.Ring { return r.cq }
 
+// Closed reports whether Close was called. Safe for concurrent use.
+func (r *Ring) Closed() bool { return r.closed.Load() }
+
 // Stats returns a snapshot of the ring's counters, taken on its poller's
 // goroutine (a round trip to it). Safe for concurrent use.
 func (r *Ring) Stats() Stats {
