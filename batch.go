@@ -77,7 +77,7 @@ type task struct {
 	code   atomic.Uint32
 	bytes  atomic.Uint64
 	node   atomic.Int32 // the node of the ring that runs it; stored before submit
-	msg    []byte // the notification's message; written before submit
+	msg    []byte       // the notification's message; written before submit
 }
 
 type batch struct {
