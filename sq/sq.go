@@ -19,10 +19,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/internal/bell"
 	"github.com/moonring/moonring/internal/mpsc"
 	"github.com/moonring/moonring/segtable"
 )
@@ -166,36 +166,12 @@ func (e *Entry) UnmarshalFrom(b []byte) error {
 	return nil
 }
 
-// Doorbell wakes a parked poller. One Doorbell serves all the queues of one
-// poller. Its zero value is not usable; use NewDoorbell. Safe for concurrent
-// use: any goroutine may Ring, only the poller Arms and Waits.
-type Doorbell struct {
-	armed atomic.Bool
-	ch    chan struct{}
-}
+// Doorbell wakes a parked poller; see bell.Doorbell. One Doorbell serves
+// all the queues of one poller.
+type Doorbell = bell.Doorbell
 
 // NewDoorbell returns a disarmed doorbell.
-func NewDoorbell() *Doorbell { return &Doorbell{ch: make(chan struct{}, 1)} }
-
-// Ring wakes the poller if it is armed. It costs one atomic load when not.
-func (d *Doorbell) Ring() {
-	if d.armed.Load() && d.armed.CompareAndSwap(true, false) {
-		select {
-		case d.ch <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// Arm announces that the poller is about to park. The poller must check for
-// work after Arm and before Wait, and Disarm if it finds any.
-func (d *Doorbell) Arm() { d.armed.Store(true) }
-
-// Disarm cancels Arm.
-func (d *Doorbell) Disarm() { d.armed.Store(false) }
-
-// C returns the channel that receives a value when the doorbell rings.
-func (d *Doorbell) C() <-chan struct{} { return d.ch }
+func NewDoorbell() *Doorbell { return bell.New() }
 
 // Queue is the bounded submission queue. Its zero value is not usable; use
 // New.

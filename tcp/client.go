@@ -24,9 +24,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moonring/moonring/internal/bell"
 	"github.com/moonring/moonring/internal/mpsc"
 	"github.com/moonring/moonring/segtable"
-	"github.com/moonring/moonring/sq"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -343,7 +343,7 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 	}
 	raw.SetDeadline(time.Time{})
 	e.maxLen.Store(maxLen)
-	c := &conn{e: e, nc: nc, br: br, bell: sq.NewDoorbell(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
+	c := &conn{e: e, nc: nc, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
 		quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
 	c.iov = make([][]byte, 0, 192)
@@ -424,7 +424,7 @@ type conn struct {
 	nc    net.Conn
 	br    *bufio.Reader
 	q     *mpsc.Queue[pending]
-	bell  *sq.Doorbell
+	bell  *bell.Doorbell
 	hdrs  [][reqSize]byte  // request headers by slot, written by send
 	notes [][10 + 255]byte // NOTIFY payload prefixes by slot, written by send
 
