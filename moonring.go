@@ -142,7 +142,8 @@ type Config struct {
 	// MaxBatches bounds the batches allocated at once (default 1024).
 	MaxBatches int
 	// NotifyQueue is how many received notifications wait for the caller
-	// (default 1024); beyond it senders' notifications fail and are retried.
+	// (default 1024); beyond it a sender's notification fails, is retried
+	// up to its RetryLimit, and then its request FAILs with ErrTransport.
 	NotifyQueue int
 	// TCP, when set, installs the TCP transport with this configuration.
 	TCP *tcp.Config
@@ -238,7 +239,8 @@ type Notification = transport.Notification
 // Notifications returns the channel on which notifications from peers
 // arrive, once the bytes of their request are in this engine's memory. The
 // channel holds Config.NotifyQueue of them; while it is full, senders'
-// notifications fail and are retried. It is never closed.
+// notifications fail (retried up to their RetryLimit, then their requests
+// FAIL). It is never closed.
 func (e *Engine) Notifications() <-chan Notification { return e.notes }
 
 // deliver queues a notification for Notifications, without blocking.

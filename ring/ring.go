@@ -58,8 +58,9 @@ type Config struct {
 }
 
 // Sink receives a ring's completions instead of its CQ; the engine uses one
-// to store batch task status. Its methods run on the poller goroutine and
-// must not block.
+// to store batch task status. Its methods run on the poller goroutine (or,
+// once the poller has stopped, on the goroutine closing the ring) and must
+// not block.
 type Sink interface {
 	// Started says the request with userData passed its checks and its
 	// slices are being posted.

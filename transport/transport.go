@@ -22,8 +22,9 @@
 // # Errors
 //
 // Completion errors tell the engine what to do: ErrDenied and ErrRange are
-// final (the peer refused the request itself); any other error lets the
-// engine retry the slice on another rail.
+// final (the peer refused the request itself), and so is ErrClosed (the
+// transport or endpoint is gone); any other error lets the engine retry the
+// slice on another rail.
 package transport
 
 import (
