@@ -216,8 +216,9 @@ func BenchmarkRawTCPPingPong(b *testing.B) {
 	reportLatency(b, lat)
 }
 
-// benchConfig is the initiator's configuration; MOONRING_BENCH_SPIN and
-// MOONRING_BENCH_RAILS override the defaults for tuning runs.
+// benchConfig is the initiator's configuration; MOONRING_BENCH_SPIN,
+// MOONRING_BENCH_RAILS and MOONRING_BENCH_SLICE override the defaults for
+// tuning runs, MOONRING_BENCH_URING=1 turns on the io_uring sender.
 func benchConfig() moonring.Config {
 	var cfg moonring.Config
 	if v := os.Getenv("MOONRING_BENCH_SPIN"); v != "" {
@@ -231,6 +232,7 @@ func benchConfig() moonring.Config {
 		n, _ := strconv.Atoi(v)
 		tc.SliceSize = uint64(n)
 	}
+	tc.IOUring = os.Getenv("MOONRING_BENCH_URING") == "1"
 	cfg.TCP = &tc
 	return cfg
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/moonring/moonring/internal/bell"
 	"github.com/moonring/moonring/internal/mpsc"
+	"github.com/moonring/moonring/internal/uring"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -355,6 +356,9 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 			c.wn, c.werr = unix.Writev(int(fd), c.wiov)
 			return true // never wait: the sender goroutine does that
 		}
+		if e.t.cfg.IOUring {
+			c.useUring()
+		}
 	}
 	go c.send()
 	go c.receive()
@@ -449,6 +453,9 @@ type conn struct {
 	iov     [][]byte
 	sizes   []int           // of the frames gather last gathered
 	rc      syscall.RawConn // nil on TLS: every frame goes through send
+	ur      *uring.Ring     // the sender's io_uring (Config.IOUring), or nil
+	fd      int             // the socket, for ur
+	uiov    []unix.Iovec
 	writeFn func(fd uintptr) bool
 	wiov    [][]byte
 	wn      int
@@ -607,7 +614,13 @@ func (c *conn) send() {
 			bufs = c.gather(end)
 			c.writing.Store(c.next + uint64(len(c.sizes)))
 			raceRelease()
-			n, err := bufs.WriteTo(c.nc)
+			var n int64
+			var err error
+			if c.ur != nil {
+				n, err = c.uringWrite(bufs)
+			} else {
+				n, err = bufs.WriteTo(c.nc)
+			}
 			c.advance(int(n))
 			if err != nil {
 				c.sending.Store(false)
@@ -617,6 +630,54 @@ func (c *conn) send() {
 		}
 		c.sending.Store(false)
 	}
+}
+
+// useUring gives the sender an io_uring of its own; where io_uring is not
+// available (old kernels, containers that block it) the sender keeps the
+// netpoller's writev.
+func (c *conn) useUring() {
+	r, err := uring.New(8)
+	if err != nil {
+		c.e.t.cfg.Logger.Info("tcp: io_uring not available, using the netpoller", "err", err)
+		return
+	}
+	c.rc.Control(func(fd uintptr) { c.fd = int(fd) })
+	c.ur = r
+	c.uiov = make([]unix.Iovec, 0, 192)
+}
+
+// uringWrite writes iov with one IORING_OP_WRITEV and waits for it. The
+// memory stays put: registered buffers are pinned or mmap'd, headers live
+// in the conn, and the ring keeps the iovec array referenced.
+func (c *conn) uringWrite(iov [][]byte) (int64, error) {
+	c.uiov = c.uiov[:0]
+	for _, b := range iov {
+		if len(b) > 0 {
+			v := unix.Iovec{Base: &b[0]}
+			v.SetLen(len(b))
+			c.uiov = append(c.uiov, v)
+		}
+	}
+	sqe := c.ur.SQE()
+	if sqe == nil {
+		return 0, errors.New("tcp: io_uring submission queue full")
+	}
+	uring.PrepWritev(sqe, c.fd, c.uiov, -1, 1)
+	if _, err := c.ur.SubmitAndWait(1); err != nil {
+		return 0, err
+	}
+	_, res, ok := c.ur.PeekCQE()
+	if !ok {
+		var err error
+		if _, res, err = c.ur.WaitCQE(); err != nil {
+			return 0, err
+		}
+	}
+	c.ur.CQEAdvance(1)
+	if err := uring.ResultError(res); err != nil {
+		return 0, err
+	}
+	return int64(res), nil
 }
 
 // receive completes slices in the order of their responses.
@@ -688,6 +749,11 @@ func (c *conn) close(err error) {
 		c.err = err
 		c.failed.Store(true)
 		close(c.quit)
+		if c.ur != nil {
+			// An io_uring write holds the socket open past Close: shut it
+			// down so that the write ends and the sender can leave.
+			c.rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+		}
 		c.nc.Close()
 		go c.drain()
 	})
@@ -701,6 +767,9 @@ func (c *conn) drain() {
 	}
 	<-c.sendDone
 	<-c.recvDone
+	if c.ur != nil {
+		c.ur.Close()
+	}
 	// Take the sending flag for good: a kick on a poller may be gathering
 	// frames from the slots about to be cleared.
 	for !c.sending.CompareAndSwap(false, true) {

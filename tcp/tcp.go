@@ -65,6 +65,11 @@ type Config struct {
 	ClientTLS *tls.Config
 	// DialTimeout bounds a dial and its hello (default 5 s).
 	DialTimeout time.Duration
+	// IOUring makes each connection's sender write through an io_uring of
+	// its own (IORING_OP_WRITEV) instead of the netpoller, where the kernel
+	// allows it; elsewhere it falls back by itself. Off by default: see
+	// BENCHMARKS.md for the measurement.
+	IOUring bool
 	// ResponseTimeout bounds the wait for a response while requests are
 	// out on a connection (default 30 s; negative: none). A target that
 	// keeps the connection but stops answering then fails the rail, and

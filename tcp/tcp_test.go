@@ -33,3 +33,11 @@ func TestConformanceSharedKey(t *testing.T) {
 		return newTCP(t, tcp.Config{Key: key, Rails: 1, Depth: 4}), newTCP(t, tcp.Config{Key: key})
 	})
 }
+
+// The io_uring send path passes the same suite (or, where io_uring is not
+// available, the netpoller path it falls back to).
+func TestConformanceIOUring(t *testing.T) {
+	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
+		return newTCP(t, tcp.Config{IOUring: true}), newTCP(t, tcp.Config{})
+	})
+}
