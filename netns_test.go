@@ -356,7 +356,14 @@ func (r *e2eRig) netnsSlots(n int) {
 func TestNetnsLinkDownUp(t *testing.T) {
 	e2eLeaks(t)
 	const size = 8 << 20
-	n, _, r := netnsRig(t, size, moonring.Config{Timeout: e2eFaultTimeout}, 40<<20, 13)
+	// After the outage a rail may sit in TCP's retransmission backoff for
+	// seconds; a response timeout shorter than the requests' deadline makes
+	// such a rail fail its slices (retried on another rail) and redial,
+	// instead of timing out the requests that landed on it. (It also makes
+	// rails fail during the outage, so the ring-full-of-stuck-slots case is
+	// left to ring.TestBlockedHeadTimesOut.)
+	n, _, r := netnsRig(t, size, moonring.Config{Timeout: e2eFaultTimeout,
+		TCP: &tcp.Config{Key: childKey, ResponseTimeout: e2eFaultTimeout / 4}}, 40<<20, 13)
 	down := false
 	t.Cleanup(func() {
 		if down { // the test failed midway: let the engine close on a live link
