@@ -3,8 +3,10 @@ package fuzz_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"testing"
 	"time"
 	"unsafe"
@@ -288,8 +290,19 @@ func (w *world) run(tb testing.TB, data []byte) {
 		ud := uint64(i + 1)
 		e := w.entry(data[i*recSize:(i+1)*recSize], ud)
 		code, src, dst, soff, doff, completes := w.expect(&e)
-		if err := w.r.SubmitOne(&e); err != nil {
-			tb.Fatalf("entry %d: Submit: %v", i, err)
+		// Cancels complete nothing, so a run of them can fill the SQ
+		// before the poller takes them: a full SQ is retried, as a caller
+		// would, until the hang detector.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			err := w.r.SubmitOne(&e)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, moonring.ErrSQFull) || time.Now().After(deadline) {
+				tb.Fatalf("entry %d: Submit: %v", i, err)
+			}
+			runtime.Gosched()
 		}
 		if !completes {
 			continue
