@@ -222,7 +222,8 @@ type Engine struct {
 	self       *segtable.Segment[transport.Endpoint]
 	pollers    map[int]*ring.Poller
 	pollerList atomic.Pointer[[]*ring.Poller] // the values of pollers, for lock-free readers
-	rings      map[*ring.Ring]struct{}
+	rings      map[*ring.Ring]int // the caller's rings and their numbers (metrics labels)
+	ringSeq    int
 	watches    map[SegmentID]context.CancelFunc
 	watchWG    sync.WaitGroup
 	closed     atomic.Bool
@@ -269,7 +270,7 @@ func New(cfg Config) (*Engine, error) {
 		epoch:   uint64(time.Now().UnixNano()),
 		topo:    topo,
 		pollers: map[int]*ring.Poller{},
-		rings:   map[*ring.Ring]struct{}{},
+		rings:   map[*ring.Ring]int{},
 		watches: map[SegmentID]context.CancelFunc{},
 		local:   local.New(),
 		notes:   make(chan Notification, cfg.NotifyQueue),
@@ -427,7 +428,8 @@ func (e *Engine) NewRing(cfg RingConfig) (*Ring, error) {
 			delete(e.rings, old)
 		}
 	}
-	e.rings[r] = struct{}{}
+	e.ringSeq++
+	e.rings[r] = e.ringSeq
 	return r, nil
 }
 

@@ -45,6 +45,10 @@ type Poller struct {
 	stop     chan struct{}
 	done     chan struct{}
 	pinErr   atomic.Pointer[error]
+	// started, parked and parks are kept by the poller goroutine for Stats.
+	started int64
+	parked  int64
+	parks   uint64
 	// slow is set by rings (poller goroutine only) after a round that
 	// copied enough bytes for the cached clock to fall behind.
 	slow bool
@@ -65,6 +69,7 @@ func NewPoller(cfg PollerConfig) *Poller {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	p.started = now()
 	go p.run()
 	return p
 }
@@ -284,6 +289,8 @@ func (p *Poller) run() {
 		if wait < time.Duration(1<<63-1) {
 			timer.Reset(max(wait, 0))
 		}
+		parkedAt := now()
+		p.parks++
 		select {
 		case <-p.bell.C():
 		case <-timer.C:
@@ -297,7 +304,27 @@ func (p *Poller) run() {
 		p.bell.Disarm()
 		t = now()
 		last = t
+		p.parked += t - parkedAt
 	}
+}
+
+// PollerStats are a poller's counters.
+type PollerStats struct {
+	// Up is how long the poller has run; Parked how much of it it slept.
+	// The rest it spent working or spinning.
+	Up, Parked time.Duration
+	// Parks counts the times it went to sleep.
+	Parks uint64
+}
+
+// Stats returns the poller's counters, read on its goroutine (a round
+// trip). Safe for concurrent use.
+func (p *Poller) Stats() PollerStats {
+	var st PollerStats
+	p.do(func() {
+		st = PollerStats{Up: time.Duration(now() - p.started), Parked: time.Duration(p.parked), Parks: p.parks}
+	})
+	return st
 }
 
 func (p *Poller) ready() bool {

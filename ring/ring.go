@@ -147,13 +147,14 @@ type Ring struct {
 // Stats are a ring's counters, kept by its poller without atomics and read
 // with Ring.Stats.
 type Stats struct {
-	Requests uint64 // requests completed
+	Requests uint64 // entries COMPLETED (Nops included)
 	Bytes    uint64 // bytes moved by completed requests
 	Retries  uint64 // slices posted again after a failure
 	Timeouts uint64
 	Canceled uint64
-	Failed   uint64
+	Failed   uint64 // entries that ended FAILED, bad entries included
 	Stale    uint64 // slice completions for a slot's earlier use
+	InFlight uint64 // requests in the in-flight table now (a gauge)
 }
 
 type sliceDone struct {
@@ -305,7 +306,7 @@ func (r *Ring) Closed() bool { return r.closed.Load() }
 // goroutine (a round trip to it). Safe for concurrent use.
 func (r *Ring) Stats() Stats {
 	var st Stats
-	if r.poller.do(func() { st = r.stats }) != nil {
+	if r.poller.do(func() { st = r.stats; st.InFlight = uint64(r.active) }) != nil {
 		st = r.stats // the poller is gone: nothing writes the counters any more
 	}
 	return st
@@ -392,7 +393,6 @@ func (r *Ring) take(t int64) bool {
 				break
 			}
 			r.complete(e.UserData, cq.CodeTimeout, 0)
-			r.stats.Timeouts++
 			continue
 		}
 		r.start(e, t)
@@ -799,15 +799,6 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 	if code != cq.CodeOK {
 		bytes = 0 // a request that did not complete moved no bytes it can rely on
 	}
-	switch code {
-	case cq.CodeOK:
-	case cq.CodeTimeout:
-		r.stats.Timeouts++
-	case cq.CodeCanceled:
-		r.stats.Canceled++
-	default:
-		r.stats.Failed++
-	}
 	r.complete(q.userData, code, bytes)
 	q.state = stZombie
 	if q.outstanding == 0 {
@@ -831,9 +822,16 @@ func (r *Ring) release(idx int32) {
 
 // complete queues a completion for the CQ (or the sink).
 func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
-	if code == cq.CodeOK {
+	switch code {
+	case cq.CodeOK:
 		r.stats.Requests++
 		r.stats.Bytes += bytes
+	case cq.CodeTimeout:
+		r.stats.Timeouts++
+	case cq.CodeCanceled:
+		r.stats.Canceled++
+	default:
+		r.stats.Failed++
 	}
 	if r.cfg.Sink != nil {
 		// A field, not a local: a local passed to an interface method

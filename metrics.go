@@ -1,0 +1,111 @@
+package moonring
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/moonring/moonring/ring"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// Collector returns a Prometheus collector of the engine's metrics, to
+// register into the host's own registry. Nothing on the request path
+// touches it: it reads, at scrape time, the counters that each poller keeps
+// without atomics (a round trip to every poller per scrape). Safe for
+// concurrent use; it reports nothing once the engine is closed.
+//
+// Metrics: moonring_requests_total{ring,status}, moonring_bytes_total{ring},
+// moonring_slice_retries_total{ring}, moonring_stale_completions_total{ring},
+// moonring_requests_in_flight{ring}, moonring_poller_up_seconds_total{node},
+// moonring_poller_parked_seconds_total{node}, moonring_poller_parks_total{node},
+// moonring_buffers_registered, moonring_segments_open and
+// moonring_notifications_queued. A ring is "batch/<node>" for the batch
+// API's rings and "ring/<n>" for NewRing's, numbered in creation order.
+func (e *Engine) Collector() prometheus.Collector { return (*collector)(e) }
+
+// MetricsHandler serves the engine's metrics (and nothing else) in the
+// Prometheus text format, for an endpoint of the host's choosing, such as
+// the Handler of a metadata.P2P store.
+func (e *Engine) MetricsHandler() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e.Collector())
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
+
+type collector Engine
+
+var (
+	mRequests  = prometheus.NewDesc("moonring_requests_total", "Requests ended, by terminal status.", []string{"ring", "status"}, nil)
+	mBytes     = prometheus.NewDesc("moonring_bytes_total", "Bytes moved by completed requests.", []string{"ring"}, nil)
+	mRetries   = prometheus.NewDesc("moonring_slice_retries_total", "Slices posted again after a failure.", []string{"ring"}, nil)
+	mStale     = prometheus.NewDesc("moonring_stale_completions_total", "Slice completions that arrived for a slot's earlier use.", []string{"ring"}, nil)
+	mInFlight  = prometheus.NewDesc("moonring_requests_in_flight", "Requests in the in-flight table, including ended ones whose slices are still out.", []string{"ring"}, nil)
+	mPollerUp  = prometheus.NewDesc("moonring_poller_up_seconds_total", "Time the poller of a NUMA node has run.", []string{"node"}, nil)
+	mPollerPk  = prometheus.NewDesc("moonring_poller_parked_seconds_total", "Time the poller slept (the rest it worked or spun).", []string{"node"}, nil)
+	mPollerNo  = prometheus.NewDesc("moonring_poller_parks_total", "Times the poller went to sleep.", []string{"node"}, nil)
+	mBuffers   = prometheus.NewDesc("moonring_buffers_registered", "Registered local buffers.", nil, nil)
+	mSegments  = prometheus.NewDesc("moonring_segments_open", "Open remote segments.", nil, nil)
+	mNotesWait = prometheus.NewDesc("moonring_notifications_queued", "Notifications waiting on Engine.Notifications.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	e := (*Engine)(c)
+	if e.closed.Load() {
+		return
+	}
+	type named struct {
+		name string
+		r    *ring.Ring
+	}
+	var rings []named
+	pollers := map[int]*ring.Poller{}
+	e.mu.Lock()
+	for r, n := range e.rings {
+		if !r.Closed() {
+			rings = append(rings, named{"ring/" + strconv.Itoa(n), r})
+		}
+	}
+	for node, p := range e.pollers {
+		pollers[node] = p
+	}
+	e.mu.Unlock()
+	e.batches.mu.Lock()
+	for node, r := range e.batches.rings {
+		rings = append(rings, named{"batch/" + strconv.Itoa(node), r})
+	}
+	e.batches.mu.Unlock()
+	for _, x := range rings {
+		st := x.r.Stats()
+		for status, v := range map[string]uint64{"completed": st.Requests, "timeout": st.Timeouts, "canceled": st.Canceled, "failed": st.Failed} {
+			ch <- prometheus.MustNewConstMetric(mRequests, prometheus.CounterValue, float64(v), x.name, status)
+		}
+		ch <- prometheus.MustNewConstMetric(mBytes, prometheus.CounterValue, float64(st.Bytes), x.name)
+		ch <- prometheus.MustNewConstMetric(mRetries, prometheus.CounterValue, float64(st.Retries), x.name)
+		ch <- prometheus.MustNewConstMetric(mStale, prometheus.CounterValue, float64(st.Stale), x.name)
+		ch <- prometheus.MustNewConstMetric(mInFlight, prometheus.GaugeValue, float64(st.InFlight), x.name)
+	}
+	for node, p := range pollers {
+		st := p.Stats()
+		n := strconv.Itoa(node)
+		ch <- prometheus.MustNewConstMetric(mPollerUp, prometheus.CounterValue, st.Up.Seconds(), n)
+		ch <- prometheus.MustNewConstMetric(mPollerPk, prometheus.CounterValue, st.Parked.Seconds(), n)
+		ch <- prometheus.MustNewConstMetric(mPollerNo, prometheus.CounterValue, float64(st.Parks), n)
+	}
+	segs := 0
+	e.segments.Each(func(*segtable.Segment[transport.Endpoint]) { segs++ })
+	ch <- prometheus.MustNewConstMetric(mBuffers, prometheus.GaugeValue, float64(len(e.buffers.All())))
+	ch <- prometheus.MustNewConstMetric(mSegments, prometheus.GaugeValue, float64(segs))
+	ch <- prometheus.MustNewConstMetric(mNotesWait, prometheus.GaugeValue, float64(len(e.notes)))
+}

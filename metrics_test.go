@@ -1,0 +1,111 @@
+package moonring_test
+
+import (
+	"context"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/moonring/moonring"
+)
+
+func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			return value(m)
+		}
+	}
+	t.Fatalf("no metric %s%v", name, labels)
+	return 0
+}
+
+func value(m *dto.Metric) float64 {
+	if c := m.GetCounter(); c != nil {
+		return c.GetValue()
+	}
+	return m.GetGauge().GetValue()
+}
+
+// The collector reports what moved, per ring, from counters the pollers
+// keep: a batch transfer and a ring request show up with their bytes.
+func TestMetrics(t *testing.T) {
+	a := newEngine(t, t.Name()+"-a")
+	b := newEngine(t, t.Name()+"-b")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(a.Collector())
+	ctx := context.Background()
+	src := make([]byte, 3<<20)
+	dst := make([]byte, 3<<20)
+	id, _ := a.RegisterLocalMemory(src, "cpu:0", false)
+	b.RegisterLocalMemory(dst, "cpu:0", true)
+	seg, err := a.OpenSegment(ctx, b.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := a.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src), TargetID: seg,
+			TargetOffset: uint64(moonring.AddressOf(dst)), Length: 1 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One that fails: past the end of the peer's buffer.
+	a.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src), TargetID: seg,
+		TargetOffset: uint64(moonring.AddressOf(dst)) + 3<<20 - 10, Length: 100})
+	r, err := a.NewRing(moonring.RingConfig{Entries: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.SubmitOne(&moonring.Entry{Op: moonring.OpRead, Segment: seg, Buffer: id, Remote: uint64(moonring.AddressOf(dst)), Length: 4096})
+	if err := r.CQ().Wait(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	r.Advance(1)
+
+	if v := metricValue(t, reg, "moonring_requests_total", map[string]string{"ring": "batch/0", "status": "completed"}); v != 3 {
+		t.Errorf("batch completed = %v; want 3", v)
+	}
+	if v := metricValue(t, reg, "moonring_requests_total", map[string]string{"ring": "batch/0", "status": "failed"}); v != 1 {
+		t.Errorf("batch failed = %v; want 1", v)
+	}
+	if v := metricValue(t, reg, "moonring_bytes_total", map[string]string{"ring": "batch/0"}); v != 3<<20 {
+		t.Errorf("batch bytes = %v; want %d", v, 3<<20)
+	}
+	if v := metricValue(t, reg, "moonring_bytes_total", map[string]string{"ring": "ring/1"}); v != 4096 {
+		t.Errorf("ring bytes = %v; want 4096", v)
+	}
+	if v := metricValue(t, reg, "moonring_buffers_registered", nil); v != 1 {
+		t.Errorf("buffers = %v; want 1", v)
+	}
+	if v := metricValue(t, reg, "moonring_segments_open", nil); v != 1 {
+		t.Errorf("segments = %v; want 1", v)
+	}
+	if v := metricValue(t, reg, "moonring_poller_up_seconds_total", map[string]string{"node": "0"}); v <= 0 {
+		t.Errorf("poller up = %v", v)
+	}
+	// The handler serves the text format.
+	rec := httptest.NewRecorder()
+	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	if !strings.Contains(string(body), `moonring_bytes_total{ring="batch/0"} 3.145728e+06`) {
+		t.Errorf("handler output lacks the batch bytes:\n%s", body)
+	}
+}
