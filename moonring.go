@@ -222,7 +222,7 @@ type Engine struct {
 	self       *segtable.Segment[transport.Endpoint]
 	pollers    map[int]*ring.Poller
 	pollerList atomic.Pointer[[]*ring.Poller] // the values of pollers, for lock-free readers
-	rings      map[*ring.Ring]int // the caller's rings and their numbers (metrics labels)
+	rings      map[*ring.Ring]int             // the caller's rings and their numbers (metrics labels)
 	ringSeq    int
 	watches    map[SegmentID]context.CancelFunc
 	watchWG    sync.WaitGroup
