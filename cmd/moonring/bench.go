@@ -11,11 +11,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -93,7 +91,11 @@ func bench(args []string, out io.Writer) error {
 		return fmt.Errorf("bad buffer-size %q", *bufSize)
 	}
 	if *mode == "target" {
-		return serveTarget(*listen, bs[0], out)
+		// A target for one initiator: serve until stdin closes (the
+		// initiator that started this process ends it so) or a signal.
+		stop := make(chan struct{})
+		go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
+		return serve([]string{"--listen", *listen, "--buffer-size", *bufSize}, out, stop)
 	}
 	if *mode != "initiator" {
 		return fmt.Errorf("bad mode %q (want initiator or target)", *mode)
@@ -156,46 +158,6 @@ func bench(args []string, out io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%.2f\t%v\t\n", r.Transport, r.Op, r.BlockSize, r.Batch, r.GBps, r.ReqPerSec, r.P50us, r.P99us, r.P999us, r.Verified)
 	}
 	return tw.Flush()
-}
-
-// serveTarget publishes a buffer filled with pattern through a p2p store
-// and TCP, prints "segment <name>" and serves until stdin closes or a
-// signal arrives.
-func serveTarget(listen string, size int, out io.Writer) error {
-	store, err := metadata.NewP2P(metadata.P2PConfig{Listen: listen})
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	host, _, _ := strings.Cut(store.Name(), ":")
-	e, err := moonring.New(moonring.Config{Metadata: store, TCP: &tcp.Config{Listen: host + ":0", Key: benchKey()}})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	buf, err := e.Alloc(size, "cpu:0")
-	if err != nil {
-		return err
-	}
-	defer e.Free(buf)
-	for i := range buf {
-		buf[i] = pattern(i)
-	}
-	if _, err := e.RegisterLocalMemory(buf, "cpu:0", true); err != nil {
-		return err
-	}
-	defer e.UnregisterLocalMemory(context.Background(), buf)
-	fmt.Fprintf(out, "segment %s\n", e.Name())
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sig)
-	eof := make(chan struct{})
-	go func() { io.Copy(io.Discard, os.Stdin); close(eof) }()
-	select {
-	case <-sig:
-	case <-eof:
-	}
-	return nil
 }
 
 // target is what a sweep runs against: an initiator engine, the target's
@@ -275,11 +237,13 @@ func remoteTarget(name string, size int) (*target, error) {
 		}
 		t.closers = append(t.closers, func() { stdin.Close(); cmd.Wait() })
 		line, err := bufio.NewReader(stdout).ReadString('\n')
-		if !strings.HasPrefix(line, "segment ") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "serving" || f[1] != "segment" {
 			t.close()
 			return nil, fmt.Errorf("the target process did not start (%q, %v)", line, err)
 		}
-		name = strings.TrimSpace(strings.TrimPrefix(line, "segment "))
+		name = strings.TrimSuffix(f[2], ":")
+		go io.Copy(io.Discard, stdout)
 	}
 	store, err := metadata.NewP2P(metadata.P2PConfig{})
 	if err != nil {

@@ -31,6 +31,7 @@ func usage(w io.Writer) {
 commands:
   bench   move bytes to a target (a child process over TCP by default) and
           report GB/s, req/s and latency; --mode target serves one
+  serve   a standing target: serve a buffer over TCP until signalled
   info    show NUMA nodes, CPU features, NICs, transports and the config
 `)
 }
@@ -45,6 +46,8 @@ func run(args []string, out io.Writer) error {
 		return bench(args[1:], out)
 	case "info":
 		return info(out)
+	case "serve":
+		return serve(args[1:], out, nil)
 	case "-h", "-help", "--help", "help":
 		usage(out)
 		return nil

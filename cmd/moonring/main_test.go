@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -88,5 +91,42 @@ func TestInfo(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("info lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// serve as a standing target, driven by bench --segment from "another host".
+func TestServeAndBench(t *testing.T) {
+	stop := make(chan struct{})
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- serve([]string{"--listen", "127.0.0.1:0", "--buffer-size", "4M"}, pw, stop)
+		pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("serve printed nothing: %v", err)
+	}
+	go io.Copy(io.Discard, pr)
+	name := strings.Fields(strings.TrimPrefix(line, "serving segment "))[0]
+	name = strings.TrimSuffix(name, ":")
+	rs := benchJSON(t, "--segment", name)
+	for _, r := range rs {
+		if r.Transport != "tcp" {
+			t.Errorf("transport %q", r.Transport)
+		}
+	}
+	resp, err := http.Get("http://" + name + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "moonring_buffers_registered 1") {
+		t.Errorf("/metrics lacks the buffer gauge:\n%s", body)
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
 	}
 }

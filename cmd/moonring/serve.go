@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/tcp"
+)
+
+// serve runs a standing target: it registers a buffer remote-accessible,
+// publishes its segment through its own p2p endpoint (the segment's name),
+// serves /metrics there, and runs until SIGINT or SIGTERM (or until stop is
+// closed, for tests). It then stops taking requests and gives those in
+// flight up to --grace to finish before it closes.
+func serve(args []string, out io.Writer, stop <-chan struct{}) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:7000", "the p2p metadata endpoint (the segment's name) and /metrics")
+	tcpListen := fs.String("tcp-listen", "", "the TCP transport's address (default: the endpoint's host, any port)")
+	bufSize := fs.String("buffer-size", "64M", "the buffer to serve")
+	grace := fs.Duration("grace", 5*time.Second, "how long in-flight requests get at shutdown")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	sizes, err := parseSizes(*bufSize)
+	if err != nil || len(sizes) != 1 {
+		return fmt.Errorf("bad buffer-size %q", *bufSize)
+	}
+	var metrics atomic.Pointer[http.Handler] // set once the engine exists
+	store, err := metadata.NewP2P(metadata.P2PConfig{Listen: *listen, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h := metrics.Load(); h != nil && r.URL.Path == "/metrics" {
+			(*h).ServeHTTP(w, r)
+			return
+		}
+		http.NotFound(w, r)
+	})})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if *tcpListen == "" {
+		host, _, _ := strings.Cut(store.Name(), ":")
+		*tcpListen = host + ":0"
+	}
+	e, err := moonring.New(moonring.Config{Metadata: store, TCP: &tcp.Config{Listen: *tcpListen, Key: benchKey()}})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	h := e.MetricsHandler()
+	metrics.Store(&h)
+	buf, err := e.Alloc(sizes[0], "cpu:0")
+	if err != nil {
+		return err
+	}
+	defer e.Free(buf)
+	for i := range buf {
+		buf[i] = pattern(i)
+	}
+	if _, err := e.RegisterLocalMemory(buf, "cpu:0", true); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x, metrics at http://%s/metrics\n", e.Name(), len(buf), moonring.AddressOf(buf), e.Name())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	select {
+	case <-sig:
+	case <-stop:
+	}
+	// Graceful: unregistering waits for the requests that use the buffer,
+	// up to the grace period; peers then find no buffer and get errors.
+	ctx, cancel := context.WithTimeout(context.Background(), *grace)
+	defer cancel()
+	if err := e.UnregisterLocalMemory(ctx, buf); err != nil {
+		fmt.Fprintf(out, "shutdown: %v\n", err)
+	}
+	return nil
+}
