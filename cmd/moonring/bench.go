@@ -83,6 +83,7 @@ func bench(args []string, out io.Writer) error {
 	listen := fs.String("listen", "127.0.0.1:0", "target: the p2p metadata endpoint's address (the segment name)")
 	verify := fs.Bool("verify", true, "check the data of every step")
 	asJSON := fs.Bool("json", false, "print results as JSON")
+	plotFile := fs.String("plot", "", "also draw GB/s and p99 latency against block size into this PNG file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -145,6 +146,11 @@ func bench(args []string, out io.Writer) error {
 				fmt.Fprintf(os.Stderr, "%s %s %d: %.2f GB/s, %.0f req/s\n", res.Transport, res.Op, res.BlockSize, res.GBps, res.ReqPerSec)
 			}
 			results = append(results, res)
+		}
+	}
+	if *plotFile != "" {
+		if err := plotResults(results, *plotFile); err != nil {
+			return err
 		}
 	}
 	if *asJSON {
@@ -391,3 +397,6 @@ func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify b
 	res.Verified = true
 	return res, nil
 }
+
+// createFile creates (or truncates) a file for the plot.
+func createFile(name string) (*os.File, error) { return os.Create(name) }

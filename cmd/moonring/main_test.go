@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"image/png"
 	"io"
 	"net/http"
 	"os"
@@ -128,5 +129,19 @@ func TestServeAndBench(t *testing.T) {
 	close(stop)
 	if err := <-done; err != nil {
 		t.Fatalf("serve: %v", err)
+	}
+}
+
+func TestBenchPlot(t *testing.T) {
+	file := t.TempDir() + "/sweep.png"
+	benchJSON(t, "--protocol", "local", "--plot", file)
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cfg, err := png.DecodeConfig(f)
+	if err != nil || cfg.Width < 500 || cfg.Height < 200 {
+		t.Fatalf("plot: %+v, %v; want a PNG of at least 500x200", cfg, err)
 	}
 }
