@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -145,6 +146,11 @@ type Config struct {
 	// (default 1024); beyond it a sender's notification fails, is retried
 	// up to its RetryLimit, and then its request FAILs with ErrTransport.
 	NotifyQueue int
+	// Logger receives the engine's events (segments opened, peers that
+	// republish, restart or go away; the TCP transport's connections when
+	// its own Logger is unset). Default: discard. Nothing is logged per
+	// request.
+	Logger *slog.Logger
 	// TCP, when set, installs the TCP transport with this configuration.
 	TCP *tcp.Config
 	// BatchEntries sizes the SQ and in-flight table of the ring that serves
@@ -183,6 +189,9 @@ func (c *Config) fill() {
 	}
 	if c.NotifyQueue == 0 {
 		c.NotifyQueue = 1024
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 }
 
@@ -287,7 +296,11 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.batches.init(e, cfg.MaxBatches)
 	if cfg.TCP != nil {
-		t, err := tcp.New(*cfg.TCP)
+		tc := *cfg.TCP
+		if tc.Logger == nil {
+			tc.Logger = cfg.Logger
+		}
+		t, err := tcp.New(tc)
 		if err == nil {
 			err = e.InstallTransport(t)
 		}
@@ -707,6 +720,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 			return 0, fmt.Errorf("moonring: open segment %q: %w", desc.Name, err)
 		}
 		e.watch(s)
+		e.cfg.Logger.Info("moonring: segment opened", "segment", desc.Name, "transport", name, "id", s.ID)
 		return s.ID, nil
 	}
 	return 0, fmt.Errorf("moonring: open segment %q (store %s): %w", name, e.cfg.Metadata, errors.Join(append([]error{ErrNoTransport}, errs...)...))
@@ -725,6 +739,14 @@ func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 	go func() {
 		defer e.watchWG.Done()
 		for ev := range ch {
+			switch old := s.Desc(); {
+			case ev.Deleted || ev.Desc == nil:
+				e.cfg.Logger.Info("moonring: segment withdrawn", "segment", s.Name)
+			case ev.Desc.Epoch != old.Epoch:
+				e.cfg.Logger.Info("moonring: segment restarted", "segment", s.Name, "epoch", ev.Desc.Epoch)
+			default:
+				e.cfg.Logger.Debug("moonring: segment republished", "segment", s.Name, "buffers", len(ev.Desc.Buffers))
+			}
 			if ev.Deleted || ev.Desc == nil {
 				// Gone: requests fail at the endpoint until the peer is back
 				// (a new epoch arrives here) or the caller closes the segment.

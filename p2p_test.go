@@ -3,6 +3,9 @@ package moonring_test
 import (
 	"bytes"
 	"context"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,13 +15,17 @@ import (
 )
 
 // p2pEngine is an engine whose segment is named by its own HTTP endpoint.
-func p2pEngine(t *testing.T, listen string) (*moonring.Engine, *metadata.P2P) {
+func p2pEngine(t *testing.T, listen string, log ...*slog.Logger) (*moonring.Engine, *metadata.P2P) {
 	t.Helper()
 	store, err := metadata.NewP2P(metadata.P2PConfig{Listen: listen, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := moonring.New(moonring.Config{Metadata: store, Transports: []string{"tcp"}, TCP: &tcp.Config{}})
+	cfg := moonring.Config{Metadata: store, Transports: []string{"tcp"}, TCP: &tcp.Config{}}
+	if len(log) > 0 {
+		cfg.Logger = log[0]
+	}
+	e, err := moonring.New(cfg)
 	if err != nil {
 		store.Close()
 		t.Fatal(err)
@@ -33,7 +40,8 @@ func p2pEngine(t *testing.T, listen string) (*moonring.Engine, *metadata.P2P) {
 func TestP2PDiscoveryAndRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	a, _ := p2pEngine(t, "127.0.0.1:0")
+	var logs syncBuffer
+	a, _ := p2pEngine(t, "127.0.0.1:0", slog.New(slog.NewTextHandler(&logs, nil)))
 	b, bstore := p2pEngine(t, "127.0.0.1:0")
 	if b.Name() == "" || b.Name() == a.Name() {
 		t.Fatalf("names %q and %q", a.Name(), b.Name())
@@ -93,4 +101,28 @@ func TestP2PDiscoveryAndRestart(t *testing.T) {
 	if !bytes.Equal(dst2, src) {
 		t.Fatal("data differs after the restart")
 	}
+	for _, event := range []string{"segment opened", "segment restarted"} {
+		if !strings.Contains(logs.String(), event) {
+			t.Errorf("the initiator's log lacks %q:\n%s", event, logs.String())
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a logger written from several
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
