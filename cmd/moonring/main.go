@@ -33,6 +33,7 @@ commands:
           report GB/s, req/s and latency; --mode target serves one
   serve   a standing target: serve a buffer over TCP until signalled
   info    show NUMA nodes, CPU features, NICs, transports and the config
+  metadata-server  serve segment descriptors to http metadata stores (--listen, --dir)
 `)
 }
 
@@ -46,6 +47,8 @@ func run(args []string, out io.Writer) error {
 		return bench(args[1:], out)
 	case "info":
 		return info(out)
+	case "metadata-server":
+		return metaServer(args[1:], out)
 	case "serve":
 		return serve(args[1:], out, nil)
 	case "-h", "-help", "--help", "help":

@@ -1,0 +1,646 @@
+package metadata
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/moonring/moonring/segtable"
+)
+
+var _ Store = (*HTTP)(nil)
+
+// HTTPConfig configures [NewHTTP]. URL is required.
+type HTTPConfig struct {
+	// URL is the metadata server's base address, "http://host:port" (or
+	// https, or with a path prefix when the server is mounted under one).
+	URL string
+	// TTL is how long a descriptor this store Puts lives on the server
+	// without renewal; default [DefaultTTL], at least [MinTTL] (and at
+	// most the server's MaxTTL, or Puts fail with [segtable.ErrBadDesc]).
+	// The store renews every TTL/3 while it is open.
+	TTL time.Duration
+	// Client makes the requests. Default: a client that dials in 2s,
+	// waits 5s for headers, gives up after 10s, follows no redirects and
+	// uses no proxy. A Client given here is used as is and not closed.
+	Client *http.Client
+	// PollInterval is how often a watch asks the server for changes;
+	// default 1s.
+	PollInterval time.Duration
+}
+
+// HTTP is the [Store] of a deployment that runs a metadata server ([Server],
+// `moonring metadata-server`): every engine publishes to and reads from the
+// server at HTTPConfig.URL, under any names, with the semantics of [Store]
+// and of [Memory] otherwise.
+//
+// Put sends the descriptor with its time to live (HTTPConfig.TTL), and
+// from the first Put of a name that succeeds until Delete of that name or
+// Close, one goroutine per name renews it every TTL/3 (a PUT marked as a
+// renewal, which restarts the time to live and changes nothing watchers
+// see, or stores the descriptor again if the server lost it). An engine
+// that dies stops renewing, and its descriptor disappears from the server
+// within TTL: that is how a crashed engine's segment goes away. Renewal
+// stops, and is not retried, when the server answers that another epoch
+// holds the name (the name expired and was taken); it goes on through
+// failed requests otherwise. Puts, Deletes and renewals of one name are
+// serialized, so a renewal never lands after a Delete it raced. Close does
+// not Delete: the store's descriptors expire within TTL unless another
+// store renews them.
+//
+// A Put or Delete that fails after reaching the server (a timeout, a done
+// context) may or may not have taken effect there. Delete stops the
+// renewal of the name whatever its outcome, unless the server answered
+// [ErrEpoch] (the name is not the caller's to give up) or the call failed
+// before sending (a closed store, a done context), so a Delete that failed
+// midway still lets the descriptor expire. The renewal sends what the last
+// Put that succeeded stored.
+//
+// Get fetches the descriptor (at most 16 MiB; a larger, malformed or
+// misnamed answer is [segtable.ErrBadDesc]). Watch fetches once before it
+// returns, so the current descriptor, if any, is the first event, then one
+// goroutine polls every PollInterval with If-None-Match, as a [P2P] watch
+// of a peer does: it delivers every change the server's ETag shows (polls
+// coalesce changes between them), Deleted when the server answers 404 (a
+// Delete or an expiry), and Deleted also after three polls in a row fail,
+// since a store that cannot be read cannot show the segment alive; the
+// descriptor comes back when the server does.
+//
+// Errors are those of [Store] (the server's 404 is [ErrNotFound], its 409
+// [ErrExists] for a Put and [ErrEpoch] for a Delete, its 400 and 413
+// [segtable.ErrBadDesc]), and [ErrUnreachable] when the server does not
+// answer, or answers another status (a 503 from a closed server, say); a
+// retry can help then. A name the server would refuse (see [Server]) holds
+// nothing: Get, Delete and Watch of it fail with [ErrNotFound], Put with
+// [segtable.ErrBadDesc], without a request.
+//
+// An HTTP store is safe for concurrent use; its zero value is not usable,
+// and it must not be copied. Its goroutines (renewals, watches) run from
+// NewHTTP until Close, which ends them and waits for them.
+type HTTP struct {
+	base      string // URL without a trailing slash
+	str       string // "http " + base
+	client    *http.Client
+	ownClient bool
+	ttl       time.Duration
+	ttlHeader string
+	poll      time.Duration
+
+	// ctx is canceled by Close; requests, renewals and watches run under
+	// it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// wg counts renewal and watch goroutines, and Watch calls setting one
+	// up; Add happens under mu while the store is open, so Close's Wait
+	// sees them all.
+	wg sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	// names holds the writing state of each name that a Put, Delete or
+	// renewal is using; an entry leaves when its last user does.
+	names map[string]*httpName
+}
+
+// httpName serializes the writes of one name and holds its renewal.
+type httpName struct {
+	name string
+	// sem is held (a value in it) by the Put, Delete or renewal that is
+	// writing the name, which alone touches the fields below.
+	sem chan struct{}
+	// desc and body are what the last successful Put stored: what a
+	// renewal sends.
+	desc *segtable.SegmentDesc
+	body []byte
+	// stop is the running renewal's, closed to end it; nil when none
+	// runs. A renewal that finds another stop (or nil) has been ended.
+	stop chan struct{}
+	// users counts Puts, Deletes and renewals holding this httpName; it
+	// is guarded by HTTP.mu.
+	users int
+}
+
+// NewHTTP returns a store that uses the metadata server at cfg.URL. It sends
+// no request: a server that is down shows in the first call. It fails when
+// URL is not an http or https URL or TTL is below [MinTTL].
+func NewHTTP(cfg HTTPConfig) (*HTTP, error) {
+	u, err := url.Parse(cfg.URL)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("metadata http: %w", err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("metadata http: URL %q: want http:// or https://", cfg.URL)
+	case u.Host == "":
+		return nil, fmt.Errorf("metadata http: URL %q has no host", cfg.URL)
+	case u.User != nil || u.RawQuery != "" || u.Fragment != "":
+		return nil, fmt.Errorf("metadata http: URL %q: want no user, query or fragment", cfg.URL)
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.TTL < MinTTL {
+		return nil, fmt.Errorf("metadata http: TTL %v below the minimum, %v", cfg.TTL, MinTTL)
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = time.Second
+	}
+	base := strings.TrimRight(u.String(), "/")
+	h := &HTTP{
+		base:      base,
+		str:       "http " + base,
+		client:    cfg.Client,
+		ttl:       cfg.TTL,
+		ttlHeader: strconv.FormatFloat(cfg.TTL.Seconds(), 'f', -1, 64),
+		poll:      cfg.PollInterval,
+		names:     make(map[string]*httpName),
+	}
+	if h.client == nil {
+		h.client, h.ownClient = p2pClient(nil), true
+	}
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	return h, nil
+}
+
+// String returns "http " and the server's URL.
+func (h *HTTP) String() string { return h.str }
+
+func (h *HTTP) errorf(op, name string, err error) error {
+	return fmt.Errorf("metadata %s: %s %q: %w", h, op, name, err)
+}
+
+// check returns the error that stops an operation before it starts; h.mu
+// is held.
+func (h *HTTP) check(ctx context.Context, op, name string) error {
+	if h.closed {
+		return h.errorf(op, name, ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return h.errorf(op, name, err)
+	}
+	return nil
+}
+
+// join returns a context done when ctx is or the store closes.
+func (h *HTTP) join(ctx context.Context) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(h.ctx, cancel)
+	return c, func() { stop(); cancel() }
+}
+
+// ctxErr returns the error of a request under h.join(ctx): ErrClosed when
+// the store closed, ctx's error when ctx is done, else err.
+func (h *HTTP) ctxErr(ctx context.Context, err error) error {
+	switch {
+	case h.ctx.Err() != nil:
+		return ErrClosed
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return err
+}
+
+func (h *HTTP) segmentURL(name string) string {
+	return h.base + serverSegmentsPath + url.PathEscape(name)
+}
+
+// do sends a request about name and returns the response, whose body the
+// caller closes, or an error wrapping ErrUnreachable.
+func (h *HTTP) do(ctx context.Context, method, name, query string, header http.Header, body []byte) (*http.Response, error) {
+	u := h.segmentURL(name)
+	if query != "" {
+		u += "?" + query
+	}
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
+	}
+	return resp, nil
+}
+
+// answer reads the (short) text of an error response and closes its body.
+func answer(resp *http.Response) string {
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // lets the connection be reused
+	msg := strings.TrimSpace(string(b))
+	if msg == "" {
+		msg = resp.Status
+	}
+	return msg
+}
+
+// statusErr maps an unexpected answer to ErrUnreachable.
+func statusErr(resp *http.Response) error {
+	return fmt.Errorf("%w: server answered HTTP %s: %s", ErrUnreachable, resp.Status, answer(resp))
+}
+
+// Get returns a copy of the descriptor the server holds under name; see
+// [HTTP] and [Store].
+func (h *HTTP) Get(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
+	h.mu.Lock()
+	err := h.check(ctx, "get", name)
+	h.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkName(name); err != nil {
+		return nil, h.errorf("get", name, fmt.Errorf("%w: %v", ErrNotFound, err))
+	}
+	fctx, stop := h.join(ctx)
+	defer stop()
+	a, err := h.fetch(fctx, name, "")
+	if err != nil {
+		return nil, h.errorf("get", name, h.ctxErr(ctx, err))
+	}
+	if a.desc == nil {
+		return nil, h.errorf("get", name, ErrNotFound)
+	}
+	return a.desc, nil
+}
+
+// fetch asks the server for the descriptor of name, sending ifNoneMatch
+// when not empty. It reads at most 16 MiB and returns a validated
+// descriptor of that name, not-modified, nothing (a 404), or an error.
+func (h *HTTP) fetch(ctx context.Context, name, ifNoneMatch string) (peerAnswer, error) {
+	hdr := http.Header{"Accept": {"application/json"}}
+	if ifNoneMatch != "" {
+		hdr.Set("If-None-Match", ifNoneMatch)
+	}
+	resp, err := h.do(ctx, http.MethodGet, name, "", hdr, nil)
+	if err != nil {
+		return peerAnswer{}, err
+	}
+	switch {
+	case resp.StatusCode == http.StatusOK:
+	case resp.StatusCode == http.StatusNotModified && ifNoneMatch != "":
+		resp.Body.Close()
+		return peerAnswer{notModified: true}, nil
+	case resp.StatusCode == http.StatusNotFound:
+		answer(resp)
+		return peerAnswer{}, nil
+	default:
+		return peerAnswer{}, statusErr(resp)
+	}
+	defer resp.Body.Close()
+	if resp.ContentLength > serverMaxDesc {
+		return peerAnswer{}, fmt.Errorf("%w: server's answer is %d bytes, more than %d", segtable.ErrBadDesc, resp.ContentLength, serverMaxDesc)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, serverMaxDesc+1))
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("%w: reading the answer: %w", ErrUnreachable, err)
+	}
+	if len(body) > serverMaxDesc {
+		return peerAnswer{}, fmt.Errorf("%w: server's answer is more than %d bytes", segtable.ErrBadDesc, serverMaxDesc)
+	}
+	d, err := segtable.UnmarshalDesc(body)
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("server's answer: %w", err)
+	}
+	if d.Name != name {
+		return peerAnswer{}, fmt.Errorf("%w: server answered segment %q", segtable.ErrBadDesc, d.Name)
+	}
+	return peerAnswer{desc: d, body: body, etag: resp.Header.Get("ETag")}, nil
+}
+
+// acquire returns the writing state of name with one more user, or an
+// error when the store is closed or ctx done; release gives it back.
+func (h *HTTP) acquire(ctx context.Context, op, name string) (*httpName, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.check(ctx, op, name); err != nil {
+		return nil, err
+	}
+	n := h.names[name]
+	if n == nil {
+		n = &httpName{name: name, sem: make(chan struct{}, 1)}
+		h.names[name] = n
+	}
+	n.users++
+	return n, nil
+}
+
+func (h *HTTP) release(n *httpName) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n.users--; n.users == 0 {
+		delete(h.names, n.name)
+	}
+}
+
+// lock takes n.sem, unless ctx is done or the store closes first.
+func (h *HTTP) lock(ctx context.Context, n *httpName) error {
+	select {
+	case n.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-h.ctx.Done():
+		return ErrClosed
+	}
+}
+
+// Put validates d and publishes a copy on the server unless another epoch
+// holds its name, then keeps it alive until Delete or Close; see [HTTP]
+// and [Store].
+func (h *HTTP) Put(ctx context.Context, d *segtable.SegmentDesc) error {
+	if d == nil {
+		return h.errorf("put", "", fmt.Errorf("%w: nil descriptor", segtable.ErrBadDesc))
+	}
+	if err := d.Validate(); err != nil {
+		return h.errorf("put", d.Name, err)
+	}
+	if err := checkName(d.Name); err != nil {
+		return h.errorf("put", d.Name, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err))
+	}
+	body, err := d.Marshal()
+	if err != nil {
+		return h.errorf("put", d.Name, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err))
+	}
+	if len(body) > serverMaxDesc {
+		return h.errorf("put", d.Name, fmt.Errorf("%w: %d bytes of JSON, the server accepts at most %d", segtable.ErrBadDesc, len(body), serverMaxDesc))
+	}
+	d = d.Clone()
+	n, err := h.acquire(ctx, "put", d.Name)
+	if err != nil {
+		return err
+	}
+	defer h.release(n)
+	if err := h.lock(ctx, n); err != nil {
+		return h.errorf("put", d.Name, err)
+	}
+	defer func() { <-n.sem }()
+
+	rctx, stop := h.join(ctx)
+	defer stop()
+	if err := h.put(rctx, d.Name, body, false); err != nil {
+		return h.errorf("put", d.Name, h.ctxErr(ctx, err))
+	}
+	n.desc, n.body = d, body
+	if n.stop == nil {
+		h.startRenewal(n)
+	}
+	return nil
+}
+
+// put sends one PUT of body under name, a renewal when renew is set.
+func (h *HTTP) put(ctx context.Context, name string, body []byte, renew bool) error {
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	hdr.Set(headerTTL, h.ttlHeader)
+	if renew {
+		hdr.Set(headerRenew, "1")
+	}
+	resp, err := h.do(ctx, http.MethodPut, name, "", hdr, body)
+	if err != nil {
+		return err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusCreated, http.StatusNoContent:
+		answer(resp)
+		return nil
+	case http.StatusConflict:
+		return fmt.Errorf("%w: %s", ErrExists, answer(resp))
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		return fmt.Errorf("%w: server refused it: %s", segtable.ErrBadDesc, answer(resp))
+	}
+	return statusErr(resp)
+}
+
+// startRenewal starts n's renewal goroutine, unless the store is closing;
+// n.sem is held.
+func (h *HTTP) startRenewal(n *httpName) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return
+	}
+	stop := make(chan struct{})
+	n.stop = stop
+	n.users++
+	h.wg.Add(1)
+	go h.renew(n, stop)
+}
+
+// renew re-PUTs n's descriptor every TTL/3 until stop is closed or
+// replaced, the store closes, or the server says another epoch holds the
+// name.
+func (h *HTTP) renew(n *httpName, stop chan struct{}) {
+	defer h.wg.Done()
+	defer h.release(n)
+	t := time.NewTicker(h.ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-h.ctx.Done():
+			return
+		case <-t.C:
+		}
+		select {
+		case n.sem <- struct{}{}:
+		case <-stop:
+			return
+		case <-h.ctx.Done():
+			return
+		}
+		if n.stop != stop {
+			<-n.sem
+			return
+		}
+		// A renewal that takes longer than the TTL is late anyway; one
+		// that fails is tried again at the next tick.
+		ctx, cancel := context.WithTimeout(h.ctx, max(h.ttl, time.Second))
+		err := h.put(ctx, n.name, n.body, true)
+		cancel()
+		if errors.Is(err, ErrExists) || errors.Is(err, segtable.ErrBadDesc) {
+			n.stop, n.desc, n.body = nil, nil, nil // lost the name: stop for good
+			<-n.sem
+			return
+		}
+		<-n.sem
+	}
+}
+
+// Delete removes the descriptor under name on the server if its epoch
+// matches (0 matches any), and stops renewing it; see [HTTP] and [Store].
+func (h *HTTP) Delete(ctx context.Context, name string, epoch uint64) error {
+	n, err := h.acquire(ctx, "delete", name)
+	if err != nil {
+		return err
+	}
+	defer h.release(n)
+	if err := checkName(name); err != nil {
+		return h.errorf("delete", name, fmt.Errorf("%w: %v", ErrNotFound, err))
+	}
+	if err := h.lock(ctx, n); err != nil {
+		return h.errorf("delete", name, err)
+	}
+	defer func() { <-n.sem }()
+
+	rctx, stop := h.join(ctx)
+	defer stop()
+	err = h.delete(rctx, name, epoch)
+	if !errors.Is(err, ErrEpoch) && n.stop != nil {
+		close(n.stop)
+		n.stop, n.desc, n.body = nil, nil, nil
+	}
+	if err != nil {
+		return h.errorf("delete", name, h.ctxErr(ctx, err))
+	}
+	return nil
+}
+
+func (h *HTTP) delete(ctx context.Context, name string, epoch uint64) error {
+	resp, err := h.do(ctx, http.MethodDelete, name, "epoch="+strconv.FormatUint(epoch, 10), nil, nil)
+	if err != nil {
+		return err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusNoContent:
+		answer(resp)
+		return nil
+	case http.StatusNotFound:
+		answer(resp)
+		return ErrNotFound
+	case http.StatusConflict:
+		return fmt.Errorf("%w: %s", ErrEpoch, answer(resp))
+	}
+	return statusErr(resp)
+}
+
+// Watch returns a coalescing channel of the changes of name, polled from
+// the server, closed when ctx is done or the store is closed; see [HTTP]
+// and [Store].
+func (h *HTTP) Watch(ctx context.Context, name string) (<-chan Event, error) {
+	h.mu.Lock()
+	if err := h.check(ctx, "watch", name); err != nil {
+		h.mu.Unlock()
+		return nil, err
+	}
+	if err := checkName(name); err != nil {
+		h.mu.Unlock()
+		return nil, h.errorf("watch", name, fmt.Errorf("%w: %v", ErrNotFound, err))
+	}
+	h.wg.Add(1)
+	h.mu.Unlock()
+
+	wctx, stop := h.join(ctx)
+	w := &httpWatch{h: h, name: name, ch: make(chan Event, 1)}
+	w.step(wctx)
+	if wctx.Err() != nil {
+		stop()
+		h.wg.Done()
+		return nil, h.errorf("watch", name, h.ctxErr(ctx, wctx.Err()))
+	}
+	go w.run(wctx, stop)
+	return w.ch, nil
+}
+
+// Close ends every watch and renewal, waits for their goroutines and makes
+// later calls fail with [ErrClosed]. It does not delete what the store
+// published: that expires on the server within TTL. It is idempotent and
+// returns nil.
+func (h *HTTP) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	h.mu.Unlock()
+	h.cancel()
+	h.wg.Wait()
+	if h.ownClient {
+		h.client.CloseIdleConnections()
+	}
+	return nil
+}
+
+// httpWatch is the state of one watch; only its goroutine (or Watch,
+// before starting it) touches it.
+type httpWatch struct {
+	h    *HTTP
+	name string
+	ch   chan Event // only this watch sends, so sendLatest cannot block
+	// last is a private copy of the descriptor last delivered, nil before
+	// the first and after a Deleted; lastBody is its JSON.
+	last     *segtable.SegmentDesc
+	lastBody []byte
+	etag     string // of last, for If-None-Match
+	fails    int    // polls failed in a row
+}
+
+func (w *httpWatch) run(ctx context.Context, stop context.CancelFunc) {
+	defer w.h.wg.Done()
+	defer close(w.ch)
+	defer stop()
+	t := time.NewTicker(w.h.poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.step(ctx)
+	}
+}
+
+// step polls the server once and delivers what changed.
+func (w *httpWatch) step(ctx context.Context) {
+	inm := ""
+	if w.last != nil {
+		inm = w.etag
+	}
+	a, err := w.h.fetch(ctx, w.name, inm)
+	switch {
+	case err != nil:
+		if ctx.Err() != nil {
+			return // the watch is ending; its failure says nothing
+		}
+		if w.fails++; w.fails >= p2pGoneAfter {
+			w.gone()
+		}
+	case a.notModified:
+		w.fails = 0
+	case a.desc == nil:
+		w.fails = 0
+		w.gone()
+	default:
+		w.fails = 0
+		changed := w.last == nil || a.etag != w.etag || !bytes.Equal(a.body, w.lastBody)
+		w.etag = a.etag
+		if changed {
+			w.last, w.lastBody = a.desc.Clone(), a.body
+			sendLatest(w.ch, Event{Desc: a.desc})
+		}
+	}
+}
+
+// gone delivers Deleted once for the descriptor last delivered.
+func (w *httpWatch) gone() {
+	if w.last == nil {
+		return
+	}
+	sendLatest(w.ch, Event{Desc: w.last, Deleted: true})
+	w.last, w.lastBody, w.etag = nil, nil, ""
+}
