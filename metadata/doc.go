@@ -7,8 +7,11 @@
 // [Store] is the contract; [Memory] is the in-process store used by tests and
 // by engines that share one process. [P2P] is the default of a deployment:
 // each engine serves its own descriptor on a small HTTP endpoint whose
-// host:port is the segment's name, and fetches and polls its peers'. Stores
-// that span machines (p2p, an HTTP metadata server, etcd) implement the same
+// host:port is the segment's name, and fetches and polls its peers'. [HTTP]
+// is the client of a shared metadata server ([Server], `moonring
+// metadata-server`): entries carry a TTL that the owning client renews, so a
+// crashed engine's segment disappears, and the server keeps them in a file
+// across its restarts. Stores that span machines (p2p, HTTP, etcd) implement the same
 // interface and must keep the same semantics;
 // [github.com/moonring/moonring/metadata/storetest] checks them. Where a
 // store cannot, the difference is documented on the store and declared to
