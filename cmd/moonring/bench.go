@@ -79,7 +79,8 @@ func bench(args []string, out io.Writer) error {
 	batch := fs.Int("batch-size", 32, "requests in flight")
 	duration := fs.Duration("duration", time.Second, "measured time per step (after a warm-up of a fifth of it)")
 	bufSize := fs.String("buffer-size", "64M", "the target's buffer")
-	segment := fs.String("segment", "", "the target's segment (host:port of its p2p endpoint); default: start one")
+	segment := fs.String("segment", "", "the target's segment (host:port of its p2p endpoint, or its name with --metadata http://...); default: start one")
+	meta := fs.String("metadata", "p2p", "p2p, or http://HOST:PORT of a metadata-server")
 	listen := fs.String("listen", "127.0.0.1:0", "target: the p2p metadata endpoint's address (the segment name)")
 	verify := fs.Bool("verify", true, "check the data of every step")
 	asJSON := fs.Bool("json", false, "print results as JSON")
@@ -96,7 +97,7 @@ func bench(args []string, out io.Writer) error {
 		// initiator that started this process ends it so) or a signal.
 		stop := make(chan struct{})
 		go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
-		return serve([]string{"--listen", *listen, "--buffer-size", *bufSize}, out, stop)
+		return serve([]string{"--listen", *listen, "--buffer-size", *bufSize, "--metadata", *meta}, out, stop)
 	}
 	if *mode != "initiator" {
 		return fmt.Errorf("bad mode %q (want initiator or target)", *mode)
@@ -125,7 +126,7 @@ func bench(args []string, out io.Writer) error {
 	var tg *target
 	switch *protocol {
 	case "tcp":
-		tg, err = remoteTarget(*segment, bs[0])
+		tg, err = remoteTarget(*segment, *meta, bs[0])
 	case "local":
 		tg, err = localTarget(bs[0])
 	default:
@@ -221,14 +222,14 @@ func localTarget(size int) (*target, error) {
 
 // remoteTarget opens the segment name over TCP, first starting a target
 // process on loopback when name is empty.
-func remoteTarget(name string, size int) (*target, error) {
+func remoteTarget(name, meta string, size int) (*target, error) {
 	t := &target{transport: "tcp"}
 	if name == "" {
 		self, err := os.Executable()
 		if err != nil {
 			return nil, err
 		}
-		cmd := exec.Command(self, "bench", "--mode", "target", "--buffer-size", strconv.Itoa(size))
+		cmd := exec.Command(self, "bench", "--mode", "target", "--buffer-size", strconv.Itoa(size), "--metadata", meta)
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
@@ -251,7 +252,13 @@ func remoteTarget(name string, size int) (*target, error) {
 		name = strings.TrimSuffix(f[2], ":")
 		go io.Copy(io.Discard, stdout)
 	}
-	store, err := metadata.NewP2P(metadata.P2PConfig{})
+	var store metadata.Store
+	var err error
+	if meta == "p2p" {
+		store, err = metadata.NewP2P(metadata.P2PConfig{})
+	} else {
+		store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: meta})
+	}
 	if err != nil {
 		t.close()
 		return nil, err

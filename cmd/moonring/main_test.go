@@ -145,3 +145,15 @@ func TestBenchPlot(t *testing.T) {
 		t.Fatalf("plot: %+v, %v; want a PNG of at least 500x200", cfg, err)
 	}
 }
+
+// A deployment with a metadata server: the bench's target process
+// publishes there, the initiator resolves it there.
+func TestBenchWithMetadataServer(t *testing.T) {
+	addr, stop := startMetaServer(t, "--listen", "127.0.0.1:0", "--dir", t.TempDir())
+	defer stop()
+	for _, r := range benchJSON(t, "--metadata", addr) {
+		if r.Transport != "tcp" {
+			t.Errorf("transport %q", r.Transport)
+		}
+	}
+}

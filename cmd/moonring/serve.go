@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -29,6 +30,8 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 	tcpListen := fs.String("tcp-listen", "", "the TCP transport's address (default: the endpoint's host, any port)")
 	bufSize := fs.String("buffer-size", "64M", "the buffer to serve")
 	grace := fs.Duration("grace", 5*time.Second, "how long in-flight requests get at shutdown")
+	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), or http://HOST:PORT of a metadata-server")
+	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -37,22 +40,52 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 		return fmt.Errorf("bad buffer-size %q", *bufSize)
 	}
 	var metrics atomic.Pointer[http.Handler] // set once the engine exists
-	store, err := metadata.NewP2P(metadata.P2PConfig{Listen: *listen, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	metricsHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if h := metrics.Load(); h != nil && r.URL.Path == "/metrics" {
 			(*h).ServeHTTP(w, r)
 			return
 		}
 		http.NotFound(w, r)
-	})})
-	if err != nil {
-		return err
+	})
+	var store metadata.Store
+	segName := *name
+	host := "127.0.0.1"
+	switch {
+	case *meta == "p2p":
+		p, err := metadata.NewP2P(metadata.P2PConfig{Listen: *listen, Handler: metricsHandler})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		store, segName = p, p.Name()
+		host, _, _ = strings.Cut(p.Name(), ":")
+	case strings.HasPrefix(*meta, "http://") || strings.HasPrefix(*meta, "https://"):
+		h, err := metadata.NewHTTP(metadata.HTTPConfig{URL: *meta})
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		store = h
+		if segName == "" {
+			hn, _ := os.Hostname()
+			segName = fmt.Sprintf("%s-%d", hn, os.Getpid())
+		}
+		// No p2p endpoint to host /metrics: serve it on --listen alone.
+		ln, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return fmt.Errorf("metrics endpoint: %w", err)
+		}
+		srv := &http.Server{Handler: metricsHandler, ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+		host, _, _ = strings.Cut(ln.Addr().String(), ":")
+	default:
+		return fmt.Errorf("bad metadata %q (want p2p or http://host:port)", *meta)
 	}
-	defer store.Close()
 	if *tcpListen == "" {
-		host, _, _ := strings.Cut(store.Name(), ":")
 		*tcpListen = host + ":0"
 	}
-	e, err := moonring.New(moonring.Config{Metadata: store, TCP: &tcp.Config{Listen: *tcpListen, Key: benchKey()}})
+	e, err := moonring.New(moonring.Config{Name: segName, Metadata: store, TCP: &tcp.Config{Listen: *tcpListen, Key: benchKey()}})
 	if err != nil {
 		return err
 	}
@@ -70,7 +103,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 	if _, err := e.RegisterLocalMemory(buf, "cpu:0", true); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x, metrics at http://%s/metrics\n", e.Name(), len(buf), moonring.AddressOf(buf), e.Name())
+	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x, metadata %s\n", e.Name(), len(buf), moonring.AddressOf(buf), store)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
