@@ -290,20 +290,7 @@ func (w *world) run(tb testing.TB, data []byte) {
 		ud := uint64(i + 1)
 		e := w.entry(data[i*recSize:(i+1)*recSize], ud)
 		code, src, dst, soff, doff, completes := w.expect(&e)
-		// Cancels complete nothing, so a run of them can fill the SQ
-		// before the poller takes them: a full SQ is retried, as a caller
-		// would, until the hang detector.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			err := w.r.SubmitOne(&e)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, moonring.ErrSQFull) || time.Now().After(deadline) {
-				tb.Fatalf("entry %d: Submit: %v", i, err)
-			}
-			runtime.Gosched()
-		}
+		w.submit(tb, i, &e)
 		if !completes {
 			continue
 		}
@@ -342,11 +329,27 @@ func (w *world) run(tb testing.TB, data []byte) {
 	}
 	// A fence: nothing more completes (no completion is doubled or late).
 	fence := sq.Entry{Op: sq.Nop, UserData: math.MaxUint64}
-	if err := w.r.SubmitOne(&fence); err != nil {
-		tb.Fatal(err)
-	}
+	w.submit(tb, -1, &fence)
 	if c := w.wait(tb); c.UserData != math.MaxUint64 {
 		tb.Fatalf("an extra completion %+v", c)
+	}
+}
+
+// submit submits e, retrying a full SQ as a caller would, until a hang
+// detector: Cancels complete nothing, so a run of them can fill the SQ
+// before the poller takes them.
+func (w *world) submit(tb testing.TB, i int, e *sq.Entry) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := w.r.SubmitOne(e)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, moonring.ErrSQFull) || time.Now().After(deadline) {
+			tb.Fatalf("entry %d: Submit: %v", i, err)
+		}
+		runtime.Gosched()
 	}
 }
 
