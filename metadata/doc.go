@@ -11,7 +11,9 @@
 // is the client of a shared metadata server ([Server], `moonring
 // metadata-server`): entries carry a TTL that the owning client renews, so a
 // crashed engine's segment disappears, and the server keeps them in a file
-// across its restarts. Stores that span machines (p2p, HTTP, etcd) implement the same
+// across its restarts. [Etcd] keeps them in an etcd cluster, under a key
+// prefix, each written under a lease that its store keeps alive, so a
+// crashed engine's segment disappears when its lease expires. Stores that span machines (p2p, HTTP, etcd) implement the same
 // interface and must keep the same semantics;
 // [github.com/moonring/moonring/metadata/storetest] checks them. Where a
 // store cannot, the difference is documented on the store and declared to

@@ -1,10 +1,12 @@
 #!/bin/sh
 # ensure-deps.sh: install the system tools the network-namespace tests
 # (netns_test.go) use, when they are missing: ip and tc (iproute2), and nft
-# (nftables), which emulates packet loss on kernels built without netem.
-# It installs with apt-get and so needs root; it does nothing when every
-# tool is there. netns_test.go runs it itself when a tool is missing; it
-# may also be run by hand or from CI before the tests.
+# (nftables), which emulates packet loss on kernels built without netem;
+# and the etcd server (etcd-server) that the etcd store's tests
+# (metadata/etcd_test.go) start. It installs with apt-get and so needs
+# root; it does nothing when every tool is there. netns_test.go and the
+# etcd tests run it themselves when a tool is missing; it may also be run
+# by hand or from CI before the tests.
 #
 #   scripts/ensure-deps.sh          install what is missing
 #   scripts/ensure-deps.sh --check  only report what is missing (exit 1)
@@ -20,6 +22,8 @@ add() {
 command -v ip >/dev/null 2>&1 || add iproute2
 command -v tc >/dev/null 2>&1 || add iproute2
 command -v nft >/dev/null 2>&1 || add nftables
+# Debian's etcd-server installs /usr/bin/etcd, which may not be on PATH.
+command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || add etcd-server
 
 if [ -z "$need" ]; then
 	exit 0

@@ -1,0 +1,785 @@
+package metadata
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/moonring/moonring/segtable"
+)
+
+var _ Store = (*Etcd)(nil)
+
+// Defaults of [EtcdConfig]; the TTL's is [DefaultTTL].
+const (
+	// DefaultEtcdPrefix is the prefix of the keys an [Etcd] store keeps
+	// descriptors under when EtcdConfig.Prefix is empty.
+	DefaultEtcdPrefix = "/moonring/segments/"
+	// DefaultEtcdDialTimeout is how long an [Etcd] store's call waits for
+	// etcd when EtcdConfig.DialTimeout is zero.
+	DefaultEtcdDialTimeout = 5 * time.Second
+)
+
+const (
+	// etcdRetryMin and etcdRetryMax bound the backoff of a watch that
+	// reads etcd again after its watch failed, of a store that writes a
+	// descriptor again after etcd lost its lease, and of the client's
+	// reconnections: an etcd that restarts is found again within
+	// etcdRetryMax of answering.
+	etcdRetryMin = 100 * time.Millisecond
+	etcdRetryMax = 2 * time.Second
+	// etcdPingInterval is how often the client pings an idle connection,
+	// so that a peer gone without a reset (a partition, a dead host) is
+	// noticed. etcd refuses pings more often than every 5s by default.
+	etcdPingInterval = 10 * time.Second
+)
+
+// EtcdConfig configures [NewEtcd]. Endpoints is required.
+type EtcdConfig struct {
+	// Endpoints are the client URLs of the etcd cluster's members,
+	// "http://10.0.0.1:2379" or "10.0.0.1:2379"; the client balances
+	// between them and fails over. TLS and authentication are not
+	// supported.
+	Endpoints []string
+	// Prefix is prepended to a segment's name to make its key; default
+	// [DefaultEtcdPrefix]. Stores that should see each other's segments
+	// use the same prefix; nothing else under it may be written.
+	Prefix string
+	// TTL is how long a descriptor this store Puts outlives the store's
+	// last keepalive: how soon a crashed engine's segment disappears.
+	// Default [DefaultTTL]. etcd leases last whole seconds, so TTL is
+	// rounded up to one and must be at least a second; etcd raises it to
+	// its minimum lease TTL (3s with etcd's default heartbeat and
+	// election timeouts).
+	TTL time.Duration
+	// DialTimeout bounds how long each call waits for etcd, to connect
+	// and to answer; a call that takes longer fails with
+	// [ErrUnreachable]. Default [DefaultEtcdDialTimeout].
+	DialTimeout time.Duration
+}
+
+// Etcd is the [Store] of a deployment that spans machines with an etcd
+// cluster: every engine publishes to and reads from etcd, under any names,
+// with the semantics of [Store] and of [Memory] otherwise. A segment's
+// descriptor is the JSON value of the key EtcdConfig.Prefix + name.
+//
+// Put writes the descriptor under a lease of EtcdConfig.TTL, the name's
+// own, which the store keeps alive (etcd's KeepAlive) from the first Put
+// of the name that succeeds until Delete of that name or Close. An engine
+// that dies stops keeping its leases alive, and etcd deletes its
+// descriptors when they expire, within TTL: that is how a crashed engine's
+// segment goes away (a descriptor written without a lease would linger).
+// Close does not Delete or revoke: the store's descriptors expire within
+// TTL. A Put under a name this store already keeps alive writes under the
+// same lease. When etcd loses a lease the store keeps alive (it expired
+// while etcd could not be reached, or someone revoked it), the store
+// writes the descriptor again under a new lease, retrying with backoff,
+// unless another epoch has taken the name meanwhile; then it gives the
+// name up.
+//
+// Put and Delete are transactions: they read the stored descriptor and
+// write only if the key has not changed since (etcd compares its
+// revision), reading again otherwise. So of two engines that race to
+// publish one name with different epochs exactly one wins and the other
+// gets [ErrExists], and a Delete never removes a descriptor of an epoch it
+// did not check. Puts, Deletes and lease renewals of one name by one store
+// are serialized. A Put or Delete that fails after reaching etcd (a
+// timeout, a done context) may or may not have taken effect; Delete stops
+// keeping the name alive whatever its outcome, unless etcd holds another
+// epoch ([ErrEpoch]) or the call failed before sending (a closed store, a
+// done context), so a Delete that failed midway still lets the descriptor
+// expire.
+//
+// Get reads the key (a value that is not a valid descriptor of that name
+// is [segtable.ErrBadDesc]). Watch reads it once before it returns, so the
+// current descriptor, if any, is the first event (an etcd that does not
+// answer within DialTimeout does not fail Watch: the watch delivers the
+// descriptor when etcd answers), then one goroutine
+// follows etcd's watch of the key from the revision read: every Put, as
+// the new descriptor, and every Delete or lease expiry, as Deleted with
+// the descriptor removed (a value that is not a descriptor also shows as
+// Deleted). When the watch fails (etcd restarted or lost its leader, or
+// compacted the revisions the watch needed) the goroutine reads the key
+// again and watches anew, with backoff, delivering the current state if
+// it changed meanwhile. While etcd cannot be reached a watch delivers
+// nothing: etcd, not its reachability, says whether a segment is alive,
+// and leases do not expire while etcd is down.
+//
+// Errors are those of [Store], and [ErrUnreachable] when etcd does not
+// answer within EtcdConfig.DialTimeout, or answers with an error (no
+// leader, say); a retry can help then. A descriptor larger than etcd
+// accepts (1.5 MiB by default) is [segtable.ErrBadDesc].
+//
+// An Etcd store is safe for concurrent use; its zero value is not usable,
+// and it must not be copied. It holds an etcd client from NewEtcd until
+// Close, and its goroutines (one per name kept alive, one per watch) run
+// until Delete, the end of the watch or Close, which ends them and waits
+// for them.
+type Etcd struct {
+	cli     *clientv3.Client
+	str     string // "etcd " + endpoints
+	prefix  string
+	ttl     int64 // lease TTL in seconds
+	timeout time.Duration
+
+	// ctx is canceled by Close; calls, keepalives and watches run under
+	// it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// wg counts keepalive, watch and revoke goroutines, and Watch calls
+	// setting one up; Add happens under mu while the store is open, so
+	// Close's Wait sees them all.
+	wg sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	// names holds the writing state of each name that a Put, Delete or
+	// keepalive is using; an entry leaves when its last user does.
+	names map[string]*etcdName
+}
+
+// etcdName serializes the writes of one name and holds its lease.
+type etcdName struct {
+	name string
+	// sem is held (a value in it) by the Put, Delete or lease restore
+	// that is writing the name, which alone touches the fields below.
+	sem chan struct{}
+	// lease is the lease the store last wrote the name under and keeps
+	// alive, 0 when none; stop ends its keepalive goroutine.
+	lease clientv3.LeaseID
+	stop  context.CancelFunc
+	// epoch and body are what the last successful Put wrote: what a
+	// restore writes again.
+	epoch uint64
+	body  []byte
+	// users counts Puts, Deletes and keepalives holding this etcdName;
+	// it is guarded by Etcd.mu.
+	users int
+}
+
+// NewEtcd returns a store that keeps descriptors in the etcd cluster at
+// cfg.Endpoints. It sends no request: an etcd that is down shows in the
+// first call, which fails with [ErrUnreachable]. It fails when there is no
+// endpoint, TTL is below a second or DialTimeout negative.
+func NewEtcd(cfg EtcdConfig) (*Etcd, error) {
+	switch {
+	case len(cfg.Endpoints) == 0:
+		return nil, errors.New("metadata etcd: no endpoints")
+	case slices.Contains(cfg.Endpoints, ""):
+		return nil, fmt.Errorf("metadata etcd: empty endpoint in %q", cfg.Endpoints)
+	}
+	str := "etcd " + strings.Join(cfg.Endpoints, ",")
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultEtcdPrefix
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.TTL < time.Second {
+		return nil, fmt.Errorf("metadata %s: TTL %v below etcd's minimum lease, a second", str, cfg.TTL)
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = DefaultEtcdDialTimeout
+	}
+	if cfg.DialTimeout < 0 {
+		return nil, fmt.Errorf("metadata %s: negative DialTimeout %v", str, cfg.DialTimeout)
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            slices.Clone(cfg.Endpoints),
+		DialTimeout:          cfg.DialTimeout,
+		DialKeepAliveTime:    etcdPingInterval,
+		DialKeepAliveTimeout: cfg.DialTimeout,
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  etcdRetryMin,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   etcdRetryMax,
+			},
+			MinConnectTimeout: cfg.DialTimeout,
+		})},
+		// Failures reach the caller as errors; the client's own log
+		// would only repeat them.
+		Logger: zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("metadata %s: %w", str, err)
+	}
+	e := &Etcd{
+		cli:     cli,
+		str:     str,
+		prefix:  cfg.Prefix,
+		ttl:     int64((cfg.TTL + time.Second - 1) / time.Second),
+		timeout: cfg.DialTimeout,
+		names:   make(map[string]*etcdName),
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	return e, nil
+}
+
+// String returns "etcd " and the endpoints, separated by commas.
+func (e *Etcd) String() string { return e.str }
+
+func (e *Etcd) errorf(op, name string, err error) error {
+	return fmt.Errorf("metadata %s: %s %q: %w", e, op, name, err)
+}
+
+func (e *Etcd) key(name string) string { return e.prefix + name }
+
+// check returns the error that stops an operation before it starts; e.mu
+// is held.
+func (e *Etcd) check(ctx context.Context, op, name string) error {
+	if e.closed {
+		return e.errorf(op, name, ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return e.errorf(op, name, err)
+	}
+	return nil
+}
+
+// join returns a context done when ctx is or the store closes.
+func (e *Etcd) join(ctx context.Context) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(e.ctx, cancel)
+	return c, func() { stop(); cancel() }
+}
+
+// call returns the context of one call under ctx: done when ctx is, when
+// the store closes, or after the timeout.
+func (e *Etcd) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	c, cancel := e.join(ctx)
+	c, cancel2 := context.WithTimeout(c, e.timeout)
+	return c, func() { cancel2(); cancel() }
+}
+
+// ctxErr returns the error of a call under e.call(ctx) that failed with
+// err: ErrClosed when the store closed, ctx's error when ctx is done, the
+// store's own errors as they are, and otherwise what etcd's error means.
+func (e *Etcd) ctxErr(ctx context.Context, err error) error {
+	switch {
+	case e.ctx.Err() != nil:
+		return ErrClosed
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, ErrExists), errors.Is(err, ErrEpoch), errors.Is(err, ErrNotFound), errors.Is(err, segtable.ErrBadDesc):
+		return err
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), status.Code(err) == codes.DeadlineExceeded:
+		// The call's own timeout: not the caller's deadline, so it is
+		// not wrapped.
+		return fmt.Errorf("%w: no answer from etcd within %v (%v)", ErrUnreachable, e.timeout, err)
+	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
+		return fmt.Errorf("%w: too large for etcd: %v", segtable.ErrBadDesc, err)
+	}
+	return fmt.Errorf("%w: etcd: %w", ErrUnreachable, err)
+}
+
+// decode returns the descriptor of name that value, read from etcd,
+// holds.
+func decode(name string, value []byte) (*segtable.SegmentDesc, error) {
+	d, err := segtable.UnmarshalDesc(value)
+	if err != nil {
+		return nil, fmt.Errorf("etcd's value: %w", err)
+	}
+	if d.Name != name {
+		return nil, fmt.Errorf("%w: etcd holds segment %q under that name", segtable.ErrBadDesc, d.Name)
+	}
+	return d, nil
+}
+
+// Get returns a copy of the descriptor etcd holds under name; see [Etcd]
+// and [Store].
+func (e *Etcd) Get(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
+	e.mu.Lock()
+	err := e.check(ctx, "get", name)
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	cctx, stop := e.call(ctx)
+	defer stop()
+	resp, err := e.cli.Get(cctx, e.key(name))
+	if err != nil {
+		return nil, e.errorf("get", name, e.ctxErr(ctx, err))
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, e.errorf("get", name, ErrNotFound)
+	}
+	d, err := decode(name, resp.Kvs[0].Value)
+	if err != nil {
+		return nil, e.errorf("get", name, err)
+	}
+	return d, nil
+}
+
+// acquire returns the writing state of name with one more user, or an
+// error when the store is closed or ctx done; release gives it back.
+func (e *Etcd) acquire(ctx context.Context, op, name string) (*etcdName, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.check(ctx, op, name); err != nil {
+		return nil, err
+	}
+	n := e.names[name]
+	if n == nil {
+		n = &etcdName{name: name, sem: make(chan struct{}, 1)}
+		e.names[name] = n
+	}
+	n.users++
+	return n, nil
+}
+
+func (e *Etcd) release(n *etcdName) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if n.users--; n.users == 0 {
+		delete(e.names, n.name)
+	}
+}
+
+// lock takes n.sem, unless ctx is done or the store closes first.
+func (e *Etcd) lock(ctx context.Context, n *etcdName) error {
+	select {
+	case n.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.ctx.Done():
+		return ErrClosed
+	}
+}
+
+// Put validates d and publishes a copy in etcd, under a lease the store
+// keeps alive until Delete or Close, unless another epoch holds its name;
+// see [Etcd] and [Store].
+func (e *Etcd) Put(ctx context.Context, d *segtable.SegmentDesc) error {
+	if d == nil {
+		return e.errorf("put", "", fmt.Errorf("%w: nil descriptor", segtable.ErrBadDesc))
+	}
+	if err := d.Validate(); err != nil {
+		return e.errorf("put", d.Name, err)
+	}
+	body, err := d.Marshal()
+	if err != nil {
+		return e.errorf("put", d.Name, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err))
+	}
+	n, err := e.acquire(ctx, "put", d.Name)
+	if err != nil {
+		return err
+	}
+	defer e.release(n)
+	if err := e.lock(ctx, n); err != nil {
+		return e.errorf("put", d.Name, err)
+	}
+	defer func() { <-n.sem }()
+
+	cctx, stop := e.call(ctx)
+	defer stop()
+	if err := e.publish(cctx, n, d.Epoch, body, n.lease); err != nil {
+		return e.errorf("put", d.Name, e.ctxErr(ctx, err))
+	}
+	return nil
+}
+
+// publish writes body, the descriptor of epoch, under n's name with lease,
+// or with a new lease when lease is 0 or etcd no longer has it, unless
+// another epoch holds the name; then it keeps the lease alive. n.sem is
+// held.
+func (e *Etcd) publish(ctx context.Context, n *etcdName, epoch uint64, body []byte, lease clientv3.LeaseID) error {
+	fresh := false
+	for {
+		if lease == 0 {
+			resp, err := e.cli.Grant(ctx, e.ttl)
+			if err != nil {
+				return err
+			}
+			lease, fresh = resp.ID, true
+		}
+		held, err := e.casPut(ctx, n.name, epoch, body, lease)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !fresh {
+			lease = 0 // it expired before the keepalive noticed
+			continue
+		}
+		if fresh {
+			e.revokeLater(lease)
+		}
+		if errors.Is(err, ErrExists) && n.lease != 0 && held != n.epoch {
+			e.forget(n) // what this store kept alive is gone: the name is another's
+		}
+		return err
+	}
+	n.epoch, n.body = epoch, body
+	if lease != n.lease {
+		e.keep(n, lease)
+	}
+	return nil
+}
+
+// casPut writes body, the descriptor of epoch, under name with lease,
+// unless the key holds another epoch: then it fails with [ErrExists] and
+// returns that epoch (0 for a value that is not a descriptor). Each write
+// is a transaction conditional on the key's revision being the one read,
+// so a concurrent writer makes it read again, never overwrite what it did
+// not check.
+func (e *Etcd) casPut(ctx context.Context, name string, epoch uint64, body []byte, lease clientv3.LeaseID) (held uint64, err error) {
+	key := e.key(name)
+	put := clientv3.OpPut(key, string(body), clientv3.WithLease(lease))
+	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0) // the name is free
+	for {
+		resp, err := e.cli.Txn(ctx).If(cmp).Then(put).Else(clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return 0, err
+		}
+		if resp.Succeeded {
+			return 0, nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+			continue
+		}
+		d, err := segtable.UnmarshalDesc(kvs[0].Value)
+		switch {
+		case err != nil:
+			return 0, fmt.Errorf("%w: etcd holds a value that is not a descriptor (%v)", ErrExists, err)
+		case d.Epoch != epoch:
+			return d.Epoch, fmt.Errorf("%w: held by epoch %d, not %d", ErrExists, d.Epoch, epoch)
+		}
+		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)
+	}
+}
+
+// keep makes lease n's lease and starts its keepalive goroutine, ending
+// the previous one's, unless the store is closing. n.sem is held.
+func (e *Etcd) keep(n *etcdName, lease clientv3.LeaseID) {
+	if n.stop != nil {
+		n.stop()
+	}
+	n.lease, n.stop = lease, nil
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return // the lease expires on its own
+	}
+	ctx, stop := context.WithCancel(e.ctx)
+	n.stop = stop
+	n.users++
+	e.wg.Add(1)
+	go e.keepAlive(ctx, n, lease)
+}
+
+// forget stops keeping n's lease alive; n.sem is held.
+func (e *Etcd) forget(n *etcdName) {
+	if n.stop != nil {
+		n.stop()
+	}
+	n.lease, n.stop, n.epoch, n.body = 0, nil, 0, nil
+}
+
+// keepAlive keeps lease alive until ctx is done (Delete, a new lease for
+// the name, Close). When etcd loses the lease first, it writes n's
+// descriptor again under a new lease, retrying with backoff.
+func (e *Etcd) keepAlive(ctx context.Context, n *etcdName, lease clientv3.LeaseID) {
+	defer e.wg.Done()
+	defer e.release(n)
+	if ch, err := e.cli.KeepAlive(ctx, lease); err == nil {
+		for range ch { // the client sends keepalives every TTL/3
+		}
+	}
+	// The channel closes when ctx is done or etcd has lost the lease:
+	// it answered that the lease expired, or did not answer for a TTL.
+	for delay := etcdRetryMin; ; delay = min(2*delay, etcdRetryMax) {
+		if ctx.Err() != nil || e.restore(ctx, n, lease) {
+			return
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// restore writes n's descriptor again under a new lease after etcd lost
+// lease, n's lease. It reports whether it is done: restored (its
+// successor keeps the new lease alive), given up (another epoch holds the
+// name) or superseded (a Put or Delete changed n's lease meanwhile).
+func (e *Etcd) restore(ctx context.Context, n *etcdName, lease clientv3.LeaseID) bool {
+	select {
+	case n.sem <- struct{}{}:
+	case <-ctx.Done():
+		return true
+	}
+	defer func() { <-n.sem }()
+	if ctx.Err() != nil || n.lease != lease {
+		return true
+	}
+	cctx, stop := e.call(ctx)
+	defer stop()
+	err := e.publish(cctx, n, n.epoch, n.body, 0)
+	return err == nil || errors.Is(err, ErrExists) || ctx.Err() != nil
+}
+
+// revokeLater revokes lease, which holds nothing this store keeps, in the
+// background; a lease left unrevoked expires on its own.
+func (e *Etcd) revokeLater(lease clientv3.LeaseID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		ctx, stop := e.call(context.Background())
+		defer stop()
+		e.cli.Revoke(ctx, lease) //nolint:errcheck // best effort
+	}()
+}
+
+// Delete removes the descriptor under name from etcd if its epoch matches
+// (0 matches any), and stops keeping it alive; see [Etcd] and [Store].
+func (e *Etcd) Delete(ctx context.Context, name string, epoch uint64) error {
+	n, err := e.acquire(ctx, "delete", name)
+	if err != nil {
+		return err
+	}
+	defer e.release(n)
+	if err := e.lock(ctx, n); err != nil {
+		return e.errorf("delete", name, err)
+	}
+	defer func() { <-n.sem }()
+
+	cctx, stop := e.call(ctx)
+	defer stop()
+	err = e.casDelete(cctx, name, epoch)
+	if !errors.Is(err, ErrEpoch) {
+		e.forget(n)
+	}
+	if err != nil {
+		return e.errorf("delete", name, e.ctxErr(ctx, err))
+	}
+	return nil
+}
+
+// casDelete deletes the key of name if it holds epoch (any when 0), in a
+// transaction conditional on the revision whose epoch it checked.
+func (e *Etcd) casDelete(ctx context.Context, name string, epoch uint64) error {
+	key := e.key(name)
+	if epoch == 0 {
+		resp, err := e.cli.Delete(ctx, key)
+		if err != nil {
+			return err
+		}
+		if resp.Deleted == 0 {
+			return ErrNotFound
+		}
+		return nil
+	}
+	resp, err := e.cli.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	kvs := resp.Kvs
+	for {
+		if len(kvs) == 0 {
+			return ErrNotFound
+		}
+		held, err := segtable.UnmarshalDesc(kvs[0].Value)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%w: etcd holds a value that is not a descriptor (%v)", ErrEpoch, err)
+		case held.Epoch != epoch:
+			return fmt.Errorf("%w: held by epoch %d, not %d", ErrEpoch, held.Epoch, epoch)
+		}
+		tresp, err := e.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)).
+			Then(clientv3.OpDelete(key)).
+			Else(clientv3.OpGet(key)).
+			Commit()
+		if err != nil {
+			return err
+		}
+		if tresp.Succeeded {
+			return nil
+		}
+		kvs = tresp.Responses[0].GetResponseRange().GetKvs()
+	}
+}
+
+// Watch returns a coalescing channel of the changes of name, followed
+// through etcd's watch, closed when ctx is done or the store is closed;
+// see [Etcd] and [Store].
+func (e *Etcd) Watch(ctx context.Context, name string) (<-chan Event, error) {
+	e.mu.Lock()
+	if err := e.check(ctx, "watch", name); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	e.wg.Add(1)
+	e.mu.Unlock()
+
+	wctx, stop := e.join(ctx)
+	w := &etcdWatch{e: e, name: name, key: e.key(name), ch: make(chan Event, 1)}
+	synced := w.sync(wctx)
+	if wctx.Err() != nil {
+		stop()
+		e.wg.Done()
+		return nil, e.errorf("watch", name, e.ctxErr(ctx, wctx.Err()))
+	}
+	go w.run(wctx, stop, synced)
+	return w.ch, nil
+}
+
+// Close ends every watch and keepalive, waits for their goroutines, closes
+// the etcd client and makes later calls fail with [ErrClosed]. It neither
+// deletes nor revokes what the store published: that expires within TTL.
+// It is idempotent and returns nil.
+func (e *Etcd) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.mu.Unlock()
+	e.cancel()
+	e.wg.Wait()
+	e.cli.Close() //nolint:errcheck // it reports the cancellation of its own calls
+	return nil
+}
+
+// etcdWatch is the state of one watch; only its goroutine (or Watch,
+// before starting it) touches it.
+type etcdWatch struct {
+	e         *Etcd
+	name, key string
+	ch        chan Event // only this watch sends, so sendLatest cannot block
+	// last is a private copy of the descriptor last delivered, nil
+	// before the first and after a Deleted; lastRev is the revision
+	// that wrote it.
+	last    *segtable.SegmentDesc
+	lastRev int64
+	// rev is the revision to watch from: the one after the last read.
+	rev int64
+}
+
+func (w *etcdWatch) run(ctx context.Context, stop context.CancelFunc, synced bool) {
+	defer w.e.wg.Done()
+	defer close(w.ch)
+	defer stop()
+	delay := etcdRetryMin
+	for ctx.Err() == nil {
+		if !synced {
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			delay = min(2*delay, etcdRetryMax)
+			if synced = w.sync(ctx); !synced {
+				continue
+			}
+		}
+		if w.follow(ctx) {
+			delay = etcdRetryMin
+		}
+		synced = false
+	}
+}
+
+// sync reads the key and delivers its value if it is not what was last
+// delivered; it reports whether etcd answered.
+func (w *etcdWatch) sync(ctx context.Context) bool {
+	cctx, stop := context.WithTimeout(ctx, w.e.timeout)
+	defer stop()
+	resp, err := w.e.cli.Get(cctx, w.key)
+	if err != nil {
+		return false
+	}
+	w.rev = resp.Header.Revision + 1
+	if len(resp.Kvs) == 0 {
+		w.gone(nil)
+	} else {
+		w.update(resp.Kvs[0])
+	}
+	return true
+}
+
+// follow delivers the changes etcd's watch reports from w.rev on, until
+// the watch fails or ctx is done. It reports whether the watch delivered
+// anything.
+func (w *etcdWatch) follow(ctx context.Context) bool {
+	// Without a leader, etcd ends the watch rather than leave it silent
+	// on a member cut off from the cluster.
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	answered := false
+	for resp := range w.e.cli.Watch(wctx, w.key, clientv3.WithRev(w.rev), clientv3.WithPrevKV()) {
+		if resp.Err() != nil || resp.Canceled {
+			return answered // compacted, no leader: read the key again
+		}
+		answered = true
+		for _, ev := range resp.Events {
+			switch ev.Type {
+			case mvccpb.PUT:
+				w.update(ev.Kv)
+			case mvccpb.DELETE:
+				var prev *segtable.SegmentDesc
+				if ev.PrevKv != nil {
+					prev, _ = decode(w.name, ev.PrevKv.Value)
+				}
+				w.gone(prev)
+			}
+			w.rev = ev.Kv.ModRevision + 1
+		}
+	}
+	return answered
+}
+
+// update delivers kv, the key's value, unless it was delivered already; a
+// value that is not a descriptor of the name is delivered as Deleted.
+func (w *etcdWatch) update(kv *mvccpb.KeyValue) {
+	if w.last != nil && kv.ModRevision == w.lastRev {
+		return
+	}
+	d, err := decode(w.name, kv.Value)
+	if err != nil {
+		w.gone(nil)
+		return
+	}
+	w.last, w.lastRev = d.Clone(), kv.ModRevision
+	sendLatest(w.ch, Event{Desc: d})
+}
+
+// gone delivers Deleted once for the descriptor last delivered, as prev
+// when etcd told what it removed.
+func (w *etcdWatch) gone(prev *segtable.SegmentDesc) {
+	if w.last == nil {
+		return
+	}
+	if prev == nil {
+		prev = w.last
+	}
+	sendLatest(w.ch, Event{Desc: prev, Deleted: true})
+	w.last, w.lastRev = nil, 0
+}
