@@ -52,6 +52,12 @@ type Poller struct {
 	// slow is set by rings (poller goroutine only) after a round that
 	// copied enough bytes for the cached clock to fall behind.
 	slow bool
+	// token is held by whoever steps the rings: the poller goroutine, or
+	// while it is parked a completer it lent them to. Every field of the
+	// rings that the docs call poller-owned belongs to the holder.
+	token atomic.Bool
+	// parkUntil is when the parked poller's timer fires (token holder).
+	parkUntil int64
 	// asked counts callers of do and Stop: the loop looks at its channels
 	// only when it is non-zero, not on every round.
 	asked atomic.Int32
@@ -70,6 +76,7 @@ func NewPoller(cfg PollerConfig) *Poller {
 		done:     make(chan struct{}),
 	}
 	p.started = now()
+	p.token.Store(true)
 	go p.run()
 	return p
 }
@@ -286,19 +293,30 @@ func (p *Poller) run() {
 		if hs := p.hooks.Load(); hs != nil && len(*hs) > 0 {
 			wait = min(wait, time.Millisecond)
 		}
-		if wait < time.Duration(1<<63-1) {
-			timer.Reset(max(wait, 0))
-		}
+		// An idle poller still looks up every 100 ms, so that work a lent
+		// step adds (a new request's deadline) rarely comes before the
+		// timer; when it does, the lender rings (see stepLent).
+		wait = min(wait, maxPark)
+		timer.Reset(max(wait, 0))
+		p.parkUntil = t + int64(wait)
 		parkedAt := now()
 		p.parks++
+		// While parked the poller lends its rings out: a transport goroutine
+		// that completes a slice takes the token and steps them itself (see
+		// Ring.Complete), sparing a wakeup of this goroutine.
+		p.token.Store(false)
+		var fn func()
 		select {
 		case <-p.bell.C():
 		case <-timer.C:
-		case fn := <-p.requests:
-			fn()
+		case fn = <-p.requests:
 		case <-p.stop:
-			p.bell.Disarm()
-			continue // handled at the top of the loop
+		}
+		for !p.token.CompareAndSwap(false, true) {
+			runtime.Gosched() // a completer is stepping the rings
+		}
+		if fn != nil {
+			fn()
 		}
 		timer.Stop()
 		p.bell.Disarm()
@@ -306,6 +324,24 @@ func (p *Poller) run() {
 		last = t
 		p.parked += t - parkedAt
 	}
+}
+
+// maxPark bounds a poller's sleep.
+const maxPark = 100 * time.Millisecond
+
+// stepLent runs one round of the rings on the caller's goroutine, for a
+// caller that took the token of a parked poller, and reports whether the
+// poller must wake: work is left, or a ring needs it before its timer.
+func (p *Poller) stepLent() bool {
+	t := now()
+	wake := false
+	for _, r := range p.list() {
+		if !r.detached {
+			r.step(t)
+			wake = wake || r.wakeAt(t) < p.parkUntil
+		}
+	}
+	return wake || p.ready()
 }
 
 // PollerStats are a poller's counters.

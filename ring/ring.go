@@ -259,7 +259,7 @@ func (r *Ring) Submit(es []sq.Entry) (int, error) {
 	if r.closed.Load() {
 		return 0, ErrClosed
 	}
-	n := r.sq.Push(es)
+	n := r.sq.Push(es) // rings the poller's doorbell if it is parked
 	if r.closed.Load() {
 		// Close came between the check above and the push, and its
 		// shutdown may have emptied the SQ before these arrived: complete
@@ -710,7 +710,25 @@ func (r *Ring) Complete(tok uint64, err error) {
 		// Cannot happen: the poller posts at most done.Cap() slices at once.
 		panic("ring: slice completion queue overrun")
 	}
-	r.poller.bell.Ring()
+	r.wake()
+}
+
+// wake gets a slice completion seen to. A parked poller lends its rings: the
+// transport goroutine that completed the slice steps them itself rather
+// than wake it, one wakeup less between a response and its CQE. An awake
+// poller costs one atomic load. (Submit does not borrow: measured, a caller
+// stepping the rings, writes included, cost more throughput than the
+// wakeup it saved.)
+func (r *Ring) wake() {
+	p := r.poller
+	if p.bell.Armed() && p.token.CompareAndSwap(false, true) {
+		more := p.stepLent()
+		p.token.Store(false)
+		if !more {
+			return
+		}
+	}
+	p.bell.Ring()
 }
 
 func codeOf(err error) cq.Code {

@@ -27,6 +27,9 @@ func (d *Doorbell) Ring() {
 	}
 }
 
+// Armed reports whether the waiter is parked (or about to park).
+func (d *Doorbell) Armed() bool { return d.armed.Load() }
+
 // Arm announces that the poller is about to park. The poller must check for
 // work after Arm and before Wait, and Disarm if it finds any.
 func (d *Doorbell) Arm() { d.armed.Store(true) }
