@@ -80,7 +80,7 @@ func bench(args []string, out io.Writer) error {
 	duration := fs.Duration("duration", time.Second, "measured time per step (after a warm-up of a fifth of it)")
 	bufSize := fs.String("buffer-size", "64M", "the target's buffer")
 	segment := fs.String("segment", "", "the target's segment (host:port of its p2p endpoint, or its name with --metadata http://...); default: start one")
-	meta := fs.String("metadata", "p2p", "p2p, or http://HOST:PORT of a metadata-server")
+	meta := fs.String("metadata", "p2p", "p2p, http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,HOST:PORT...]")
 	listen := fs.String("listen", "127.0.0.1:0", "target: the p2p metadata endpoint's address (the segment name)")
 	verify := fs.Bool("verify", true, "check the data of every step")
 	asJSON := fs.Bool("json", false, "print results as JSON")
@@ -254,9 +254,12 @@ func remoteTarget(name, meta string, size int) (*target, error) {
 	}
 	var store metadata.Store
 	var err error
-	if meta == "p2p" {
+	switch {
+	case meta == "p2p":
 		store, err = metadata.NewP2P(metadata.P2PConfig{})
-	} else {
+	case strings.HasPrefix(meta, "etcd://"):
+		store, err = metadata.NewEtcd(metadata.EtcdConfig{Endpoints: etcdEndpoints(meta)})
+	default:
 		store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: meta})
 	}
 	if err != nil {
@@ -407,3 +410,14 @@ func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify b
 
 // createFile creates (or truncates) a file for the plot.
 func createFile(name string) (*os.File, error) { return os.Create(name) }
+
+// etcdEndpoints turns etcd://a:2379,b:2379 into the client's endpoint list.
+func etcdEndpoints(spec string) []string {
+	var eps []string
+	for _, hp := range strings.Split(strings.TrimPrefix(spec, "etcd://"), ",") {
+		if hp != "" {
+			eps = append(eps, "http://"+hp)
+		}
+	}
+	return eps
+}

@@ -10,6 +10,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/moonring/moonring/metadata/etcdtest"
 )
 
 // TestMain lets the test binary stand in for the moonring binary when the
@@ -152,6 +154,18 @@ func TestBenchWithMetadataServer(t *testing.T) {
 	addr, stop := startMetaServer(t, "--listen", "127.0.0.1:0", "--dir", t.TempDir())
 	defer stop()
 	for _, r := range benchJSON(t, "--metadata", addr) {
+		if r.Transport != "tcp" {
+			t.Errorf("transport %q", r.Transport)
+		}
+	}
+}
+
+// A deployment on etcd: the target process publishes its segment under a
+// lease there, the initiator resolves it there.
+func TestBenchWithEtcd(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	spec := "etcd://" + strings.TrimPrefix(etcd.Endpoint(), "http://")
+	for _, r := range benchJSON(t, "--metadata", spec) {
 		if r.Transport != "tcp" {
 			t.Errorf("transport %q", r.Transport)
 		}

@@ -30,7 +30,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 	tcpListen := fs.String("tcp-listen", "", "the TCP transport's address (default: the endpoint's host, any port)")
 	bufSize := fs.String("buffer-size", "64M", "the buffer to serve")
 	grace := fs.Duration("grace", 5*time.Second, "how long in-flight requests get at shutdown")
-	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), or http://HOST:PORT of a metadata-server")
+	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
 	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -59,13 +59,17 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 		defer p.Close()
 		store, segName = p, p.Name()
 		host, _, _ = strings.Cut(p.Name(), ":")
-	case strings.HasPrefix(*meta, "http://") || strings.HasPrefix(*meta, "https://"):
-		h, err := metadata.NewHTTP(metadata.HTTPConfig{URL: *meta})
+	case strings.HasPrefix(*meta, "http://") || strings.HasPrefix(*meta, "https://") || strings.HasPrefix(*meta, "etcd://"):
+		var err error
+		if strings.HasPrefix(*meta, "etcd://") {
+			store, err = metadata.NewEtcd(metadata.EtcdConfig{Endpoints: etcdEndpoints(*meta)})
+		} else {
+			store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: *meta})
+		}
 		if err != nil {
 			return err
 		}
-		defer h.Close()
-		store = h
+		defer store.Close()
 		if segName == "" {
 			hn, _ := os.Hostname()
 			segName = fmt.Sprintf("%s-%d", hn, os.Getpid())
@@ -80,7 +84,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 		defer srv.Close()
 		host, _, _ = strings.Cut(ln.Addr().String(), ":")
 	default:
-		return fmt.Errorf("bad metadata %q (want p2p or http://host:port)", *meta)
+		return fmt.Errorf("bad metadata %q (want p2p, http://host:port or etcd://host:port)", *meta)
 	}
 	if *tcpListen == "" {
 		*tcpListen = host + ":0"
