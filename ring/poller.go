@@ -312,6 +312,9 @@ func (p *Poller) run() {
 		case fn = <-p.requests:
 		case <-p.stop:
 		}
+		// Disarm first, so that completers stop borrowing and the token
+		// comes back promptly.
+		p.bell.Disarm()
 		for !p.token.CompareAndSwap(false, true) {
 			runtime.Gosched() // a completer is stepping the rings
 		}
@@ -336,12 +339,15 @@ func (p *Poller) stepLent() bool {
 	t := now()
 	wake := false
 	for _, r := range p.list() {
-		if !r.detached {
-			r.step(t)
-			wake = wake || r.wakeAt(t) < p.parkUntil
+		if r.detached {
+			// A closed ring's last slices are the poller's to reap.
+			wake = wake || !r.done.Empty()
+			continue
 		}
+		wake = r.stepLent(t) || wake
+		wake = wake || r.wakeAt(t) < p.parkUntil
 	}
-	return wake || p.ready()
+	return wake || len(p.requests) > 0
 }
 
 // PollerStats are a poller's counters.

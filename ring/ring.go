@@ -58,9 +58,10 @@ type Config struct {
 }
 
 // Sink receives a ring's completions instead of its CQ; the engine uses one
-// to store batch task status. Its methods run on the poller goroutine (or,
-// once the poller has stopped, on the goroutine closing the ring) and must
-// not block.
+// to store batch task status. Its methods run on the goroutine that holds
+// the poller's token (the poller, or a transport goroutine completing a
+// slice while the poller is parked; once the poller has stopped, the
+// goroutine closing the ring) and must not block.
 type Sink interface {
 	// Started says the request with userData passed its checks and its
 	// slices are being posted.
@@ -119,7 +120,8 @@ type Ring struct {
 	poller *Poller
 	closed atomic.Bool
 
-	// Poller-owned state below: only the poller goroutine touches it.
+	// Poller-owned state below: only the holder of the poller's token (its
+	// goroutine, or a goroutine it lent its rings to while parked) touches it.
 	cfg         Config
 	tables      *Tables
 	reqs        []request
@@ -345,6 +347,25 @@ func (r *Ring) step(t int64) bool {
 	}
 	r.flushCQ()
 	return work
+}
+
+// stepLent is the part of step that a goroutine borrowing a parked
+// poller's rings does (see Ring.wake): it applies slice completions, posts
+// slices that were waiting (retries, notifications) and writes the
+// completions. It does not take new entries or start requests, whose slices
+// may be large synchronous copies: it reports that the poller should wake
+// for those (and for posting left over).
+func (r *Ring) stepLent(t int64) (wake bool) {
+	r.reap()
+	if len(r.redo) > 0 {
+		r.postRedo()
+	}
+	r.flush()
+	if r.active > 0 && t >= r.nextCheck {
+		r.expire(t)
+	}
+	r.flushCQ()
+	return r.ready() || len(r.redo) > 0 || r.postHead < len(r.postq)
 }
 
 // ready reports whether step would find work that needs no other event.

@@ -447,19 +447,19 @@ type conn struct {
 	next    uint64
 	off     int
 	sent    atomic.Uint64
-	// writing is the end of the frames handed to the kernel (or about to
-	// be): the receiver accepts responses only below it.
-	writing atomic.Uint64
-	iov     [][]byte
-	sizes   []int           // of the frames gather last gathered
-	rc      syscall.RawConn // nil on TLS: every frame goes through send
-	ur      *uring.Ring     // the sender's io_uring (Config.IOUring), or nil
-	fd      int             // the socket, for ur
-	uiov    []unix.Iovec
-	writeFn func(fd uintptr) bool
-	wiov    [][]byte
-	wn      int
-	werr    error
+	// busySince is when a post found the connection idle (UnixNano): the
+	// response timeout counts from it.
+	busySince atomic.Int64
+	iov       [][]byte
+	sizes     []int           // of the frames gather last gathered
+	rc        syscall.RawConn // nil on TLS: every frame goes through send
+	ur        *uring.Ring     // the sender's io_uring (Config.IOUring), or nil
+	fd        int             // the socket, for ur
+	uiov      []unix.Iovec
+	writeFn   func(fd uintptr) bool
+	wiov      [][]byte
+	wn        int
+	werr      error
 
 	quit     chan struct{} // closed when the connection fails
 	sendDone chan struct{}
@@ -474,9 +474,13 @@ func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf) 
 	if c.failed.Load() {
 		return false, transport.ErrPeer
 	}
+	idle := c.q.Len() == 0
 	pos, n := c.q.Reserve(1)
 	if n == 0 {
 		return false, nil
+	}
+	if idle {
+		c.busySince.Store(time.Now().UnixNano())
 	}
 	p := c.q.Slot(pos)
 	p.s, p.c = *s, comp
@@ -566,7 +570,6 @@ func (c *conn) kick() {
 	}
 	for c.next < c.q.Committed() {
 		c.wiov = c.gather(c.q.Committed())
-		c.writing.Store(c.next + uint64(len(c.sizes)))
 		raceRelease()
 		if c.rc.Write(c.writeFn) != nil {
 			// Refused before writeFn ran (closed, a deadline passed): c.wn
@@ -612,7 +615,6 @@ func (c *conn) send() {
 		end := c.q.Committed()
 		for c.next < end {
 			bufs = c.gather(end)
-			c.writing.Store(c.next + uint64(len(c.sizes)))
 			raceRelease()
 			var n int64
 			var err error
@@ -684,33 +686,58 @@ func (c *conn) uringWrite(iov [][]byte) (int64, error) {
 func (c *conn) receive() {
 	defer close(c.recvDone)
 	var (
-		hdr   [respSize]byte
-		armed time.Time // when the read deadline was last pushed out
+		hdr      [respSize]byte
+		last     = time.Now().UnixNano() // the last response (or the start)
+		deadline int64                   // the read deadline set, UnixNano
 	)
-	timeout := c.e.t.cfg.ResponseTimeout
+	timeout := int64(c.e.t.cfg.ResponseTimeout)
 	for {
 		// A target that keeps the connection up but stops answering must
-		// not hold slices (and their ring slots) for ever: while requests
-		// are out, a response must come within ResponseTimeout. The
-		// deadline is pushed out every half timeout, not per response.
-		if now := time.Now(); timeout > 0 && now.Sub(armed) > timeout/2 {
-			c.nc.SetReadDeadline(now.Add(timeout))
-			armed = now
-		}
-		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) && c.q.Head() == c.q.Committed() {
-				armed = time.Time{} // idle: nothing was owed
+		// not hold slices (and their ring slots) for ever: a response must
+		// come within ResponseTimeout of the last one, or of the moment
+		// requests went out on an idle connection. The read deadline is a
+		// wake-up, moved only when it lags by half a timeout: when it
+		// fires early (the connection was idle, or answers came since),
+		// the read goes on.
+		got := 0
+		for got < respSize {
+			owed := max(last, c.busySince.Load())
+			if timeout > 0 && owed+timeout-deadline > timeout/2 {
+				deadline = owed + timeout
+				c.nc.SetReadDeadline(time.Unix(0, deadline))
+			}
+			k, err := c.br.Read(hdr[got:])
+			got += k
+			if err == nil {
 				continue
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				idle := c.q.Head() == c.q.Committed()
+				if idle {
+					last = time.Now().UnixNano()
+				}
+				if idle || time.Now().UnixNano()-max(last, c.busySince.Load()) < timeout {
+					deadline = 0 // set a fresh one
+					continue
+				}
 			}
 			c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
 			return
 		}
+		last = time.Now().UnixNano()
 		id, status, err := decodeResp(hdr[:])
 		pos := c.q.Head()
-		// A response may only answer a frame already handed to the kernel:
-		// an early one (a broken or hostile target guessing ids) would
-		// release a slot that a sender is still reading.
-		if err == nil && (pos >= c.writing.Load() || id != uint32(pos)) {
+		// A response may only answer a frame written whole: an early one (a
+		// broken or hostile target answering a frame still being sent)
+		// would release a slot that the sender still reads. A writer that
+		// has just sent the frame may not have counted it yet: wait for it,
+		// briefly.
+		if err == nil && pos >= c.sent.Load() {
+			for t0 := time.Now(); pos >= c.sent.Load() && c.sending.Load() && time.Since(t0) < time.Second; {
+				runtime.Gosched()
+			}
+		}
+		if err == nil && (pos >= c.sent.Load() || id != uint32(pos)) {
 			err = fmt.Errorf("%w: response %d not expected (next is %d)", ErrProtocol, id, uint32(pos))
 		}
 		if err != nil {

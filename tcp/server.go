@@ -217,15 +217,20 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		held = make([]*region, 0, 32)
 		bufs net.Buffers
 	)
-	// frameDeadline bounds the moving of payloads (FrameTimeout): set at
-	// the first payload of a burst, cleared before waiting for the next
-	// request, so an idle connection has none and a stalled initiator
-	// cannot hold a region for ever.
+	// The deadline bounds the moving of payloads (FrameTimeout): set for a
+	// payload, cleared before waiting for the next request, so an idle
+	// connection has none and a stalled initiator cannot hold a region for
+	// ever.
+	// The deadline is renewed per payload move, but set again only when
+	// half of it has gone: each frame gets at least half a FrameTimeout,
+	// without a timer update per frame.
 	deadline := false
+	var setAt time.Time
 	setDeadline := func() {
-		if !deadline {
-			conn.SetDeadline(time.Now().Add(t.cfg.FrameTimeout))
-			deadline = true
+		now := time.Now()
+		if !deadline || now.Sub(setAt) > t.cfg.FrameTimeout/2 {
+			conn.SetDeadline(now.Add(t.cfg.FrameTimeout))
+			deadline, setAt = true, now
 		}
 	}
 	flush := func() error {

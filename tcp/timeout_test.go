@@ -44,3 +44,35 @@ func TestResponseTimeout(t *testing.T) {
 		}
 	}
 }
+
+// The response timeout counts from when requests went out, not from when
+// the connection last went idle: requests posted just before an idle
+// connection's old deadline are answered, not failed.
+func TestResponseTimeoutCountsFromPost(t *testing.T) {
+	targ := newSide(t, Config{})
+	remote := targ.register(t, targ.alloc(t, 1<<20, 0), true)
+	init := newSide(t, Config{Rails: 1, ResponseTimeout: 300 * time.Millisecond})
+	local := init.alloc(t, 1<<20, 1)
+	ep, err := init.tr.Open(context.Background(), targ.desc(targ.tr.Addr(), remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	for round := 0; round < 4; round++ {
+		time.Sleep(280 * time.Millisecond) // idle almost a whole timeout
+		const n, size = 8, 4096
+		s := make([]transport.Slice, n)
+		for i := range s {
+			s[i] = localSlice(transport.Read, local[i*size:(i+1)*size], remote.addr+uint64(i*size), uint64(round*n+i+1))
+		}
+		comp := make(chanCompleter, 2*n)
+		if k, err := ep.Post(comp, s); k != n || err != nil {
+			t.Fatalf("Post: %d, %v", k, err)
+		}
+		for tok, err := range comp.await(t, n) {
+			if err != nil {
+				t.Fatalf("round %d, slice %d: %v; the target answered in time", round, tok, err)
+			}
+		}
+	}
+}

@@ -110,7 +110,10 @@ type Slice struct {
 }
 
 // Completer hears of every posted slice exactly once. Implementations are
-// lock-free and safe for concurrent use; Complete must not block.
+// lock-free and safe for concurrent use; Complete must not block. Complete
+// may call back into Post of the same endpoint (the engine posts retries
+// and notifications from it), so a transport must not hold a lock across a
+// call to Complete that its Post also takes.
 type Completer interface {
 	// Complete reports that the slice carrying token finished: err is nil
 	// when every byte moved.
