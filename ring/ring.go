@@ -137,6 +137,9 @@ type Ring struct {
 	outstanding int // slices posted and not yet completed
 	active      int // requests in slots, including zombies
 	nextCheck   int64
+	// lent is set while a borrowing goroutine steps the ring; deferred
+	// reports that it left synchronous copies for the poller.
+	lent, deferred bool
 	// blockedSince is when the ring last found no free slot for the entry
 	// at the head of its SQ; 0 while it is not blocked.
 	blockedSince int64
@@ -349,23 +352,18 @@ func (r *Ring) step(t int64) bool {
 	return work
 }
 
-// stepLent is the part of step that a goroutine borrowing a parked
-// poller's rings does (see Ring.wake): it applies slice completions, posts
-// slices that were waiting (retries, notifications) and writes the
-// completions. It does not take new entries or start requests, whose slices
-// may be large synchronous copies: it reports that the poller should wake
-// for those (and for posting left over).
+// stepLent is step for a goroutine borrowing a parked poller's rings (see
+// Ring.wake): a transport goroutine that just completed a slice. It does
+// everything step does but synchronous copies, which could be large: their
+// slices are left for the poller, and stepLent reports that it must wake
+// (as it does for any work left).
 func (r *Ring) stepLent(t int64) (wake bool) {
-	r.reap()
-	if len(r.redo) > 0 {
-		r.postRedo()
-	}
-	r.flush()
-	if r.active > 0 && t >= r.nextCheck {
-		r.expire(t)
-	}
-	r.flushCQ()
-	return r.ready() || len(r.redo) > 0 || r.postHead < len(r.postq)
+	r.lent = true
+	r.step(t)
+	r.lent = false
+	deferred := r.deferred
+	r.deferred = false
+	return deferred || r.ready()
 }
 
 // ready reports whether step would find work that needs no other event.
@@ -668,6 +666,17 @@ func (r *Ring) flush() bool {
 		return true
 	}
 	if cp, ok := r.batchEP.(transport.Copier); ok {
+		if r.lent {
+			// Not on a borrowed goroutine: the poller copies these.
+			for i := range r.batch {
+				r.redo = append(r.redo, r.batch[i].Token)
+			}
+			clear(r.batch)
+			r.batch = r.batch[:0]
+			r.batchEP = nil
+			r.deferred = true
+			return true
+		}
 		r.copyBatch(cp)
 		return true
 	}
