@@ -74,7 +74,7 @@ func bench(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	mode := fs.String("mode", "initiator", "initiator, or target (serve a buffer until stdin closes or a signal)")
 	protocol := fs.String("protocol", "tcp", "tcp (a target process) or local (engines in this process)")
-	operation := fs.String("operation", "write,read", "write, read or both, comma separated")
+	operation := fs.String("operation", "write,read", "write, read, mix (half of the requests each), comma separated")
 	blocks := fs.String("block-size", "4K,64K,1M,16M", "block sizes, comma separated (K, M suffixes)")
 	batch := fs.Int("batch-size", 32, "requests in flight")
 	duration := fs.Duration("duration", time.Second, "measured time per step (after a warm-up of a fifth of it)")
@@ -116,8 +116,10 @@ func bench(args []string, out io.Writer) error {
 			ops = append(ops, moonring.OpWrite)
 		case "read":
 			ops = append(ops, moonring.OpRead)
+		case "mix":
+			ops = append(ops, opMix)
 		default:
-			return fmt.Errorf("bad operation %q (want write or read)", o)
+			return fmt.Errorf("bad operation %q (want write, read or mix)", o)
 		}
 	}
 	if slices.Max(sizes) > bs[0] {
@@ -297,11 +299,26 @@ func remoteTarget(name, meta string, size int) (*target, error) {
 	return t, nil
 }
 
+// opMix asks step for WRITEs on even blocks and READs on odd ones.
+const opMix = moonring.Op(0xff)
+
 // step runs one op and block size for d, depth requests in flight, each
 // on its own block of both buffers, and checks the bytes afterwards.
 func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify bool) (result, error) {
 	depth = max(1, min(depth, len(t.model)/size))
 	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Batch: depth}
+	opOf := func(slot int) moonring.Op {
+		switch {
+		case op != opMix:
+			return op
+		case slot%2 == 0:
+			return moonring.OpWrite
+		}
+		return moonring.OpRead
+	}
+	if op == opMix {
+		res.Op = "mix"
+	}
 	span := size * depth
 	local, err := t.ini.Alloc(span, "cpu:0")
 	if err != nil {
@@ -334,7 +351,7 @@ func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify b
 	t0 := time.Now()
 	warm, warmed := d/5, false
 	for slot := range depth {
-		if err := submit(slot, op); err != nil {
+		if err := submit(slot, opOf(slot)); err != nil {
 			return res, err
 		}
 	}
@@ -360,7 +377,7 @@ func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify b
 				res.Requests, lat = 0, lat[:0]
 			}
 			if !warmed || now.Sub(t0) < d {
-				if err := submit(slot, op); err != nil {
+				if err := submit(slot, opOf(slot)); err != nil {
 					return res, err
 				}
 				inflight++
@@ -376,21 +393,30 @@ func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify b
 		pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
 		res.P50us, res.P99us, res.P999us = pct(0.50), pct(0.99), pct(0.999)
 	}
-	if op == moonring.OpWrite {
-		copy(t.model, local) // every slot was written with the same bytes each time
+	// Every written block was written with the same bytes each time.
+	written := 0
+	for slot := range depth {
+		if opOf(slot) == moonring.OpWrite {
+			b := slot * size
+			copy(t.model[b:b+size], local[b:b+size])
+			written++
+		}
 	}
 	if !verify {
 		return res, nil
 	}
-	if op == moonring.OpWrite {
-		// Read the blocks back into the local buffer, cleared first.
-		clear(local)
+	if written > 0 {
+		// Read the written blocks back into the local buffer, cleared first.
 		for slot := range depth {
+			if opOf(slot) != moonring.OpWrite {
+				continue
+			}
+			clear(local[slot*size : (slot+1)*size])
 			if err := submit(slot, moonring.OpRead); err != nil {
 				return res, err
 			}
 		}
-		if err := r.CQ().Wait(ctxMain, depth); err != nil {
+		if err := r.CQ().Wait(ctxMain, written); err != nil {
 			return res, err
 		}
 		n := r.PeekBatch(cqes)

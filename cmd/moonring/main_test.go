@@ -171,3 +171,10 @@ func TestBenchWithEtcd(t *testing.T) {
 		}
 	}
 }
+
+func TestBenchMix(t *testing.T) {
+	rs := benchJSON(t, "--protocol", "local", "--operation", "mix,read")
+	if rs[0].Op != "mix" || rs[2].Op != "read" {
+		t.Errorf("ops %q, %q; want mix first, then read", rs[0].Op, rs[2].Op)
+	}
+}
