@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -28,6 +29,7 @@ type result struct {
 	Op        string  `json:"op"`
 	BlockSize int     `json:"block_size"`
 	Batch     int     `json:"batch"`
+	Threads   int     `json:"threads"`
 	Requests  int     `json:"requests"`
 	GBps      float64 `json:"gb_per_s"`
 	ReqPerSec float64 `json:"req_per_s"`
@@ -76,7 +78,8 @@ func bench(args []string, out io.Writer) error {
 	protocol := fs.String("protocol", "tcp", "tcp (a target process) or local (engines in this process)")
 	operation := fs.String("operation", "write,read", "write, read, mix (half of the requests each), comma separated")
 	blocks := fs.String("block-size", "4K,64K,1M,16M", "block sizes, comma separated (K, M suffixes)")
-	batch := fs.Int("batch-size", 32, "requests in flight")
+	batch := fs.Int("batch-size", 32, "requests in flight per thread")
+	threads := fs.Int("threads", 1, "goroutines submitting, each with its own ring")
 	duration := fs.Duration("duration", time.Second, "measured time per step (after a warm-up of a fifth of it)")
 	bufSize := fs.String("buffer-size", "64M", "the target's buffer")
 	segment := fs.String("segment", "", "the target's segment (host:port of its p2p endpoint, or its name with --metadata http://...); default: start one")
@@ -106,8 +109,8 @@ func bench(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *batch < 1 || *batch > 1024 {
-		return fmt.Errorf("batch-size %d out of range [1, 1024]", *batch)
+	if *batch < 1 || *threads < 1 || *batch**threads > 1024 {
+		return fmt.Errorf("batch-size %d, threads %d: want both at least 1 and their product at most 1024", *batch, *threads)
 	}
 	var ops []moonring.Op
 	for _, o := range strings.Split(*operation, ",") {
@@ -141,7 +144,7 @@ func bench(args []string, out io.Writer) error {
 	var results []result
 	for _, op := range ops {
 		for _, size := range sizes {
-			res, err := tg.step(op, size, *batch, *duration, *verify)
+			res, err := tg.step(op, size, *batch, *threads, *duration, *verify)
 			if err != nil {
 				return err
 			}
@@ -162,9 +165,9 @@ func bench(args []string, out io.Writer) error {
 		return enc.Encode(results)
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "transport\top\tblock\tbatch\tGB/s\treq/s\tp50 µs\tp99 µs\tp999 µs\tverified\t")
+	fmt.Fprintln(tw, "transport\top\tblock\tbatch\tthreads\tGB/s\treq/s\tp50 µs\tp99 µs\tp999 µs\tverified\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%.2f\t%v\t\n", r.Transport, r.Op, r.BlockSize, r.Batch, r.GBps, r.ReqPerSec, r.P50us, r.P99us, r.P999us, r.Verified)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%.2f\t%v\t\n", r.Transport, r.Op, r.BlockSize, r.Batch, r.Threads, r.GBps, r.ReqPerSec, r.P50us, r.P99us, r.P999us, r.Verified)
 	}
 	return tw.Flush()
 }
@@ -302,11 +305,14 @@ func remoteTarget(name, meta string, size int) (*target, error) {
 // opMix asks step for WRITEs on even blocks and READs on odd ones.
 const opMix = moonring.Op(0xff)
 
-// step runs one op and block size for d, depth requests in flight, each
-// on its own block of both buffers, and checks the bytes afterwards.
-func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify bool) (result, error) {
-	depth = max(1, min(depth, len(t.model)/size))
-	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Batch: depth}
+// step runs one op and block size for d: threads goroutines, each with its
+// own Ring and depth requests in flight, each request on its own block of
+// both buffers; then it checks the bytes.
+func (t *target) step(op moonring.Op, size, depth, threads int, d time.Duration, verify bool) (result, error) {
+	threads = max(1, min(threads, len(t.model)/size))
+	depth = max(1, min(depth, len(t.model)/size/threads))
+	total := depth * threads
+	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Batch: depth, Threads: threads}
 	opOf := func(slot int) moonring.Op {
 		switch {
 		case op != opMix:
@@ -319,7 +325,7 @@ func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify b
 	if op == opMix {
 		res.Op = "mix"
 	}
-	span := size * depth
+	span := size * total
 	local, err := t.ini.Alloc(span, "cpu:0")
 	if err != nil {
 		return res, err
@@ -333,61 +339,44 @@ func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify b
 		return res, err
 	}
 	defer t.ini.UnregisterLocalMemory(context.Background(), local)
-	r, err := t.ini.NewRing(moonring.RingConfig{Entries: 1024})
-	if err != nil {
-		return res, err
-	}
-	defer r.Close()
-	started := make([]time.Time, depth)
-	lat := make([]time.Duration, 0, 1<<16)
-	cqes := make([]moonring.Completion, depth)
-	submit := func(slot int, op moonring.Op) error {
-		started[slot] = time.Now()
-		off := uint64(slot * size)
-		return r.SubmitOne(&moonring.Entry{Op: op, Segment: t.seg, Buffer: lid, Local: off, Remote: t.base + off, Length: uint64(size), UserData: uint64(slot)})
-	}
-	// A warm-up of a fifth of the step is run and then forgotten: the
-	// first requests pay for cold caches and connections.
-	t0 := time.Now()
-	warm, warmed := d/5, false
-	for slot := range depth {
-		if err := submit(slot, opOf(slot)); err != nil {
+	rings := make([]*moonring.Ring, threads)
+	for k := range rings {
+		if rings[k], err = t.ini.NewRing(moonring.RingConfig{Entries: 1024}); err != nil {
 			return res, err
 		}
+		defer rings[k].Close()
 	}
-	for inflight := depth; inflight > 0; {
-		n := r.PeekBatch(cqes)
-		if n == 0 {
-			if err := r.CQ().Wait(ctxMain, 1); err != nil {
-				return res, err
-			}
-			continue
-		}
-		now := time.Now()
-		for _, c := range cqes[:n] {
-			if err := c.Err(); err != nil {
-				return res, fmt.Errorf("%s %d: %w", res.Op, size, err)
-			}
-			slot := int(c.UserData)
-			lat = append(lat, now.Sub(started[slot]))
-			res.Requests++
-			inflight--
-			if !warmed && now.Sub(t0) >= warm {
-				warmed, t0 = true, now
-				res.Requests, lat = 0, lat[:0]
-			}
-			if !warmed || now.Sub(t0) < d {
-				if err := submit(slot, opOf(slot)); err != nil {
-					return res, err
-				}
-				inflight++
-			}
-		}
-		r.Advance(n)
+	entry := func(slot int, op moonring.Op) *moonring.Entry {
+		off := uint64(slot * size)
+		return &moonring.Entry{Op: op, Segment: t.seg, Buffer: lid, Local: off, Remote: t.base + off, Length: uint64(size), UserData: uint64(slot)}
 	}
-	el := time.Since(t0)
-	res.GBps = float64(res.Requests) * float64(size) / el.Seconds() / 1e9
-	res.ReqPerSec = float64(res.Requests) / el.Seconds()
+	type outcome struct {
+		requests int
+		elapsed  time.Duration
+		lat      []time.Duration
+		err      error
+	}
+	outs := make([]outcome, threads)
+	var wg sync.WaitGroup
+	for k := range threads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := &outs[k]
+			o.requests, o.elapsed, o.lat, o.err = drive(rings[k], k*depth, depth, d, func(slot int) *moonring.Entry { return entry(slot, opOf(slot)) })
+		}()
+	}
+	wg.Wait()
+	var lat []time.Duration
+	for _, o := range outs {
+		if o.err != nil {
+			return res, fmt.Errorf("%s %d: %w", res.Op, size, o.err)
+		}
+		res.Requests += o.requests
+		res.GBps += float64(o.requests) * float64(size) / o.elapsed.Seconds() / 1e9
+		res.ReqPerSec += float64(o.requests) / o.elapsed.Seconds()
+		lat = append(lat, o.lat...)
+	}
 	if len(lat) > 0 {
 		slices.Sort(lat)
 		pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
@@ -395,7 +384,7 @@ func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify b
 	}
 	// Every written block was written with the same bytes each time.
 	written := 0
-	for slot := range depth {
+	for slot := range total {
 		if opOf(slot) == moonring.OpWrite {
 			b := slot * size
 			copy(t.model[b:b+size], local[b:b+size])
@@ -407,31 +396,89 @@ func (t *target) step(op moonring.Op, size, depth int, d time.Duration, verify b
 	}
 	if written > 0 {
 		// Read the written blocks back into the local buffer, cleared first.
-		for slot := range depth {
+		r := rings[0]
+		for slot := range total {
 			if opOf(slot) != moonring.OpWrite {
 				continue
 			}
 			clear(local[slot*size : (slot+1)*size])
-			if err := submit(slot, moonring.OpRead); err != nil {
+			if err := r.SubmitOne(entry(slot, moonring.OpRead)); err != nil {
 				return res, err
 			}
 		}
-		if err := r.CQ().Wait(ctxMain, written); err != nil {
-			return res, err
-		}
-		n := r.PeekBatch(cqes)
-		for _, c := range cqes[:n] {
-			if err := c.Err(); err != nil {
-				return res, fmt.Errorf("read back %d: %w", size, err)
+		cqes := make([]moonring.Completion, written)
+		for got := 0; got < written; {
+			if err := r.CQ().Wait(ctxMain, 1); err != nil {
+				return res, err
 			}
+			n := r.PeekBatch(cqes)
+			for _, c := range cqes[:n] {
+				if err := c.Err(); err != nil {
+					return res, fmt.Errorf("read back %d: %w", size, err)
+				}
+			}
+			r.Advance(n)
+			got += n
 		}
-		r.Advance(n)
 	}
 	if !bytes.Equal(local, t.model[:span]) {
 		return res, errors.New(res.Op + " " + strconv.Itoa(size) + ": data differs after the step")
 	}
 	res.Verified = true
 	return res, nil
+}
+
+// drive keeps depth requests in flight on r over the blocks first ..
+// first+depth-1 for d after a warm-up of d/5 (run and then forgotten: the
+// first requests pay for cold caches and connections). It returns the
+// requests measured, the time they took and their latencies.
+func drive(r *moonring.Ring, first, depth int, d time.Duration, entry func(slot int) *moonring.Entry) (int, time.Duration, []time.Duration, error) {
+	started := make([]time.Time, first+depth)
+	lat := make([]time.Duration, 0, 1<<16)
+	cqes := make([]moonring.Completion, depth)
+	submit := func(slot int) error {
+		started[slot] = time.Now()
+		return r.SubmitOne(entry(slot))
+	}
+	requests := 0
+	t0 := time.Now()
+	warm, warmed := d/5, false
+	for slot := first; slot < first+depth; slot++ {
+		if err := submit(slot); err != nil {
+			return 0, 0, nil, err
+		}
+	}
+	for inflight := depth; inflight > 0; {
+		n := r.PeekBatch(cqes)
+		if n == 0 {
+			if err := r.CQ().Wait(ctxMain, 1); err != nil {
+				return 0, 0, nil, err
+			}
+			continue
+		}
+		now := time.Now()
+		for _, c := range cqes[:n] {
+			if err := c.Err(); err != nil {
+				return 0, 0, nil, err
+			}
+			slot := int(c.UserData)
+			lat = append(lat, now.Sub(started[slot]))
+			requests++
+			inflight--
+			if !warmed && now.Sub(t0) >= warm {
+				warmed, t0 = true, now
+				requests, lat = 0, lat[:0]
+			}
+			if !warmed || now.Sub(t0) < d {
+				if err := submit(slot); err != nil {
+					return 0, 0, nil, err
+				}
+				inflight++
+			}
+		}
+		r.Advance(n)
+	}
+	return requests, time.Since(t0), lat, nil
 }
 
 // createFile creates (or truncates) a file for the plot.

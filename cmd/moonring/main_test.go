@@ -72,6 +72,7 @@ func TestBadInput(t *testing.T) {
 		{"frobnicate"},
 		{"bench", "--protocol", "carrier-pigeon"},
 		{"bench", "--batch-size", "0"},
+		{"bench", "--threads", "64", "--batch-size", "32"},
 		{"bench", "--block-size", "4Q"},
 		{"bench", "--operation", "erase"},
 		{"bench", "--block-size", "8M", "--buffer-size", "4M"},
@@ -176,5 +177,13 @@ func TestBenchMix(t *testing.T) {
 	rs := benchJSON(t, "--protocol", "local", "--operation", "mix,read")
 	if rs[0].Op != "mix" || rs[2].Op != "read" {
 		t.Errorf("ops %q, %q; want mix first, then read", rs[0].Op, rs[2].Op)
+	}
+}
+
+func TestBenchThreads(t *testing.T) {
+	for _, r := range benchJSON(t, "--protocol", "local", "--threads", "3", "--batch-size", "4") {
+		if r.Threads != 3 || r.Batch != 4 {
+			t.Errorf("step %+v: want 3 threads of 4", r)
+		}
 	}
 }
