@@ -55,10 +55,23 @@ func runChild() bool {
 // MOONRING_SIZE is the buffer's size; MOONRING_LISTEN, when set, is the
 // TCP listen address (default 127.0.0.1:0), for a target inside a network
 // namespace.
+//
+// With MOONRING_ETCD set (an etcd client URL) the target publishes its
+// segment there, named MOONRING_NAME, under a lease of MOONRING_ETCD_TTL
+// (a duration; default the store's), so peers discover it through etcd.
 func childTarget() error {
 	size, _ := strconv.Atoi(os.Getenv("MOONRING_SIZE"))
-	store := metadata.NewMemory()
-	e, err := moonring.New(moonring.Config{Metadata: store, TCP: &tcp.Config{Key: childKey, Listen: os.Getenv("MOONRING_LISTEN")}})
+	var store metadata.Store = metadata.NewMemory()
+	if ep := os.Getenv("MOONRING_ETCD"); ep != "" {
+		ttl, _ := time.ParseDuration(os.Getenv("MOONRING_ETCD_TTL"))
+		es, err := metadata.NewEtcd(metadata.EtcdConfig{Endpoints: []string{ep}, TTL: ttl})
+		if err != nil {
+			return err
+		}
+		defer es.Close()
+		store = es
+	}
+	e, err := moonring.New(moonring.Config{Name: os.Getenv("MOONRING_NAME"), Metadata: store, TCP: &tcp.Config{Key: childKey, Listen: os.Getenv("MOONRING_LISTEN")}})
 	if err != nil {
 		return err
 	}

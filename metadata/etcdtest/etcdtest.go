@@ -43,7 +43,8 @@ type Server struct {
 	bin    string
 	dir    string // the test's temporary directory: data, etcd.log
 	data   string
-	client string // "http://127.0.0.1:port"
+	host   string // where etcd listens
+	client string // "http://host:port"
 	peer   string
 
 	mu     sync.Mutex
@@ -57,14 +58,22 @@ type Server struct {
 // doc.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s := &Server{t: t, bin: Binary(t), dir: t.TempDir()}
+	return StartOn(t, "127.0.0.1")
+}
+
+// StartOn is Start with etcd's client and peer ports on host (an address
+// of this machine, e.g. the root side of a test's veth pair, so that
+// processes in a network namespace can reach it).
+func StartOn(t testing.TB, host string) *Server {
+	t.Helper()
+	s := &Server{t: t, bin: Binary(t), dir: t.TempDir(), host: host}
 	t.Cleanup(s.Kill)
 	var err error
 	// A port found free may be taken before etcd binds it: try again on
 	// others, in a fresh data directory (it records the peer URL).
 	for attempt := range 3 {
 		s.data = filepath.Join(s.dir, fmt.Sprint("data", attempt))
-		s.client, s.peer = "http://"+freeAddr(t), "http://"+freeAddr(t)
+		s.client, s.peer = "http://"+freeAddr(t, s.host), "http://"+freeAddr(t, s.host)
 		if err = s.start(); err == nil {
 			return s
 		}
@@ -201,10 +210,10 @@ func tail(path string) string {
 	return string(b)
 }
 
-// freeAddr returns a loopback address whose port was free a moment ago.
-func freeAddr(t testing.TB) string {
+// freeAddr returns an address on host whose port was free a moment ago.
+func freeAddr(t testing.TB, host string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatalf("etcdtest: %v", err)
 	}
