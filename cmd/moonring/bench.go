@@ -30,6 +30,7 @@ type result struct {
 	BlockSize int     `json:"block_size"`
 	Batch     int     `json:"batch"`
 	Threads   int     `json:"threads"`
+	API       string  `json:"api"`
 	Requests  int     `json:"requests"`
 	GBps      float64 `json:"gb_per_s"`
 	ReqPerSec float64 `json:"req_per_s"`
@@ -79,10 +80,12 @@ func bench(args []string, out io.Writer) error {
 	operation := fs.String("operation", "write,read", "write, read, mix (half of the requests each), comma separated")
 	blocks := fs.String("block-size", "4K,64K,1M,16M", "block sizes, comma separated (K, M suffixes)")
 	batch := fs.Int("batch-size", 32, "requests in flight per thread")
-	threads := fs.Int("threads", 1, "goroutines submitting, each with its own ring")
+	threads := fs.Int("threads", 1, "goroutines submitting, each with its own ring or batches")
+	useRing := fs.Bool("ring", false, "drive the io_uring-style Ring API instead of the Mooncake-style batch API")
 	duration := fs.Duration("duration", time.Second, "measured time per step (after a warm-up of a fifth of it)")
 	bufSize := fs.String("buffer-size", "64M", "the target's buffer")
 	segment := fs.String("segment", "", "the target's segment (host:port of its p2p endpoint, or its name with --metadata http://...); default: start one")
+	localName := fs.String("local-name", "", "the initiator's segment name with --metadata http or etcd (with p2p it is its endpoint's address)")
 	meta := fs.String("metadata", "p2p", "p2p, http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,HOST:PORT...]")
 	listen := fs.String("listen", "127.0.0.1:0", "target: the p2p metadata endpoint's address (the segment name)")
 	verify := fs.Bool("verify", true, "check the data of every step")
@@ -131,7 +134,7 @@ func bench(args []string, out io.Writer) error {
 	var tg *target
 	switch *protocol {
 	case "tcp":
-		tg, err = remoteTarget(*segment, *meta, bs[0])
+		tg, err = remoteTarget(*segment, *meta, *localName, bs[0])
 	case "local":
 		tg, err = localTarget(bs[0])
 	default:
@@ -144,7 +147,7 @@ func bench(args []string, out io.Writer) error {
 	var results []result
 	for _, op := range ops {
 		for _, size := range sizes {
-			res, err := tg.step(op, size, *batch, *threads, *duration, *verify)
+			res, err := tg.step(op, size, *batch, *threads, *duration, *verify, *useRing)
 			if err != nil {
 				return err
 			}
@@ -165,9 +168,9 @@ func bench(args []string, out io.Writer) error {
 		return enc.Encode(results)
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "transport\top\tblock\tbatch\tthreads\tGB/s\treq/s\tp50 µs\tp99 µs\tp999 µs\tverified\t")
+	fmt.Fprintln(tw, "transport\tapi\top\tblock\tbatch\tthreads\tGB/s\treq/s\tp50 µs\tp99 µs\tp999 µs\tverified\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%.2f\t%v\t\n", r.Transport, r.Op, r.BlockSize, r.Batch, r.Threads, r.GBps, r.ReqPerSec, r.P50us, r.P99us, r.P999us, r.Verified)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%.2f\t%v\t\n", r.Transport, r.API, r.Op, r.BlockSize, r.Batch, r.Threads, r.GBps, r.ReqPerSec, r.P50us, r.P99us, r.P999us, r.Verified)
 	}
 	return tw.Flush()
 }
@@ -227,7 +230,10 @@ func localTarget(size int) (*target, error) {
 
 // remoteTarget opens the segment name over TCP, first starting a target
 // process on loopback when name is empty.
-func remoteTarget(name, meta string, size int) (*target, error) {
+func remoteTarget(name, meta, localName string, size int) (*target, error) {
+	if localName != "" && meta == "p2p" {
+		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
+	}
 	t := &target{transport: "tcp"}
 	if name == "" {
 		self, err := os.Executable()
@@ -272,7 +278,7 @@ func remoteTarget(name, meta string, size int) (*target, error) {
 		return nil, err
 	}
 	t.closers = append(t.closers, func() { store.Close() })
-	ini, err := moonring.New(moonring.Config{Metadata: store, Transports: []string{"tcp"}, TCP: &tcp.Config{Key: benchKey()}})
+	ini, err := moonring.New(moonring.Config{Name: localName, Metadata: store, Transports: []string{"tcp"}, TCP: &tcp.Config{Key: benchKey()}})
 	if err != nil {
 		t.close()
 		return nil, err
@@ -308,11 +314,14 @@ const opMix = moonring.Op(0xff)
 // step runs one op and block size for d: threads goroutines, each with its
 // own Ring and depth requests in flight, each request on its own block of
 // both buffers; then it checks the bytes.
-func (t *target) step(op moonring.Op, size, depth, threads int, d time.Duration, verify bool) (result, error) {
+func (t *target) step(op moonring.Op, size, depth, threads int, d time.Duration, verify, useRing bool) (result, error) {
 	threads = max(1, min(threads, len(t.model)/size))
 	depth = max(1, min(depth, len(t.model)/size/threads))
 	total := depth * threads
-	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Batch: depth, Threads: threads}
+	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Batch: depth, Threads: threads, API: "batch"}
+	if useRing {
+		res.API = "ring"
+	}
 	opOf := func(slot int) moonring.Op {
 		switch {
 		case op != opMix:
@@ -363,7 +372,18 @@ func (t *target) step(op moonring.Op, size, depth, threads int, d time.Duration,
 		go func() {
 			defer wg.Done()
 			o := &outs[k]
-			o.requests, o.elapsed, o.lat, o.err = drive(rings[k], k*depth, depth, d, func(slot int) *moonring.Entry { return entry(slot, opOf(slot)) })
+			if useRing {
+				o.requests, o.elapsed, o.lat, o.err = drive(rings[k], k*depth, depth, d, func(slot int) *moonring.Entry { return entry(slot, opOf(slot)) })
+				return
+			}
+			o.requests, o.elapsed, o.lat, o.err = driveBatches(t.ini, k*depth, depth, d, func(slot int) moonring.TransferRequest {
+				en := entry(slot, opOf(slot))
+				op := moonring.Read
+				if en.Op == moonring.OpWrite {
+					op = moonring.Write
+				}
+				return moonring.TransferRequest{Opcode: op, Source: moonring.AddressOf(local) + uintptr(en.Local), TargetID: t.seg, TargetOffset: en.Remote, Length: en.Length}
+			})
 		}()
 	}
 	wg.Wait()
@@ -426,6 +446,61 @@ func (t *target) step(op moonring.Op, size, depth, threads int, d time.Duration,
 	}
 	res.Verified = true
 	return res, nil
+}
+
+// driveBatches is drive through the batch API, as Mooncake's bench does:
+// rounds of one batch of depth requests (AllocateBatchID, SubmitTransfer,
+// WaitBatch, every status checked, FreeBatchID) for d after a warm-up of
+// d/5. A request's latency is its batch's.
+func driveBatches(e *moonring.Engine, first, depth int, d time.Duration, req func(slot int) moonring.TransferRequest) (int, time.Duration, []time.Duration, error) {
+	reqs := make([]moonring.TransferRequest, depth)
+	for i := range reqs {
+		reqs[i] = req(first + i)
+	}
+	st := make([]moonring.TransferStatus, depth)
+	lat := make([]time.Duration, 0, 1<<16)
+	requests := 0
+	t0 := time.Now()
+	warm, warmed := d/5, false
+	for {
+		now := time.Now()
+		if !warmed && now.Sub(t0) >= warm {
+			warmed, t0 = true, now
+			requests, lat = 0, lat[:0]
+		}
+		if warmed && now.Sub(t0) >= d {
+			return requests, time.Since(t0), lat, nil
+		}
+		id, err := e.AllocateBatchID(depth)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		if err := e.SubmitTransfer(id, reqs); err != nil {
+			e.WaitBatch(ctxMain, id)
+			e.FreeBatchID(id)
+			return 0, 0, nil, err
+		}
+		if err := e.WaitBatch(ctxMain, id); err != nil {
+			return 0, 0, nil, err
+		}
+		took := time.Since(now)
+		n, err := e.GetBatchTransferStatus(id, st)
+		if err == nil {
+			for i := range st[:n] {
+				if err = st[i].Err(); err != nil {
+					break
+				}
+			}
+		}
+		e.FreeBatchID(id)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		requests += depth
+		for range depth {
+			lat = append(lat, took)
+		}
+	}
 }
 
 // drive keeps depth requests in flight on r over the blocks first ..

@@ -73,6 +73,7 @@ func TestBadInput(t *testing.T) {
 		{"bench", "--protocol", "carrier-pigeon"},
 		{"bench", "--batch-size", "0"},
 		{"bench", "--threads", "64", "--batch-size", "32"},
+		{"bench", "--local-name", "x"},
 		{"bench", "--block-size", "4Q"},
 		{"bench", "--operation", "erase"},
 		{"bench", "--block-size", "8M", "--buffer-size", "4M"},
@@ -184,6 +185,22 @@ func TestBenchThreads(t *testing.T) {
 	for _, r := range benchJSON(t, "--protocol", "local", "--threads", "3", "--batch-size", "4") {
 		if r.Threads != 3 || r.Batch != 4 {
 			t.Errorf("step %+v: want 3 threads of 4", r)
+		}
+	}
+}
+
+// The ring API, and a named initiator on a metadata server.
+func TestBenchRingAPIAndLocalName(t *testing.T) {
+	for _, r := range benchJSON(t, "--protocol", "local", "--ring") {
+		if r.API != "ring" {
+			t.Errorf("api %q; want ring", r.API)
+		}
+	}
+	addr, stop := startMetaServer(t, "--listen", "127.0.0.1:0")
+	defer stop()
+	for _, r := range benchJSON(t, "--metadata", addr, "--local-name", "prefill-7") {
+		if r.API != "batch" || r.Transport != "tcp" {
+			t.Errorf("step %+v: want the batch API over tcp", r)
 		}
 	}
 }
