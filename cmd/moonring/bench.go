@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -144,6 +145,9 @@ func bench(args []string, out io.Writer) error {
 		return err
 	}
 	defer tg.close()
+	if !*asJSON {
+		tg.progress = progressLine
+	}
 	var results []result
 	for _, op := range ops {
 		for _, size := range sizes {
@@ -178,6 +182,9 @@ func bench(args []string, out io.Writer) error {
 // target is what a sweep runs against: an initiator engine, the target's
 // segment and buffer, and what the buffer holds.
 type target struct {
+	// progress, when set, shows a live line while a step runs; the
+	// function it returns ends it.
+	progress  func(res result, d time.Duration) func()
 	transport string
 	ini       *moonring.Engine
 	seg       moonring.SegmentID
@@ -308,6 +315,9 @@ func remoteTarget(name, meta, localName string, size int) (*target, error) {
 	return t, nil
 }
 
+// moved counts the bytes of the step under way, for the progress line.
+var moved atomic.Int64
+
 // opMix asks step for WRITEs on even blocks and READs on odd ones.
 const opMix = moonring.Op(0xff)
 
@@ -366,6 +376,10 @@ func (t *target) step(op moonring.Op, size, depth, threads int, d time.Duration,
 		err      error
 	}
 	outs := make([]outcome, threads)
+	if t.progress != nil {
+		stop := t.progress(res, d)
+		defer stop()
+	}
 	var wg sync.WaitGroup
 	for k := range threads {
 		wg.Add(1)
@@ -497,6 +511,7 @@ func driveBatches(e *moonring.Engine, first, depth int, d time.Duration, req fun
 			return 0, 0, nil, err
 		}
 		requests += depth
+		moved.Add(int64(depth) * int64(reqs[0].Length))
 		for range depth {
 			lat = append(lat, took)
 		}
@@ -539,6 +554,7 @@ func drive(r *moonring.Ring, first, depth int, d time.Duration, entry func(slot 
 			slot := int(c.UserData)
 			lat = append(lat, now.Sub(started[slot]))
 			requests++
+			moved.Add(int64(c.Bytes))
 			inflight--
 			if !warmed && now.Sub(t0) >= warm {
 				warmed, t0 = true, now
@@ -554,6 +570,33 @@ func drive(r *moonring.Ring, first, depth int, d time.Duration, entry func(slot 
 		r.Advance(n)
 	}
 	return requests, time.Since(t0), lat, nil
+}
+
+// progressLine prints, every half second on stderr, the step's bytes and
+// GB/s so far and the time left, then clears the line.
+func progressLine(res result, d time.Duration) func() {
+	moved.Store(0)
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t0 := time.Now()
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				fmt.Fprint(os.Stderr, "\r\033[K")
+				return
+			case <-tick.C:
+				el := time.Since(t0)
+				b := moved.Load()
+				fmt.Fprintf(os.Stderr, "\r\033[K%s %s %d: %d MiB, %.2f GB/s so far, %.1f s left",
+					res.Transport, res.Op, res.BlockSize, b>>20, float64(b)/el.Seconds()/1e9, max(0, (d+d/5-el).Seconds()))
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
 }
 
 // createFile creates (or truncates) a file for the plot.
