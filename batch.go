@@ -147,7 +147,7 @@ func (bt *batchTable) ring(node int) (*ring.Ring, error) {
 	n := e.cfg.BatchEntries
 	r, err := ring.New(ring.Config{
 		Entries: n, MaxInFlight: n, SliceSize: e.cfg.SliceSize, RetryLimit: e.cfg.RetryLimit,
-		Timeout: e.cfg.Timeout, Sink: (*batchSink)(bt),
+		Timeout: e.cfg.Timeout, Sink: (*batchSink)(bt), Logger: e.cfg.Logger,
 	}, &e.tables, e.poller(node))
 	if err != nil {
 		return nil, fmt.Errorf("moonring: batch ring: %w", err)

@@ -147,9 +147,10 @@ type Config struct {
 	// up to its RetryLimit, and then its request FAILs with ErrTransport.
 	NotifyQueue int
 	// Logger receives the engine's events (segments opened, peers that
-	// republish, restart or go away; the TCP transport's connections when
-	// its own Logger is unset). Default: discard. Nothing is logged per
-	// request.
+	// republish, restart or go away; slices retried; requests that fail or
+	// time out; the TCP transport's connections when its own Logger is
+	// unset). Default: discard. Nothing is logged for a request that goes
+	// well.
 	Logger *slog.Logger
 	// TCP, when set, installs the TCP transport with this configuration.
 	TCP *tcp.Config
@@ -431,7 +432,7 @@ func (e *Engine) NewRing(cfg RingConfig) (*Ring, error) {
 	}
 	r, err := ring.New(ring.Config{
 		Entries: cfg.Entries, CQEntries: cfg.CQEntries, MaxInFlight: cfg.MaxInFlight,
-		SliceSize: e.cfg.SliceSize, RetryLimit: e.cfg.RetryLimit, Timeout: e.cfg.Timeout,
+		SliceSize: e.cfg.SliceSize, RetryLimit: e.cfg.RetryLimit, Timeout: e.cfg.Timeout, Logger: e.cfg.Logger,
 	}, &e.tables, e.poller(cfg.Node))
 	if err != nil {
 		return nil, fmt.Errorf("moonring: new ring: %w", err)

@@ -1,6 +1,11 @@
 package ring
 
 import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,3 +41,33 @@ func TestBlockedHeadTimesOut(t *testing.T) {
 		t.Errorf("%d slices posted; only the two requests with slots may post", n)
 	}
 }
+
+// Failure paths are logged when a Logger is set: a slice retried on the
+// next rail, and a request that ends FAILED.
+func TestFailuresLogged(t *testing.T) {
+	var log bytes.Buffer
+	var mu sync.Mutex
+	w := writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return log.Write(p) })
+	ep := &fakeEP{rails: 2, fail: map[uint16]error{0: errors.New("rail 0 is down"), 1: errors.New("rail 1 is down")}}
+	h := newHarness(t, Config{Entries: 8, RetryLimit: 1, Logger: slog.New(slog.NewTextHandler(w, nil))}, ep, false)
+	h.submit(h.write(1, 0, 0, 4096))
+	deadline := time.Now().Add(hang)
+	for h.r.Peek() == nil && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if c := h.r.Peek(); c == nil || c.Status != cq.Failed {
+		t.Fatalf("completion %+v; want FAILED", c)
+	}
+	h.r.Advance(1)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, want := range []string{"slice retried on another rail", "request ended"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, log.String())
+		}
+	}
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -3,6 +3,7 @@ package ring
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -55,6 +56,10 @@ type Config struct {
 	MaxLength uint64
 	// Sink, when set, receives completions instead of the CQ.
 	Sink Sink
+	// Logger, when set, hears of slice retries and of requests that time
+	// out or fail (failure paths only: nothing is logged per request that
+	// goes well).
+	Logger *slog.Logger
 }
 
 // Sink receives a ring's completions instead of its CQ; the engine uses one
@@ -817,6 +822,7 @@ func (r *Ring) applySlice(tok uint64, code cq.Code) {
 	case code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit:
 		q.retries++
 		r.stats.Retries++
+		r.logRetry(q, code)
 		r.redo = append(r.redo, tok+attemptOne)
 	default:
 		r.finish(idx, code)
@@ -831,6 +837,7 @@ func (r *Ring) fail(tok uint64, err error) {
 	if code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit {
 		q.retries++
 		r.stats.Retries++
+		r.logRetry(q, code)
 		r.redo = append(r.redo, tok+attemptOne)
 		return
 	}
@@ -847,10 +854,19 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 	if code != cq.CodeOK {
 		bytes = 0 // a request that did not complete moved no bytes it can rely on
 	}
+	if code != cq.CodeOK && r.cfg.Logger != nil {
+		r.cfg.Logger.Info("moonring: request ended", "segment", q.seg.Name, "userdata", q.userData, "status", code.Status(), "err", code.Err())
+	}
 	r.complete(q.userData, code, bytes)
 	q.state = stZombie
 	if q.outstanding == 0 {
 		r.release(idx)
+	}
+}
+
+func (r *Ring) logRetry(q *request, code cq.Code) {
+	if r.cfg.Logger != nil {
+		r.cfg.Logger.Info("moonring: slice retried on another rail", "segment", q.seg.Name, "userdata", q.userData, "retry", q.retries, "err", code.Err())
 	}
 }
 
