@@ -20,7 +20,10 @@ import (
 //
 // Metrics: moonring_requests_total{ring,status}, moonring_bytes_total{ring},
 // moonring_slice_retries_total{ring}, moonring_stale_completions_total{ring},
-// moonring_requests_in_flight{ring}, moonring_poller_up_seconds_total{node},
+// moonring_requests_in_flight{ring},
+// moonring_peer_requests_total{ring,segment,transport,op,status},
+// moonring_peer_bytes_total{ring,segment,transport,op},
+// moonring_poller_up_seconds_total{node},
 // moonring_poller_parked_seconds_total{node}, moonring_poller_parks_total{node},
 // moonring_buffers_registered, moonring_segments_open and
 // moonring_notifications_queued. A ring is "batch/<node>" for the batch
@@ -50,11 +53,13 @@ var (
 	mBuffers   = prometheus.NewDesc("moonring_buffers_registered", "Registered local buffers.", nil, nil)
 	mSegments  = prometheus.NewDesc("moonring_segments_open", "Open remote segments.", nil, nil)
 	mNotesWait = prometheus.NewDesc("moonring_notifications_queued", "Notifications waiting on Engine.Notifications.", nil, nil)
+	mPeerReqs  = prometheus.NewDesc("moonring_peer_requests_total", "READ/WRITE requests ended, by peer segment, transport, op and outcome.", []string{"ring", "segment", "transport", "op", "status"}, nil)
+	mPeerBytes = prometheus.NewDesc("moonring_peer_bytes_total", "Bytes moved by completed requests, by peer segment, transport and op.", []string{"ring", "segment", "transport", "op"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait} {
+	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes} {
 		ch <- d
 	}
 }
@@ -80,6 +85,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for node, p := range e.pollers {
 		pollers[node] = p
 	}
+	var tnames [segtable.MaxTransports]string
+	for i, t := range e.transports {
+		if t != nil {
+			tnames[i] = t.Name()
+		}
+	}
 	e.mu.Unlock()
 	e.batches.mu.Lock()
 	for node, r := range e.batches.rings {
@@ -95,6 +106,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(mRetries, prometheus.CounterValue, float64(st.Retries), x.name)
 		ch <- prometheus.MustNewConstMetric(mStale, prometheus.CounterValue, float64(st.Stale), x.name)
 		ch <- prometheus.MustNewConstMetric(mInFlight, prometheus.GaugeValue, float64(st.InFlight), x.name)
+		x.r.SegmentStats(func(ss ring.SegmentStats) {
+			op := "read"
+			if ss.Op == transport.Write {
+				op = "write"
+			}
+			tn := tnames[ss.Segment.Transport]
+			ch <- prometheus.MustNewConstMetric(mPeerReqs, prometheus.CounterValue, float64(ss.Completed), x.name, ss.Segment.Name, tn, op, "completed")
+			ch <- prometheus.MustNewConstMetric(mPeerReqs, prometheus.CounterValue, float64(ss.Failed), x.name, ss.Segment.Name, tn, op, "failed")
+			ch <- prometheus.MustNewConstMetric(mPeerBytes, prometheus.CounterValue, float64(ss.Bytes), x.name, ss.Segment.Name, tn, op)
+		})
 	}
 	for node, p := range pollers {
 		st := p.Stats()

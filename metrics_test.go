@@ -101,6 +101,13 @@ func TestMetrics(t *testing.T) {
 	if v := metricValue(t, reg, "moonring_poller_up_seconds_total", map[string]string{"node": "0"}); v <= 0 {
 		t.Errorf("poller up = %v", v)
 	}
+	// Per peer, transport and op.
+	if v := metricValue(t, reg, "moonring_peer_bytes_total", map[string]string{"ring": "batch/0", "segment": b.Name(), "transport": "local", "op": "write"}); v != 3<<20 {
+		t.Errorf("peer write bytes = %v; want %d", v, 3<<20)
+	}
+	if v := metricValue(t, reg, "moonring_peer_requests_total", map[string]string{"ring": "ring/1", "segment": b.Name(), "op": "read", "status": "completed"}); v != 1 {
+		t.Errorf("peer read requests = %v; want 1", v)
+	}
 	// The handler serves the text format.
 	rec := httptest.NewRecorder()
 	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))

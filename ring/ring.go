@@ -142,6 +142,8 @@ type Ring struct {
 	outstanding int // slices posted and not yet completed
 	active      int // requests in slots, including zombies
 	nextCheck   int64
+	// perSeg holds per-segment, per-op counters (see countSegment).
+	perSeg []SegmentStats
 	// lent is set while a borrowing goroutine steps the ring; deferred
 	// reports that it left synchronous copies for the poller.
 	lent, deferred bool
@@ -857,10 +859,57 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 	if code != cq.CodeOK && r.cfg.Logger != nil {
 		r.cfg.Logger.Info("moonring: request ended", "segment", q.seg.Name, "userdata", q.userData, "status", code.Status(), "err", code.Err())
 	}
+	r.countSegment(q, code, bytes)
 	r.complete(q.userData, code, bytes)
 	q.state = stZombie
 	if q.outstanding == 0 {
 		r.release(idx)
+	}
+}
+
+// SegmentStats are a ring's counters for one segment and op.
+type SegmentStats struct {
+	Segment   *segtable.Segment[transport.Endpoint]
+	Op        transport.Op
+	Completed uint64 // requests COMPLETED
+	Failed    uint64 // requests that ended otherwise (FAILED, TIMEOUT, CANCELED)
+	Bytes     uint64 // bytes moved by completed requests
+}
+
+// countSegment adds a finished request to its segment's counters: a slice
+// indexed by the segment's table index, grown when a new index first
+// appears and reset when another segment takes the index (no allocation
+// in the steady state, no atomics).
+func (r *Ring) countSegment(q *request, code cq.Code, bytes uint64) {
+	i := 2*int(uint32(q.seg.ID)&segtable.MaxEntries) + int(q.op-transport.Read)&1
+	if i >= len(r.perSeg) {
+		r.perSeg = append(r.perSeg, make([]SegmentStats, i+1-len(r.perSeg))...)
+	}
+	st := &r.perSeg[i]
+	if st.Segment != q.seg {
+		*st = SegmentStats{Segment: q.seg, Op: q.op}
+	}
+	if code == cq.CodeOK {
+		st.Completed++
+		st.Bytes += bytes
+	} else {
+		st.Failed++
+	}
+}
+
+// SegmentStats calls fn with the ring's counters of every segment and op
+// it has finished requests for, on the poller's goroutine (a round trip):
+// fn must not block or call back into the ring.
+func (r *Ring) SegmentStats(fn func(SegmentStats)) {
+	each := func() {
+		for _, st := range r.perSeg {
+			if st.Segment != nil {
+				fn(st)
+			}
+		}
+	}
+	if r.poller.do(each) != nil {
+		each() // the poller is gone: nothing writes the counters any more
 	}
 }
 
