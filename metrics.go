@@ -23,6 +23,7 @@ import (
 // moonring_requests_in_flight{ring},
 // moonring_peer_requests_total{ring,segment,transport,op,status},
 // moonring_peer_bytes_total{ring,segment,transport,op},
+// moonring_request_duration_seconds{ring} (a histogram),
 // moonring_poller_up_seconds_total{node},
 // moonring_poller_parked_seconds_total{node}, moonring_poller_parks_total{node},
 // moonring_buffers_registered, moonring_segments_open and
@@ -53,13 +54,14 @@ var (
 	mBuffers   = prometheus.NewDesc("moonring_buffers_registered", "Registered local buffers.", nil, nil)
 	mSegments  = prometheus.NewDesc("moonring_segments_open", "Open remote segments.", nil, nil)
 	mNotesWait = prometheus.NewDesc("moonring_notifications_queued", "Notifications waiting on Engine.Notifications.", nil, nil)
+	mLatency   = prometheus.NewDesc("moonring_request_duration_seconds", "Completed requests, from when the poller took them to their last slice.", []string{"ring"}, nil)
 	mPeerReqs  = prometheus.NewDesc("moonring_peer_requests_total", "READ/WRITE requests ended, by peer segment, transport, op and outcome.", []string{"ring", "segment", "transport", "op", "status"}, nil)
 	mPeerBytes = prometheus.NewDesc("moonring_peer_bytes_total", "Bytes moved by completed requests, by peer segment, transport and op.", []string{"ring", "segment", "transport", "op"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes} {
+	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency} {
 		ch <- d
 	}
 }
@@ -106,6 +108,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(mRetries, prometheus.CounterValue, float64(st.Retries), x.name)
 		ch <- prometheus.MustNewConstMetric(mStale, prometheus.CounterValue, float64(st.Stale), x.name)
 		ch <- prometheus.MustNewConstMetric(mInFlight, prometheus.GaugeValue, float64(st.InFlight), x.name)
+		lb, lsum := x.r.Latency()
+		buckets := make(map[float64]uint64, len(lb))
+		var count uint64
+		for i, n := range lb {
+			count += n
+			buckets[float64(uint64(1)<<(i+10))/1e9] = count
+		}
+		ch <- prometheus.MustNewConstHistogram(mLatency, count, lsum.Seconds(), buckets, x.name)
 		x.r.SegmentStats(func(ss ring.SegmentStats) {
 			op := "read"
 			if ss.Op == transport.Write {

@@ -108,6 +108,25 @@ func TestMetrics(t *testing.T) {
 	if v := metricValue(t, reg, "moonring_peer_requests_total", map[string]string{"ring": "ring/1", "segment": b.Name(), "op": "read", "status": "completed"}); v != 1 {
 		t.Errorf("peer read requests = %v; want 1", v)
 	}
+	// The latency histogram counts the completed requests.
+	mfs, _ := reg.Gather()
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() != "moonring_request_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == "batch/0" {
+				found = true
+				if n := m.GetHistogram().GetSampleCount(); n != 3 {
+					t.Errorf("batch latency samples = %d; want 3", n)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error("no latency histogram for batch/0")
+	}
 	// The handler serves the text format.
 	rec := httptest.NewRecorder()
 	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -142,6 +143,12 @@ type Ring struct {
 	outstanding int // slices posted and not yet completed
 	active      int // requests in slots, including zombies
 	nextCheck   int64
+	// latency counts completed requests by duration, from when the poller
+	// took them to their last slice, in power-of-two buckets of 1.024 µs
+	// and up (bucket i: below 2^(i+10) ns); latencySum is their total.
+	latency    [LatencyBuckets]uint64
+	latencySum int64
+	now        int64 // the clock of the round in progress
 	// perSeg holds per-segment, per-op counters (see countSegment).
 	perSeg []SegmentStats
 	// lent is set while a borrowing goroutine steps the ring; deferred
@@ -224,6 +231,7 @@ type request struct {
 	rail        uint16
 	op          transport.Op
 	state       reqState
+	started     int64  // the poller's clock when it took the request
 	notify      bool   // post a Notify slice (index nslices) after the data
 	tag         uint64 // the notification's tag
 }
@@ -343,6 +351,7 @@ func now() int64 { return int64(time.Since(epoch)) }
 
 // step does one round of work and reports whether it did any. Poller only.
 func (r *Ring) step(t int64) bool {
+	r.now = t
 	work := r.reap()
 	if len(r.redo) > 0 {
 		work = r.postRedo() || work
@@ -506,6 +515,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	q.userData, q.buf, q.seg = e.UserData, buf, seg
 	q.local, q.remote, q.length = e.Local, e.Remote, e.Length
 	q.sliceSize, q.deadline, q.handle = size, deadline, reg.Handle
+	q.started = t
 	q.nslices, q.rail, q.state, q.op = sliceCount(e.Length, size), r.rail, stActive, transport.Read
 	if e.Op == sq.Write {
 		q.op = transport.Write
@@ -860,11 +870,34 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 		r.cfg.Logger.Info("moonring: request ended", "segment", q.seg.Name, "userdata", q.userData, "status", code.Status(), "err", code.Err())
 	}
 	r.countSegment(q, code, bytes)
+	if code == cq.CodeOK {
+		// The poller's clock of this round: no clock read per request.
+		d := max(r.now-q.started, 0)
+		r.latency[min(bits.Len64(uint64(d)>>10), len(r.latency)-1)]++
+		r.latencySum += d
+	}
 	r.complete(q.userData, code, bytes)
 	q.state = stZombie
 	if q.outstanding == 0 {
 		r.release(idx)
 	}
+}
+
+// LatencyBuckets is the number of buckets of Ring.Latency: bucket i counts
+// requests that took less than 2^(i+10) ns (about 1 µs to 9 min).
+const LatencyBuckets = 30
+
+// Latency returns the ring's histogram of completed requests' durations,
+// from when the poller took them to their last slice (see LatencyBuckets),
+// and the sum of those durations, read on the poller's goroutine (a round
+// trip). The poller measures with the clock it reads every few rounds, so
+// durations are within a few rounds' time.
+func (r *Ring) Latency() (buckets [LatencyBuckets]uint64, sum time.Duration) {
+	read := func() { buckets, sum = r.latency, time.Duration(r.latencySum) }
+	if r.poller.do(read) != nil {
+		read()
+	}
+	return buckets, sum
 }
 
 // SegmentStats are a ring's counters for one segment and op.
