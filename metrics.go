@@ -3,6 +3,7 @@ package moonring
 import (
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -24,6 +25,7 @@ import (
 // moonring_peer_requests_total{ring,segment,transport,op,status},
 // moonring_peer_bytes_total{ring,segment,transport,op},
 // moonring_request_duration_seconds{ring} (a histogram),
+// moonring_errors_total{ring,error},
 // moonring_poller_up_seconds_total{node},
 // moonring_poller_parked_seconds_total{node}, moonring_poller_parks_total{node},
 // moonring_buffers_registered, moonring_segments_open and
@@ -54,6 +56,7 @@ var (
 	mBuffers   = prometheus.NewDesc("moonring_buffers_registered", "Registered local buffers.", nil, nil)
 	mSegments  = prometheus.NewDesc("moonring_segments_open", "Open remote segments.", nil, nil)
 	mNotesWait = prometheus.NewDesc("moonring_notifications_queued", "Notifications waiting on Engine.Notifications.", nil, nil)
+	mErrors    = prometheus.NewDesc("moonring_errors_total", "Requests ended with an error, by kind.", []string{"ring", "error"}, nil)
 	mLatency   = prometheus.NewDesc("moonring_request_duration_seconds", "Completed requests, from when the poller took them to their last slice.", []string{"ring"}, nil)
 	mPeerReqs  = prometheus.NewDesc("moonring_peer_requests_total", "READ/WRITE requests ended, by peer segment, transport, op and outcome.", []string{"ring", "segment", "transport", "op", "status"}, nil)
 	mPeerBytes = prometheus.NewDesc("moonring_peer_bytes_total", "Bytes moved by completed requests, by peer segment, transport and op.", []string{"ring", "segment", "transport", "op"}, nil)
@@ -61,7 +64,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency} {
+	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors} {
 		ch <- d
 	}
 }
@@ -108,6 +111,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(mRetries, prometheus.CounterValue, float64(st.Retries), x.name)
 		ch <- prometheus.MustNewConstMetric(mStale, prometheus.CounterValue, float64(st.Stale), x.name)
 		ch <- prometheus.MustNewConstMetric(mInFlight, prometheus.GaugeValue, float64(st.InFlight), x.name)
+		for code, n := range st.Codes {
+			if code > 0 && n > 0 {
+				ch <- prometheus.MustNewConstMetric(mErrors, prometheus.CounterValue, float64(n), x.name, errorKind(Code(code)))
+			}
+		}
 		lb, lsum := x.r.Latency()
 		buckets := make(map[float64]uint64, len(lb))
 		var count uint64
@@ -139,4 +147,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(mBuffers, prometheus.GaugeValue, float64(len(e.buffers.All())))
 	ch <- prometheus.MustNewConstMetric(mSegments, prometheus.GaugeValue, float64(segs))
 	ch <- prometheus.MustNewConstMetric(mNotesWait, prometheus.GaugeValue, float64(len(e.notes)))
+}
+
+// errorKind names an error code for the metrics: the sentinel's text
+// without the package prefix.
+func errorKind(c Code) string {
+	if err := c.Err(); err != nil {
+		return strings.TrimPrefix(err.Error(), "moonring: ")
+	}
+	return "ok"
 }

@@ -108,6 +108,9 @@ func TestMetrics(t *testing.T) {
 	if v := metricValue(t, reg, "moonring_peer_requests_total", map[string]string{"ring": "ring/1", "segment": b.Name(), "op": "read", "status": "completed"}); v != 1 {
 		t.Errorf("peer read requests = %v; want 1", v)
 	}
+	if v := metricValue(t, reg, "moonring_errors_total", map[string]string{"ring": "batch/0", "error": "remote range outside segment"}); v != 1 {
+		t.Errorf("batch remote-range errors = %v; want 1", v)
+	}
 	// The latency histogram counts the completed requests.
 	mfs, _ := reg.Gather()
 	found := false

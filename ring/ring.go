@@ -174,6 +174,9 @@ type Stats struct {
 	Failed   uint64 // entries that ended FAILED, bad entries included
 	Stale    uint64 // slice completions for a slot's earlier use
 	InFlight uint64 // requests in the in-flight table now (a gauge)
+	// Codes counts every ended entry by its completion code (index: the
+	// cq.Code), so errors can be told apart by kind.
+	Codes [32]uint64
 }
 
 type sliceDone struct {
@@ -968,6 +971,7 @@ func (r *Ring) release(idx int32) {
 
 // complete queues a completion for the CQ (or the sink).
 func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
+	r.stats.Codes[code]++
 	switch code {
 	case cq.CodeOK:
 		r.stats.Requests++

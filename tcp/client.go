@@ -89,6 +89,7 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	t.eps[e] = struct{}{}
 	t.mu.Unlock()
 	e.rails[0].Store(first)
+	t.cfg.Logger.Info("tcp: rail connected", "segment", desc.Name, "addr", addr, "rail", 0)
 	e.wg.Add(len(e.rails))
 	go e.keep(0, first)
 	for i := 1; i < len(e.rails); i++ {
@@ -292,6 +293,7 @@ func (e *Endpoint) keep(i int, c *conn) {
 		backoff = 10 * time.Millisecond
 		c = nc
 		e.rails[i].Store(c)
+		e.t.cfg.Logger.Info("tcp: rail connected", "segment", e.name, "addr", e.dest.Load().addr, "rail", i)
 	}
 }
 
@@ -788,6 +790,9 @@ func (c *conn) fail(err error) { c.close(err) }
 func (c *conn) close(err error) {
 	c.once.Do(func() {
 		c.err = err
+		if !errors.Is(err, transport.ErrClosed) {
+			c.e.t.cfg.Logger.Info("tcp: rail lost", "segment", c.e.name, "err", err)
+		}
 		c.failed.Store(true)
 		close(c.quit)
 		if c.ur != nil {
