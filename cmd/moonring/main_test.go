@@ -8,8 +8,11 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/moonring/moonring/metadata/etcdtest"
 )
@@ -17,7 +20,7 @@ import (
 // TestMain lets the test binary stand in for the moonring binary when the
 // bench starts a target process (os.Executable is the test binary).
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "bench" {
+	if len(os.Args) > 1 && (os.Args[1] == "bench" || os.Args[1] == "serve") {
 		if err := run(os.Args[1:], os.Stdout); err != nil {
 			os.Stderr.WriteString("moonring: " + err.Error() + "\n")
 			os.Exit(2)
@@ -202,5 +205,43 @@ func TestBenchRingAPIAndLocalName(t *testing.T) {
 		if r.API != "batch" || r.Transport != "tcp" {
 			t.Errorf("step %+v: want the batch API over tcp", r)
 		}
+	}
+}
+
+// serve as its own process, signalled to stop, with bench --mode initiator
+// in this one: two processes, as on two hosts.
+func TestServeProcess(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "serve", "--listen", "127.0.0.1:0", "--buffer-size", "4M")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	line, err := bufio.NewReader(out).ReadString('\n')
+	go func() { io.Copy(io.Discard, out); done <- cmd.Wait() }()
+	f := strings.Fields(line)
+	if err != nil || len(f) < 3 {
+		cmd.Process.Kill()
+		t.Fatalf("serve printed %q (%v)", line, err)
+	}
+	name := strings.TrimSuffix(f[2], ":")
+	for _, r := range benchJSON(t, "--mode", "initiator", "--segment", name) {
+		if r.Transport != "tcp" {
+			t.Errorf("transport %q", r.Transport)
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve after SIGTERM: %v; want a clean exit", err)
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("serve did not stop on SIGTERM")
 	}
 }
