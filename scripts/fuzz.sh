@@ -3,7 +3,7 @@
 #
 # Go's fuzzer sometimes fails a clean run with "context deadline exceeded"
 # when its time is up while a worker is still starting or stopping (seen on
-# a loaded 2-core machine, with no failing input written; Go issue 52569).
+# a loaded 2-core machine, with no failing input written).
 # Such a run is tried up to three times; a run that writes a failing input
 # fails at once.
 set -eu
