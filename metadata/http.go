@@ -544,7 +544,10 @@ func (h *HTTP) Watch(ctx context.Context, name string) (<-chan Event, error) {
 	h.mu.Unlock()
 
 	wctx, stop := h.join(ctx)
-	w := &httpWatch{h: h, name: name, ch: make(chan Event, 1)}
+	w := &pollWatch{
+		fetch: func(ctx context.Context, inm string) (peerAnswer, error) { return h.fetch(ctx, name, inm) },
+		poll:  h.poll, done: h.wg.Done, ch: make(chan Event, 1),
+	}
 	w.step(wctx)
 	if wctx.Err() != nil {
 		stop()
@@ -573,74 +576,4 @@ func (h *HTTP) Close() error {
 		h.client.CloseIdleConnections()
 	}
 	return nil
-}
-
-// httpWatch is the state of one watch; only its goroutine (or Watch,
-// before starting it) touches it.
-type httpWatch struct {
-	h    *HTTP
-	name string
-	ch   chan Event // only this watch sends, so sendLatest cannot block
-	// last is a private copy of the descriptor last delivered, nil before
-	// the first and after a Deleted; lastBody is its JSON.
-	last     *segtable.SegmentDesc
-	lastBody []byte
-	etag     string // of last, for If-None-Match
-	fails    int    // polls failed in a row
-}
-
-func (w *httpWatch) run(ctx context.Context, stop context.CancelFunc) {
-	defer w.h.wg.Done()
-	defer close(w.ch)
-	defer stop()
-	t := time.NewTicker(w.h.poll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		w.step(ctx)
-	}
-}
-
-// step polls the server once and delivers what changed.
-func (w *httpWatch) step(ctx context.Context) {
-	inm := ""
-	if w.last != nil {
-		inm = w.etag
-	}
-	a, err := w.h.fetch(ctx, w.name, inm)
-	switch {
-	case err != nil:
-		if ctx.Err() != nil {
-			return // the watch is ending; its failure says nothing
-		}
-		if w.fails++; w.fails >= p2pGoneAfter {
-			w.gone()
-		}
-	case a.notModified:
-		w.fails = 0
-	case a.desc == nil:
-		w.fails = 0
-		w.gone()
-	default:
-		w.fails = 0
-		changed := w.last == nil || a.etag != w.etag || !bytes.Equal(a.body, w.lastBody)
-		w.etag = a.etag
-		if changed {
-			w.last, w.lastBody = a.desc.Clone(), a.body
-			sendLatest(w.ch, Event{Desc: a.desc})
-		}
-	}
-}
-
-// gone delivers Deleted once for the descriptor last delivered.
-func (w *httpWatch) gone() {
-	if w.last == nil {
-		return
-	}
-	sendLatest(w.ch, Event{Desc: w.last, Deleted: true})
-	w.last, w.lastBody, w.etag = nil, nil, ""
 }

@@ -1,7 +1,6 @@
 package metadata
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -435,7 +434,10 @@ func (p *P2P) Watch(ctx context.Context, name string) (<-chan Event, error) {
 	p.mu.Unlock()
 
 	wctx, stop := p.join(ctx)
-	w := &remoteWatch{p: p, url: u, name: name, ch: make(chan Event, 1)}
+	w := &pollWatch{
+		fetch: func(ctx context.Context, inm string) (peerAnswer, error) { return p.fetch(ctx, u, name, inm) },
+		poll:  p.poll, done: p.remote.Done, ch: make(chan Event, 1),
+	}
 	w.step(wctx)
 	if wctx.Err() != nil {
 		stop()
@@ -667,78 +669,4 @@ func (p *P2P) fetch(ctx context.Context, u, name, ifNoneMatch string) (peerAnswe
 		return peerAnswer{}, fmt.Errorf("%w: peer serves segment %q", segtable.ErrBadDesc, d.Name)
 	}
 	return peerAnswer{desc: d, body: body, etag: resp.Header.Get("ETag")}, nil
-}
-
-// remoteWatch is the state of one watch of another engine's segment; only
-// its goroutine (or Watch, before starting it) touches it.
-type remoteWatch struct {
-	p    *P2P
-	url  string
-	name string
-	ch   chan Event // only this watch sends, so sendLatest cannot block
-	// last is a private copy of the descriptor last delivered, nil before
-	// the first and after a Deleted; lastBody is its JSON, to tell
-	// changes apart whatever ETags the peer sends.
-	last     *segtable.SegmentDesc
-	lastBody []byte
-	etag     string // of last, for If-None-Match
-	fails    int    // polls failed in a row
-}
-
-func (w *remoteWatch) run(ctx context.Context, stop context.CancelFunc) {
-	defer w.p.remote.Done()
-	defer close(w.ch)
-	defer stop()
-	t := time.NewTicker(w.p.poll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		w.step(ctx)
-	}
-}
-
-// step polls the peer once and delivers what changed.
-func (w *remoteWatch) step(ctx context.Context) {
-	inm := ""
-	if w.last != nil {
-		inm = w.etag
-	}
-	a, err := w.p.fetch(ctx, w.url, w.name, inm)
-	switch {
-	case err != nil:
-		if ctx.Err() != nil {
-			return // the watch is ending; its failure says nothing of the peer
-		}
-		if w.fails++; w.fails >= p2pGoneAfter {
-			w.gone()
-		}
-	case a.notModified:
-		w.fails = 0
-	case a.desc == nil:
-		w.fails = 0
-		w.gone()
-	default:
-		w.fails = 0
-		// A new ETag is a new Put, even of the same descriptor, as Memory
-		// delivers; the body tells changes apart for peers without ETags.
-		changed := w.last == nil || a.etag != w.etag || !bytes.Equal(a.body, w.lastBody)
-		w.etag = a.etag
-		if changed {
-			w.last, w.lastBody = a.desc.Clone(), a.body
-			sendLatest(w.ch, Event{Desc: a.desc})
-		}
-	}
-}
-
-// gone delivers Deleted once for the descriptor last delivered.
-func (w *remoteWatch) gone() {
-	if w.last == nil {
-		return
-	}
-	sendLatest(w.ch, Event{Desc: w.last, Deleted: true})
-	w.last, w.lastBody, w.etag = nil, nil, ""
 }
