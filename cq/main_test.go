@@ -1,28 +1,15 @@
 package cq_test
 
 import (
-	"flag"
 	"testing"
-	"time"
 
 	"github.com/leanovate/gopter"
 	"go.uber.org/goleak"
+
+	"github.com/moonring/moonring/internal/proptest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var seedFlag = flag.Int64("gopter.seed", 0, "seed for the gopter properties; 0 takes one from the clock")
-
-// properties returns gopter properties that run each property runs times with
-// a logged seed, so that a failure replays with -gopter.seed.
-func properties(t *testing.T, runs int) *gopter.Properties {
-	t.Helper()
-	seed := *seedFlag
-	if seed == 0 {
-		seed = time.Now().UnixNano()
-	}
-	t.Logf("gopter seed %d; replay: go test -run '^%s$' -gopter.seed=%d", seed, t.Name(), seed)
-	p := gopter.DefaultTestParametersWithSeed(seed)
-	p.MinSuccessfulTests = runs
-	return gopter.NewProperties(p)
-}
+// properties: see proptest.Properties.
+func properties(t *testing.T, runs int) *gopter.Properties { return proptest.Properties(t, runs) }

@@ -301,24 +301,7 @@ func (h *HTTP) fetch(ctx context.Context, name, ifNoneMatch string) (peerAnswer,
 		return peerAnswer{}, statusErr(resp)
 	}
 	defer resp.Body.Close()
-	if resp.ContentLength > serverMaxDesc {
-		return peerAnswer{}, fmt.Errorf("%w: server's answer is %d bytes, more than %d", segtable.ErrBadDesc, resp.ContentLength, serverMaxDesc)
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, serverMaxDesc+1))
-	if err != nil {
-		return peerAnswer{}, fmt.Errorf("%w: reading the answer: %w", ErrUnreachable, err)
-	}
-	if len(body) > serverMaxDesc {
-		return peerAnswer{}, fmt.Errorf("%w: server's answer is more than %d bytes", segtable.ErrBadDesc, serverMaxDesc)
-	}
-	d, err := segtable.UnmarshalDesc(body)
-	if err != nil {
-		return peerAnswer{}, fmt.Errorf("server's answer: %w", err)
-	}
-	if d.Name != name {
-		return peerAnswer{}, fmt.Errorf("%w: server answered segment %q", segtable.ErrBadDesc, d.Name)
-	}
-	return peerAnswer{desc: d, body: body, etag: resp.Header.Get("ETag")}, nil
+	return readDesc(resp, name, serverMaxDesc, "server")
 }
 
 // acquire returns the writing state of name with one more user, or an

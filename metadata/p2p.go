@@ -651,22 +651,5 @@ func (p *P2P) fetch(ctx context.Context, u, name, ifNoneMatch string) (peerAnswe
 	default:
 		return peerAnswer{}, fmt.Errorf("%w: peer answered HTTP %s", ErrUnreachable, resp.Status)
 	}
-	if resp.ContentLength > p2pMaxDesc {
-		return peerAnswer{}, fmt.Errorf("%w: peer's answer is %d bytes, more than %d", segtable.ErrBadDesc, resp.ContentLength, p2pMaxDesc)
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, p2pMaxDesc+1))
-	if err != nil {
-		return peerAnswer{}, fmt.Errorf("%w: reading the answer: %w", ErrUnreachable, err)
-	}
-	if len(body) > p2pMaxDesc {
-		return peerAnswer{}, fmt.Errorf("%w: peer's answer is more than %d bytes", segtable.ErrBadDesc, p2pMaxDesc)
-	}
-	d, err := segtable.UnmarshalDesc(body)
-	if err != nil {
-		return peerAnswer{}, fmt.Errorf("peer's answer: %w", err)
-	}
-	if d.Name != name {
-		return peerAnswer{}, fmt.Errorf("%w: peer serves segment %q", segtable.ErrBadDesc, d.Name)
-	}
-	return peerAnswer{desc: d, body: body, etag: resp.Header.Get("ETag")}, nil
+	return readDesc(resp, name, p2pMaxDesc, "peer")
 }

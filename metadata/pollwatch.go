@@ -3,6 +3,9 @@ package metadata
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"time"
 
 	"github.com/moonring/moonring/segtable"
@@ -84,4 +87,28 @@ func (w *pollWatch) gone() {
 	}
 	sendLatest(w.ch, Event{Desc: w.last, Deleted: true})
 	w.last, w.lastBody, w.etag = nil, nil, ""
+}
+
+// readDesc reads a 200 answer's descriptor for name, from who ("peer",
+// "server"), refusing bodies over max bytes and descriptors that do not
+// validate or name another segment: nothing from the other side is trusted.
+func readDesc(resp *http.Response, name string, max int64, who string) (peerAnswer, error) {
+	if resp.ContentLength > max {
+		return peerAnswer{}, fmt.Errorf("%w: %s's answer is %d bytes, more than %d", segtable.ErrBadDesc, who, resp.ContentLength, max)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, max+1))
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("%w: reading the answer: %w", ErrUnreachable, err)
+	}
+	if int64(len(body)) > max {
+		return peerAnswer{}, fmt.Errorf("%w: %s's answer is more than %d bytes", segtable.ErrBadDesc, who, max)
+	}
+	d, err := segtable.UnmarshalDesc(body)
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("%s's answer: %w", who, err)
+	}
+	if d.Name != name {
+		return peerAnswer{}, fmt.Errorf("%w: %s serves segment %q", segtable.ErrBadDesc, who, d.Name)
+	}
+	return peerAnswer{desc: d, body: body, etag: resp.Header.Get("ETag")}, nil
 }
