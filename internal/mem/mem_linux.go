@@ -12,11 +12,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// live maps the base address of every mapping Alloc made to the mapping
-// itself (as unix.Mmap returned it, which unix.Munmap requires).
+// live maps the base address of every mapping Alloc and AllocShared made to
+// the mapping itself (as unix.Mmap returned it, which unix.Munmap requires).
 var live struct {
 	sync.Mutex
-	m map[uintptr][]byte
+	m map[uintptr]mapping
+}
+
+// mapping is one live allocation; fd is the memfd behind a shared one, -1
+// for private memory.
+type mapping struct {
+	b  []byte
+	fd int
 }
 
 // Alloc maps size bytes of zeroed, private, anonymous memory, rounded up to
@@ -34,36 +41,111 @@ var live struct {
 // The slice stays valid until [Free], which must receive it with its start
 // and capacity unchanged. Alloc is safe for concurrent use.
 func Alloc(size int, node int) ([]byte, error) {
+	return alloc(size, node, false)
+}
+
+// Seals are the seals AllocShared puts on its memfds: the file can neither
+// shrink nor grow, and no seal can be added or removed. A peer that maps the
+// file can therefore never be made to fault (SIGBUS) by a truncation.
+const Seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// AllocShared is [Alloc] for memory that other processes may map: the pages
+// belong to a sealed memfd (see [Seals]) mapped shared, whose descriptor
+// [File] hands out. Everything else (size, alignment, huge pages, NUMA
+// binding, [Free]) is as for Alloc.
+func AllocShared(size int, node int) ([]byte, error) {
+	return alloc(size, node, true)
+}
+
+func alloc(size int, node int, shared bool) ([]byte, error) {
 	n, ok := roundUp(size)
 	if !ok {
 		return nil, fmt.Errorf("mem: alloc %d bytes: %w", size, ErrBadSize)
 	}
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	fd := -1
+	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
+	if shared {
+		var err error
+		if fd, err = memfd(n); err != nil {
+			return nil, fmt.Errorf("mem: alloc %d bytes: %w", size, err)
+		}
+		flags = unix.MAP_SHARED
+	}
+	b, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
+		closeFD(fd)
 		return nil, fmt.Errorf("mem: alloc %d bytes: %w", size, err)
+	}
+	fail := func() {
+		unix.Munmap(b)
+		closeFD(fd)
 	}
 	if n >= hugePageSize {
 		if err := unix.Madvise(b, unix.MADV_HUGEPAGE); err != nil && !errors.Is(err, unix.EINVAL) {
-			unix.Munmap(b)
+			fail()
 			return nil, fmt.Errorf("mem: alloc %d bytes: madvise: %w", size, err)
 		}
 	}
 	if node >= 0 && numNodes() > 1 {
 		if err := bind(b, node); err != nil {
-			unix.Munmap(b)
+			fail()
 			return nil, fmt.Errorf("mem: alloc %d bytes on node %d: %w", size, node, err)
 		}
 	}
 	live.Lock()
 	if live.m == nil {
-		live.m = make(map[uintptr][]byte)
+		live.m = make(map[uintptr]mapping)
 	}
-	live.m[base(b)] = b
+	live.m[base(b)] = mapping{b, fd}
 	live.Unlock()
 	return b[:size:n], nil
 }
 
-// Free unmaps a buffer that [Alloc] returned. b must start where Alloc's
+// memfd creates a sealed memfd of n bytes.
+func memfd(n int) (int, error) {
+	fd, err := unix.MemfdCreate("moonring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("ftruncate memfd: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, Seals); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("seal memfd: %w", err)
+	}
+	return fd, nil
+}
+
+func closeFD(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+}
+
+// File returns a new descriptor of the memfd behind the live [AllocShared]
+// allocation that holds [addr, addr+n), and the offset of addr in that file.
+// The caller owns the descriptor (it stays valid after Free) and closes it.
+// It fails with [ErrNotAllocated] when no shared allocation holds the whole
+// range. File is safe for concurrent use.
+func File(addr uintptr, n uint64) (*os.File, int64, error) {
+	live.Lock()
+	defer live.Unlock()
+	for p, m := range live.m {
+		if m.fd >= 0 && addr >= p && addr-p < uintptr(len(m.b)) && n <= uint64(len(m.b))-uint64(addr-p) {
+			fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				return nil, 0, fmt.Errorf("mem: file of %#x: %w", addr, err)
+			}
+			return os.NewFile(uintptr(fd), "moonring-memfd"), int64(addr - p), nil
+		}
+	}
+	return nil, 0, fmt.Errorf("mem: file of %#x (%d bytes): %w", addr, n, ErrNotAllocated)
+}
+
+// Free unmaps a buffer that [Alloc] or [AllocShared] returned (and closes
+// the memfd of a shared one; descriptors from [File] stay valid). b must start where Alloc's
 // slice started and keep its capacity (its length may differ); anything else,
 // including a second Free of the same buffer, fails with [ErrNotAllocated]
 // and unmaps nothing. After Free returns nil, no one may touch the memory.
@@ -73,12 +155,13 @@ func Free(b []byte) error {
 	live.Lock()
 	defer live.Unlock()
 	m, ok := live.m[p]
-	if !ok || p == 0 || cap(b) != len(m) {
+	if !ok || p == 0 || cap(b) != len(m.b) {
 		return fmt.Errorf("mem: free %#x (cap %d): %w", p, cap(b), ErrNotAllocated)
 	}
-	if err := unix.Munmap(m); err != nil {
+	if err := unix.Munmap(m.b); err != nil {
 		return fmt.Errorf("mem: free %#x: %w", p, err)
 	}
+	closeFD(m.fd)
 	delete(live.m, p)
 	return nil
 }
@@ -93,7 +176,7 @@ func IsAllocated(addr uintptr) bool {
 		return true
 	}
 	for p, m := range live.m {
-		if addr >= p && addr-p < uintptr(len(m)) {
+		if addr >= p && addr-p < uintptr(len(m.b)) {
 			return true
 		}
 	}

@@ -225,3 +225,61 @@ func protOf(t *testing.T, addr uintptr) string {
 	}
 	return ""
 }
+
+// TestAllocShared maps the memfd behind shared memory a second time and
+// sees the writes of both mappings in each other, and proves the seals: the
+// file can be neither shrunk nor grown, so no peer mapping can fault.
+func TestAllocShared(t *testing.T) {
+	b, err := AllocShared(3*pageSize+5, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !IsAllocated(base(b)) {
+		t.Fatal("shared allocation not live")
+	}
+	f, off, err := File(base(b)+uintptr(pageSize)+3, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if off != int64(pageSize)+3 {
+		t.Fatalf("offset %d, want %d", off, pageSize+3)
+	}
+	if _, _, err := File(base(b)+uintptr(cap(b))-10, 11); !errors.Is(err, ErrNotAllocated) {
+		t.Fatalf("File past the end: %v, want ErrNotAllocated", err)
+	}
+	fd := int(f.Fd())
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&Seals != Seals {
+		t.Fatalf("seals %#x (%v), want %#x", seals, err, Seals)
+	}
+	if err := unix.Ftruncate(fd, int64(pageSize)); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("shrinking a sealed memfd: %v, want EPERM", err)
+	}
+	if err := unix.Ftruncate(fd, int64(16*pageSize)); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("growing a sealed memfd: %v, want EPERM", err)
+	}
+	m, err := unix.Mmap(fd, 0, cap(b), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[7] = 42
+	m[pageSize+1] = 43
+	if m[7] != 42 || b[pageSize+1] != 43 {
+		t.Fatal("the two mappings do not share pages")
+	}
+	if err := Free(b); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := File(base(b), 1); !errors.Is(err, ErrNotAllocated) {
+		t.Fatalf("File after Free: %v", err)
+	}
+	// The second mapping keeps the pages alive after Free.
+	if m[7] != 42 {
+		t.Fatal("pages lost after Free")
+	}
+	unix.Munmap(m)
+	if _, _, err := File(0x1000, 1); !errors.Is(err, ErrNotAllocated) {
+		t.Fatalf("File of private memory: %v", err)
+	}
+}

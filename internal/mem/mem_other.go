@@ -5,12 +5,24 @@ package mem
 import (
 	"errors"
 	"fmt"
+	"os"
 )
 
 // Alloc maps engine memory; only Linux supports it, elsewhere it returns an
 // error wrapping errors.ErrUnsupported.
 func Alloc(size int, node int) ([]byte, error) {
 	return nil, fmt.Errorf("mem: alloc: %w", errors.ErrUnsupported)
+}
+
+// AllocShared maps memory other processes may map; only Linux supports it,
+// elsewhere it returns an error wrapping errors.ErrUnsupported.
+func AllocShared(size int, node int) ([]byte, error) {
+	return nil, fmt.Errorf("mem: alloc shared: %w", errors.ErrUnsupported)
+}
+
+// File returns the file behind shared memory; outside Linux there is none.
+func File(addr uintptr, n uint64) (*os.File, int64, error) {
+	return nil, 0, fmt.Errorf("mem: file: %w", ErrNotAllocated)
 }
 
 // Free unmaps memory from [Alloc]; outside Linux nothing was allocated, so it

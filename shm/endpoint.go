@@ -1,0 +1,608 @@
+//go:build linux
+
+package shm
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// Endpoint reaches the buffers of one engine of this host: mapped buffers
+// by a plain copy, the others by process_vm_readv/writev. It implements
+// transport.Copier: a slice moves on the poller's goroutine with no
+// syscall when the buffer is mapped. Safe for concurrent use.
+type Endpoint struct {
+	t    *Transport
+	name string
+
+	// mu serializes connecting and granting (Open, Update, Close).
+	mu   sync.Mutex
+	conn atomic.Pointer[client]
+	// addr is the socket the connection went to.
+	addr string
+
+	// maps are the granted buffers by remote address; replaced whole by
+	// the connection's reader (grants, revokes, the end) under mmu.
+	maps atomic.Pointer[[]*mapping]
+	mmu  sync.Mutex
+	// descs are the buffers the descriptor lists for this transport: a
+	// slice inside one of them but not granted is denied, not out of range.
+	descs  atomic.Pointer[[]span]
+	closed atomic.Bool
+}
+
+type span struct{ addr, length uint64 }
+
+// mapping is one granted buffer of the target.
+type mapping struct {
+	raddr, length uint64
+	handle        uint64
+	// base is the buffer's first byte in this process when mapped; nil
+	// means process_vm access to pid.
+	base unsafe.Pointer
+	mm   []byte
+	pid  int
+	ref  segtable.Ref
+}
+
+var (
+	_ transport.Endpoint = (*Endpoint)(nil)
+	_ transport.Copier   = (*Endpoint)(nil)
+)
+
+// parseEndpoint splits "bootid/socketname".
+func parseEndpoint(s string) (boot [16]byte, name string, err error) {
+	b, name, ok := strings.Cut(s, "/")
+	h, herr := hex.DecodeString(b)
+	if !ok || herr != nil || len(h) != 16 || name == "" || len(name) > 100 || strings.ContainsRune(name, 0) {
+		return boot, "", fmt.Errorf("%w: endpoint %q", segtable.ErrBadDesc, s)
+	}
+	copy(boot[:], h)
+	return boot, name, nil
+}
+
+// connect dials the target desc names (when not connected to it already)
+// and asks for every buffer of desc. mu must be held, or e not yet shared.
+func (e *Endpoint) connect(ctx context.Context, desc *segtable.SegmentDesc) error {
+	ep, ok := desc.Endpoints[Name]
+	if !ok {
+		return fmt.Errorf("no %s endpoint: %w", Name, transport.ErrUnreachable)
+	}
+	boot, name, err := parseEndpoint(ep)
+	if err != nil {
+		return errors.Join(err, transport.ErrUnreachable)
+	}
+	if boot != e.t.boot {
+		return fmt.Errorf("%w: %w", ErrOtherHost, transport.ErrUnreachable)
+	}
+	var spans []span
+	for _, b := range desc.Buffers {
+		if _, ok := b.Keys[Name]; ok {
+			spans = append(spans, span{b.Addr, b.Length})
+		}
+	}
+	e.descs.Store(&spans)
+	c := e.conn.Load()
+	if c == nil || c.dead.Load() || e.addr != name {
+		if c != nil {
+			c.close()
+		}
+		if c, err = e.dial(ctx, name); err != nil {
+			return err
+		}
+		e.addr = name
+		e.conn.Store(c)
+	}
+	have := map[uint64]bool{}
+	for _, m := range *e.maps.Load() {
+		have[m.raddr] = true
+	}
+	for _, b := range desc.Buffers {
+		k, ok := b.Keys[Name]
+		if !ok || have[b.Addr] {
+			continue
+		}
+		var key [16]byte
+		if h, err := hex.DecodeString(k); err == nil && len(h) == 16 {
+			copy(key[:], h)
+		} // else: a zero key, which the target refuses
+		if err := c.grant(b.Addr, b.Length, &key, e.t.cfg.NoMap); err != nil && !errors.Is(err, transport.ErrDenied) && !errors.Is(err, transport.ErrRange) {
+			return err
+		}
+	}
+	return nil
+}
+
+// dial connects and says hello. Any failure means this transport cannot
+// reach the target.
+func (e *Endpoint) dial(ctx context.Context, name string) (*client, error) {
+	d := net.Dialer{}
+	nc, err := d.DialContext(ctx, "unixpacket", "@"+name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", transport.ErrUnreachable, err)
+	}
+	uc := nc.(*net.UnixConn)
+	c := &client{e: e, c: uc, wait: map[uint32]chan reply{}, done: make(chan struct{})}
+	if raw, err := uc.SyscallConn(); err == nil {
+		raw.Control(func(fd uintptr) {
+			if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+				c.pid = int(cred.Pid)
+			}
+		})
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		uc.SetDeadline(dl)
+	} else {
+		uc.SetDeadline(time.Now().Add(e.t.cfg.ReplyTimeout))
+	}
+	var buf [maxMsg + 1]byte
+	hello := msg{typ: msgHello, a: version, key: e.t.boot}
+	var ack msg
+	if _, err := uc.Write(hello.encode(buf[:])); err != nil {
+		uc.Close()
+		return nil, fmt.Errorf("%w: hello: %w", transport.ErrUnreachable, err)
+	}
+	n, err := uc.Read(buf[:])
+	if err == nil {
+		err = decode(buf[:n], &ack)
+	}
+	if err == nil && (ack.typ != msgHelloAck || ack.status != statusOK || ack.key != e.t.boot) {
+		err = fmt.Errorf("%w: hello refused (status %d)", ErrOtherHost, ack.status)
+	}
+	if err != nil {
+		uc.Close()
+		return nil, fmt.Errorf("%w: %w", transport.ErrUnreachable, err)
+	}
+	uc.SetDeadline(time.Time{})
+	e.t.wg.Add(1)
+	go c.run()
+	return c, nil
+}
+
+// Rails returns 1: a copy has one lane.
+func (e *Endpoint) Rails() int { return 1 }
+
+// Update follows the segment's new descriptor: buffers it adds are asked
+// for, and a restarted target (a new socket) is dialled afresh.
+func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.t.cfg.ReplyTimeout)
+	defer cancel()
+	e.connect(ctx, desc) // on failure slices fail; the next Update retries
+}
+
+// find returns the mapping holding [addr, addr+n), or nil.
+func find(ms []*mapping, addr, n uint64) *mapping {
+	i, j := 0, len(ms)
+	for i < j {
+		h := int(uint(i+j) >> 1)
+		if ms[h].raddr+ms[h].length > addr {
+			j = h
+		} else {
+			i = h + 1
+		}
+	}
+	if i == len(ms) {
+		return nil
+	}
+	m := ms[i]
+	if addr < m.raddr || n > m.length || addr-m.raddr > m.length-n {
+		return nil
+	}
+	return m
+}
+
+// Post moves every slice and completes it before returning.
+func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
+	for i := range s {
+		c.Complete(s[i].Token, e.Copy(&s[i]))
+	}
+	return len(s), nil
+}
+
+// Copy moves one slice on the caller's goroutine: a memory copy into or out
+// of a mapped buffer, one process_vm call for the others, a round trip on
+// the control socket for a notification.
+func (e *Endpoint) Copy(s *transport.Slice) error {
+	c := e.conn.Load()
+	if e.closed.Load() || c == nil {
+		return transport.ErrClosed
+	}
+	if s.Op == transport.Notify {
+		return c.notify(s)
+	}
+	m := find(*e.maps.Load(), s.Remote, s.Length)
+	if m == nil || !m.ref.Acquire() {
+		return e.missing(c, s)
+	}
+	var err error
+	if m.base != nil {
+		remote := unsafe.Slice((*byte)(unsafe.Add(m.base, s.Remote-m.raddr)), s.Length)
+		local := unsafe.Slice((*byte)(s.Local), s.Length)
+		if s.Op == transport.Write {
+			copy(remote, local)
+		} else {
+			copy(local, remote)
+		}
+	} else {
+		err = vmCopy(m.pid, s)
+	}
+	m.ref.Release()
+	return err
+}
+
+// missing says why no mapping serves s.
+func (e *Endpoint) missing(c *client, s *transport.Slice) error {
+	if e.closed.Load() || e.t.isClosed() {
+		return transport.ErrClosed
+	}
+	if c.dead.Load() {
+		return transport.ErrPeer
+	}
+	for _, sp := range *e.descs.Load() {
+		if s.Remote >= sp.addr && s.Length <= sp.length && s.Remote-sp.addr <= sp.length-s.Length {
+			return transport.ErrDenied // listed, but not granted (or withdrawn)
+		}
+	}
+	return transport.ErrRange
+}
+
+func (t *Transport) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// vmCopy moves a slice with one process_vm_readv/writev call.
+func vmCopy(pid int, s *transport.Slice) error {
+	local := []unix.Iovec{{Base: (*byte)(s.Local)}}
+	local[0].SetLen(int(s.Length))
+	remote := []unix.RemoteIovec{{Base: uintptr(s.Remote), Len: int(s.Length)}}
+	var n int
+	var err error
+	if s.Op == transport.Write {
+		n, err = unix.ProcessVMWritev(pid, local, remote, 0)
+	} else {
+		n, err = unix.ProcessVMReadv(pid, local, remote, 0)
+	}
+	switch {
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EFAULT):
+		return fmt.Errorf("%w: process_vm: %w", transport.ErrDenied, err)
+	case err != nil:
+		return fmt.Errorf("%w: process_vm: %w", transport.ErrPeer, err)
+	case uint64(n) != s.Length:
+		return fmt.Errorf("%w: process_vm moved %d of %d bytes", transport.ErrPeer, n, s.Length)
+	}
+	return nil
+}
+
+// Close drops every mapping once the copies on it are done, then hangs up.
+// Slices after Close fail with ErrClosed.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed.Swap(true) {
+		return nil
+	}
+	if c := e.conn.Load(); c != nil {
+		c.close()
+	}
+	e.t.mu.Lock()
+	delete(e.t.eps, e)
+	e.t.mu.Unlock()
+	return nil
+}
+
+// install adds a granted buffer (a grant answer with its descriptor, if
+// any). It runs on the connection's reader.
+func (e *Endpoint) install(pid int, m *msg, fd int) error {
+	g := &mapping{raddr: m.a, length: m.b, handle: m.handle, pid: pid}
+	if m.flags&flagVM == 0 {
+		base, mm, err := mapFile(fd, m)
+		if err != nil {
+			return err
+		}
+		g.base, g.mm = base, mm
+	} else if pid <= 0 {
+		return fmt.Errorf("%w: no pid for process_vm access", ErrProtocol)
+	}
+	e.mmu.Lock()
+	defer e.mmu.Unlock()
+	old := *e.maps.Load()
+	if find(old, g.raddr, 1) != nil || find(old, g.raddr+g.length-1, 1) != nil {
+		g.unmap()
+		return fmt.Errorf("%w: grant of [%#x, +%d) overlaps one held", ErrProtocol, g.raddr, g.length)
+	}
+	ms := make([]*mapping, 0, len(old)+1)
+	i := 0
+	for i < len(old) && old[i].raddr < g.raddr {
+		i++
+	}
+	ms = append(append(append(ms, old[:i]...), g), old[i:]...)
+	e.maps.Store(&ms)
+	return nil
+}
+
+// mapFile maps the file a target handed over, after checking that it is
+// sealed against shrinking (so no access can fault) and holds the range.
+func mapFile(fd int, m *msg) (unsafe.Pointer, []byte, error) {
+	if fd < 0 {
+		return nil, nil, fmt.Errorf("%w: grant without a descriptor", ErrProtocol)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
+		return nil, nil, fmt.Errorf("%w: file not sealed against shrinking (%v)", transport.ErrDenied, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, nil, fmt.Errorf("shm: fstat: %w", err)
+	}
+	size := uint64(st.Size)
+	if m.d != size || m.c > size || m.b > size-m.c || size > 1<<46 || m.b == 0 {
+		return nil, nil, fmt.Errorf("%w: range [%d, +%d) of a %d-byte file", ErrProtocol, m.c, m.b, size)
+	}
+	mm, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, nil, fmt.Errorf("shm: map %d bytes: %w", size, err)
+	}
+	return unsafe.Pointer(&mm[m.c]), mm, nil
+}
+
+func (g *mapping) unmap() {
+	if g.mm != nil {
+		unix.Munmap(g.mm)
+		g.mm, g.base = nil, nil
+	}
+}
+
+// drop withdraws the mapping of handle (all of them when all is set): no
+// new copy starts on it, the ones running finish, then it is unmapped. It
+// runs on the connection's reader.
+func (e *Endpoint) drop(handle uint64, all bool) {
+	e.mmu.Lock()
+	old := *e.maps.Load()
+	var gone, kept []*mapping
+	for _, g := range old {
+		if all || g.handle == handle {
+			gone = append(gone, g)
+		} else {
+			kept = append(kept, g)
+		}
+	}
+	e.maps.Store(&kept)
+	e.mmu.Unlock()
+	for _, g := range gone {
+		// Copies are short: wait as long as they take.
+		g.ref.Drain(context.Background())
+		g.unmap()
+	}
+}
+
+// reply is a target's answer to a grant or a notification.
+type reply struct {
+	status uint16
+	err    error
+}
+
+// client is an endpoint's connection to its target.
+type client struct {
+	e   *Endpoint
+	c   *net.UnixConn
+	pid int
+	wmu sync.Mutex
+
+	mu   sync.Mutex
+	seq  uint32
+	wait map[uint32]chan reply
+	dead atomic.Bool
+	done chan struct{}
+}
+
+// call sends m and waits for its answer.
+func (c *client) call(m *msg) (uint16, error) {
+	ch := make(chan reply, 1)
+	c.mu.Lock()
+	if c.dead.Load() {
+		c.mu.Unlock()
+		return 0, transport.ErrPeer
+	}
+	c.seq++
+	m.seq = c.seq
+	c.wait[m.seq] = ch
+	c.mu.Unlock()
+	var buf [maxMsg]byte
+	c.wmu.Lock()
+	_, err := c.c.Write(m.encode(buf[:]))
+	c.wmu.Unlock()
+	if err != nil {
+		c.kill()
+		return 0, fmt.Errorf("%w: %w", transport.ErrPeer, err)
+	}
+	t := time.NewTimer(c.e.t.cfg.ReplyTimeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.status, r.err
+	case <-t.C:
+		c.mu.Lock()
+		delete(c.wait, m.seq)
+		c.mu.Unlock()
+		return 0, fmt.Errorf("%w: no answer within %v", transport.ErrPeer, c.e.t.cfg.ReplyTimeout)
+	}
+}
+
+func statusErr(st uint16) error {
+	switch st {
+	case statusOK:
+		return nil
+	case statusRange:
+		return transport.ErrRange
+	case statusFull:
+		return transport.ErrNotifyFull
+	}
+	return transport.ErrDenied
+}
+
+func (c *client) grant(addr, length uint64, key *[16]byte, vm bool) error {
+	m := msg{typ: msgGrant, a: addr, b: length, key: *key}
+	if vm {
+		m.flags = flagVM
+	}
+	st, err := c.call(&m)
+	if err != nil {
+		return err
+	}
+	return statusErr(st)
+}
+
+func (c *client) notify(s *transport.Slice) error {
+	if s.Length > transport.MaxNotifyMessage {
+		return transport.ErrRange
+	}
+	from := c.e.t.selfName()
+	if len(from) > maxName {
+		from = from[:maxName]
+	}
+	tail := make([]byte, 0, len(from)+int(s.Length))
+	tail = append(tail, from...)
+	if s.Length > 0 {
+		tail = append(tail, unsafe.Slice((*byte)(s.Local), s.Length)...)
+	}
+	st, err := c.call(&msg{typ: msgNotify, a: s.Remote, b: uint64(len(from)), c: s.Length, tail: tail})
+	if err != nil {
+		return err
+	}
+	return statusErr(st)
+}
+
+func (t *Transport) selfName() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.self
+}
+
+// run reads the target's packets until the connection ends, then drops
+// every mapping and fails the calls still waiting.
+func (c *client) run() {
+	defer c.e.t.wg.Done()
+	defer close(c.done)
+	buf := make([]byte, maxMsg+1)
+	oob := make([]byte, unix.CmsgSpace(4*16))
+	for c.step(buf, oob) {
+	}
+	c.kill()
+	c.e.drop(0, true)
+	c.mu.Lock()
+	for seq, ch := range c.wait {
+		ch <- reply{err: transport.ErrPeer}
+		delete(c.wait, seq)
+	}
+	c.mu.Unlock()
+}
+
+// step handles one packet and reports whether the connection is still good.
+func (c *client) step(buf, oob []byte) bool {
+	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return false
+	}
+	fd := -1
+	if oobn > 0 {
+		fd = oneRight(oob[:oobn])
+		defer func() {
+			if fd >= 0 {
+				unix.Close(fd) // mapped or refused: the descriptor is not kept
+			}
+		}()
+	}
+	var m msg
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n > maxMsg || decode(buf[:n], &m) != nil {
+		return false
+	}
+	switch m.typ {
+	case msgGrantAck:
+		r := reply{status: m.status}
+		if m.status == statusOK {
+			if err := c.e.install(c.pid, &m, fd); err != nil {
+				r.status, r.err = statusDenied, err
+			}
+		}
+		c.answer(m.seq, r)
+	case msgNotifyAck:
+		c.answer(m.seq, reply{status: m.status})
+	case msgRevoke:
+		c.e.drop(m.handle, m.handle == allHandles)
+		var b [frameSize]byte
+		ack := msg{typ: msgRevokeAck, handle: m.handle}
+		c.wmu.Lock()
+		_, err := c.c.Write(ack.encode(b[:]))
+		c.wmu.Unlock()
+		return err == nil
+	default:
+		return false
+	}
+	return true
+}
+
+// oneRight returns the one descriptor of a control message; any others are
+// closed and -2 returned (a broken peer).
+func oneRight(oob []byte) int {
+	cms, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return -1
+	}
+	fd := -1
+	for i := range cms {
+		fds, _ := unix.ParseUnixRights(&cms[i])
+		for _, x := range fds {
+			if fd == -1 {
+				fd = x
+			} else {
+				unix.Close(x)
+			}
+		}
+	}
+	return fd
+}
+
+func (c *client) answer(seq uint32, r reply) {
+	c.mu.Lock()
+	ch := c.wait[seq]
+	delete(c.wait, seq)
+	c.mu.Unlock()
+	if ch != nil {
+		ch <- r
+	}
+}
+
+// kill marks the connection dead and closes it; the reader then cleans up.
+func (c *client) kill() {
+	c.mu.Lock()
+	c.dead.Store(true)
+	c.mu.Unlock()
+	c.c.Close()
+}
+
+// close drops every mapping, hangs up and waits for the reader.
+func (c *client) close() {
+	c.e.drop(0, true)
+	c.kill()
+	<-c.done
+}

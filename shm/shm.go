@@ -1,0 +1,526 @@
+//go:build linux
+
+package shm
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moonring/moonring/internal/mem"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// Name is the transport's name in segment descriptors.
+const Name = "shm"
+
+// Config configures a Transport. The zero value is ready to use.
+type Config struct {
+	// NoMap makes this transport's endpoints ask targets for
+	// process_vm_readv/writev access even to memfd-backed buffers: the
+	// fallback path, for tests and for hosts that forbid shared mappings.
+	NoMap bool
+	// RevokeTimeout bounds how long Unregister waits for each peer to stop
+	// using a buffer (default 10 s); a peer that does not answer in time is
+	// disconnected.
+	RevokeTimeout time.Duration
+	// ReplyTimeout bounds the wait for a target's answer to a grant or a
+	// notification (default 5 s).
+	ReplyTimeout time.Duration
+}
+
+// Transport is the same-host transport of one engine: the target side
+// serves its buffers to peers of this host over a Unix socket, and its
+// endpoints reach the buffers of other engines of this host. Safe for
+// concurrent use. Use New; Close releases it.
+type Transport struct {
+	cfg  Config
+	boot [16]byte
+	// endpoint is what peers dial: boot id and abstract socket name.
+	endpoint string
+	ln       *net.UnixListener
+
+	self    string
+	deliver atomic.Pointer[func(*transport.Notification) error]
+
+	mu     sync.Mutex
+	regs   []*region // by address, under mu
+	seq    uint64    // the last registration handle
+	conns  map[*server]struct{}
+	eps    map[*Endpoint]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// region is one registered buffer on the target side.
+type region struct {
+	handle uint64
+	addr   uintptr
+	length uint64
+	remote bool
+	key    [16]byte
+	// file is the memfd behind the buffer when it may be handed out whole
+	// (the buffer covers the file); nil means process_vm access only.
+	file *os.File
+	off  int64
+	size int64
+	// revoked: Unregister began; no new grants.
+	revoked bool
+}
+
+var (
+	_ transport.Transport = (*Transport)(nil)
+	_ transport.Notifier  = (*Transport)(nil)
+)
+
+// Errors particular to this transport.
+var (
+	// ErrOtherHost: the segment's engine runs on another host (or in
+	// another network namespace, whose Unix sockets are out of reach).
+	ErrOtherHost = errors.New("shm: segment not on this host")
+	// ErrProtocol: the peer broke the control protocol.
+	ErrProtocol = errors.New("shm: protocol violation")
+)
+
+// bootID reads the kernel's boot id: two processes that read the same one
+// run on the same kernel.
+func bootID() ([16]byte, error) {
+	var id [16]byte
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return id, fmt.Errorf("shm: boot id: %w", err)
+	}
+	h, err := hex.DecodeString(strings.ReplaceAll(strings.TrimSpace(string(b)), "-", ""))
+	if err != nil || len(h) != 16 {
+		return id, fmt.Errorf("shm: boot id %q: %w", b, transport.ErrNotSupported)
+	}
+	copy(id[:], h)
+	return id, nil
+}
+
+// New starts a transport listening on an abstract Unix socket of a random
+// name.
+func New(cfg Config) (*Transport, error) {
+	if cfg.RevokeTimeout <= 0 {
+		cfg.RevokeTimeout = 10 * time.Second
+	}
+	if cfg.ReplyTimeout <= 0 {
+		cfg.ReplyTimeout = 5 * time.Second
+	}
+	boot, err := bootID()
+	if err != nil {
+		return nil, err
+	}
+	var r [8]byte
+	rand.Read(r[:])
+	name := fmt.Sprintf("moonring-shm-%d-%x", os.Getpid(), r)
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + name, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("shm: listen: %w", err)
+	}
+	t := &Transport{
+		cfg:      cfg,
+		boot:     boot,
+		endpoint: hex.EncodeToString(boot[:]) + "/" + name,
+		ln:       ln,
+		conns:    map[*server]struct{}{},
+		eps:      map[*Endpoint]struct{}{},
+	}
+	t.wg.Add(1)
+	go t.accept()
+	return t, nil
+}
+
+// Name returns "shm".
+func (t *Transport) Name() string { return Name }
+
+// Endpoint returns the boot id and socket name peers dial.
+func (t *Transport) Endpoint() string { return t.endpoint }
+
+// SliceSize is 4 MiB: a slice is one memory copy, and fewer slices mean
+// less bookkeeping; small enough that retries and deadlines stay fine.
+func (t *Transport) SliceSize() uint64 { return 4 << 20 }
+
+// SetNotify implements transport.Notifier.
+func (t *Transport) SetNotify(self string, deliver func(*transport.Notification) error) {
+	t.mu.Lock()
+	t.self = self
+	t.mu.Unlock()
+	t.deliver.Store(&deliver)
+}
+
+// Register gives b a random 128-bit key. A remote-accessible buffer that
+// covers all of a memfd from mem.AllocShared (the engine's Alloc) can be
+// mapped by peers; any other is reached through process_vm_readv/writev.
+// A local-only buffer is never handed out.
+func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) {
+	r := &region{addr: b.Addr, length: b.Length, remote: b.Remote}
+	rand.Read(r.key[:])
+	if b.Remote {
+		if f, off, err := mem.File(b.Addr, b.Length); err == nil {
+			var st unix.Stat_t
+			if err := unix.Fstat(int(f.Fd()), &st); err == nil && off == 0 && pageUp(b.Length) == uint64(st.Size) {
+				r.file, r.off, r.size = f, off, st.Size
+			} else {
+				f.Close() // shares its file with other memory: not handed out
+			}
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		r.close()
+		return segtable.Registration{}, fmt.Errorf("shm: register: %w", transport.ErrClosed)
+	}
+	t.seq++
+	r.handle = t.seq
+	i, _ := slices.BinarySearchFunc(t.regs, r.addr, func(x *region, a uintptr) int { return cmpAddr(x.addr, a) })
+	t.regs = slices.Insert(t.regs, i, r)
+	reg := segtable.Registration{Handle: r.handle}
+	if b.Remote {
+		reg.Key = hex.EncodeToString(r.key[:])
+	}
+	return reg, nil
+}
+
+func cmpAddr(a, b uintptr) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func pageUp(n uint64) uint64 {
+	p := uint64(os.Getpagesize())
+	return (n + p - 1) &^ (p - 1)
+}
+
+func (r *region) close() {
+	if r.file != nil {
+		r.file.Close()
+	}
+}
+
+// Unregister withdraws the buffer: no new grants, and every peer holding
+// one is told to stop using it and answers once its copies are done and
+// its mapping is gone. A peer that does not answer within RevokeTimeout is
+// disconnected (it then drops everything of this transport) and Unregister
+// reports it.
+func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) error {
+	t.mu.Lock()
+	i := slices.IndexFunc(t.regs, func(x *region) bool { return x.handle == reg.Handle })
+	if i < 0 {
+		t.mu.Unlock()
+		return fmt.Errorf("shm: unregister %#x: %w", b.Addr, segtable.ErrNotFound)
+	}
+	r := t.regs[i]
+	r.revoked = true
+	var peers []*server
+	for s := range t.conns {
+		peers = append(peers, s)
+	}
+	t.mu.Unlock()
+
+	var errs []error
+	for _, s := range peers {
+		if err := s.revoke(r.handle, t.cfg.RevokeTimeout); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	t.mu.Lock()
+	t.regs = slices.DeleteFunc(t.regs, func(x *region) bool { return x == r })
+	t.mu.Unlock()
+	r.close()
+	if len(errs) > 0 {
+		return fmt.Errorf("shm: unregister %#x: %w", b.Addr, errors.Join(errs...))
+	}
+	return nil
+}
+
+// grant answers an initiator's request for a buffer: it must be registered
+// with exactly that range, remote-accessible, not being withdrawn, and the
+// key must match.
+func (t *Transport) grant(addr, length uint64, key *[16]byte) (*region, uint16) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i, ok := slices.BinarySearchFunc(t.regs, uintptr(addr), func(x *region, a uintptr) int { return cmpAddr(x.addr, a) })
+	if !ok || uint64(t.regs[i].addr) != addr || t.regs[i].length != length {
+		return nil, statusRange
+	}
+	r := t.regs[i]
+	if !r.remote || r.revoked || t.closed || subtle.ConstantTimeCompare(r.key[:], key[:]) != 1 {
+		return nil, statusDenied
+	}
+	return r, statusOK
+}
+
+// accept serves connections until the listener closes.
+func (t *Transport) accept() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.AcceptUnix()
+		if err != nil {
+			return // closed
+		}
+		s := &server{t: t, c: c, acks: map[uint64]chan struct{}{}}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			c.Close()
+			return
+		}
+		t.conns[s] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		go s.serve()
+	}
+}
+
+// Open connects to the engine of this host that published desc and asks
+// for every buffer desc lists with a key of this transport. It fails with
+// ErrUnreachable (wrapping ErrOtherHost) when that engine runs elsewhere.
+func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (transport.Endpoint, error) {
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("shm: open %s: %w", desc.Name, transport.ErrClosed)
+	}
+	e := &Endpoint{t: t, name: desc.Name}
+	e.maps.Store(&[]*mapping{})
+	e.descs.Store(&[]span{})
+	if err := e.connect(ctx, desc); err != nil {
+		return nil, fmt.Errorf("shm: open %s: %w", desc.Name, err)
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		e.Close()
+		return nil, fmt.Errorf("shm: open %s: %w", desc.Name, transport.ErrClosed)
+	}
+	t.eps[e] = struct{}{}
+	t.mu.Unlock()
+	return e, nil
+}
+
+// Close stops serving (peers drop their mappings when their connection
+// ends), closes every endpoint, and waits for the goroutines.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	conns := t.conns
+	eps := t.eps
+	t.conns, t.eps = map[*server]struct{}{}, map[*Endpoint]struct{}{}
+	t.mu.Unlock()
+	t.ln.Close()
+	// Peers stop using every buffer before the memory may go.
+	var wg sync.WaitGroup
+	for s := range conns {
+		wg.Go(func() {
+			s.revoke(allHandles, t.cfg.RevokeTimeout)
+			s.c.Close()
+		})
+	}
+	wg.Wait()
+	for e := range eps {
+		e.Close()
+	}
+	t.wg.Wait()
+	t.mu.Lock()
+	for _, r := range t.regs {
+		r.close()
+	}
+	t.regs = nil
+	t.mu.Unlock()
+	return nil
+}
+
+// server is the target's side of one initiator's connection.
+type server struct {
+	t   *Transport
+	c   *net.UnixConn
+	wmu sync.Mutex // one packet at a time
+
+	mu   sync.Mutex
+	acks map[uint64]chan struct{} // revokes waiting for their answer
+	gone bool
+}
+
+func (s *server) send(m *msg, oob []byte) error {
+	var buf [maxMsg]byte
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	_, _, err := s.c.WriteMsgUnix(m.encode(buf[:]), oob, nil)
+	return err
+}
+
+// serve answers the initiator until the connection ends.
+func (s *server) serve() {
+	defer s.t.wg.Done()
+	defer s.finish()
+	buf := make([]byte, maxMsg+1)
+	oob := make([]byte, unix.CmsgSpace(4*16))
+	var m msg
+	// The hello first: a peer on another kernel cannot connect to an
+	// abstract socket, but its boot id must match all the same.
+	if !s.read(buf, oob, &m) || m.typ != msgHello {
+		return
+	}
+	ack := msg{typ: msgHelloAck, seq: m.seq, a: version, key: s.t.boot}
+	switch {
+	case m.a != version:
+		ack.status = statusBadVersion
+	case m.key != s.t.boot:
+		ack.status = statusOtherHost
+	}
+	if s.send(&ack, nil) != nil || ack.status != statusOK {
+		return
+	}
+	for s.read(buf, oob, &m) {
+		switch m.typ {
+		case msgGrant:
+			if s.grant(&m) != nil {
+				return
+			}
+		case msgRevokeAck:
+			s.mu.Lock()
+			if ch := s.acks[m.handle]; ch != nil {
+				close(ch)
+				delete(s.acks, m.handle)
+			}
+			s.mu.Unlock()
+		case msgNotify:
+			if s.notify(&m) != nil {
+				return
+			}
+		default:
+			return // an answer's type from an initiator: broken peer
+		}
+	}
+}
+
+// read reads one packet, dropping any descriptors a peer sent (none are
+// expected), and reports whether it decoded.
+func (s *server) read(buf, oob []byte, m *msg) bool {
+	n, oobn, flags, _, err := s.c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return false
+	}
+	if oobn > 0 {
+		closeRights(oob[:oobn])
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n > maxMsg {
+		return false
+	}
+	return decode(buf[:n], m) == nil
+}
+
+// closeRights closes every descriptor in a control message.
+func closeRights(oob []byte) int {
+	n := 0
+	cms, _ := unix.ParseSocketControlMessage(oob)
+	for i := range cms {
+		fds, _ := unix.ParseUnixRights(&cms[i])
+		for _, fd := range fds {
+			unix.Close(fd)
+			n++
+		}
+	}
+	return n
+}
+
+func (s *server) grant(m *msg) error {
+	r, st := s.t.grant(m.a, m.b, &m.key)
+	ack := msg{typ: msgGrantAck, seq: m.seq, status: st, a: m.a, b: m.b}
+	if st != statusOK {
+		return s.send(&ack, nil)
+	}
+	ack.handle = r.handle
+	if r.file == nil || m.flags&flagVM != 0 {
+		ack.flags = flagVM
+		return s.send(&ack, nil)
+	}
+	ack.c, ack.d = uint64(r.off), uint64(r.size)
+	// r.file stays open while this runs: Unregister closes it only after
+	// every connection answered the revoke, which this goroutine serves.
+	return s.send(&ack, unix.UnixRights(int(r.file.Fd())))
+}
+
+func (s *server) notify(m *msg) error {
+	ack := msg{typ: msgNotifyAck, seq: m.seq}
+	d := s.t.deliver.Load()
+	if d == nil {
+		ack.status = statusDenied
+	} else {
+		n := transport.Notification{From: string(m.tail[:m.b]), Tag: m.a}
+		if m.c > 0 {
+			n.Msg = m.tail[m.b:]
+		}
+		if err := (*d)(&n); err != nil {
+			ack.status = statusFull
+		}
+	}
+	return s.send(&ack, nil)
+}
+
+// allHandles in a revoke withdraws every buffer (the target closes).
+const allHandles = 0
+
+// revoke tells the initiator to stop using a buffer and waits for its
+// answer. A peer that never took the buffer answers at once.
+func (s *server) revoke(handle uint64, timeout time.Duration) error {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	if s.gone {
+		s.mu.Unlock()
+		return nil // its mappings went with the connection
+	}
+	s.acks[handle] = ch
+	s.mu.Unlock()
+	if err := s.send(&msg{typ: msgRevoke, handle: handle}, nil); err != nil {
+		s.c.Close()
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-time.After(timeout):
+		s.c.Close()
+		<-ch // finish closes it once serve returns
+		return fmt.Errorf("shm: peer did not release buffer within %v; disconnected", timeout)
+	}
+}
+
+// finish forgets the connection and releases revokes waiting on it.
+func (s *server) finish() {
+	s.c.Close()
+	s.mu.Lock()
+	s.gone = true
+	for h, ch := range s.acks {
+		close(ch)
+		delete(s.acks, h)
+	}
+	s.mu.Unlock()
+	s.t.mu.Lock()
+	delete(s.t.conns, s)
+	s.t.mu.Unlock()
+}
