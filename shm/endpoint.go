@@ -172,6 +172,19 @@ func (e *Endpoint) dial(ctx context.Context, name string) (*client, error) {
 	return c, nil
 }
 
+// Granted counts the target's buffers this endpoint reaches: mapped into
+// this process, and through process_vm calls.
+func (e *Endpoint) Granted() (mapped, vm int) {
+	for _, g := range *e.maps.Load() {
+		if g.base != nil {
+			mapped++
+		} else {
+			vm++
+		}
+	}
+	return mapped, vm
+}
+
 // Rails returns 1: a copy has one lane.
 func (e *Endpoint) Rails() int { return 1 }
 

@@ -1,0 +1,326 @@
+//go:build linux
+
+package shm_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/internal/mem"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/shm"
+	"github.com/moonring/moonring/transport"
+)
+
+// world is a target and an initiator transport with their buffers.
+type world struct {
+	t          *testing.T
+	init, targ *shm.Transport
+	ibufs      segtable.Buffers
+	tbufs      segtable.Buffers
+	tregs      map[*segtable.Buffer]segtable.Registration
+	local      *segtable.Buffer
+	lreg       segtable.Registration
+	tok        atomic.Uint64
+}
+
+func newWorld(t *testing.T, icfg shm.Config) *world {
+	t.Helper()
+	w := &world{t: t, tregs: map[*segtable.Buffer]segtable.Registration{}}
+	var err error
+	if w.init, err = shm.New(icfg); err != nil {
+		t.Fatal(err)
+	}
+	if w.targ, err = shm.New(shm.Config{RevokeTimeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	lmem := make([]byte, 8<<20)
+	w.local, err = w.ibufs.Register(lmem, segtable.CPU(0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.lreg, err = w.init.Register(w.local); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		w.init.Close()
+		w.targ.Close()
+		ctx := context.Background()
+		for _, b := range w.ibufs.All() {
+			w.ibufs.Unregister(ctx, b.ID)
+		}
+		for _, b := range w.tbufs.All() {
+			w.tbufs.Unregister(ctx, b.ID)
+		}
+	})
+	return w
+}
+
+// shared registers memory from mem.AllocShared with the target.
+func (w *world) shared(size int, remote bool) (*segtable.Buffer, []byte) {
+	w.t.Helper()
+	m, err := mem.AllocShared(size, 0)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { mem.Free(m) })
+	return w.register(m, remote), m
+}
+
+func (w *world) register(m []byte, remote bool) *segtable.Buffer {
+	w.t.Helper()
+	b, err := w.tbufs.Register(m, segtable.CPU(0), remote)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	r, err := w.targ.Register(b)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.tregs[b] = r
+	return b
+}
+
+func (w *world) desc() *segtable.SegmentDesc {
+	d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "target", Epoch: 1,
+		Endpoints: map[string]string{shm.Name: w.targ.Endpoint()}}
+	for _, b := range w.tbufs.All() {
+		d.Buffers = append(d.Buffers, segtable.BufferDesc{Addr: uint64(b.Addr), Length: b.Length,
+			Keys: map[string]string{shm.Name: w.tregs[b].Key}})
+	}
+	return d
+}
+
+func (w *world) open() *shm.Endpoint {
+	w.t.Helper()
+	ep, err := w.init.Open(context.Background(), w.desc())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { ep.Close() })
+	return ep.(*shm.Endpoint)
+}
+
+func (w *world) slice(op transport.Op, loff uint64, raddr, n uint64) transport.Slice {
+	return transport.Slice{Op: op, LocalHandle: w.lreg.Handle, Local: w.local.Pointer(loff),
+		Remote: raddr, Length: n, Token: w.tok.Add(1)}
+}
+
+// TestMapped moves random slices through mapped buffers with data checked
+// both ways, and checks that the buffers were mapped, not reached through
+// process_vm calls.
+func TestMapped(t *testing.T) {
+	w := newWorld(t, shm.Config{})
+	a, am := w.shared(4<<20, true)
+	b, bm := w.shared(64<<10+100, true)
+	ep := w.open()
+	if m, v := ep.Granted(); m != 2 || v != 0 {
+		t.Fatalf("granted %d mapped, %d vm; want 2 mapped", m, v)
+	}
+	lm := w.local.Bytes()
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 300 {
+		buf, bmem := a, am
+		if i%3 == 0 {
+			buf, bmem = b, bm
+		}
+		n := 1 + r.Uint64N(min(buf.Length, 256<<10))
+		if i%7 == 0 {
+			buf, bmem = b, bm
+			n = buf.Length
+		}
+		roff := r.Uint64N(buf.Length - n + 1)
+		loff := r.Uint64N(uint64(len(lm)) - n + 1)
+		op := transport.Op(1 + i%2)
+		if op == transport.Write {
+			fill(lm[loff:loff+n], uint64(i))
+		} else {
+			fill(bmem[roff:roff+n], uint64(i))
+		}
+		s := w.slice(op, loff, uint64(buf.Addr)+roff, n)
+		if err := ep.Copy(&s); err != nil {
+			t.Fatalf("slice %d (%v %d bytes): %v", i, op, n, err)
+		}
+		if !bytes.Equal(lm[loff:loff+n], bmem[roff:roff+n]) {
+			t.Fatalf("slice %d (%v %d bytes at +%d): data differ", i, op, n, roff)
+		}
+	}
+	// Out of range, straddling, and past the end are refused.
+	for _, s := range []transport.Slice{
+		w.slice(transport.Write, 0, uint64(a.Addr)+a.Length-1, 2),
+		w.slice(transport.Read, 0, uint64(b.Addr)+b.Length, 1),
+		w.slice(transport.Read, 0, uint64(a.Addr)-1, 1),
+	} {
+		if err := ep.Copy(&s); !errors.Is(err, transport.ErrRange) && !errors.Is(err, transport.ErrDenied) {
+			t.Errorf("slice at %#x+%d: %v, want ErrRange", s.Remote, s.Length, err)
+		}
+	}
+}
+
+func fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 7))
+	for len(b) >= 8 {
+		binary.LittleEndian.PutUint64(b, r.Uint64())
+		b = b[8:]
+	}
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+// TestNotHandedOut: memory that shares its memfd with other memory, and
+// local-only memory, is never mapped by a peer: the first goes through
+// process_vm calls, the second is refused.
+func TestNotHandedOut(t *testing.T) {
+	w := newWorld(t, shm.Config{})
+	m, err := mem.AllocShared(1<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Free(m)
+	part := w.register(m[:512<<10], true)
+	_, lo := w.shared(64<<10, false)
+	ep := w.open()
+	if mp, v := ep.Granted(); mp != 0 || v != 1 {
+		t.Fatalf("granted %d mapped, %d vm; want the part through process_vm only", mp, v)
+	}
+	fill(w.local.Bytes()[:4096], 3)
+	s := w.slice(transport.Write, 0, uint64(part.Addr)+100, 4096)
+	if err := ep.Copy(&s); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(m[100:4196], w.local.Bytes()[:4096]) {
+		t.Fatal("process_vm write did not land")
+	}
+	s = w.slice(transport.Write, 0, uint64(uintptr(unsafe.Pointer(&lo[0]))), 16)
+	if err := ep.Copy(&s); !errors.Is(err, transport.ErrDenied) {
+		t.Fatalf("write to a local-only buffer: %v, want ErrDenied", err)
+	}
+}
+
+// TestForcedVM: with NoMap the initiator reaches memfd memory through
+// process_vm calls.
+func TestForcedVM(t *testing.T) {
+	w := newWorld(t, shm.Config{NoMap: true})
+	a, am := w.shared(1<<20, true)
+	ep := w.open()
+	if mp, v := ep.Granted(); mp != 0 || v != 1 {
+		t.Fatalf("granted %d mapped, %d vm; want 1 vm", mp, v)
+	}
+	fill(am, 9)
+	s := w.slice(transport.Read, 0, uint64(a.Addr), a.Length)
+	if err := ep.Copy(&s); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(w.local.Bytes()[:a.Length], am) {
+		t.Fatal("process_vm read differs")
+	}
+}
+
+// TestUnregisterMidBatch withdraws a mapped buffer while writers hammer it:
+// every copy either finished before Unregister returned or failed, and
+// nothing lands in the memory afterwards.
+func TestUnregisterMidBatch(t *testing.T) {
+	w := newWorld(t, shm.Config{})
+	a, am := w.shared(1<<20, true)
+	ep := w.open()
+	fill(w.local.Bytes()[:1<<20], 5)
+	var (
+		wg       sync.WaitGroup
+		done     atomic.Bool
+		failed   atomic.Int64
+		ok       atomic.Int64
+		afterOK  atomic.Int64
+		returned atomic.Bool
+	)
+	for g := range 3 {
+		wg.Go(func() {
+			for i := 0; !done.Load(); i++ {
+				after := returned.Load()
+				off := uint64((g*97 + i*4096) % (1<<20 - 65536))
+				s := w.slice(transport.Write, off, uint64(a.Addr)+off, 65536)
+				switch err := ep.Copy(&s); {
+				case err == nil:
+					ok.Add(1)
+					if after {
+						afterOK.Add(1)
+					}
+				case errors.Is(err, transport.ErrDenied):
+					failed.Add(1)
+				default:
+					t.Errorf("copy: %v", err)
+					return
+				}
+			}
+		})
+	}
+	for ok.Load() < 100 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := w.targ.Unregister(a, w.tregs[a]); err != nil {
+		t.Fatalf("Unregister: %v", err)
+	}
+	returned.Store(true)
+	for i := range am {
+		am[i] = 0xEE
+	}
+	n := failed.Load()
+	for failed.Load() < n+100 {
+		time.Sleep(time.Millisecond)
+	}
+	done.Store(true)
+	wg.Wait()
+	if afterOK.Load() != 0 {
+		t.Fatalf("%d copies succeeded after Unregister returned", afterOK.Load())
+	}
+	for i, v := range am {
+		if v != 0xEE {
+			t.Fatalf("byte %d written after Unregister returned", i)
+		}
+	}
+	if mp, _ := ep.Granted(); mp != 0 {
+		t.Fatalf("still %d mapped after Unregister", mp)
+	}
+	t.Logf("%d copies before, %d refused after", ok.Load(), failed.Load())
+}
+
+// TestTargetCloseDropsMappings: after the target's Close returns, the
+// initiator holds no mapping and every slice fails.
+func TestTargetCloseDropsMappings(t *testing.T) {
+	w := newWorld(t, shm.Config{})
+	a, _ := w.shared(1<<20, true)
+	ep := w.open()
+	w.targ.Close()
+	if mp, v := ep.Granted(); mp+v != 0 {
+		t.Fatalf("still %d mapped, %d vm after the target closed", mp, v)
+	}
+	s := w.slice(transport.Write, 0, uint64(a.Addr), 64)
+	if err := ep.Copy(&s); err == nil {
+		t.Fatal("write after the target closed succeeded")
+	}
+}
+
+// TestOtherHost: a descriptor from another boot id is unreachable without
+// dialling, and garbage endpoints are refused cleanly.
+func TestOtherHost(t *testing.T) {
+	w := newWorld(t, shm.Config{})
+	w.shared(4096, true)
+	for _, ep := range []string{
+		"00000000000000000000000000000000/" + "x",
+		"", "zz/y", "abcd", "00000000000000000000000000000000/",
+	} {
+		d := w.desc()
+		d.Endpoints[shm.Name] = ep
+		if _, err := w.init.Open(context.Background(), d); !errors.Is(err, transport.ErrUnreachable) {
+			t.Errorf("Open with endpoint %q: %v, want ErrUnreachable", ep, err)
+		}
+	}
+}
