@@ -1,0 +1,383 @@
+//go:build rdma && cgo
+
+package rdma
+
+import (
+	"context"
+	"errors"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"go.uber.org/goleak"
+
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+	"github.com/moonring/moonring/transport/transporttest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(childMain())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// needDevice returns a transport on the machine's RDMA device, or skips:
+// there is none on a host without an RDMA stack. Inside the rdma VM (make
+// test-rdma) MOONRING_RDMA_REQUIRE=1 turns the skip into a failure.
+func needDevice(t testing.TB, cfg Config) *Transport {
+	t.Helper()
+	tr, err := New(cfg)
+	if err != nil {
+		if errors.Is(err, ErrNoDevice) && os.Getenv("MOONRING_RDMA_REQUIRE") != "1" {
+			t.Skipf("SKIP: no RDMA device here (%v); these tests run against Soft-RoCE in a VM: make test-rdma", err)
+		}
+		t.Fatalf("rdma.New: %v", err)
+	}
+	return tr
+}
+
+// pump polls the transports until the test ends, as the engine's pollers
+// do.
+func pump(t testing.TB, trs ...*Transport) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		idle := 0
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n := 0
+			for _, tr := range trs {
+				n += tr.Poll()
+			}
+			if n > 0 {
+				idle = 0
+				continue
+			}
+			if idle++; idle > 64 {
+				time.Sleep(50 * time.Microsecond)
+			} else {
+				runtime.Gosched()
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); wg.Wait() })
+}
+
+func newPair(t *testing.T) (transport.Transport, transport.Transport) {
+	a := needDevice(t, Config{})
+	b := needDevice(t, Config{})
+	pump(t, a, b)
+	return a, b
+}
+
+func TestConformance(t *testing.T) {
+	transporttest.Run(t, newPair)
+}
+
+func TestDevices(t *testing.T) {
+	tr := needDevice(t, Config{})
+	defer tr.Close()
+	devs, err := Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) == 0 {
+		t.Fatal("Devices found none, but New opened one")
+	}
+	for _, d := range devs {
+		t.Logf("device %s numa %d", d.Name, d.NUMANode)
+		for _, p := range d.Ports {
+			t.Logf("  port %d %s %s mtu %d lid %d chosen %d gids %v", p.Port, p.State, p.LinkLayer, p.MTU, p.LID, p.Chosen, p.GIDs)
+		}
+	}
+	g := tr.GIDs()[0]
+	if want := os.Getenv("RDMA_VM_GID"); want != "" {
+		// The rig exports the RoCE v2 GID index of 10.0.0.1.
+		if w := atoiOr(want, -1); g.Index != w {
+			t.Errorf("chose GID %v; the VM's routable RoCE v2 GID is index %d", g, w)
+		}
+	}
+	if g.Addr().IsLinkLocalUnicast() {
+		t.Errorf("chose a link-local GID %v", g)
+	}
+}
+
+func atoiOr(s string, def int) int {
+	n := 0
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return def
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
+// world is one initiator and one target with a registered buffer each,
+// for the tests beyond the conformance suite.
+type world struct {
+	init, targ *Transport
+	ibufs      segtable.Buffers
+	tbufs      segtable.Buffers
+	lmem, rmem []byte
+	l, r       *segtable.Buffer
+	lreg, rreg segtable.Registration
+	desc       *segtable.SegmentDesc
+}
+
+func newWorld(t testing.TB, cfg Config, size int) *world {
+	return newWorldPump(t, cfg, size, true)
+}
+
+func newWorldPump(t testing.TB, cfg Config, size int, pumped bool) *world {
+	w := &world{init: needDevice(t, cfg), targ: needDevice(t, Config{})}
+	if pumped {
+		pump(t, w.init, w.targ)
+	}
+	w.lmem = make([]byte, size)
+	w.rmem = make([]byte, size)
+	var err error
+	if w.l, err = w.ibufs.Register(w.lmem, "", false); err != nil {
+		t.Fatal(err)
+	}
+	if w.r, err = w.tbufs.Register(w.rmem, "", true); err != nil {
+		t.Fatal(err)
+	}
+	if w.lreg, err = w.init.Register(w.l); err != nil {
+		t.Fatal(err)
+	}
+	if w.rreg, err = w.targ.Register(w.r); err != nil {
+		t.Fatal(err)
+	}
+	w.desc = &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "t", Epoch: 1,
+		Endpoints: map[string]string{Name: w.targ.Endpoint()},
+		Buffers:   []segtable.BufferDesc{{Addr: uint64(w.r.Addr), Length: w.r.Length, Keys: map[string]string{Name: w.rreg.Key}}}}
+	t.Cleanup(func() {
+		w.init.Close()
+		w.targ.Close()
+		ctx := context.Background()
+		w.ibufs.Unregister(ctx, w.l.ID)
+		w.tbufs.Unregister(ctx, w.r.ID)
+	})
+	return w
+}
+
+func (w *world) open(t testing.TB) transport.Endpoint {
+	ep, err := w.init.Open(context.Background(), w.desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ep.Close() })
+	return ep
+}
+
+func (w *world) slice(op transport.Op, off, n uint64, tok uint64) transport.Slice {
+	return transport.Slice{Op: op, LocalHandle: w.lreg.Handle, Local: unsafe.Pointer(&w.lmem[off]),
+		Remote: uint64(w.r.Addr) + off, Length: n, Token: tok}
+}
+
+// waiter is a Completer that counts.
+type waiter struct {
+	mu   sync.Mutex
+	errs map[uint64]error
+	dup  atomic.Int64
+}
+
+func newWaiter() *waiter { return &waiter{errs: map[uint64]error{}} }
+
+func (c *waiter) Complete(tok uint64, err error) {
+	c.mu.Lock()
+	if _, ok := c.errs[tok]; ok {
+		c.dup.Add(1)
+	}
+	c.errs[tok] = err
+	c.mu.Unlock()
+}
+
+func (c *waiter) wait(t testing.TB, tok uint64) error {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		c.mu.Lock()
+		err, ok := c.errs[tok]
+		c.mu.Unlock()
+		if ok {
+			return err
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	t.Fatalf("token %d never completed", tok)
+	return nil
+}
+
+func postAll(t testing.TB, ep transport.Endpoint, c transport.Completer, s []transport.Slice) {
+	t.Helper()
+	for len(s) > 0 {
+		n, err := ep.Post(c, s)
+		if err != nil {
+			t.Fatalf("Post: %v", err)
+		}
+		s = s[n:]
+		if n == 0 {
+			runtime.Gosched()
+		}
+	}
+}
+
+// A forged rkey fails the slice with ErrDenied from the target's hardware;
+// the queue pair, now in the error state, is replaced and the next slices
+// work.
+func TestForgedRKeyRecovers(t *testing.T) {
+	w := newWorld(t, Config{QPsPerDevice: 1}, 1<<16)
+	ep := w.open(t)
+	c := newWaiter()
+	for i := range w.lmem {
+		w.lmem[i] = byte(i * 7)
+	}
+	postAll(t, ep, c, []transport.Slice{w.slice(transport.Write, 0, 4096, 1)})
+	if err := c.wait(t, 1); err != nil {
+		t.Fatalf("WRITE: %v", err)
+	}
+	// Forge the key: the rkey plus one.
+	rk, _ := parseKey(w.rreg.Key, len(w.targ.devs))
+	for i := range rk {
+		rk[i]++
+	}
+	forged := *w.desc
+	forged.Buffers = []segtable.BufferDesc{{Addr: uint64(w.r.Addr), Length: w.r.Length, Keys: map[string]string{Name: formatKey(rk)}}}
+	ep.Update(&forged)
+	before := w.rmem[8192]
+	postAll(t, ep, c, []transport.Slice{w.slice(transport.Write, 8192, 4096, 2)})
+	if err := c.wait(t, 2); !errors.Is(err, transport.ErrDenied) {
+		t.Fatalf("WRITE with a forged rkey: %v, want ErrDenied", err)
+	}
+	if w.rmem[8192] != before {
+		t.Fatal("the forged WRITE changed the target's memory")
+	}
+	ep.Update(w.desc)
+	for tok := uint64(3); tok < 6; tok++ {
+		postAll(t, ep, c, []transport.Slice{w.slice(transport.Write, 8192, 4096, tok)})
+		if err := c.wait(t, tok); err != nil {
+			t.Fatalf("WRITE %d after the error: %v", tok, err)
+		}
+	}
+	if w.rmem[8192] != w.lmem[8192] || w.rmem[8192+4095] != w.lmem[8192+4095] {
+		t.Fatal("WRITE after recovery did not land")
+	}
+	if st := w.init.Stats(); st.Reconnects == 0 {
+		t.Errorf("no reconnect counted after the QP error: %+v", st)
+	}
+	if c.dup.Load() != 0 {
+		t.Errorf("%d duplicate completions", c.dup.Load())
+	}
+}
+
+// Full queue pairs make Post accept fewer slices; every slice completes
+// once with its data moved.
+func TestBackpressure(t *testing.T) {
+	w := newWorld(t, Config{QPsPerDevice: 1, Depth: 4}, 1<<20)
+	ep := w.open(t)
+	c := newWaiter()
+	for i := range w.rmem {
+		w.rmem[i] = byte(i>>3 ^ i)
+	}
+	var s []transport.Slice
+	for i := uint64(0); i < 64; i++ {
+		s = append(s, w.slice(transport.Read, i*4096, 4096, i+1))
+	}
+	short := false
+	rest := s
+	for len(rest) > 0 {
+		n, err := ep.Post(c, rest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n < len(rest) {
+			short = true
+		}
+		if n > 4 {
+			t.Fatalf("Post took %d slices with a depth of 4", n)
+		}
+		rest = rest[n:]
+		runtime.Gosched()
+	}
+	for i := range s {
+		if err := c.wait(t, s[i].Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !short {
+		t.Error("Post never pushed back with a depth of 4")
+	}
+	for i := 0; i < 64*4096; i++ {
+		if w.lmem[i] != w.rmem[i] {
+			t.Fatalf("byte %d read as %#x, want %#x", i, w.lmem[i], w.rmem[i])
+		}
+	}
+}
+
+// The QP bound: endpoints beyond it take the idle queue pairs of the least
+// recently used ones, which reconnect when used again.
+func TestEvictionBound(t *testing.T) {
+	w := newWorld(t, Config{QPsPerDevice: 1, MaxQPs: 2}, 1<<16)
+	eps := []transport.Endpoint{w.open(t), w.open(t), w.open(t), w.open(t)}
+	c := newWaiter()
+	tok := uint64(0)
+	for round := 0; round < 2; round++ {
+		for i, ep := range eps {
+			tok++
+			w.lmem[i] = byte(tok)
+			postAll(t, ep, c, []transport.Slice{w.slice(transport.Write, uint64(i), 1, tok)})
+			if err := c.wait(t, tok); err != nil {
+				t.Fatalf("endpoint %d: %v", i, err)
+			}
+			if w.rmem[i] != byte(tok) {
+				t.Fatalf("endpoint %d: WRITE did not land", i)
+			}
+			if st := w.init.Stats(); st.QPs > 2 {
+				t.Fatalf("%d queue pairs with MaxQPs 2", st.QPs)
+			}
+		}
+	}
+	if st := w.init.Stats(); st.Evictions == 0 {
+		t.Errorf("no eviction counted: %+v", st)
+	}
+}
+
+// Registration cost of a large buffer. 1 GiB needs more guest memory than
+// the rig's default; MOONRING_RDMA_REGSIZE sets the size in MiB.
+func TestRegisterLarge(t *testing.T) {
+	mib := atoiOr(os.Getenv("MOONRING_RDMA_REGSIZE"), 256)
+	tr := needDevice(t, Config{})
+	defer tr.Close()
+	mem := make([]byte, mib<<20)
+	var bufs segtable.Buffers
+	b, err := bufs.Register(mem, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bufs.Unregister(context.Background(), b.ID)
+	t0 := time.Now()
+	reg, err := tr.Register(b)
+	d := time.Since(t0)
+	if err != nil {
+		t.Fatalf("Register %d MiB: %v", mib, err)
+	}
+	t1 := time.Now()
+	if err := tr.Unregister(b, reg); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Register of %d MiB (untouched Go memory): %v (%.2f GB/s); Unregister %v", mib, d, float64(mib<<20)/d.Seconds()/1e9, time.Since(t1))
+}

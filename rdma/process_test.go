@@ -1,0 +1,182 @@
+//go:build rdma && cgo
+
+package rdma
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// childEnv makes the test binary a target process (see childMain).
+const childEnv = "MOONRING_RDMA_CHILD"
+
+const childSize = 4 << 20
+
+// childHello is what the target process prints on its first line.
+type childHello struct {
+	Endpoint string
+	Addr     uint64
+	Length   uint64
+	Key      string
+}
+
+func pattern(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 99))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+func digest(b []byte) string {
+	h := fnv.New64a()
+	h.Write(b)
+	return fmt.Sprintf("%016x", h.Sum64())
+}
+
+// childMain is the target process: it registers a buffer filled with
+// pattern(seed 1), prints where it is, then answers "sum" with the
+// buffer's digest until its stdin ends.
+func childMain() int {
+	tr, err := New(Config{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	defer tr.Close()
+	mem := make([]byte, childSize)
+	pattern(mem, 1)
+	var bufs segtable.Buffers
+	b, err := bufs.Register(mem, "", true)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	defer bufs.Unregister(context.Background(), b.ID)
+	reg, err := tr.Register(b)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	json.NewEncoder(os.Stdout).Encode(childHello{tr.Endpoint(), uint64(b.Addr), b.Length, reg.Key})
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if in.Text() == "sum" {
+			fmt.Println(digest(mem))
+		}
+	}
+	return 0
+}
+
+// Two processes: the test READs the child's buffer and WRITEs it back
+// changed, in many sizes, and the child checks what landed.
+func TestTwoProcesses(t *testing.T) {
+	tr := needDevice(t, Config{})
+	defer tr.Close()
+	pump(t, tr)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("child: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Error("child did not exit")
+		}
+	}()
+	out := bufio.NewReader(stdout)
+	line, err := out.ReadString('\n')
+	if err != nil {
+		t.Fatalf("child's hello: %v", err)
+	}
+	var h childHello
+	if err := json.Unmarshal([]byte(line), &h); err != nil {
+		t.Fatalf("child's hello %q: %v", line, err)
+	}
+	mem := make([]byte, childSize)
+	var bufs segtable.Buffers
+	b, _ := bufs.Register(mem, "", false)
+	defer bufs.Unregister(context.Background(), b.ID)
+	reg, err := tr.Register(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "child", Epoch: 1,
+		Endpoints: map[string]string{Name: h.Endpoint},
+		Buffers:   []segtable.BufferDesc{{Addr: h.Addr, Length: h.Length, Keys: map[string]string{Name: h.Key}}}}
+	ep, err := tr.Open(context.Background(), desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	c := newWaiter()
+	tok := uint64(0)
+	run := func(op transport.Op, size uint64) {
+		var s []transport.Slice
+		for off := uint64(0); off < childSize; off += size {
+			n := min(size, childSize-off)
+			tok++
+			s = append(s, transport.Slice{Op: op, Rail: uint16(tok), LocalHandle: reg.Handle, Local: unsafe.Pointer(&mem[off]),
+				Remote: h.Addr + off, Length: n, Token: tok})
+		}
+		postAll(t, ep, c, s)
+		for i := range s {
+			if err := c.wait(t, s[i].Token); err != nil {
+				t.Fatalf("%v of %d bytes: %v", op, size, err)
+			}
+		}
+	}
+	want := make([]byte, childSize)
+	pattern(want, 1)
+	sum := func() string {
+		fmt.Fprintln(stdin, "sum")
+		l, err := out.ReadString('\n')
+		if err != nil {
+			t.Fatalf("child's sum: %v", err)
+		}
+		return strings.TrimSpace(l)
+	}
+	for i, size := range []uint64{1 << 20, 4096, 65536 + 17, 1000, childSize} {
+		clear(mem)
+		run(transport.Read, size)
+		if d, w := digest(mem), digest(want); d != w {
+			t.Fatalf("READ in %d-byte slices: digest %s, want %s", size, d, w)
+		}
+		pattern(want, uint64(i+2))
+		copy(mem, want)
+		run(transport.Write, size)
+		if d, w := sum(), digest(want); d != w {
+			t.Fatalf("WRITE in %d-byte slices: the child's digest %s, want %s", size, d, w)
+		}
+	}
+	if c.dup.Load() != 0 {
+		t.Errorf("%d duplicate completions", c.dup.Load())
+	}
+	_ = io.Discard
+}

@@ -1,0 +1,1218 @@
+//go:build rdma && cgo
+
+package rdma
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// Available says whether this build carries the ibverbs transport (built
+// with cgo and the "rdma" build tag). It is true here.
+const Available = true
+
+// RC queue pair timing: local ACK timeout 4.096 us * 2^14 (67 ms), seven
+// retries: a vanished peer fails a request in about half a second.
+const (
+	ackTimeout = 14
+	retryCount = 7
+)
+
+// device is one opened RDMA device with its protection domain and
+// completion queue, shared by every queue pair on it.
+type device struct {
+	idx      int
+	name     string
+	ctx      *C.struct_ibv_context
+	pd       *C.struct_ibv_pd
+	cq       *C.struct_ibv_cq
+	port     int
+	gid      GID
+	lid      uint16
+	mtu      uint8
+	ethernet bool
+	rdAtomic int
+
+	cqMu sync.Mutex // one poller at a time
+	pl   poller     // under cqMu
+}
+
+// region is one registered buffer: its MR on every device.
+type region struct {
+	handle uint64
+	addr   uint64
+	length uint64
+	remote bool
+	mrs    []*C.struct_ibv_mr
+	lkeys  []uint32
+}
+
+// Transport is the RDMA transport of one engine. Use New. It is safe for
+// concurrent use.
+type Transport struct {
+	cfg      Config
+	devs     []*device
+	ln       net.Listener
+	endpoint string
+
+	life   sync.RWMutex // Poll holds it shared; Close frees the devices under it
+	freed  bool         // under life
+	closed atomic.Bool
+
+	mu   sync.Mutex                         // registrations, endpoints, peers
+	seq  uint64                             // last registration handle, under mu
+	regs atomic.Pointer[map[uint64]*region] // copy on write under mu
+	eps  []*Endpoint                        // open endpoints, least recently used first, under mu
+	nqp  int                                // the initiator's live queue pairs, under mu
+	tqp  map[*peerQP]struct{}               // target-side queue pairs, under mu
+
+	qpMu  sync.RWMutex
+	qps   map[uint32]*qp // initiator queue pairs by id, for completions
+	qpSeq uint32         // under qpMu
+
+	wg sync.WaitGroup // the accept loop, peer connections, watchers
+
+	slices, postCalls, pollCalls, emptyPolls, reconnects, evictions atomic.Uint64
+}
+
+var (
+	_ transport.Transport = (*Transport)(nil)
+	_ transport.Poller    = (*Transport)(nil)
+)
+
+// New opens the RDMA devices (Config.Devices, or every device with an
+// ACTIVE port and a usable GID) and starts the control listener. It fails
+// with an error wrapping ErrNoDevice and transport.ErrNotSupported when no
+// device is usable.
+func New(cfg Config) (*Transport, error) {
+	cfg = cfg.withDefaults()
+	t := &Transport{cfg: cfg, qps: map[uint32]*qp{}, tqp: map[*peerQP]struct{}{}}
+	empty := map[uint64]*region{}
+	t.regs.Store(&empty)
+	names, err := deviceList()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w: %v", ErrNoDevice, transport.ErrNotSupported, err)
+	}
+	if len(cfg.Devices) > 0 {
+		for _, want := range cfg.Devices {
+			if !slices.Contains(names, want) {
+				return nil, fmt.Errorf("%w: %w: no device %q (have %v)", ErrNoDevice, transport.ErrNotSupported, want, names)
+			}
+		}
+		names = cfg.Devices
+	}
+	var why []string
+	for _, name := range names {
+		d, err := t.openDevice(name, len(t.devs))
+		if err != nil {
+			if len(cfg.Devices) > 0 {
+				t.freeDevices()
+				return nil, err
+			}
+			why = append(why, err.Error())
+			continue
+		}
+		t.devs = append(t.devs, d)
+	}
+	if len(t.devs) == 0 {
+		return nil, fmt.Errorf("%w: %w: %d devices %v", ErrNoDevice, transport.ErrNotSupported, len(names), why)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		t.freeDevices()
+		return nil, fmt.Errorf("rdma: listen: %w", err)
+	}
+	t.ln = ln
+	adv := cfg.Advertise
+	if adv == "" {
+		adv = ln.Addr().String()
+	}
+	devNames := make([]string, len(t.devs))
+	for i, d := range t.devs {
+		devNames[i] = d.name
+	}
+	t.endpoint = formatEndpoint(adv, devNames)
+	t.wg.Add(1)
+	go t.accept()
+	return t, nil
+}
+
+func (t *Transport) openDevice(name string, idx int) (*device, error) {
+	ctx, err := openDevice(name)
+	if err != nil {
+		return nil, err
+	}
+	d := &device{idx: idx, name: name, ctx: ctx}
+	fail := func(err error) (*device, error) {
+		d.free()
+		return nil, fmt.Errorf("rdma: %s: %w", name, err)
+	}
+	ports, rdAtomic, err := queryPorts(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	d.rdAtomic = max(min(rdAtomic, 16), 1)
+	var chosen *portInfo
+	for i := range ports {
+		p := &ports[i]
+		if t.cfg.Port != 0 && p.Port != t.cfg.Port {
+			continue
+		}
+		if p.State != "ACTIVE" && t.cfg.Port == 0 {
+			continue
+		}
+		chosen = p
+		break
+	}
+	if chosen == nil {
+		return fail(fmt.Errorf("no ACTIVE port (or no port %d)", t.cfg.Port))
+	}
+	d.port = chosen.Port
+	d.ethernet = chosen.LinkLayer == "Ethernet"
+	d.gid, err = ChooseGID(chosen.GIDs, d.ethernet, t.cfg.GIDIndex)
+	if err != nil {
+		return fail(fmt.Errorf("port %d: %w", chosen.Port, err))
+	}
+	d.lid = chosen.LID
+	d.mtu = chosen.mtuCode
+	if d.mtu < 1 || d.mtu > 5 {
+		return fail(fmt.Errorf("port %d: MTU code %d", chosen.Port, d.mtu))
+	}
+	d.pd, err = C.ibv_alloc_pd(ctx)
+	if d.pd == nil {
+		return fail(fmt.Errorf("ibv_alloc_pd: %v", err))
+	}
+	cqe := t.cfg.MaxQPs*t.cfg.Depth + 64
+	var da C.struct_ibv_device_attr
+	if C.ibv_query_device(ctx, &da) == 0 && int(da.max_cqe) > 0 {
+		cqe = min(cqe, int(da.max_cqe))
+	}
+	d.cq, err = C.ibv_create_cq(ctx, C.int(cqe), nil, nil, 0)
+	if d.cq == nil {
+		return fail(fmt.Errorf("ibv_create_cq(%d): %v", cqe, err))
+	}
+	d.pl = newPoller()
+	return d, nil
+}
+
+func (d *device) free() {
+	if d.cq != nil {
+		C.ibv_destroy_cq(d.cq)
+		d.pl.free()
+	}
+	if d.pd != nil {
+		C.ibv_dealloc_pd(d.pd)
+	}
+	if d.ctx != nil {
+		C.ibv_close_device(d.ctx)
+	}
+	*d = device{idx: d.idx, name: d.name}
+}
+
+func (t *Transport) freeDevices() {
+	for _, d := range t.devs {
+		d.free()
+	}
+}
+
+// Name returns "rdma".
+func (t *Transport) Name() string { return Name }
+
+// Endpoint returns the control listener's host:port and the device names,
+// "host:port/dev0,dev1".
+func (t *Transport) Endpoint() string { return t.endpoint }
+
+// SliceSize returns Config.SliceSize.
+func (t *Transport) SliceSize() uint64 { return t.cfg.SliceSize }
+
+// DeviceNames returns the names of the devices in use, in index order.
+func (t *Transport) DeviceNames() []string {
+	out := make([]string, len(t.devs))
+	for i, d := range t.devs {
+		out[i] = d.name
+	}
+	return out
+}
+
+// GIDs returns the GID each device uses, in device order.
+func (t *Transport) GIDs() []GID {
+	out := make([]GID, len(t.devs))
+	for i, d := range t.devs {
+		out[i] = d.gid
+	}
+	return out
+}
+
+// Stats returns the transport's counters.
+func (t *Transport) Stats() Stats {
+	t.mu.Lock()
+	n := t.nqp
+	t.mu.Unlock()
+	return Stats{
+		Slices: t.slices.Load(), PostCalls: t.postCalls.Load(), PollCalls: t.pollCalls.Load(),
+		EmptyPolls: t.emptyPolls.Load(), Reconnects: t.reconnects.Load(), Evictions: t.evictions.Load(), QPs: n,
+	}
+}
+
+// Register registers b's memory on every device: local access only, or
+// also remote read and write when b.Remote. The key of a remote-accessible
+// buffer is its rkeys; a local-only buffer has none.
+func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) {
+	if t.closed.Load() {
+		return segtable.Registration{}, fmt.Errorf("rdma: register: %w", transport.ErrClosed)
+	}
+	if b.Length == 0 {
+		return segtable.Registration{}, fmt.Errorf("rdma: register: empty buffer")
+	}
+	t.life.RLock()
+	defer t.life.RUnlock()
+	if t.freed {
+		return segtable.Registration{}, fmt.Errorf("rdma: register: %w", transport.ErrClosed)
+	}
+	r := &region{addr: uint64(b.Addr), length: b.Length, remote: b.Remote}
+	rkeys := make([]uint32, 0, len(t.devs))
+	remote := C.int(0)
+	if b.Remote {
+		remote = 1
+	}
+	for _, d := range t.devs {
+		mr, err := C.mr_reg(d.pd, C.uintptr_t(b.Addr), C.size_t(b.Length), remote)
+		if mr == nil {
+			r.dereg()
+			return segtable.Registration{}, fmt.Errorf("rdma: ibv_reg_mr of %d bytes on %s: %v", b.Length, d.name, err)
+		}
+		r.mrs = append(r.mrs, mr)
+		r.lkeys = append(r.lkeys, uint32(mr.lkey))
+		rkeys = append(rkeys, uint32(mr.rkey))
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed.Load() {
+		r.dereg()
+		return segtable.Registration{}, fmt.Errorf("rdma: register: %w", transport.ErrClosed)
+	}
+	t.seq++
+	r.handle = t.seq
+	old := *t.regs.Load()
+	m := make(map[uint64]*region, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[r.handle] = r
+	t.regs.Store(&m)
+	key := ""
+	if b.Remote {
+		key = formatKey(rkeys)
+	}
+	return segtable.Registration{Handle: r.handle, Key: key}, nil
+}
+
+func (r *region) dereg() {
+	for _, mr := range r.mrs {
+		C.ibv_dereg_mr(mr)
+	}
+	r.mrs = nil
+}
+
+// Unregister deregisters the buffer's MRs: peers' operations on it fail
+// from then on with a remote access error (the hardware checks, not this
+// process, so there is nothing in progress here to wait for). The engine
+// waits for its own slices on the buffer before it calls Unregister.
+func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) error {
+	t.life.RLock()
+	defer t.life.RUnlock()
+	if t.freed {
+		return nil // Close deregistered everything
+	}
+	t.mu.Lock()
+	old := *t.regs.Load()
+	r, ok := old[reg.Handle]
+	if !ok {
+		t.mu.Unlock()
+		return fmt.Errorf("rdma: unregister: unknown handle %d", reg.Handle)
+	}
+	m := make(map[uint64]*region, len(old))
+	for k, v := range old {
+		if k != reg.Handle {
+			m[k] = v
+		}
+	}
+	t.regs.Store(&m)
+	t.mu.Unlock()
+	r.dereg()
+	return nil
+}
+
+// Poll polls every device's completion queue once, up to 64 completions
+// each in one cgo call, and completes their slices. Safe for concurrent
+// use: a device polled by another goroutine is skipped.
+func (t *Transport) Poll() int {
+	if !t.life.TryRLock() {
+		return 0
+	}
+	defer t.life.RUnlock()
+	if t.freed {
+		return 0
+	}
+	n := 0
+	for _, d := range t.devs {
+		if d.cqMu.TryLock() {
+			n += t.pollDevice(d)
+		}
+	}
+	return n
+}
+
+// done is a completion to deliver once the completion queue is unlocked.
+type done struct {
+	c     transport.Completer
+	token uint64
+	err   error
+}
+
+// pollDevice polls d's completion queue once; the caller holds d.cqMu,
+// which pollDevice releases before it completes the slices.
+func (t *Transport) pollDevice(d *device) int {
+	wcs := d.pl.poll(d.cq)
+	if len(wcs) == 0 {
+		d.cqMu.Unlock()
+		t.emptyPolls.Add(1)
+		return 0
+	}
+	t.pollCalls.Add(1)
+	var out [pollBatch]done
+	k := 0
+	t.qpMu.RLock()
+	for i := range wcs {
+		wc := &wcs[i]
+		q := t.qps[uint32(wc.wr_id>>32)]
+		if q == nil {
+			continue // a queue pair torn down after a deadline: its slices are done
+		}
+		seq := q.tail.Load()
+		if seq == q.head.Load() {
+			continue // nothing in flight: not ours (cannot happen)
+		}
+		s := &q.slots[seq%uint64(len(q.slots))]
+		out[k] = done{c: s.c, token: s.token}
+		s.c = nil
+		status := uint32(wc.status)
+		if status != wcSuccess {
+			out[k].err = q.completionError(status, uint32(wc.vendor_err), s.op)
+			if status != wcFlushErr {
+				q.fail()
+			}
+		}
+		q.tail.Store(seq + 1)
+		k++
+	}
+	t.qpMu.RUnlock()
+	d.cqMu.Unlock()
+	for i := range out[:k] {
+		out[i].c.Complete(out[i].token, out[i].err)
+		out[i] = done{}
+	}
+	return k
+}
+
+// drainDevice polls d until cond holds or the deadline passes.
+func (t *Transport) drainDevice(d *device, cond func() bool, deadline time.Time) {
+	for !cond() && time.Now().Before(deadline) {
+		d.cqMu.Lock()
+		if t.pollDevice(d) == 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
+// Close closes every endpoint (their slices in flight complete with
+// ErrClosed), the control listener and the peers' queue pairs, and frees
+// the devices.
+func (t *Transport) Close() error {
+	if t.closed.Swap(true) {
+		return nil
+	}
+	t.ln.Close()
+	t.mu.Lock()
+	eps := slices.Clone(t.eps)
+	peers := make([]*peerQP, 0, len(t.tqp))
+	for p := range t.tqp {
+		peers = append(peers, p)
+	}
+	t.mu.Unlock()
+	for _, ep := range eps {
+		ep.Close()
+	}
+	for _, p := range peers {
+		p.conn.Close()
+	}
+	t.wg.Wait()
+	t.life.Lock()
+	defer t.life.Unlock()
+	t.freed = true
+	t.mu.Lock()
+	regs := *t.regs.Load()
+	empty := map[uint64]*region{}
+	t.regs.Store(&empty)
+	t.mu.Unlock()
+	for _, r := range regs {
+		r.dereg()
+	}
+	t.freeDevices()
+	return nil
+}
+
+// ---------------------------------------------------------------- queue pairs
+
+const (
+	qpLive    = iota // takes work
+	qpFailed         // a completion failed: flushing, then reconnect
+	qpClosing        // the endpoint or transport is closing it
+)
+
+// slot is one work request in flight on a queue pair.
+type slot struct {
+	c     transport.Completer
+	token uint64
+	op    transport.Op
+}
+
+// qp is one of the initiator's RC queue pairs with its control connection.
+//
+// Slots form a ring: Post (under its endpoint's postMu) fills them at
+// head, the poller holding the device's cqMu empties them at tail, in
+// order, since a send queue completes in order.
+type qp struct {
+	t     *Transport
+	id    uint32
+	dev   *device
+	rdev  int // the peer's device index
+	q     *C.struct_ibv_qp
+	conn  net.Conn
+	slots []slot
+	st    *stage
+	head  atomic.Uint64
+	tail  atomic.Uint64
+	state atomic.Int32
+
+	watch chan struct{} // closed when the watcher of conn returned
+}
+
+func (q *qp) idle() bool { return q.head.Load() == q.tail.Load() }
+
+func (q *qp) free() int { return len(q.slots) - int(q.head.Load()-q.tail.Load()) }
+
+// fail marks the queue pair failed and moves it to the error state, which
+// flushes its work requests; the next Post on its rail connects a new one.
+func (q *qp) fail() {
+	if q.state.CompareAndSwap(qpLive, qpFailed) {
+		C.mr_to_err(q.q)
+		q.conn.Close() // the target tears its side down
+	}
+}
+
+func (q *qp) completionError(status, vendor uint32, op transport.Op) error {
+	what := "WRITE"
+	if op == transport.Read {
+		what = "READ"
+	}
+	var kind error
+	switch status {
+	case wcFlushErr:
+		if q.state.Load() == qpClosing {
+			return fmt.Errorf("rdma: %s flushed: %w", what, transport.ErrClosed)
+		}
+		kind = transport.ErrPeer
+	case wcRemAccessErr:
+		kind = transport.ErrDenied
+	case wcRemInvReqErr, wcLocLenErr, wcLocProtErr:
+		kind = transport.ErrRange
+	default:
+		kind = transport.ErrPeer
+	}
+	return fmt.Errorf("rdma: %s on %s: %s (vendor error %#x): %w", what, q.dev.name, wcStatusString(status), vendor, kind)
+}
+
+// destroy tears q down. Its slots must be empty (or given up), and no Post
+// may use it.
+func (q *qp) destroy() {
+	q.state.Store(qpClosing)
+	q.conn.Close()
+	<-q.watch
+	t := q.t
+	t.qpMu.Lock()
+	delete(t.qps, q.id)
+	t.qpMu.Unlock()
+	C.ibv_destroy_qp(q.q)
+	q.st.free()
+	t.mu.Lock()
+	t.nqp--
+	t.mu.Unlock()
+}
+
+// watchConn waits for the control connection to end: the peer is gone (or
+// tore its queue pair down), so q fails at once rather than after retries.
+func (q *qp) watchConn() {
+	defer close(q.watch)
+	io.Copy(io.Discard, q.conn)
+	q.fail()
+}
+
+// connect creates a queue pair on local device li to the peer's device ri
+// at addr and connects it through the handshake.
+func (t *Transport) connect(ctx context.Context, addr string, li, ri int) (*qp, error) {
+	d := t.devs[li]
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t.cfg.ConnectTimeout)
+		defer cancel()
+	}
+	cq, err := C.mr_create_qp(d.pd, d.cq, C.int(t.cfg.Depth))
+	if cq == nil {
+		return nil, fmt.Errorf("rdma: ibv_create_qp on %s: %v: %w", d.name, err, transport.ErrPeer)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			C.ibv_destroy_qp(cq)
+		}
+	}()
+	if rc := C.mr_to_init(cq, C.int(d.port)); rc != 0 {
+		return nil, fmt.Errorf("rdma: modify QP to INIT on %s: %v: %w", d.name, syscall.Errno(rc), transport.ErrPeer)
+	}
+	psn := rand.Uint32N(1 << 24)
+	var dialer net.Dialer
+	conn, err := dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("rdma: dial %s: %v: %w", addr, err, transport.ErrUnreachable)
+	}
+	defer func() {
+		if !ok {
+			conn.Close()
+		}
+	}()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	hello := qpAddr{Kind: kindHello, Device: uint16(ri), GID: d.gid.Raw, LID: d.lid, MTU: d.mtu,
+		RdAtomic: uint8(d.rdAtomic), QPN: uint32(cq.qp_num), PSN: psn}
+	var buf [msgLen]byte
+	hello.encode(&buf)
+	if _, err := conn.Write(buf[:]); err != nil {
+		return nil, fmt.Errorf("rdma: handshake with %s: %v: %w", addr, err, transport.ErrPeer)
+	}
+	if _, err := io.ReadFull(conn, buf[:]); err != nil {
+		return nil, fmt.Errorf("rdma: handshake with %s: %v: %w", addr, err, transport.ErrPeer)
+	}
+	peer, err := decodeQPAddr(buf[:])
+	if err != nil {
+		return nil, fmt.Errorf("rdma: handshake with %s: %w: %w", addr, err, transport.ErrPeer)
+	}
+	if peer.Kind != kindAccept {
+		return nil, fmt.Errorf("rdma: %s refused the queue pair (code %d): %w: %w", addr, peer.Device, ErrHandshake, transport.ErrPeer)
+	}
+	mtu := min(d.mtu, peer.MTU)
+	if rc := C.mr_to_rtr(cq, C.int(d.port), C.int(mtu), C.uint32_t(peer.QPN), C.uint32_t(peer.PSN), C.uint16_t(peer.LID),
+		(*C.uint8_t)(unsafe.Pointer(&peer.GID[0])), C.int(d.gid.Index), boolInt(d.ethernet), C.int(d.rdAtomic)); rc != 0 {
+		return nil, fmt.Errorf("rdma: modify QP to RTR on %s (GID %s to %s): %v: %w", d.name, d.gid, GID{Raw: peer.GID}.Addr(), syscall.Errno(rc), transport.ErrPeer)
+	}
+	if rc := C.mr_to_rts(cq, C.uint32_t(psn), C.int(min(d.rdAtomic, int(peer.RdAtomic))), ackTimeout, retryCount); rc != 0 {
+		return nil, fmt.Errorf("rdma: modify QP to RTS on %s: %v: %w", d.name, syscall.Errno(rc), transport.ErrPeer)
+	}
+	conn.SetDeadline(time.Time{})
+	q := &qp{t: t, dev: d, rdev: ri, q: cq, conn: conn, slots: make([]slot, t.cfg.Depth), st: newStage(t.cfg.Depth), watch: make(chan struct{})}
+	t.qpMu.Lock()
+	for {
+		t.qpSeq++
+		if _, used := t.qps[t.qpSeq]; !used && t.qpSeq != 0 {
+			break
+		}
+	}
+	q.id = t.qpSeq
+	t.qps[q.id] = q
+	t.qpMu.Unlock()
+	ok = true
+	go q.watchConn()
+	return q, nil
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// ---------------------------------------------------------------- target side
+
+// peerQP is a queue pair a peer connected to this transport.
+type peerQP struct {
+	conn net.Conn
+	q    *C.struct_ibv_qp
+}
+
+func (t *Transport) accept() {
+	defer t.wg.Done()
+	for {
+		conn, err := t.ln.Accept()
+		if err != nil {
+			if t.closed.Load() {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		p := &peerQP{conn: conn}
+		t.mu.Lock()
+		if t.closed.Load() {
+			t.mu.Unlock()
+			conn.Close()
+			return
+		}
+		t.tqp[p] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		go t.serve(p)
+	}
+}
+
+// serve answers one peer's handshake and keeps its queue pair until the
+// control connection ends.
+func (t *Transport) serve(p *peerQP) {
+	defer t.wg.Done()
+	defer func() {
+		p.conn.Close()
+		t.mu.Lock()
+		delete(t.tqp, p)
+		t.mu.Unlock()
+		if p.q != nil {
+			C.ibv_destroy_qp(p.q)
+		}
+	}()
+	conn := p.conn
+	conn.SetDeadline(time.Now().Add(t.cfg.ConnectTimeout))
+	var buf [msgLen]byte
+	if _, err := io.ReadFull(conn, buf[:]); err != nil {
+		return
+	}
+	hello, err := decodeQPAddr(buf[:])
+	if err != nil || hello.Kind != kindHello {
+		return
+	}
+	refuse := func(code uint16) {
+		m := qpAddr{Kind: kindRefuse, Device: code}
+		m.encode(&buf)
+		conn.Write(buf[:])
+	}
+	if int(hello.Device) >= len(t.devs) {
+		refuse(refuseDevice)
+		return
+	}
+	t.mu.Lock()
+	n := len(t.tqp)
+	t.mu.Unlock()
+	if n > t.cfg.MaxPeerQPs {
+		refuse(refuseLimit)
+		return
+	}
+	if !t.life.TryRLock() {
+		refuse(refuseClosed)
+		return
+	}
+	ok := t.acceptQP(p, &hello, &buf)
+	t.life.RUnlock()
+	if !ok {
+		refuse(refuseQP)
+		return
+	}
+	if _, err := conn.Write(buf[:]); err != nil {
+		return
+	}
+	conn.SetDeadline(time.Time{})
+	io.Copy(io.Discard, conn)
+}
+
+// acceptQP creates and connects the target's queue pair for hello and
+// writes the accept message into buf.
+func (t *Transport) acceptQP(p *peerQP, hello *qpAddr, buf *[msgLen]byte) bool {
+	if t.freed {
+		return false
+	}
+	d := t.devs[hello.Device]
+	q := C.mr_create_qp(d.pd, d.cq, 1)
+	if q == nil {
+		return false
+	}
+	p.q = q
+	psn := rand.Uint32N(1 << 24)
+	mtu := min(d.mtu, hello.MTU)
+	if C.mr_to_init(q, C.int(d.port)) != 0 ||
+		C.mr_to_rtr(q, C.int(d.port), C.int(mtu), C.uint32_t(hello.QPN), C.uint32_t(hello.PSN), C.uint16_t(hello.LID),
+			(*C.uint8_t)(unsafe.Pointer(&hello.GID[0])), C.int(d.gid.Index), boolInt(d.ethernet), C.int(d.rdAtomic)) != 0 ||
+		C.mr_to_rts(q, C.uint32_t(psn), C.int(min(d.rdAtomic, int(hello.RdAtomic))), ackTimeout, retryCount) != 0 {
+		return false
+	}
+	m := qpAddr{Kind: kindAccept, Device: hello.Device, GID: d.gid.Raw, LID: d.lid, MTU: d.mtu,
+		RdAtomic: uint8(d.rdAtomic), QPN: uint32(q.qp_num), PSN: psn}
+	m.encode(buf)
+	return true
+}
+
+// ---------------------------------------------------------------- endpoints
+
+// rbuf is one buffer of the remote segment.
+type rbuf struct {
+	addr, length uint64
+	rkeys        []uint32 // per remote device; nil: no usable key
+	why          string   // why rkeys is nil
+}
+
+// rail is one lane of an endpoint: a queue pair between a local and a
+// remote device, reconnected when it fails.
+type rail struct {
+	li, ri  int
+	q       *qp   // nil until connected, and after eviction
+	retired []*qp // failed queue pairs still flushing
+	b       int   // index in the endpoint's batches for the Post under way, -1 when none
+}
+
+// Endpoint is the way to one remote segment: Rails() queue pairs. Safe for
+// concurrent use; Posts are serialized.
+type Endpoint struct {
+	t      *Transport
+	postMu sync.Mutex // Post, reconnects, eviction and Close
+	addr   string     // under postMu
+	nrdev  int
+	rails  []rail // under postMu
+	bufs   atomic.Pointer[[]rbuf]
+	bt     batches // C memory, under postMu
+	closed bool    // under postMu
+	used   atomic.Int64
+}
+
+var (
+	_ transport.Endpoint = (*Endpoint)(nil)
+)
+
+// Open connects to the segment desc describes: Rails() queue pairs, each
+// connected through the peer's control listener. It fails with an error
+// wrapping transport.ErrUnreachable when desc has no rdma endpoint or the
+// peer cannot be reached.
+func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (transport.Endpoint, error) {
+	if t.closed.Load() {
+		return nil, fmt.Errorf("rdma: open: %w", transport.ErrClosed)
+	}
+	es, ok := desc.Endpoints[Name]
+	if !ok {
+		return nil, fmt.Errorf("rdma: segment %q has no rdma endpoint: %w", desc.Name, transport.ErrUnreachable)
+	}
+	addr, rdevs, err := parseEndpoint(es)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, transport.ErrUnreachable)
+	}
+	ep := &Endpoint{t: t, addr: addr, nrdev: len(rdevs)}
+	ep.setBuffers(desc)
+	for li := range t.devs {
+		for k := 0; k < t.cfg.QPsPerDevice; k++ {
+			ep.rails = append(ep.rails, rail{li: li, ri: (li + k) % len(rdevs), b: -1})
+		}
+	}
+	ep.bt = newBatches(len(ep.rails))
+	t.mu.Lock()
+	if t.closed.Load() {
+		t.mu.Unlock()
+		ep.bt.free()
+		return nil, fmt.Errorf("rdma: open: %w", transport.ErrClosed)
+	}
+	t.eps = append(t.eps, ep)
+	t.mu.Unlock()
+	ep.postMu.Lock()
+	for i := range ep.rails {
+		if err := ep.connectRail(ctx, i); err != nil {
+			ep.postMu.Unlock()
+			ep.Close()
+			return nil, fmt.Errorf("%w: %w", err, transport.ErrUnreachable)
+		}
+	}
+	ep.postMu.Unlock()
+	return ep, nil
+}
+
+func (ep *Endpoint) setBuffers(desc *segtable.SegmentDesc) {
+	bs := make([]rbuf, 0, len(desc.Buffers))
+	for _, b := range desc.Buffers {
+		rb := rbuf{addr: b.Addr, length: b.Length}
+		rkeys, err := parseKey(b.Keys[Name], ep.nrdev)
+		if err != nil {
+			rb.why = err.Error()
+		} else {
+			rb.rkeys = rkeys
+		}
+		bs = append(bs, rb)
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].addr < bs[j].addr })
+	ep.bufs.Store(&bs)
+}
+
+// find returns the buffer holding [addr, addr+n), or nil.
+func find(bs []rbuf, addr, n uint64) *rbuf {
+	i := sort.Search(len(bs), func(i int) bool { return bs[i].addr+bs[i].length > addr })
+	if i == len(bs) {
+		return nil
+	}
+	b := &bs[i]
+	if addr < b.addr || n > b.length || addr-b.addr > b.length-n {
+		return nil
+	}
+	return b
+}
+
+// Rails returns the number of queue pairs: devices times QPsPerDevice.
+func (ep *Endpoint) Rails() int { return len(ep.rails) }
+
+// Update takes the segment's new descriptor: its buffers and keys, and its
+// address for queue pairs connected from now on.
+func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
+	addr, rdevs, err := parseEndpoint(desc.Endpoints[Name])
+	ep.postMu.Lock()
+	if err == nil && len(rdevs) == ep.nrdev {
+		ep.addr = addr
+	}
+	ep.setBuffers(desc)
+	ep.postMu.Unlock()
+}
+
+// connectRail connects rail i; the caller holds postMu.
+func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
+	t := ep.t
+	r := &ep.rails[i]
+	if err := t.reserveQP(ep); err != nil {
+		return err
+	}
+	q, err := t.connect(ctx, ep.addr, r.li, r.ri)
+	if err != nil {
+		t.mu.Lock()
+		t.nqp--
+		t.mu.Unlock()
+		return err
+	}
+	r.q = q
+	return nil
+}
+
+// reserveQP counts a new queue pair against MaxQPs, evicting idle queue
+// pairs of the least recently used other endpoints when the bound is
+// reached. The caller holds ep.postMu.
+func (t *Transport) reserveQP(ep *Endpoint) error {
+	t.mu.Lock()
+	if t.nqp < t.cfg.MaxQPs {
+		t.nqp++
+		t.mu.Unlock()
+		return nil
+	}
+	cands := slices.Clone(t.eps)
+	t.mu.Unlock()
+	slices.SortFunc(cands, func(a, b *Endpoint) int { return int(a.used.Load() - b.used.Load()) })
+	for _, o := range cands {
+		if o == ep || !o.postMu.TryLock() {
+			continue
+		}
+		for i := range o.rails {
+			r := &o.rails[i]
+			if r.q != nil && r.q.idle() && r.q.state.Load() == qpLive {
+				r.q.destroy()
+				r.q = nil
+				t.evictions.Add(1)
+				t.mu.Lock()
+				if t.nqp < t.cfg.MaxQPs {
+					t.nqp++
+					t.mu.Unlock()
+					o.postMu.Unlock()
+					return nil
+				}
+				t.mu.Unlock()
+			}
+		}
+		o.postMu.Unlock()
+	}
+	return fmt.Errorf("rdma: %d queue pairs: %w: %w", t.cfg.MaxQPs, ErrTooManyQPs, transport.ErrPeer)
+}
+
+var useClock atomic.Int64
+
+// Post checks each slice (the remote range inside one buffer with an
+// rkey, the local range inside its registration), puts it on its rail's
+// queue pair, and posts every rail's chain in one cgo call. It accepts
+// fewer slices when a queue pair is full. A slice that fails the checks
+// completes at once with ErrRange or ErrDenied.
+func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
+	t := ep.t
+	ep.postMu.Lock()
+	if ep.closed || t.closed.Load() {
+		ep.postMu.Unlock()
+		return 0, fmt.Errorf("rdma: post: %w", transport.ErrClosed)
+	}
+	ep.used.Store(useClock.Add(1))
+	ep.reap()
+	bufs := *ep.bufs.Load()
+	regs := *t.regs.Load()
+	var (
+		refused    error
+		refusedTok uint64
+		postErr    error // ibv_post_send failed
+		connErr    error // a rail could not reconnect
+		nb         int
+	)
+	bt := ep.bt.all()
+	i := 0
+	for ; i < len(s); i++ {
+		sl := &s[i]
+		ri := int(sl.Rail) % len(ep.rails)
+		r := &ep.rails[ri]
+		rb, reg, err := ep.check(sl, bufs, regs)
+		if err != nil {
+			if i > 0 || refused != nil {
+				break // completed by the Post that starts with it
+			}
+			refused, refusedTok = err, sl.Token
+			continue
+		}
+		if r.q == nil || r.q.state.Load() != qpLive {
+			if r.b >= 0 {
+				break // failed while this Post filled it: the next Post reconnects
+			}
+			if r.q != nil {
+				r.retired = append(r.retired, r.q)
+				r.q = nil
+				t.reconnects.Add(1)
+			}
+			if err := ep.connectRail(context.Background(), ri); err != nil {
+				connErr = err
+				break
+			}
+		}
+		q := r.q
+		if r.b < 0 {
+			r.b = nb
+			b := &bt[nb]
+			nb++
+			b.qp = q.q
+			b.req = q.st.req
+			b.wr = q.st.wr
+			b.sge = q.st.sge
+			b.n = 0
+		}
+		b := &bt[r.b]
+		if int(b.n) >= q.free() {
+			break // full: backpressure
+		}
+		seq := q.head.Load() + uint64(b.n)
+		q.slots[seq%uint64(len(q.slots))] = slot{c: c, token: sl.Token, op: sl.Op}
+		q.st.setReq(int(b.n), uint64(q.id)<<32|uint64(uint32(seq)), uint64(uintptr(sl.Local)), sl.Remote,
+			uint32(sl.Length), reg.lkeys[r.li], rb.rkeys[r.ri], uint8(sl.Op))
+		b.n++
+	}
+	failed := 0
+	if nb > 0 {
+		for k := range ep.rails {
+			r := &ep.rails[k]
+			if r.b >= 0 {
+				r.q.head.Add(uint64(bt[r.b].n))
+			}
+		}
+		ep.bt.post(nb)
+		t.postCalls.Add(1)
+		for k := range ep.rails {
+			r := &ep.rails[k]
+			if r.b < 0 {
+				continue
+			}
+			b := &bt[r.b]
+			if b.posted < b.n {
+				// Not taken: these never complete by themselves.
+				failed += int(b.n - b.posted)
+				r.q.head.Add(^uint64(b.n-b.posted) + 1)
+				r.q.fail()
+				if postErr == nil {
+					postErr = fmt.Errorf("rdma: ibv_post_send on %s: %v: %w", r.q.dev.name, syscall.Errno(b.err), transport.ErrPeer)
+				}
+			}
+		}
+		t.slices.Add(uint64(i - failed))
+	}
+	// Slices accepted but not posted complete with ErrPeer, after the lock.
+	type lost struct {
+		rail  int
+		count int
+	}
+	var lostBuf [8]lost
+	losts := lostBuf[:0]
+	if failed > 0 {
+		for k := range ep.rails {
+			r := &ep.rails[k]
+			if r.b >= 0 && bt[r.b].posted < bt[r.b].n {
+				losts = append(losts, lost{k, int(bt[r.b].posted)})
+			}
+		}
+	}
+	for k := range ep.rails {
+		ep.rails[k].b = -1
+	}
+	ep.postMu.Unlock()
+	if refused != nil {
+		c.Complete(refusedTok, refused)
+	}
+	if failed > 0 {
+		seen := make(map[int]int)
+		for j := range s[:i] {
+			if j == 0 && refused != nil {
+				continue
+			}
+			ri := int(s[j].Rail) % len(ep.rails)
+			for _, l := range losts {
+				if l.rail == ri {
+					if seen[ri] >= l.count {
+						c.Complete(s[j].Token, postErr)
+					}
+					seen[ri]++
+				}
+			}
+		}
+	}
+	if i < len(s) && connErr != nil {
+		return i, connErr
+	}
+	return i, nil
+}
+
+// check returns the remote buffer and the local registration of sl, or
+// why it cannot be posted.
+func (ep *Endpoint) check(sl *transport.Slice, bufs []rbuf, regs map[uint64]*region) (*rbuf, *region, error) {
+	if sl.Op != transport.Read && sl.Op != transport.Write {
+		return nil, nil, fmt.Errorf("rdma: op %d: %w", sl.Op, transport.ErrNotSupported)
+	}
+	if sl.Length > MaxMessage {
+		return nil, nil, fmt.Errorf("rdma: slice of %d bytes, more than %d: %w", sl.Length, MaxMessage, transport.ErrRange)
+	}
+	b := find(bufs, sl.Remote, sl.Length)
+	if b == nil {
+		return nil, nil, fmt.Errorf("rdma: remote range [%#x, +%d) is not inside one buffer of the segment: %w", sl.Remote, sl.Length, transport.ErrRange)
+	}
+	if b.rkeys == nil {
+		return nil, nil, fmt.Errorf("rdma: remote buffer at %#x: %s: %w", b.addr, b.why, transport.ErrDenied)
+	}
+	reg := regs[sl.LocalHandle]
+	if reg == nil {
+		return nil, nil, fmt.Errorf("rdma: local handle %d is not registered: %w", sl.LocalHandle, transport.ErrRange)
+	}
+	l := uint64(uintptr(sl.Local))
+	if l < reg.addr || sl.Length > reg.length || l-reg.addr > reg.length-sl.Length {
+		return nil, nil, fmt.Errorf("rdma: local range [%#x, +%d) is outside its registration: %w", l, sl.Length, transport.ErrRange)
+	}
+	return b, reg, nil
+}
+
+// reap destroys retired queue pairs that finished flushing; the caller
+// holds postMu.
+func (ep *Endpoint) reap() {
+	for i := range ep.rails {
+		r := &ep.rails[i]
+		if len(r.retired) == 0 {
+			continue
+		}
+		keep := r.retired[:0]
+		for _, q := range r.retired {
+			if q.idle() {
+				q.destroy()
+			} else {
+				keep = append(keep, q)
+			}
+		}
+		clear(r.retired[len(keep):])
+		r.retired = keep
+	}
+}
+
+// closeTimeout bounds the wait for flushed completions on Close.
+const closeTimeout = 5 * time.Second
+
+// Close moves the endpoint's queue pairs to the error state, waits for
+// their flushed work requests (completed with ErrClosed), and destroys
+// them. Safe to call more than once.
+func (ep *Endpoint) Close() error {
+	t := ep.t
+	ep.postMu.Lock()
+	if ep.closed {
+		ep.postMu.Unlock()
+		return nil
+	}
+	ep.closed = true
+	var qs []*qp
+	for i := range ep.rails {
+		r := &ep.rails[i]
+		if r.q != nil {
+			qs = append(qs, r.q)
+		}
+		qs = append(qs, r.retired...)
+		r.q, r.retired = nil, nil
+	}
+	ep.bt.free()
+	ep.postMu.Unlock()
+	t.mu.Lock()
+	if i := slices.Index(t.eps, ep); i >= 0 {
+		t.eps = slices.Delete(t.eps, i, i+1)
+	}
+	t.mu.Unlock()
+	for _, q := range qs {
+		q.state.Store(qpClosing)
+		C.mr_to_err(q.q)
+	}
+	deadline := time.Now().Add(closeTimeout)
+	for _, q := range qs {
+		t.drainDevice(q.dev, q.idle, deadline)
+	}
+	for _, q := range qs {
+		// Work requests that never completed (a device that did not
+		// flush) complete here; later completions find no queue pair.
+		q.dev.cqMu.Lock()
+		t.qpMu.Lock()
+		delete(t.qps, q.id)
+		t.qpMu.Unlock()
+		var left []done
+		for seq := q.tail.Load(); seq != q.head.Load(); seq++ {
+			s := &q.slots[seq%uint64(len(q.slots))]
+			left = append(left, done{c: s.c, token: s.token})
+			s.c = nil
+		}
+		q.tail.Store(q.head.Load())
+		q.dev.cqMu.Unlock()
+		for _, d := range left {
+			d.c.Complete(d.token, fmt.Errorf("rdma: not flushed in %v: %w", closeTimeout, transport.ErrClosed))
+		}
+		q.destroy()
+	}
+	return nil
+}

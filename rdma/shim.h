@@ -1,0 +1,180 @@
+// shim.h: the C side of the rdma transport (package rdma, build tag rdma):
+// work request chains built and posted in C memory, completion polling, and
+// wrappers of the verbs macros and inline functions cgo cannot call.
+#ifndef MOONRING_RDMA_SHIM_H
+#define MOONRING_RDMA_SHIM_H
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+
+// mr_req is one slice as Go writes it into C memory for the shim.
+typedef struct {
+	uint64_t wr_id;
+	uint64_t laddr;
+	uint64_t raddr;
+	uint32_t len;
+	uint32_t lkey;
+	uint32_t rkey;
+	uint32_t op; // 1 READ, 2 WRITE
+} mr_req;
+
+// mr_batch is the work of one Post on one queue pair.
+typedef struct {
+	struct ibv_qp *qp;
+	mr_req *req;
+	struct ibv_send_wr *wr;
+	struct ibv_sge *sge;
+	int n;
+	int posted; // out: how many of n the queue pair took
+	int err;    // out: ibv_post_send's error
+} mr_batch;
+
+// mr_build turns n requests into a chain of signaled RDMA work requests,
+// one scatter/gather entry each, in wr and sge.
+static void mr_build(const mr_req *req, int n, struct ibv_send_wr *wr, struct ibv_sge *sge) {
+	for (int i = 0; i < n; i++) {
+		memset(&wr[i], 0, sizeof wr[i]);
+		sge[i].addr = req[i].laddr;
+		sge[i].length = req[i].len;
+		sge[i].lkey = req[i].lkey;
+		wr[i].wr_id = req[i].wr_id;
+		wr[i].sg_list = &sge[i];
+		wr[i].num_sge = req[i].len ? 1 : 0;
+		wr[i].opcode = req[i].op == 1 ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+		wr[i].send_flags = IBV_SEND_SIGNALED;
+		wr[i].wr.rdma.remote_addr = req[i].raddr;
+		wr[i].wr.rdma.rkey = req[i].rkey;
+		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
+	}
+}
+
+// mr_post builds and posts the chains of nb queue pairs: one call per Post.
+static void mr_post(mr_batch *b, int nb) {
+	for (int i = 0; i < nb; i++) {
+		struct ibv_send_wr *bad = NULL;
+		b[i].posted = 0;
+		b[i].err = 0;
+		if (b[i].n == 0)
+			continue;
+		mr_build(b[i].req, b[i].n, b[i].wr, b[i].sge);
+		int rc = ibv_post_send(b[i].qp, b[i].wr, &bad);
+		if (rc == 0) {
+			b[i].posted = b[i].n;
+		} else {
+			b[i].err = rc;
+			b[i].posted = bad ? (int)(bad - b[i].wr) : 0;
+		}
+	}
+}
+
+// mr_wc is a completion as Go reads it.
+typedef struct {
+	uint64_t wr_id;
+	uint32_t status;
+	uint32_t vendor_err;
+} mr_wc;
+
+// mr_poll polls up to n completions into out.
+static int mr_poll(struct ibv_cq *cq, struct ibv_wc *wc, mr_wc *out, int n) {
+	int got = ibv_poll_cq(cq, n, wc);
+	for (int i = 0; i < got; i++) {
+		out[i].wr_id = wc[i].wr_id;
+		out[i].status = wc[i].status;
+		out[i].vendor_err = wc[i].vendor_err;
+	}
+	return got;
+}
+
+static struct ibv_mr *mr_reg(struct ibv_pd *pd, uintptr_t addr, size_t len, int remote) {
+	int flags = IBV_ACCESS_LOCAL_WRITE;
+	if (remote)
+		flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+	return ibv_reg_mr(pd, (void *)addr, len, flags);
+}
+
+static int mr_query_port(struct ibv_context *ctx, int port, struct ibv_port_attr *a) {
+	return ibv_query_port(ctx, port, a);
+}
+
+static ssize_t mr_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *e, size_t n) {
+	return ibv_query_gid_table(ctx, e, n, 0);
+}
+
+static struct ibv_qp *mr_create_qp(struct ibv_pd *pd, struct ibv_cq *cq, int depth) {
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof a);
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = depth;
+	a.cap.max_recv_wr = 1;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	return ibv_create_qp(pd, &a);
+}
+
+static int mr_to_init(struct ibv_qp *qp, int port) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = 0;
+	a.port_num = port;
+	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+static int mr_to_rtr(struct ibv_qp *qp, int port, int mtu, uint32_t dqpn, uint32_t rpsn, uint16_t dlid,
+		const uint8_t *dgid, int sgid_index, int global, int rd_atomic) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = mtu;
+	a.dest_qp_num = dqpn;
+	a.rq_psn = rpsn;
+	a.max_dest_rd_atomic = rd_atomic;
+	a.min_rnr_timer = 12;
+	a.ah_attr.dlid = dlid;
+	a.ah_attr.sl = 0;
+	a.ah_attr.src_path_bits = 0;
+	a.ah_attr.port_num = port;
+	if (global) {
+		a.ah_attr.is_global = 1;
+		memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
+		a.ah_attr.grh.sgid_index = sgid_index;
+		a.ah_attr.grh.hop_limit = 64;
+	}
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+		IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+static int mr_to_rts(struct ibv_qp *qp, uint32_t psn, int rd_atomic, int timeout, int retry) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = timeout;
+	a.retry_cnt = retry;
+	a.rnr_retry = 7;
+	a.sq_psn = psn;
+	a.max_rd_atomic = rd_atomic;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+		IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static int mr_to_err(struct ibv_qp *qp) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_ERR;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+// The sizes Go needs to allocate C arrays.
+static size_t mr_sizeof_wr(void) { return sizeof(struct ibv_send_wr); }
+static size_t mr_sizeof_sge(void) { return sizeof(struct ibv_sge); }
+static size_t mr_sizeof_wc(void) { return sizeof(struct ibv_wc); }
+
+// Readers of a built chain, for the tests of mr_build.
+static struct ibv_send_wr *mr_wr_at(struct ibv_send_wr *wr, int i) { return &wr[i]; }
+
+#endif

@@ -1,0 +1,23 @@
+package rdma
+
+// Stats counts what the transport did, for benchmarks and metrics: cgo
+// calls on the data path against slices moved.
+type Stats struct {
+	// Slices is the number of slices posted to the hardware.
+	Slices uint64
+	// PostCalls is the number of cgo calls that posted work requests.
+	PostCalls uint64
+	// PollCalls is the number of cgo calls that polled a completion queue
+	// and found at least one completion.
+	PollCalls uint64
+	// EmptyPolls is the number of polls that found nothing.
+	EmptyPolls uint64
+	// Reconnects is the number of queue pairs connected after the first
+	// of their rail.
+	Reconnects uint64
+	// Evictions is the number of idle queue pairs closed to stay within
+	// Config.MaxQPs.
+	Evictions uint64
+	// QPs is the number of the initiator's queue pairs now connected.
+	QPs int
+}
