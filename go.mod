@@ -3,6 +3,7 @@ module github.com/moonring/moonring
 go 1.26.8
 
 require (
+	github.com/ebitengine/purego v0.11.3
 	github.com/klauspost/cpuid/v2 v2.4.2
 	github.com/leanovate/gopter v0.2.11
 	github.com/prometheus/client_golang v1.23.2

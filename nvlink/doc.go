@@ -1,0 +1,78 @@
+// Package nvlink is the NVLink transport: it moves bytes between GPU
+// memory of processes on one host through CUDA IPC, and stages GPU memory
+// through pinned host buffers for the transports that only reach host
+// memory (TCP, shared memory).
+//
+// The CUDA driver API is loaded at run time from libcuda.so.1 with purego,
+// so the package builds everywhere with CGO_ENABLED=0; New fails with an
+// error wrapping transport.ErrNotSupported, saying why, where there is no
+// driver or no GPU, and the engine goes on without it.
+//
+// # How a slice moves
+//
+// A target registers GPU memory remote-accessible: Register exports the
+// allocation that holds the buffer (cuIpcGetMemHandle) and publishes, as
+// the buffer's key, the 64-byte handle, where the buffer lies in the
+// allocation, the PCI bus id of its GPU and a slot of its grant table.
+// The Endpoint string names the host's boot id and the grant table's path.
+//
+// An initiator on the same host (same boot id, another process) maps each
+// exported allocation once (cuIpcOpenMemHandle, shared by all endpoints of
+// the transport). Post turns each slice into one asynchronous copy
+// (cuMemcpyDtoDAsync, or HtoD/DtoH when the local buffer is host memory)
+// on a stream of the GPU that holds the remote buffer, with an event
+// recorded behind it. Poll queries the oldest events of each stream and
+// completes their slices: nothing on the hot path waits for the GPU. The
+// engine's pollers call Poll (Transport implements transport.Poller).
+//
+// One-sided copies leave the target no say per slice, so the target's
+// grants live in shared memory: a slot per exported buffer, with a
+// generation and a count of copies in flight. An initiator counts itself in
+// (one CAS) before queueing a copy and out when its event fired; the
+// target's Unregister revokes the slot and waits until the count is zero.
+// See table.go for the layout.
+//
+// # Concurrency
+//
+// A Transport, its Endpoints and its Stagers are safe for concurrent use.
+// Post may be called by several pollers at once: each slice takes the
+// stream's posting lock for the copy and the event record only. Poll may
+// be called by several pollers at once: one reaps a stream while the others
+// skip it (TryLock), and Complete is called without a lock that Post takes.
+// A goroutine that calls the driver locks its OS thread and makes the
+// GPU's primary context current, once per Post or Poll, not per slice.
+//
+// # Lifetimes
+//
+// A Transport lives from New until Close. An Endpoint lives until its
+// Close or the transport's: Close stops taking slices, waits for the
+// streams (Close is not the hot path), completes the endpoint's slices
+// still in flight with transport.ErrClosed, and drops its IPC mappings
+// when no other endpoint uses them. Memory from Alloc and staging buffers
+// live until Free (Stager.Close) or the transport's Close. The grant
+// table file (/dev/shm/moonring-nvlink-*) is removed by Close; a process
+// that dies leaves it behind, harmless and small.
+//
+// # Safety
+//
+// Everything from a descriptor is checked before use: the endpoint string
+// and the table path (only a table file in the table directory is
+// mapped), every key (exact length, lowercase hex, magic, reserved bytes
+// zero, the buffer inside its allocation, no wrap-around) and its match
+// with the descriptor's buffer. A slice must lie inside one buffer with a
+// valid key (else ErrRange or ErrDenied) and its local range inside the
+// local registration; a revoked grant fails it with ErrDenied. Local-only
+// buffers and host memory are never exported.
+//
+// A CUDA IPC handle is a capability: a process of the host that has it
+// can map the allocation. The grant table protects against mistakes and
+// stale descriptors, not against a hostile process of the same host.
+//
+// # What is tested where
+//
+// The transport's logic (keys, grants, mappings, event polling, exactly
+// one completion, close with copies in flight, the conformance suite)
+// runs in `make test` against an in-memory fake driver. The real driver
+// path (cuda.go) runs only on a machine with a GPU, through
+// scripts/gpu-check.sh; until such a run it is untested.
+package nvlink

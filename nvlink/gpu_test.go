@@ -1,0 +1,617 @@
+package nvlink
+
+// Tests and benchmarks on a real GPU through libcuda.so.1. Without a
+// driver they skip, saying why ("nvlink: no libcuda.so.1: ..."); CI has no
+// GPU, so there the skip is expected. scripts/gpu-check.sh runs them on a
+// machine with one.
+//
+// The target of the two-process tests is this test binary again, started
+// with NVLINK_GPU_CHILD=1 (TestMain hands over to gpuChild): it allocates
+// a GPU buffer, fills it with a known pattern, exports it and prints its
+// segment descriptor as one JSON line; then it answers commands on stdin:
+//
+//	check <seed> <offset> <length>   compare the buffer with pattern(seed) there: "ok" or "bad <why>"
+//	fill <seed>                       refill the whole buffer with pattern(seed): "ok"
+//	exit                              unregister, close, exit
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/tcp"
+	"github.com/moonring/moonring/transport"
+)
+
+const (
+	childEnv     = "NVLINK_GPU_CHILD"
+	childSizeEnv = "NVLINK_GPU_SIZE"
+	childSeed    = 0xC0FFEE
+)
+
+// gpuSize is the size of the target buffer: 64 MiB, the benchmarks' size.
+const gpuSize = 64 << 20
+
+// openGPU returns a transport on the real driver or skips the test.
+func openGPU(tb testing.TB) *Transport {
+	tb.Helper()
+	tr, err := New(Config{})
+	if err != nil {
+		if errors.Is(err, transport.ErrNotSupported) {
+			tb.Skipf("no GPU to test on: %v", err)
+		}
+		tb.Fatalf("nvlink.New: %v", err)
+	}
+	return tr
+}
+
+func pattern(seed uint64, n int) []byte {
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := 0; i+8 <= n; i += 8 {
+		v := r.Uint64()
+		for j := 0; j < 8; j++ {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	return b
+}
+
+// syncCopy copies between host memory and device memory of gpu and waits:
+// the tests' way to fill and inspect GPU memory, not the transport's.
+func syncCopy(tr *Transport, gpu int, dev unsafe.Pointer, host []byte, toDevice bool) error {
+	tr.mu.Lock()
+	d, err := tr.device(gpu)
+	tr.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	lockThread()
+	defer unlockThread()
+	if err := tr.drv.setCurrent(d.ctx); err != nil {
+		return err
+	}
+	s, err := tr.drv.streamCreate()
+	if err != nil {
+		return err
+	}
+	defer tr.drv.streamDestroy(s)
+	if toDevice {
+		err = tr.drv.copyHtoD(uintptr(dev), unsafe.Pointer(unsafe.SliceData(host)), uint64(len(host)), s)
+	} else {
+		err = tr.drv.copyDtoH(unsafe.Pointer(unsafe.SliceData(host)), uintptr(dev), uint64(len(host)), s)
+	}
+	if err != nil {
+		return err
+	}
+	return tr.drv.streamSync(s)
+}
+
+// gpuChild is the target process. It returns the exit code.
+func gpuChild() int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "gpu child:", err); return 1 }
+	size := gpuSize
+	if s := os.Getenv(childSizeEnv); s != "" {
+		size, _ = strconv.Atoi(s)
+	}
+	tr, err := New(Config{})
+	if err != nil {
+		return fail(err)
+	}
+	defer tr.Close()
+	mem, err := tr.Alloc(size, 0)
+	if err != nil {
+		return fail(err)
+	}
+	if err := syncCopy(tr, 0, unsafe.Pointer(unsafe.SliceData(mem)), pattern(childSeed, size), true); err != nil {
+		return fail(err)
+	}
+	var bufs segtable.Buffers
+	b, err := bufs.Register(mem, segtable.CUDA(0), true)
+	if err != nil {
+		return fail(err)
+	}
+	reg, err := tr.Register(b)
+	if err != nil {
+		return fail(err)
+	}
+	desc := segtable.SegmentDesc{Version: 1, Name: "gpu-child", Epoch: 1, Endpoints: map[string]string{Name: tr.Endpoint()},
+		Buffers: []segtable.BufferDesc{{Addr: uint64(b.Addr), Length: b.Length, Location: string(b.Location), Keys: map[string]string{Name: reg.Key}}}}
+	j, _ := json.Marshal(&desc)
+	fmt.Printf("%s\n", j)
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		switch {
+		case len(f) == 4 && f[0] == "check":
+			seed, _ := strconv.ParseUint(f[1], 10, 64)
+			off, _ := strconv.Atoi(f[2])
+			n, _ := strconv.Atoi(f[3])
+			if off < 0 || n <= 0 || off+n > size {
+				fmt.Println("bad range")
+				continue
+			}
+			got := make([]byte, n)
+			if err := syncCopy(tr, 0, b.Pointer(uint64(off)), got, false); err != nil {
+				fmt.Println("bad", err)
+				continue
+			}
+			want := pattern(seed, off+n)[off:]
+			if i := firstDiff(got, want); i >= 0 {
+				fmt.Printf("bad byte %d is %#x, want %#x\n", off+i, got[i], want[i])
+				continue
+			}
+			fmt.Println("ok")
+		case len(f) == 2 && f[0] == "fill":
+			seed, _ := strconv.ParseUint(f[1], 10, 64)
+			if err := syncCopy(tr, 0, b.Pointer(0), pattern(seed, size), true); err != nil {
+				fmt.Println("bad", err)
+				continue
+			}
+			fmt.Println("ok")
+		case len(f) == 1 && f[0] == "exit":
+			if err := tr.Unregister(b, reg); err != nil {
+				return fail(err)
+			}
+			bufs.Unregister(context.Background(), b.ID)
+			return 0
+		default:
+			fmt.Println("bad command")
+		}
+	}
+	return 0
+}
+
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// child is a running target process.
+type child struct {
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Scanner
+	desc *segtable.SegmentDesc
+}
+
+func startChild(tb testing.TB, size int) *child {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", childSizeEnv+"="+strconv.Itoa(size))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	outp, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	c := &child{cmd: cmd, in: in, out: bufio.NewScanner(outp)}
+	c.out.Buffer(nil, 1<<20)
+	tb.Cleanup(func() {
+		fmt.Fprintln(c.in, "exit")
+		c.in.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				tb.Errorf("target process: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			tb.Errorf("target process did not exit")
+		}
+	})
+	if !c.out.Scan() {
+		tb.Fatalf("target process printed no descriptor: %v", c.out.Err())
+	}
+	d, err := segtable.UnmarshalDesc(c.out.Bytes())
+	if err != nil {
+		tb.Fatalf("target's descriptor: %v", err)
+	}
+	c.desc = d
+	return c
+}
+
+func (c *child) ask(tb testing.TB, cmd string) {
+	tb.Helper()
+	fmt.Fprintln(c.in, cmd)
+	if !c.out.Scan() {
+		tb.Fatalf("target process: no answer to %q", cmd)
+	}
+	if c.out.Text() != "ok" {
+		tb.Fatalf("target process: %q: %s", cmd, c.out.Text())
+	}
+}
+
+// run posts s on ep and polls tr until every slice completed; it returns
+// the first error.
+func run(tb testing.TB, tr *Transport, ep transport.Endpoint, s []transport.Slice) error {
+	tb.Helper()
+	r := newRecorder()
+	for done := 0; done < len(s); {
+		n, err := ep.Post(r, s[done:])
+		if err != nil {
+			return err
+		}
+		done += n
+		tr.Poll()
+	}
+	deadline := time.Now().Add(time.Minute)
+	for r.n.Load() < int64(len(s)) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d of %d slices completed in a minute", r.n.Load(), len(s))
+		}
+		tr.Poll()
+	}
+	for i := range s {
+		if err := r.result(tb.(*testing.T), s[i].Token); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func TestGPUTwoProcesses(t *testing.T) {
+	tr := openGPU(t)
+	defer tr.Close()
+	c := startChild(t, gpuSize)
+	ep, err := tr.Open(context.Background(), c.desc)
+	if err != nil {
+		t.Fatalf("Open the target's segment: %v", err)
+	}
+	defer ep.Close()
+	remote := c.desc.Buffers[0].Addr
+	var bufs segtable.Buffers
+	defer func() {
+		for _, b := range bufs.All() {
+			bufs.Unregister(context.Background(), b.ID)
+		}
+	}()
+	mem, err := tr.Alloc(gpuSize, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bufs.Register(mem, segtable.CUDA(0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := tr.Register(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Unregister(b, reg)
+	host := make([]byte, 1<<20)
+	hb, err := bufs.Register(host, segtable.CPU(0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hreg, err := tr.Register(hb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Unregister(hb, hreg)
+
+	// READ the whole target buffer into GPU memory, in 4 slices.
+	var s []transport.Slice
+	for i := 0; i < 4; i++ {
+		off := uint64(i * gpuSize / 4)
+		s = append(s, transport.Slice{Op: transport.Read, LocalHandle: reg.Handle, Local: b.Pointer(off), Remote: remote + off, Length: gpuSize / 4, Token: uint64(i + 1)})
+	}
+	if err := run(t, tr, ep, s); err != nil {
+		t.Fatalf("READ GPU to GPU: %v", err)
+	}
+	got := make([]byte, gpuSize)
+	if err := syncCopy(tr, 0, b.Pointer(0), got, false); err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(got, pattern(childSeed, gpuSize)); i >= 0 {
+		t.Fatalf("READ GPU to GPU: byte %d differs", i)
+	}
+	// WRITE a new pattern into the target and let it check.
+	if err := syncCopy(tr, 0, b.Pointer(0), pattern(7, gpuSize), true); err != nil {
+		t.Fatal(err)
+	}
+	for i := range s {
+		s[i].Op, s[i].Token = transport.Write, uint64(10+i)
+	}
+	if err := run(t, tr, ep, s); err != nil {
+		t.Fatalf("WRITE GPU to GPU: %v", err)
+	}
+	c.ask(t, fmt.Sprintf("check 7 0 %d", gpuSize))
+	// Host memory as the local side: READ then WRITE at an odd offset.
+	c.ask(t, "fill 9")
+	want := pattern(9, 1<<20+12345)[12345:]
+	if err := run(t, tr, ep, []transport.Slice{{Op: transport.Read, LocalHandle: hreg.Handle, Local: hb.Pointer(0), Remote: remote + 12345, Length: 1 << 20, Token: 20}}); err != nil {
+		t.Fatalf("READ GPU to host: %v", err)
+	}
+	if i := firstDiff(host, want); i >= 0 {
+		t.Fatalf("READ GPU to host: byte %d differs", i)
+	}
+	copy(host, pattern(11, 1<<20))
+	if err := run(t, tr, ep, []transport.Slice{{Op: transport.Write, LocalHandle: hreg.Handle, Local: hb.Pointer(0), Remote: remote, Length: 1 << 20, Token: 21}}); err != nil {
+		t.Fatalf("WRITE host to GPU: %v", err)
+	}
+	c.ask(t, fmt.Sprintf("check 11 0 %d", 1<<20))
+	// Outside the buffer: refused before any copy.
+	if err := run(t, tr, ep, []transport.Slice{{Op: transport.Write, LocalHandle: hreg.Handle, Local: hb.Pointer(0), Remote: remote + gpuSize - 10, Length: 20, Token: 22}}); !errors.Is(err, transport.ErrRange) {
+		t.Fatalf("WRITE past the target buffer: %v, want ErrRange", err)
+	}
+}
+
+// TestGPUStagingTCP moves GPU memory through a Stager and the TCP
+// transport on loopback: GPU -> pinned staging -> TCP WRITE -> target host
+// buffer, and back with a READ.
+func TestGPUStagingTCP(t *testing.T) {
+	tr := openGPU(t)
+	defer tr.Close()
+	const chunk = 4 << 20
+	const size = 4 * chunk
+	st, err := tr.NewStager(0, chunk, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := tr.Alloc(size, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syncCopy(tr, 0, unsafe.Pointer(unsafe.SliceData(mem)), pattern(3, size), true); err != nil {
+		t.Fatal(err)
+	}
+	ti, err := tcp.New(tcp.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ti.Close()
+	tt, err := tcp.New(tcp.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tt.Close()
+	var ibufs, tbufs segtable.Buffers
+	defer func() {
+		for _, bs := range []*segtable.Buffers{&ibufs, &tbufs} {
+			for _, b := range bs.All() {
+				bs.Unregister(context.Background(), b.ID)
+			}
+		}
+	}()
+	arena, err := ibufs.Register(st.Arena(), segtable.CPU(0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	areg, err := ti.Register(arena)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, size)
+	db, err := tbufs.Register(dst, segtable.CPU(0), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dreg, err := tt.Register(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc := &segtable.SegmentDesc{Version: 1, Name: "tcp-target", Epoch: 1, Endpoints: map[string]string{tcp.Name: tt.Endpoint()},
+		Buffers: []segtable.BufferDesc{{Addr: uint64(db.Addr), Length: db.Length, Keys: map[string]string{tcp.Name: dreg.Key}}}}
+	ep, err := ti.Open(context.Background(), desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	wait := func(b *Staging) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			done, err := b.Done()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if done {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("staging copy not done in a minute")
+			}
+		}
+	}
+	send := func(op transport.Op, b *Staging, off int) {
+		t.Helper()
+		r := newRecorder()
+		local := unsafe.Pointer(unsafe.SliceData(b.Bytes()))
+		sl := []transport.Slice{{Op: op, LocalHandle: areg.Handle, Local: local, Remote: uint64(db.Addr) + uint64(off), Length: chunk, Token: 1}}
+		if n, err := ep.Post(r, sl); n != 1 || err != nil {
+			t.Fatalf("tcp Post: %d, %v", n, err)
+		}
+		deadline := time.Now().Add(time.Minute)
+		for r.n.Load() < 1 {
+			if time.Now().After(deadline) {
+				t.Fatal("tcp slice not done in a minute")
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+		if err := r.result(t, 1); err != nil {
+			t.Fatalf("tcp %v: %v", op, err)
+		}
+	}
+	// GPU -> staging -> TCP WRITE, chunk by chunk, copies overlapping sends.
+	var stg []*Staging
+	for i := 0; i < 4; i++ {
+		b := st.Get()
+		if b == nil {
+			t.Fatalf("Get %d of 4: nil", i)
+		}
+		if err := b.CopyFromDevice(unsafe.Add(unsafe.Pointer(unsafe.SliceData(mem)), i*chunk), chunk); err != nil {
+			t.Fatal(err)
+		}
+		stg = append(stg, b)
+	}
+	if st.Get() != nil {
+		t.Errorf("a fifth staging buffer from a pool of 4")
+	}
+	for i, b := range stg {
+		wait(b)
+		send(transport.Write, b, i*chunk)
+	}
+	if i := firstDiff(dst, pattern(3, size)); i >= 0 {
+		t.Fatalf("GPU -> staging -> TCP: byte %d differs", i)
+	}
+	// TCP READ -> staging -> GPU, into a second GPU region.
+	copy(dst, pattern(5, size))
+	for i, b := range stg {
+		send(transport.Read, b, i*chunk)
+		if err := b.CopyToDevice(unsafe.Add(unsafe.Pointer(unsafe.SliceData(mem)), i*chunk), chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range stg {
+		wait(b)
+		if err := st.Put(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]byte, size)
+	if err := syncCopy(tr, 0, unsafe.Pointer(unsafe.SliceData(mem)), got, false); err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(got, pattern(5, size)); i >= 0 {
+		t.Fatalf("TCP -> staging -> GPU: byte %d differs", i)
+	}
+	tt.Unregister(db, dreg)
+	ti.Unregister(arena, areg)
+}
+
+// BenchmarkNVLinkWrite and BenchmarkNVLinkRead move 64 MiB between this
+// process's GPU memory and the target process's through IPC, in one slice
+// (the default slice size); BenchmarkRawDtoD is the baseline, one
+// cuMemcpyDtoDAsync between two buffers of this process, waited for the
+// same way (event polling).
+func BenchmarkNVLinkWrite(b *testing.B) { benchNVLink(b, transport.Write) }
+func BenchmarkNVLinkRead(b *testing.B)  { benchNVLink(b, transport.Read) }
+
+func benchNVLink(b *testing.B, op transport.Op) {
+	tr := openGPU(b)
+	defer tr.Close()
+	c := startChild(b, gpuSize)
+	ep, err := tr.Open(context.Background(), c.desc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ep.Close()
+	mem, err := tr.Alloc(gpuSize, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var bufs segtable.Buffers
+	lb, err := bufs.Register(mem, segtable.CUDA(0), false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	reg, err := tr.Register(lb)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		tr.Unregister(lb, reg)
+		bufs.Unregister(context.Background(), lb.ID)
+	}()
+	r := newRecorder()
+	sl := []transport.Slice{{Op: op, LocalHandle: reg.Handle, Local: lb.Pointer(0), Remote: c.desc.Buffers[0].Addr, Length: gpuSize}}
+	b.SetBytes(gpuSize)
+	var tok uint64
+	for b.Loop() {
+		tok++
+		sl[0].Token = tok
+		if n, err := ep.Post(r, sl); n != 1 || err != nil {
+			b.Fatalf("Post: %d, %v", n, err)
+		}
+		for r.n.Load() < int64(tok) {
+			tr.Poll()
+		}
+	}
+	b.StopTimer()
+	for t := uint64(1); t <= tok; t++ {
+		r.mu.Lock()
+		errs := r.got[t]
+		r.mu.Unlock()
+		if len(errs) != 1 || errs[0] != nil {
+			b.Fatalf("slice %d: %v", t, errs)
+		}
+	}
+}
+
+func BenchmarkRawDtoD(b *testing.B) {
+	tr := openGPU(b)
+	defer tr.Close()
+	src, err := tr.Alloc(gpuSize, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dst, err := tr.Alloc(gpuSize, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := tr.devs[0]
+	lockThread()
+	defer unlockThread()
+	drv := tr.drv
+	if err := drv.setCurrent(d.ctx); err != nil {
+		b.Fatal(err)
+	}
+	s, err := drv.streamCreate()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer drv.streamDestroy(s)
+	ev, err := drv.eventCreate()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer drv.eventDestroy(ev)
+	b.SetBytes(gpuSize)
+	for b.Loop() {
+		if err := drv.copyDtoD(uintptr(unsafe.Pointer(unsafe.SliceData(dst))), uintptr(unsafe.Pointer(unsafe.SliceData(src))), gpuSize, s); err != nil {
+			b.Fatal(err)
+		}
+		if err := drv.eventRecord(ev, s); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			done, err := drv.eventQuery(ev)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if done {
+				break
+			}
+		}
+	}
+}
