@@ -40,7 +40,12 @@ const (
 	childEnv     = "NVLINK_GPU_CHILD"
 	childSizeEnv = "NVLINK_GPU_SIZE"
 	childSeed    = 0xC0FFEE
+	// libraryEnv names the driver library the GPU tests load instead of
+	// libcuda.so.1: TestMockCUDA points it at testdata/mockcuda.c built.
+	libraryEnv = "NVLINK_TEST_LIBRARY"
 )
+
+func testConfig() Config { return Config{Library: os.Getenv(libraryEnv)} }
 
 // gpuSize is the size of the target buffer: 64 MiB, the benchmarks' size.
 const gpuSize = 64 << 20
@@ -48,7 +53,7 @@ const gpuSize = 64 << 20
 // openGPU returns a transport on the real driver or skips the test.
 func openGPU(tb testing.TB) *Transport {
 	tb.Helper()
-	tr, err := New(Config{})
+	tr, err := New(testConfig())
 	if err != nil {
 		if errors.Is(err, transport.ErrNotSupported) {
 			tb.Skipf("no GPU to test on: %v", err)
@@ -61,9 +66,11 @@ func openGPU(tb testing.TB) *Transport {
 func pattern(seed uint64, n int) []byte {
 	b := make([]byte, n)
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	for i := 0; i+8 <= n; i += 8 {
+	// A prefix of pattern(seed, m) is pattern(seed, n) for n < m: the
+	// tests compare pieces of the target's buffer with shorter patterns.
+	for i := 0; i < n; i += 8 {
 		v := r.Uint64()
-		for j := 0; j < 8; j++ {
+		for j := 0; j < 8 && i+j < n; j++ {
 			b[i+j] = byte(v >> (8 * j))
 		}
 	}
@@ -107,7 +114,7 @@ func gpuChild() int {
 	if s := os.Getenv(childSizeEnv); s != "" {
 		size, _ = strconv.Atoi(s)
 	}
-	tr, err := New(Config{})
+	tr, err := New(testConfig())
 	if err != nil {
 		return fail(err)
 	}
