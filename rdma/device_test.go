@@ -115,6 +115,9 @@ func TestDevices(t *testing.T) {
 }
 
 func atoiOr(s string, def int) int {
+	if s == "" {
+		return def
+	}
 	n := 0
 	for _, c := range s {
 		if c < '0' || c > '9' {

@@ -22,6 +22,9 @@ add() {
 command -v ip >/dev/null 2>&1 || add iproute2
 command -v tc >/dev/null 2>&1 || add iproute2
 command -v nft >/dev/null 2>&1 || add nftables
+# The rdma transport's cgo build (tag rdma) and make test-rdma: the verbs
+# headers and library (scripts/rdma-vm.sh installs what its VM needs).
+[ -f /usr/include/infiniband/verbs.h ] || add libibverbs-dev
 # Debian's etcd-server installs /usr/bin/etcd, which may not be on PATH.
 command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || add etcd-server
 

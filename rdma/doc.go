@@ -1,0 +1,73 @@
+// Package rdma is the RDMA transport on ibverbs: RDMA READ and WRITE over
+// reliable-connected queue pairs, on InfiniBand or RoCE, and on Soft-RoCE
+// (rdma_rxe) where there is no NIC. It is built with cgo and the build tag
+// "rdma" and links libibverbs; without the tag (or without cgo) the package
+// is a pure-Go twin whose New fails with an error wrapping
+// transport.ErrNotSupported, so the default build needs no C library.
+//
+// New opens every usable device (an ACTIVE port and a usable GID) with a
+// protection domain and one completion queue each. Register puts an MR on
+// every device: local access only, or also remote read and write when the
+// buffer is remote-accessible, and then its key, published in the segment
+// descriptor, is the rkeys in device order. The endpoint the engine
+// publishes is the control listener's host:port and the device names.
+//
+// Open connects Rails() RC queue pairs to the peer, QPsPerDevice per local
+// device, each through a handshake on the peer's control listener: the two
+// sides exchange GID, LID, QPN, PSN and MTU (wire.go) and move their queue
+// pairs RESET -> INIT -> RTR -> RTS. The GID is a routable one by default:
+// the RoCE v2 GID of an IPv4 address, else of a global IPv6 address, never
+// a link-local fe80:: or RoCE v1 GID (ChooseGID); Config.GIDIndex forces
+// one. The control connection stays open as long as the queue pair: when it
+// ends, the other side tears its queue pair down at once instead of after
+// the retry timeout.
+//
+// Post checks each slice, writes it into the C memory of its queue pair
+// and posts the chains of every queue pair the batch touches in one cgo
+// call (shim.h builds the work requests and scatter/gather entries there).
+// Poll reaps up to 64 completions of a device in one cgo call. A full
+// queue pair makes Post accept fewer slices (the engine retries the rest),
+// never fail.
+//
+// # Errors
+//
+// A slice outside every buffer of the segment completes with ErrRange, one
+// on a buffer without an rkey (local-only, or a garbled key) with
+// ErrDenied, both before anything is posted. The target's hardware checks
+// the rest: a remote access error (a wrong rkey, an unregistered buffer)
+// completes the slice with ErrDenied, final. Any other completion error
+// (retries exceeded, a peer gone) completes it with ErrPeer, which the
+// engine retries on another rail; the queue pair, now in the error state,
+// flushes its other work requests (ErrPeer too), is retired, and the next
+// Post on its rail connects a new one.
+//
+// # Concurrency
+//
+// A Transport and its endpoints are safe for concurrent use. Posts on one
+// endpoint are serialized by the endpoint; Polls of one device by its
+// completion queue's lock (a poller that finds it taken moves on). Neither
+// lock is held across a call of the Completer, which may Post again.
+// A queue pair's slots are a ring: Post fills them at the head, the poller
+// empties them at the tail, since a send queue completes in order.
+//
+// # Lifetimes
+//
+// A Transport listens from New until Close. Queue pairs are created by
+// Open and by the first Post after one failed; Config.MaxQPs bounds them,
+// and past it the idle queue pairs of the least recently used endpoints are
+// closed (they reconnect when used again). Endpoint.Close and
+// Transport.Close move the queue pairs to the error state and wait (up to
+// 5 s) for the flushed completions, so every slice accepted completes
+// exactly once, with ErrClosed then. Poll after Close returns 0.
+//
+// # Safety
+//
+// The rkey is the capability: a peer that holds a buffer's rkey can read
+// and write it through any queue pair connected to this transport, and the
+// control listener connects any peer that asks. Deploy it on a trusted
+// fabric, as RDMA always is; the TCP transport's keyed handshake has no
+// equivalent here yet. Local-only buffers are registered without remote
+// access flags, so the hardware refuses them whatever key is presented.
+// Registered memory must stay pinned (segtable pins Go memory) until
+// Unregister; the hardware reads and writes it behind Go's back.
+package rdma
