@@ -517,14 +517,27 @@ func TestGPUStagingTCP(t *testing.T) {
 }
 
 // BenchmarkNVLinkWrite and BenchmarkNVLinkRead move 64 MiB between this
-// process's GPU memory and the target process's through IPC, in one slice
-// (the default slice size); BenchmarkRawDtoD is the baseline, one
-// cuMemcpyDtoDAsync between two buffers of this process, waited for the
-// same way (event polling).
-func BenchmarkNVLinkWrite(b *testing.B) { benchNVLink(b, transport.Write) }
-func BenchmarkNVLinkRead(b *testing.B)  { benchNVLink(b, transport.Read) }
+// process's GPU memory and the target process's through IPC, one slice per
+// operation (the default slice size is 64 MiB), with depth operations in
+// flight; BenchmarkRawDtoD is the baseline, cuMemcpyDtoDAsync between two
+// buffers of this process with the same depth of copies in flight, waited
+// for the same way (event polling). Depth 1 shows the per-operation cost
+// of posting and polling; depth 4 hides it behind the copies.
+func BenchmarkNVLinkWrite(b *testing.B) {
+	benchDepths(b, func(b *testing.B, d int) { benchNVLink(b, transport.Write, d) })
+}
+func BenchmarkNVLinkRead(b *testing.B) {
+	benchDepths(b, func(b *testing.B, d int) { benchNVLink(b, transport.Read, d) })
+}
+func BenchmarkRawDtoD(b *testing.B) { benchDepths(b, benchRaw) }
 
-func benchNVLink(b *testing.B, op transport.Op) {
+func benchDepths(b *testing.B, f func(*testing.B, int)) {
+	for _, d := range []int{1, 4} {
+		b.Run(fmt.Sprintf("depth=%d", d), func(b *testing.B) { f(b, d) })
+	}
+}
+
+func benchNVLink(b *testing.B, op transport.Op, depth int) {
 	tr := openGPU(b)
 	defer tr.Close()
 	c := startChild(b, gpuSize)
@@ -553,29 +566,38 @@ func benchNVLink(b *testing.B, op transport.Op) {
 	r := newRecorder()
 	sl := []transport.Slice{{Op: op, LocalHandle: reg.Handle, Local: lb.Pointer(0), Remote: c.desc.Buffers[0].Addr, Length: gpuSize}}
 	b.SetBytes(gpuSize)
-	var tok uint64
+	var posted int64
 	for b.Loop() {
-		tok++
-		sl[0].Token = tok
-		if n, err := ep.Post(r, sl); n != 1 || err != nil {
-			b.Fatalf("Post: %d, %v", n, err)
+		for posted-r.n.Load() >= int64(depth) {
+			tr.Poll()
 		}
-		for r.n.Load() < int64(tok) {
+		posted++
+		sl[0].Token = uint64(posted)
+		for {
+			n, err := ep.Post(r, sl)
+			if err != nil {
+				b.Fatalf("Post: %v", err)
+			}
+			if n == 1 {
+				break
+			}
 			tr.Poll()
 		}
 	}
+	for r.n.Load() < posted {
+		tr.Poll()
+	}
 	b.StopTimer()
-	for t := uint64(1); t <= tok; t++ {
-		r.mu.Lock()
-		errs := r.got[t]
-		r.mu.Unlock()
-		if len(errs) != 1 || errs[0] != nil {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for t := uint64(1); t <= uint64(posted); t++ {
+		if errs := r.got[t]; len(errs) != 1 || errs[0] != nil {
 			b.Fatalf("slice %d: %v", t, errs)
 		}
 	}
 }
 
-func BenchmarkRawDtoD(b *testing.B) {
+func benchRaw(b *testing.B, depth int) {
 	tr := openGPU(b)
 	defer tr.Close()
 	src, err := tr.Alloc(gpuSize, 0)
@@ -598,27 +620,41 @@ func BenchmarkRawDtoD(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer drv.streamDestroy(s)
-	ev, err := drv.eventCreate()
-	if err != nil {
-		b.Fatal(err)
+	evs := make([]uintptr, depth)
+	for i := range evs {
+		if evs[i], err = drv.eventCreate(); err != nil {
+			b.Fatal(err)
+		}
+		defer drv.eventDestroy(evs[i])
 	}
-	defer drv.eventDestroy(ev)
-	b.SetBytes(gpuSize)
-	for b.Loop() {
-		if err := drv.copyDtoD(uintptr(unsafe.Pointer(unsafe.SliceData(dst))), uintptr(unsafe.Pointer(unsafe.SliceData(src))), gpuSize, s); err != nil {
-			b.Fatal(err)
-		}
-		if err := drv.eventRecord(ev, s); err != nil {
-			b.Fatal(err)
-		}
+	wait := func(ev uintptr) {
 		for {
 			done, err := drv.eventQuery(ev)
 			if err != nil {
 				b.Fatal(err)
 			}
 			if done {
-				break
+				return
 			}
 		}
+	}
+	dp, sp := uintptr(unsafe.Pointer(unsafe.SliceData(dst))), uintptr(unsafe.Pointer(unsafe.SliceData(src)))
+	b.SetBytes(gpuSize)
+	n := 0
+	for b.Loop() {
+		ev := evs[n%depth]
+		if n >= depth {
+			wait(ev) // the copy that last used this event
+		}
+		if err := drv.copyDtoD(dp, sp, gpuSize, s); err != nil {
+			b.Fatal(err)
+		}
+		if err := drv.eventRecord(ev, s); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	for i := 0; i < min(n, depth); i++ {
+		wait(evs[(n-1-i)%depth])
 	}
 }
