@@ -286,6 +286,26 @@ func run(tb testing.TB, tr *Transport, ep transport.Endpoint, s []transport.Slic
 	return nil
 }
 
+// TestGPUDriverError: a failing call comes back as an error with the
+// code's sentinel and the driver's own description (cuGetErrorString).
+func TestGPUDriverError(t *testing.T) {
+	tr := openGPU(t)
+	defer tr.Close()
+	d, ok := tr.drv.(*cudaDriver)
+	if !ok {
+		t.Fatalf("driver is %T", tr.drv)
+	}
+	_, err := d.pciBusID(1 << 20)
+	var ce *cudaError
+	if !errors.As(err, &ce) || !errors.Is(err, ErrNoDevice) || ce.desc == "" {
+		t.Fatalf("cuDeviceGet of GPU 1048576: %v; want a cudaError wrapping ErrNoDevice with the driver's description", err)
+	}
+	t.Logf("the driver says: %v", err)
+	if _, err := tr.Alloc(1<<20, 1<<20); !errors.Is(err, ErrNoDevice) {
+		t.Errorf("Alloc on GPU 1048576: %v, want ErrNoDevice", err)
+	}
+}
+
 func TestGPUTwoProcesses(t *testing.T) {
 	tr := openGPU(t)
 	defer tr.Close()

@@ -36,7 +36,7 @@ func TestMockCUDA(t *testing.T) {
 	if err != nil {
 		t.Fatalf("GPU tests against the model: %v\n%s", err, out)
 	}
-	for _, want := range []string{"--- PASS: TestGPUTwoProcesses", "--- PASS: TestGPUStagingTCP", "BenchmarkNVLinkWrite", "BenchmarkNVLinkRead", "BenchmarkRawDtoD"} {
+	for _, want := range []string{"--- PASS: TestGPUDriverError", "--- PASS: TestGPUTwoProcesses", "--- PASS: TestGPUStagingTCP", "BenchmarkNVLinkWrite", "BenchmarkNVLinkRead", "BenchmarkRawDtoD"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("no %q in the output:\n%s", want, out)
 		}

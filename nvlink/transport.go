@@ -318,15 +318,17 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	if err != nil {
 		return segtable.Registration{}, fmt.Errorf("nvlink: register: %w", err)
 	}
-	p := b.Pointer(0)
-	ordinal, isDev := t.drv.memoryDevice(p, b.Length)
-	if kind == "cuda" && (!isDev || (idx >= 0 && ordinal != idx)) {
-		return segtable.Registration{}, fmt.Errorf("nvlink: register %s buffer at %#x: %w", b.Location, b.Addr, ErrLocation)
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed.Load() {
 		return segtable.Registration{}, fmt.Errorf("nvlink: register: %w", transport.ErrClosed)
+	}
+	ordinal, isDev, err := t.memoryDevice(b, kind, idx)
+	if err != nil {
+		return segtable.Registration{}, fmt.Errorf("nvlink: register: %w", err)
+	}
+	if kind == "cuda" && (!isDev || (idx >= 0 && ordinal != idx)) {
+		return segtable.Registration{}, fmt.Errorf("nvlink: register %s buffer at %#x: %w", b.Location, b.Addr, ErrLocation)
 	}
 	r := &region{addr: b.Addr, length: b.Length, slot: -1}
 	var key string
@@ -349,6 +351,27 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	regs[r.handle] = r
 	t.regs.Store(&regs)
 	return segtable.Registration{Handle: r.handle, Key: key}, nil
+}
+
+// memoryDevice asks the driver what b's memory is, with a context
+// current (pointer queries may need one): the GPU the location names, or
+// GPU 0. mu must be held.
+func (t *Transport) memoryDevice(b *segtable.Buffer, kind string, idx int) (int, bool, error) {
+	ctxDev := 0
+	if kind == "cuda" && idx >= 0 {
+		ctxDev = idx
+	}
+	d, err := t.device(ctxDev)
+	if err != nil {
+		return 0, false, err
+	}
+	lockThread()
+	defer unlockThread()
+	if err := t.drv.setCurrent(d.ctx); err != nil {
+		return 0, false, err
+	}
+	ordinal, ok := t.drv.memoryDevice(b.Pointer(0), b.Length)
+	return ordinal, ok, nil
 }
 
 // export takes a slot for r and returns its key. mu must be held.
