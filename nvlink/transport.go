@@ -437,12 +437,26 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 
 // Open returns an endpoint to a segment of another process of this host.
 // It fails with an error wrapping ErrUnreachable when the segment has no
-// nvlink endpoint, runs on another host (another boot id) or in this very
-// process (CUDA does not open a process's own IPC handles; the in-process
+// nvlink endpoint or no buffer with an nvlink key (no exported GPU
+// memory), runs on another host (another boot id) or in this very process
+// (CUDA does not open a process's own IPC handles; the in-process
 // transport serves it), or its grant table cannot be mapped.
+//
+// The engine picks one transport per segment: host buffers of a segment
+// opened through nvlink are denied (they have no nvlink key). A segment
+// mixing GPU and host memory needs the engine to choose per buffer.
 func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (transport.Endpoint, error) {
 	if t.closed.Load() {
 		return nil, fmt.Errorf("nvlink: open %s: %w", desc.Name, transport.ErrClosed)
+	}
+	keyed := false
+	for _, b := range desc.Buffers {
+		keyed = keyed || b.Keys[Name] != ""
+	}
+	if !keyed {
+		// Nothing of the segment is exported GPU memory: another
+		// transport reaches its host memory, so let the engine pick it.
+		return nil, fmt.Errorf("nvlink: open %s: no buffer has an nvlink key: %w", desc.Name, transport.ErrUnreachable)
 	}
 	tab, err := t.peerTable(desc)
 	if err != nil {

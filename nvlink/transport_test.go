@@ -530,14 +530,23 @@ func TestOpenRefusals(t *testing.T) {
 	outside.table = "/etc/passwd"
 	prefixed := a
 	prefixed.table = filepath.Join(tableDir(), tablePrefix+"missing")
+	key := strings.Repeat("0", 2*keyBytes) // any key: Open looks at the endpoint first
 	for name, ep := range map[string]string{
 		"another host": other.String(), "junk": "nvl1;;x;", "a file outside the table dir": outside.String(),
 		"a missing table": prefixed.String(), "empty": "",
 	} {
-		d := &segtable.SegmentDesc{Version: 1, Name: "x", Endpoints: map[string]string{Name: ep}}
+		d := &segtable.SegmentDesc{Version: 1, Name: "x", Endpoints: map[string]string{Name: ep},
+			Buffers: []segtable.BufferDesc{{Addr: 4096, Length: 4096, Keys: map[string]string{Name: key}}}}
 		if _, err := p.init.Open(context.Background(), d); !errors.Is(err, transport.ErrUnreachable) {
 			t.Errorf("Open of %s: %v, want ErrUnreachable", name, err)
 		}
+	}
+	// A segment of the host with no exported GPU memory: other transports
+	// reach it.
+	d0 := &segtable.SegmentDesc{Version: 1, Name: "x", Endpoints: map[string]string{Name: good},
+		Buffers: []segtable.BufferDesc{{Addr: 4096, Length: 4096, Keys: map[string]string{Name: "", "tcp": "k"}}}}
+	if _, err := p.init.Open(context.Background(), d0); !errors.Is(err, transport.ErrUnreachable) || !strings.Contains(err.Error(), "no buffer has an nvlink key") {
+		t.Errorf("Open of a segment without GPU buffers: %v, want ErrUnreachable", err)
 	}
 	d := &segtable.SegmentDesc{Version: 1, Name: "x", Endpoints: map[string]string{"tcp": "1.2.3.4:5"}}
 	if _, err := p.init.Open(context.Background(), d); !errors.Is(err, transport.ErrUnreachable) {
