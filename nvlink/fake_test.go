@@ -62,7 +62,7 @@ var errFake = errors.New("fake driver: injected failure")
 
 func newFake(ndev int) *fakeDriver {
 	return &fakeDriver{
-		ndev: ndev, handles: map[ipcHandle]*fakeMem{}, next: 0xffff_8000_0000_0000,
+		ndev: ndev, handles: map[ipcHandle]*fakeMem{}, next: (^uintptr(0) / 4 * 3) &^ 0xffff,
 		streams: map[uintptr]*fakeStream{}, events: map[uintptr]*fakeEvent{},
 		hostMem: map[unsafe.Pointer][]byte{}, retained: map[int]int{},
 	}
@@ -195,7 +195,7 @@ func (f *fakeDriver) ipcOpen(h ipcHandle) (uintptr, error) {
 	}
 	f.opens++
 	a := &fakeMem{base: f.next, buf: m.buf, dev: m.dev, alias: m}
-	f.next += 1 << 40
+	f.next += (uintptr(len(m.buf)) + 0xffff) &^ 0xffff
 	f.mems = append(f.mems, a)
 	return a.base, nil
 }

@@ -291,11 +291,7 @@ func run(tb testing.TB, tr *Transport, ep transport.Endpoint, s []transport.Slic
 func TestGPUDriverError(t *testing.T) {
 	tr := openGPU(t)
 	defer tr.Close()
-	d, ok := tr.drv.(*cudaDriver)
-	if !ok {
-		t.Fatalf("driver is %T", tr.drv)
-	}
-	_, err := d.pciBusID(1 << 20)
+	_, err := tr.drv.pciBusID(1 << 20)
 	var ce *cudaError
 	if !errors.As(err, &ce) || !errors.Is(err, ErrNoDevice) || ce.desc == "" {
 		t.Fatalf("cuDeviceGet of GPU 1048576: %v; want a cudaError wrapping ErrNoDevice with the driver's description", err)

@@ -53,7 +53,7 @@ var (
 // memory of GPU gpu (cuMemHostAlloc, portable). It fails with an error
 // wrapping ErrOutOfMemory when the host cannot pin that much.
 func (t *Transport) NewStager(gpu, chunk, count int) (*Stager, error) {
-	if chunk <= 0 || count <= 0 || chunk > 1<<40/count {
+	if chunk <= 0 || count <= 0 || int64(chunk)*int64(count) > 1<<40 || int64(chunk)*int64(count) > int64(^uint(0)>>1) {
 		return nil, fmt.Errorf("nvlink: stager of %d buffers of %d bytes: bad size", count, chunk)
 	}
 	t.mu.Lock()
