@@ -384,3 +384,5 @@ func TestRegisterLarge(t *testing.T) {
 	}
 	t.Logf("Register of %d MiB (untouched Go memory): %v (%.2f GB/s); Unregister %v", mib, d, float64(mib<<20)/d.Seconds()/1e9, time.Since(t1))
 }
+
+func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }

@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -85,9 +86,14 @@ type Transport struct {
 	nqp  int                                // the initiator's live queue pairs, under mu
 	tqp  map[*peerQP]struct{}               // target-side queue pairs, under mu
 
-	qpMu  sync.RWMutex
-	qps   map[uint32]*qp // initiator queue pairs by id, for completions
-	qpSeq uint32         // under qpMu
+	qpMu    sync.RWMutex
+	qps     map[uint32]*qp     // initiator queue pairs by id, for completions
+	qpSeq   uint32             // under qpMu
+	peers   map[uint32]*peerQP // queue pairs peers connected, by id
+	peerSeq uint32             // under qpMu
+
+	self    string // the engine's segment name, sent with notifications
+	deliver atomic.Pointer[func(*transport.Notification) error]
 
 	wg sync.WaitGroup // the accept loop, peer connections, watchers
 
@@ -97,6 +103,7 @@ type Transport struct {
 var (
 	_ transport.Transport = (*Transport)(nil)
 	_ transport.Poller    = (*Transport)(nil)
+	_ transport.Notifier  = (*Transport)(nil)
 )
 
 // New opens the RDMA devices (Config.Devices, or every device with an
@@ -105,7 +112,7 @@ var (
 // device is usable.
 func New(cfg Config) (*Transport, error) {
 	cfg = cfg.withDefaults()
-	t := &Transport{cfg: cfg, qps: map[uint32]*qp{}, tqp: map[*peerQP]struct{}{}}
+	t := &Transport{cfg: cfg, qps: map[uint32]*qp{}, peers: map[uint32]*peerQP{}, tqp: map[*peerQP]struct{}{}}
 	empty := map[uint64]*region{}
 	t.regs.Store(&empty)
 	names, err := deviceList()
@@ -400,38 +407,117 @@ func (t *Transport) pollDevice(d *device) int {
 	}
 	t.pollCalls.Add(1)
 	var out [pollBatch]done
+	var extra []done // notifications given up with their queue pair (rare)
 	k := 0
 	t.qpMu.RLock()
 	for i := range wcs {
 		wc := &wcs[i]
-		q := t.qps[uint32(wc.wr_id>>32)]
+		id, low, status := uint32(wc.wr_id>>32), uint32(wc.wr_id), uint32(wc.status)
+		if low&peerBit != 0 {
+			// The target side: a notification arrived (or an answer's
+			// send or a flushed receive completed, which need nothing).
+			if p := t.peers[id]; p != nil && low&recvBit != 0 && status == wcSuccess {
+				slot := int(low & lowMask % notifySlots)
+				seq, st := t.receiveNote(p.area.big(slot)[:min(int(wc.byte_len), msgSize)])
+				p.answerNote(slot, seq, st)
+				k++ // counts as work, completes nothing here
+				out[k-1] = done{}
+			}
+			continue
+		}
+		q := t.qps[id]
 		if q == nil {
 			continue // a queue pair torn down after a deadline: its slices are done
+		}
+		if low&recvBit != 0 {
+			// An answer to a notification.
+			if status == wcSuccess {
+				slot := int(low & lowMask % notifySlots)
+				ack := q.area.small(slot)
+				seq := binary.BigEndian.Uint32(ack)
+				q.noteMu.Lock()
+				if n := &q.notes[seq%notifySlots]; n.busy && n.seq == seq && wc.byte_len >= ackLen {
+					out[k] = done{c: n.c, token: n.token, err: noteError(ack[4])}
+					k++
+					*n = note{}
+					q.noteOut.Add(-1)
+				}
+				q.noteMu.Unlock()
+				C.mr_post_recv(q.q, C.uint64_t(q.area.smallAddr(slot)), ackSize, C.uint32_t(q.area.lkey), C.uint64_t(wc.wr_id))
+			}
+			extra = q.giveUpNotes(extra)
+			continue
 		}
 		seq := q.tail.Load()
 		if seq == q.head.Load() {
 			continue // nothing in flight: not ours (cannot happen)
 		}
 		s := &q.slots[seq%uint64(len(q.slots))]
-		out[k] = done{c: s.c, token: s.token}
-		s.c = nil
-		status := uint32(wc.status)
-		if status != wcSuccess {
-			out[k].err = q.completionError(status, uint32(wc.vendor_err), s.op)
-			if status != wcFlushErr {
-				q.fail()
+		if s.op == transport.Notify {
+			// The SEND of a notification: it completes on its answer,
+			// or now when it failed.
+			if status != wcSuccess {
+				q.noteMu.Lock()
+				if n := &q.notes[uint32(s.token)%notifySlots]; n.busy && n.seq == uint32(s.token) {
+					out[k] = done{c: n.c, token: n.token, err: q.completionError(status, uint32(wc.vendor_err), transport.Notify)}
+					k++
+					*n = note{}
+					q.noteOut.Add(-1)
+				}
+				q.noteMu.Unlock()
 			}
+		} else {
+			out[k] = done{c: s.c, token: s.token}
+			if status != wcSuccess {
+				out[k].err = q.completionError(status, uint32(wc.vendor_err), s.op)
+			}
+			k++
+		}
+		s.c = nil
+		if status != wcSuccess && status != wcFlushErr {
+			q.fail()
 		}
 		q.tail.Store(seq + 1)
-		k++
+		extra = q.giveUpNotes(extra)
 	}
 	t.qpMu.RUnlock()
 	d.cqMu.Unlock()
+	n := 0
 	for i := range out[:k] {
-		out[i].c.Complete(out[i].token, out[i].err)
+		if out[i].c != nil {
+			out[i].c.Complete(out[i].token, out[i].err)
+		}
 		out[i] = done{}
+		n++
 	}
-	return k
+	for _, e := range extra {
+		e.c.Complete(e.token, e.err)
+	}
+	return n + len(extra)
+}
+
+// giveUpNotes appends to extra the notifications of a failed queue pair
+// whose send queue has drained: their answers will not come. The caller
+// holds the device's cqMu.
+func (q *qp) giveUpNotes(extra []done) []done {
+	st := q.state.Load()
+	if st == qpLive || q.noteOut.Load() == 0 || !q.ringIdle() {
+		return extra
+	}
+	err := fmt.Errorf("rdma: notification unanswered, queue pair failed: %w", transport.ErrPeer)
+	if st == qpClosing {
+		err = fmt.Errorf("rdma: notification unanswered: %w", transport.ErrClosed)
+	}
+	q.noteMu.Lock()
+	defer q.noteMu.Unlock()
+	for i := range q.notes {
+		if n := &q.notes[i]; n.busy {
+			extra = append(extra, done{c: n.c, token: n.token, err: err})
+			*n = note{}
+			q.noteOut.Add(-1)
+		}
+	}
+	return extra
 }
 
 // drainDevice polls d until cond holds or the deadline passes.
@@ -514,10 +600,20 @@ type qp struct {
 	tail  atomic.Uint64
 	state atomic.Int32
 
+	area    *msgArea
+	noteMu  sync.Mutex
+	notes   [notifySlots]note // by seq % notifySlots, under noteMu
+	noteSeq uint32            // the next notification's seq, under the endpoint's postMu
+	noteOut atomic.Int32      // notifications posted and not answered
+
 	watch chan struct{} // closed when the watcher of conn returned
 }
 
-func (q *qp) idle() bool { return q.head.Load() == q.tail.Load() }
+// ringIdle says whether no work request is in flight; idle, whether no
+// notification waits for its answer either.
+func (q *qp) ringIdle() bool { return q.head.Load() == q.tail.Load() }
+
+func (q *qp) idle() bool { return q.ringIdle() && q.noteOut.Load() == 0 }
 
 func (q *qp) free() int { return len(q.slots) - int(q.head.Load()-q.tail.Load()) }
 
@@ -532,8 +628,11 @@ func (q *qp) fail() {
 
 func (q *qp) completionError(status, vendor uint32, op transport.Op) error {
 	what := "WRITE"
-	if op == transport.Read {
+	switch op {
+	case transport.Read:
 		what = "READ"
+	case transport.Notify:
+		what = "notification SEND"
 	}
 	var kind error
 	switch status {
@@ -564,6 +663,7 @@ func (q *qp) destroy() {
 	t.qpMu.Unlock()
 	C.ibv_destroy_qp(q.q)
 	q.st.free()
+	q.area.free()
 	t.mu.Lock()
 	t.nqp--
 	t.mu.Unlock()
@@ -586,18 +686,36 @@ func (t *Transport) connect(ctx context.Context, addr string, li, ri int) (*qp, 
 		ctx, cancel = context.WithTimeout(ctx, t.cfg.ConnectTimeout)
 		defer cancel()
 	}
-	cq, err := C.mr_create_qp(d.pd, d.cq, C.int(t.cfg.Depth))
+	cq, err := C.mr_create_qp(d.pd, d.cq, C.int(t.cfg.Depth), notifySlots)
 	if cq == nil {
 		return nil, fmt.Errorf("rdma: ibv_create_qp on %s: %v: %w", d.name, err, transport.ErrPeer)
+	}
+	area, err := newMsgArea(d)
+	if err != nil {
+		C.ibv_destroy_qp(cq)
+		return nil, fmt.Errorf("%w: %w", err, transport.ErrPeer)
 	}
 	ok := false
 	defer func() {
 		if !ok {
 			C.ibv_destroy_qp(cq)
+			area.free()
 		}
 	}()
+	t.qpMu.Lock()
+	for {
+		t.qpSeq++
+		if _, used := t.qps[t.qpSeq]; !used && t.qpSeq != 0 {
+			break
+		}
+	}
+	id := t.qpSeq
+	t.qpMu.Unlock()
 	if rc := C.mr_to_init(cq, C.int(d.port)); rc != 0 {
 		return nil, fmt.Errorf("rdma: modify QP to INIT on %s: %v: %w", d.name, syscall.Errno(rc), transport.ErrPeer)
+	}
+	if err := area.postRecvs(cq, id, false); err != nil {
+		return nil, fmt.Errorf("%w: %w", err, transport.ErrPeer)
 	}
 	psn := rand.Uint32N(1 << 24)
 	var dialer net.Dialer
@@ -639,15 +757,9 @@ func (t *Transport) connect(ctx context.Context, addr string, li, ri int) (*qp, 
 		return nil, fmt.Errorf("rdma: modify QP to RTS on %s: %v: %w", d.name, syscall.Errno(rc), transport.ErrPeer)
 	}
 	conn.SetDeadline(time.Time{})
-	q := &qp{t: t, dev: d, rdev: ri, q: cq, conn: conn, slots: make([]slot, t.cfg.Depth), st: newStage(t.cfg.Depth), watch: make(chan struct{})}
+	q := &qp{t: t, id: id, dev: d, rdev: ri, q: cq, conn: conn, slots: make([]slot, t.cfg.Depth), st: newStage(t.cfg.Depth),
+		area: area, watch: make(chan struct{})}
 	t.qpMu.Lock()
-	for {
-		t.qpSeq++
-		if _, used := t.qps[t.qpSeq]; !used && t.qpSeq != 0 {
-			break
-		}
-	}
-	q.id = t.qpSeq
 	t.qps[q.id] = q
 	t.qpMu.Unlock()
 	ok = true
@@ -668,6 +780,8 @@ func boolInt(b bool) C.int {
 type peerQP struct {
 	conn net.Conn
 	q    *C.struct_ibv_qp
+	id   uint32
+	area *msgArea
 }
 
 func (t *Transport) accept() {
@@ -708,8 +822,16 @@ func (t *Transport) serve(p *peerQP) {
 		t.mu.Lock()
 		delete(t.tqp, p)
 		t.mu.Unlock()
+		if p.id != 0 {
+			t.qpMu.Lock() // waits for a poller using p
+			delete(t.peers, p.id)
+			t.qpMu.Unlock()
+		}
 		if p.q != nil {
 			C.ibv_destroy_qp(p.q)
+		}
+		if p.area != nil {
+			p.area.free()
 		}
 	}()
 	conn := p.conn
@@ -762,14 +884,28 @@ func (t *Transport) acceptQP(p *peerQP, hello *qpAddr, buf *[msgLen]byte) bool {
 		return false
 	}
 	d := t.devs[hello.Device]
-	q := C.mr_create_qp(d.pd, d.cq, 1)
+	q := C.mr_create_qp(d.pd, d.cq, notifySlots+1, notifySlots)
 	if q == nil {
 		return false
 	}
 	p.q = q
+	var err error
+	if p.area, err = newMsgArea(d); err != nil {
+		return false
+	}
+	t.qpMu.Lock()
+	for {
+		t.peerSeq++
+		if _, used := t.peers[t.peerSeq]; !used && t.peerSeq != 0 {
+			break
+		}
+	}
+	p.id = t.peerSeq
+	t.peers[p.id] = p
+	t.qpMu.Unlock()
 	psn := rand.Uint32N(1 << 24)
 	mtu := min(d.mtu, hello.MTU)
-	if C.mr_to_init(q, C.int(d.port)) != 0 ||
+	if C.mr_to_init(q, C.int(d.port)) != 0 || p.area.postRecvs(q, p.id, true) != nil ||
 		C.mr_to_rtr(q, C.int(d.port), C.int(mtu), C.uint32_t(hello.QPN), C.uint32_t(hello.PSN), C.uint16_t(hello.LID),
 			(*C.uint8_t)(unsafe.Pointer(&hello.GID[0])), C.int(d.gid.Index), boolInt(d.ethernet), C.int(d.rdAtomic)) != 0 ||
 		C.mr_to_rts(q, C.uint32_t(psn), C.int(min(d.rdAtomic, int(hello.RdAtomic))), ackTimeout, retryCount) != 0 {
@@ -966,8 +1102,9 @@ var useClock atomic.Int64
 // Post checks each slice (the remote range inside one buffer with an
 // rkey, the local range inside its registration), puts it on its rail's
 // queue pair, and posts every rail's chain in one cgo call. It accepts
-// fewer slices when a queue pair is full. A slice that fails the checks
-// completes at once with ErrRange or ErrDenied.
+// fewer slices when a queue pair is full (or, for notifications, has
+// notifySlots unanswered). A slice that fails the checks completes at once
+// with ErrRange or ErrDenied.
 func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
 	t := ep.t
 	ep.postMu.Lock()
@@ -1030,12 +1167,32 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 			break // full: backpressure
 		}
 		seq := q.head.Load() + uint64(b.n)
+		wrID := uint64(q.id)<<32 | seq&lowMask
+		if sl.Op == transport.Notify {
+			ns := q.noteSeq
+			q.noteMu.Lock()
+			n := &q.notes[ns%notifySlots]
+			if n.busy {
+				q.noteMu.Unlock()
+				break // no credit: notifySlots unanswered
+			}
+			*n = note{c: c, token: sl.Token, seq: ns, busy: true}
+			q.noteOut.Add(1)
+			q.noteMu.Unlock()
+			q.noteSeq++
+			q.slots[seq%uint64(len(q.slots))] = slot{op: transport.Notify, token: uint64(ns)}
+			m := t.writeNote(q.area, ns, sl)
+			q.st.setReq(int(b.n), wrID, q.area.bigAddr(int(ns%notifySlots)), uint64(ns), uint32(m), q.area.lkey, 0, 3)
+			b.n++
+			continue
+		}
 		q.slots[seq%uint64(len(q.slots))] = slot{c: c, token: sl.Token, op: sl.Op}
-		q.st.setReq(int(b.n), uint64(q.id)<<32|uint64(uint32(seq)), uint64(uintptr(sl.Local)), sl.Remote,
+		q.st.setReq(int(b.n), wrID, uint64(uintptr(sl.Local)), sl.Remote,
 			uint32(sl.Length), reg.lkeys[r.li], rb.rkeys[r.ri], uint8(sl.Op))
 		b.n++
 	}
 	failed := 0
+	var lostNotes []done
 	if nb > 0 {
 		for k := range ep.rails {
 			r := &ep.rails[k]
@@ -1053,12 +1210,24 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 			b := &bt[r.b]
 			if b.posted < b.n {
 				// Not taken: these never complete by themselves.
+				q := r.q
 				failed += int(b.n - b.posted)
-				r.q.head.Add(^uint64(b.n-b.posted) + 1)
-				r.q.fail()
 				if postErr == nil {
-					postErr = fmt.Errorf("rdma: ibv_post_send on %s: %v: %w", r.q.dev.name, syscall.Errno(b.err), transport.ErrPeer)
+					postErr = fmt.Errorf("rdma: ibv_post_send on %s: %v: %w", q.dev.name, syscall.Errno(b.err), transport.ErrPeer)
 				}
+				q.noteMu.Lock()
+				for _, rq := range q.st.reqs()[b.posted:b.n] {
+					if rq.op == 3 {
+						if n := &q.notes[uint32(rq.raddr)%notifySlots]; n.busy && n.seq == uint32(rq.raddr) {
+							lostNotes = append(lostNotes, done{c: n.c, token: n.token, err: postErr})
+							*n = note{}
+							q.noteOut.Add(-1)
+						}
+					}
+				}
+				q.noteMu.Unlock()
+				q.head.Add(^uint64(b.n-b.posted) + 1)
+				q.fail()
 			}
 		}
 		t.slices.Add(uint64(i - failed))
@@ -1094,12 +1263,15 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 			ri := int(s[j].Rail) % len(ep.rails)
 			for _, l := range losts {
 				if l.rail == ri {
-					if seen[ri] >= l.count {
+					if seen[ri] >= l.count && s[j].Op != transport.Notify {
 						c.Complete(s[j].Token, postErr)
 					}
 					seen[ri]++
 				}
 			}
+		}
+		for _, d := range lostNotes {
+			d.c.Complete(d.token, d.err)
 		}
 	}
 	if i < len(s) && connErr != nil {
@@ -1111,6 +1283,12 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 // check returns the remote buffer and the local registration of sl, or
 // why it cannot be posted.
 func (ep *Endpoint) check(sl *transport.Slice, bufs []rbuf, regs map[uint64]*region) (*rbuf, *region, error) {
+	if sl.Op == transport.Notify {
+		if sl.Length > transport.MaxNotifyMessage {
+			return nil, nil, fmt.Errorf("rdma: notification of %d bytes, more than %d: %w", sl.Length, transport.MaxNotifyMessage, transport.ErrRange)
+		}
+		return nil, nil, nil
+	}
 	if sl.Op != transport.Read && sl.Op != transport.Write {
 		return nil, nil, fmt.Errorf("rdma: op %d: %w", sl.Op, transport.ErrNotSupported)
 	}
@@ -1192,7 +1370,7 @@ func (ep *Endpoint) Close() error {
 	}
 	deadline := time.Now().Add(closeTimeout)
 	for _, q := range qs {
-		t.drainDevice(q.dev, q.idle, deadline)
+		t.drainDevice(q.dev, q.ringIdle, deadline)
 	}
 	for _, q := range qs {
 		// Work requests that never completed (a device that did not
@@ -1204,10 +1382,21 @@ func (ep *Endpoint) Close() error {
 		var left []done
 		for seq := q.tail.Load(); seq != q.head.Load(); seq++ {
 			s := &q.slots[seq%uint64(len(q.slots))]
-			left = append(left, done{c: s.c, token: s.token})
+			if s.c != nil { // a notification's is in notes
+				left = append(left, done{c: s.c, token: s.token})
+			}
 			s.c = nil
 		}
 		q.tail.Store(q.head.Load())
+		q.noteMu.Lock()
+		for i := range q.notes {
+			if n := &q.notes[i]; n.busy {
+				left = append(left, done{c: n.c, token: n.token})
+				*n = note{}
+				q.noteOut.Add(-1)
+			}
+		}
+		q.noteMu.Unlock()
 		q.dev.cqMu.Unlock()
 		for _, d := range left {
 			d.c.Complete(d.token, fmt.Errorf("rdma: not flushed in %v: %w", closeTimeout, transport.ErrClosed))

@@ -17,7 +17,7 @@ typedef struct {
 	uint32_t len;
 	uint32_t lkey;
 	uint32_t rkey;
-	uint32_t op; // 1 READ, 2 WRITE
+	uint32_t op; // 1 READ, 2 WRITE, 3 SEND (a notification)
 } mr_req;
 
 // mr_batch is the work of one Post on one queue pair.
@@ -42,7 +42,7 @@ static void mr_build(const mr_req *req, int n, struct ibv_send_wr *wr, struct ib
 		wr[i].wr_id = req[i].wr_id;
 		wr[i].sg_list = &sge[i];
 		wr[i].num_sge = req[i].len ? 1 : 0;
-		wr[i].opcode = req[i].op == 1 ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+		wr[i].opcode = req[i].op == 1 ? IBV_WR_RDMA_READ : req[i].op == 3 ? IBV_WR_SEND : IBV_WR_RDMA_WRITE;
 		wr[i].send_flags = IBV_SEND_SIGNALED;
 		wr[i].wr.rdma.remote_addr = req[i].raddr;
 		wr[i].wr.rdma.rkey = req[i].rkey;
@@ -74,6 +74,8 @@ typedef struct {
 	uint64_t wr_id;
 	uint32_t status;
 	uint32_t vendor_err;
+	uint32_t byte_len;
+	uint32_t opcode;
 } mr_wc;
 
 // mr_poll polls up to n completions into out.
@@ -83,6 +85,8 @@ static int mr_poll(struct ibv_cq *cq, struct ibv_wc *wc, mr_wc *out, int n) {
 		out[i].wr_id = wc[i].wr_id;
 		out[i].status = wc[i].status;
 		out[i].vendor_err = wc[i].vendor_err;
+		out[i].byte_len = wc[i].byte_len;
+		out[i].opcode = wc[i].opcode;
 	}
 	return got;
 }
@@ -102,17 +106,47 @@ static ssize_t mr_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *e, si
 	return ibv_query_gid_table(ctx, e, n, 0);
 }
 
-static struct ibv_qp *mr_create_qp(struct ibv_pd *pd, struct ibv_cq *cq, int depth) {
+static struct ibv_qp *mr_create_qp(struct ibv_pd *pd, struct ibv_cq *cq, int depth, int rdepth) {
 	struct ibv_qp_init_attr a;
 	memset(&a, 0, sizeof a);
 	a.send_cq = cq;
 	a.recv_cq = cq;
 	a.qp_type = IBV_QPT_RC;
 	a.cap.max_send_wr = depth;
-	a.cap.max_recv_wr = 1;
+	a.cap.max_recv_wr = rdepth;
 	a.cap.max_send_sge = 1;
 	a.cap.max_recv_sge = 1;
+	a.cap.max_inline_data = 16;
 	return ibv_create_qp(pd, &a);
+}
+
+// mr_post_recv posts one receive of len bytes at addr.
+static int mr_post_recv(struct ibv_qp *qp, uint64_t addr, uint32_t len, uint32_t lkey, uint64_t wr_id) {
+	struct ibv_sge sge = { .addr = addr, .length = len, .lkey = lkey };
+	struct ibv_recv_wr wr, *bad = NULL;
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = wr_id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+// mr_note_reply gives a receive buffer back and sends the answer to the
+// notification it held: one call per notification on the target.
+static int mr_note_reply(struct ibv_qp *qp, uint64_t raddr, uint32_t rlen, uint32_t lkey, uint64_t rwr_id,
+		uint64_t aaddr, uint32_t alen, uint64_t awr_id) {
+	int rc = mr_post_recv(qp, raddr, rlen, lkey, rwr_id);
+	if (rc)
+		return rc;
+	struct ibv_sge sge = { .addr = aaddr, .length = alen, .lkey = lkey };
+	struct ibv_send_wr wr, *bad = NULL;
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = awr_id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_SEND;
+	wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	return ibv_post_send(qp, &wr, &bad);
 }
 
 static int mr_to_init(struct ibv_qp *qp, int port) {

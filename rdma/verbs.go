@@ -33,6 +33,8 @@ func wcStatusString(s uint32) string {
 	return C.GoString(C.ibv_wc_status_str(C.enum_ibv_wc_status(s)))
 }
 
+func errnoString(rc C.int) string { return syscall.Errno(rc).Error() }
+
 // cArray allocates n zeroed elements of size bytes in C memory.
 func cArray(n int, size C.size_t) unsafe.Pointer {
 	return C.calloc(C.size_t(n), size)
@@ -107,6 +109,8 @@ func (s *stage) buildForTest(n int) []builtWR {
 			b.Opcode = "RDMA_READ"
 		case C.IBV_WR_RDMA_WRITE:
 			b.Opcode = "RDMA_WRITE"
+		case C.IBV_WR_SEND:
+			b.Opcode = "SEND"
 		default:
 			b.Opcode = "opcode" + strconv.Itoa(int(w.opcode))
 		}
