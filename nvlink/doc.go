@@ -68,11 +68,25 @@
 // can map the allocation. The grant table protects against mistakes and
 // stale descriptors, not against a hostile process of the same host.
 //
+// # Costs
+//
+// A slice costs two driver calls (the copy and the event record) and a
+// share of one cuEventQuery; a Post or Poll adds one cuCtxSetCurrent.
+// purego.SyscallN allocates one small argument block per call (measured:
+// 1 allocation), so the hot path is not allocation-free: with slices of
+// megabytes (Config.SliceSize, 64 MiB by default) that is noise next to
+// the copy, but it is there.
+//
 // # What is tested where
 //
 // The transport's logic (keys, grants, mappings, event polling, exactly
 // one completion, close with copies in flight, the conformance suite)
 // runs in `make test` against an in-memory fake driver. The real driver
-// path (cuda.go) runs only on a machine with a GPU, through
-// scripts/gpu-check.sh; until such a run it is untested.
+// layer (cuda.go: purego bindings, argument order, the IPC handle passed by
+// value) and the two-process path run in `make test` against
+// testdata/mockcuda.c, a C model of libcuda built by the test: that checks
+// the bindings against a C ABI, not CUDA's behaviour. On a real GPU the
+// package runs only through scripts/gpu-check.sh; until such a run, how
+// CUDA itself behaves under this code (contexts, IPC, streams, events) is
+// untested.
 package nvlink
