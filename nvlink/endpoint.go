@@ -87,6 +87,9 @@ func (e *Endpoint) update(desc *segtable.SegmentDesc, tab *table) {
 	defer t.mu.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed.Load() {
+		return // Close has dropped, or will drop, what a view would use
+	}
 	for i, b := range bufs {
 		if b.Length == 0 || b.Addr+b.Length < b.Addr || (i > 0 && b.Addr < end) {
 			continue // a malformed descriptor: such a buffer is never reached
