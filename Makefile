@@ -12,7 +12,7 @@ FUZZTIME  ?= 1m
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 5
 
-.PHONY: all build deps test vet race fuzz-short fuzz bench cover clean test-rdma bench-rdma
+.PHONY: all build deps test vet race fuzz-short fuzz bench cover clean test-rdma bench-rdma test-efa bench-efa
 
 all: build
 
@@ -41,7 +41,7 @@ fuzz-short:
 deps:
 	-@scripts/ensure-deps.sh
 
-test: deps vet race fuzz-short test-rdma
+test: deps vet race fuzz-short test-rdma test-efa
 
 fuzz:
 	@scripts/fuzz.sh $(FUZZTIME)
@@ -74,3 +74,15 @@ test-rdma:
 bench-rdma:
 	$(GO) test -c -tags rdma -o bin/rdma.test ./rdma/
 	scripts/rdma-vm.sh --timeout 540 --add bin/rdma.test=/opt/rdma-vm/bin/rdma.test rdma/vmbench.sh
+
+# The efa transport (cgo, build tag efa) on libfabric's software providers
+# (tcp;ofi_rxm and shm; libfabric-dev from scripts/ensure-deps.sh): the
+# conformance suite, two processes, vet. About 2 minutes with -race.
+test-efa:
+	$(GO) vet -tags efa ./efa/
+	$(GO) test -race -count=1 -timeout 10m -tags efa ./efa/
+
+# The efa benchmarks beside a raw libfabric program of our own
+# (efa/testdata/fi_bw.c) and the TCP transport, in the same run.
+bench-efa:
+	$(GO) test -run '^$$' -bench 'EFA' -benchtime $(BENCHTIME) -count $(BENCHCOUNT) -tags efa ./efa/ | tee bench-efa.out

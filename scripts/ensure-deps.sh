@@ -2,8 +2,9 @@
 # ensure-deps.sh: install the system tools the network-namespace tests
 # (netns_test.go) use, when they are missing: ip and tc (iproute2), and nft
 # (nftables), which emulates packet loss on kernels built without netem;
-# and the etcd server (etcd-server) that the etcd store's tests
-# (metadata/etcd_test.go) start. It installs with apt-get and so needs
+# the etcd server (etcd-server) that the etcd store's tests
+# (metadata/etcd_test.go) start; and libfabric (libfabric-dev,
+# libfabric-bin) for the efa transport's tests (make test-efa). It installs with apt-get and so needs
 # root; it does nothing when every tool is there. netns_test.go and the
 # etcd tests run it themselves when a tool is missing; it may also be run
 # by hand or from CI before the tests.
@@ -27,6 +28,10 @@ command -v nft >/dev/null 2>&1 || add nftables
 [ -f /usr/include/infiniband/verbs.h ] || add libibverbs-dev
 # Debian's etcd-server installs /usr/bin/etcd, which may not be on PATH.
 command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || add etcd-server
+# The efa transport's cgo build (tag efa) and its tests on libfabric's
+# software providers (tcp;ofi_rxm, shm): headers, library and fi_info.
+[ -f /usr/include/rdma/fabric.h ] || add libfabric-dev
+command -v fi_info >/dev/null 2>&1 || add libfabric-bin
 
 if [ -z "$need" ]; then
 	exit 0

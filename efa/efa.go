@@ -1,0 +1,1115 @@
+//go:build efa && cgo
+
+package efa
+
+/*
+#cgo LDFLAGS: -lfabric
+#cgo noescape mr_post
+#cgo nocallback mr_post
+#cgo noescape cq_poll
+#cgo nocallback cq_poll
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// chunk is how many slices one cgo call posts, and how many completions one
+// Poll reads at most.
+const chunk = 64
+
+// Slot states. A slot is one operation's struct fi_context2 (in C memory)
+// and the Go record beside it.
+const (
+	slotFree      = iota
+	slotBusy      // posted; its completion is still to come
+	slotAbandoned // completed to the engine already (timeout, Close); the provider still holds it
+	slotRetry     // failed as if its connection broke; Poll posts it once more
+)
+
+// slot is the Go record of one operation. Post writes token, c, ep and
+// posted, then publishes them with the store of state; whoever moves state
+// from slotBusy with a CAS (Poll, the timeout scan, Close) owns the record
+// and completes the slice, exactly once.
+type slot struct {
+	state  atomic.Uint32
+	ep     atomic.Pointer[Endpoint]
+	posted atomic.Int64 // UnixNano of the Post
+	c      transport.Completer
+	token  uint64
+	gen    uint64  // the peer's generation at the Post
+	op     C.mr_op // what was posted, for retries
+	tries  int     // retries so far
+	due    int64   // UnixNano when the retry is due
+}
+
+// Retries of operations that failed as if their connection broke: at
+// most maxTries, the n-th retryDelay<<(2n) after the failure.
+const (
+	maxTries   = 4
+	retryDelay = time.Millisecond
+)
+
+// peer is one remote fabric address in the address vector. When an
+// operation to it fails as if the connection broke, the address is
+// removed and inserted again (a new generation), so that a provider that
+// connects underneath (tcp;ofi_rxm) starts a fresh connection for the
+// retries instead of failing them on the broken one.
+type peer struct {
+	name []byte        // the provider address
+	addr atomic.Uint64 // fi_addr_t
+	gen  atomic.Uint64
+	// stalled is the UnixNano of the first Post that the provider refused
+	// with -FI_EAGAIN without taking anything since; 0 when none.
+	stalled atomic.Int64
+}
+
+// Transport moves slices with libfabric RMA on one FI_EP_RDM endpoint that
+// all peers share. Use New. Safe for concurrent use.
+type Transport struct {
+	cfg      Config
+	res      *C.fi_res // C memory: libfabric's objects
+	prov     string
+	endpoint string
+	virt     bool // FI_MR_VIRT_ADDR: remote addresses are virtual, else offsets
+	provKey  bool // FI_MR_PROV_KEY: the provider picks MR keys
+	maxMsg   uint64
+
+	// guard is held shared by every call into libfabric on the endpoint,
+	// completion queue and address vector, and exclusively by Close and
+	// by Unregister (so that no Post uses an MR being closed).
+	guard   sync.RWMutex
+	closing atomic.Bool // Close began: no new slices, registrations, endpoints
+	closed  atomic.Bool // Close drained what it could: libfabric's objects go
+
+	regMu  sync.Mutex                // serializes changes of regs
+	regSeq uint64                    // the last Registration handle, under regMu
+	regs   atomic.Pointer[[]*region] // sorted by handle
+
+	ctxs    unsafe.Pointer // C array of len(slots) fi_context2
+	ctxSize uintptr
+	slots   []slot
+	freeMu  sync.Mutex
+	free    []uint32 // indices of free slots, a stack
+
+	lastScan atomic.Int64 // UnixNano of the last timeout scan
+
+	retryMu sync.Mutex
+	retries []uint32     // slots in slotRetry, under retryMu
+	nretry  atomic.Int64 // len(retries)
+
+	peerMu sync.Mutex
+	peers  map[string]*peer // by endpoint string, shared by Endpoints; under peerMu
+
+	scratch   unsafe.Pointer // C memory that Open's probe reads into
+	scratchMR *C.struct_fid_mr
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// region is one registered buffer.
+type region struct {
+	handle uint64
+	addr   uint64
+	length uint64
+	mr     *C.struct_fid_mr
+	desc   uint64 // fi_mr_desc, for FI_MR_LOCAL providers
+}
+
+var (
+	_ transport.Transport = (*Transport)(nil)
+	_ transport.Poller    = (*Transport)(nil)
+)
+
+// errStages names the steps of fi_setup, for errors.
+var errStages = [...]string{"fi_getinfo", "fi_fabric", "fi_domain", "fi_av_open", "fi_cq_open", "fi_endpoint", "fi_ep_bind", "fi_enable", "fi_getname"}
+
+// New opens the first of cfg.Providers that libfabric offers with RMA on
+// reliable datagram endpoints. When none works the error wraps
+// transport.ErrNotSupported.
+func New(cfg Config) (*Transport, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	res := (*C.fi_res)(C.calloc(1, C.sizeof_fi_res))
+	if res == nil {
+		return nil, errors.New("efa: out of C memory")
+	}
+	cqSize := cfg.Depth
+	if cqSize == 0 {
+		cqSize = 4096
+	}
+	var errs []error
+	for _, p := range cfg.Providers {
+		cp := C.CString(p)
+		var cd *C.char
+		if cfg.Domain != "" {
+			cd = C.CString(cfg.Domain)
+		}
+		var stage C.int
+		rc := C.fi_setup(res, cp, cd, C.int(cqSize), &stage)
+		C.free(unsafe.Pointer(cp))
+		C.free(unsafe.Pointer(cd))
+		if rc == 0 {
+			t, err := newTransport(cfg, res)
+			if err != nil {
+				C.fi_teardown(res)
+				C.free(unsafe.Pointer(res))
+				return nil, err
+			}
+			return t, nil
+		}
+		errs = append(errs, fmt.Errorf("provider %q: %s: %s", p, errStages[min(int(stage), len(errStages)-1)], fiStrerror(int(rc))))
+	}
+	C.free(unsafe.Pointer(res))
+	return nil, fmt.Errorf("efa: %w: %w", transport.ErrNotSupported, errors.Join(errs...))
+}
+
+func newTransport(cfg Config, res *C.fi_res) (*Transport, error) {
+	mode := uint64(res.mr_mode)
+	if mode&C.FI_MR_RAW != 0 || res.key_size > 8 {
+		return nil, fmt.Errorf("efa: provider %s: MR keys of %d bytes: %w", C.GoString(&res.prov[0]), res.key_size, transport.ErrNotSupported)
+	}
+	if cfg.Depth == 0 {
+		cfg.Depth = int(min(max(uint64(res.tx_size), 16), 4096))
+	}
+	t := &Transport{
+		cfg:     cfg,
+		res:     res,
+		prov:    C.GoString(&res.prov[0]),
+		virt:    mode&C.FI_MR_VIRT_ADDR != 0,
+		provKey: mode&C.FI_MR_PROV_KEY != 0,
+		maxMsg:  uint64(res.max_msg),
+		peers:   map[string]*peer{},
+		stop:    make(chan struct{}),
+	}
+	t.cfg.SliceSize = min(cfg.SliceSize, t.maxMsg)
+	t.endpoint = formatEndpoint(t.prov, C.GoBytes(unsafe.Pointer(&res.name[0]), C.int(res.namelen)))
+	t.ctxSize = C.sizeof_struct_fi_context2
+	t.ctxs = C.calloc(C.size_t(cfg.Depth), C.size_t(t.ctxSize))
+	if t.ctxs == nil {
+		return nil, errors.New("efa: out of C memory")
+	}
+	t.slots = make([]slot, cfg.Depth)
+	t.free = make([]uint32, cfg.Depth)
+	for i := range t.free {
+		t.free[i] = uint32(cfg.Depth - 1 - i)
+	}
+	t.scratch = C.calloc(1, 64)
+	var key, desc C.uint64_t
+	if t.scratch == nil || C.fi_reg(res, C.uint64_t(uintptr(t.scratch)), 64, C.FI_READ|C.FI_WRITE, 1, &t.scratchMR, &key, &desc) != 0 {
+		C.free(t.ctxs)
+		C.free(t.scratch)
+		return nil, errors.New("efa: cannot register the probe's scratch memory")
+	}
+	rs := []*region{{handle: 0, addr: uint64(uintptr(t.scratch)), length: 64, mr: t.scratchMR, desc: uint64(desc)}}
+	t.regs.Store(&rs)
+	t.lastScan.Store(time.Now().UnixNano())
+	if cfg.Progress {
+		t.wg.Add(1)
+		go t.progress()
+	}
+	return t, nil
+}
+
+// Name returns "efa".
+func (t *Transport) Name() string { return Name }
+
+// Provider returns the libfabric provider in use ("efa", "tcp;ofi_rxm",
+// "shm", ...).
+func (t *Transport) Provider() string { return t.prov }
+
+// Endpoint returns the provider's name and the endpoint's fabric address,
+// which peers insert into their address vectors on Open.
+func (t *Transport) Endpoint() string { return t.endpoint }
+
+// SliceSize returns the configured slice size, capped by the provider's
+// max_msg_size.
+func (t *Transport) SliceSize() uint64 { return t.cfg.SliceSize }
+
+// Depth returns how many slices may be in flight at once.
+func (t *Transport) Depth() int { return len(t.slots) }
+
+func (t *Transport) regList() []*region {
+	if p := t.regs.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Register registers b's memory with the provider: for local use always
+// (providers with FI_MR_LOCAL need a descriptor), for peers' READs and
+// WRITEs only when b is remote-accessible, which alone gets a key.
+func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) {
+	if t.closing.Load() {
+		return segtable.Registration{}, fmt.Errorf("efa: register: %w", transport.ErrClosed)
+	}
+	if kind, _, err := b.Location.Parse(); err != nil || kind != "cpu" {
+		return segtable.Registration{}, fmt.Errorf("efa: register %s memory: %w", b.Location, transport.ErrNotSupported)
+	}
+	access := uint64(C.FI_READ | C.FI_WRITE)
+	if b.Remote {
+		access |= C.FI_REMOTE_READ | C.FI_REMOTE_WRITE
+	}
+	r := &region{addr: uint64(b.Addr), length: b.Length}
+	t.guard.RLock()
+	defer t.guard.RUnlock()
+	if t.closing.Load() {
+		return segtable.Registration{}, fmt.Errorf("efa: register: %w", transport.ErrClosed)
+	}
+	var rc C.int
+	var key, desc C.uint64_t
+	for try := 0; try < 4; try++ {
+		// Without FI_MR_PROV_KEY the key is ours to pick, unique in the
+		// domain: a random one is also one a peer cannot guess.
+		var k [8]byte
+		rand.Read(k[:])
+		req := binary.LittleEndian.Uint64(k[:])
+		if t.res.key_size < 8 {
+			req &= 1<<(8*t.res.key_size) - 1
+		}
+		rc = C.fi_reg(t.res, C.uint64_t(b.Addr), C.uint64_t(b.Length), C.uint64_t(access), C.uint64_t(req), &r.mr, &key, &desc)
+		if rc != -C.FI_ENOKEY || t.provKey {
+			break
+		}
+	}
+	if rc != 0 {
+		return segtable.Registration{}, fmt.Errorf("efa: register %#x+%d: fi_mr_reg: %s", b.Addr, b.Length, fiStrerror(int(rc)))
+	}
+	r.desc = uint64(desc)
+	t.regMu.Lock()
+	t.regSeq++
+	r.handle = t.regSeq
+	rs := append(slices.Clone(t.regList()), r)
+	t.regs.Store(&rs)
+	t.regMu.Unlock()
+	reg := segtable.Registration{Handle: r.handle}
+	if b.Remote {
+		reg.Key = remoteKey{key: uint64(key), base: uint64(b.Addr), length: b.Length}.String()
+	}
+	return reg, nil
+}
+
+// Unregister closes the buffer's MR. It waits for Posts and Polls in
+// progress (which may be moving its bytes) to return; see the package
+// documentation for what software providers may still do after.
+func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) error {
+	t.guard.Lock()
+	defer t.guard.Unlock()
+	if t.closing.Load() {
+		return nil // Close closed every MR
+	}
+	t.regMu.Lock()
+	rs := t.regList()
+	i, ok := slices.BinarySearchFunc(rs, reg.Handle, func(r *region, h uint64) int { return cmpU64(r.handle, h) })
+	if !ok {
+		t.regMu.Unlock()
+		return fmt.Errorf("efa: unregister %#x: %w", b.Addr, segtable.ErrNotFound)
+	}
+	r := rs[i]
+	rs = slices.Delete(slices.Clone(rs), i, i+1)
+	t.regs.Store(&rs)
+	t.regMu.Unlock()
+	if rc := C.fi_unreg(r.mr); rc != 0 {
+		return fmt.Errorf("efa: unregister %#x: fi_close: %s", b.Addr, fiStrerror(int(rc)))
+	}
+	return nil
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Open inserts the peer's address into the address vector (once per peer,
+// shared by its endpoints) and returns an endpoint with the keys of desc.
+// When desc publishes a buffer with a valid key, Open first reads one
+// byte of it, polling, until ctx ends: that proves the peer answers, and
+// lets a provider that connects underneath (tcp;ofi_rxm) connect before
+// the first Post. The error wraps ErrUnreachable when the peer does not.
+func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (transport.Endpoint, error) {
+	if t.closed.Load() {
+		return nil, fmt.Errorf("efa: open %s: %w", desc.Name, transport.ErrClosed)
+	}
+	p, err := t.peer(desc.Endpoints[Name])
+	if err != nil {
+		return nil, fmt.Errorf("efa: open %s: %w", desc.Name, err)
+	}
+	e := &Endpoint{t: t, name: desc.Endpoints[Name]}
+	e.peer.Store(p)
+	e.setKeys(desc)
+	if err := e.probe(ctx); err != nil {
+		e.Close()
+		return nil, fmt.Errorf("efa: open %s: %w", desc.Name, err)
+	}
+	return e, nil
+}
+
+// probe reads one byte of the first buffer with a valid key into the
+// transport's scratch memory and waits for it.
+func (e *Endpoint) probe(ctx context.Context) error {
+	var kr *keyRange
+	for i, k := range *e.keys.Load() {
+		if k.ok {
+			kr = &(*e.keys.Load())[i]
+			break
+		}
+	}
+	if kr == nil {
+		return nil
+	}
+	pc := &probeCompleter{done: make(chan error, 1)}
+	s := []transport.Slice{{Op: transport.Read, LocalHandle: 0, Local: e.t.scratch, Remote: kr.addr, Length: 1, Token: 1}}
+	for {
+		n, err := e.Post(pc, s)
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			break
+		}
+		if err := e.pollWait(ctx, nil); err != nil {
+			return fmt.Errorf("probe not accepted: %w: %w", transport.ErrUnreachable, err)
+		}
+	}
+	if err := e.pollWait(ctx, pc.done); err != nil {
+		return fmt.Errorf("probe: %w: %w", transport.ErrUnreachable, err)
+	}
+	if err := <-pc.done; err != nil {
+		return fmt.Errorf("probe: %w: %w", transport.ErrUnreachable, err)
+	}
+	return nil
+}
+
+// pollWait polls until done has a value (without taking it), or, when
+// done is nil, for one round; it fails when ctx ends first.
+func (e *Endpoint) pollWait(ctx context.Context, done chan error) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if e.t.closing.Load() {
+			return transport.ErrClosed
+		}
+		if done != nil && len(done) > 0 {
+			return nil
+		}
+		if e.t.Poll() == 0 {
+			time.Sleep(20 * time.Microsecond)
+		}
+		if done == nil {
+			return nil
+		}
+	}
+}
+
+type probeCompleter struct{ done chan error }
+
+func (p *probeCompleter) Complete(_ uint64, err error) { p.done <- err }
+
+// peer returns the peer that published ep, inserting its address into the
+// address vector the first time.
+func (t *Transport) peer(ep string) (*peer, error) {
+	prov, addr, err := parseEndpoint(ep)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %q: %w: %w", ep, transport.ErrUnreachable, err)
+	}
+	if prov != t.prov {
+		return nil, fmt.Errorf("peer on provider %q, this transport on %q: %w", prov, t.prov, transport.ErrUnreachable)
+	}
+	if t.res.addr_format == C.FI_ADDR_STR {
+		// A string address: one NUL, at the end, and printable before.
+		for i, c := range addr {
+			if (c == 0) != (i == len(addr)-1) || (c != 0 && (c < ' ' || c > '~')) {
+				return nil, fmt.Errorf("address %q: %w: %w", addr, transport.ErrUnreachable, errBadDesc)
+			}
+		}
+	} else if len(addr) != int(t.res.namelen) {
+		return nil, fmt.Errorf("address of %d bytes, want %d: %w: %w", len(addr), t.res.namelen, transport.ErrUnreachable, errBadDesc)
+	}
+	t.peerMu.Lock()
+	defer t.peerMu.Unlock()
+	if p, ok := t.peers[ep]; ok {
+		return p, nil
+	}
+	t.guard.RLock()
+	defer t.guard.RUnlock()
+	if t.closed.Load() {
+		return nil, transport.ErrClosed
+	}
+	p := &peer{name: addr}
+	a, err := t.insert(addr)
+	if err != nil {
+		return nil, err
+	}
+	p.addr.Store(a)
+	t.peers[ep] = p
+	return p, nil
+}
+
+// insert puts addr into the address vector; the caller holds guard.
+func (t *Transport) insert(addr []byte) (uint64, error) {
+	buf := C.CBytes(addr)
+	defer C.free(buf)
+	var a C.uint64_t
+	if rc := C.fi_insert(t.res, buf, &a); rc != 0 {
+		return 0, fmt.Errorf("fi_av_insert: %s: %w", fiStrerror(int(rc)), transport.ErrUnreachable)
+	}
+	return uint64(a), nil
+}
+
+// reset gives p a fresh address vector entry, unless an operation of a
+// later generation already did.
+func (t *Transport) reset(p *peer, gen uint64) {
+	t.peerMu.Lock()
+	defer t.peerMu.Unlock()
+	if p.gen.Load() != gen {
+		return
+	}
+	t.guard.RLock()
+	defer t.guard.RUnlock()
+	if t.closed.Load() {
+		return
+	}
+	C.fi_remove(t.res, C.uint64_t(p.addr.Load()))
+	if a, err := t.insert(p.name); err == nil {
+		p.addr.Store(a)
+	}
+	p.gen.Add(1)
+}
+
+// StopProgress stops the goroutine that Config.Progress started, and
+// waits for it; nothing polls the transport afterwards unless its user
+// calls Poll. Close stops it as well.
+func (t *Transport) StopProgress() {
+	t.stopOnce.Do(func() { close(t.stop) })
+	t.wg.Wait()
+}
+
+// Close fails every slice in flight with ErrClosed, closes all endpoints,
+// and releases the provider's objects.
+func (t *Transport) Close() error {
+	if t.closing.Swap(true) {
+		return nil
+	}
+	// Let the slices in flight finish first, for up to Config.Linger:
+	// a peer may be moving bytes of this side's memory for them.
+	deadline := time.Now().Add(t.cfg.Linger)
+	for t.busy() && time.Now().Before(deadline) {
+		if t.Poll() == 0 {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	t.StopProgress()
+	t.closed.Store(true)
+	t.guard.Lock()
+	for _, r := range t.regList() {
+		C.fi_unreg(r.mr) // the scratch MR among them
+	}
+	C.fi_teardown(t.res)
+	var done []completion
+	for i := range t.slots {
+		s := &t.slots[i]
+		if s.state.CompareAndSwap(slotBusy, slotFree) || s.state.CompareAndSwap(slotRetry, slotFree) {
+			if e := s.ep.Load(); e != nil {
+				e.inflight.Add(-1)
+			}
+			done = append(done, completion{s.c, s.token, errClosed})
+		}
+	}
+	C.free(t.ctxs)
+	C.free(t.scratch)
+	C.free(unsafe.Pointer(t.res))
+	t.ctxs, t.res, t.scratch = nil, nil, nil
+	t.guard.Unlock()
+	for _, d := range done {
+		d.c.Complete(d.token, d.err)
+	}
+	return nil
+}
+
+var errClosed = fmt.Errorf("efa: %w", transport.ErrClosed)
+
+// busy reports whether a slice is in flight.
+func (t *Transport) busy() bool {
+	for i := range t.slots {
+		if st := t.slots[i].state.Load(); st == slotBusy || st == slotRetry {
+			return true
+		}
+	}
+	return false
+}
+
+// completion is a Complete call to make once no lock is held.
+type completion struct {
+	c     transport.Completer
+	token uint64
+	err   error
+}
+
+// Poll reads up to 64 completions from the completion queue in one cgo
+// call (which is also what makes a software provider progress peers'
+// operations on this side), completes their slices, and fails slices
+// older than Config.Timeout. It returns how many slices it completed.
+// Safe for concurrent use; pollers of the engine call it.
+func (t *Transport) Poll() int {
+	var ents [chunk]C.cq_ent
+	t.guard.RLock()
+	if t.closed.Load() {
+		t.guard.RUnlock()
+		return 0
+	}
+	n := int(C.cq_poll(t.res, &ents[0], chunk))
+	t.guard.RUnlock()
+	var (
+		done  [chunk]completion
+		retry [chunk]uint32
+	)
+	nd, nr := 0, 0
+	if n > 0 {
+		var freed [chunk]uint32
+		nf := 0
+		base := uintptr(t.ctxs)
+		for _, ent := range ents[:n] {
+			off := uintptr(ent.ctx) - base
+			i := off / t.ctxSize
+			if uintptr(ent.ctx) < base || off%t.ctxSize != 0 || i >= uintptr(len(t.slots)) {
+				continue // not ours: a provider bug; nothing to complete
+			}
+			s := &t.slots[i]
+			if s.state.CompareAndSwap(slotAbandoned, slotFree) {
+				freed[nf] = uint32(i)
+				nf++
+				continue
+			}
+			var err error
+			if ent.err != 0 {
+				err = cqError(int(ent.err), int(ent.perr))
+				// An operation that failed as if its connection broke
+				// is posted once more, on a fresh connection: RMA is
+				// idempotent, and tcp;ofi_rxm fails the operations that
+				// follow a broken connection until it connects again.
+				if errors.Is(err, transport.ErrPeer) && s.state.CompareAndSwap(slotBusy, slotRetry) {
+					if s.tries < maxTries {
+						retry[nr] = uint32(i)
+						nr++
+						continue
+					}
+					s.state.Store(slotBusy) // retried enough: it fails
+				}
+			}
+			if !s.state.CompareAndSwap(slotBusy, slotFree) {
+				continue
+			}
+			e := s.ep.Load()
+			e.inflight.Add(-1)
+			if e.closed.Load() || t.closing.Load() {
+				err = errClosed
+			}
+			done[nd] = completion{s.c, s.token, err}
+			s.c = nil
+			nd++
+			freed[nf] = uint32(i)
+			nf++
+		}
+		t.release(freed[:nf])
+	}
+	if nr > 0 {
+		t.queueRetries(retry[:nr])
+	}
+	for _, d := range done[:nd] {
+		d.c.Complete(d.token, d.err)
+	}
+	if t.nretry.Load() > 0 {
+		nd += t.retryDue()
+	}
+	if t.cfg.Timeout > 0 {
+		now := time.Now().UnixNano()
+		last := t.lastScan.Load()
+		if now-last > int64(min(t.cfg.Timeout/4, time.Second)) && t.lastScan.CompareAndSwap(last, now) {
+			nd += t.expire(now-int64(t.cfg.Timeout), nil, errTimeout)
+		}
+	}
+	return nd
+}
+
+var errStalled = fmt.Errorf("efa: the provider took no operation for the peer within the timeout: %w", transport.ErrPeer)
+
+var errTimeout = fmt.Errorf("efa: no completion from the provider within the timeout: %w", transport.ErrPeer)
+
+// queueRetries resets the peers of the slots in idx (in slotRetry) and
+// queues the slots for Poll to post again when due.
+func (t *Transport) queueRetries(idx []uint32) {
+	now := time.Now().UnixNano()
+	for _, i := range idx {
+		s := &t.slots[i]
+		if s.tries == 0 {
+			t.reset(s.ep.Load().peer.Load(), s.gen)
+		}
+		s.due = now + int64(retryDelay)<<(2*s.tries)
+		s.tries++
+	}
+	t.retryMu.Lock()
+	t.retries = append(t.retries, idx...)
+	t.nretry.Store(int64(len(t.retries)))
+	t.retryMu.Unlock()
+}
+
+// retryDue posts the queued retries that are due; those it cannot post it
+// completes, and counts.
+func (t *Transport) retryDue() int {
+	var (
+		idx  [chunk]uint32
+		ops  [chunk]C.mr_op
+		done [chunk]completion
+	)
+	now := time.Now().UnixNano()
+	n := 0
+	t.retryMu.Lock()
+	for k := 0; k < len(t.retries) && n < chunk; {
+		i := t.retries[k]
+		if t.slots[i].due > now {
+			k++
+			continue
+		}
+		idx[n] = i
+		n++
+		t.retries[k] = t.retries[len(t.retries)-1]
+		t.retries = t.retries[:len(t.retries)-1]
+	}
+	t.nretry.Store(int64(len(t.retries)))
+	t.retryMu.Unlock()
+	if n == 0 {
+		return 0
+	}
+	t.guard.RLock()
+	posted := 0
+	if !t.closed.Load() {
+		for j, i := range idx[:n] {
+			s := &t.slots[i]
+			p := s.ep.Load().peer.Load()
+			s.gen = p.gen.Load()
+			s.op.dest = C.uint64_t(p.addr.Load())
+			s.op.rc = 0
+			ops[j] = s.op
+			s.posted.Store(now)
+			s.state.Store(slotBusy)
+		}
+		posted = int(C.mr_post(t.res, &ops[0], C.size_t(n)))
+	}
+	nd := 0
+	var freed [chunk]uint32
+	for j, i := range idx[:n] {
+		if j < posted && ops[j].rc == 0 {
+			continue
+		}
+		s := &t.slots[i]
+		// Not posted: take the slot back.
+		if !s.state.CompareAndSwap(slotBusy, slotFree) && !s.state.CompareAndSwap(slotRetry, slotFree) {
+			continue
+		}
+		e := s.ep.Load()
+		e.inflight.Add(-1)
+		err := errPeerRetry
+		if t.closed.Load() || e.closed.Load() {
+			err = errClosed
+		}
+		done[nd] = completion{s.c, s.token, err}
+		s.c = nil
+		freed[nd] = i
+		nd++
+	}
+	t.guard.RUnlock()
+	t.release(freed[:nd])
+	for _, d := range done[:nd] {
+		d.c.Complete(d.token, d.err)
+	}
+	return nd
+}
+
+var errPeerRetry = fmt.Errorf("efa: operation failed, and could not be posted again on a fresh connection: %w", transport.ErrPeer)
+
+// expire abandons the busy slots posted before cutoff (of endpoint e when
+// not nil) and completes them with err. The provider still holds them: they
+// become free when their completion comes, or at Close.
+func (t *Transport) expire(cutoff int64, e *Endpoint, err error) int {
+	var done []completion
+	for i := range t.slots {
+		s := &t.slots[i]
+		if s.state.Load() != slotBusy || s.posted.Load() >= cutoff || (e != nil && s.ep.Load() != e) {
+			continue
+		}
+		if s.state.CompareAndSwap(slotBusy, slotAbandoned) {
+			s.ep.Load().inflight.Add(-1)
+			done = append(done, completion{s.c, s.token, err})
+			s.c = nil
+		}
+	}
+	for _, d := range done {
+		d.c.Complete(d.token, d.err)
+	}
+	return len(done)
+}
+
+// take pops up to len(dst) free slots into dst and returns how many.
+func (t *Transport) take(dst []uint32) int {
+	t.freeMu.Lock()
+	n := min(len(dst), len(t.free))
+	copy(dst, t.free[len(t.free)-n:])
+	t.free = t.free[:len(t.free)-n]
+	t.freeMu.Unlock()
+	return n
+}
+
+func (t *Transport) release(idx []uint32) {
+	if len(idx) == 0 {
+		return
+	}
+	t.freeMu.Lock()
+	t.free = append(t.free, idx...)
+	t.freeMu.Unlock()
+}
+
+func (t *Transport) progress() {
+	defer t.wg.Done()
+	idle := time.Now()
+	for {
+		select {
+		case <-t.stop:
+			return
+		default:
+		}
+		if t.Poll() > 0 {
+			idle = time.Now()
+			continue
+		}
+		if t.cfg.ProgressSleep > 0 && time.Since(idle) > 50*time.Microsecond {
+			time.Sleep(t.cfg.ProgressSleep)
+		} else {
+			runtime.Gosched()
+		}
+	}
+}
+
+// Endpoint is the way to one peer segment: the peer's fabric address and
+// the keys of its buffers. Safe for concurrent use.
+type Endpoint struct {
+	t        *Transport
+	name     string                     // the endpoint string peer came from, under mu
+	peer     atomic.Pointer[peer]       // a restarted peer's is swapped in by Update
+	keys     atomic.Pointer[[]keyRange] // sorted by addr
+	closed   atomic.Bool
+	inflight atomic.Int64
+	mu       sync.Mutex // serializes Update
+}
+
+// keyRange is one of the peer's buffers as its descriptor published it.
+type keyRange struct {
+	addr, length uint64
+	key          uint64
+	delta        uint64 // subtracted from addresses: 0, or the base for offset-addressed MRs
+	ok           bool   // the key parsed and names this very buffer
+}
+
+var _ transport.Endpoint = (*Endpoint)(nil)
+
+// Rails returns 1: one libfabric endpoint carries every slice; the
+// provider spreads them over its own paths.
+func (e *Endpoint) Rails() int { return 1 }
+
+// Update takes the buffers and keys of desc, and the peer's new address
+// when it restarted.
+func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ep := desc.Endpoints[Name]; ep != e.name {
+		if p, err := e.t.peer(ep); err == nil {
+			e.peer.Store(p)
+			e.name = ep
+		}
+	}
+	e.setKeys(desc)
+}
+
+func (e *Endpoint) setKeys(desc *segtable.SegmentDesc) {
+	ks := make([]keyRange, 0, len(desc.Buffers))
+	for _, b := range desc.Buffers {
+		if b.Length == 0 || b.Addr+b.Length < b.Addr {
+			continue
+		}
+		kr := keyRange{addr: b.Addr, length: b.Length}
+		if k, err := parseKey(b.Keys[Name]); err == nil && k.base == b.Addr && k.length == b.Length {
+			kr.key, kr.ok = k.key, true
+			if !e.t.virt {
+				kr.delta = k.base
+			}
+		}
+		ks = append(ks, kr)
+	}
+	slices.SortFunc(ks, func(x, y keyRange) int { return cmpU64(x.addr, y.addr) })
+	e.keys.Store(&ks)
+}
+
+// lookup returns the key range holding [addr, addr+n).
+func lookup(ks []keyRange, addr, n uint64) (*keyRange, bool) {
+	i, j := 0, len(ks)
+	for i < j {
+		h := int(uint(i+j) >> 1)
+		if ks[h].addr+ks[h].length > addr {
+			j = h
+		} else {
+			i = h + 1
+		}
+	}
+	if i == len(ks) || addr < ks[i].addr || n == 0 || n > ks[i].length || addr-ks[i].addr > ks[i].length-n {
+		return nil, false
+	}
+	return &ks[i], true
+}
+
+func findRegion(rs []*region, handle uint64) *region {
+	i, j := 0, len(rs)
+	for i < j {
+		h := int(uint(i+j) >> 1)
+		if rs[h].handle >= handle {
+			j = h
+		} else {
+			i = h + 1
+		}
+	}
+	if i < len(rs) && rs[i].handle == handle {
+		return rs[i]
+	}
+	return nil
+}
+
+var (
+	errNotify   = fmt.Errorf("efa: notifications are not carried: %w", errors.Join(transport.ErrDenied, transport.ErrNotSupported))
+	errRange    = fmt.Errorf("efa: %w", transport.ErrRange)
+	errDenied   = fmt.Errorf("efa: no valid key for the range: %w", transport.ErrDenied)
+	errLocal    = fmt.Errorf("efa: local range outside its registration: %w", transport.ErrRange)
+	errTooLarge = fmt.Errorf("efa: slice longer than the provider's max_msg_size: %w", transport.ErrRange)
+)
+
+// Post posts the slices as fi_writemsg / fi_readmsg, one cgo call per 64
+// slices. Slices that cannot be valid (range in no published buffer, no
+// valid key, unknown local handle) are completed at once with an error. It
+// accepts fewer slices when every slot is in flight or the provider's
+// queue is full (-FI_EAGAIN): Poll frees both.
+func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
+	done := 0
+	for done < len(s) {
+		m := min(len(s)-done, chunk)
+		n, err := e.post(c, s[done:done+m])
+		done += n
+		if err != nil || n < m {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// post posts at most chunk slices.
+func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, error) {
+	t := e.t
+	var (
+		ops   [chunk]C.mr_op
+		at    [chunk]uint8  // ops[j] is the slice s[at[j]]
+		idx   [chunk]uint32 // the slots taken
+		fails [chunk]failure
+	)
+	nf := 0
+	t.guard.RLock()
+	if t.closing.Load() || e.closed.Load() {
+		t.guard.RUnlock()
+		return 0, errClosed
+	}
+	nslots := t.take(idx[:len(s)])
+	if nslots == 0 {
+		t.guard.RUnlock()
+		return 0, nil
+	}
+	regs := t.regList()
+	ks := *e.keys.Load()
+	p := e.peer.Load()
+	gen := p.gen.Load()
+	dest := C.uint64_t(p.addr.Load())
+	now := time.Now().UnixNano()
+	var last *region
+	end := len(s) // where the slots ran out
+	m := 0
+	for i := range s {
+		sl := &s[i]
+		var err error
+		var kr *keyRange
+		var r *region
+		switch {
+		case sl.Op == transport.Notify:
+			err = errNotify
+		case sl.Op != transport.Read && sl.Op != transport.Write:
+			err = errRange
+		case sl.Length > t.maxMsg:
+			err = errTooLarge
+		}
+		if err == nil {
+			var ok bool
+			if kr, ok = lookup(ks, sl.Remote, sl.Length); !ok {
+				err = errRange
+			} else if !kr.ok {
+				err = errDenied
+			}
+		}
+		if err == nil {
+			if last != nil && last.handle == sl.LocalHandle {
+				r = last
+			} else if r = findRegion(regs, sl.LocalHandle); r != nil {
+				last = r
+			}
+			local := uint64(uintptr(sl.Local))
+			if r == nil || local < r.addr || sl.Length > r.length || local-r.addr > r.length-sl.Length {
+				err = errLocal
+			}
+		}
+		if err != nil {
+			fails[nf] = failure{i, err}
+			nf++
+			continue
+		}
+		if m == nslots {
+			end = i
+			break
+		}
+		k := idx[m]
+		sp := &t.slots[k]
+		sp.c, sp.token, sp.gen, sp.tries = c, sl.Token, gen, 0
+		sp.ep.Store(e)
+		ops[m] = C.mr_op{
+			local: C.uint64_t(uintptr(sl.Local)),
+			len:   C.uint64_t(sl.Length),
+			desc:  C.uint64_t(r.desc),
+			raddr: C.uint64_t(sl.Remote - kr.delta),
+			rkey:  C.uint64_t(kr.key),
+			dest:  dest,
+			ctx:   C.uint64_t(uintptr(t.ctxs) + uintptr(k)*t.ctxSize),
+			op:    C.uint32_t(sl.Op),
+		}
+		sp.op = ops[m]
+		sp.posted.Store(now)
+		sp.state.Store(slotBusy)
+		e.inflight.Add(1)
+		at[m] = uint8(i)
+		m++
+	}
+	posted := 0
+	if m > 0 {
+		posted = int(C.mr_post(t.res, &ops[0], C.size_t(m)))
+	}
+	accepted := end
+	stall := false
+	if posted < m {
+		accepted = int(at[posted])
+		if posted > 0 {
+			p.stalled.Store(0)
+		} else if since := p.stalled.Load(); since == 0 {
+			p.stalled.Store(now)
+		} else if t.cfg.Timeout > 0 && now-since > int64(t.cfg.Timeout) {
+			// The provider has taken nothing for this peer for a whole
+			// timeout (tcp;ofi_rxm does so while it cannot connect):
+			// the slices fail as a broken peer's would.
+			stall = true
+			accepted = end
+			for j := posted; j < m; j++ {
+				fails[nf] = failure{int(at[j]), errStalled}
+				nf++
+			}
+		}
+	} else if m > 0 && p.stalled.Load() != 0 {
+		p.stalled.Store(0)
+	}
+	// Undo what was not posted, and free what failed to post, while the
+	// guard still keeps Close from sweeping the slots.
+	for j := 0; j < m; j++ {
+		if j < posted && ops[j].rc == 0 {
+			continue
+		}
+		sp := &t.slots[idx[j]]
+		sp.state.Store(slotFree)
+		sp.c = nil
+		e.inflight.Add(-1)
+		if j < posted {
+			fails[nf] = failure{int(at[j]), postError(int(ops[j].rc))}
+			nf++
+		}
+	}
+	t.guard.RUnlock()
+	if stall {
+		p.stalled.Store(0)
+		t.reset(p, gen)
+	}
+	// Give back the slots not holding a posted operation.
+	var back [chunk]uint32
+	nb := 0
+	for j := 0; j < nslots; j++ {
+		if j >= posted || ops[j].rc != 0 {
+			back[nb] = idx[j]
+			nb++
+		}
+	}
+	t.release(back[:nb])
+	// Complete the failures among the accepted slices.
+	for _, f := range fails[:nf] {
+		if f.i < accepted {
+			c.Complete(s[f.i].Token, f.err)
+		}
+	}
+	return accepted, nil
+}
+
+// failure is a slice that Post completes with an error.
+type failure struct {
+	i   int // in the posted slices
+	err error
+}
+
+// Close refuses new slices and waits, polling, up to Config.Linger for
+// the endpoint's slices in flight to complete; those it still sees then
+// are failed with ErrClosed. Every slice of the endpoint that completes
+// after Close began completes with ErrClosed.
+func (e *Endpoint) Close() error {
+	if e.closed.Swap(true) {
+		return nil
+	}
+	t := e.t
+	deadline := time.Now().Add(t.cfg.Linger)
+	for e.inflight.Load() > 0 && !t.closed.Load() && time.Now().Before(deadline) {
+		if t.Poll() == 0 {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	if e.inflight.Load() > 0 {
+		t.expire(time.Now().UnixNano()+1, e, errClosed)
+	}
+	return nil
+}
