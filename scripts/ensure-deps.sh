@@ -4,10 +4,10 @@
 # (nftables), which emulates packet loss on kernels built without netem;
 # the etcd server (etcd-server) that the etcd store's tests
 # (metadata/etcd_test.go) start; and libfabric (libfabric-dev,
-# libfabric-bin) for the efa transport's tests (make test-efa). It installs with apt-get and so needs
-# root; it does nothing when every tool is there. netns_test.go and the
-# etcd tests run it themselves when a tool is missing; it may also be run
-# by hand or from CI before the tests.
+# libfabric-bin) for the efa transport's tests (make test-efa). It
+# installs with apt-get and so needs root; it does nothing when every
+# tool is there. netns_test.go and the etcd tests run it themselves when a
+# tool is missing; it may also be run by hand or from CI before the tests.
 #
 #   scripts/ensure-deps.sh          install what is missing
 #   scripts/ensure-deps.sh --check  only report what is missing (exit 1)
