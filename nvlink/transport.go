@@ -188,6 +188,12 @@ func newTransport(cfg Config, drv driver) (*Transport, error) {
 		if err != nil {
 			return nil, fmt.Errorf("nvlink: GPU %d: %w", i, err)
 		}
+		if len(id) > busBytes {
+			id = id[:busBytes] // as keys carry it; CUDA's are 12 or 16 characters
+		}
+		if id == "" {
+			return nil, fmt.Errorf("nvlink: GPU %d has no PCI bus id", i)
+		}
 		d := &device{ordinal: i, bus: id}
 		t.devs = append(t.devs, d)
 		t.bus[id] = d
