@@ -2,6 +2,194 @@
 
 package efa_test
 
-import "os"
+// The far end of the two-process test and the benchmarks: the test binary
+// re-executes itself with EFA_CHILD=target. The target registers one
+// remote-accessible buffer with an efa transport (and, for the
+// benchmarks, a tcp transport), prints its segment descriptor as one JSON
+// line, and answers commands on stdin, one per line, until stdin closes:
+//
+//	sum OFF LEN        -> the SHA-256 of buffer[OFF:OFF+LEN], in hex
+//	fill OFF LEN SEED  -> fills buffer[OFF:OFF+LEN] with pattern(SEED), "ok"
 
-func runChild() bool { return os.Getenv("EFA_CHILD") != "" && false }
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring/efa"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/tcp"
+	"github.com/moonring/moonring/transport"
+)
+
+// childKey is the tcp transport's segment key in the benchmarks.
+var childKey = []byte("moonring efa benchmark key")
+
+func runChild() bool {
+	if os.Getenv("EFA_CHILD") != "target" {
+		return false
+	}
+	if err := childTarget(); err != nil {
+		fmt.Fprintln(os.Stderr, "efa child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+	return true
+}
+
+// pattern fills b with the bytes of seed.
+func pattern(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := r.Uint64()
+		for j := 0; j < 8; j++ {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	for i := len(b) &^ 7; i < len(b); i++ {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+func childTarget() error {
+	size, err := strconv.Atoi(os.Getenv("EFA_SIZE"))
+	if err != nil || size <= 0 {
+		return fmt.Errorf("bad EFA_SIZE %q", os.Getenv("EFA_SIZE"))
+	}
+	sleep, _ := time.ParseDuration(os.Getenv("EFA_PROGRESS_SLEEP"))
+	tr, err := efa.New(efa.Config{Providers: []string{os.Getenv("EFA_PROVIDER")}, Progress: true, ProgressSleep: sleep})
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	ts := []transport.Transport{tr}
+	if os.Getenv("EFA_TCP") == "1" {
+		tt, err := tcp.New(tcp.Config{Key: childKey})
+		if err != nil {
+			return err
+		}
+		defer tt.Close()
+		ts = append(ts, tt)
+	}
+	var bufs segtable.Buffers
+	mem := make([]byte, size)
+	b, err := bufs.Register(mem, "", true)
+	if err != nil {
+		return err
+	}
+	desc := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "efa-child", Epoch: 1, Endpoints: map[string]string{}}
+	bd := segtable.BufferDesc{Addr: uint64(b.Addr), Length: b.Length, Keys: map[string]string{}}
+	for _, x := range ts {
+		reg, err := x.Register(b)
+		if err != nil {
+			return err
+		}
+		desc.Endpoints[x.Name()] = x.Endpoint()
+		bd.Keys[x.Name()] = reg.Key
+	}
+	desc.Buffers = []segtable.BufferDesc{bd}
+	if err := json.NewEncoder(os.Stdout).Encode(desc); err != nil {
+		return err
+	}
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		var v [3]uint64
+		for i := 1; i < len(f) && i <= 3; i++ {
+			v[i-1], _ = strconv.ParseUint(f[i], 10, 64)
+		}
+		if len(f) < 3 || v[0] > uint64(size) || v[1] > uint64(size)-v[0] {
+			fmt.Println("bad command")
+			continue
+		}
+		region := mem[v[0] : v[0]+v[1]]
+		switch f[0] {
+		case "sum":
+			s := sha256.Sum256(region)
+			fmt.Println(hex.EncodeToString(s[:]))
+		case "fill":
+			pattern(region, v[2])
+			fmt.Println("ok")
+		default:
+			fmt.Println("bad command")
+		}
+	}
+	return nil
+}
+
+// target is a running child target.
+type target struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+	desc  *segtable.SegmentDesc
+}
+
+// startTarget starts a child target on prov with a buffer of size bytes,
+// or skips (fails under MOONRING_CI=1) when the provider is missing.
+func startTarget(t testing.TB, prov string, size int, env ...string) *target {
+	t.Helper()
+	newEFA(t, efa.Config{Providers: []string{prov}}).Close() // skips when missing
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), append([]string{"EFA_CHILD=target", "EFA_PROVIDER=" + prov, "EFA_SIZE=" + strconv.Itoa(size)}, env...)...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tg := &target{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
+	t.Cleanup(func() {
+		tg.stdin.Close()
+		done := make(chan struct{})
+		go func() { tg.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			tg.cmd.Process.Kill()
+			<-done
+		}
+	})
+	if !tg.out.Scan() {
+		t.Fatalf("child target printed no descriptor: %v", tg.out.Err())
+	}
+	tg.desc = new(segtable.SegmentDesc)
+	if err := json.Unmarshal(tg.out.Bytes(), tg.desc); err != nil {
+		t.Fatalf("child descriptor %q: %v", tg.out.Text(), err)
+	}
+	return tg
+}
+
+// ask sends one command and returns the answer line.
+func (tg *target) ask(t testing.TB, format string, args ...any) string {
+	t.Helper()
+	if _, err := fmt.Fprintf(tg.stdin, format+"\n", args...); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if !tg.out.Scan() {
+		t.Fatalf("child answered nothing: %v", tg.out.Err())
+	}
+	return tg.out.Text()
+}
+
+// kill ends the child at once and waits for it.
+func (tg *target) kill() {
+	tg.cmd.Process.Kill()
+	tg.cmd.Wait()
+}
