@@ -648,3 +648,97 @@ func TestTableCheck(t *testing.T) {
 		t.Errorf("a table file without the magic: %v, want errBadTable", err)
 	}
 }
+
+func TestMappingsShared(t *testing.T) {
+	fake := newFake(1)
+	p := newPair(t, fake, Config{})
+	tmem, err := p.targ.Alloc(8192, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ra := p.register(p.targ, &p.tbufs, tmem[:4096], segtable.CUDA(0), true)
+	b, rb := p.register(p.targ, &p.tbufs, tmem[4096:], segtable.CUDA(0), true)
+	d := p.desc(map[*segtable.Buffer]segtable.Registration{a: ra, b: rb})
+	e1, e2 := p.open(d), p.open(d)
+	e2.Update(d) // the same descriptor again: nothing more to map
+	if fake.opens != 1 {
+		t.Fatalf("%d IPC opens for one allocation reached by two endpoints, want 1", fake.opens)
+	}
+	e1.Close()
+	if fake.closes != 0 {
+		t.Fatalf("the mapping was closed while another endpoint uses it")
+	}
+	e2.Close()
+	if fake.closes != 1 {
+		t.Fatalf("%d IPC closes after both endpoints closed, want 1", fake.closes)
+	}
+}
+
+func TestUpdateRestartedPeer(t *testing.T) {
+	fake := newFake(1)
+	p := newPair(t, fake, Config{})
+	_, tb, treg, lmem, lreg, ep := p.target(4096)
+	// The peer restarts: a new transport (a new grant table) publishes the
+	// same segment with a new buffer; the old one is gone.
+	t2, err := newTransport(Config{}, fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t2.Close()
+	mem2, err := t2.Alloc(4096, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bufs2 segtable.Buffers
+	b2, err := bufs2.Register(mem2, segtable.CUDA(0), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bufs2.Unregister(context.Background(), b2.ID)
+	r2, err := t2.Register(b2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.targ.Unregister(tb, treg)
+	d := &segtable.SegmentDesc{Version: 1, Name: "target", Epoch: 2, Endpoints: map[string]string{Name: t2.Endpoint()},
+		Buffers: []segtable.BufferDesc{{Addr: uint64(b2.Addr), Length: b2.Length, Keys: map[string]string{Name: r2.Key}}}}
+	ep.Update(d)
+	lmem[0] = 0x77
+	r := newRecorder()
+	ep.Post(r, []transport.Slice{
+		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: uint64(b2.Addr), Length: 64, Token: 1},
+		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: uint64(tb.Addr), Length: 64, Token: 2},
+	})
+	pollUntil(t, p.init, r, 2)
+	if err := r.result(t, 1); err != nil || mem2[0] != 0x77 {
+		t.Fatalf("WRITE to the restarted peer: %v (byte %#x)", err, mem2[0])
+	}
+	if err := r.result(t, 2); !errors.Is(err, transport.ErrRange) {
+		t.Errorf("WRITE to the old peer's buffer: %v, want ErrRange (no longer in the descriptor)", err)
+	}
+	ep.Close()
+	t2.Unregister(b2, r2)
+}
+
+func TestPollDoesNotBlock(t *testing.T) {
+	p := newPair(t, newFake(1), Config{})
+	_, tb, _, lmem, lreg, ep := p.target(4096)
+	r := newRecorder()
+	ep.Post(r, []transport.Slice{{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: uint64(tb.Addr), Length: 64, Token: 1}})
+	l := p.init.devs[0].lane
+	l.pollMu.Lock() // another poller is reaping this GPU
+	done := make(chan int)
+	go func() { done <- p.init.Poll() }()
+	select {
+	case n := <-done:
+		if n != 0 {
+			t.Errorf("Poll completed %d slices of a GPU another poller holds", n)
+		}
+	case <-time.After(10 * time.Second):
+		l.pollMu.Unlock()
+		<-done
+		t.Fatal("Poll blocked on a GPU another poller holds")
+	}
+	l.pollMu.Unlock()
+	pollUntil(t, p.init, r, 1)
+}
