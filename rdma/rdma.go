@@ -15,6 +15,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
 	"sort"
 	"sync"
@@ -55,6 +56,15 @@ type device struct {
 
 	cqMu sync.Mutex // one poller at a time
 	pl   poller     // under cqMu
+
+	// The queue pairs peers connect complete into pcq, whose events wake
+	// the device's peer goroutine: notifications reach the engine without
+	// its pollers, which a target with no ring of its own does not run.
+	ch       *C.struct_ibv_comp_channel
+	pcq      *C.struct_ibv_cq
+	ppl      poller
+	chf      *os.File      // a dup of ch's fd, for the netpoller
+	loopDone chan struct{} // closed when the peer goroutine returned
 }
 
 // region is one registered buffer: its MR on every device.
@@ -218,10 +228,83 @@ func (t *Transport) openDevice(name string, idx int) (*device, error) {
 		return fail(fmt.Errorf("ibv_create_cq(%d): %v", cqe, err))
 	}
 	d.pl = newPoller()
+	d.ch, err = C.ibv_create_comp_channel(ctx)
+	if d.ch == nil {
+		return fail(fmt.Errorf("ibv_create_comp_channel: %v", err))
+	}
+	d.pcq, err = C.ibv_create_cq(ctx, C.int(min(cqe, t.cfg.MaxPeerQPs*2*(notifySlots+1)+64)), nil, d.ch, 0)
+	if d.pcq == nil {
+		return fail(fmt.Errorf("ibv_create_cq for peers: %v", err))
+	}
+	d.ppl = newPoller()
+	if err := syscall.SetNonblock(int(d.ch.fd), true); err != nil {
+		return fail(fmt.Errorf("completion channel: %v", err))
+	}
+	nfd, err := syscall.Dup(int(d.ch.fd))
+	if err != nil {
+		return fail(fmt.Errorf("completion channel: %v", err))
+	}
+	syscall.CloseOnExec(nfd)
+	d.chf = os.NewFile(uintptr(nfd), "rdma-"+name+"-cq-events")
+	if rc := C.mr_req_notify(d.pcq); rc != 0 {
+		return fail(fmt.Errorf("ibv_req_notify_cq: %v", syscall.Errno(rc)))
+	}
+	d.loopDone = make(chan struct{})
+	go t.peerLoop(d)
 	return d, nil
 }
 
+// peerLoop waits for completion events of d's peer queue pairs and
+// handles their completions (notifications) until d.chf is closed.
+func (t *Transport) peerLoop(d *device) {
+	defer close(d.loopDone)
+	rc, err := d.chf.SyscallConn()
+	if err != nil {
+		return
+	}
+	for {
+		if err := rc.Read(func(uintptr) bool { return C.mr_cq_event(d.ch) == 1 }); err != nil {
+			return // closed
+		}
+		C.mr_req_notify(d.pcq)
+		for t.pollPeers(d) > 0 {
+		}
+	}
+}
+
+// pollPeers polls d's peer completion queue once: notifications that
+// arrived are delivered and answered. Only d's peer goroutine calls it.
+func (t *Transport) pollPeers(d *device) int {
+	wcs := d.ppl.poll(d.pcq)
+	t.qpMu.RLock()
+	defer t.qpMu.RUnlock()
+	for i := range wcs {
+		wc := &wcs[i]
+		id, low := uint32(wc.wr_id>>32), uint32(wc.wr_id)
+		if low&recvBit == 0 || uint32(wc.status) != wcSuccess {
+			continue // an answer's send, or a flushed receive
+		}
+		if p := t.peers[id]; p != nil {
+			slot := int(low & lowMask % notifySlots)
+			seq, st := t.receiveNote(p.area.big(slot)[:min(int(wc.byte_len), msgSize)])
+			p.answerNote(slot, seq, st)
+		}
+	}
+	return len(wcs)
+}
+
 func (d *device) free() {
+	if d.chf != nil {
+		d.chf.Close()
+		<-d.loopDone
+	}
+	if d.pcq != nil {
+		C.ibv_destroy_cq(d.pcq)
+		d.ppl.free()
+	}
+	if d.ch != nil {
+		C.ibv_destroy_comp_channel(d.ch)
+	}
 	if d.cq != nil {
 		C.ibv_destroy_cq(d.cq)
 		d.pl.free()
@@ -413,18 +496,6 @@ func (t *Transport) pollDevice(d *device) int {
 	for i := range wcs {
 		wc := &wcs[i]
 		id, low, status := uint32(wc.wr_id>>32), uint32(wc.wr_id), uint32(wc.status)
-		if low&peerBit != 0 {
-			// The target side: a notification arrived (or an answer's
-			// send or a flushed receive completed, which need nothing).
-			if p := t.peers[id]; p != nil && low&recvBit != 0 && status == wcSuccess {
-				slot := int(low & lowMask % notifySlots)
-				seq, st := t.receiveNote(p.area.big(slot)[:min(int(wc.byte_len), msgSize)])
-				p.answerNote(slot, seq, st)
-				k++ // counts as work, completes nothing here
-				out[k-1] = done{}
-			}
-			continue
-		}
 		q := t.qps[id]
 		if q == nil {
 			continue // a queue pair torn down after a deadline: its slices are done
@@ -884,7 +955,7 @@ func (t *Transport) acceptQP(p *peerQP, hello *qpAddr, buf *[msgLen]byte) bool {
 		return false
 	}
 	d := t.devs[hello.Device]
-	q := C.mr_create_qp(d.pd, d.cq, notifySlots+1, notifySlots)
+	q := C.mr_create_qp(d.pd, d.pcq, notifySlots+1, notifySlots)
 	if q == nil {
 		return false
 	}

@@ -149,6 +149,19 @@ static int mr_note_reply(struct ibv_qp *qp, uint64_t raddr, uint32_t rlen, uint3
 	return ibv_post_send(qp, &wr, &bad);
 }
 
+// mr_cq_event takes one completion event from ch, acknowledged; 0 when
+// there is none (the channel's fd is non-blocking).
+static int mr_cq_event(struct ibv_comp_channel *ch) {
+	struct ibv_cq *cq;
+	void *ctx;
+	if (ibv_get_cq_event(ch, &cq, &ctx))
+		return 0;
+	ibv_ack_cq_events(cq, 1);
+	return 1;
+}
+
+static int mr_req_notify(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
+
 static int mr_to_init(struct ibv_qp *qp, int port) {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof a);
