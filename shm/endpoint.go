@@ -378,10 +378,11 @@ func mapFile(fd int, m *msg) (unsafe.Pointer, []byte, error) {
 	return unsafe.Pointer(&mm[m.c]), mm, nil
 }
 
+// unmap releases the mapping; it runs once, after g left the list and
+// its copies drained.
 func (g *mapping) unmap() {
 	if g.mm != nil {
 		unix.Munmap(g.mm)
-		g.mm, g.base = nil, nil
 	}
 }
 
@@ -554,7 +555,9 @@ func (c *client) step(buf, oob []byte) bool {
 		r := reply{status: m.status}
 		if m.status == statusOK {
 			if err := c.e.install(c.pid, &m, fd); err != nil {
-				r.status, r.err = statusDenied, err
+				// A file this process must not map, or a grant that
+				// makes no sense: the buffer stays out of reach.
+				r.status = statusDenied
 			}
 		}
 		c.answer(m.seq, r)
@@ -619,3 +622,5 @@ func (c *client) close() {
 	c.kill()
 	<-c.done
 }
+
+func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }

@@ -306,6 +306,9 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	e.maps.Store(&[]*mapping{})
 	e.descs.Store(&[]span{})
 	if err := e.connect(ctx, desc); err != nil {
+		if c := e.conn.Load(); c != nil {
+			c.close()
+		}
 		return nil, fmt.Errorf("shm: open %s: %w", desc.Name, err)
 	}
 	t.mu.Lock()

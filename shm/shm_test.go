@@ -3,6 +3,7 @@
 package shm_test
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -12,7 +13,13 @@ import (
 	"github.com/moonring/moonring/transport/transporttest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		runChild()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func newPair(cfg shm.Config) func(t *testing.T) (transport.Transport, transport.Transport) {
 	return func(t *testing.T) (transport.Transport, transport.Transport) {
