@@ -4,8 +4,8 @@ package shm_test
 
 import (
 	"bytes"
-	"encoding/binary"
 	"context"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"sync"
