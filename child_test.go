@@ -20,6 +20,7 @@ import (
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 )
 
@@ -59,6 +60,7 @@ func runChild() bool {
 // With MOONRING_ETCD set (an etcd client URL) the target publishes its
 // segment there, named MOONRING_NAME, under a lease of MOONRING_ETCD_TTL
 // (a duration; default the store's), so peers discover it through etcd.
+// With MOONRING_SHM set it also installs the shm transport.
 func childTarget() error {
 	size, _ := strconv.Atoi(os.Getenv("MOONRING_SIZE"))
 	var store metadata.Store = metadata.NewMemory()
@@ -71,7 +73,11 @@ func childTarget() error {
 		defer es.Close()
 		store = es
 	}
-	e, err := moonring.New(moonring.Config{Name: os.Getenv("MOONRING_NAME"), Metadata: store, TCP: &tcp.Config{Key: childKey, Listen: os.Getenv("MOONRING_LISTEN")}})
+	cfg := moonring.Config{Name: os.Getenv("MOONRING_NAME"), Metadata: store, TCP: &tcp.Config{Key: childKey, Listen: os.Getenv("MOONRING_LISTEN")}}
+	if os.Getenv("MOONRING_SHM") != "" {
+		cfg.SHM = &shm.Config{}
+	}
+	e, err := moonring.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/ring"
 	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/sq"
 	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/topology"
@@ -154,6 +155,11 @@ type Config struct {
 	Logger *slog.Logger
 	// TCP, when set, installs the TCP transport with this configuration.
 	TCP *tcp.Config
+	// SHM, when set, installs the same-host shared-memory transport: peers
+	// on this host are then reached through it rather than TCP (buffers
+	// from Alloc are mapped by them; other memory goes through
+	// process_vm_readv/writev), with TCP as the fallback.
+	SHM *shm.Config
 	// BatchEntries sizes the SQ and in-flight table of the ring that serves
 	// the batch API, per NUMA node (default 4096).
 	BatchEntries int
@@ -206,6 +212,9 @@ func (c Config) String() string {
 	if c.TCP != nil {
 		tc, _ := c.TCP.Effective()
 		ts += fmt.Sprintf("\ntcp: listen %s, %d rails, depth %d, slice %d, tls %v", tc.Listen, tc.Rails, tc.Depth, tc.SliceSize, tc.TLS != nil)
+	}
+	if c.SHM != nil {
+		ts += fmt.Sprintf("\nshm: same-host peers, no mapping %v", c.SHM.NoMap)
 	}
 	return fmt.Sprintf("name: %s\nmetadata: %s\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
 		c.Name, c.Metadata, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
@@ -308,6 +317,16 @@ func New(cfg Config) (*Engine, error) {
 		if err != nil {
 			e.Close()
 			return nil, fmt.Errorf("moonring: tcp transport: %w", err)
+		}
+	}
+	if cfg.SHM != nil {
+		t, err := shm.New(*cfg.SHM)
+		if err == nil {
+			err = e.InstallTransport(t)
+		}
+		if err != nil {
+			e.Close()
+			return nil, fmt.Errorf("moonring: shm transport: %w", err)
 		}
 	}
 	return e, nil
@@ -763,6 +782,18 @@ func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 	}()
 }
 
+// SegmentTransport returns the name of the transport that reaches the open
+// segment id ("shm", "tcp", ...). Safe for concurrent use.
+func (e *Engine) SegmentTransport(id SegmentID) (string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.segments.Get(id)
+	if s == nil {
+		return "", fmt.Errorf("moonring: segment %d: %w", id, ErrBadSegment)
+	}
+	return e.transports[s.Transport].Name(), nil
+}
+
 // CloseSegment closes a segment once no request uses it. If ctx ends first
 // the segment stays open and the error wraps ErrBusy.
 func (e *Engine) CloseSegment(ctx context.Context, id SegmentID) error {
@@ -781,7 +812,9 @@ func (e *Engine) CloseSegment(ctx context.Context, id SegmentID) error {
 
 // Alloc returns size bytes of page-aligned memory outside the Go heap,
 // bound to the NUMA node of loc when the machine has several and advised
-// for huge pages when large. Register it to use it; release it with Free.
+// for huge pages when large. The memory is a sealed memfd, so the shm
+// transport can hand it to peers of this host, which then copy into and
+// out of it directly. Register it to use it; release it with Free.
 func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 	kind, idx, err := loc.Parse()
 	if err != nil {
@@ -790,7 +823,7 @@ func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 	if kind != "cpu" {
 		return nil, fmt.Errorf("moonring: alloc on %s: %w", loc, transport.ErrNotSupported)
 	}
-	b, err := mem.Alloc(size, idx)
+	b, err := mem.AllocShared(size, idx)
 	if err != nil {
 		return nil, fmt.Errorf("moonring: alloc: %w", err)
 	}
