@@ -3,6 +3,7 @@
 package rdma
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -386,3 +387,99 @@ func TestRegisterLarge(t *testing.T) {
 }
 
 func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
+
+// A queue pair driven into the error state with work in flight: every
+// slice completes once, done or with a retryable ErrPeer, and the rail
+// reconnects for the next.
+func TestQPErrorInFlight(t *testing.T) {
+	w := newWorld(t, Config{QPsPerDevice: 1}, 64<<16)
+	ep := w.open(t)
+	c := newWaiter()
+	var s []transport.Slice
+	for i := uint64(0); i < 64; i++ {
+		s = append(s, w.slice(transport.Read, i<<16, 1<<16, i+1))
+	}
+	// The target's queue pair stops answering: the READs stay in flight.
+	if w.targ.stallPeers() == 0 {
+		t.Fatal("no peer queue pair to stall")
+	}
+	postAll(t, ep, c, s)
+	e := ep.(*Endpoint)
+	e.postMu.Lock()
+	e.rails[0].q.fail()
+	e.postMu.Unlock()
+	for i := range s {
+		if err := c.wait(t, s[i].Token); !errors.Is(err, transport.ErrPeer) {
+			t.Fatalf("slice %d in flight on the failed queue pair: %v; want ErrPeer", i, err)
+		}
+	}
+	for i := range w.rmem {
+		w.rmem[i] = byte(i * 13)
+	}
+	postAll(t, ep, c, []transport.Slice{w.slice(transport.Read, 0, 1<<16, 100)})
+	if err := c.wait(t, 100); err != nil {
+		t.Fatalf("READ after the QP error: %v", err)
+	}
+	if !bytes.Equal(w.lmem[:1<<16], w.rmem[:1<<16]) {
+		t.Fatal("READ after the QP error: data differs")
+	}
+	if c.dup.Load() != 0 {
+		t.Errorf("%d duplicate completions", c.dup.Load())
+	}
+	if st := w.init.Stats(); st.Reconnects == 0 {
+		t.Errorf("no reconnect counted: %+v", st)
+	}
+}
+
+// The target unregisters a buffer with WRITEs to it posted: each slice
+// completes once (done, or refused by the target's hardware), and a buffer
+// registered afterwards is reachable through the same endpoint. (Soft-RoCE
+// moves most of them inside ibv_post_send, so few are still in flight.)
+func TestUnregisterInFlight(t *testing.T) {
+	w := newWorld(t, Config{QPsPerDevice: 2}, 64<<16)
+	ep := w.open(t)
+	c := newWaiter()
+	var s []transport.Slice
+	for i := uint64(0); i < 64; i++ {
+		sl := w.slice(transport.Write, i<<16, 1<<16, i+1)
+		sl.Rail = uint16(i)
+		s = append(s, sl)
+	}
+	postAll(t, ep, c, s)
+	if err := w.targ.Unregister(w.r, w.rreg); err != nil {
+		t.Fatal(err)
+	}
+	denied := 0
+	for i := range s {
+		switch err := c.wait(t, s[i].Token); {
+		case err == nil:
+		case errors.Is(err, transport.ErrDenied), errors.Is(err, transport.ErrPeer):
+			denied++
+		default:
+			t.Fatalf("slice %d: %v", i, err)
+		}
+	}
+	t.Logf("%d of %d WRITEs refused or flushed after the unregistration", denied, len(s))
+	postAll(t, ep, c, []transport.Slice{w.slice(transport.Write, 0, 100, 200)})
+	if err := c.wait(t, 200); err == nil {
+		t.Fatal("WRITE to the unregistered buffer succeeded")
+	}
+	reg, err := w.targ.Register(w.r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rreg = reg
+	w.desc.Buffers[0].Keys[Name] = reg.Key
+	ep.Update(w.desc)
+	w.lmem[5] = 0x5a
+	postAll(t, ep, c, []transport.Slice{w.slice(transport.Write, 0, 100, 201)})
+	if err := c.wait(t, 201); err != nil {
+		t.Fatalf("WRITE after registering again: %v", err)
+	}
+	if w.rmem[5] != 0x5a {
+		t.Fatal("WRITE after registering again did not land")
+	}
+	if c.dup.Load() != 0 {
+		t.Errorf("%d duplicate completions", c.dup.Load())
+	}
+}

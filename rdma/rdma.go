@@ -53,6 +53,7 @@ type device struct {
 	mtu      uint8
 	ethernet bool
 	rdAtomic int
+	numa     int // -1: unknown
 
 	cqMu sync.Mutex // one poller at a time
 	pl   poller     // under cqMu
@@ -75,6 +76,8 @@ type region struct {
 	remote bool
 	mrs    []*C.struct_ibv_mr
 	lkeys  []uint32
+	order  []int // devices by preference for the buffer's NUMA node
+	near   int   // how many of order are on that node
 }
 
 // Transport is the RDMA transport of one engine. Use New. It is safe for
@@ -178,7 +181,7 @@ func (t *Transport) openDevice(name string, idx int) (*device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &device{idx: idx, name: name, ctx: ctx}
+	d := &device{idx: idx, name: name, ctx: ctx, numa: numaNode(name)}
 	fail := func(err error) (*device, error) {
 		d.free()
 		return nil, fmt.Errorf("rdma: %s: %w", name, err)
@@ -379,6 +382,11 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 		return segtable.Registration{}, fmt.Errorf("rdma: register: %w", transport.ErrClosed)
 	}
 	r := &region{addr: uint64(b.Addr), length: b.Length, remote: b.Remote}
+	nodes := make([]int, len(t.devs))
+	for i, d := range t.devs {
+		nodes[i] = d.numa
+	}
+	r.order, r.near = preferDevices(nodes, b.Location)
 	rkeys := make([]uint32, 0, len(t.devs))
 	remote := C.int(0)
 	if b.Remote {
@@ -1198,8 +1206,6 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 	i := 0
 	for ; i < len(s); i++ {
 		sl := &s[i]
-		ri := int(sl.Rail) % len(ep.rails)
-		r := &ep.rails[ri]
 		rb, reg, err := ep.check(sl, bufs, regs)
 		if err != nil {
 			if i > 0 || refused != nil {
@@ -1208,6 +1214,11 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 			refused, refusedTok = err, sl.Token
 			continue
 		}
+		ri := int(sl.Rail) % len(ep.rails)
+		if reg != nil {
+			ri = railFor(int(sl.Rail), len(ep.rails), t.cfg.QPsPerDevice, reg.order, reg.near)
+		}
+		r := &ep.rails[ri]
 		if r.q == nil || r.q.state.Load() != qpLive {
 			if r.b >= 0 {
 				break // failed while this Post filled it: the next Post reconnects
@@ -1332,6 +1343,9 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 				continue
 			}
 			ri := int(s[j].Rail) % len(ep.rails)
+			if reg := regs[s[j].LocalHandle]; reg != nil && s[j].Op != transport.Notify {
+				ri = railFor(int(s[j].Rail), len(ep.rails), t.cfg.QPsPerDevice, reg.order, reg.near)
+			}
 			for _, l := range losts {
 				if l.rail == ri {
 					if seen[ri] >= l.count && s[j].Op != transport.Notify {
@@ -1475,4 +1489,16 @@ func (ep *Endpoint) Close() error {
 		q.destroy()
 	}
 	return nil
+}
+
+// stallPeers moves every queue pair peers connected to this transport to
+// the error state without telling the peers: their requests go unanswered
+// until they time out. Fault injection for the tests; it returns how many.
+func (t *Transport) stallPeers() int {
+	t.qpMu.RLock()
+	defer t.qpMu.RUnlock()
+	for _, p := range t.peers {
+		C.mr_to_err(p.q)
+	}
+	return len(t.peers)
 }
