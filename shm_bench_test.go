@@ -1,0 +1,123 @@
+package moonring_test
+
+import (
+	"strconv"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/shm"
+)
+
+// shmSizes are the sizes of the shm benchmarks, each with the requests in
+// flight and so the working set: depth blocks of size on each side.
+var shmSizes = []struct {
+	name  string
+	bytes int
+	depth int
+}{
+	{"4KiB", 4 << 10, 64},
+	{"64KiB", 64 << 10, 32},
+	{"1MiB", 1 << 20, 8},
+	{"64MiB", 64 << 20, 2},
+}
+
+func benchSHM(b *testing.B, op moonring.Op, cfg shm.Config) {
+	for _, sz := range shmSizes {
+		b.Run("size="+sz.name, func(b *testing.B) {
+			span := sz.bytes * sz.depth
+			c := startChild(b, "target", "MOONRING_SIZE="+strconv.Itoa(span), "MOONRING_SHM=1")
+			bc := benchConfig()
+			bc.SHM = &cfg
+			e, seg, d := remoteEngine(b, c, bc)
+			if name, _ := e.SegmentTransport(seg); name != shm.Name {
+				b.Fatalf("segment opened over %q, want shm", name)
+			}
+			buf, err := e.Alloc(span, "cpu:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Free(buf)
+			fill(buf, 5)
+			id, err := e.RegisterLocalMemory(buf, "cpu:0", false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.UnregisterLocalMemory(b.Context(), buf)
+			r, err := e.NewRing(moonring.RingConfig{Entries: 256})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			drive(b, r, moonring.Entry{Op: op, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: uint64(sz.bytes)}, sz.bytes, sz.depth)
+		})
+	}
+}
+
+// BenchmarkShmWrite writes into a child process's buffer (from its
+// Alloc) through the shm transport: the initiator maps it and copies.
+func BenchmarkShmWrite(b *testing.B) { benchSHM(b, moonring.OpWrite, shm.Config{}) }
+
+// BenchmarkShmRead reads a child process's mapped buffer.
+func BenchmarkShmRead(b *testing.B) { benchSHM(b, moonring.OpRead, shm.Config{}) }
+
+// BenchmarkShmVMRead reads a child process's buffer through the fallback
+// path: one process_vm_readv per slice.
+func BenchmarkShmVMRead(b *testing.B) { benchSHM(b, moonring.OpRead, shm.Config{NoMap: true}) }
+
+// BenchmarkShmVMWrite writes through the fallback path (process_vm_writev).
+func BenchmarkShmVMWrite(b *testing.B) { benchSHM(b, moonring.OpWrite, shm.Config{NoMap: true}) }
+
+// BenchmarkShmCopyBaseline is copy() over the working set of the shm
+// benchmarks: block i of one buffer to block i of another, cycling over
+// depth blocks.
+func BenchmarkShmCopyBaseline(b *testing.B) {
+	for _, sz := range shmSizes {
+		b.Run("size="+sz.name, func(b *testing.B) {
+			span := sz.bytes * sz.depth
+			src, dst := make([]byte, span), make([]byte, span)
+			fill(src, 3)
+			b.SetBytes(int64(sz.bytes))
+			i := 0
+			for b.Loop() {
+				o := i * sz.bytes
+				copy(dst[o:o+sz.bytes], src[o:o+sz.bytes])
+				if i++; i == sz.depth {
+					i = 0
+				}
+			}
+			b.ReportMetric(float64(b.N)*float64(sz.bytes)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
+
+// BenchmarkProcessVMReadvBaseline is raw process_vm_readv from a child
+// process's buffer over the same working set: what the fallback path can
+// at best do.
+func BenchmarkProcessVMReadvBaseline(b *testing.B) {
+	for _, sz := range shmSizes {
+		b.Run("size="+sz.name, func(b *testing.B) {
+			span := sz.bytes * sz.depth
+			c := startChild(b, "target", "MOONRING_SIZE="+strconv.Itoa(span))
+			d := c.targetDesc(b)
+			dst := make([]byte, span)
+			pid := c.cmd.Process.Pid
+			b.SetBytes(int64(sz.bytes))
+			i := 0
+			for b.Loop() {
+				o := i * sz.bytes
+				local := []unix.Iovec{{Base: &dst[o]}}
+				local[0].SetLen(sz.bytes)
+				remote := []unix.RemoteIovec{{Base: uintptr(d.Buffers[0].Addr) + uintptr(o), Len: sz.bytes}}
+				if n, err := unix.ProcessVMReadv(pid, local, remote, 0); err != nil || n != sz.bytes {
+					b.Fatalf("process_vm_readv: %d, %v", n, err)
+				}
+				if i++; i == sz.depth {
+					i = 0
+				}
+			}
+			b.ReportMetric(float64(b.N)*float64(sz.bytes)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
