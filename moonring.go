@@ -812,9 +812,10 @@ func (e *Engine) CloseSegment(ctx context.Context, id SegmentID) error {
 
 // Alloc returns size bytes of page-aligned memory outside the Go heap,
 // bound to the NUMA node of loc when the machine has several and advised
-// for huge pages when large. The memory is a sealed memfd, so the shm
-// transport can hand it to peers of this host, which then copy into and
-// out of it directly. Register it to use it; release it with Free.
+// for huge pages when large. With the shm transport installed the memory
+// is a sealed memfd, which the transport hands to peers of this host that
+// then copy into and out of it directly (such memory gets huge pages only
+// where the kernel's shmem_enabled allows). Register it to use it; release it with Free.
 func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 	kind, idx, err := loc.Parse()
 	if err != nil {
@@ -823,7 +824,11 @@ func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 	if kind != "cpu" {
 		return nil, fmt.Errorf("moonring: alloc on %s: %w", loc, transport.ErrNotSupported)
 	}
-	b, err := mem.AllocShared(size, idx)
+	alloc := mem.Alloc
+	if e.Transport(shm.Name) != nil {
+		alloc = mem.AllocShared
+	}
+	b, err := alloc(size, idx)
 	if err != nil {
 		return nil, fmt.Errorf("moonring: alloc: %w", err)
 	}
