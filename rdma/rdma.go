@@ -48,8 +48,7 @@ type device struct {
 	pd       *C.struct_ibv_pd
 	cq       *C.struct_ibv_cq
 	port     int
-	gid      GID
-	lid      uint16
+	lid      uint16 // under gidMu once the device is open
 	mtu      uint8
 	ethernet bool
 	rdAtomic int
@@ -66,6 +65,15 @@ type device struct {
 	ppl      poller
 	chf      *os.File      // a dup of ch's fd, for the netpoller
 	loopDone chan struct{} // closed when the peer goroutine returned
+
+	// Asynchronous events: port down and up, device fatal, QP errors.
+	af        *os.File      // a dup of ctx's async fd
+	asyncDone chan struct{} // closed when the event goroutine returned
+	down      atomic.Bool   // the port is down or the device failed
+	fatal     atomic.Bool   // the device failed: it stays down
+	events    atomic.Uint64 // asynchronous events seen
+	gidMu     sync.Mutex
+	cur       GID // the GID in use, under gidMu (re-chosen when the table changes)
 }
 
 // region is one registered buffer: its MR on every device.
@@ -208,7 +216,7 @@ func (t *Transport) openDevice(name string, idx int) (*device, error) {
 	}
 	d.port = chosen.Port
 	d.ethernet = chosen.LinkLayer == "Ethernet"
-	d.gid, err = ChooseGID(chosen.GIDs, d.ethernet, t.cfg.GIDIndex)
+	d.cur, err = ChooseGID(chosen.GIDs, d.ethernet, t.cfg.GIDIndex)
 	if err != nil {
 		return fail(fmt.Errorf("port %d: %w", chosen.Port, err))
 	}
@@ -254,7 +262,100 @@ func (t *Transport) openDevice(name string, idx int) (*device, error) {
 	}
 	d.loopDone = make(chan struct{})
 	go t.peerLoop(d)
+	if err := syscall.SetNonblock(int(ctx.async_fd), true); err != nil {
+		return fail(fmt.Errorf("async events: %v", err))
+	}
+	afd, err := syscall.Dup(int(ctx.async_fd))
+	if err != nil {
+		return fail(fmt.Errorf("async events: %v", err))
+	}
+	syscall.CloseOnExec(afd)
+	d.af = os.NewFile(uintptr(afd), "rdma-"+name+"-async")
+	d.asyncDone = make(chan struct{})
+	go t.asyncLoop(d)
 	return d, nil
+}
+
+// asyncLoop handles d's asynchronous events until d.af is closed: a port
+// going down (or the device failing) fails the device's queue pairs, whose
+// slices the engine then retries, and Post moves rails to the devices still
+// up; a port coming back, or a changed GID table, re-chooses the GID.
+func (t *Transport) asyncLoop(d *device) {
+	defer close(d.asyncDone)
+	rc, err := d.af.SyscallConn()
+	if err != nil {
+		return
+	}
+	for {
+		var typ, port C.int
+		var qp *C.struct_ibv_qp
+		if err := rc.Read(func(uintptr) bool { return C.mr_async_event(d.ctx, &typ, &port, &qp) == 1 }); err != nil {
+			return // closed
+		}
+		d.events.Add(1)
+		switch typ {
+		case C.IBV_EVENT_PORT_ERR:
+			if int(port) == d.port {
+				d.down.Store(true)
+				t.failDevice(d)
+			}
+		case C.IBV_EVENT_DEVICE_FATAL:
+			d.fatal.Store(true)
+			d.down.Store(true)
+			t.failDevice(d)
+		case C.IBV_EVENT_PORT_ACTIVE, C.IBV_EVENT_GID_CHANGE, C.IBV_EVENT_LID_CHANGE:
+			if int(port) == d.port && !d.fatal.Load() {
+				t.refreshPort(d)
+			}
+		case C.IBV_EVENT_QP_FATAL, C.IBV_EVENT_QP_REQ_ERR, C.IBV_EVENT_QP_ACCESS_ERR:
+			t.qpMu.RLock()
+			for _, q := range t.qps {
+				if q.q == qp {
+					q.fail()
+				}
+			}
+			t.qpMu.RUnlock()
+		}
+	}
+}
+
+// failDevice fails every queue pair of d.
+func (t *Transport) failDevice(d *device) {
+	t.qpMu.RLock()
+	defer t.qpMu.RUnlock()
+	for _, q := range t.qps {
+		if q.dev == d {
+			q.fail()
+		}
+	}
+}
+
+// refreshPort re-reads d's port: up when ACTIVE with a usable GID.
+func (t *Transport) refreshPort(d *device) {
+	ports, _, err := queryPorts(d.ctx)
+	if err != nil {
+		return
+	}
+	for _, p := range ports {
+		if p.Port != d.port {
+			continue
+		}
+		g, err := ChooseGID(p.GIDs, d.ethernet, t.cfg.GIDIndex)
+		if p.State != "ACTIVE" || err != nil {
+			return // still down: a GID_CHANGE or PORT_ACTIVE follows
+		}
+		d.gidMu.Lock()
+		d.cur, d.lid = g, p.LID
+		d.gidMu.Unlock()
+		d.down.Store(false)
+	}
+}
+
+// addr returns the GID and LID the device uses now.
+func (d *device) addr() (GID, uint16) {
+	d.gidMu.Lock()
+	defer d.gidMu.Unlock()
+	return d.cur, d.lid
 }
 
 // peerLoop waits for completion events of d's peer queue pairs and
@@ -297,6 +398,10 @@ func (t *Transport) pollPeers(d *device) int {
 }
 
 func (d *device) free() {
+	if d.af != nil {
+		d.af.Close()
+		<-d.asyncDone
+	}
 	if d.chf != nil {
 		d.chf.Close()
 		<-d.loopDone
@@ -350,7 +455,7 @@ func (t *Transport) DeviceNames() []string {
 func (t *Transport) GIDs() []GID {
 	out := make([]GID, len(t.devs))
 	for i, d := range t.devs {
-		out[i] = d.gid
+		out[i], _ = d.addr()
 	}
 	return out
 }
@@ -760,6 +865,10 @@ func (q *qp) watchConn() {
 // at addr and connects it through the handshake.
 func (t *Transport) connect(ctx context.Context, addr string, li, ri int) (*qp, error) {
 	d := t.devs[li]
+	if d.down.Load() {
+		return nil, fmt.Errorf("rdma: %s port %d is down: %w", d.name, d.port, transport.ErrPeer)
+	}
+	gid, lid := d.addr()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, t.cfg.ConnectTimeout)
@@ -810,7 +919,7 @@ func (t *Transport) connect(ctx context.Context, addr string, li, ri int) (*qp, 
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
-	hello := qpAddr{Kind: kindHello, Device: uint16(ri), GID: d.gid.Raw, LID: d.lid, MTU: d.mtu,
+	hello := qpAddr{Kind: kindHello, Device: uint16(ri), GID: gid.Raw, LID: lid, MTU: d.mtu,
 		RdAtomic: uint8(d.rdAtomic), QPN: uint32(cq.qp_num), PSN: psn}
 	var buf [msgLen]byte
 	hello.encode(&buf)
@@ -829,8 +938,8 @@ func (t *Transport) connect(ctx context.Context, addr string, li, ri int) (*qp, 
 	}
 	mtu := min(d.mtu, peer.MTU)
 	if rc := C.mr_to_rtr(cq, C.int(d.port), C.int(mtu), C.uint32_t(peer.QPN), C.uint32_t(peer.PSN), C.uint16_t(peer.LID),
-		(*C.uint8_t)(unsafe.Pointer(&peer.GID[0])), C.int(d.gid.Index), boolInt(d.ethernet), C.int(d.rdAtomic)); rc != 0 {
-		return nil, fmt.Errorf("rdma: modify QP to RTR on %s (GID %s to %s): %v: %w", d.name, d.gid, GID{Raw: peer.GID}.Addr(), syscall.Errno(rc), transport.ErrPeer)
+		(*C.uint8_t)(unsafe.Pointer(&peer.GID[0])), C.int(gid.Index), boolInt(d.ethernet), C.int(d.rdAtomic)); rc != 0 {
+		return nil, fmt.Errorf("rdma: modify QP to RTR on %s (GID %s to %s): %v: %w", d.name, gid, GID{Raw: peer.GID}.Addr(), syscall.Errno(rc), transport.ErrPeer)
 	}
 	if rc := C.mr_to_rts(cq, C.uint32_t(psn), C.int(min(d.rdAtomic, int(peer.RdAtomic))), ackTimeout, retryCount); rc != 0 {
 		return nil, fmt.Errorf("rdma: modify QP to RTS on %s: %v: %w", d.name, syscall.Errno(rc), transport.ErrPeer)
@@ -963,6 +1072,10 @@ func (t *Transport) acceptQP(p *peerQP, hello *qpAddr, buf *[msgLen]byte) bool {
 		return false
 	}
 	d := t.devs[hello.Device]
+	if d.down.Load() {
+		return false
+	}
+	gid, lid := d.addr()
 	q := C.mr_create_qp(d.pd, d.pcq, notifySlots+1, notifySlots)
 	if q == nil {
 		return false
@@ -986,11 +1099,11 @@ func (t *Transport) acceptQP(p *peerQP, hello *qpAddr, buf *[msgLen]byte) bool {
 	mtu := min(d.mtu, hello.MTU)
 	if C.mr_to_init(q, C.int(d.port)) != 0 || p.area.postRecvs(q, p.id, true) != nil ||
 		C.mr_to_rtr(q, C.int(d.port), C.int(mtu), C.uint32_t(hello.QPN), C.uint32_t(hello.PSN), C.uint16_t(hello.LID),
-			(*C.uint8_t)(unsafe.Pointer(&hello.GID[0])), C.int(d.gid.Index), boolInt(d.ethernet), C.int(d.rdAtomic)) != 0 ||
+			(*C.uint8_t)(unsafe.Pointer(&hello.GID[0])), C.int(gid.Index), boolInt(d.ethernet), C.int(d.rdAtomic)) != 0 ||
 		C.mr_to_rts(q, C.uint32_t(psn), C.int(min(d.rdAtomic, int(hello.RdAtomic))), ackTimeout, retryCount) != 0 {
 		return false
 	}
-	m := qpAddr{Kind: kindAccept, Device: hello.Device, GID: d.gid.Raw, LID: d.lid, MTU: d.mtu,
+	m := qpAddr{Kind: kindAccept, Device: hello.Device, GID: gid.Raw, LID: lid, MTU: d.mtu,
 		RdAtomic: uint8(d.rdAtomic), QPN: uint32(q.qp_num), PSN: psn}
 	m.encode(buf)
 	return true
@@ -1023,8 +1136,9 @@ type Endpoint struct {
 	nrdev  int
 	rails  []rail // under postMu
 	bufs   atomic.Pointer[[]rbuf]
-	bt     batches // C memory, under postMu
-	closed bool    // under postMu
+	bt     batches  // C memory, under postMu
+	closed bool     // under postMu
+	eff    []uint16 // the rail each slice of the Post under way went to, under postMu
 	used   atomic.Int64
 }
 
@@ -1218,6 +1332,13 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 		if reg != nil {
 			ri = railFor(int(sl.Rail), len(ep.rails), t.cfg.QPsPerDevice, reg.order, reg.near)
 		}
+		if t.devs[ep.rails[ri].li].down.Load() {
+			ri = ep.upRail(ri)
+		}
+		if i >= len(ep.eff) {
+			ep.eff = append(ep.eff, make([]uint16, i+1-len(ep.eff))...)
+		}
+		ep.eff[i] = uint16(ri)
 		r := &ep.rails[ri]
 		if r.q == nil || r.q.state.Load() != qpLive {
 			if r.b >= 0 {
@@ -1315,18 +1436,21 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 		t.slices.Add(uint64(i - failed))
 	}
 	// Slices accepted but not posted complete with ErrPeer, after the lock.
-	type lost struct {
-		rail  int
-		count int
-	}
-	var lostBuf [8]lost
-	losts := lostBuf[:0]
+	var lostToks []uint64
 	if failed > 0 {
-		for k := range ep.rails {
-			r := &ep.rails[k]
-			if r.b >= 0 && bt[r.b].posted < bt[r.b].n {
-				losts = append(losts, lost{k, int(bt[r.b].posted)})
+		taken := make([]int, len(ep.rails))
+		for j := range s[:i] {
+			if j == 0 && refused != nil {
+				continue
 			}
+			r := &ep.rails[ep.eff[j]]
+			if r.b < 0 {
+				continue
+			}
+			if taken[ep.eff[j]] >= int(bt[r.b].posted) && s[j].Op != transport.Notify {
+				lostToks = append(lostToks, s[j].Token)
+			}
+			taken[ep.eff[j]]++
 		}
 	}
 	for k := range ep.rails {
@@ -1336,33 +1460,27 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 	if refused != nil {
 		c.Complete(refusedTok, refused)
 	}
-	if failed > 0 {
-		seen := make(map[int]int)
-		for j := range s[:i] {
-			if j == 0 && refused != nil {
-				continue
-			}
-			ri := int(s[j].Rail) % len(ep.rails)
-			if reg := regs[s[j].LocalHandle]; reg != nil && s[j].Op != transport.Notify {
-				ri = railFor(int(s[j].Rail), len(ep.rails), t.cfg.QPsPerDevice, reg.order, reg.near)
-			}
-			for _, l := range losts {
-				if l.rail == ri {
-					if seen[ri] >= l.count && s[j].Op != transport.Notify {
-						c.Complete(s[j].Token, postErr)
-					}
-					seen[ri]++
-				}
-			}
-		}
-		for _, d := range lostNotes {
-			d.c.Complete(d.token, d.err)
-		}
+	for _, tok := range lostToks {
+		c.Complete(tok, postErr)
+	}
+	for _, d := range lostNotes {
+		d.c.Complete(d.token, d.err)
 	}
 	if i < len(s) && connErr != nil {
 		return i, connErr
 	}
 	return i, nil
+}
+
+// upRail returns the first rail after ri whose device is up, or ri.
+func (ep *Endpoint) upRail(ri int) int {
+	for k := 1; k < len(ep.rails); k++ {
+		j := (ri + k) % len(ep.rails)
+		if !ep.t.devs[ep.rails[j].li].down.Load() {
+			return j
+		}
+	}
+	return ri
 }
 
 // check returns the remote buffer and the local registration of sl, or

@@ -160,6 +160,42 @@ static int mr_cq_event(struct ibv_comp_channel *ch) {
 	return 1;
 }
 
+// mr_async_event takes one asynchronous event of ctx, acknowledged: its
+// type, and its port or queue pair. 0 when there is none (non-blocking fd).
+static int mr_async_event(struct ibv_context *ctx, int *type, int *port, struct ibv_qp **qp) {
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev))
+		return 0;
+	*type = ev.event_type;
+	*port = 0;
+	*qp = NULL;
+	switch (ev.event_type) {
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_GID_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+		*port = ev.element.port_num;
+		break;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		*qp = ev.element.qp;
+		break;
+	default:
+		break;
+	}
+	ibv_ack_async_event(&ev);
+	return 1;
+}
+
 static int mr_req_notify(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
 
 static int mr_to_init(struct ibv_qp *qp, int port) {
