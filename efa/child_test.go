@@ -66,13 +66,16 @@ func childTarget() error {
 	if err != nil || size <= 0 {
 		return fmt.Errorf("bad EFA_SIZE %q", os.Getenv("EFA_SIZE"))
 	}
-	sleep, _ := time.ParseDuration(os.Getenv("EFA_PROGRESS_SLEEP"))
-	tr, err := efa.New(efa.Config{Providers: []string{os.Getenv("EFA_PROVIDER")}, Progress: true, ProgressSleep: sleep})
-	if err != nil {
-		return err
+	var ts []transport.Transport
+	if prov := os.Getenv("EFA_PROVIDER"); prov != "" {
+		sleep, _ := time.ParseDuration(os.Getenv("EFA_PROGRESS_SLEEP"))
+		tr, err := efa.New(efa.Config{Providers: []string{prov}, Progress: true, ProgressSleep: sleep})
+		if err != nil {
+			return err
+		}
+		defer tr.Close()
+		ts = append(ts, tr)
 	}
-	defer tr.Close()
-	ts := []transport.Transport{tr}
 	if os.Getenv("EFA_TCP") == "1" {
 		tt, err := tcp.New(tcp.Config{Key: childKey})
 		if err != nil {
@@ -135,12 +138,15 @@ type target struct {
 	desc  *segtable.SegmentDesc
 }
 
-// startTarget starts a child target on prov with a buffer of size bytes,
-// or skips (fails under MOONRING_CI=1) when the provider is missing.
+// startTarget starts a child target on prov (none when "") with a buffer
+// of size bytes, or skips (fails under MOONRING_CI=1) when the provider is
+// missing.
 func startTarget(t testing.TB, prov string, size int, env ...string) *target {
 	t.Helper()
-	newEFA(t, efa.Config{Providers: []string{prov}}).Close() // skips when missing
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	if prov != "" {
+		newEFA(t, efa.Config{Providers: []string{prov}}).Close() // skips when missing
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
 	cmd.Env = append(os.Environ(), append([]string{"EFA_CHILD=target", "EFA_PROVIDER=" + prov, "EFA_SIZE=" + strconv.Itoa(size)}, env...)...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
