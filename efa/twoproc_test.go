@@ -216,4 +216,3 @@ func postWait(t *testing.T, ep transport.Endpoint, w *waiter, s []transport.Slic
 	postAll(t, ep, w, s)
 	return s
 }
-
