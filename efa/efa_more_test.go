@@ -1,0 +1,179 @@
+//go:build efa && cgo
+
+package efa_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/efa"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// pair is an initiator and a target in this process, each with a
+// registered buffer, and an endpoint from the first to the second.
+type pair struct {
+	init, targ *efa.Transport
+	lmem, tmem []byte
+	lreg       segtable.Registration
+	desc       *segtable.SegmentDesc
+	ep         transport.Endpoint
+}
+
+func newPair(t *testing.T, prov string, icfg, tcfg efa.Config) *pair {
+	t.Helper()
+	p := &pair{init: newEFA(t, icfg), targ: newEFA(t, tcfg), lmem: make([]byte, 1<<20), tmem: make([]byte, 1<<20)}
+	t.Cleanup(func() { p.init.Close(); p.targ.Close() })
+	var lb, tb segtable.Buffers
+	l, err := lb.Register(p.lmem, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := tb.Register(p.tmem, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		lb.Unregister(context.Background(), l.ID)
+		tb.Unregister(context.Background(), r.ID)
+	})
+	if p.lreg, err = p.init.Register(l); err != nil {
+		t.Fatal(err)
+	}
+	treg, err := p.targ.Register(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.desc = &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "target", Epoch: 1,
+		Endpoints: map[string]string{efa.Name: p.targ.Endpoint()},
+		Buffers:   []segtable.BufferDesc{{Addr: uint64(r.Addr), Length: r.Length, Keys: map[string]string{efa.Name: treg.Key}}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if p.ep, err = p.init.Open(ctx, p.desc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.ep.Close() })
+	return p
+}
+
+func (p *pair) slice(op transport.Op, n uint64) transport.Slice {
+	return transport.Slice{Op: op, LocalHandle: p.lreg.Handle, Local: unsafe.Pointer(&p.lmem[0]),
+		Remote: p.desc.Buffers[0].Addr, Length: n, Token: token()}
+}
+
+// A round of one 4 KiB WRITE, posted and polled as the engine does,
+// allocates nothing.
+func TestNoAllocs(t *testing.T) {
+	cfg := testConfig("tcp")
+	cfg.Progress = false
+	p := newPair(t, "tcp", cfg, testConfig("tcp"))
+	c := &benchCompleter{ready: make([]uint64, 0, 4)}
+	s := []transport.Slice{p.slice(transport.Write, 4096)}
+	round := func() {
+		for {
+			n, err := p.ep.Post(c, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 1 {
+				break
+			}
+			p.init.Poll()
+		}
+		for {
+			p.init.Poll()
+			c.mu.Lock()
+			k, err := len(c.ready), c.err
+			c.ready = c.ready[:0]
+			c.mu.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k > 0 {
+				return
+			}
+		}
+	}
+	round()
+	if a := testing.AllocsPerRun(100, round); a != 0 {
+		t.Errorf("a Post and Poll round allocates %v times", a)
+	}
+}
+
+// Slices that cannot be valid complete at once with final errors; bad
+// descriptors make Open fail without a panic.
+func TestRefusals(t *testing.T) {
+	p := newPair(t, "tcp", testConfig("tcp"), testConfig("tcp"))
+	w := newWaiter()
+	bad := []struct {
+		what string
+		s    transport.Slice
+		want error
+	}{
+		{"a notification", p.slice(transport.Notify, 8), transport.ErrDenied},
+		{"an unknown op", p.slice(9, 8), transport.ErrRange},
+		{"an unknown local handle", func() transport.Slice { s := p.slice(transport.Write, 8); s.LocalHandle = 999; return s }(), transport.ErrRange},
+		{"a local range past its buffer", func() transport.Slice {
+			s := p.slice(transport.Write, 8)
+			s.Local = unsafe.Add(s.Local, len(p.lmem)-4)
+			return s
+		}(), transport.ErrRange},
+		{"a zero length", p.slice(transport.Write, 0), transport.ErrRange},
+	}
+	for _, b := range bad {
+		postAll(t, p.ep, w, []transport.Slice{b.s})
+		if err := w.wait(t, []transport.Slice{b.s}, 10*time.Second)[0]; !errors.Is(err, b.want) {
+			t.Errorf("%s: %v; want an error wrapping %v", b.what, err, b.want)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, ep := range []string{"", "fi1/shm/6100", "fi1/tcp;ofi_rxm/00", "fi1/tcp;ofi_rxm/zz", "tcp://127.0.0.1:1", "fi1/tcp;ofi_rxm/" + string(make([]byte, 600))} {
+		d := *p.desc
+		d.Endpoints = map[string]string{efa.Name: ep}
+		if e, err := p.init.Open(ctx, &d); err == nil || !errors.Is(err, transport.ErrUnreachable) {
+			if e != nil {
+				e.Close()
+			}
+			t.Errorf("Open with endpoint %q: %v; want an error wrapping ErrUnreachable", ep, err)
+		}
+	}
+}
+
+// A target that stops polling (a software provider's target then moves
+// nothing) makes slices fail with a retryable error within the timeout.
+func TestTimeout(t *testing.T) {
+	for _, prov := range []string{"tcp", "shm"} {
+		t.Run(prov, func(t *testing.T) {
+			icfg := testConfig(prov)
+			icfg.Timeout = 500 * time.Millisecond
+			p := newPair(t, prov, icfg, testConfig(prov))
+			p.targ.StopProgress()
+			w := newWaiter()
+			var s []transport.Slice
+			for i := 0; i < 8; i++ {
+				s = append(s, p.slice(transport.Write, 256<<10))
+			}
+			start := time.Now()
+			postAll(t, p.ep, w, s)
+			errs := w.wait(t, s, 20*time.Second)
+			failed := 0
+			for _, err := range errs {
+				if err != nil {
+					failed++
+					if !errors.Is(err, transport.ErrPeer) {
+						t.Errorf("slice failed with %v; want an error wrapping ErrPeer", err)
+					}
+				}
+			}
+			if failed == 0 {
+				t.Fatalf("every slice to a target that does not poll completed: the test proved nothing")
+			}
+			t.Logf("%d of %d slices failed after %v", failed, len(s), time.Since(start).Round(time.Millisecond))
+		})
+	}
+}
