@@ -492,10 +492,15 @@ func (e *Engine) InstallTransport(t transport.Transport) error {
 	}
 	bufs := e.buffers.All()
 	for i, b := range bufs {
+		if !transport.Serves(t, b.Location) {
+			continue
+		}
 		reg, err := t.Register(b)
 		if err != nil {
 			for _, b := range bufs[:i] {
-				t.Unregister(b, *b.Regs[slot].Swap(nil))
+				if r := b.Regs[slot].Swap(nil); r != nil {
+					t.Unregister(b, *r)
+				}
 			}
 			return fmt.Errorf("moonring: install %s: register buffer %d: %w", t.Name(), b.ID, err)
 		}
@@ -609,7 +614,7 @@ func (e *Engine) RegisterLocalMemoryBatch(specs []BufferSpec) ([]BufferID, error
 		}
 		done = append(done, b)
 		for slot, t := range e.transports {
-			if t == nil {
+			if t == nil || !transport.Serves(t, b.Location) {
 				continue
 			}
 			reg, err := t.Register(b)
@@ -810,19 +815,31 @@ func (e *Engine) CloseSegment(ctx context.Context, id SegmentID) error {
 	return s.Endpoint.Close()
 }
 
-// Alloc returns size bytes of page-aligned memory outside the Go heap,
-// bound to the NUMA node of loc when the machine has several and advised
-// for huge pages when large. With the shm transport installed the memory
-// is a sealed memfd, which the transport hands to peers of this host that
-// then copy into and out of it directly (such memory gets huge pages only
-// where the kernel's shmem_enabled allows). Register it to use it; release it with Free.
+// Alloc returns size bytes of memory for RegisterLocalMemory. On a GPU
+// ("cuda:N") it comes from the installed transport that serves it (nvlink),
+// a view of device addresses that the CPU must not touch. On a CPU node it
+// is page-aligned memory outside the Go heap, bound to the NUMA node of loc
+// when the machine has several and advised for huge pages when large. With
+// the shm transport installed it is a sealed memfd, which the transport
+// hands to peers of this host that then copy into and out of it directly
+// (such memory gets huge pages only where the kernel's shmem_enabled
+// allows). Register it to use it; release it with Free.
 func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 	kind, idx, err := loc.Parse()
 	if err != nil {
 		return nil, fmt.Errorf("moonring: alloc: %w", err)
 	}
 	if kind != "cpu" {
-		return nil, fmt.Errorf("moonring: alloc on %s: %w", loc, transport.ErrNotSupported)
+		for _, t := range e.installed() {
+			if d, ok := t.(transport.DeviceMemory); ok && d.Accepts(loc) {
+				b, err := d.AllocDevice(size, loc)
+				if err != nil {
+					return nil, fmt.Errorf("moonring: alloc on %s: %w", loc, err)
+				}
+				return b, nil
+			}
+		}
+		return nil, fmt.Errorf("moonring: alloc on %s: no installed transport serves it: %w", loc, transport.ErrNotSupported)
 	}
 	alloc := mem.Alloc
 	if e.Transport(shm.Name) != nil {
@@ -844,10 +861,33 @@ func (e *Engine) Free(b []byte) error {
 			return fmt.Errorf("moonring: free: buffer %d lies in this memory: %w", x.ID, ErrBusy)
 		}
 	}
+	for _, t := range e.installed() {
+		if d, ok := t.(transport.DeviceMemory); ok {
+			if err := d.FreeDevice(b); !errors.Is(err, segtable.ErrNotFound) {
+				if err != nil {
+					return fmt.Errorf("moonring: free: %w", err)
+				}
+				return nil
+			}
+		}
+	}
 	if err := mem.Free(b); err != nil {
 		return fmt.Errorf("moonring: free: %w", err)
 	}
 	return nil
+}
+
+// installed returns the installed transports.
+func (e *Engine) installed() []transport.Transport {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ts []transport.Transport
+	for _, t := range e.transports {
+		if t != nil {
+			ts = append(ts, t)
+		}
+	}
+	return ts
 }
 
 // Close stops the engine. Requests in flight complete with ErrClosed, rings

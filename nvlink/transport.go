@@ -145,6 +145,7 @@ type mapKey struct {
 }
 
 var (
+	_ transport.DeviceMemory = (*Transport)(nil)
 	_ transport.Transport = (*Transport)(nil)
 	_ transport.Poller    = (*Transport)(nil)
 )
@@ -290,6 +291,25 @@ func (t *Transport) Alloc(size int, gpu int) ([]byte, error) {
 	t.allocs[p] = d
 	return unsafe.Slice((*byte)(p), size), nil
 }
+
+// Accepts reports whether loc is a GPU ("cuda:N"): the transport serves
+// GPU memory, and host memory as the local side of a copy.
+func (t *Transport) Accepts(loc segtable.Location) bool {
+	kind, _, err := loc.Parse()
+	return err == nil && kind == "cuda"
+}
+
+// AllocDevice is Alloc for a location "cuda:N" (transport.DeviceMemory).
+func (t *Transport) AllocDevice(size int, loc segtable.Location) ([]byte, error) {
+	kind, idx, err := loc.Parse()
+	if err != nil || kind != "cuda" {
+		return nil, fmt.Errorf("nvlink: alloc on %q: %w", loc, ErrLocation)
+	}
+	return t.Alloc(size, idx)
+}
+
+// FreeDevice is Free (transport.DeviceMemory).
+func (t *Transport) FreeDevice(b []byte) error { return t.Free(b) }
 
 // Free releases memory from Alloc. Unregister it first.
 func (t *Transport) Free(b []byte) error {

@@ -176,6 +176,35 @@ type Poller interface {
 	Poll() int
 }
 
+// DeviceMemory is implemented by transports that serve memory outside the
+// CPU's NUMA nodes (GPU memory, "cuda:N"). The engine registers a buffer
+// whose location is not "cpu:N" only with transports whose Accepts says
+// yes (the others would copy through addresses the CPU cannot touch), and
+// allocates and frees such memory through them.
+type DeviceMemory interface {
+	// Accepts reports whether the transport serves memory at loc.
+	Accepts(loc segtable.Location) bool
+	// AllocDevice returns size bytes of memory at loc: a view of device
+	// addresses that the CPU must not read or write. It lives until
+	// FreeDevice or the transport's Close.
+	AllocDevice(size int, loc segtable.Location) ([]byte, error)
+	// FreeDevice releases memory from AllocDevice; it fails wrapping
+	// segtable.ErrNotFound for memory that is not.
+	FreeDevice(b []byte) error
+}
+
+// Serves reports whether t may register memory at loc: every transport
+// serves CPU memory, and only a DeviceMemory transport that accepts it
+// serves any other.
+func Serves(t Transport, loc segtable.Location) bool {
+	kind, _, err := loc.Parse()
+	if err == nil && kind == "cpu" {
+		return true
+	}
+	d, ok := t.(DeviceMemory)
+	return ok && d.Accepts(loc)
+}
+
 // Priority is the default order of preference among transports, best
 // first: same process, then NVLink, shared memory, RDMA, EFA, TCP.
 var Priority = []string{"local", "nvlink", "shm", "rdma", "efa", "tcp"}
