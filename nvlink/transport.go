@@ -146,8 +146,8 @@ type mapKey struct {
 
 var (
 	_ transport.DeviceMemory = (*Transport)(nil)
-	_ transport.Transport = (*Transport)(nil)
-	_ transport.Poller    = (*Transport)(nil)
+	_ transport.Transport    = (*Transport)(nil)
+	_ transport.Poller       = (*Transport)(nil)
 )
 
 // New loads the CUDA driver and returns a transport. Without a usable
