@@ -21,6 +21,7 @@ import (
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 )
 
@@ -77,7 +78,8 @@ func benchKey() []byte {
 func bench(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	mode := fs.String("mode", "initiator", "initiator, or target (serve a buffer until stdin closes or a signal)")
-	protocol := fs.String("protocol", "tcp", "tcp (a target process) or local (engines in this process)")
+	protocol := fs.String("protocol", "tcp", "tcp or shm (a target process on this host; shm maps its buffer), or local (engines in this process)")
+	noMap := fs.Bool("no-map", false, "with --protocol shm: reach the target through process_vm_readv/writev, not a mapping")
 	operation := fs.String("operation", "write,read", "write, read, mix (half of the requests each), comma separated")
 	blocks := fs.String("block-size", "4K,64K,1M,16M", "block sizes, comma separated (K, M suffixes)")
 	batch := fs.Int("batch-size", 32, "requests in flight per thread")
@@ -134,12 +136,12 @@ func bench(args []string, out io.Writer) error {
 	}
 	var tg *target
 	switch *protocol {
-	case "tcp":
-		tg, err = remoteTarget(*segment, *meta, *localName, bs[0])
+	case "tcp", "shm":
+		tg, err = remoteTarget(*protocol, *noMap, *segment, *meta, *localName, bs[0])
 	case "local":
 		tg, err = localTarget(bs[0])
 	default:
-		return fmt.Errorf("protocol %q is not in this build (have: tcp, local)", *protocol)
+		return fmt.Errorf("protocol %q is not in this build (have: tcp, shm, local)", *protocol)
 	}
 	if err != nil {
 		return err
@@ -235,13 +237,13 @@ func localTarget(size int) (*target, error) {
 	return t, nil
 }
 
-// remoteTarget opens the segment name over TCP, first starting a target
-// process on loopback when name is empty.
-func remoteTarget(name, meta, localName string, size int) (*target, error) {
+// remoteTarget opens the segment name over TCP or shm (proto), first
+// starting a target process on loopback when name is empty.
+func remoteTarget(proto string, noMap bool, name, meta, localName string, size int) (*target, error) {
 	if localName != "" && meta == "p2p" {
 		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
 	}
-	t := &target{transport: "tcp"}
+	t := &target{transport: proto}
 	if name == "" {
 		self, err := os.Executable()
 		if err != nil {
@@ -285,7 +287,11 @@ func remoteTarget(name, meta, localName string, size int) (*target, error) {
 		return nil, err
 	}
 	t.closers = append(t.closers, func() { store.Close() })
-	ini, err := moonring.New(moonring.Config{Name: localName, Metadata: store, Transports: []string{"tcp"}, TCP: &tcp.Config{Key: benchKey()}})
+	cfg := moonring.Config{Name: localName, Metadata: store, Transports: []string{proto}, TCP: &tcp.Config{Key: benchKey()}}
+	if proto == "shm" {
+		cfg.SHM = &shm.Config{NoMap: noMap}
+	}
+	ini, err := moonring.New(cfg)
 	if err != nil {
 		t.close()
 		return nil, err
@@ -304,6 +310,10 @@ func remoteTarget(name, meta, localName string, size int) (*target, error) {
 		return nil, fmt.Errorf("segment %s serves no buffer of %d bytes", name, size)
 	}
 	if t.seg, err = ini.OpenSegment(ctx, name); err != nil {
+		t.close()
+		return nil, err
+	}
+	if t.transport, err = ini.SegmentTransport(t.seg); err != nil {
 		t.close()
 		return nil, err
 	}

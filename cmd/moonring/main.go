@@ -86,7 +86,7 @@ func info(out io.Writer) error {
 	for _, tr := range []struct{ name, why string }{
 		{"local", "usable: memcpy between engines of one process (always installed)"},
 		{"nvlink", "not in this build yet"},
-		{"shm", "not in this build yet"},
+		{"shm", "usable: Config.SHM installs it; same-host peers (moonring bench --protocol shm)"},
 		{"rdma", "not in this build yet"},
 		{"efa", "not in this build yet"},
 		{"tcp", "usable: Config.TCP installs it (moonring bench --protocol tcp)"},

@@ -69,6 +69,18 @@ func TestBenchTCP(t *testing.T) {
 	}
 }
 
+// A target in a child process on this host, reached through shm: mapped,
+// and through process_vm calls.
+func TestBenchSHM(t *testing.T) {
+	for _, extra := range [][]string{nil, {"--no-map"}} {
+		for _, r := range benchJSON(t, append([]string{"--protocol", "shm"}, extra...)...) {
+			if r.Transport != "shm" || !r.Verified {
+				t.Errorf("%v: transport %q, verified %v", extra, r.Transport, r.Verified)
+			}
+		}
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	for _, args := range [][]string{
 		{},

@@ -16,6 +16,7 @@ import (
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 )
 
@@ -29,6 +30,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 	listen := fs.String("listen", "127.0.0.1:7000", "the p2p metadata endpoint (the segment's name) and /metrics")
 	tcpListen := fs.String("tcp-listen", "", "the TCP transport's address (default: the endpoint's host, any port)")
 	bufSize := fs.String("buffer-size", "64M", "the buffer to serve")
+	noSHM := fs.Bool("no-shm", false, "serve over TCP only, without the same-host shm transport")
 	grace := fs.Duration("grace", 5*time.Second, "how long in-flight requests get at shutdown")
 	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
 	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
@@ -89,7 +91,11 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 	if *tcpListen == "" {
 		*tcpListen = host + ":0"
 	}
-	e, err := moonring.New(moonring.Config{Name: segName, Metadata: store, TCP: &tcp.Config{Listen: *tcpListen, Key: benchKey()}})
+	cfg := moonring.Config{Name: segName, Metadata: store, TCP: &tcp.Config{Listen: *tcpListen, Key: benchKey()}}
+	if !*noSHM {
+		cfg.SHM = &shm.Config{}
+	}
+	e, err := moonring.New(cfg)
 	if err != nil {
 		return err
 	}
