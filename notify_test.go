@@ -9,6 +9,7 @@ import (
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 )
 
@@ -92,6 +93,21 @@ func TestNotifyTCP(t *testing.T) {
 	store := metadata.NewMemory()
 	mk := func(name string) *moonring.Engine {
 		e, err := moonring.New(moonring.Config{Name: name, Metadata: store, Transports: []string{"tcp"}, TCP: &tcp.Config{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	testNotify(t, mk(t.Name()+"-a"), mk(t.Name()+"-b"))
+}
+
+// Over shm (engines of one process, the Go-memory buffers reached through
+// process_vm calls) the notification rides the control socket.
+func TestNotifySHM(t *testing.T) {
+	store := metadata.NewMemory()
+	mk := func(name string) *moonring.Engine {
+		e, err := moonring.New(moonring.Config{Name: name, Metadata: store, Transports: []string{"shm"}, SHM: &shm.Config{}})
 		if err != nil {
 			t.Fatal(err)
 		}
