@@ -39,7 +39,7 @@ const (
 	slotFree      = iota
 	slotBusy      // posted; its completion is still to come
 	slotAbandoned // completed to the engine already (timeout, Close); the provider still holds it
-	slotRetry     // failed as if its connection broke; Poll posts it once more
+	slotRetry     // failed as if its connection broke; Poll posts it again when due
 )
 
 // slot is the Go record of one operation. Post writes token, c, ep and
