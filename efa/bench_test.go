@@ -217,7 +217,9 @@ func benchRaw(b *testing.B, prov string, op transport.Op, size, window int) {
 	// second: it moves at least 512 MiB whatever b.N is, and times
 	// itself; ns/op and GB/s are its own figures.
 	iters := max(b.N, rawBytes/size)
-	res, err := exec.Command(fiBW.path, append([]string{"client", prov, opName, strconv.Itoa(size), strconv.Itoa(window), strconv.Itoa(iters)}, f...)...).Output()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := exec.CommandContext(ctx, fiBW.path, append([]string{"client", prov, opName, strconv.Itoa(size), strconv.Itoa(window), strconv.Itoa(iters)}, f...)...).Output()
 	if err != nil {
 		b.Fatalf("fi_bw client: %v", err)
 	}

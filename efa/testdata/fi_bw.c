@@ -150,12 +150,15 @@ static int client(const char *prov, int write, size_t size, int window, long ite
 			fi_cq_read(r.cq, &e, 1);
 		if (rc)
 			die("warm-up post", (int)rc);
+		int64_t give_up = now_ns() + 30 * (int64_t)1000000000;
 		while ((rc = fi_cq_read(r.cq, &e, 1)) == -FI_EAGAIN)
-			;
+			if (now_ns() > give_up)
+				die("warm-up: no completion in 30 s", FI_ETIMEDOUT);
 		if (rc != 1)
 			die("warm-up completion", (int)rc);
 	}
-	int64_t start = now_ns();
+	int64_t start = now_ns(), last = start;
+	unsigned long idle = 0;
 	while (done < iters) {
 		while (npending > 0 && posted < iters) {
 			int slot = pending[npending - 1];
@@ -174,6 +177,10 @@ static int client(const char *prov, int write, size_t size, int window, long ite
 		}
 		struct fi_cq_entry e[64];
 		ssize_t n = fi_cq_read(r.cq, e, 64);
+		if (n == -FI_EAGAIN && (++idle & 0xfffff) == 0 && now_ns() - last > 30 * (int64_t)1000000000)
+			die("no completion in 30 s", FI_ETIMEDOUT);
+		if (n > 0)
+			last = now_ns();
 		if (n == -FI_EAVAIL) {
 			struct fi_cq_err_entry err = { 0 };
 			fi_cq_readerr(r.cq, &err, 0);
