@@ -20,7 +20,7 @@ if ! command -v ucx_perftest >/dev/null 2>&1; then
 		exit 1
 	fi
 fi
-export UCX_TLS=posix,self
+export UCX_TLS=posix
 port=13337
 ucx() { # test size iters
 	ucx_perftest -p $port -t "$1" -s "$2" -n "$3" -w 1000 >/dev/null 2>&1 &
