@@ -21,8 +21,16 @@ import (
 	"github.com/moonring/moonring/transport/transporttest"
 )
 
+// EngineChildMain is the target process of the engine test (set by the
+// external test package, which may import the engine).
+var EngineChildMain func() int
+
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
+	switch os.Getenv(childEnv) {
+	case "":
+	case "engine":
+		os.Exit(EngineChildMain())
+	default:
 		os.Exit(childMain())
 	}
 	goleak.VerifyTestMain(m)

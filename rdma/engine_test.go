@@ -21,7 +21,11 @@ var engineSeq atomic.Int64
 
 // rdmaEngine starts an engine with the rdma transport installed, or skips
 // where there is no RDMA device (fails inside the VM).
-func rdmaEngine(t *testing.T, cfg moonring.Config) *moonring.Engine {
+func rdmaEngine(t *testing.T, cfg moonring.Config) *moonring.Engine { return rdmaEngineStore(t, cfg) }
+
+// rdmaEngineStore is rdmaEngine; with cfg.Metadata set, the store names
+// the engine.
+func rdmaEngineStore(t *testing.T, cfg moonring.Config) *moonring.Engine {
 	t.Helper()
 	tr, err := rdma.New(rdma.Config{})
 	if err != nil {
@@ -30,7 +34,9 @@ func rdmaEngine(t *testing.T, cfg moonring.Config) *moonring.Engine {
 		}
 		t.Fatal(err)
 	}
-	cfg.Name = fmt.Sprintf("rdma-engine-%d", engineSeq.Add(1))
+	if cfg.Metadata == nil {
+		cfg.Name = fmt.Sprintf("rdma-engine-%d", engineSeq.Add(1))
+	}
 	e, err := moonring.New(cfg)
 	if err != nil {
 		tr.Close()

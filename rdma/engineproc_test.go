@@ -1,0 +1,186 @@
+//go:build rdma && cgo
+
+package rdma_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/rdma"
+)
+
+func init() { rdma.EngineChildMain = engineChild }
+
+const engineChildSize = 4 << 20
+
+type engineHello struct {
+	Name string
+	Addr uint64
+}
+
+func fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 7))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+func digest(b []byte) string {
+	h := fnv.New64a()
+	h.Write(b)
+	return fmt.Sprintf("%016x", h.Sum64())
+}
+
+// engineChild is a target engine in its own process: discovery through
+// the p2p store (its segment's name is its host:port), the rdma transport,
+// a remote-accessible buffer filled with fill(seed 1). It answers "sum"
+// with the buffer's digest and "note" with the next notification.
+func engineChild() int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "engine child:", err); return 1 }
+	store, err := metadata.NewP2P(metadata.P2PConfig{PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		return fail(err)
+	}
+	defer store.Close()
+	e, err := moonring.New(moonring.Config{Metadata: store})
+	if err != nil {
+		return fail(err)
+	}
+	defer e.Close()
+	tr, err := rdma.New(rdma.Config{})
+	if err != nil {
+		return fail(err)
+	}
+	if err := e.InstallTransport(tr); err != nil {
+		tr.Close()
+		return fail(err)
+	}
+	mem := make([]byte, engineChildSize)
+	fill(mem, 1)
+	if _, err := e.RegisterLocalMemory(mem, "cpu:0", true); err != nil {
+		return fail(err)
+	}
+	json.NewEncoder(os.Stdout).Encode(engineHello{e.Name(), uint64(moonring.AddressOf(mem))})
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		switch in.Text() {
+		case "sum":
+			fmt.Println(digest(mem))
+		case "note":
+			select {
+			case n := <-e.Notifications():
+				fmt.Printf("%s %d %s\n", n.From, n.Tag, n.Msg)
+			case <-time.After(20 * time.Second):
+				fmt.Println("none")
+			}
+		}
+	}
+	return 0
+}
+
+// Two engines in two processes, joined by the rdma transport alone and
+// found through the p2p store: READ and WRITE of many sizes with the data
+// checked on both sides, and a write-with-notify.
+func TestEnginesTwoProcesses(t *testing.T) {
+	store, err := metadata.NewP2P(metadata.P2PConfig{PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() }) // after the engine's Close
+	a := rdmaEngineStore(t, moonring.Config{Metadata: store, Transports: []string{rdma.Name}})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "MOONRING_RDMA_CHILD=engine")
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("engine child: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Error("engine child did not exit")
+		}
+	}()
+	out := bufio.NewReader(stdout)
+	ask := func(q string) string {
+		fmt.Fprintln(stdin, q)
+		l, err := out.ReadString('\n')
+		if err != nil {
+			t.Fatalf("engine child's answer to %q: %v", q, err)
+		}
+		return strings.TrimSpace(l)
+	}
+	line, err := out.ReadString('\n')
+	if err != nil {
+		t.Fatalf("engine child's hello: %v", err)
+	}
+	var h engineHello
+	if err := json.Unmarshal([]byte(line), &h); err != nil {
+		t.Fatalf("engine child's hello %q: %v", line, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	seg, err := a.OpenSegment(ctx, h.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := make([]byte, engineChildSize)
+	if _, err := a.RegisterLocalMemory(mem, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, engineChildSize)
+	fill(want, 1)
+	for i, n := range []uint64{engineChildSize, 4096, 100 << 10} {
+		clear(mem)
+		var reqs []moonring.TransferRequest
+		for off := uint64(0); off < engineChildSize; off += n {
+			reqs = append(reqs, moonring.TransferRequest{Opcode: moonring.Read, Source: moonring.AddressOf(mem[off:]),
+				TargetID: seg, TargetOffset: h.Addr + off, Length: min(n, engineChildSize-off)})
+		}
+		if err := a.Transfer(ctx, reqs...); err != nil {
+			t.Fatalf("READ in %d-byte requests: %v", n, err)
+		}
+		if digest(mem) != digest(want) {
+			t.Fatalf("READ in %d-byte requests: data differs", n)
+		}
+		fill(want, uint64(i+2))
+		copy(mem, want)
+		for j := range reqs {
+			reqs[j].Opcode = moonring.Write
+		}
+		if err := a.Transfer(ctx, reqs...); err != nil {
+			t.Fatalf("WRITE in %d-byte requests: %v", n, err)
+		}
+		if got := ask("sum"); got != digest(want) {
+			t.Fatalf("WRITE in %d-byte requests: the child's digest %s, want %s", n, got, digest(want))
+		}
+	}
+	if err := a.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(mem), TargetID: seg,
+		TargetOffset: h.Addr, Length: 4096, Notify: &moonring.Notify{Tag: 11, Msg: []byte("layer 3 ready")}}); err != nil {
+		t.Fatalf("WRITE with notify: %v", err)
+	}
+	if got, want := ask("note"), a.Name()+" 11 layer 3 ready"; got != want {
+		t.Fatalf("the child's notification %q, want %q", got, want)
+	}
+}
