@@ -29,6 +29,21 @@
 // queue pair makes Post accept fewer slices (the engine retries the rest),
 // never fail.
 //
+// Each buffer prefers the devices on its NUMA node (its Location): the
+// engine's rails map onto those devices' queue pairs first, the others are
+// the fallback. A device whose port goes down (an asynchronous event) has
+// its queue pairs failed at once, and Post moves its rails to devices still
+// up until the port is ACTIVE again; the GID is chosen anew then.
+//
+// Write-with-notify: the engine's Notify slice, posted after the request's
+// WRITEs completed, becomes a SEND on the same queue pair into one of eight
+// receive buffers the target posted (notify.go has the format). The
+// target's own goroutine, woken by a completion channel, hands it to the
+// engine (transport.Notifier) and answers with an inline SEND; the slice
+// completes on that answer, with ErrNotifyFull (retryable) when the target
+// engine's queue is full. Eight unanswered notifications per queue pair is
+// the credit: a ninth waits (Post accepts fewer).
+//
 // # Errors
 //
 // A slice outside every buffer of the segment completes with ErrRange, one
@@ -52,7 +67,9 @@
 //
 // # Lifetimes
 //
-// A Transport listens from New until Close. Queue pairs are created by
+// A Transport listens from New until Close, and runs two goroutines per
+// device (completion events of peers' queue pairs, asynchronous events)
+// plus one per control connection. Queue pairs are created by
 // Open and by the first Post after one failed; Config.MaxQPs bounds them,
 // and past it the idle queue pairs of the least recently used endpoints are
 // closed (they reconnect when used again). Endpoint.Close and
