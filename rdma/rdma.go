@@ -1602,7 +1602,7 @@ func (ep *Endpoint) Close() error {
 		q.noteMu.Unlock()
 		q.dev.cqMu.Unlock()
 		for _, d := range left {
-			d.c.Complete(d.token, fmt.Errorf("rdma: not flushed in %v: %w", closeTimeout, transport.ErrClosed))
+			d.c.Complete(d.token, fmt.Errorf("rdma: endpoint closed (unflushed or unanswered): %w", transport.ErrClosed))
 		}
 		q.destroy()
 	}
