@@ -934,7 +934,7 @@ func (t *Transport) connect(ctx context.Context, addr string, li, ri int) (*qp, 
 		return nil, fmt.Errorf("rdma: handshake with %s: %w: %w", addr, err, transport.ErrPeer)
 	}
 	if peer.Kind != kindAccept {
-		return nil, fmt.Errorf("rdma: %s refused the queue pair (code %d): %w: %w", addr, peer.Device, ErrHandshake, transport.ErrPeer)
+		return nil, fmt.Errorf("rdma: %s refused the queue pair on its device %d: %s: %w: %w", addr, ri, refusal(peer), ErrHandshake, transport.ErrPeer)
 	}
 	mtu := min(d.mtu, peer.MTU)
 	if rc := C.mr_to_rtr(cq, C.int(d.port), C.int(mtu), C.uint32_t(peer.QPN), C.uint32_t(peer.PSN), C.uint16_t(peer.LID),
@@ -1032,30 +1032,33 @@ func (t *Transport) serve(p *peerQP) {
 	if err != nil || hello.Kind != kindHello {
 		return
 	}
-	refuse := func(code uint16) {
-		m := qpAddr{Kind: kindRefuse, Device: code}
+	// A refusal carries its code, and for refuseQP the step that failed
+	// (in the LID field) and its errno (in the QPN field), for the
+	// initiator's error message.
+	refuse := func(code uint16, step, errno int) {
+		m := qpAddr{Kind: kindRefuse, Device: code, LID: uint16(step), QPN: uint32(errno)}
 		m.encode(&buf)
 		conn.Write(buf[:])
 	}
 	if int(hello.Device) >= len(t.devs) {
-		refuse(refuseDevice)
+		refuse(refuseDevice, 0, 0)
 		return
 	}
 	t.mu.Lock()
 	n := len(t.tqp)
 	t.mu.Unlock()
 	if n > t.cfg.MaxPeerQPs {
-		refuse(refuseLimit)
+		refuse(refuseLimit, 0, 0)
 		return
 	}
 	if !t.life.TryRLock() {
-		refuse(refuseClosed)
+		refuse(refuseClosed, 0, 0)
 		return
 	}
-	ok := t.acceptQP(p, &hello, &buf)
+	step, errno := t.acceptQP(p, &hello, &buf)
 	t.life.RUnlock()
-	if !ok {
-		refuse(refuseQP)
+	if step != 0 {
+		refuse(refuseQP, step, errno)
 		return
 	}
 	if _, err := conn.Write(buf[:]); err != nil {
@@ -1067,23 +1070,22 @@ func (t *Transport) serve(p *peerQP) {
 
 // acceptQP creates and connects the target's queue pair for hello and
 // writes the accept message into buf.
-func (t *Transport) acceptQP(p *peerQP, hello *qpAddr, buf *[msgLen]byte) bool {
+func (t *Transport) acceptQP(p *peerQP, hello *qpAddr, buf *[msgLen]byte) (step int, errno int) {
 	if t.freed {
-		return false
+		return 1, 0
 	}
 	d := t.devs[hello.Device]
 	if d.down.Load() {
-		return false
+		return 2, 0
 	}
 	gid, lid := d.addr()
-	q := C.mr_create_qp(d.pd, d.pcq, notifySlots+1, notifySlots)
+	q, err := C.mr_create_qp(d.pd, d.pcq, notifySlots+1, notifySlots)
 	if q == nil {
-		return false
+		return 3, errnoOf(err)
 	}
 	p.q = q
-	var err error
 	if p.area, err = newMsgArea(d); err != nil {
-		return false
+		return 4, 0
 	}
 	t.qpMu.Lock()
 	for {
@@ -1097,16 +1099,52 @@ func (t *Transport) acceptQP(p *peerQP, hello *qpAddr, buf *[msgLen]byte) bool {
 	t.qpMu.Unlock()
 	psn := rand.Uint32N(1 << 24)
 	mtu := min(d.mtu, hello.MTU)
-	if C.mr_to_init(q, C.int(d.port)) != 0 || p.area.postRecvs(q, p.id, true) != nil ||
-		C.mr_to_rtr(q, C.int(d.port), C.int(mtu), C.uint32_t(hello.QPN), C.uint32_t(hello.PSN), C.uint16_t(hello.LID),
-			(*C.uint8_t)(unsafe.Pointer(&hello.GID[0])), C.int(gid.Index), boolInt(d.ethernet), C.int(d.rdAtomic)) != 0 ||
-		C.mr_to_rts(q, C.uint32_t(psn), C.int(min(d.rdAtomic, int(hello.RdAtomic))), ackTimeout, retryCount) != 0 {
-		return false
+	if rc := C.mr_to_init(q, C.int(d.port)); rc != 0 {
+		return 5, int(rc)
+	}
+	if err := p.area.postRecvs(q, p.id, true); err != nil {
+		return 6, 0
+	}
+	if rc := C.mr_to_rtr(q, C.int(d.port), C.int(mtu), C.uint32_t(hello.QPN), C.uint32_t(hello.PSN), C.uint16_t(hello.LID),
+		(*C.uint8_t)(unsafe.Pointer(&hello.GID[0])), C.int(gid.Index), boolInt(d.ethernet), C.int(d.rdAtomic)); rc != 0 {
+		return 7, int(rc)
+	}
+	if rc := C.mr_to_rts(q, C.uint32_t(psn), C.int(min(d.rdAtomic, int(hello.RdAtomic))), ackTimeout, retryCount); rc != 0 {
+		return 8, int(rc)
 	}
 	m := qpAddr{Kind: kindAccept, Device: hello.Device, GID: gid.Raw, LID: lid, MTU: d.mtu,
 		RdAtomic: uint8(d.rdAtomic), QPN: uint32(q.qp_num), PSN: psn}
 	m.encode(buf)
-	return true
+	return 0, 0
+}
+
+// refusal says why a peer refused a queue pair.
+func refusal(m qpAddr) string {
+	switch m.Device {
+	case refuseDevice:
+		return "no such device"
+	case refuseLimit:
+		return "too many queue pairs (its MaxPeerQPs)"
+	case refuseClosed:
+		return "closing"
+	case refuseQP:
+		steps := []string{"", "closed", "port down", "ibv_create_qp", "notification buffers", "modify to INIT", "ibv_post_recv", "modify to RTR", "modify to RTS"}
+		what := fmt.Sprintf("step %d", m.LID)
+		if int(m.LID) < len(steps) {
+			what = steps[m.LID]
+		}
+		return fmt.Sprintf("%s failed: %v", what, syscall.Errno(m.QPN))
+	}
+	return fmt.Sprintf("code %d", m.Device)
+}
+
+// errnoOf returns the errno in err (cgo's second result), or 0.
+func errnoOf(err error) int {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return int(e)
+	}
+	return 0
 }
 
 // ---------------------------------------------------------------- endpoints
@@ -1164,9 +1202,11 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	}
 	ep := &Endpoint{t: t, addr: addr, nrdev: len(rdevs)}
 	ep.setBuffers(desc)
+	// Local device i talks to the peer's device i (modulo its count): on a
+	// rail-optimized fabric NIC i of every host shares a switch.
 	for li := range t.devs {
 		for k := 0; k < t.cfg.QPsPerDevice; k++ {
-			ep.rails = append(ep.rails, rail{li: li, ri: (li + k) % len(rdevs), b: -1})
+			ep.rails = append(ep.rails, rail{li: li, ri: li % len(rdevs), b: -1})
 		}
 	}
 	ep.bt = newBatches(len(ep.rails))
