@@ -43,6 +43,12 @@ type Config struct {
 	Listen string
 	// Advertise is the host:port peers dial (default: the listener's).
 	Advertise string
+	// Key is the segment key shared by the deployment (any length). Every
+	// queue pair's handshake proves with an HMAC over fresh nonces that
+	// both sides hold it, before the target creates anything. Empty: a
+	// random key, published in Endpoint, so whoever reads the descriptor
+	// may connect (as the TCP transport's open mode).
+	Key []byte
 	// Devices names the RDMA devices to use (default: every device with
 	// an ACTIVE port and a usable GID).
 	Devices []string

@@ -498,3 +498,41 @@ func TestUnregisterInFlight(t *testing.T) {
 }
 
 func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
+
+// A shared segment key: the endpoint publishes none, peers with the key
+// connect, a peer with another key (or none) is refused before the target
+// creates a queue pair.
+func TestSegmentKey(t *testing.T) {
+	targ := needDevice(t, Config{Key: []byte("deployment secret")})
+	defer targ.Close()
+	if _, _, key, err := parseEndpoint(targ.Endpoint()); err != nil || key != nil {
+		t.Fatalf("endpoint %q with a configured key: key %x, %v; want none published", targ.Endpoint(), key, err)
+	}
+	desc := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "k", Epoch: 1, Endpoints: map[string]string{Name: targ.Endpoint()}}
+	for _, c := range []struct {
+		name string
+		key  []byte
+		ok   bool
+	}{{"same key", []byte("deployment secret"), true}, {"another key", []byte("guess"), false}, {"no key", nil, false}} {
+		init := needDevice(t, Config{Key: c.key, QPsPerDevice: 1})
+		ep, err := init.Open(context.Background(), desc)
+		switch {
+		case c.ok && err != nil:
+			t.Errorf("%s: Open: %v", c.name, err)
+		case !c.ok && err == nil:
+			t.Errorf("%s: Open succeeded", c.name)
+		case !c.ok && (!errors.Is(err, ErrAuth) || !errors.Is(err, transport.ErrUnreachable)):
+			t.Errorf("%s: Open: %v; want ErrAuth and ErrUnreachable", c.name, err)
+		}
+		if ep != nil {
+			ep.Close()
+		}
+		init.Close()
+	}
+	targ.qpMu.RLock()
+	n := len(targ.peers)
+	targ.qpMu.RUnlock()
+	if n != 0 {
+		t.Errorf("%d peer queue pairs left on the target", n)
+	}
+}

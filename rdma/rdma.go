@@ -9,11 +9,12 @@ import "C"
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"slices"
@@ -95,6 +96,8 @@ type Transport struct {
 	devs     []*device
 	ln       net.Listener
 	endpoint string
+	key      []byte // the segment key: configured, or random and published
+	open     bool   // the key is random and published in the endpoint
 
 	life   sync.RWMutex // Poll holds it shared; Close frees the devices under it
 	freed  bool         // under life
@@ -178,7 +181,15 @@ func New(cfg Config) (*Transport, error) {
 	for i, d := range t.devs {
 		devNames[i] = d.name
 	}
-	t.endpoint = formatEndpoint(adv, devNames)
+	if len(cfg.Key) > 0 {
+		t.key = deriveKey(cfg.Key)
+		t.endpoint = formatEndpoint(adv, devNames, nil)
+	} else {
+		t.key = make([]byte, keySize)
+		rand.Read(t.key)
+		t.open = true
+		t.endpoint = formatEndpoint(adv, devNames, t.key)
+	}
 	t.wg.Add(1)
 	go t.accept()
 	return t, nil
@@ -863,7 +874,7 @@ func (q *qp) watchConn() {
 
 // connect creates a queue pair on local device li to the peer's device ri
 // at addr and connects it through the handshake.
-func (t *Transport) connect(ctx context.Context, addr string, li, ri int) (*qp, error) {
+func (t *Transport) connect(ctx context.Context, addr string, key []byte, li, ri int) (*qp, error) {
 	d := t.devs[li]
 	if d.down.Load() {
 		return nil, fmt.Errorf("rdma: %s port %d is down: %w", d.name, d.port, transport.ErrPeer)
@@ -905,7 +916,7 @@ func (t *Transport) connect(ctx context.Context, addr string, li, ri int) (*qp, 
 	if err := area.postRecvs(cq, id, false); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, transport.ErrPeer)
 	}
-	psn := rand.Uint32N(1 << 24)
+	psn := mrand.Uint32N(1 << 24)
 	var dialer net.Dialer
 	conn, err := dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -921,16 +932,11 @@ func (t *Transport) connect(ctx context.Context, addr string, li, ri int) (*qp, 
 	}
 	hello := qpAddr{Kind: kindHello, Device: uint16(ri), GID: gid.Raw, LID: lid, MTU: d.mtu,
 		RdAtomic: uint8(d.rdAtomic), QPN: uint32(cq.qp_num), PSN: psn}
-	var buf [msgLen]byte
-	hello.encode(&buf)
-	if _, err := conn.Write(buf[:]); err != nil {
-		return nil, fmt.Errorf("rdma: handshake with %s: %v: %w", addr, err, transport.ErrPeer)
-	}
-	if _, err := io.ReadFull(conn, buf[:]); err != nil {
-		return nil, fmt.Errorf("rdma: handshake with %s: %v: %w", addr, err, transport.ErrPeer)
-	}
-	peer, err := decodeQPAddr(buf[:])
+	peer, err := dialHandshake(conn, key, &hello)
 	if err != nil {
+		if errors.Is(err, ErrAuth) {
+			return nil, fmt.Errorf("rdma: handshake with %s: %w: %w", addr, err, transport.ErrUnreachable)
+		}
 		return nil, fmt.Errorf("rdma: handshake with %s: %w: %w", addr, err, transport.ErrPeer)
 	}
 	if peer.Kind != kindAccept {
@@ -1024,44 +1030,30 @@ func (t *Transport) serve(p *peerQP) {
 	}()
 	conn := p.conn
 	conn.SetDeadline(time.Now().Add(t.cfg.ConnectTimeout))
-	var buf [msgLen]byte
-	if _, err := io.ReadFull(conn, buf[:]); err != nil {
-		return
-	}
-	hello, err := decodeQPAddr(buf[:])
-	if err != nil || hello.Kind != kindHello {
-		return
-	}
 	// A refusal carries its code, and for refuseQP the step that failed
 	// (in the LID field) and its errno (in the QPN field), for the
 	// initiator's error message.
-	refuse := func(code uint16, step, errno int) {
-		m := qpAddr{Kind: kindRefuse, Device: code, LID: uint16(step), QPN: uint32(errno)}
-		m.encode(&buf)
-		conn.Write(buf[:])
-	}
-	if int(hello.Device) >= len(t.devs) {
-		refuse(refuseDevice, 0, 0)
-		return
-	}
-	t.mu.Lock()
-	n := len(t.tqp)
-	t.mu.Unlock()
-	if n > t.cfg.MaxPeerQPs {
-		refuse(refuseLimit, 0, 0)
-		return
-	}
-	if !t.life.TryRLock() {
-		refuse(refuseClosed, 0, 0)
-		return
-	}
-	step, errno := t.acceptQP(p, &hello, &buf)
-	t.life.RUnlock()
-	if step != 0 {
-		refuse(refuseQP, step, errno)
-		return
-	}
-	if _, err := conn.Write(buf[:]); err != nil {
+	_, ans, err := serveHandshake(conn, t.key, func(hello *qpAddr) qpAddr {
+		if int(hello.Device) >= len(t.devs) {
+			return qpAddr{Kind: kindRefuse, Device: refuseDevice}
+		}
+		t.mu.Lock()
+		n := len(t.tqp)
+		t.mu.Unlock()
+		if n > t.cfg.MaxPeerQPs {
+			return qpAddr{Kind: kindRefuse, Device: refuseLimit}
+		}
+		if !t.life.TryRLock() {
+			return qpAddr{Kind: kindRefuse, Device: refuseClosed}
+		}
+		defer t.life.RUnlock()
+		ans, step, errno := t.acceptQP(p, hello)
+		if step != 0 {
+			return qpAddr{Kind: kindRefuse, Device: refuseQP, LID: uint16(step), QPN: uint32(errno)}
+		}
+		return ans
+	})
+	if err != nil || ans.Kind != kindAccept {
 		return
 	}
 	conn.SetDeadline(time.Time{})
@@ -1070,22 +1062,22 @@ func (t *Transport) serve(p *peerQP) {
 
 // acceptQP creates and connects the target's queue pair for hello and
 // writes the accept message into buf.
-func (t *Transport) acceptQP(p *peerQP, hello *qpAddr, buf *[msgLen]byte) (step int, errno int) {
+func (t *Transport) acceptQP(p *peerQP, hello *qpAddr) (ans qpAddr, step int, errno int) {
 	if t.freed {
-		return 1, 0
+		return ans, 1, 0
 	}
 	d := t.devs[hello.Device]
 	if d.down.Load() {
-		return 2, 0
+		return ans, 2, 0
 	}
 	gid, lid := d.addr()
 	q, err := C.mr_create_qp(d.pd, d.pcq, notifySlots+1, notifySlots)
 	if q == nil {
-		return 3, errnoOf(err)
+		return ans, 3, errnoOf(err)
 	}
 	p.q = q
 	if p.area, err = newMsgArea(d); err != nil {
-		return 4, 0
+		return ans, 4, 0
 	}
 	t.qpMu.Lock()
 	for {
@@ -1097,25 +1089,23 @@ func (t *Transport) acceptQP(p *peerQP, hello *qpAddr, buf *[msgLen]byte) (step 
 	p.id = t.peerSeq
 	t.peers[p.id] = p
 	t.qpMu.Unlock()
-	psn := rand.Uint32N(1 << 24)
+	psn := mrand.Uint32N(1 << 24)
 	mtu := min(d.mtu, hello.MTU)
 	if rc := C.mr_to_init(q, C.int(d.port)); rc != 0 {
-		return 5, int(rc)
+		return ans, 5, int(rc)
 	}
 	if err := p.area.postRecvs(q, p.id, true); err != nil {
-		return 6, 0
+		return ans, 6, 0
 	}
 	if rc := C.mr_to_rtr(q, C.int(d.port), C.int(mtu), C.uint32_t(hello.QPN), C.uint32_t(hello.PSN), C.uint16_t(hello.LID),
 		(*C.uint8_t)(unsafe.Pointer(&hello.GID[0])), C.int(gid.Index), boolInt(d.ethernet), C.int(d.rdAtomic)); rc != 0 {
-		return 7, int(rc)
+		return ans, 7, int(rc)
 	}
 	if rc := C.mr_to_rts(q, C.uint32_t(psn), C.int(min(d.rdAtomic, int(hello.RdAtomic))), ackTimeout, retryCount); rc != 0 {
-		return 8, int(rc)
+		return ans, 8, int(rc)
 	}
-	m := qpAddr{Kind: kindAccept, Device: hello.Device, GID: gid.Raw, LID: lid, MTU: d.mtu,
-		RdAtomic: uint8(d.rdAtomic), QPN: uint32(q.qp_num), PSN: psn}
-	m.encode(buf)
-	return 0, 0
+	return qpAddr{Kind: kindAccept, Device: hello.Device, GID: gid.Raw, LID: lid, MTU: d.mtu,
+		RdAtomic: uint8(d.rdAtomic), QPN: uint32(q.qp_num), PSN: psn}, 0, 0
 }
 
 // refusal says why a peer refused a queue pair.
@@ -1171,6 +1161,7 @@ type Endpoint struct {
 	t      *Transport
 	postMu sync.Mutex // Post, reconnects, eviction and Close
 	addr   string     // under postMu
+	key    []byte     // the segment key, under postMu
 	nrdev  int
 	rails  []rail // under postMu
 	bufs   atomic.Pointer[[]rbuf]
@@ -1196,11 +1187,17 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	if !ok {
 		return nil, fmt.Errorf("rdma: segment %q has no rdma endpoint: %w", desc.Name, transport.ErrUnreachable)
 	}
-	addr, rdevs, err := parseEndpoint(es)
+	addr, rdevs, key, err := parseEndpoint(es)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, transport.ErrUnreachable)
 	}
-	ep := &Endpoint{t: t, addr: addr, nrdev: len(rdevs)}
+	if key == nil {
+		if t.open {
+			return nil, fmt.Errorf("rdma: endpoint %q publishes no key and none is configured: %w: %w", es, ErrAuth, transport.ErrUnreachable)
+		}
+		key = t.key
+	}
+	ep := &Endpoint{t: t, addr: addr, key: key, nrdev: len(rdevs)}
 	ep.setBuffers(desc)
 	// Local device i talks to the peer's device i (modulo its count): on a
 	// rail-optimized fabric NIC i of every host shares a switch.
@@ -1265,10 +1262,13 @@ func (ep *Endpoint) Rails() int { return len(ep.rails) }
 // Update takes the segment's new descriptor: its buffers and keys, and its
 // address for queue pairs connected from now on.
 func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
-	addr, rdevs, err := parseEndpoint(desc.Endpoints[Name])
+	addr, rdevs, key, err := parseEndpoint(desc.Endpoints[Name])
 	ep.postMu.Lock()
 	if err == nil && len(rdevs) == ep.nrdev {
 		ep.addr = addr
+		if key != nil {
+			ep.key = key
+		}
 	}
 	ep.setBuffers(desc)
 	ep.postMu.Unlock()
@@ -1281,7 +1281,7 @@ func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 	if err := t.reserveQP(ep); err != nil {
 		return err
 	}
-	q, err := t.connect(ctx, ep.addr, r.li, r.ri)
+	q, err := t.connect(ctx, ep.addr, ep.key, r.li, r.ri)
 	if err != nil {
 		t.mu.Lock()
 		t.nqp--

@@ -3,7 +3,10 @@ package rdma
 import (
 	"bytes"
 	"errors"
+	"io"
+	"net"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -92,22 +95,85 @@ func FuzzDecodeQPAddr(f *testing.F) {
 }
 
 func TestEndpointString(t *testing.T) {
-	s := formatEndpoint("10.0.0.1:4791", []string{"rxe0", "mlx5_1"})
+	s := formatEndpoint("10.0.0.1:4791", []string{"rxe0", "mlx5_1"}, nil)
 	if s != "10.0.0.1:4791/rxe0,mlx5_1" {
 		t.Fatalf("formatEndpoint = %q", s)
 	}
-	addr, devs, err := parseEndpoint(s)
-	if err != nil || addr != "10.0.0.1:4791" || len(devs) != 2 || devs[1] != "mlx5_1" {
-		t.Fatalf("parseEndpoint(%q) = %q, %v, %v", s, addr, devs, err)
+	addr, devs, key, err := parseEndpoint(s)
+	if err != nil || addr != "10.0.0.1:4791" || len(devs) != 2 || devs[1] != "mlx5_1" || key != nil {
+		t.Fatalf("parseEndpoint(%q) = %q, %v, %x, %v", s, addr, devs, key, err)
 	}
-	if _, _, err := parseEndpoint("[::1]:7/rxe0"); err != nil {
-		t.Errorf("IPv6 host: %v", err)
+	k := bytes.Repeat([]byte{0xab}, keySize)
+	s = formatEndpoint("[::1]:7", []string{"rxe0"}, k)
+	if addr, devs, key, err = parseEndpoint(s); err != nil || addr != "[::1]:7" || len(devs) != 1 || !bytes.Equal(key, k) {
+		t.Errorf("parseEndpoint(%q) = %q, %v, %x, %v", s, addr, devs, key, err)
 	}
-	for _, bad := range []string{"", "10.0.0.1:4791", "10.0.0.1:4791/", "10.0.0.1/rxe0", "h:1/a,,b"} {
-		if _, _, err := parseEndpoint(bad); err == nil {
+	for _, bad := range []string{"", "10.0.0.1:4791", "10.0.0.1:4791/", "10.0.0.1/rxe0", "h:1/a,,b",
+		"h:1/rxe0/abcd", "h:1/rxe0/" + strings.Repeat("zz", keySize), "h:1/rxe0/" + strings.Repeat("ab", keySize) + "/x"} {
+		if _, _, _, err := parseEndpoint(bad); err == nil {
 			t.Errorf("parseEndpoint(%q) accepted", bad)
 		}
 	}
+}
+
+// The keyed handshake over a pipe: the same key connects; another key is
+// refused on both sides before the target's answer function runs; a
+// tampered hello is refused as a wrong key.
+func TestKeyedHandshake(t *testing.T) {
+	k1, k2 := deriveKey([]byte("one")), deriveKey([]byte("two"))
+	hello := qpAddr{Kind: kindHello, Device: 1, MTU: 3, RdAtomic: 4, QPN: 0x11, PSN: 0x22}
+	accept := qpAddr{Kind: kindAccept, Device: 1, MTU: 3, RdAtomic: 4, QPN: 0x33, PSN: 0x44}
+	type result struct {
+		hello, ans qpAddr
+		err        error
+		called     bool
+	}
+	run := func(ikey, tkey []byte, tamper bool) (qpAddr, error, result) {
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		done := make(chan result, 1)
+		go func() {
+			var r result
+			r.hello, r.ans, r.err = serveHandshake(b, tkey, func(h *qpAddr) qpAddr { r.called = true; return accept })
+			b.Close()
+			done <- r
+		}()
+		var conn io.ReadWriter = a
+		if tamper {
+			conn = &flipper{ReadWriter: a, at: nonceLen + 30}
+		}
+		ans, err := dialHandshake(conn, ikey, &hello)
+		a.Close()
+		return ans, err, <-done
+	}
+	ans, err, r := run(k1, k1, false)
+	if err != nil || ans != accept || r.err != nil || r.hello != hello || !r.called {
+		t.Fatalf("same key: answer %+v, %v; target saw %+v, %v", ans, err, r.hello, r.err)
+	}
+	_, err, r = run(k1, k2, false)
+	if !errors.Is(err, ErrAuth) || !errors.Is(r.err, ErrAuth) || r.called {
+		t.Fatalf("another key: initiator %v, target %v, answer function called %v", err, r.err, r.called)
+	}
+	_, err, r = run(k1, k1, true)
+	if !errors.Is(r.err, ErrAuth) || r.called || err == nil {
+		t.Fatalf("tampered hello: initiator %v, target %v, answer function called %v", err, r.err, r.called)
+	}
+}
+
+// flipper flips one bit of the byte written at offset at.
+type flipper struct {
+	io.ReadWriter
+	n, at int
+}
+
+func (f *flipper) Write(p []byte) (int, error) {
+	q := append([]byte(nil), p...)
+	if f.at >= f.n && f.at < f.n+len(q) {
+		q[f.at-f.n] ^= 1
+	}
+	f.n += len(q)
+	return f.ReadWriter.Write(q)
 }
 
 func TestKeys(t *testing.T) {
