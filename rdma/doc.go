@@ -79,12 +79,17 @@
 //
 // # Safety
 //
-// The rkey is the capability: a peer that holds a buffer's rkey can read
-// and write it through any queue pair connected to this transport, and the
-// control listener connects any peer that asks. Deploy it on a trusted
-// fabric, as RDMA always is; the TCP transport's keyed handshake has no
-// equivalent here yet. Local-only buffers are registered without remote
-// access flags, so the hardware refuses them whatever key is presented.
+// The control handshake proves the segment key both ways (HMAC-SHA256 over
+// fresh nonces and the queue pair addresses exchanged, wire.go) before the
+// target creates a queue pair: with Config.Key shared by the deployment,
+// only its holders connect; without it, a random key is published in the
+// endpoint, and whoever reads the descriptor may connect. Once connected,
+// the rkey is the capability: the target's hardware lets a connected peer
+// read and write whatever a published rkey covers, and rkeys are 32 bits,
+// not secrets against a peer that holds the segment key. Local-only buffers
+// are registered without remote access flags, so the hardware refuses them
+// whatever key is presented. Nothing is encrypted: RDMA traffic and the
+// control connection travel in the clear, as on every RDMA fabric.
 // Registered memory must stay pinned (segtable pins Go memory) until
 // Unregister; the hardware reads and writes it behind Go's back.
 package rdma
