@@ -137,6 +137,7 @@ type Ring struct {
 	redo        []uint64 // slice tokens to post again
 	spare       []uint64 // redo's other buffer
 	batch       []transport.Slice
+	errs        []error // results of a BatchCopier, as long as batch's capacity
 	batchEP     transport.Endpoint
 	cqes        []cq.Completion
 	sinkCQE     cq.Completion
@@ -262,6 +263,7 @@ func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
 		free:  make([]int32, cfg.MaxInFlight),
 		postq: make([]uint64, 0, cfg.MaxInFlight),
 		batch: make([]transport.Slice, 0, 64),
+		errs:  make([]error, 64),
 		cqes:  make([]cq.Completion, 0, 64),
 	}
 	for i := range r.free {
@@ -733,6 +735,40 @@ func (r *Ring) flush() bool {
 // its request, whose buffer must then no longer be touched.
 func (r *Ring) copyBatch(cp transport.Copier) {
 	var copied uint64
+	if bc, ok := cp.(transport.BatchCopier); ok {
+		// Every slice moves before any result is applied: no request of
+		// the batch can end (and its buffer go back to its owner) while a
+		// slice of it is still being copied.
+		k := 0
+		for i := range r.batch {
+			if q := r.live(r.batch[i].Token); q != nil {
+				q.outstanding++
+				r.outstanding++
+				r.batch[k] = r.batch[i]
+				k++
+			}
+		}
+		errs := r.errs[:k]
+		bc.CopyBatch(r.batch[:k], errs)
+		for i := range k {
+			r.applySlice(r.batch[i].Token, codeOf(errs[i]))
+			copied += r.batch[i].Length
+		}
+		clear(errs)
+	} else {
+		r.copyEach(cp, &copied)
+	}
+	if copied >= 256<<10 {
+		r.poller.slow = true
+	}
+	clear(r.batch)
+	r.batch = r.batch[:0]
+	r.batchEP = nil
+}
+
+// copyEach moves the batch one slice at a time, each checked live just
+// before its copy.
+func (r *Ring) copyEach(cp transport.Copier, copied *uint64) {
 	for i := range r.batch {
 		s := &r.batch[i]
 		q := r.live(s.Token)
@@ -742,14 +778,8 @@ func (r *Ring) copyBatch(cp transport.Copier) {
 		q.outstanding++
 		r.outstanding++
 		r.applySlice(s.Token, codeOf(cp.Copy(s)))
-		copied += s.Length
+		*copied += s.Length
 	}
-	if copied >= 256<<10 {
-		r.poller.slow = true
-	}
-	clear(r.batch)
-	r.batch = r.batch[:0]
-	r.batchEP = nil
 }
 
 // Complete implements transport.Completer: it queues the slice's result for

@@ -1293,3 +1293,49 @@ func TestConcurrentSubmitters(t *testing.T) {
 		}
 	}
 }
+
+// batchEP is a fakeEP that moves slices synchronously, a batch per call.
+type batchEP struct {
+	*fakeEP
+	calls, most int
+}
+
+func (b *batchEP) Copy(s *transport.Slice) error { return b.move(s) }
+
+func (b *batchEP) CopyBatch(s []transport.Slice, errs []error) {
+	b.calls++
+	b.most = max(b.most, len(s))
+	for i := range s {
+		errs[i] = b.move(&s[i])
+	}
+}
+
+// TestBatchCopier: a BatchCopier gets the slices of a round in one call;
+// data lands, and a slice failed on one rail is retried on another.
+func TestBatchCopier(t *testing.T) {
+	f := &fakeEP{rails: 2, fail: map[uint16]error{1: transport.ErrPeer}}
+	ep := &batchEP{fakeEP: f}
+	h := newHarness(t, Config{SliceSize: 4096, RetryLimit: 8}, f, true)
+	h.seg.Endpoint = ep
+	fillPattern(h.local, 3)
+	var es []sq.Entry
+	for i := range 16 {
+		es = append(es, h.write(uint64(i), uint64(i)*8192, uint64(i)*8192, 8000))
+	}
+	h.submit(es...)
+	for _, c := range h.collect(len(es)) {
+		expectCode(t, c, cq.CodeOK)
+	}
+	for _, e := range es {
+		r := e.Remote - h.r1
+		if string(h.remote[r:r+e.Length]) != string(h.local[e.Local:e.Local+e.Length]) {
+			t.Fatalf("write %d: data differs", e.UserData)
+		}
+	}
+	if ep.most < 2 {
+		t.Fatalf("CopyBatch got at most %d slices a call in %d calls", ep.most, ep.calls)
+	}
+	if st := h.r.Stats(); st.Retries == 0 {
+		t.Fatalf("no retries, though rail 1 fails every slice")
+	}
+}

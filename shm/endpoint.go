@@ -59,8 +59,8 @@ type mapping struct {
 }
 
 var (
-	_ transport.Endpoint = (*Endpoint)(nil)
-	_ transport.Copier   = (*Endpoint)(nil)
+	_ transport.Endpoint    = (*Endpoint)(nil)
+	_ transport.BatchCopier = (*Endpoint)(nil)
 )
 
 // parseEndpoint splits "bootid/socketname".
@@ -259,6 +259,92 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 	}
 	m.ref.Release()
 	return err
+}
+
+// maxIov bounds the slices one process_vm call moves.
+const maxIov = 64
+
+// CopyBatch moves the slices in order, as Copy would, but the runs of
+// consecutive slices in the same direction that go through process_vm
+// calls move with one call per run.
+func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
+	for i := 0; i < len(s); {
+		n := e.vmRun(s[i:min(len(s), i+maxIov)])
+		if n < 2 {
+			errs[i] = e.Copy(&s[i])
+			i++
+			continue
+		}
+		e.vmBatch(s[i:i+n], errs[i:i+n])
+		i += n
+	}
+}
+
+// vmRun counts the leading slices of s that go through process_vm calls
+// in the same direction.
+func (e *Endpoint) vmRun(s []transport.Slice) int {
+	if e.closed.Load() || len(s) == 0 {
+		return 0
+	}
+	ms := *e.maps.Load()
+	n := 0
+	for n < len(s) && s[n].Op == s[0].Op && s[n].Op != transport.Notify {
+		m := find(ms, s[n].Remote, s[n].Length)
+		if m == nil || m.base != nil {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// vmBatch moves a run from vmRun with one process_vm call. A slice whose
+// mapping went meanwhile, and every slice after a short transfer, moves
+// alone with Copy, which says what is wrong.
+func (e *Endpoint) vmBatch(s []transport.Slice, errs []error) {
+	var (
+		local  [maxIov]unix.Iovec
+		remote [maxIov]unix.RemoteIovec
+		held   [maxIov]*mapping
+	)
+	ms := *e.maps.Load()
+	k := 0
+	pid := 0
+	for i := range s {
+		m := find(ms, s[i].Remote, s[i].Length)
+		if m == nil || m.base != nil || (pid != 0 && m.pid != pid) || !m.ref.Acquire() {
+			break
+		}
+		pid = m.pid
+		held[k] = m
+		local[k] = unix.Iovec{Base: (*byte)(s[i].Local)}
+		local[k].SetLen(int(s[i].Length))
+		remote[k] = unix.RemoteIovec{Base: uintptr(s[i].Remote), Len: int(s[i].Length)}
+		k++
+	}
+	var n int
+	var err error
+	if k > 0 {
+		if s[0].Op == transport.Write {
+			n, err = unix.ProcessVMWritev(pid, local[:k], remote[:k], 0)
+		} else {
+			n, err = unix.ProcessVMReadv(pid, local[:k], remote[:k], 0)
+		}
+	}
+	done := 0
+	if err == nil {
+		for done < k && uint64(n) >= s[done].Length {
+			n -= int(s[done].Length)
+			errs[done] = nil
+			done++
+		}
+	}
+	for i := range k {
+		held[i].ref.Release()
+	}
+	for i := done; i < len(s); i++ {
+		errs[i] = e.Copy(&s[i])
+	}
 }
 
 // missing says why no mapping serves s.

@@ -324,3 +324,46 @@ func TestOtherHost(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyBatch moves runs of process_vm slices with one call each: data
+// checked both ways, a refused slice in the middle of a run fails alone,
+// and a batch allocates nothing.
+func TestCopyBatch(t *testing.T) {
+	w := newWorld(t, shm.Config{NoMap: true})
+	a, am := w.shared(1<<20, true)
+	ep := w.open()
+	lm := w.local.Bytes()
+	for _, op := range []transport.Op{transport.Write, transport.Read} {
+		fill(lm[:1<<20], 11)
+		fill(am, 12)
+		var s []transport.Slice
+		for i := range 40 {
+			n := uint64(1 + i*97)
+			off := uint64(i) * 16384
+			s = append(s, w.slice(op, off, uint64(a.Addr)+off, n))
+		}
+		s[17].Remote = uint64(a.Addr) + a.Length // out of range
+		errs := make([]error, len(s))
+		ep.CopyBatch(s, errs)
+		for i := range s {
+			if i == 17 {
+				if !errors.Is(errs[i], transport.ErrRange) && !errors.Is(errs[i], transport.ErrDenied) {
+					t.Fatalf("%v slice %d out of range: %v", op, i, errs[i])
+				}
+				continue
+			}
+			if errs[i] != nil {
+				t.Fatalf("%v slice %d: %v", op, i, errs[i])
+			}
+			off := uint64(i) * 16384
+			if !bytes.Equal(lm[off:off+s[i].Length], am[off:off+s[i].Length]) {
+				t.Fatalf("%v slice %d: data differ", op, i)
+			}
+		}
+	}
+	s := []transport.Slice{w.slice(transport.Read, 0, uint64(a.Addr), 4096), w.slice(transport.Read, 4096, uint64(a.Addr)+4096, 4096)}
+	errs := make([]error, 2)
+	if n := testing.AllocsPerRun(100, func() { ep.CopyBatch(s, errs) }); n != 0 {
+		t.Fatalf("CopyBatch allocates %v times", n)
+	}
+}

@@ -169,6 +169,17 @@ type Copier interface {
 	Copy(s *Slice) error
 }
 
+// BatchCopier is a Copier that moves several slices in one call (one
+// system call for many small slices, say). The engine then hands it the
+// slices of a batch for one endpoint at once and applies their results
+// after it returns.
+type BatchCopier interface {
+	Copier
+	// CopyBatch moves every slice of s, with Copy's checks, and sets
+	// errs[i] to s[i]'s result; len(errs) == len(s).
+	CopyBatch(s []Slice, errs []error)
+}
+
 // Poller is implemented by transports whose completions must be driven by
 // the engine's pollers (a completion queue to poll, software progress).
 type Poller interface {
