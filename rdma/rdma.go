@@ -446,8 +446,9 @@ func (t *Transport) freeDevices() {
 // Name returns "rdma".
 func (t *Transport) Name() string { return Name }
 
-// Endpoint returns the control listener's host:port and the device names,
-// "host:port/dev0,dev1".
+// Endpoint returns the control listener's host:port, the device names and,
+// without a configured Config.Key, the random segment key:
+// "host:port/dev0,dev1[/key]" (PROTOCOL.md).
 func (t *Transport) Endpoint() string { return t.endpoint }
 
 // SliceSize returns Config.SliceSize.
