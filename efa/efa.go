@@ -77,6 +77,12 @@ type peer struct {
 	// stalled is the UnixNano of the first Post that the provider refused
 	// with -FI_EAGAIN without taking anything since; 0 when none.
 	stalled atomic.Int64
+	// full is 1 + the transport's Poll count when the provider last took
+	// nothing for the peer; 0 when it took something since. Until the
+	// next Poll (which is what frees the provider's queue) Post does not
+	// try again: on a busy machine a spinning poster would otherwise burn
+	// the time the progress it waits for needs.
+	full atomic.Uint64
 }
 
 // Transport moves slices with libfabric RMA on one FI_EP_RDM endpoint that
@@ -107,7 +113,8 @@ type Transport struct {
 	freeMu  sync.Mutex
 	free    []uint32 // indices of free slots, a stack
 
-	lastScan atomic.Int64 // UnixNano of the last timeout scan
+	lastScan atomic.Int64  // UnixNano of the last timeout scan
+	polls    atomic.Uint64 // Poll calls, for peer.full
 
 	retryMu sync.Mutex
 	retries []uint32     // slots in slotRetry, under retryMu
@@ -575,6 +582,7 @@ type completion struct {
 // older than Config.Timeout. It returns how many slices it completed.
 // Safe for concurrent use; pollers of the engine call it.
 func (t *Transport) Poll() int {
+	t.polls.Add(1)
 	var ents [chunk]C.cq_ent
 	t.guard.RLock()
 	if t.closed.Load() {
@@ -941,6 +949,10 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, error)
 		fails [chunk]failure
 	)
 	nf := 0
+	p := e.peer.Load()
+	if f := p.full.Load(); f != 0 && f == t.polls.Load()+1 && !t.closing.Load() && !e.closed.Load() {
+		return 0, nil // the provider's queue is full until the next Poll
+	}
 	t.guard.RLock()
 	if t.closing.Load() || e.closed.Load() {
 		t.guard.RUnlock()
@@ -953,7 +965,6 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, error)
 	}
 	regs := t.regList()
 	ks := *e.keys.Load()
-	p := e.peer.Load()
 	gen := p.gen.Load()
 	dest := C.uint64_t(p.addr.Load())
 	now := time.Now().UnixNano()
@@ -1030,9 +1041,10 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, error)
 	stall := false
 	if posted < m {
 		accepted = int(at[posted])
+		since := p.stalled.Load()
 		if posted > 0 {
 			p.stalled.Store(0)
-		} else if since := p.stalled.Load(); since == 0 {
+		} else if p.full.Store(t.polls.Load() + 1); since == 0 {
 			p.stalled.Store(now)
 		} else if t.cfg.Timeout > 0 && now-since > int64(t.cfg.Timeout) {
 			// The provider has taken nothing for this peer for a whole
@@ -1047,6 +1059,9 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, error)
 		}
 	} else if m > 0 && p.stalled.Load() != 0 {
 		p.stalled.Store(0)
+	}
+	if posted > 0 && p.full.Load() != 0 {
+		p.full.Store(0)
 	}
 	// Undo what was not posted, and free what failed to post, while the
 	// guard still keeps Close from sweeping the slots.
