@@ -60,7 +60,9 @@ func runChild() bool {
 // With MOONRING_ETCD set (an etcd client URL) the target publishes its
 // segment there, named MOONRING_NAME, under a lease of MOONRING_ETCD_TTL
 // (a duration; default the store's), so peers discover it through etcd.
-// With MOONRING_SHM set it also installs the shm transport.
+// With MOONRING_SHM set it also installs the shm transport; with
+// MOONRING_HEAP set its buffer is Go memory rather than from Alloc (which
+// shm then reaches through process_vm calls, not a mapping).
 func childTarget() error {
 	size, _ := strconv.Atoi(os.Getenv("MOONRING_SIZE"))
 	var store metadata.Store = metadata.NewMemory()
@@ -82,9 +84,11 @@ func childTarget() error {
 		return err
 	}
 	defer e.Close()
-	buf, err := e.Alloc(size, "cpu:0")
-	if err != nil {
-		return err
+	buf := make([]byte, size)
+	if os.Getenv("MOONRING_HEAP") == "" {
+		if buf, err = e.Alloc(size, "cpu:0"); err != nil {
+			return err
+		}
 	}
 	for i := range buf {
 		buf[i] = byte(i * 7)

@@ -23,22 +23,32 @@ var shmSizes = []struct {
 	{"64MiB", 64 << 20, 2},
 }
 
-func benchSHM(b *testing.B, op moonring.Op, cfg shm.Config) {
+// benchSHM drives op against a child target over shm. With heap set both
+// buffers are Go memory, which shm reaches through process_vm calls (the
+// fallback path); else both come from Alloc and the target's is mapped.
+func benchSHM(b *testing.B, op moonring.Op, heap bool) {
 	for _, sz := range shmSizes {
 		b.Run("size="+sz.name, func(b *testing.B) {
 			span := sz.bytes * sz.depth
-			c := startChild(b, "target", "MOONRING_SIZE="+strconv.Itoa(span), "MOONRING_SHM=1")
+			env := []string{"MOONRING_SIZE=" + strconv.Itoa(span), "MOONRING_SHM=1"}
+			if heap {
+				env = append(env, "MOONRING_HEAP=1")
+			}
+			c := startChild(b, "target", env...)
 			bc := benchConfig()
-			bc.SHM = &cfg
+			bc.SHM = &shm.Config{}
 			e, seg, d := remoteEngine(b, c, bc)
 			if name, _ := e.SegmentTransport(seg); name != shm.Name {
 				b.Fatalf("segment opened over %q, want shm", name)
 			}
-			buf, err := e.Alloc(span, "cpu:0")
-			if err != nil {
-				b.Fatal(err)
+			buf := make([]byte, span)
+			if !heap {
+				var err error
+				if buf, err = e.Alloc(span, "cpu:0"); err != nil {
+					b.Fatal(err)
+				}
+				defer e.Free(buf)
 			}
-			defer e.Free(buf)
 			fill(buf, 5)
 			id, err := e.RegisterLocalMemory(buf, "cpu:0", false)
 			if err != nil {
@@ -57,17 +67,17 @@ func benchSHM(b *testing.B, op moonring.Op, cfg shm.Config) {
 
 // BenchmarkShmWrite writes into a child process's buffer (from its
 // Alloc) through the shm transport: the initiator maps it and copies.
-func BenchmarkShmWrite(b *testing.B) { benchSHM(b, moonring.OpWrite, shm.Config{}) }
+func BenchmarkShmWrite(b *testing.B) { benchSHM(b, moonring.OpWrite, false) }
 
 // BenchmarkShmRead reads a child process's mapped buffer.
-func BenchmarkShmRead(b *testing.B) { benchSHM(b, moonring.OpRead, shm.Config{}) }
+func BenchmarkShmRead(b *testing.B) { benchSHM(b, moonring.OpRead, false) }
 
-// BenchmarkShmVMRead reads a child process's buffer through the fallback
-// path: one process_vm_readv per slice.
-func BenchmarkShmVMRead(b *testing.B) { benchSHM(b, moonring.OpRead, shm.Config{NoMap: true}) }
+// BenchmarkShmVMRead reads a child process's Go buffer, which is not a
+// memfd: the fallback path, process_vm_readv (one call per run of slices).
+func BenchmarkShmVMRead(b *testing.B) { benchSHM(b, moonring.OpRead, true) }
 
 // BenchmarkShmVMWrite writes through the fallback path (process_vm_writev).
-func BenchmarkShmVMWrite(b *testing.B) { benchSHM(b, moonring.OpWrite, shm.Config{NoMap: true}) }
+func BenchmarkShmVMWrite(b *testing.B) { benchSHM(b, moonring.OpWrite, true) }
 
 // BenchmarkShmCopyBaseline is copy() over the working set of the shm
 // benchmarks: block i of one buffer to block i of another, cycling over
@@ -110,14 +120,14 @@ func BenchmarkShmCopyBaseline(b *testing.B) {
 	}
 }
 
-// BenchmarkProcessVMReadvBaseline is raw process_vm_readv from a child
-// process's buffer over the same working set: what the fallback path can
-// at best do.
+// BenchmarkProcessVMReadvBaseline is raw process_vm_readv, one call per
+// block, from a child process's Go buffer into a Go buffer over the same
+// working set as BenchmarkShmVMRead.
 func BenchmarkProcessVMReadvBaseline(b *testing.B) {
 	for _, sz := range shmSizes {
 		b.Run("size="+sz.name, func(b *testing.B) {
 			span := sz.bytes * sz.depth
-			c := startChild(b, "target", "MOONRING_SIZE="+strconv.Itoa(span))
+			c := startChild(b, "target", "MOONRING_SIZE="+strconv.Itoa(span), "MOONRING_HEAP=1")
 			d := c.targetDesc(b)
 			dst := make([]byte, span)
 			pid := c.cmd.Process.Pid
