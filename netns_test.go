@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 )
 
@@ -166,6 +167,25 @@ func TestNetnsTransfer(t *testing.T) {
 	_, _, r := netnsRig(t, size, moonring.Config{}, 2*size, 11)
 	r.rounds(1000, 0, size, 0, 2*size, 1<<20)
 	r.readBack(0, size, 0)
+}
+
+// TestNetnsSHMFallsBack: a target with shm in another network namespace
+// shares the host's boot id, but its abstract socket is out of reach: the
+// initiator, which has shm too, finds that out and uses TCP.
+func TestNetnsSHMFallsBack(t *testing.T) {
+	e2eLeaks(t)
+	const size = 1 << 20
+	n := netnsSetup(t)
+	c := startChildVia(t, []string{"ip", "netns", "exec", n.name}, "target",
+		"MOONRING_SIZE="+strconv.Itoa(size), "MOONRING_LISTEN="+net.JoinHostPort(n.nsIP, "0"), "MOONRING_SHM=1")
+	if _, ok := c.targetDesc(t).Endpoints["shm"]; !ok {
+		t.Fatal("the target publishes no shm endpoint")
+	}
+	r := newRig(t, c, moonring.Config{SHM: &shm.Config{}}, 2*size, 12)
+	if name, err := r.e.SegmentTransport(r.seg); err != nil || name != "tcp" {
+		t.Fatalf("segment in another namespace opened over %q (%v), want tcp", name, err)
+	}
+	r.rounds(200, 0, size, 0, 2*size, 256<<10)
 }
 
 // netnsImpair makes the link lose 2% of packets each way and delay them:
