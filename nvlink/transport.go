@@ -34,8 +34,9 @@ var (
 	// ErrLocation: a buffer's location says cuda:N but its memory is not
 	// memory of that GPU. Fix the registration; a retry does not help.
 	ErrLocation = errors.New("nvlink: buffer memory is not where its location says")
-	// ErrNotify: notifications do not travel over NVLink; the engine sends
-	// them through another transport.
+	// ErrNotify: notifications do not travel over NVLink; a WRITE with
+	// notify to an nvlink segment fails with the engine's ErrNoTransport
+	// (final, not retried) once its data has landed.
 	ErrNotify = fmt.Errorf("nvlink: notifications: %w", transport.ErrNotSupported)
 )
 

@@ -821,6 +821,8 @@ func codeOf(err error) cq.Code {
 		return cq.CodeRemoteRange
 	case errors.Is(err, transport.ErrClosed):
 		return cq.CodeClosed
+	case errors.Is(err, transport.ErrNotSupported):
+		return cq.CodeNoTransport // the transport cannot do this at all (a notification over nvlink)
 	}
 	return cq.CodeTransport
 }
