@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"unsafe"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/rdma"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -106,5 +109,30 @@ func TestDeviceMemory(t *testing.T) {
 	}
 	if err := e.Free(h); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOptionalTransportMissing: a transport the configuration asks for but
+// this build or machine cannot give (rdma without the tag or a device) is
+// left out with a warning; the engine works without it.
+func TestOptionalTransportMissing(t *testing.T) {
+	var logs strings.Builder
+	e, err := moonring.New(moonring.Config{Name: t.Name(), RDMA: &rdma.Config{},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if rdma.Available {
+		if err == nil {
+			e.Close()
+		}
+		t.Skip("this build has the rdma transport; the missing case is tested without the tag")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if e.Transport(rdma.Name) != nil {
+		t.Fatal("rdma installed in a build without it")
+	}
+	if !strings.Contains(logs.String(), "transport=rdma") {
+		t.Fatalf("no warning about rdma in the log: %q", logs.String())
 	}
 }

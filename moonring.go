@@ -18,6 +18,7 @@ import (
 	"github.com/moonring/moonring/internal/mem"
 	"github.com/moonring/moonring/local"
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/rdma"
 	"github.com/moonring/moonring/ring"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/shm"
@@ -160,6 +161,10 @@ type Config struct {
 	// from Alloc are mapped by them; other memory goes through
 	// process_vm_readv/writev), with TCP as the fallback.
 	SHM *shm.Config
+	// RDMA, when set, installs the ibverbs transport (a binary built with
+	// cgo and the "rdma" tag). Where it cannot work (no such build, no
+	// usable device) the engine logs why and goes on without it.
+	RDMA *rdma.Config
 	// BatchEntries sizes the SQ and in-flight table of the ring that serves
 	// the batch API, per NUMA node (default 4096).
 	BatchEntries int
@@ -215,6 +220,9 @@ func (c Config) String() string {
 	}
 	if c.SHM != nil {
 		ts += fmt.Sprintf("\nshm: same-host peers, no mapping %v", c.SHM.NoMap)
+	}
+	if c.RDMA != nil {
+		ts += fmt.Sprintf("\nrdma: listen %s, devices %v (in this build: %v)", c.RDMA.Listen, c.RDMA.Devices, rdma.Available)
 	}
 	return fmt.Sprintf("name: %s\nmetadata: %s\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
 		c.Name, c.Metadata, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
@@ -329,7 +337,33 @@ func New(cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("moonring: shm transport: %w", err)
 		}
 	}
+	if cfg.RDMA != nil {
+		t, err := rdma.New(*cfg.RDMA)
+		if err := e.installOptional(rdma.Name, t, err); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
 	return e, nil
+}
+
+// installOptional installs a transport the configuration asked for, or,
+// when it cannot work here (err wraps transport.ErrNotSupported), logs why
+// and goes on without it.
+func (e *Engine) installOptional(name string, t transport.Transport, err error) error {
+	if errors.Is(err, transport.ErrNotSupported) {
+		e.cfg.Logger.Warn("moonring: transport not available; going on without it", "transport", name, "reason", err)
+		return nil
+	}
+	if err == nil {
+		if err = e.InstallTransport(t); err != nil {
+			t.Close()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("moonring: %s transport: %w", name, err)
+	}
+	return nil
 }
 
 // Config returns the engine's effective configuration.
