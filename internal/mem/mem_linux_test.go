@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,6 +26,15 @@ func TestAllocFree(t *testing.T) {
 			}
 			if base(b)%uintptr(pageSize) != 0 {
 				t.Fatalf("Alloc(%d) at %#x, not page aligned", size, base(b))
+			}
+			vec := make([]byte, cap(b)/pageSize)
+			if _, _, errno := unix.Syscall(unix.SYS_MINCORE, base(b), uintptr(cap(b)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+				t.Fatal(errno)
+			}
+			for i, v := range vec {
+				if v&1 == 0 {
+					t.Fatalf("Alloc(%d): page %d not resident: not populated", size, i)
+				}
 			}
 			full := b[:cap(b)]
 			for i := 0; i < len(full); i += pageSize {
