@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/efa"
+	"github.com/moonring/moonring/rdma"
 )
 
 func main() {
@@ -78,17 +80,38 @@ func info(out io.Writer) error {
 	for _, n := range nics {
 		fmt.Fprintf(out, "nic %s: numa node %d, speed %d Mb/s\n", n.Name, n.Node, n.Speed)
 	}
-	rdma, _ := t.RDMADevices()
-	for _, d := range rdma {
-		fmt.Fprintf(out, "rdma device %s: numa node %d\n", d.Name, d.Node)
+	devs, err := rdma.Devices()
+	if err != nil {
+		rdevs, _ := t.RDMADevices()
+		for _, d := range rdevs {
+			fmt.Fprintf(out, "rdma device %s: numa node %d\n", d.Name, d.Node)
+		}
+	}
+	for _, d := range devs {
+		fmt.Fprintf(out, "rdma device %s: numa node %d\n", d.Name, d.NUMANode)
+		for _, p := range d.Ports {
+			fmt.Fprintf(out, "  port %d: %s, %s, mtu %d, lid %d, %d gids, chosen %d\n", p.Port, p.State, p.LinkLayer, p.MTU, p.LID, len(p.GIDs), p.Chosen)
+		}
 	}
 	fmt.Fprintln(out, "transports:")
+	// probe says whether a transport can be made here, and if not why.
+	probe := func(t interface{ Close() error }, err error) func(how string) string {
+		if err == nil {
+			t.Close()
+		}
+		return func(how string) string {
+			if err != nil {
+				return "not available: " + strings.ReplaceAll(err.Error(), "\n", "; ")
+			}
+			return "usable: " + how
+		}
+	}
 	for _, tr := range []struct{ name, why string }{
 		{"local", "usable: memcpy between engines of one process (always installed)"},
-		{"nvlink", "not in this build yet"},
+		{"nvlink", "a program of yours installs it (e.InstallTransport(nvlink.New(...))) where libcuda.so.1 exists; this binary leaves it out to stay static"},
 		{"shm", "usable: Config.SHM installs it; same-host peers (moonring bench --protocol shm)"},
-		{"rdma", "not in this build yet"},
-		{"efa", "not in this build yet"},
+		{"rdma", probe(rdma.New(rdma.Config{}))("Config.RDMA installs it")},
+		{"efa", probe(efa.New(efa.Config{}))("InstallTransport(efa.New(...))")},
 		{"tcp", "usable: Config.TCP installs it (moonring bench --protocol tcp)"},
 	} {
 		fmt.Fprintf(out, "  %-7s %s\n", tr.name, tr.why)
