@@ -102,6 +102,7 @@ func (c *benchCompleter) Complete(token uint64, err error) {
 func benchTransport(b *testing.B, tr transport.Transport, desc *segtable.SegmentDesc, op transport.Op, size, window int) {
 	var bufs segtable.Buffers
 	mem := make([]byte, size*window)
+	pattern(mem, 1) // touched, as the raw program's: not the shared zero page
 	lb, err := bufs.Register(mem, "", false)
 	if err != nil {
 		b.Fatal(err)

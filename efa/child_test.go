@@ -86,6 +86,7 @@ func childTarget() error {
 	}
 	var bufs segtable.Buffers
 	mem := make([]byte, size)
+	pattern(mem, 0) // touched, as the raw program's: not the shared zero page
 	b, err := bufs.Register(mem, "", true)
 	if err != nil {
 		return err
