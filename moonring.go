@@ -328,7 +328,11 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	if cfg.SHM != nil {
-		t, err := shm.New(*cfg.SHM)
+		sc := *cfg.SHM
+		if len(sc.Key) == 0 && cfg.TCP != nil {
+			sc.Key = cfg.TCP.Key // one segment key for the deployment
+		}
+		t, err := shm.New(sc)
 		if err == nil {
 			err = e.InstallTransport(t)
 		}

@@ -7,8 +7,10 @@
 // id. An initiator whose boot id differs knows at once that the segment is
 // elsewhere (Open fails with ErrUnreachable and the engine tries its next
 // transport, TCP); otherwise it connects, which proves the two share a
-// kernel and a network namespace, and asks for each buffer of the segment
-// with the buffer's key. The target checks the key (constant time), that
+// kernel and a network namespace. Both sides then prove that they hold
+// the segment key (HMACs over fresh nonces, as the TCP transport's hello;
+// the engine gives shm its TCP key), and the initiator asks for each
+// buffer of the segment with the buffer's key. The target checks the key (constant time), that
 // the buffer is registered with exactly that range and is
 // remote-accessible, and answers with one of:
 //
@@ -48,8 +50,9 @@
 //
 // # Trust
 //
-// Keys are sent in the clear over the Unix socket, which only processes of
-// the same kernel and network namespace can reach. A peer that holds a
+// The segment key never crosses the socket. Buffer keys are sent in the
+// clear over it, which only processes of the same kernel and network
+// namespace can reach. A peer that holds a
 // buffer's key is trusted with the buffer until it answers a revoke: the
 // revoke is how an honest peer stops, not a way to take memory back from a
 // hostile one (whose mapping of a memfd the target cannot undo).

@@ -4,6 +4,7 @@ package shm
 
 import (
 	"context"
+	"crypto/hmac"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -63,15 +64,20 @@ var (
 	_ transport.BatchCopier = (*Endpoint)(nil)
 )
 
-// parseEndpoint splits "bootid/socketname".
-func parseEndpoint(s string) (boot [16]byte, name string, err error) {
-	b, name, ok := strings.Cut(s, "/")
+// parseEndpoint splits "bootid/socketname[/keyhex]".
+func parseEndpoint(s string) (boot [16]byte, name string, key []byte, err error) {
+	b, rest, ok := strings.Cut(s, "/")
+	name, k, hasKey := strings.Cut(rest, "/")
 	h, herr := hex.DecodeString(b)
-	if !ok || herr != nil || len(h) != 16 || name == "" || len(name) > 100 || strings.ContainsRune(name, 0) {
-		return boot, "", fmt.Errorf("%w: endpoint %q", segtable.ErrBadDesc, s)
+	if hasKey {
+		key, err = hex.DecodeString(k)
+	}
+	if !ok || herr != nil || err != nil || len(h) != 16 || name == "" || len(name) > 100 ||
+		strings.ContainsRune(name, 0) || (hasKey && len(key) == 0) {
+		return boot, "", nil, fmt.Errorf("%w: endpoint %q", segtable.ErrBadDesc, s)
 	}
 	copy(boot[:], h)
-	return boot, name, nil
+	return boot, name, key, nil
 }
 
 // connect dials the target desc names (when not connected to it already)
@@ -81,9 +87,12 @@ func (e *Endpoint) connect(ctx context.Context, desc *segtable.SegmentDesc) erro
 	if !ok {
 		return fmt.Errorf("no %s endpoint: %w", Name, transport.ErrUnreachable)
 	}
-	boot, name, err := parseEndpoint(ep)
+	boot, name, key, err := parseEndpoint(ep)
 	if err != nil {
 		return errors.Join(err, transport.ErrUnreachable)
+	}
+	if key == nil {
+		key = e.t.cfg.Key // the target's key is a secret of the deployment
 	}
 	if boot != e.t.boot {
 		return fmt.Errorf("%w: %w", ErrOtherHost, transport.ErrUnreachable)
@@ -100,7 +109,7 @@ func (e *Endpoint) connect(ctx context.Context, desc *segtable.SegmentDesc) erro
 		if c != nil {
 			c.close()
 		}
-		if c, err = e.dial(ctx, name); err != nil {
+		if c, err = e.dial(ctx, name, key); err != nil {
 			return err
 		}
 		e.addr = name
@@ -128,7 +137,7 @@ func (e *Endpoint) connect(ctx context.Context, desc *segtable.SegmentDesc) erro
 
 // dial connects and says hello. Any failure means this transport cannot
 // reach the target.
-func (e *Endpoint) dial(ctx context.Context, name string) (*client, error) {
+func (e *Endpoint) dial(ctx context.Context, name string, key []byte) (*client, error) {
 	d := net.Dialer{}
 	nc, err := d.DialContext(ctx, "unixpacket", "@"+name)
 	if err != nil {
@@ -148,23 +157,9 @@ func (e *Endpoint) dial(ctx context.Context, name string) (*client, error) {
 	} else {
 		uc.SetDeadline(time.Now().Add(e.t.cfg.ReplyTimeout))
 	}
-	var buf [maxMsg + 1]byte
-	hello := msg{typ: msgHello, a: version, key: e.t.boot}
-	var ack msg
-	if _, err := uc.Write(hello.encode(buf[:])); err != nil {
+	if err := hello(uc, e.t.boot, key); err != nil {
 		uc.Close()
-		return nil, fmt.Errorf("%w: hello: %w", transport.ErrUnreachable, err)
-	}
-	n, err := uc.Read(buf[:])
-	if err == nil {
-		err = decode(buf[:n], &ack)
-	}
-	if err == nil && (ack.typ != msgHelloAck || ack.status != statusOK || ack.key != e.t.boot) {
-		err = fmt.Errorf("%w: hello refused (status %d)", ErrOtherHost, ack.status)
-	}
-	if err != nil {
-		uc.Close()
-		return nil, fmt.Errorf("%w: %w", transport.ErrUnreachable, err)
+		return nil, err
 	}
 	uc.SetDeadline(time.Time{})
 	e.t.wg.Add(1)
@@ -183,6 +178,46 @@ func (e *Endpoint) Granted() (mapped, vm int) {
 		}
 	}
 	return mapped, vm
+}
+
+// hello runs the initiator's side of the handshake: same host, then the
+// proofs of the segment key both ways.
+func hello(uc *net.UnixConn, boot [16]byte, key []byte) error {
+	var buf [maxMsg + 1]byte
+	ci := nonce()
+	h := msg{typ: msgHello, a: version, key: boot, c: ci[0], d: ci[1]}
+	var ack msg
+	roundTrip := func(m *msg, want uint8) error {
+		if _, err := uc.Write(m.encode(buf[:])); err != nil {
+			return err
+		}
+		n, err := uc.Read(buf[:])
+		if err == nil {
+			err = decode(buf[:n], &ack)
+		}
+		if err == nil && ack.typ != want {
+			err = fmt.Errorf("%w: answer of type %d", ErrProtocol, ack.typ)
+		}
+		return err
+	}
+	if err := roundTrip(&h, msgHelloAck); err != nil {
+		return fmt.Errorf("%w: hello: %w", transport.ErrUnreachable, err)
+	}
+	if ack.status != statusOK || ack.key != boot {
+		return fmt.Errorf("%w: %w: hello refused (status %d)", transport.ErrUnreachable, ErrOtherHost, ack.status)
+	}
+	ct := [2]uint64{ack.c, ack.d}
+	p := msg{typ: msgProof}
+	p.putProof(proof(key, "initiator", ci, ct))
+	if err := roundTrip(&p, msgProofAck); err != nil {
+		return fmt.Errorf("%w: key proof: %w", transport.ErrUnreachable, err)
+	}
+	want := proof(key, "target", ci, ct)
+	got := ack.getProof()
+	if ack.status != statusOK || !hmac.Equal(want[:], got[:]) {
+		return fmt.Errorf("%w: the segment key does not match (status %d)", transport.ErrDenied, ack.status)
+	}
+	return nil
 }
 
 // Rails returns 1: a copy has one lane.

@@ -1,6 +1,8 @@
 package shm
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -19,8 +21,16 @@ import (
 //	bytes 16-47 a, b, c, d: per type (below)
 //	bytes 48-63 key: a buffer's 128-bit key, or the sender's boot id in hello
 //
-//	hello       I->T  a = version, key = boot id
-//	helloAck    T->I  status, a = version, key = boot id
+//	hello       I->T  a = version, key = boot id, c|d = initiator's nonce
+//	helloAck    T->I  status, a = version, key = boot id, c|d = target's nonce
+//	proof       I->T  a|b|c|d = HMAC-SHA256(K, "moonring/shm/1 initiator" |
+//	                  nonce I | nonce T), K the segment key
+//	proofAck    T->I  status, a|b|c|d = HMAC-SHA256(K, "moonring/shm/1 target" |
+//	                  nonce I | nonce T)
+//
+// Nothing but proof may follow a hello, and nothing but grants and
+// notifications a proof the target accepted: both sides have then shown
+// that they hold the segment key, which never crosses the socket.
 //	grant       I->T  a = addr, b = length, key; flags&flagVM: no mapping wanted
 //	grantAck    T->I  status, handle, a = addr, b = length, c = offset of addr
 //	                  in the file, d = file size; flags&flagVM: no file, use
@@ -40,11 +50,13 @@ const (
 	msgRevokeAck
 	msgNotify
 	msgNotifyAck
-	msgLast = msgNotifyAck
+	msgProof
+	msgProofAck
+	msgLast = msgProofAck
 )
 
 // version is the protocol version a hello carries.
-const version = 1
+const version = 2
 
 // flagVM in a grant asks for, and in a grantAck grants, access through
 // process_vm_readv/writev rather than a mapping.
@@ -58,7 +70,8 @@ const (
 	statusFull
 	statusBadVersion
 	statusOtherHost
-	statusLast = statusOtherHost
+	statusBadKey
+	statusLast = statusBadKey
 )
 
 const (
@@ -136,4 +149,35 @@ func decode(p []byte, m *msg) error {
 	}
 	m.tail = tail
 	return nil
+}
+
+// proof is the HMAC of one side of the hello over both nonces.
+func proof(key []byte, side string, ci, ct [2]uint64) [32]byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("moonring/shm/1 " + side))
+	var b [32]byte
+	binary.LittleEndian.PutUint64(b[0:], ci[0])
+	binary.LittleEndian.PutUint64(b[8:], ci[1])
+	binary.LittleEndian.PutUint64(b[16:], ct[0])
+	binary.LittleEndian.PutUint64(b[24:], ct[1])
+	m.Write(b[:])
+	var out [32]byte
+	m.Sum(out[:0])
+	return out
+}
+
+// putProof and getProof carry a proof in a frame's a, b, c, d.
+func (m *msg) putProof(p [32]byte) {
+	m.a = binary.LittleEndian.Uint64(p[0:])
+	m.b = binary.LittleEndian.Uint64(p[8:])
+	m.c = binary.LittleEndian.Uint64(p[16:])
+	m.d = binary.LittleEndian.Uint64(p[24:])
+}
+
+func (m *msg) getProof() (p [32]byte) {
+	binary.LittleEndian.PutUint64(p[0:], m.a)
+	binary.LittleEndian.PutUint64(p[8:], m.b)
+	binary.LittleEndian.PutUint64(p[16:], m.c)
+	binary.LittleEndian.PutUint64(p[24:], m.d)
+	return p
 }

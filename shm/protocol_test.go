@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -44,7 +45,7 @@ func fakeTarget(t *testing.T, file func() int, off, size uint64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := "moonring-shm-fake-" + t.Name()
+	name := "moonring-shm-fake-" + strings.ReplaceAll(t.Name(), "/", "-")
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + name, Net: "unixpacket"})
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +61,7 @@ func fakeTarget(t *testing.T, file func() int, off, size uint64) string {
 		defer c.Close()
 		buf := make([]byte, maxMsg)
 		var m msg
+		var ci, ct [2]uint64
 		for {
 			n, err := c.Read(buf)
 			if err != nil || decode(buf[:n], &m) != nil {
@@ -69,7 +71,11 @@ func fakeTarget(t *testing.T, file func() int, off, size uint64) string {
 			var oob []byte
 			switch m.typ {
 			case msgHello:
-				ack = msg{typ: msgHelloAck, a: version, key: boot}
+				ci, ct = [2]uint64{m.c, m.d}, nonce()
+				ack = msg{typ: msgHelloAck, a: version, key: boot, c: ct[0], d: ct[1]}
+			case msgProof:
+				ack = msg{typ: msgProofAck}
+				ack.putProof(proof(nil, "target", ci, ct))
 			case msgGrant:
 				ack = msg{typ: msgGrantAck, seq: m.seq, handle: 1, a: m.a, b: m.b, c: off, d: size}
 				fd := file()
@@ -148,4 +154,59 @@ func TestHostileTarget(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSegmentKey: a target with a secret segment key admits only
+// initiators that prove they hold it; a target without one publishes a
+// random key that whoever reads the descriptor uses.
+func TestSegmentKey(t *testing.T) {
+	targ, err := New(Config{Key: []byte("the deployment's secret")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer targ.Close()
+	if strings.Count(targ.Endpoint(), "/") != 1 {
+		t.Fatalf("endpoint %q publishes the secret key", targ.Endpoint())
+	}
+	d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "keyed", Epoch: 1,
+		Endpoints: map[string]string{Name: targ.Endpoint()}}
+	for _, tc := range []struct {
+		key []byte
+		ok  bool
+	}{{[]byte("the deployment's secret"), true}, {[]byte("a guess"), false}, {nil, false}} {
+		init, err := New(Config{Key: tc.key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := init.Open(context.Background(), d)
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("key %q: %v", tc.key, err)
+		case !tc.ok && !errors.Is(err, transport.ErrDenied):
+			t.Errorf("key %q: Open: %v, want ErrDenied", tc.key, err)
+		}
+		if e != nil {
+			e.Close()
+		}
+		init.Close()
+	}
+	open, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	if strings.Count(open.Endpoint(), "/") != 2 {
+		t.Fatalf("endpoint %q publishes no key", open.Endpoint())
+	}
+	d.Endpoints[Name] = open.Endpoint()
+	init, err := New(Config{Key: []byte("unrelated")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer init.Close()
+	e, err := init.Open(context.Background(), d)
+	if err != nil {
+		t.Fatalf("open mode: %v", err)
+	}
+	e.Close()
 }

@@ -4,8 +4,10 @@ package shm
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/subtle"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -29,6 +31,13 @@ const Name = "shm"
 
 // Config configures a Transport. The zero value is ready to use.
 type Config struct {
+	// Key is the segment key shared by the deployment (any length): a
+	// connection starts with both sides proving they hold it (HMACs over
+	// fresh nonces), before any buffer is asked for. Empty: a random key,
+	// published in Endpoint, so whoever reads the descriptor may connect
+	// (the buffers' own keys still guard each buffer). The engine passes
+	// its TCP transport's key when this one is empty.
+	Key []byte
 	// NoMap makes this transport's endpoints ask targets for
 	// process_vm_readv/writev access even to memfd-backed buffers: the
 	// fallback path, for tests and for hosts that forbid shared mappings.
@@ -49,8 +58,10 @@ type Config struct {
 type Transport struct {
 	cfg  Config
 	boot [16]byte
-	// endpoint is what peers dial: boot id and abstract socket name.
+	// endpoint is what peers dial: boot id and abstract socket name, and
+	// the segment key when it is a random one.
 	endpoint string
+	key      []byte
 	ln       *net.UnixListener
 
 	self    string
@@ -95,6 +106,13 @@ var (
 	ErrProtocol = errors.New("shm: protocol violation")
 )
 
+// nonce returns 128 fresh random bits.
+func nonce() [2]uint64 {
+	var b [16]byte
+	rand.Read(b[:])
+	return [2]uint64{binary.LittleEndian.Uint64(b[:]), binary.LittleEndian.Uint64(b[8:])}
+}
+
 // bootID reads the kernel's boot id: two processes that read the same one
 // run on the same kernel.
 func bootID() ([16]byte, error) {
@@ -131,10 +149,18 @@ func New(cfg Config) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: listen: %w", err)
 	}
+	key := cfg.Key
+	endpoint := hex.EncodeToString(boot[:]) + "/" + name
+	if len(key) == 0 {
+		key = make([]byte, 32)
+		rand.Read(key)
+		endpoint += "/" + hex.EncodeToString(key)
+	}
 	t := &Transport{
 		cfg:      cfg,
 		boot:     boot,
-		endpoint: hex.EncodeToString(boot[:]) + "/" + name,
+		endpoint: endpoint,
+		key:      key,
 		ln:       ln,
 		conns:    map[*server]struct{}{},
 		eps:      map[*Endpoint]struct{}{},
@@ -147,7 +173,8 @@ func New(cfg Config) (*Transport, error) {
 // Name returns "shm".
 func (t *Transport) Name() string { return Name }
 
-// Endpoint returns the boot id and socket name peers dial.
+// Endpoint returns the boot id and socket name peers dial, and the
+// segment key when it is a random one.
 func (t *Transport) Endpoint() string { return t.endpoint }
 
 // SliceSize is 4 MiB: a slice is one memory copy, and fewer slices mean
@@ -389,7 +416,10 @@ func (s *server) serve() {
 	if !s.read(buf, oob, &m) || m.typ != msgHello {
 		return
 	}
+	ci := [2]uint64{m.c, m.d}
 	ack := msg{typ: msgHelloAck, seq: m.seq, a: version, key: s.t.boot}
+	ct := nonce()
+	ack.c, ack.d = ct[0], ct[1]
 	switch {
 	case m.a != version:
 		ack.status = statusBadVersion
@@ -397,6 +427,21 @@ func (s *server) serve() {
 		ack.status = statusOtherHost
 	}
 	if s.send(&ack, nil) != nil || ack.status != statusOK {
+		return
+	}
+	if !s.read(buf, oob, &m) || m.typ != msgProof {
+		return
+	}
+	want := proof(s.t.key, "initiator", ci, ct)
+	got := m.getProof()
+	pa := msg{typ: msgProofAck, seq: m.seq}
+	if !hmac.Equal(want[:], got[:]) {
+		pa.status = statusBadKey
+		s.send(&pa, nil)
+		return
+	}
+	pa.putProof(proof(s.t.key, "target", ci, ct))
+	if s.send(&pa, nil) != nil {
 		return
 	}
 	for s.read(buf, oob, &m) {
