@@ -31,6 +31,7 @@ import (
 // Nothing but proof may follow a hello, and nothing but grants and
 // notifications a proof the target accepted: both sides have then shown
 // that they hold the segment key, which never crosses the socket.
+//
 //	grant       I->T  a = addr, b = length, key; flags&flagVM: no mapping wanted
 //	grantAck    T->I  status, handle, a = addr, b = length, c = offset of addr
 //	                  in the file, d = file size; flags&flagVM: no file, use
