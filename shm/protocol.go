@@ -27,11 +27,6 @@ import (
 //	                  nonce I | nonce T), K the segment key
 //	proofAck    T->I  status, a|b|c|d = HMAC-SHA256(K, "moonring/shm/1 target" |
 //	                  nonce I | nonce T)
-//
-// Nothing but proof may follow a hello, and nothing but grants and
-// notifications a proof the target accepted: both sides have then shown
-// that they hold the segment key, which never crosses the socket.
-//
 //	grant       I->T  a = addr, b = length, key; flags&flagVM: no mapping wanted
 //	grantAck    T->I  status, handle, a = addr, b = length, c = offset of addr
 //	                  in the file, d = file size; flags&flagVM: no file, use
@@ -42,6 +37,10 @@ import (
 //	notify      I->T  a = tag, b = length of from, c = length of msg; tail
 //	                  from|msg
 //	notifyAck   T->I  status
+//
+// Nothing but proof may follow a hello, and nothing but grants and
+// notifications a proof the target accepted: both sides have then shown
+// that they hold the segment key, which never crosses the socket.
 const (
 	msgHello = 1 + iota
 	msgHelloAck
