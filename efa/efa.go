@@ -929,18 +929,18 @@ var (
 func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
 	done := 0
 	for done < len(s) {
-		m := min(len(s)-done, chunk)
-		n, err := e.post(c, s[done:done+m])
+		n, more, err := e.post(c, s[done:min(len(s), done+chunk)])
 		done += n
-		if err != nil || n < m {
+		if err != nil || !more {
 			return done, err
 		}
 	}
 	return done, nil
 }
 
-// post posts at most chunk slices.
-func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, error) {
+// post posts at most chunk slices, and says whether the provider and the
+// slots may take more.
+func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, error) {
 	t := e.t
 	var (
 		ops   [chunk]C.mr_op
@@ -950,18 +950,22 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, error)
 	)
 	nf := 0
 	p := e.peer.Load()
-	if f := p.full.Load(); f != 0 && f == t.polls.Load()+1 && !t.closing.Load() && !e.closed.Load() {
-		return 0, nil // the provider's queue is full until the next Poll
+	if f := p.full.Load(); f != 0 && !t.closing.Load() && !e.closed.Load() {
+		if f == t.polls.Load()+1 {
+			return 0, false, nil // the provider's queue is full until the next Poll
+		}
+		// It was full: try one slice before preparing a whole batch.
+		s = s[:1]
 	}
 	t.guard.RLock()
 	if t.closing.Load() || e.closed.Load() {
 		t.guard.RUnlock()
-		return 0, errClosed
+		return 0, false, errClosed
 	}
 	nslots := t.take(idx[:len(s)])
 	if nslots == 0 {
 		t.guard.RUnlock()
-		return 0, nil
+		return 0, false, nil
 	}
 	regs := t.regList()
 	ks := *e.keys.Load()
@@ -1099,7 +1103,7 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, error)
 			c.Complete(s[f.i].Token, f.err)
 		}
 	}
-	return accepted, nil
+	return accepted, accepted > 0 && posted == m && end == len(s), nil
 }
 
 // failure is a slice that Post completes with an error.
