@@ -80,8 +80,9 @@ bench-rdma:
 # (tcp;ofi_rxm and shm; libfabric-dev from scripts/ensure-deps.sh): the
 # conformance suite, two processes, vet. About 2 minutes with -race.
 test-efa:
-	$(GO) vet -tags efa ./efa/
-	$(GO) test -race -count=1 -timeout 10m -tags efa ./efa/
+	@if [ ! -f /usr/include/rdma/fabric.h ] && [ "$${MOONRING_CI:-}" != 1 ]; then \
+		echo "test-efa: SKIP: no libfabric headers (libfabric-dev; scripts/ensure-deps.sh installs it)"; exit 0; fi; \
+	set -x; $(GO) vet -tags efa ./efa/ && $(GO) test -race -count=1 -timeout 10m -tags efa ./efa/
 
 # The efa benchmarks beside a raw libfabric program of our own
 # (efa/testdata/fi_bw.c) and the TCP transport, in the same run.
