@@ -26,10 +26,18 @@ var shmSizes = []struct {
 // benchSHM drives op against a child target over shm. With heap set both
 // buffers are Go memory, which shm reaches through process_vm calls (the
 // fallback path); else both come from Alloc and the target's is mapped.
-func benchSHM(b *testing.B, op moonring.Op, heap bool) {
+func benchSHM(b *testing.B, op moonring.Op, heap bool) { benchSHMStride(b, op, heap, true) }
+
+// benchSHMStride is benchSHM; with spread unset, every request in flight
+// uses the first block of each buffer, as ucx_perftest does.
+func benchSHMStride(b *testing.B, op moonring.Op, heap, spread bool) {
 	for _, sz := range shmSizes {
 		b.Run("size="+sz.name, func(b *testing.B) {
 			span := sz.bytes * sz.depth
+			stride := sz.bytes
+			if !spread {
+				span, stride = sz.bytes, 0
+			}
 			env := []string{"MOONRING_SIZE=" + strconv.Itoa(span), "MOONRING_SHM=1"}
 			if heap {
 				env = append(env, "MOONRING_HEAP=1")
@@ -60,7 +68,7 @@ func benchSHM(b *testing.B, op moonring.Op, heap bool) {
 				b.Fatal(err)
 			}
 			defer r.Close()
-			drive(b, r, moonring.Entry{Op: op, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: uint64(sz.bytes)}, sz.bytes, sz.depth)
+			driveStride(b, r, moonring.Entry{Op: op, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: uint64(sz.bytes)}, sz.bytes, sz.depth, stride)
 		})
 	}
 }
@@ -71,6 +79,15 @@ func BenchmarkShmWrite(b *testing.B) { benchSHM(b, moonring.OpWrite, false) }
 
 // BenchmarkShmRead reads a child process's mapped buffer.
 func BenchmarkShmRead(b *testing.B) { benchSHM(b, moonring.OpRead, false) }
+
+// BenchmarkShmWriteSame is BenchmarkShmWrite with every request on the
+// same block of each buffer: the working set of ucx_perftest's put, beside
+// which scripts/bench-vs-ucx.sh runs it.
+func BenchmarkShmWriteSame(b *testing.B) { benchSHMStride(b, moonring.OpWrite, false, false) }
+
+// BenchmarkShmReadSame is BenchmarkShmRead on one block, as ucx_perftest's
+// get.
+func BenchmarkShmReadSame(b *testing.B) { benchSHMStride(b, moonring.OpRead, false, false) }
 
 // BenchmarkShmVMRead reads a child process's Go buffer, which is not a
 // memfd: the fallback path, process_vm_readv (one call per run of slices).

@@ -2,6 +2,9 @@
 # bench-vs-ucx.sh: UCX's own put and get bandwidth over its posix
 # shared-memory transport (ucx_perftest, Debian ucx-utils) beside moonring's
 # shm benchmarks, in one run, at 4 KiB, 64 KiB, 1 MiB and 64 MiB.
+# ucx_perftest puts and gets one buffer over and over; BenchmarkShmWriteSame
+# and BenchmarkShmReadSame do the same (the other benchmarks spread the
+# requests in flight over their own blocks, a working set 8-64 times larger).
 #
 #   scripts/bench-vs-ucx.sh [count]    count runs of each (default 3)
 #
@@ -45,5 +48,5 @@ for size in 4096 65536 1048576 67108864; do
 		done
 	done
 done
-go test -run '^$' -bench 'Shm(Write|Read)$|ShmCopyBaseline' -count "$count" . |
+go test -run '^$' -bench 'Shm(Write|Read)(Same)?$|ShmCopyBaseline' -count "$count" . |
 	awk '/^Benchmark/ { for (i = 1; i < NF; i++) if ($(i+1) == "GB/s") print $1, "GB/s", $i }'

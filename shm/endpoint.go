@@ -273,10 +273,19 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 	if e.closed.Load() || c == nil {
 		return transport.ErrClosed
 	}
+	var m *mapping
+	if s.Op != transport.Notify {
+		m = find(*e.maps.Load(), s.Remote, s.Length)
+	}
+	return e.copy(c, m, s)
+}
+
+// copy moves s through m, the mapping that find returned for it (nil when
+// none did).
+func (e *Endpoint) copy(c *client, m *mapping, s *transport.Slice) error {
 	if s.Op == transport.Notify {
 		return c.notify(s)
 	}
-	m := find(*e.maps.Load(), s.Remote, s.Length)
 	if m == nil || !m.ref.Acquire() {
 		return e.missing(c, s)
 	}
@@ -303,27 +312,35 @@ const maxIov = 64
 // consecutive slices in the same direction that go through process_vm
 // calls move with one call per run.
 func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
+	c := e.conn.Load()
+	if e.closed.Load() || c == nil {
+		for i := range s {
+			errs[i] = transport.ErrClosed
+		}
+		return
+	}
+	ms := *e.maps.Load()
 	for i := 0; i < len(s); {
-		n := e.vmRun(s[i:min(len(s), i+maxIov)])
-		if n < 2 {
-			errs[i] = e.Copy(&s[i])
+		var m *mapping
+		if s[i].Op != transport.Notify {
+			m = find(ms, s[i].Remote, s[i].Length)
+		}
+		if m == nil || m.base != nil {
+			errs[i] = e.copy(c, m, &s[i])
 			i++
 			continue
 		}
+		n := vmRun(ms, s[i:min(len(s), i+maxIov)])
 		e.vmBatch(s[i:i+n], errs[i:i+n])
 		i += n
 	}
 }
 
-// vmRun counts the leading slices of s that go through process_vm calls
-// in the same direction.
-func (e *Endpoint) vmRun(s []transport.Slice) int {
-	if e.closed.Load() || len(s) == 0 {
-		return 0
-	}
-	ms := *e.maps.Load()
-	n := 0
-	for n < len(s) && s[n].Op == s[0].Op && s[n].Op != transport.Notify {
+// vmRun counts the leading slices of s (at least the first, which must)
+// that go through process_vm calls in the same direction.
+func vmRun(ms []*mapping, s []transport.Slice) int {
+	n := 1
+	for n < len(s) && s[n].Op == s[0].Op {
 		m := find(ms, s[n].Remote, s[n].Length)
 		if m == nil || m.base != nil {
 			break
