@@ -591,16 +591,36 @@ func (t *Transport) Poll() int {
 	}
 	n := int(C.cq_poll(t.res, &ents[0], chunk))
 	t.guard.RUnlock()
+	nd := 0
+	if n > 0 {
+		nd = t.deliver(ents[:n])
+	}
+	if t.nretry.Load() > 0 {
+		nd += t.retryDue()
+	}
+	if t.cfg.Timeout > 0 && t.polls.Load()%64 == 0 {
+		now := time.Now().UnixNano()
+		last := t.lastScan.Load()
+		if now-last > int64(min(t.cfg.Timeout/4, time.Second)) && t.lastScan.CompareAndSwap(last, now) {
+			nd += t.expire(now-int64(t.cfg.Timeout), nil, errTimeout)
+		}
+	}
+	return nd
+}
+
+// deliver completes the slices of the completion entries ents (queueing
+// those to retry), and returns how many it completed.
+func (t *Transport) deliver(ents []C.cq_ent) int {
 	var (
 		done  [chunk]completion
 		retry [chunk]uint32
 	)
 	nd, nr := 0, 0
-	if n > 0 {
+	{
 		var freed [chunk]uint32
 		nf := 0
 		base := uintptr(t.ctxs)
-		for _, ent := range ents[:n] {
+		for _, ent := range ents {
 			off := uintptr(ent.ctx) - base
 			i := off / t.ctxSize
 			if uintptr(ent.ctx) < base || off%t.ctxSize != 0 || i >= uintptr(len(t.slots)) {
@@ -649,16 +669,6 @@ func (t *Transport) Poll() int {
 	}
 	for _, d := range done[:nd] {
 		d.c.Complete(d.token, d.err)
-	}
-	if t.nretry.Load() > 0 {
-		nd += t.retryDue()
-	}
-	if t.cfg.Timeout > 0 {
-		now := time.Now().UnixNano()
-		last := t.lastScan.Load()
-		if now-last > int64(min(t.cfg.Timeout/4, time.Second)) && t.lastScan.CompareAndSwap(last, now) {
-			nd += t.expire(now-int64(t.cfg.Timeout), nil, errTimeout)
-		}
 	}
 	return nd
 }
@@ -927,6 +937,16 @@ var (
 // accepts fewer slices when every slot is in flight or the provider's
 // queue is full (-FI_EAGAIN): Poll frees both.
 func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
+	t := e.t
+	if len(s) == 0 {
+		return 0, nil
+	}
+	if t.closing.Load() || e.closed.Load() {
+		return 0, errClosed
+	}
+	if f := e.peer.Load().full.Load(); f != 0 && f == t.polls.Load()+1 {
+		return 0, nil // the provider's queue is full until the next Poll
+	}
 	done := 0
 	for done < len(s) {
 		n, more, err := e.post(c, s[done:min(len(s), done+chunk)])

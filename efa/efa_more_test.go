@@ -177,3 +177,30 @@ func TestTimeout(t *testing.T) {
 		})
 	}
 }
+
+// Update with the descriptor of a restarted peer (a new address, new
+// keys) moves the endpoint's slices to it.
+func TestUpdateRestartedPeer(t *testing.T) {
+	p := newPair(t, "tcp", testConfig("tcp"), testConfig("tcp"))
+	q := newPair(t, "tcp", testConfig("tcp"), testConfig("tcp")) // its target plays the restarted peer
+	w := newWaiter()
+	for i := range p.lmem[:4096] {
+		p.lmem[i] = byte(i*13 + 1)
+	}
+	p.ep.Update(q.desc)
+	s := p.slice(transport.Write, 4096)
+	s.Remote = q.desc.Buffers[0].Addr
+	postAll(t, p.ep, w, []transport.Slice{s})
+	if err := w.wait(t, []transport.Slice{s}, 30*time.Second)[0]; err != nil {
+		t.Fatalf("WRITE after Update: %v", err)
+	}
+	if string(q.tmem[:4096]) != string(p.lmem[:4096]) {
+		t.Fatalf("WRITE after Update did not land in the new peer's buffer")
+	}
+	// The old peer's buffer is no longer in the endpoint's descriptor.
+	s = p.slice(transport.Write, 16)
+	postAll(t, p.ep, w, []transport.Slice{s})
+	if err := w.wait(t, []transport.Slice{s}, 30*time.Second)[0]; !errors.Is(err, transport.ErrRange) {
+		t.Fatalf("WRITE to the old peer's buffer after Update: %v; want ErrRange", err)
+	}
+}
