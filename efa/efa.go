@@ -83,6 +83,12 @@ type peer struct {
 	// try again: on a busy machine a spinning poster would otherwise burn
 	// the time the progress it waits for needs.
 	full atomic.Uint64
+	// budget is how many operations the provider took for the peer before
+	// its last -FI_EAGAIN, doubled after every Post it took whole (0: no
+	// limit). Post prepares no more than that: shm, for one, takes one
+	// 4 KiB WRITE at a time, and preparing 64 to undo 63 cost more than
+	// the provider's own work.
+	budget atomic.Int32
 }
 
 // Transport moves slices with libfabric RMA on one FI_EP_RDM endpoint that
@@ -970,12 +976,11 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 	)
 	nf := 0
 	p := e.peer.Load()
-	if f := p.full.Load(); f != 0 && !t.closing.Load() && !e.closed.Load() {
-		if f == t.polls.Load()+1 {
-			return 0, false, nil // the provider's queue is full until the next Poll
-		}
-		// It was full: try one slice before preparing a whole batch.
-		s = s[:1]
+	if f := p.full.Load(); f != 0 && f == t.polls.Load()+1 && !t.closing.Load() && !e.closed.Load() {
+		return 0, false, nil // the provider's queue is full until the next Poll
+	}
+	if b := int(p.budget.Load()); b > 0 && b < len(s) {
+		s = s[:b]
 	}
 	t.guard.RLock()
 	if t.closing.Load() || e.closed.Load() {
@@ -1086,6 +1091,14 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 	}
 	if posted > 0 && p.full.Load() != 0 {
 		p.full.Store(0)
+	}
+	if posted < m {
+		p.budget.Store(int32(max(posted, 1)))
+	} else if b := p.budget.Load(); b > 0 && m == int(b) {
+		if b *= 2; b >= chunk {
+			b = 0
+		}
+		p.budget.Store(b)
 	}
 	// Undo what was not posted, and free what failed to post, while the
 	// guard still keeps Close from sweeping the slots.
