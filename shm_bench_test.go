@@ -101,15 +101,19 @@ func BenchmarkShmVMWrite(b *testing.B) { benchSHM(b, moonring.OpWrite, true) }
 // depth blocks; between Go heap buffers (mem=heap, which get transparent
 // huge pages) and between buffers from Alloc with shm installed (mem=memfd,
 // the memory the shm benchmarks move, which gets huge pages only where
-// shmem_enabled allows).
+// shmem_enabled allows), and on one block of such memory (mem=memfd-same,
+// the working set of the *Same benchmarks and of ucx_perftest).
 func BenchmarkShmCopyBaseline(b *testing.B) {
 	e := newEngineCfg(b, moonring.Config{SHM: &shm.Config{}})
-	for _, kind := range []string{"heap", "memfd"} {
+	for _, kind := range []string{"heap", "memfd", "memfd-same"} {
 		for _, sz := range shmSizes {
 			b.Run("mem="+kind+"/size="+sz.name, func(b *testing.B) {
-				span := sz.bytes * sz.depth
+				span, depth := sz.bytes*sz.depth, sz.depth
+				if kind == "memfd-same" { // one block, as the *Same benchmarks
+					span, depth = sz.bytes, 1
+				}
 				src, dst := make([]byte, span), make([]byte, span)
-				if kind == "memfd" {
+				if kind != "heap" {
 					var err error
 					if src, err = e.Alloc(span, "cpu:0"); err != nil {
 						b.Fatal(err)
@@ -127,7 +131,7 @@ func BenchmarkShmCopyBaseline(b *testing.B) {
 				for b.Loop() {
 					o := i * sz.bytes
 					copy(dst[o:o+sz.bytes], src[o:o+sz.bytes])
-					if i++; i == sz.depth {
+					if i++; i == depth {
 						i = 0
 					}
 				}
