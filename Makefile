@@ -16,11 +16,14 @@ BENCHCOUNT ?= 5
 
 all: build
 
+# bin/moonring: with the rdma transport (cgo, linked to libibverbs) where
+# the libibverbs headers are; else static and pure Go.
 build:
 	CGO_ENABLED=0 $(GO) build ./...
-	CGO_ENABLED=0 $(GO) build -o bin/moonring ./cmd/moonring
-	@if [ -f /usr/include/infiniband/verbs.h ]; then echo "$(GO) build -tags rdma ./rdma/"; $(GO) build -tags rdma ./rdma/; \
-	else echo "build: no libibverbs headers (libibverbs-dev): the rdma transport is not built"; fi
+	@if [ -f /usr/include/infiniband/verbs.h ]; then \
+		echo "$(GO) build -tags rdma -o bin/moonring ./cmd/moonring"; $(GO) build -tags rdma -o bin/moonring ./cmd/moonring; \
+	else echo "build: no libibverbs headers (libibverbs-dev): bin/moonring without the rdma transport"; \
+		CGO_ENABLED=0 $(GO) build -o bin/moonring ./cmd/moonring; fi
 
 vet:
 	@unformatted="$$(gofmt -l $$(git ls-files '*.go'))"; \

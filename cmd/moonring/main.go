@@ -90,7 +90,14 @@ func info(out io.Writer) error {
 	for _, d := range devs {
 		fmt.Fprintf(out, "rdma device %s: numa node %d\n", d.Name, d.NUMANode)
 		for _, p := range d.Ports {
-			fmt.Fprintf(out, "  port %d: %s, %s, mtu %d, lid %d, %d gids, chosen %d\n", p.Port, p.State, p.LinkLayer, p.MTU, p.LID, len(p.GIDs), p.Chosen)
+			fmt.Fprintf(out, "  port %d: %s, %s, mtu %d, lid %d\n", p.Port, p.State, p.LinkLayer, p.MTU, p.LID)
+			for i, g := range p.GIDs {
+				mark := ""
+				if i == p.Chosen {
+					mark = " (chosen)"
+				}
+				fmt.Fprintf(out, "    gid %s%s\n", g, mark)
+			}
 		}
 	}
 	fmt.Fprintln(out, "transports:")
@@ -108,7 +115,7 @@ func info(out io.Writer) error {
 	}
 	for _, tr := range []struct{ name, why string }{
 		{"local", "usable: memcpy between engines of one process (always installed)"},
-		{"nvlink", "a program of yours installs it (e.InstallTransport(nvlink.New(...))) where libcuda.so.1 exists; this binary leaves it out to stay static"},
+		{"nvlink", "not in this command: a program installs it with e.InstallTransport(nvlink.New(...)) where libcuda.so.1 exists"},
 		{"shm", "usable: Config.SHM installs it; same-host peers (moonring bench --protocol shm)"},
 		{"rdma", probe(rdma.New(rdma.Config{}))("Config.RDMA installs it")},
 		{"efa", probe(efa.New(efa.Config{}))("InstallTransport(efa.New(...))")},
