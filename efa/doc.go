@@ -23,9 +23,11 @@
 //
 // Post turns up to 64 slices into operations in one cgo call; when the
 // provider's queue or the transport's slots (Config.Depth) are full it
-// accepts fewer, and the engine posts the rest later (when the provider
+// accepts fewer, and the engine posts the rest later. When the provider
 // took nothing, Post takes nothing more until the next Poll, which is what
-// frees the provider's queue). Poll reads up to 64
+// frees the provider's queue; and it prepares no more operations for a
+// peer than the provider last took before it was full, doubling that after
+// each batch taken whole. Poll reads up to 64
 // completions with fi_cq_read in one cgo call, errors with fi_cq_readerr.
 // Software providers emulate RMA, so the target moves bytes only while it
 // polls: every transport must be polled, the target's too (the engine's
