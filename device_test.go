@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/efa"
 	"github.com/moonring/moonring/rdma"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
@@ -113,11 +114,12 @@ func TestDeviceMemory(t *testing.T) {
 }
 
 // TestOptionalTransportMissing: a transport the configuration asks for but
-// this build or machine cannot give (rdma without the tag or a device) is
-// left out with a warning; the engine works without it.
+// this build or machine cannot give (rdma without the tag or a device, efa
+// without the tag or an EFA device) is left out with a warning; the engine
+// works without it.
 func TestOptionalTransportMissing(t *testing.T) {
 	var logs strings.Builder
-	e, err := moonring.New(moonring.Config{Name: t.Name(), RDMA: &rdma.Config{},
+	e, err := moonring.New(moonring.Config{Name: t.Name(), RDMA: &rdma.Config{}, EFA: &efa.Config{},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if rdma.Available {
 		if err == nil {
@@ -132,7 +134,12 @@ func TestOptionalTransportMissing(t *testing.T) {
 	if e.Transport(rdma.Name) != nil {
 		t.Fatal("rdma installed in a build without it")
 	}
-	if !strings.Contains(logs.String(), "transport=rdma") {
-		t.Fatalf("no warning about rdma in the log: %q", logs.String())
+	if e.Transport(efa.Name) != nil {
+		t.Fatal("efa installed in a build without it, or on a machine without an EFA device")
+	}
+	for _, name := range []string{"rdma", "efa"} {
+		if !strings.Contains(logs.String(), "transport="+name) {
+			t.Fatalf("no warning about %s in the log: %q", name, logs.String())
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/efa"
 	"github.com/moonring/moonring/internal/mem"
 	"github.com/moonring/moonring/local"
 	"github.com/moonring/moonring/metadata"
@@ -165,6 +166,12 @@ type Config struct {
 	// cgo and the "rdma" tag). Where it cannot work (no such build, no
 	// usable device) the engine logs why and goes on without it.
 	RDMA *rdma.Config
+	// EFA, when set, installs the libfabric transport (a binary built with
+	// cgo and the "efa" tag), or logs why it cannot here and goes on.
+	// With libfabric's software providers (tcp, shm) a target moves its
+	// peers' bytes only while it polls: set Progress (with a
+	// ProgressSleep) there, since the engine's pollers park when idle.
+	EFA *efa.Config
 	// BatchEntries sizes the SQ and in-flight table of the ring that serves
 	// the batch API, per NUMA node (default 4096).
 	BatchEntries int
@@ -220,6 +227,9 @@ func (c Config) String() string {
 	}
 	if c.SHM != nil {
 		ts += fmt.Sprintf("\nshm: same-host peers, no mapping %v", c.SHM.NoMap)
+	}
+	if c.EFA != nil {
+		ts += fmt.Sprintf("\nefa: providers %v, progress goroutine %v", c.EFA.Providers, c.EFA.Progress)
 	}
 	if c.RDMA != nil {
 		ts += fmt.Sprintf("\nrdma: listen %s, devices %v (in this build: %v)", c.RDMA.Listen, c.RDMA.Devices, rdma.Available)
@@ -344,6 +354,13 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.RDMA != nil {
 		t, err := rdma.New(*cfg.RDMA)
 		if err := e.installOptional(rdma.Name, t, err); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
+	if cfg.EFA != nil {
+		t, err := efa.New(*cfg.EFA)
+		if err := e.installOptional(efa.Name, t, err); err != nil {
 			e.Close()
 			return nil, err
 		}
