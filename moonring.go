@@ -169,8 +169,9 @@ type Config struct {
 	// EFA, when set, installs the libfabric transport (a binary built with
 	// cgo and the "efa" tag), or logs why it cannot here and goes on.
 	// With libfabric's software providers (tcp, shm) a target moves its
-	// peers' bytes only while it polls: set Progress (with a
-	// ProgressSleep) there, since the engine's pollers park when idle.
+	// peers' bytes only while it polls: the engine's poller does, but
+	// looks only every millisecond once idle; set Progress (with a
+	// ProgressSleep) on such targets for prompt answers.
 	EFA *efa.Config
 	// BatchEntries sizes the SQ and in-flight table of the ring that serves
 	// the batch API, per NUMA node (default 4096).
@@ -565,6 +566,13 @@ func (e *Engine) InstallTransport(t transport.Transport) error {
 	if h, ok := t.(transport.Poller); ok {
 		for _, p := range e.pollers {
 			p.AddHook(h)
+		}
+		// A transport that needs polling gets it even in an engine that
+		// has no ring yet (a pure target: libfabric's software providers
+		// move peers' bytes only while the target polls). The new poller
+		// takes the hooks of every installed transport.
+		if len(e.pollers) == 0 {
+			e.poller(0)
 		}
 	}
 	return e.publish()

@@ -49,10 +49,11 @@ type Config struct {
 	// slices in flight before it fails them with ErrClosed (default 5 s).
 	Linger time.Duration
 	// Progress starts a goroutine that calls Poll until Close. Off by
-	// default: the engine's pollers call Poll. A transport used without
-	// the engine, the target side of a benchmark for instance, needs it:
-	// libfabric's software providers move a peer's RMA only while the
-	// target polls.
+	// default: the engine's pollers call Poll (every millisecond once
+	// idle). A transport used without the engine, the target side of a
+	// benchmark for instance, needs it, and an engine serving peers over a
+	// software provider answers faster with it: libfabric's software
+	// providers move a peer's RMA only while the target polls.
 	Progress bool
 	// ProgressSleep is how long the progress goroutine sleeps when a Poll
 	// delivered nothing and no completion came for 50 µs (default 0: it

@@ -16,11 +16,19 @@ import (
 // (libfabric's tcp provider, with the progress goroutine the software
 // provider needs) open each other's segment over efa alone and move data
 // both ways through the batch API.
-func TestEngines(t *testing.T) {
+func TestEngines(t *testing.T) { testEngines(t, true) }
+
+// TestEnginesEnginePolls: the same without the transport's progress
+// goroutine: the target engine, which has no ring, still polls the
+// transport (the engine starts a poller for it), so its peer's bytes move.
+func TestEnginesEnginePolls(t *testing.T) { testEngines(t, false) }
+
+func testEngines(t *testing.T, progress bool) {
 	newEFA(t, testConfig("tcp")).Close() // skips loudly where libfabric is missing
 	store := metadata.NewMemory()
 	mk := func(name string) *moonring.Engine {
 		cfg := testConfig("tcp")
+		cfg.Progress = progress
 		e, err := moonring.New(moonring.Config{Name: name, Metadata: store, Transports: []string{efa.Name}, EFA: &cfg})
 		if err != nil {
 			t.Fatal(err)
