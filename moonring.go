@@ -330,12 +330,9 @@ func New(cfg Config) (*Engine, error) {
 			tc.Logger = cfg.Logger
 		}
 		t, err := tcp.New(tc)
-		if err == nil {
-			err = e.InstallTransport(t)
-		}
-		if err != nil {
+		if err := e.install(tcp.Name, t, err, false); err != nil {
 			e.Close()
-			return nil, fmt.Errorf("moonring: tcp transport: %w", err)
+			return nil, err
 		}
 	}
 	if cfg.SHM != nil {
@@ -344,24 +341,21 @@ func New(cfg Config) (*Engine, error) {
 			sc.Key = cfg.TCP.Key // one segment key for the deployment
 		}
 		t, err := shm.New(sc)
-		if err == nil {
-			err = e.InstallTransport(t)
-		}
-		if err != nil {
+		if err := e.install(shm.Name, t, err, false); err != nil {
 			e.Close()
-			return nil, fmt.Errorf("moonring: shm transport: %w", err)
+			return nil, err
 		}
 	}
 	if cfg.RDMA != nil {
 		t, err := rdma.New(*cfg.RDMA)
-		if err := e.installOptional(rdma.Name, t, err); err != nil {
+		if err := e.install(rdma.Name, t, err, true); err != nil {
 			e.Close()
 			return nil, err
 		}
 	}
 	if cfg.EFA != nil {
 		t, err := efa.New(*cfg.EFA)
-		if err := e.installOptional(efa.Name, t, err); err != nil {
+		if err := e.install(efa.Name, t, err, true); err != nil {
 			e.Close()
 			return nil, err
 		}
@@ -369,11 +363,12 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// installOptional installs a transport the configuration asked for, or,
-// when it cannot work here (err wraps transport.ErrNotSupported), logs why
-// and goes on without it.
-func (e *Engine) installOptional(name string, t transport.Transport, err error) error {
-	if errors.Is(err, transport.ErrNotSupported) {
+// install installs a transport the configuration asked for, given what
+// its constructor returned; a transport that InstallTransport refuses is
+// closed. An optional one that cannot work here (err wraps
+// transport.ErrNotSupported) is left out with a warning in the log.
+func (e *Engine) install(name string, t transport.Transport, err error, optional bool) error {
+	if optional && errors.Is(err, transport.ErrNotSupported) {
 		e.cfg.Logger.Warn("moonring: transport not available; going on without it", "transport", name, "reason", err)
 		return nil
 	}
@@ -925,13 +920,15 @@ func (e *Engine) Free(b []byte) error {
 		}
 	}
 	for _, t := range e.installed() {
-		if d, ok := t.(transport.DeviceMemory); ok {
-			if err := d.FreeDevice(b); !errors.Is(err, segtable.ErrNotFound) {
-				if err != nil {
-					return fmt.Errorf("moonring: free: %w", err)
-				}
-				return nil
-			}
+		d, ok := t.(transport.DeviceMemory)
+		if !ok {
+			continue
+		}
+		switch err := d.FreeDevice(b); {
+		case err == nil:
+			return nil
+		case !errors.Is(err, segtable.ErrNotFound): // its memory, but freeing failed
+			return fmt.Errorf("moonring: free: %w", err)
 		}
 	}
 	if err := mem.Free(b); err != nil {

@@ -567,35 +567,50 @@ type client struct {
 	done chan struct{}
 }
 
+// waiter is what a call waits on; pooled, so that a call allocates nothing.
+type waiter struct {
+	ch chan reply
+	t  *time.Timer
+}
+
+var waiters = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &waiter{ch: make(chan reply, 1), t: t}
+}}
+
 // call sends m and waits for its answer.
 func (c *client) call(m *msg) (uint16, error) {
-	ch := make(chan reply, 1)
+	w := waiters.Get().(*waiter)
 	c.mu.Lock()
 	if c.dead.Load() {
 		c.mu.Unlock()
+		waiters.Put(w)
 		return 0, transport.ErrPeer
 	}
 	c.seq++
 	m.seq = c.seq
-	c.wait[m.seq] = ch
+	c.wait[m.seq] = w.ch
 	c.mu.Unlock()
 	var buf [maxMsg]byte
 	c.wmu.Lock()
 	_, err := c.c.Write(m.encode(buf[:]))
 	c.wmu.Unlock()
 	if err != nil {
-		c.kill()
+		c.kill() // w is not put back: the reader answers it as it ends
 		return 0, fmt.Errorf("%w: %w", transport.ErrPeer, err)
 	}
-	t := time.NewTimer(c.e.t.cfg.ReplyTimeout)
-	defer t.Stop()
+	w.t.Reset(c.e.t.cfg.ReplyTimeout)
 	select {
-	case r := <-ch:
+	case r := <-w.ch:
+		w.t.Stop()
+		waiters.Put(w) // answer took the channel out of the map before it sent
 		return r.status, r.err
-	case <-t.C:
+	case <-w.t.C:
 		c.mu.Lock()
 		delete(c.wait, m.seq)
 		c.mu.Unlock()
+		// Not put back: an answer may still be on its way into w.ch.
 		return 0, fmt.Errorf("%w: no answer within %v", transport.ErrPeer, c.e.t.cfg.ReplyTimeout)
 	}
 }
@@ -628,12 +643,12 @@ func (c *client) notify(s *transport.Slice) error {
 	if s.Length > transport.MaxNotifyMessage {
 		return transport.ErrRange
 	}
-	from := c.e.t.selfName()
+	from := *c.e.t.self.Load()
 	if len(from) > maxName {
 		from = from[:maxName]
 	}
-	tail := make([]byte, 0, len(from)+int(s.Length))
-	tail = append(tail, from...)
+	var room [maxName + transport.MaxNotifyMessage]byte
+	tail := append(room[:0], from...)
 	if s.Length > 0 {
 		tail = append(tail, unsafe.Slice((*byte)(s.Local), s.Length)...)
 	}
@@ -644,20 +659,14 @@ func (c *client) notify(s *transport.Slice) error {
 	return statusErr(st)
 }
 
-func (t *Transport) selfName() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.self
-}
-
 // run reads the target's packets until the connection ends, then drops
 // every mapping and fails the calls still waiting.
 func (c *client) run() {
 	defer c.e.t.wg.Done()
 	defer close(c.done)
-	buf := make([]byte, maxMsg+1)
-	oob := make([]byte, unix.CmsgSpace(4*16))
-	for c.step(buf, oob) {
+	if pk, err := newPackets(c.c); err == nil {
+		for c.step(pk) {
+		}
 	}
 	c.kill()
 	c.e.drop(0, true)
@@ -670,14 +679,14 @@ func (c *client) run() {
 }
 
 // step handles one packet and reports whether the connection is still good.
-func (c *client) step(buf, oob []byte) bool {
-	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
+func (c *client) step(pk *packets) bool {
+	p, oob, flags, err := pk.read()
 	if err != nil {
 		return false
 	}
 	fd := -1
-	if oobn > 0 {
-		fd = oneRight(oob[:oobn])
+	if len(oob) > 0 {
+		fd = oneRight(oob)
 		defer func() {
 			if fd >= 0 {
 				unix.Close(fd) // mapped or refused: the descriptor is not kept
@@ -685,7 +694,7 @@ func (c *client) step(buf, oob []byte) bool {
 		}()
 	}
 	var m msg
-	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n > maxMsg || decode(buf[:n], &m) != nil {
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || len(p) > maxMsg || decode(p, &m) != nil {
 		return false
 	}
 	switch m.typ {

@@ -64,7 +64,7 @@ type Transport struct {
 	key      []byte
 	ln       *net.UnixListener
 
-	self    string
+	self    atomic.Pointer[string] // the engine's segment name, From of notifications
 	deliver atomic.Pointer[func(*transport.Notification) error]
 
 	mu     sync.Mutex
@@ -165,6 +165,7 @@ func New(cfg Config) (*Transport, error) {
 		conns:    map[*server]struct{}{},
 		eps:      map[*Endpoint]struct{}{},
 	}
+	t.self.Store(new(string))
 	t.wg.Add(1)
 	go t.accept()
 	return t, nil
@@ -183,9 +184,7 @@ func (t *Transport) SliceSize() uint64 { return 4 << 20 }
 
 // SetNotify implements transport.Notifier.
 func (t *Transport) SetNotify(self string, deliver func(*transport.Notification) error) {
-	t.mu.Lock()
-	t.self = self
-	t.mu.Unlock()
+	t.self.Store(&self)
 	t.deliver.Store(&deliver)
 }
 
@@ -391,6 +390,8 @@ type server struct {
 	c   *net.UnixConn
 	wmu sync.Mutex // one packet at a time
 
+	note transport.Notification // reused by every notification (serve only)
+
 	mu   sync.Mutex
 	acks map[uint64]chan struct{} // revokes waiting for their answer
 	gone bool
@@ -408,12 +409,14 @@ func (s *server) send(m *msg, oob []byte) error {
 func (s *server) serve() {
 	defer s.t.wg.Done()
 	defer s.finish()
-	buf := make([]byte, maxMsg+1)
-	oob := make([]byte, unix.CmsgSpace(4*16))
+	pk, err := newPackets(s.c)
+	if err != nil {
+		return
+	}
 	var m msg
 	// The hello first: a peer on another kernel cannot connect to an
 	// abstract socket, but its boot id must match all the same.
-	if !s.read(buf, oob, &m) || m.typ != msgHello {
+	if !s.read(pk, &m) || m.typ != msgHello {
 		return
 	}
 	ci := [2]uint64{m.c, m.d}
@@ -429,7 +432,7 @@ func (s *server) serve() {
 	if s.send(&ack, nil) != nil || ack.status != statusOK {
 		return
 	}
-	if !s.read(buf, oob, &m) || m.typ != msgProof {
+	if !s.read(pk, &m) || m.typ != msgProof {
 		return
 	}
 	want := proof(s.t.key, "initiator", ci, ct)
@@ -444,7 +447,7 @@ func (s *server) serve() {
 	if s.send(&pa, nil) != nil {
 		return
 	}
-	for s.read(buf, oob, &m) {
+	for s.read(pk, &m) {
 		switch m.typ {
 		case msgGrant:
 			if s.grant(&m) != nil {
@@ -469,18 +472,18 @@ func (s *server) serve() {
 
 // read reads one packet, dropping any descriptors a peer sent (none are
 // expected), and reports whether it decoded.
-func (s *server) read(buf, oob []byte, m *msg) bool {
-	n, oobn, flags, _, err := s.c.ReadMsgUnix(buf, oob)
+func (s *server) read(pk *packets, m *msg) bool {
+	p, oob, flags, err := pk.read()
 	if err != nil {
 		return false
 	}
-	if oobn > 0 {
-		closeRights(oob[:oobn])
+	if len(oob) > 0 {
+		closeRights(oob)
 	}
-	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n > maxMsg {
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || len(p) > maxMsg {
 		return false
 	}
-	return decode(buf[:n], m) == nil
+	return decode(p, m) == nil
 }
 
 // closeRights closes every descriptor in a control message.
@@ -520,13 +523,18 @@ func (s *server) notify(m *msg) error {
 	if d == nil {
 		ack.status = statusDenied
 	} else {
-		n := transport.Notification{From: string(m.tail[:m.b]), Tag: m.a}
+		n := &s.note
+		if string(m.tail[:m.b]) != n.From { // the same name every time: converted once
+			n.From = string(m.tail[:m.b])
+		}
+		n.Tag, n.Msg = m.a, nil
 		if m.c > 0 {
 			n.Msg = m.tail[m.b:]
 		}
-		if err := (*d)(&n); err != nil {
+		if err := (*d)(n); err != nil {
 			ack.status = statusFull
 		}
+		n.Msg = nil // valid only during the call
 	}
 	return s.send(&ack, nil)
 }

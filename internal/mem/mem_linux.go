@@ -32,9 +32,9 @@ type mapping struct {
 //
 // The pages are faulted in before Alloc returns, so that pinning them for a
 // NIC later is quick. From 2 MiB on, Alloc asks for transparent huge pages
-// (madvise MADV_HUGEPAGE; a kernel without them is not an error). When node >= 0 and
-// the machine has more than one NUMA node, the pages are bound to that node
-// (mbind MPOL_BIND) before they are touched; binding is best effort where the
+// (madvise MADV_HUGEPAGE; a kernel without them is not an error). When node
+// >= 0 and the machine has more than one NUMA node, the pages are bound to
+// that node (mbind MPOL_BIND) before they are touched; binding is best effort where the
 // kernel or a seccomp filter forbids it (ENOSYS, EPERM), and other binding
 // errors, such as a node that does not exist, fail the allocation. node < 0,
 // or a machine with one node, means no binding.
@@ -153,11 +153,11 @@ func File(addr uintptr, n uint64) (*os.File, int64, error) {
 	return nil, 0, fmt.Errorf("mem: file of %#x (%d bytes): %w", addr, n, ErrNotAllocated)
 }
 
-// Free unmaps a buffer that [Alloc] or [AllocShared] returned (and closes
-// the memfd of a shared one; descriptors from [File] stay valid). b must start where Alloc's
-// slice started and keep its capacity (its length may differ); anything else,
-// including a second Free of the same buffer, fails with [ErrNotAllocated]
-// and unmaps nothing. After Free returns nil, no one may touch the memory.
+// Free unmaps a buffer that [Alloc] or [AllocShared] returned, and closes
+// the memfd of a shared one (descriptors from [File] stay valid). b must
+// start where Alloc's slice started and keep its capacity (its length may
+// differ); anything else, including a second Free of the same buffer, fails
+// with [ErrNotAllocated] and unmaps nothing. After Free returns nil, no one may touch the memory.
 // Free is safe for concurrent use.
 func Free(b []byte) error {
 	p := base(b)
