@@ -133,6 +133,10 @@ func (e *Endpoint) resolve(r *remote, b segtable.BufferDesc, tab *table) error {
 	if err != nil {
 		return fmt.Errorf("%w: open IPC handle: %w", transport.ErrDenied, err)
 	}
+	if k.addr-k.base > m.size || k.length > m.size-(k.addr-k.base) {
+		e.t.unmapHandle(m)
+		return fmt.Errorf("%w: the key names [%d, +%d) of an allocation of %d bytes", transport.ErrDenied, k.addr-k.base, k.length, m.size)
+	}
 	if _, ok := e.held[m]; ok {
 		e.t.unmapHandle(m) // held already: one reference per endpoint
 	} else {

@@ -136,6 +136,7 @@ type region struct {
 // every endpoint that reaches it.
 type mapping struct {
 	ptr  uintptr
+	size uint64 // bytes mapped at ptr, as the driver says
 	dev  *device
 	refs int
 }
@@ -542,7 +543,14 @@ func (t *Transport) mapHandle(d *device, h ipcHandle) (*mapping, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &mapping{ptr: p, dev: d, refs: 1}
+	// The size of what was mapped, from the driver: a peer's key names
+	// ranges inside it, and is checked against it, not trusted.
+	_, size, err := t.drv.addressRange(p)
+	if err != nil {
+		t.drv.ipcClose(p)
+		return nil, err
+	}
+	m := &mapping{ptr: p, size: size, dev: d, refs: 1}
 	t.maps[k] = m
 	return m, nil
 }

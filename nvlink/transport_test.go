@@ -598,6 +598,17 @@ func TestJunkDescriptor(t *testing.T) {
 	if err := r.result(t, 3); err != nil {
 		t.Errorf("after Update with the right key: %v", err)
 	}
+	// A key that claims a larger allocation than the one its handle
+	// maps: the driver's size wins, and a copy past the mapping is denied.
+	k3 := k
+	k3.size, k3.length = 4*k.size, 4*k.size-(k.addr-k.base)
+	d.Buffers[0] = segtable.BufferDesc{Addr: k3.addr, Length: k3.length, Keys: map[string]string{Name: k3.encode()}}
+	ep.Update(d)
+	sl.Token, sl.Remote = 4, k.addr+2*k.size
+	ep.Post(r, []transport.Slice{sl})
+	if err := r.result(t, 4); !errors.Is(err, transport.ErrDenied) {
+		t.Errorf("a key that overstates its allocation: %v, want ErrDenied", err)
+	}
 }
 
 func TestDriverErrors(t *testing.T) {

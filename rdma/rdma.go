@@ -240,10 +240,14 @@ func (t *Transport) openDevice(name string, idx int) (*device, error) {
 	if d.pd == nil {
 		return fail(fmt.Errorf("ibv_alloc_pd: %v", err))
 	}
-	cqe := t.cfg.MaxQPs*t.cfg.Depth + 64
+	// Each of the initiator's queue pairs completes its Depth work
+	// requests and its notification receives into d.cq; peers' queue
+	// pairs complete into d.pcq. Both are capped by the device.
+	cqe := t.cfg.MaxQPs*(t.cfg.Depth+notifySlots) + 64
+	pcqe := t.cfg.MaxPeerQPs*2*(notifySlots+1) + 64
 	var da C.struct_ibv_device_attr
 	if C.ibv_query_device(ctx, &da) == 0 && int(da.max_cqe) > 0 {
-		cqe = min(cqe, int(da.max_cqe))
+		cqe, pcqe = min(cqe, int(da.max_cqe)), min(pcqe, int(da.max_cqe))
 	}
 	d.cq, err = C.ibv_create_cq(ctx, C.int(cqe), nil, nil, 0)
 	if d.cq == nil {
@@ -254,7 +258,7 @@ func (t *Transport) openDevice(name string, idx int) (*device, error) {
 	if d.ch == nil {
 		return fail(fmt.Errorf("ibv_create_comp_channel: %v", err))
 	}
-	d.pcq, err = C.ibv_create_cq(ctx, C.int(min(cqe, t.cfg.MaxPeerQPs*2*(notifySlots+1)+64)), nil, d.ch, 0)
+	d.pcq, err = C.ibv_create_cq(ctx, C.int(pcqe), nil, d.ch, 0)
 	if d.pcq == nil {
 		return fail(fmt.Errorf("ibv_create_cq for peers: %v", err))
 	}
@@ -409,13 +413,18 @@ func (t *Transport) pollPeers(d *device) int {
 }
 
 func (d *device) free() {
+	// A device that failed half way may have a file and no goroutine yet.
 	if d.af != nil {
 		d.af.Close()
-		<-d.asyncDone
+		if d.asyncDone != nil {
+			<-d.asyncDone
+		}
 	}
 	if d.chf != nil {
 		d.chf.Close()
-		<-d.loopDone
+		if d.loopDone != nil {
+			<-d.loopDone
+		}
 	}
 	if d.pcq != nil {
 		C.ibv_destroy_cq(d.pcq)
