@@ -596,10 +596,11 @@ func (t *Transport) Poll() int {
 		return 0
 	}
 	n := int(C.cq_poll(t.res, &ents[0], chunk))
+	base := uintptr(t.ctxs) // under the guard: Close clears it
 	t.guard.RUnlock()
 	nd := 0
 	if n > 0 {
-		nd = t.deliver(ents[:n])
+		nd = t.deliver(ents[:n], base)
 	}
 	if t.nretry.Load() > 0 {
 		nd += t.retryDue()
@@ -615,8 +616,9 @@ func (t *Transport) Poll() int {
 }
 
 // deliver completes the slices of the completion entries ents (queueing
-// those to retry), and returns how many it completed.
-func (t *Transport) deliver(ents []C.cq_ent) int {
+// those to retry), and returns how many it completed. base is the address
+// of the operation contexts when the entries were read.
+func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 	var (
 		done  [chunk]completion
 		retry [chunk]uint32
@@ -625,7 +627,6 @@ func (t *Transport) deliver(ents []C.cq_ent) int {
 	{
 		var freed [chunk]uint32
 		nf := 0
-		base := uintptr(t.ctxs)
 		for _, ent := range ents {
 			off := uintptr(ent.ctx) - base
 			i := off / t.ctxSize
@@ -645,16 +646,21 @@ func (t *Transport) deliver(ents []C.cq_ent) int {
 				// is posted once more, on a fresh connection: RMA is
 				// idempotent, and tcp;ofi_rxm fails the operations that
 				// follow a broken connection until it connects again.
-				if errors.Is(err, transport.ErrPeer) && s.state.CompareAndSwap(slotBusy, slotRetry) {
-					if s.tries < maxTries {
-						retry[nr] = uint32(i)
-						nr++
-						continue
-					}
-					s.state.Store(slotBusy) // retried enough: it fails
+				// (Retried enough, it fails: the state never leaves
+				// busy, so a Close sweeping at once cannot see it twice.)
+				if errors.Is(err, transport.ErrPeer) && s.tries < maxTries && s.state.CompareAndSwap(slotBusy, slotRetry) {
+					retry[nr] = uint32(i)
+					nr++
+					continue
 				}
 			}
 			if !s.state.CompareAndSwap(slotBusy, slotFree) {
+				// Abandoned meanwhile (timed out or closed): the slice
+				// was failed there; this was the provider's last word.
+				if s.state.CompareAndSwap(slotAbandoned, slotFree) {
+					freed[nf] = uint32(i)
+					nf++
+				}
 				continue
 			}
 			e := s.ep.Load()
