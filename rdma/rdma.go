@@ -1617,13 +1617,24 @@ func (ep *Endpoint) Close() error {
 		t.eps = slices.Delete(t.eps, i, i+1)
 	}
 	t.mu.Unlock()
+	// The devices stay until this teardown ends: a Transport.Close that
+	// runs at once no longer sees this endpoint and frees them after it.
+	// Had it freed them already, the queue pairs went with them, and only
+	// the slices are left to complete.
+	t.life.RLock()
+	defer t.life.RUnlock()
+	hw := !t.freed
 	for _, q := range qs {
 		q.state.Store(qpClosing)
-		C.mr_to_err(q.q)
+		if hw {
+			C.mr_to_err(q.q)
+		}
 	}
 	deadline := time.Now().Add(closeTimeout)
 	for _, q := range qs {
-		t.drainDevice(q.dev, q.ringIdle, deadline)
+		if hw {
+			t.drainDevice(q.dev, q.ringIdle, deadline)
+		}
 	}
 	for _, q := range qs {
 		// Work requests that never completed (a device that did not
@@ -1654,7 +1665,12 @@ func (ep *Endpoint) Close() error {
 		for _, d := range left {
 			d.c.Complete(d.token, fmt.Errorf("rdma: endpoint closed (unflushed or unanswered): %w", transport.ErrClosed))
 		}
-		q.destroy()
+		if hw {
+			q.destroy()
+		} else {
+			q.conn.Close()
+			<-q.watch
+		}
 	}
 	return nil
 }
