@@ -12,11 +12,7 @@ import (
 
 // shmSizes are the sizes of the shm benchmarks, each with the requests in
 // flight and so the working set: depth blocks of size on each side.
-var shmSizes = []struct {
-	name  string
-	bytes int
-	depth int
-}{
+var shmSizes = []benchSize{
 	{"4KiB", 4 << 10, 64},
 	{"64KiB", 64 << 10, 32},
 	{"1MiB", 1 << 20, 8},

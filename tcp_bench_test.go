@@ -15,11 +15,15 @@ import (
 	"github.com/moonring/moonring/tcp"
 )
 
-var tcpSizes = []struct {
+// benchSize is a block size of the two-process benchmarks and how many
+// requests of it they keep in flight.
+type benchSize struct {
 	name  string
 	bytes int
 	depth int
-}{
+}
+
+var tcpSizes = []benchSize{
 	{"4KiB", 4 << 10, 64},
 	{"64KiB", 64 << 10, 32},
 	{"1MiB", 1 << 20, 8},
