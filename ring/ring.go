@@ -141,8 +141,10 @@ type Ring struct {
 	batchEP     transport.Endpoint
 	cqes        []cq.Completion
 	sinkCQE     cq.Completion
-	outstanding int // slices posted and not yet completed
-	active      int // requests in slots, including zombies
+	inline      transport.Slice // copyInline's slice (a field: it would escape)
+	more        bool            // take has more entries this round after the one it starts
+	outstanding int             // slices posted and not yet completed
+	active      int             // requests in slots, including zombies
 	nextCheck   int64
 	// latency counts completed requests by duration, from when the poller
 	// took them to their last slice, in power-of-two buckets of 1.024 µs
@@ -435,8 +437,10 @@ func (r *Ring) take(t int64) bool {
 			r.complete(e.UserData, cq.CodeTimeout, 0)
 			continue
 		}
+		r.more = i < n-1
 		r.start(e, t)
 	}
+	r.more = false
 	if len(r.free) > 0 {
 		r.blockedSince = 0
 	}
@@ -504,13 +508,22 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		r.complete(e.UserData, cq.CodeBadSegment, 0)
 		return
 	}
-	idx := r.free[len(r.free)-1]
-	r.free = r.free[:len(r.free)-1]
-	q := &r.reqs[idx]
 	size := seg.SliceSize
 	if size == 0 {
 		size = r.cfg.SliceSize
 	}
+	first := uint64(0) // the token of the first slice's first post
+	if e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size {
+		switch r.copyInline(e, buf, seg, reg.Handle) {
+		case inlineDone:
+			return
+		case inlineRetry:
+			first = attemptOne
+		}
+	}
+	idx := r.free[len(r.free)-1]
+	r.free = r.free[:len(r.free)-1]
+	q := &r.reqs[idx]
 	deadline := t + int64(e.Deadline(r.cfg.Timeout))
 	if deadline < t { // overflow: no deadline worth the name
 		deadline = 1<<63 - 1
@@ -534,8 +547,66 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	if r.cfg.Sink != nil {
 		r.cfg.Sink.Started(e.UserData)
 	}
+	if first != 0 {
+		// The inline copy failed: its retry goes to the next rail.
+		q.retries++
+		r.stats.Retries++
+		r.logRetry(q, cq.CodeTransport)
+		q.posted = 1
+		r.redo = append(r.redo, token(idx, q.gen, 0)+first)
+		return
+	}
 	r.postq = append(r.postq, token(idx, q.gen, 0))
 	r.postPending()
+}
+
+// Results of copyInline.
+const (
+	inlineNot   = iota // not tried: the request takes the normal way
+	inlineDone         // completed (or failed for good)
+	inlineRetry        // the copy failed and is worth a retry on another rail
+)
+
+// copyInline moves a one-slice request on a synchronous endpoint at once,
+// without a slot: nothing between its checks and its completion lets go of
+// the poller's goroutine, so no Uses can come in between, and the request
+// needs no reference. It tries nothing when the endpoint is not
+// synchronous, or batches (a BatchCopier) and more entries wait to join
+// the batch.
+func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint], handle uint64) int {
+	cp, ok := seg.Endpoint.(transport.Copier)
+	if !ok {
+		return inlineNot
+	}
+	if _, batches := cp.(transport.BatchCopier); batches && (len(r.batch) > 0 || r.more) {
+		return inlineNot
+	}
+	op := transport.Read
+	if e.Op == sq.Write {
+		op = transport.Write
+	}
+	s := &r.inline
+	s.Op, s.Rail, s.LocalHandle, s.Token = op, uint16(uint64(r.rail)%uint64(cp.(transport.Endpoint).Rails())), handle, 0
+	s.Local, s.Remote, s.Length = buf.Pointer(e.Local), e.Remote, e.Length
+	err := cp.Copy(s)
+	s.Local = nil // no pointer into the buffer outlives the copy
+	code := codeOf(err)
+	if code == cq.CodeTransport && r.cfg.RetryLimit > 0 {
+		return inlineRetry
+	}
+	r.rail++
+	if e.Length >= 256<<10 {
+		r.poller.slow = true // the round took long: read the clock again
+	}
+	if r.cfg.Sink != nil {
+		r.cfg.Sink.Started(e.UserData)
+	}
+	bytes := e.Length
+	if code != cq.CodeOK {
+		bytes = 0
+	}
+	r.ended(seg, op, e.UserData, code, bytes, 0)
+	return inlineDone
 }
 
 // sliceCount returns how many slices a request of length n is cut into: a
@@ -901,21 +972,26 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 	if code != cq.CodeOK {
 		bytes = 0 // a request that did not complete moved no bytes it can rely on
 	}
-	if code != cq.CodeOK && r.cfg.Logger != nil {
-		r.cfg.Logger.Info("moonring: request ended", "segment", q.seg.Name, "userdata", q.userData, "status", code.Status(), "err", code.Err())
-	}
-	r.countSegment(q, code, bytes)
-	if code == cq.CodeOK {
-		// The poller's clock of this round: no clock read per request.
-		d := max(r.now-q.started, 0)
-		r.latency[min(bits.Len64(uint64(d)>>10), len(r.latency)-1)]++
-		r.latencySum += d
-	}
-	r.complete(q.userData, code, bytes)
+	r.ended(q.seg, q.op, q.userData, code, bytes, max(r.now-q.started, 0))
 	q.state = stZombie
 	if q.outstanding == 0 {
 		r.release(idx)
 	}
+}
+
+// ended counts a finished request (took d ns, on the poller's clock) and
+// queues its completion.
+func (r *Ring) ended(seg *segtable.Segment[transport.Endpoint], op transport.Op, userData uint64, code cq.Code, bytes uint64, d int64) {
+	if code != cq.CodeOK && r.cfg.Logger != nil {
+		r.cfg.Logger.Info("moonring: request ended", "segment", seg.Name, "userdata", userData, "status", code.Status(), "err", code.Err())
+	}
+	r.countSegment(seg, op, code, bytes)
+	if code == cq.CodeOK {
+		// The poller's clock of this round: no clock read per request.
+		r.latency[min(bits.Len64(uint64(d)>>10), len(r.latency)-1)]++
+		r.latencySum += d
+	}
+	r.complete(userData, code, bytes)
 }
 
 // LatencyBuckets is the number of buckets of Ring.Latency: bucket i counts
@@ -948,14 +1024,14 @@ type SegmentStats struct {
 // indexed by the segment's table index, grown when a new index first
 // appears and reset when another segment takes the index (no allocation
 // in the steady state, no atomics).
-func (r *Ring) countSegment(q *request, code cq.Code, bytes uint64) {
-	i := 2*int(uint32(q.seg.ID)&segtable.MaxEntries) + int(q.op-transport.Read)&1
+func (r *Ring) countSegment(seg *segtable.Segment[transport.Endpoint], op transport.Op, code cq.Code, bytes uint64) {
+	i := 2*int(uint32(seg.ID)&segtable.MaxEntries) + int(op-transport.Read)&1
 	if i >= len(r.perSeg) {
 		r.perSeg = append(r.perSeg, make([]SegmentStats, i+1-len(r.perSeg))...)
 	}
 	st := &r.perSeg[i]
-	if st.Segment != q.seg {
-		*st = SegmentStats{Segment: q.seg, Op: q.op}
+	if st.Segment != seg {
+		*st = SegmentStats{Segment: seg, Op: op}
 	}
 	if code == cq.CodeOK {
 		st.Completed++

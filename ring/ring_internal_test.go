@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"runtime"
 	"slices"
@@ -1337,5 +1338,73 @@ func TestBatchCopier(t *testing.T) {
 	}
 	if st := h.r.Stats(); st.Retries == 0 {
 		t.Fatalf("no retries, though rail 1 fails every slice")
+	}
+}
+
+// copyEP is a fakeEP that moves slices synchronously, one per call, and
+// counts the calls per rail.
+type copyEP struct {
+	*fakeEP
+	rails map[uint16]int
+}
+
+func (c *copyEP) Copy(s *transport.Slice) error {
+	c.rails[s.Rail]++
+	return c.move(s)
+}
+
+// TestCopyInline: a one-slice request on a synchronous endpoint is copied
+// as the poller takes it (no slot, no Post); a failed inline copy is
+// retried on the next rail and counted as a retry; a longer request and a
+// failure past the retry limit take their usual ways.
+func TestCopyInline(t *testing.T) {
+	f := &fakeEP{rails: 2}
+	ep := &copyEP{fakeEP: f, rails: map[uint16]int{}}
+	h := newHarness(t, Config{SliceSize: 4096, RetryLimit: 1}, f, true)
+	h.seg.Endpoint = ep
+	fillPattern(h.local, 5)
+
+	h.submit(h.write(1, 0, 0, 4096))
+	c := h.collect(1)[0]
+	expectCode(t, c, cq.CodeOK)
+	if c.Bytes != 4096 || string(h.remote[:4096]) != string(h.local[:4096]) {
+		t.Fatalf("inline write: %d bytes, data equal %v", c.Bytes, string(h.remote[:4096]) == string(h.local[:4096]))
+	}
+	if h.r.active != 0 || len(h.r.free) != len(h.r.reqs) {
+		t.Fatalf("inline request took a slot: %d active, %d of %d free", h.r.active, len(h.r.free), len(h.r.reqs))
+	}
+	if len(f.postsCopy()) != 0 {
+		t.Fatalf("inline request was posted")
+	}
+
+	// Rail of the next request fails once: the retry goes to the other rail.
+	next := uint16(h.r.rail % 2)
+	before := maps.Clone(ep.rails)
+	f.fail = map[uint16]error{next: transport.ErrPeer}
+	h.submit(h.read(2, 8192, 0, 4096))
+	c = h.collect(1)[0]
+	expectCode(t, c, cq.CodeOK)
+	if string(h.local[8192:8192+4096]) != string(h.remote[:4096]) {
+		t.Fatalf("retried read: data differs")
+	}
+	if st := h.r.Stats(); st.Retries != 1 || ep.rails[next] != before[next]+1 || ep.rails[1-next] != before[1-next]+1 {
+		t.Fatalf("retries %d, copies per rail %v; want 1 retry and the retry on rail %d", st.Retries, ep.rails, 1-next)
+	}
+
+	// Both rails fail: the retry limit ends it FAILED, with no bytes.
+	f.fail = map[uint16]error{0: transport.ErrPeer, 1: transport.ErrPeer}
+	h.submit(h.write(3, 0, 0, 100))
+	expectCode(t, h.collect(1)[0], cq.CodeTransport)
+
+	// A bounds error is not retried and fails at once.
+	f.fail = nil
+	h.submit(h.write(4, 0, hR1-10, 100))
+	expectCode(t, h.collect(1)[0], cq.CodeRemoteRange)
+
+	// Several slices: the normal way, through the slot table.
+	h.submit(h.write(5, 0, 0, 3*4096))
+	expectCode(t, h.collect(1)[0], cq.CodeOK)
+	if h.r.Stats().Retries != 2 {
+		t.Fatalf("retries %d, want 2", h.r.Stats().Retries)
 	}
 }

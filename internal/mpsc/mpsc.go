@@ -3,14 +3,15 @@
 //
 // # Layout
 //
-//	claim     producers CAS it to reserve positions        | pad
+//	claim     producers CAS it to reserve positions        |
+//	limit     head + size as a producer last saw it        | pad
 //	committed positions below it are readable; producers   | pad
 //	          advance it in reservation order
 //	head      the consumer stores it after releasing       | pad
 //	buf[i]    the values
 //
-// A producer loads head once, reserves up to the free count with one CAS on
-// claim, writes its values with plain stores, waits until committed reaches
+// A producer reserves below limit with one CAS on claim (loading head, the
+// consumer's line, only when limit says the ring looks full), writes its values with plain stores, waits until committed reaches
 // its first position (at once, unless an earlier producer is still writing)
 // and stores committed past its last. The consumer loads committed once per
 // batch, reads the values in place and releases them with one store of head.
@@ -45,6 +46,10 @@ type Queue[T any] struct {
 	_ cpu.CacheLinePad
 	// claim is the next position to reserve; producers CAS it.
 	claim atomic.Uint64
+	// limit is head + size as some producer last loaded head: never more
+	// than the true bound, since head only grows. It spares producers a
+	// load of head, a line the consumer writes, on every reservation.
+	limit atomic.Uint64
 	_     cpu.CacheLinePad
 	// committed is the first position not yet readable; producers store it
 	// in reservation order, the consumer loads it once per batch.
@@ -65,7 +70,9 @@ func New[T any](size int) (*Queue[T], error) {
 	if size < 2 || size > 1<<30 || size&(size-1) != 0 {
 		return nil, ErrSize
 	}
-	return &Queue[T]{mask: uint64(size - 1), buf: make([]T, size)}, nil
+	q := &Queue[T]{mask: uint64(size - 1), buf: make([]T, size)}
+	q.limit.Store(uint64(size))
+	return q, nil
 }
 
 // Cap returns the number of slots.
@@ -77,12 +84,19 @@ func (q *Queue[T]) Cap() int { return len(q.buf) }
 func (q *Queue[T]) Reserve(n int) (pos uint64, got int) {
 	size := uint64(len(q.buf))
 	for {
-		t := q.claim.Load()
-		free := size - (t - q.head.Load())
-		if free == 0 || n <= 0 {
+		if n <= 0 {
 			return 0, 0
 		}
-		k := min(uint64(n), free)
+		t := q.claim.Load()
+		limit := q.limit.Load()
+		if t+uint64(n) > limit { // the ring may have room that limit does not show
+			limit = q.head.Load() + size
+			if t >= limit {
+				return 0, 0
+			}
+			q.limit.Store(limit) // a racing producer may store a lower one: it reloads sooner
+		}
+		k := min(uint64(n), limit-t)
 		if q.claim.CompareAndSwap(t, t+k) {
 			return t, int(k)
 		}
