@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"testing"
@@ -60,6 +61,7 @@ func runChild() bool {
 // With MOONRING_ETCD set (an etcd client URL) the target publishes its
 // segment there, named MOONRING_NAME, under a lease of MOONRING_ETCD_TTL
 // (a duration; default the store's), so peers discover it through etcd.
+// MOONRING_CHILD_CPUPROFILE=FILE writes a CPU profile to FILE.<pid>.
 // With MOONRING_SHM set it also installs the shm transport; with
 // MOONRING_HEAP set its buffer is Go memory rather than from Alloc (which
 // shm then reaches through process_vm calls, not a mapping).
@@ -102,6 +104,18 @@ func childTarget() error {
 	}
 	if err := json.NewEncoder(os.Stdout).Encode(d); err != nil {
 		return err
+	}
+	if path := os.Getenv("MOONRING_CHILD_CPUPROFILE"); path != "" {
+		// For profiling the target side of a benchmark: one file per child.
+		f, err := os.Create(fmt.Sprintf("%s.%d", path, os.Getpid()))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	io.Copy(io.Discard, os.Stdin)
 	return nil
