@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/cpu"
+
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/sq"
 	"github.com/moonring/moonring/transport"
@@ -35,6 +37,7 @@ const DefaultSpin = 20 * time.Microsecond
 // the transports that need polling. Use NewPoller; it runs until Stop. Safe
 // for concurrent use.
 type Poller struct {
+	_     cpu.CacheLinePad
 	cfg   PollerConfig
 	bell  *sq.Doorbell
 	rings atomic.Pointer[[]*Ring]
@@ -45,13 +48,6 @@ type Poller struct {
 	stop     chan struct{}
 	done     chan struct{}
 	pinErr   atomic.Pointer[error]
-	// started, parked and parks are kept by the poller goroutine for Stats.
-	started int64
-	parked  int64
-	parks   uint64
-	// slow is set by rings (poller goroutine only) after a round that
-	// copied enough bytes for the cached clock to fall behind.
-	slow bool
 	// token is held by whoever steps the rings: the poller goroutine, or
 	// while it is parked a completer it lent them to. Every field of the
 	// rings that the docs call poller-owned belongs to the holder.
@@ -61,6 +57,17 @@ type Poller struct {
 	// asked counts callers of do and Stop: the loop looks at its channels
 	// only when it is non-zero, not on every round.
 	asked atomic.Int32
+	_     cpu.CacheLinePad
+
+	// The poller goroutine's own, on a line others do not read.
+	// started, parked and parks are kept for Stats.
+	started int64
+	parked  int64
+	parks   uint64
+	// slow is set by rings (poller goroutine only) after a round that
+	// copied enough bytes for the cached clock to fall behind.
+	slow bool
+	_    cpu.CacheLinePad
 }
 
 // NewPoller starts a poller.

@@ -10,6 +10,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/cpu"
+
 	"github.com/moonring/moonring/cq"
 	"github.com/moonring/moonring/internal/mpsc"
 	"github.com/moonring/moonring/segtable"
@@ -120,11 +122,15 @@ type Tables struct {
 // drained by one Poller. Use Engine.NewRing (or New). Safe for concurrent
 // use as documented per method.
 type Ring struct {
+	// The fields up to the pad are read by callers and transports; the
+	// pads keep the poller's writes to its own state off their line.
+	_      cpu.CacheLinePad
 	sq     *sq.Queue
 	cq     *cq.Ring
 	done   *mpsc.Queue[sliceDone] // slice completions from transports
 	poller *Poller
 	closed atomic.Bool
+	_      cpu.CacheLinePad
 
 	// Poller-owned state below: only the holder of the poller's token (its
 	// goroutine, or a goroutine it lent its rings to while parked) touches it.
@@ -164,6 +170,7 @@ type Ring struct {
 	detached     bool
 
 	stats Stats
+	_     cpu.CacheLinePad
 }
 
 // Stats are a ring's counters, kept by its poller without atomics and read

@@ -3,12 +3,14 @@
 //
 // # Layout
 //
+//	mask, buf read-only                                    | pad
 //	claim     producers CAS it to reserve positions        |
 //	limit     head + size as a producer last saw it        | pad
 //	committed positions below it are readable; producers   | pad
 //	          advance it in reservation order
-//	head      the consumer stores it after releasing       | pad
-//	buf[i]    the values
+//	head      the consumer stores it after releasing,      | pad
+//	local     and keeps its own copy
+//	buf[i]    the values (another allocation)
 //
 // A producer reserves below limit with one CAS on claim (loading head, the
 // consumer's line, only when limit says the ring looks full), writes its values with plain stores, waits until committed reaches
@@ -44,6 +46,11 @@ var ErrSize = errors.New("mpsc: size must be a power of two between 2 and 1<<30"
 // T should hold no pointers so the ring is invisible to the garbage collector.
 type Queue[T any] struct {
 	_ cpu.CacheLinePad
+	// mask and buf never change: both sides read them on every call, so
+	// they share a line with nothing that is written.
+	mask uint64
+	buf  []T
+	_    cpu.CacheLinePad
 	// claim is the next position to reserve; producers CAS it.
 	claim atomic.Uint64
 	// limit is head + size as some producer last loaded head: never more
@@ -56,13 +63,11 @@ type Queue[T any] struct {
 	committed atomic.Uint64
 	_         cpu.CacheLinePad
 	// head is the first position not yet released; written only by the
-	// consumer, once per Release; loaded by producers once per reservation.
+	// consumer, once per Release; loaded by producers when limit runs out.
 	head atomic.Uint64
-	_    cpu.CacheLinePad
 	// local is the consumer's private copy of head.
 	local uint64
-	mask  uint64
-	buf   []T
+	_     cpu.CacheLinePad
 }
 
 // New returns a queue of size slots.
