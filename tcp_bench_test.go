@@ -33,12 +33,14 @@ var tcpSizes = []benchSize{
 // drive keeps depth requests of op in flight, each on its own block of the
 // local and remote buffers, for b.N requests.
 func drive(b *testing.B, r *moonring.Ring, proto moonring.Entry, size, depth int) {
-	driveStride(b, r, proto, size, depth, size)
+	driveStride(b, r, proto, size, depth, size, false)
 }
 
 // driveStride is drive with the blocks of the requests in flight stride
 // bytes apart (0: all on the first block, as ucx_perftest's put and get).
-func driveStride(b *testing.B, r *moonring.Ring, proto moonring.Entry, size, depth, stride int) {
+// With spin set the reaper polls the CQ without blocking, as ucx_perftest
+// polls its worker: for peers that need no CPU of their own (shm).
+func driveStride(b *testing.B, r *moonring.Ring, proto moonring.Entry, size, depth, stride int, spin bool) {
 	cqes := make([]moonring.Completion, depth)
 	batch := make([]moonring.Entry, 0, depth)
 	submit := func(slot int) {
@@ -68,8 +70,12 @@ func driveStride(b *testing.B, r *moonring.Ring, proto moonring.Entry, size, dep
 	flush()
 	for inflight > 0 {
 		n := r.PeekBatch(cqes)
+		if n == 0 && spin {
+			continue
+		}
 		if n == 0 {
-			// Block rather than spin (see BenchmarkTCPReadLatency).
+			// Block rather than spin (see BenchmarkTCPReadLatency): the
+			// target process needs the CPU.
 			if err := r.CQ().Wait(b.Context(), 1); err != nil {
 				b.Fatal(err)
 			}

@@ -35,6 +35,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/internal/fastcopy"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -294,9 +295,9 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 	remote := unsafe.Slice((*byte)(unsafe.Add(r.base, s.Remote-uint64(r.addr))), s.Length)
 	local := unsafe.Slice((*byte)(s.Local), s.Length)
 	if s.Op == transport.Write {
-		copy(remote, local)
+		fastcopy.Copy(remote, local)
 	} else {
-		copy(local, remote)
+		fastcopy.Copy(local, remote)
 	}
 	r.ref.Release()
 	return nil

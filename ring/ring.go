@@ -579,23 +579,41 @@ const (
 // the poller's goroutine, so no Uses can come in between, and the request
 // needs no reference. It tries nothing when the endpoint is not
 // synchronous, or batches (a BatchCopier) and more entries wait to join
-// the batch.
+// the batch, unless it can say per slice that batching gains nothing (an
+// InlineCopier).
 func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint], handle uint64) int {
-	cp, ok := seg.Endpoint.(transport.Copier)
-	if !ok {
-		return inlineNot
-	}
-	if _, batches := cp.(transport.BatchCopier); batches && (len(r.batch) > 0 || r.more) {
-		return inlineNot
-	}
+	ep := seg.Endpoint
 	op := transport.Read
 	if e.Op == sq.Write {
 		op = transport.Write
 	}
 	s := &r.inline
-	s.Op, s.Rail, s.LocalHandle, s.Token = op, uint16(uint64(r.rail)%uint64(cp.(transport.Endpoint).Rails())), handle, 0
-	s.Local, s.Remote, s.Length = buf.Pointer(e.Local), e.Remote, e.Length
-	err := cp.Copy(s)
+	fill := func() {
+		s.Op, s.Rail, s.LocalHandle, s.Token = op, uint16(uint64(r.rail)%uint64(ep.Rails())), handle, 0
+		s.Local, s.Remote, s.Length = buf.Pointer(e.Local), e.Remote, e.Length
+	}
+	var err error
+	switch cp := ep.(type) {
+	case transport.InlineCopier:
+		fill()
+		done := false
+		done, err = cp.CopyNow(s)
+		if !done {
+			s.Local = nil
+			return inlineNot
+		}
+	case transport.BatchCopier:
+		if len(r.batch) > 0 || r.more {
+			return inlineNot // it may join a batch
+		}
+		fill()
+		err = cp.Copy(s)
+	case transport.Copier:
+		fill()
+		err = cp.Copy(s)
+	default:
+		return inlineNot
+	}
 	s.Local = nil // no pointer into the buffer outlives the copy
 	code := codeOf(err)
 	if code == cq.CodeTransport && r.cfg.RetryLimit > 0 {

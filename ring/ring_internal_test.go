@@ -1408,3 +1408,51 @@ func TestCopyInline(t *testing.T) {
 		t.Fatalf("retries %d, want 2", h.r.Stats().Retries)
 	}
 }
+
+// inlineEP is a batchEP that moves slices of the first half of the
+// segment's first buffer at once (CopyNow) and leaves the others to
+// batches.
+type inlineEP struct {
+	*batchEP
+	now int
+}
+
+func (c *inlineEP) CopyNow(s *transport.Slice) (bool, error) {
+	if s.Remote-c.base >= hR1/2 {
+		return false, nil
+	}
+	c.now++
+	return true, c.move(s)
+}
+
+// TestInlineCopier: an InlineCopier's slices that it takes at once
+// complete without a slot, the others go through CopyBatch, and data lands
+// either way.
+func TestInlineCopier(t *testing.T) {
+	f := &fakeEP{rails: 1}
+	ep := &inlineEP{batchEP: &batchEP{fakeEP: f}}
+	h := newHarness(t, Config{SliceSize: 4096}, f, true)
+	h.seg.Endpoint = ep
+	fillPattern(h.local, 7)
+	var es []sq.Entry
+	for i := range 16 {
+		roff := uint64(i) * 4096
+		if i%2 == 1 {
+			roff += hR1 / 2 // the half CopyNow leaves to batches
+		}
+		es = append(es, h.write(uint64(i), uint64(i)*4096, roff, 4000))
+	}
+	h.submit(es...)
+	for _, c := range h.collect(len(es)) {
+		expectCode(t, c, cq.CodeOK)
+	}
+	for _, e := range es {
+		r := e.Remote - h.r1
+		if string(h.remote[r:r+e.Length]) != string(h.local[e.Local:e.Local+e.Length]) {
+			t.Fatalf("write %d: data differs", e.UserData)
+		}
+	}
+	if ep.now != 8 || ep.calls == 0 {
+		t.Fatalf("%d slices copied at once, %d CopyBatch calls; want 8 and some", ep.now, ep.calls)
+	}
+}

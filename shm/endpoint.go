@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moonring/moonring/internal/fastcopy"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -60,8 +61,8 @@ type mapping struct {
 }
 
 var (
-	_ transport.Endpoint    = (*Endpoint)(nil)
-	_ transport.BatchCopier = (*Endpoint)(nil)
+	_ transport.Endpoint     = (*Endpoint)(nil)
+	_ transport.InlineCopier = (*Endpoint)(nil)
 )
 
 // parseEndpoint splits "bootid/socketname[/keyhex]".
@@ -280,6 +281,21 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 	return e.copy(c, m, s)
 }
 
+// CopyNow moves s at once when it is a copy through a mapping, which gains
+// nothing from a batch; it leaves the others (process_vm calls,
+// notifications) to CopyBatch. It implements transport.InlineCopier.
+func (e *Endpoint) CopyNow(s *transport.Slice) (bool, error) {
+	c := e.conn.Load()
+	if s.Op == transport.Notify || e.closed.Load() || c == nil {
+		return false, nil
+	}
+	m := find(*e.maps.Load(), s.Remote, s.Length)
+	if m == nil || m.base == nil {
+		return false, nil
+	}
+	return true, e.copy(c, m, s)
+}
+
 // copy moves s through m, the mapping that find returned for it (nil when
 // none did).
 func (e *Endpoint) copy(c *client, m *mapping, s *transport.Slice) error {
@@ -294,9 +310,9 @@ func (e *Endpoint) copy(c *client, m *mapping, s *transport.Slice) error {
 		remote := unsafe.Slice((*byte)(unsafe.Add(m.base, s.Remote-m.raddr)), s.Length)
 		local := unsafe.Slice((*byte)(s.Local), s.Length)
 		if s.Op == transport.Write {
-			copy(remote, local)
+			fastcopy.Copy(remote, local)
 		} else {
-			copy(local, remote)
+			fastcopy.Copy(local, remote)
 		}
 	} else {
 		err = vmCopy(m.pid, s)

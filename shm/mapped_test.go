@@ -146,8 +146,13 @@ func TestMapped(t *testing.T) {
 			fill(bmem[roff:roff+n], uint64(i))
 		}
 		s := w.slice(op, loff, uint64(buf.Addr)+roff, n)
-		if err := ep.Copy(&s); err != nil {
-			t.Fatalf("slice %d (%v %d bytes): %v", i, op, n, err)
+		if i%2 == 0 {
+			if err := ep.Copy(&s); err != nil {
+				t.Fatalf("slice %d (%v %d bytes): %v", i, op, n, err)
+			}
+		} else if done, err := ep.CopyNow(&s); !done || err != nil {
+			// A mapped slice gains nothing from a batch: CopyNow moves it.
+			t.Fatalf("slice %d (%v %d bytes): CopyNow = %v, %v", i, op, n, done, err)
 		}
 		if !bytes.Equal(lm[loff:loff+n], bmem[roff:roff+n]) {
 			t.Fatalf("slice %d (%v %d bytes at +%d): data differ", i, op, n, roff)
@@ -327,7 +332,7 @@ func TestOtherHost(t *testing.T) {
 
 // TestCopyBatch moves runs of process_vm slices with one call each: data
 // checked both ways, a refused slice in the middle of a run fails alone,
-// and a batch allocates nothing.
+// CopyNow leaves such slices alone, and a batch allocates nothing.
 func TestCopyBatch(t *testing.T) {
 	w := newWorld(t, shm.Config{NoMap: true})
 	a, am := w.shared(1<<20, true)
@@ -360,6 +365,12 @@ func TestCopyBatch(t *testing.T) {
 				t.Fatalf("%v slice %d: data differ", op, i)
 			}
 		}
+	}
+	// A process_vm slice is left to batches: CopyNow moves nothing.
+	fill(lm[:4096], 13)
+	one := w.slice(transport.Read, 0, uint64(a.Addr), 4096)
+	if done, err := ep.CopyNow(&one); done || err != nil || bytes.Equal(lm[:4096], am[:4096]) {
+		t.Fatalf("CopyNow of a process_vm slice = %v, %v (data moved: %v)", done, err, bytes.Equal(lm[:4096], am[:4096]))
 	}
 	s := []transport.Slice{w.slice(transport.Read, 0, uint64(a.Addr), 4096), w.slice(transport.Read, 4096, uint64(a.Addr)+4096, 4096)}
 	errs := make([]error, 2)

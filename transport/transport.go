@@ -180,6 +180,18 @@ type BatchCopier interface {
 	CopyBatch(s []Slice, errs []error)
 }
 
+// InlineCopier is a BatchCopier that can tell, slice by slice, whether
+// a slice gains from joining a batch (one that takes a system call does;
+// a plain memory copy does not), so the engine moves the others as it
+// takes them.
+type InlineCopier interface {
+	BatchCopier
+	// CopyNow moves s and reports true with its result, as Copy would,
+	// when batching would gain nothing; else it does nothing and reports
+	// false.
+	CopyNow(s *Slice) (bool, error)
+}
+
 // Poller is implemented by transports whose completions must be driven by
 // the engine's pollers (a completion queue to poll, software progress).
 type Poller interface {
