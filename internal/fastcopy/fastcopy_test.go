@@ -61,7 +61,7 @@ func TestCopyMatchesCopy(t *testing.T) {
 // TestCopyStaysInBounds: copies ending at a guard page, at sizes around
 // the threshold and the chunk, move every byte and touch nothing beyond.
 func TestCopyStaysInBounds(t *testing.T) {
-	for _, n := range []int{0, 1, threshold - 1, threshold, threshold + 1, chunk - 7, chunk, chunk + 4097, 3*chunk + 5} {
+	for _, n := range []int{0, 1, 63, 64, wideMin - 1, wideMin, wideMin + 1, wideMin + 255, 4096 + 63, threshold - 1, threshold, threshold + 1, chunk - 7, chunk, chunk + 4097, 3*chunk + 5} {
 		src, dst := guarded(t, n), guarded(t, n)
 		fill(src, 9)
 		if got := Copy(dst, src); got != n || !bytes.Equal(dst, src) {

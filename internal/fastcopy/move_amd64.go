@@ -8,10 +8,20 @@ import (
 	"github.com/klauspost/cpuid/v2"
 )
 
-var fast = cpuid.CPU.Has(cpuid.ERMS)
+var (
+	erms = cpuid.CPU.Has(cpuid.ERMS)
+	wide = cpuid.CPU.VendorID == cpuid.AMD && cpuid.CPU.Has(cpuid.AVX512F)
+)
 
-// move copies n bytes from src to dst with REP MOVSB; the ranges must not
-// overlap.
+// moveString copies n bytes from src to dst with REP MOVSB; the ranges
+// must not overlap.
 //
 //go:noescape
-func move(dst, src unsafe.Pointer, n uintptr)
+func moveString(dst, src unsafe.Pointer, n uintptr)
+
+// move512 copies n >= 64 bytes from src to dst with 64-byte AVX-512 loads
+// and stores, the last 64 bytes overlapping the ones before; the ranges
+// must not overlap.
+//
+//go:noescape
+func move512(dst, src unsafe.Pointer, n uintptr)

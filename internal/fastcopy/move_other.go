@@ -4,9 +4,14 @@ package fastcopy
 
 import "unsafe"
 
-// fast is false: Copy is copy().
-const fast = false
+// Copy is copy() here.
+const (
+	erms = false
+	wide = false
+)
 
-func move(dst, src unsafe.Pointer, n uintptr) {
+func moveString(dst, src unsafe.Pointer, n uintptr) {
 	copy(unsafe.Slice((*byte)(dst), n), unsafe.Slice((*byte)(src), n))
 }
+
+func move512(dst, src unsafe.Pointer, n uintptr) { moveString(dst, src, n) }
