@@ -220,8 +220,8 @@ type keyRange struct {
 }
 
 var (
-	_ transport.Endpoint = (*Endpoint)(nil)
-	_ transport.Copier   = (*Endpoint)(nil)
+	_ transport.Endpoint      = (*Endpoint)(nil)
+	_ transport.HoldingCopier = (*Endpoint)(nil)
 )
 
 // Rails returns 1: a copy has one lane.
@@ -270,7 +270,13 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 }
 
 // Copy moves one slice synchronously, with the checks of Post.
-func (e *Endpoint) Copy(s *transport.Slice) error {
+func (e *Endpoint) Copy(s *transport.Slice) error { return e.copy(s, nil) }
+
+// CopyHold is Copy that leaves its reference on the target region in h
+// (see transport.HoldingCopier).
+func (e *Endpoint) CopyHold(s *transport.Slice, h *transport.Holds) error { return e.copy(s, h) }
+
+func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {
 	to := e.to.Load()
 	if e.closed.Load() || to.closed.Load() || e.from.closed.Load() {
 		return transport.ErrClosed
@@ -289,8 +295,12 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 			return transport.ErrDenied
 		}
 	}
-	if !r.ref.Acquire() {
-		return transport.ErrDenied // being unregistered
+	release := false
+	if h == nil || !h.Has(&r.ref) {
+		if !r.ref.Acquire() {
+			return transport.ErrDenied // being unregistered
+		}
+		release = h == nil || !h.Add(&r.ref)
 	}
 	remote := unsafe.Slice((*byte)(unsafe.Add(r.base, s.Remote-uint64(r.addr))), s.Length)
 	local := unsafe.Slice((*byte)(s.Local), s.Length)
@@ -299,7 +309,9 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 	} else {
 		fastcopy.Copy(local, remote)
 	}
-	r.ref.Release()
+	if release {
+		r.ref.Release()
+	}
 	return nil
 }
 

@@ -148,6 +148,7 @@ type Ring struct {
 	cqes        []cq.Completion
 	sinkCQE     cq.Completion
 	inline      transport.Slice // copyInline's slice (a field: it would escape)
+	holds       transport.Holds // references copyInline's copies hold until the round ends
 	more        bool            // take has more entries this round after the one it starts
 	outstanding int             // slices posted and not yet completed
 	active      int             // requests in slots, including zombies
@@ -378,6 +379,7 @@ func (r *Ring) step(t int64) bool {
 	if r.active > 0 && t >= r.nextCheck {
 		r.expire(t)
 	}
+	r.holds.Release()
 	r.flushCQ()
 	return work
 }
@@ -597,7 +599,7 @@ func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segme
 	case transport.InlineCopier:
 		fill()
 		done := false
-		done, err = cp.CopyNow(s)
+		done, err = cp.CopyNow(s, &r.holds)
 		if !done {
 			s.Local = nil
 			return inlineNot
@@ -608,6 +610,9 @@ func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segme
 		}
 		fill()
 		err = cp.Copy(s)
+	case transport.HoldingCopier:
+		fill()
+		err = cp.CopyHold(s, &r.holds)
 	case transport.Copier:
 		fill()
 		err = cp.Copy(s)

@@ -1417,7 +1417,7 @@ type inlineEP struct {
 	now int
 }
 
-func (c *inlineEP) CopyNow(s *transport.Slice) (bool, error) {
+func (c *inlineEP) CopyNow(s *transport.Slice, _ *transport.Holds) (bool, error) {
 	if s.Remote-c.base >= hR1/2 {
 		return false, nil
 	}

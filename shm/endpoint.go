@@ -284,7 +284,7 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 // CopyNow moves s at once when it is a copy through a mapping, which gains
 // nothing from a batch; it leaves the others (process_vm calls,
 // notifications) to CopyBatch. It implements transport.InlineCopier.
-func (e *Endpoint) CopyNow(s *transport.Slice) (bool, error) {
+func (e *Endpoint) CopyNow(s *transport.Slice, h *transport.Holds) (bool, error) {
 	c := e.conn.Load()
 	if s.Op == transport.Notify || e.closed.Load() || c == nil {
 		return false, nil
@@ -293,17 +293,30 @@ func (e *Endpoint) CopyNow(s *transport.Slice) (bool, error) {
 	if m == nil || m.base == nil {
 		return false, nil
 	}
-	return true, e.copy(c, m, s)
+	return true, e.copyHold(c, m, s, h)
 }
 
 // copy moves s through m, the mapping that find returned for it (nil when
 // none did).
 func (e *Endpoint) copy(c *client, m *mapping, s *transport.Slice) error {
+	return e.copyHold(c, m, s, nil)
+}
+
+// copyHold is copy that leaves its reference on m in h, if not nil (see
+// transport.HoldingCopier).
+func (e *Endpoint) copyHold(c *client, m *mapping, s *transport.Slice, h *transport.Holds) error {
 	if s.Op == transport.Notify {
 		return c.notify(s)
 	}
-	if m == nil || !m.ref.Acquire() {
+	release := false
+	if m == nil {
 		return e.missing(c, s)
+	}
+	if h == nil || !h.Has(&m.ref) {
+		if !m.ref.Acquire() {
+			return e.missing(c, s)
+		}
+		release = h == nil || !h.Add(&m.ref)
 	}
 	var err error
 	if m.base != nil {
@@ -317,7 +330,9 @@ func (e *Endpoint) copy(c *client, m *mapping, s *transport.Slice) error {
 	} else {
 		err = vmCopy(m.pid, s)
 	}
-	m.ref.Release()
+	if release {
+		m.ref.Release()
+	}
 	return err
 }
 

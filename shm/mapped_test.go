@@ -150,9 +150,15 @@ func TestMapped(t *testing.T) {
 			if err := ep.Copy(&s); err != nil {
 				t.Fatalf("slice %d (%v %d bytes): %v", i, op, n, err)
 			}
-		} else if done, err := ep.CopyNow(&s); !done || err != nil {
-			// A mapped slice gains nothing from a batch: CopyNow moves it.
-			t.Fatalf("slice %d (%v %d bytes): CopyNow = %v, %v", i, op, n, done, err)
+		} else {
+			// A mapped slice gains nothing from a batch: CopyNow moves it,
+			// leaving its reference on the mapping in h.
+			var h transport.Holds
+			done, err := ep.CopyNow(&s, &h)
+			if !done || err != nil || h.Len() != 1 {
+				t.Fatalf("slice %d (%v %d bytes): CopyNow = %v, %v, %d held", i, op, n, done, err, h.Len())
+			}
+			h.Release()
 		}
 		if !bytes.Equal(lm[loff:loff+n], bmem[roff:roff+n]) {
 			t.Fatalf("slice %d (%v %d bytes at +%d): data differ", i, op, n, roff)
@@ -369,7 +375,7 @@ func TestCopyBatch(t *testing.T) {
 	// A process_vm slice is left to batches: CopyNow moves nothing.
 	fill(lm[:4096], 13)
 	one := w.slice(transport.Read, 0, uint64(a.Addr), 4096)
-	if done, err := ep.CopyNow(&one); done || err != nil || bytes.Equal(lm[:4096], am[:4096]) {
+	if done, err := ep.CopyNow(&one, nil); done || err != nil || bytes.Equal(lm[:4096], am[:4096]) {
 		t.Fatalf("CopyNow of a process_vm slice = %v, %v (data moved: %v)", done, err, bytes.Equal(lm[:4096], am[:4096]))
 	}
 	s := []transport.Slice{w.slice(transport.Read, 0, uint64(a.Addr), 4096), w.slice(transport.Read, 4096, uint64(a.Addr)+4096, 4096)}
