@@ -1295,6 +1295,22 @@ func TestConcurrentSubmitters(t *testing.T) {
 	}
 }
 
+// writeAll submits WRITEs into the segment's first buffer, expects every
+// one to complete, and checks their bytes landed.
+func (h *harness) writeAll(es []sq.Entry) {
+	h.t.Helper()
+	h.submit(es...)
+	for _, c := range h.collect(len(es)) {
+		expectCode(h.t, c, cq.CodeOK)
+	}
+	for _, e := range es {
+		r := e.Remote - h.r1
+		if string(h.remote[r:r+e.Length]) != string(h.local[e.Local:e.Local+e.Length]) {
+			h.t.Fatalf("write %d: data differs", e.UserData)
+		}
+	}
+}
+
 // batchEP is a fakeEP that moves slices synchronously, a batch per call.
 type batchEP struct {
 	*fakeEP
@@ -1323,16 +1339,7 @@ func TestBatchCopier(t *testing.T) {
 	for i := range 16 {
 		es = append(es, h.write(uint64(i), uint64(i)*8192, uint64(i)*8192, 8000))
 	}
-	h.submit(es...)
-	for _, c := range h.collect(len(es)) {
-		expectCode(t, c, cq.CodeOK)
-	}
-	for _, e := range es {
-		r := e.Remote - h.r1
-		if string(h.remote[r:r+e.Length]) != string(h.local[e.Local:e.Local+e.Length]) {
-			t.Fatalf("write %d: data differs", e.UserData)
-		}
-	}
+	h.writeAll(es)
 	if ep.most < 2 {
 		t.Fatalf("CopyBatch got at most %d slices a call in %d calls", ep.most, ep.calls)
 	}
@@ -1442,16 +1449,7 @@ func TestInlineCopier(t *testing.T) {
 		}
 		es = append(es, h.write(uint64(i), uint64(i)*4096, roff, 4000))
 	}
-	h.submit(es...)
-	for _, c := range h.collect(len(es)) {
-		expectCode(t, c, cq.CodeOK)
-	}
-	for _, e := range es {
-		r := e.Remote - h.r1
-		if string(h.remote[r:r+e.Length]) != string(h.local[e.Local:e.Local+e.Length]) {
-			t.Fatalf("write %d: data differs", e.UserData)
-		}
-	}
+	h.writeAll(es)
 	if ep.now != 8 || ep.calls == 0 {
 		t.Fatalf("%d slices copied at once, %d CopyBatch calls; want 8 and some", ep.now, ep.calls)
 	}
