@@ -73,7 +73,10 @@ type Config struct {
 	// next used.
 	MaxQPs int
 	// MaxPeerQPs bounds the queue pairs peers may connect to this
-	// transport (default 1024).
+	// transport (default 1024). Only peers that proved the segment key
+	// count, so those without it cannot use up the bound; control
+	// connections still in the handshake are bounded apart (64 at once,
+	// each for up to ConnectTimeout) and one beyond is closed unread.
 	MaxPeerQPs int
 	// ConnectTimeout bounds the dial and handshake of one queue pair
 	// (default 5 s) when the caller's context has no earlier deadline.

@@ -154,7 +154,14 @@ func newWorld(t testing.TB, cfg Config, size int) *world {
 }
 
 func newWorldPump(t testing.TB, cfg Config, size int, pumped bool) *world {
-	w := &world{init: needDevice(t, cfg), targ: needDevice(t, Config{})}
+	init := needDevice(t, cfg)
+	return newWorldWith(t, init, needDevice(t, Config{}), size, pumped)
+}
+
+// newWorldWith is newWorldPump on transports the test made, for a target
+// configured otherwise than by default.
+func newWorldWith(t testing.TB, init, targ *Transport, size int, pumped bool) *world {
+	w := &world{init: init, targ: targ}
 	if pumped {
 		pump(t, w.init, w.targ)
 	}

@@ -69,7 +69,8 @@
 //
 // A Transport listens from New until Close, and runs two goroutines per
 // device (completion events of peers' queue pairs, asynchronous events)
-// plus one per control connection. Queue pairs are created by
+// plus one per control connection (at most 64 of them still in the
+// handshake; see Config.MaxPeerQPs). Queue pairs are created by
 // Open and by the first Post after one failed; Config.MaxQPs bounds them,
 // and past it the idle queue pairs of the least recently used endpoints are
 // closed (they reconnect when used again). Endpoint.Close and

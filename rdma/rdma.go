@@ -108,7 +108,9 @@ type Transport struct {
 	regs atomic.Pointer[map[uint64]*region] // copy on write under mu
 	eps  []*Endpoint                        // open endpoints, least recently used first, under mu
 	nqp  int                                // the initiator's live queue pairs, under mu
-	tqp  map[*peerQP]struct{}               // target-side queue pairs, under mu
+	tqp  map[*peerQP]struct{}               // peers' control connections, handshaking or not, under mu
+	hs   int                                // of those, still in the handshake (maxPendingHandshakes), under mu
+	npqp int                                // peers' queue pairs whose initiator proved the key (MaxPeerQPs), under mu
 
 	qpMu    sync.RWMutex
 	qps     map[uint32]*qp     // initiator queue pairs by id, for completions
@@ -980,12 +982,22 @@ func boolInt(b bool) C.int {
 
 // ---------------------------------------------------------------- target side
 
+// maxPendingHandshakes bounds the control connections still in the
+// handshake, i.e. not yet proven to hold the segment key. They are not
+// counted against Config.MaxPeerQPs, so a peer without the key cannot
+// crowd out those with it; this bound caps what such a peer holds instead
+// (a goroutine and a socket each, for up to ConnectTimeout). A handshake
+// takes one round trip, so this many at once means a burst or a flood.
+const maxPendingHandshakes = 64
+
 // peerQP is a queue pair a peer connected to this transport.
 type peerQP struct {
-	conn net.Conn
-	q    *C.struct_ibv_qp
-	id   uint32
-	area *msgArea
+	conn    net.Conn
+	q       *C.struct_ibv_qp
+	id      uint32
+	area    *msgArea
+	hs      bool // counted in Transport.hs, under Transport.mu
+	counted bool // counted in Transport.npqp, under Transport.mu
 }
 
 func (t *Transport) accept() {
@@ -1003,13 +1015,22 @@ func (t *Transport) accept() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		p := &peerQP{conn: conn}
+		p := &peerQP{conn: conn, hs: true}
 		t.mu.Lock()
 		if t.closed.Load() {
 			t.mu.Unlock()
 			conn.Close()
 			return
 		}
+		if t.hs >= maxPendingHandshakes {
+			// Closed before anything is read, so a flood costs no more
+			// than the accept: the initiator's handshake fails as on any
+			// lost connection.
+			t.mu.Unlock()
+			conn.Close()
+			continue
+		}
+		t.hs++
 		t.tqp[p] = struct{}{}
 		t.wg.Add(1)
 		t.mu.Unlock()
@@ -1023,9 +1044,6 @@ func (t *Transport) serve(p *peerQP) {
 	defer t.wg.Done()
 	defer func() {
 		p.conn.Close()
-		t.mu.Lock()
-		delete(t.tqp, p)
-		t.mu.Unlock()
 		if p.id != 0 {
 			t.qpMu.Lock() // waits for a poller using p
 			delete(t.peers, p.id)
@@ -1037,6 +1055,15 @@ func (t *Transport) serve(p *peerQP) {
 		if p.area != nil {
 			p.area.free()
 		}
+		// Uncounted only once the queue pair is gone: the peers' CQs are
+		// sized for MaxPeerQPs of them.
+		t.mu.Lock()
+		delete(t.tqp, p)
+		t.leaveHandshake(p)
+		if p.counted {
+			t.npqp--
+		}
+		t.mu.Unlock()
 	}()
 	conn := p.conn
 	conn.SetDeadline(time.Now().Add(t.cfg.ConnectTimeout))
@@ -1047,10 +1074,18 @@ func (t *Transport) serve(p *peerQP) {
 		if int(hello.Device) >= len(t.devs) {
 			return qpAddr{Kind: kindRefuse, Device: refuseDevice}
 		}
+		// The initiator proved the key: its connection leaves the
+		// handshake bound and its queue pair takes a place under
+		// MaxPeerQPs, if one is left.
 		t.mu.Lock()
-		n := len(t.tqp)
+		t.leaveHandshake(p)
+		full := t.npqp >= t.cfg.MaxPeerQPs
+		if !full {
+			t.npqp++
+			p.counted = true
+		}
 		t.mu.Unlock()
-		if n > t.cfg.MaxPeerQPs {
+		if full {
 			return qpAddr{Kind: kindRefuse, Device: refuseLimit}
 		}
 		if !t.life.TryRLock() {
@@ -1068,6 +1103,15 @@ func (t *Transport) serve(p *peerQP) {
 	}
 	conn.SetDeadline(time.Time{})
 	io.Copy(io.Discard, conn)
+}
+
+// leaveHandshake takes p out of the handshakes under way, once. The caller
+// holds t.mu.
+func (t *Transport) leaveHandshake(p *peerQP) {
+	if p.hs {
+		p.hs = false
+		t.hs--
+	}
 }
 
 // acceptQP creates and connects the target's queue pair for hello and
