@@ -13,6 +13,10 @@
 // The transport publishes no control channel of its own. Its Endpoint is
 // the provider's name and its fabric address (fi_getname); Open inserts a
 // peer's address into the one address vector that all endpoints share.
+// It leaves again once no endpoint uses it (Close, or Update with a
+// restarted peer's new address) and the provider holds no operation to
+// it: libfabric leaves operations to a removed address undefined, and
+// reuses its index for the next address inserted.
 // Register registers a buffer with fi_mr_reg, following the provider's
 // mr_mode bits (FI_MR_LOCAL descriptors, FI_MR_PROV_KEY or keys of our
 // own, FI_MR_VIRT_ADDR or offsets, FI_MR_ENDPOINT binding); a

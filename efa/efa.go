@@ -53,6 +53,7 @@ type slot struct {
 	c      transport.Completer
 	token  uint64
 	gen    uint64  // the peer's generation at the Post
+	peer   *peer   // the peer posted to; counted in its ops while busy or abandoned
 	op     C.mr_op // what was posted, for retries
 	tries  int     // retries so far
 	due    int64   // UnixNano when the retry is due
@@ -70,10 +71,28 @@ const (
 // removed and inserted again (a new generation), so that a provider that
 // connects underneath (tcp;ofi_rxm) starts a fresh connection for the
 // retries instead of failing them on the broken one.
+//
+// Endpoints to the same endpoint string share one peer. It leaves the
+// address vector and Transport.peers once no endpoint uses it (users) and
+// the provider holds no operation to it (ops); see drop.
 type peer struct {
+	key  string        // its key in Transport.peers: the endpoint string
 	name []byte        // the provider address
 	addr atomic.Uint64 // fi_addr_t
 	gen  atomic.Uint64
+	// users counts the endpoints whose peer this is (Open, Update), and
+	// changes under peerMu only; the completion path reads it without.
+	users atomic.Int32
+	// ops counts the slots holding an operation posted to addr that the
+	// provider has not returned: busy ones and abandoned ones (a timeout
+	// or Close failed their slices, but the provider still holds them).
+	// It rises only under guard's read lock, and never once gone is set
+	// (see drop).
+	ops atomic.Int64
+	// gone is set, under peerMu and guard's write lock, when addr left the
+	// address vector (drop) or the transport closed: nothing may be
+	// posted to addr, nor reset, after.
+	gone atomic.Bool
 	// stalled is the UnixNano of the first Post that the provider refused
 	// with -FI_EAGAIN without taking anything since; 0 when none.
 	stalled atomic.Int64
@@ -127,7 +146,7 @@ type Transport struct {
 	nretry  atomic.Int64 // len(retries)
 
 	peerMu sync.Mutex
-	peers  map[string]*peer // by endpoint string, shared by Endpoints; under peerMu
+	peers  map[string]*peer // by endpoint string, shared by Endpoints; under peerMu; see drop
 
 	scratch   unsafe.Pointer // C memory that Open's probe reads into
 	scratchMR *C.struct_fid_mr
@@ -357,7 +376,8 @@ func cmpU64(a, b uint64) int {
 }
 
 // Open inserts the peer's address into the address vector (once per peer,
-// shared by its endpoints) and returns an endpoint with the keys of desc.
+// shared by its endpoints, until the last of them closes) and returns an
+// endpoint with the keys of desc.
 // When desc publishes a buffer with a valid key, Open first reads one
 // byte of it, polling, until ctx ends: that proves the peer answers, and
 // lets a provider that connects underneath (tcp;ofi_rxm) connect before
@@ -465,6 +485,7 @@ func (t *Transport) peer(ep string) (*peer, error) {
 	t.peerMu.Lock()
 	defer t.peerMu.Unlock()
 	if p, ok := t.peers[ep]; ok {
+		p.users.Add(1)
 		return p, nil
 	}
 	t.guard.RLock()
@@ -472,14 +493,86 @@ func (t *Transport) peer(ep string) (*peer, error) {
 	if t.closed.Load() {
 		return nil, transport.ErrClosed
 	}
-	p := &peer{name: addr}
+	p := &peer{key: ep, name: addr}
 	a, err := t.insert(addr)
 	if err != nil {
 		return nil, err
 	}
 	p.addr.Store(a)
+	p.users.Store(1)
 	t.peers[ep] = p
 	return p, nil
+}
+
+// unuse gives back an endpoint's use of p (from peer), and drops p when it
+// was the last.
+func (t *Transport) unuse(p *peer) {
+	t.peerMu.Lock()
+	last := p.users.Add(-1) == 0
+	t.peerMu.Unlock()
+	if last {
+		t.drop(p)
+	}
+}
+
+// drop removes p's address from the address vector, and p from
+// t.peers, when no endpoint uses p and the provider holds no operation to
+// it; otherwise it does nothing, and the last of those to go calls it
+// again (unuse, or the completion that brings ops to 0).
+//
+// Why wait for ops: libfabric leaves undefined what becomes of operations
+// in progress to a removed address (fi_av(3)); the software providers free
+// the AV index at once for the next fi_av_insert to reuse, shm unmaps the
+// peer's region, and rxm (FI_AV_REMOVE_CLEANUP) frees the connection the
+// operations are queued on. An operation still held, abandoned ones
+// included, could then land at, or be retried to, another peer at the
+// same fi_addr. Once the provider returned every context for the address,
+// nothing refers to it any more. A peer whose operation the provider
+// never returns stays, as that operation's slot does, until Close.
+//
+// ops rises only under guard's read lock: in Post, for the peer of an
+// endpoint found open (which holds a use of it: Close marks the endpoint
+// closed, and Update swaps its peer, before giving the use up); in
+// retryDue, for a peer not gone. drop checks ops and sets gone under the
+// write lock, after users fell to 0: any such section either ended before
+// (its operations counted, or undone by their completion or by itself,
+// which then calls drop again) or starts after, and finds the endpoint
+// closed, another peer in it, or p gone. Endpoints are closed and updated
+// seldom, so the write lock costs the data path little.
+func (t *Transport) drop(p *peer) {
+	t.peerMu.Lock()
+	defer t.peerMu.Unlock()
+	if p.users.Load() != 0 || p.gone.Load() {
+		return // used again (Open of the same endpoint), or dropped already
+	}
+	t.guard.Lock()
+	defer t.guard.Unlock()
+	if p.ops.Load() != 0 {
+		return
+	}
+	if !t.closed.Load() {
+		// A failure leaves nothing to undo: the entry goes with the
+		// address vector at Close.
+		C.fi_remove(t.res, C.uint64_t(p.addr.Load()))
+	}
+	p.gone.Store(true)
+	delete(t.peers, p.key)
+}
+
+// returned counts one operation to p as returned by the provider, and
+// reports whether p may be dropped now (its caller then calls drop, with
+// no lock held).
+func (p *peer) returned() bool {
+	return p.ops.Add(-1) == 0 && p.users.Load() == 0
+}
+
+// opsDone counts n operations to p as returned by the provider (or never
+// posted), and drops p when they were the last and no endpoint uses it.
+// The caller holds no lock.
+func (t *Transport) opsDone(p *peer, n int64) {
+	if p.ops.Add(-n) == 0 && p.users.Load() == 0 {
+		t.drop(p)
+	}
 }
 
 // insert puts addr into the address vector; the caller holds guard.
@@ -498,8 +591,8 @@ func (t *Transport) insert(addr []byte) (uint64, error) {
 func (t *Transport) reset(p *peer, gen uint64) {
 	t.peerMu.Lock()
 	defer t.peerMu.Unlock()
-	if p.gen.Load() != gen {
-		return
+	if p.gen.Load() != gen || p.gone.Load() {
+		return // a later generation reset it, or its address left the AV (drop)
 	}
 	t.guard.RLock()
 	defer t.guard.RUnlock()
@@ -557,6 +650,15 @@ func (t *Transport) Close() error {
 	C.free(unsafe.Pointer(t.res))
 	t.ctxs, t.res, t.scratch = nil, nil, nil
 	t.guard.Unlock()
+	// fi_teardown closed the address vector, and every entry with it.
+	// (peerMu is taken after the guard, never under it: peer and drop
+	// take them the other way round.)
+	t.peerMu.Lock()
+	for _, p := range t.peers {
+		p.gone.Store(true)
+	}
+	clear(t.peers)
+	t.peerMu.Unlock()
 	for _, d := range done {
 		d.c.Complete(d.token, d.err)
 	}
@@ -622,8 +724,9 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 	var (
 		done  [chunk]completion
 		retry [chunk]uint32
+		idle  [chunk]*peer // peers that may be dropped now
 	)
-	nd, nr := 0, 0
+	nd, nr, ni := 0, 0, 0
 	{
 		var freed [chunk]uint32
 		nf := 0
@@ -635,6 +738,11 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 			}
 			s := &t.slots[i]
 			if s.state.CompareAndSwap(slotAbandoned, slotFree) {
+				if s.peer.returned() {
+					idle[ni] = s.peer
+					ni++
+				}
+				s.peer = nil
 				freed[nf] = uint32(i)
 				nf++
 				continue
@@ -649,6 +757,12 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 				// (Retried enough, it fails: the state never leaves
 				// busy, so a Close sweeping at once cannot see it twice.)
 				if errors.Is(err, transport.ErrPeer) && s.tries < maxTries && s.state.CompareAndSwap(slotBusy, slotRetry) {
+					// The provider is done with it: retryDue counts
+					// it again, for the peer it posts it to.
+					if s.peer.returned() {
+						idle[ni] = s.peer
+						ni++
+					}
 					retry[nr] = uint32(i)
 					nr++
 					continue
@@ -658,11 +772,21 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 				// Abandoned meanwhile (timed out or closed): the slice
 				// was failed there; this was the provider's last word.
 				if s.state.CompareAndSwap(slotAbandoned, slotFree) {
+					if s.peer.returned() {
+						idle[ni] = s.peer
+						ni++
+					}
+					s.peer = nil
 					freed[nf] = uint32(i)
 					nf++
 				}
 				continue
 			}
+			if s.peer.returned() {
+				idle[ni] = s.peer
+				ni++
+			}
+			s.peer = nil
 			e := s.ep.Load()
 			e.inflight.Add(-1)
 			if e.closed.Load() || t.closing.Load() {
@@ -678,6 +802,11 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 	}
 	if nr > 0 {
 		t.queueRetries(retry[:nr])
+	}
+	// Before the slices complete: whoever waits on them then finds the
+	// peers that they were the last use of gone.
+	for _, p := range idle[:ni] {
+		t.drop(p)
 	}
 	for _, d := range done[:nd] {
 		d.c.Complete(d.token, d.err)
@@ -696,7 +825,10 @@ func (t *Transport) queueRetries(idx []uint32) {
 	for _, i := range idx {
 		s := &t.slots[i]
 		if s.tries == 0 {
-			t.reset(s.ep.Load().peer.Load(), s.gen)
+			// The peer the operation went to: after an Update, the
+			// endpoint's peer is another, whose generations s.gen
+			// does not count.
+			t.reset(s.peer, s.gen)
 		}
 		s.due = now + int64(retryDelay)<<(2*s.tries)
 		s.tries++
@@ -734,25 +866,55 @@ func (t *Transport) retryDue() int {
 	if n == 0 {
 		return 0
 	}
+	var (
+		at   [chunk]uint8 // ops[j] is the slot idx[at[j]]
+		ok   [chunk]bool  // idx[k]'s operation was posted
+		idle [chunk]*peer // peers that may be dropped now
+	)
+	ni := 0
 	t.guard.RLock()
-	posted := 0
+	m := 0
 	if !t.closed.Load() {
-		for j, i := range idx[:n] {
+		for k, i := range idx[:n] {
 			s := &t.slots[i]
+			// The endpoint's peer now (Update may have replaced the one
+			// that failed), loaded under the guard: see drop. A gone one
+			// (the endpoint closed, its address left the AV) gets
+			// nothing: the slot fails below with ErrClosed.
 			p := s.ep.Load().peer.Load()
+			if p.gone.Load() {
+				continue
+			}
+			s.peer = p
 			s.gen = p.gen.Load()
 			s.op.dest = C.uint64_t(p.addr.Load())
 			s.op.rc = 0
-			ops[j] = s.op
+			ops[m] = s.op
+			at[m] = uint8(k)
+			m++
+			p.ops.Add(1)
 			s.posted.Store(now)
 			s.state.Store(slotBusy)
 		}
-		posted = int(C.mr_post(t.res, &ops[0], C.size_t(n)))
+	}
+	posted := 0
+	if m > 0 {
+		posted = int(C.mr_post(t.res, &ops[0], C.size_t(m)))
+	}
+	for j := 0; j < m; j++ {
+		if j < posted && ops[j].rc == 0 {
+			ok[at[j]] = true
+			continue
+		}
+		if p := t.slots[idx[at[j]]].peer; p.returned() {
+			idle[ni] = p
+			ni++
+		}
 	}
 	nd := 0
 	var freed [chunk]uint32
-	for j, i := range idx[:n] {
-		if j < posted && ops[j].rc == 0 {
+	for k, i := range idx[:n] {
+		if ok[k] {
 			continue
 		}
 		s := &t.slots[i]
@@ -760,6 +922,7 @@ func (t *Transport) retryDue() int {
 		if !s.state.CompareAndSwap(slotBusy, slotFree) && !s.state.CompareAndSwap(slotRetry, slotFree) {
 			continue
 		}
+		s.peer = nil
 		e := s.ep.Load()
 		e.inflight.Add(-1)
 		err := errPeerRetry
@@ -773,6 +936,9 @@ func (t *Transport) retryDue() int {
 	}
 	t.guard.RUnlock()
 	t.release(freed[:nd])
+	for _, p := range idle[:ni] {
+		t.drop(p)
+	}
 	for _, d := range done[:nd] {
 		d.c.Complete(d.token, d.err)
 	}
@@ -870,14 +1036,19 @@ var _ transport.Endpoint = (*Endpoint)(nil)
 func (e *Endpoint) Rails() int { return 1 }
 
 // Update takes the buffers and keys of desc, and the peer's new address
-// when it restarted.
+// when it restarted; the old address leaves the address vector once no
+// endpoint uses it and its operations in flight are over. Safe for
+// concurrent use.
 func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if ep := desc.Endpoints[Name]; ep != e.name {
+	// A closed endpoint gave its peer up (Close) and takes no other: it
+	// would never give that one up.
+	if ep := desc.Endpoints[Name]; ep != e.name && !e.closed.Load() {
 		if p, err := e.t.peer(ep); err == nil {
-			e.peer.Store(p)
+			old := e.peer.Swap(p)
 			e.name = ep
+			e.t.unuse(old) // after the swap: see drop
 		}
 	}
 	e.setKeys(desc)
@@ -993,6 +1164,10 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 		t.guard.RUnlock()
 		return 0, false, errClosed
 	}
+	// Again under the guard, which is what keeps drop from removing the
+	// peer's address while its operations are counted and posted: an
+	// Update since may have replaced the peer, and given it up.
+	p = e.peer.Load()
 	nslots := t.take(idx[:len(s)])
 	if nslots == 0 {
 		t.guard.RUnlock()
@@ -1049,7 +1224,7 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 		}
 		k := idx[m]
 		sp := &t.slots[k]
-		sp.c, sp.token, sp.gen, sp.tries = c, sl.Token, gen, 0
+		sp.c, sp.token, sp.gen, sp.tries, sp.peer = c, sl.Token, gen, 0, p
 		sp.ep.Store(e)
 		ops[m] = C.mr_op{
 			local: C.uint64_t(uintptr(sl.Local)),
@@ -1070,6 +1245,9 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 	}
 	posted := 0
 	if m > 0 {
+		// Counted before the provider has them: their completions may
+		// come before mr_post returns.
+		p.ops.Add(int64(m))
 		posted = int(C.mr_post(t.res, &ops[0], C.size_t(m)))
 	}
 	accepted := end
@@ -1108,20 +1286,25 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 	}
 	// Undo what was not posted, and free what failed to post, while the
 	// guard still keeps Close from sweeping the slots.
+	undone := int64(0)
 	for j := 0; j < m; j++ {
 		if j < posted && ops[j].rc == 0 {
 			continue
 		}
 		sp := &t.slots[idx[j]]
 		sp.state.Store(slotFree)
-		sp.c = nil
+		sp.c, sp.peer = nil, nil
 		e.inflight.Add(-1)
+		undone++
 		if j < posted {
 			fails[nf] = failure{int(at[j]), postError(int(ops[j].rc))}
 			nf++
 		}
 	}
 	t.guard.RUnlock()
+	if undone > 0 {
+		t.opsDone(p, undone)
+	}
 	if stall {
 		p.stalled.Store(0)
 		t.reset(p, gen)
@@ -1154,7 +1337,9 @@ type failure struct {
 // Close refuses new slices and waits, polling, up to Config.Linger for
 // the endpoint's slices in flight to complete; those it still sees then
 // are failed with ErrClosed. Every slice of the endpoint that completes
-// after Close began completes with ErrClosed.
+// after Close began completes with ErrClosed. The peer's address leaves
+// the address vector once no endpoint uses it and the provider holds no
+// operation to it (see Transport.drop). Safe for concurrent use.
 func (e *Endpoint) Close() error {
 	if e.closed.Swap(true) {
 		return nil
@@ -1169,5 +1354,10 @@ func (e *Endpoint) Close() error {
 	if e.inflight.Load() > 0 {
 		t.expire(time.Now().UnixNano()+1, e, errClosed)
 	}
+	// Under mu, so that an Update in progress does not swap in a peer
+	// after this gave up the one it saw.
+	e.mu.Lock()
+	t.unuse(e.peer.Load())
+	e.mu.Unlock()
 	return nil
 }

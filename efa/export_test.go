@@ -1,0 +1,18 @@
+//go:build efa && cgo
+
+package efa
+
+import "github.com/moonring/moonring/transport"
+
+// PeerCount returns how many peers t holds, each with its address in the
+// address vector. Safe for concurrent use.
+func PeerCount(t *Transport) int {
+	t.peerMu.Lock()
+	defer t.peerMu.Unlock()
+	return len(t.peers)
+}
+
+// PeerAddr returns the fi_addr_t of ep's peer now. Safe for concurrent use.
+func PeerAddr(ep transport.Endpoint) uint64 {
+	return ep.(*Endpoint).peer.Load().addr.Load()
+}
