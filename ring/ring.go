@@ -148,7 +148,8 @@ type Ring struct {
 	cqes        []cq.Completion
 	sinkCQE     cq.Completion
 	inline      transport.Slice // copyInline's slice (a field: it would escape)
-	holds       transport.Holds // references copyInline's copies hold until the round ends
+	inlineBytes uint64          // bytes copyInline moved this round
+	holds       transport.Holds // references copyInline's copies hold until the round ends or a flush
 	more        bool            // take has more entries this round after the one it starts
 	outstanding int             // slices posted and not yet completed
 	active      int             // requests in slots, including zombies
@@ -380,6 +381,10 @@ func (r *Ring) step(t int64) bool {
 		r.expire(t)
 	}
 	r.holds.Release()
+	if r.inlineBytes >= 256<<10 {
+		r.poller.slow = true // the round took long: read the clock again
+	}
+	r.inlineBytes = 0
 	r.flushCQ()
 	return work
 }
@@ -585,6 +590,11 @@ const (
 // InlineCopier).
 func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint], handle uint64) int {
 	ep := seg.Endpoint
+	if len(r.batch) > 0 && r.batchEP == ep {
+		// Slices of earlier requests to this endpoint wait in the batch:
+		// this one goes after them, as it would have.
+		return inlineNot
+	}
 	op := transport.Read
 	if e.Op == sq.Write {
 		op = transport.Write
@@ -625,9 +635,7 @@ func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segme
 		return inlineRetry
 	}
 	r.rail++
-	if e.Length >= 256<<10 {
-		r.poller.slow = true // the round took long: read the clock again
-	}
+	r.inlineBytes += e.Length
 	if r.cfg.Sink != nil {
 		r.cfg.Sink.Started(e.UserData)
 	}
@@ -788,6 +796,10 @@ func (r *Ring) flush() bool {
 	if len(r.batch) == 0 {
 		return true
 	}
+	// No reference is held across a call into an endpoint: one may wait
+	// on a goroutine (shm's control socket reader) that waits for the
+	// reference to go.
+	r.holds.Release()
 	if cp, ok := r.batchEP.(transport.Copier); ok {
 		if r.lent {
 			// Not on a borrowed goroutine: the poller copies these.

@@ -1353,10 +1353,19 @@ func TestBatchCopier(t *testing.T) {
 type copyEP struct {
 	*fakeEP
 	rails map[uint16]int
+	r     *Ring
+	// inline and slotted count the copies made with no request in the
+	// in-flight table (copyInline) and with one (copyEach).
+	inline, slotted int
 }
 
 func (c *copyEP) Copy(s *transport.Slice) error {
 	c.rails[s.Rail]++
+	if c.r.active == 0 {
+		c.inline++
+	} else {
+		c.slotted++
+	}
 	return c.move(s)
 }
 
@@ -1369,6 +1378,7 @@ func TestCopyInline(t *testing.T) {
 	ep := &copyEP{fakeEP: f, rails: map[uint16]int{}}
 	h := newHarness(t, Config{SliceSize: 4096, RetryLimit: 1}, f, true)
 	h.seg.Endpoint = ep
+	ep.r = h.r
 	fillPattern(h.local, 5)
 
 	h.submit(h.write(1, 0, 0, 4096))
@@ -1380,8 +1390,8 @@ func TestCopyInline(t *testing.T) {
 	if h.r.active != 0 || len(h.r.free) != len(h.r.reqs) {
 		t.Fatalf("inline request took a slot: %d active, %d of %d free", h.r.active, len(h.r.free), len(h.r.reqs))
 	}
-	if len(f.postsCopy()) != 0 {
-		t.Fatalf("inline request was posted")
+	if len(f.postsCopy()) != 0 || ep.inline != 1 || ep.slotted != 0 {
+		t.Fatalf("inline request: %d posts, %d copies inline, %d from a slot; want 0, 1, 0", len(f.postsCopy()), ep.inline, ep.slotted)
 	}
 
 	// Rail of the next request fails once: the retry goes to the other rail.
@@ -1409,11 +1419,81 @@ func TestCopyInline(t *testing.T) {
 	expectCode(t, h.collect(1)[0], cq.CodeRemoteRange)
 
 	// Several slices: the normal way, through the slot table.
+	slotted := ep.slotted
 	h.submit(h.write(5, 0, 0, 3*4096))
 	expectCode(t, h.collect(1)[0], cq.CodeOK)
-	if h.r.Stats().Retries != 2 {
-		t.Fatalf("retries %d, want 2", h.r.Stats().Retries)
+	if h.r.Stats().Retries != 2 || ep.slotted != slotted+3 {
+		t.Fatalf("retries %d, %d copies from a slot; want 2 and %d", h.r.Stats().Retries, ep.slotted, slotted+3)
 	}
+}
+
+// holdEP is a fakeEP whose memory is one region with a reference count,
+// as local's and shm's: CopyHold leaves the reference in the ring's Holds,
+// Copy (the batched way) takes and drops its own.
+type holdEP struct {
+	*fakeEP
+	ref      segtable.Ref
+	acquires int
+	// heldAtCopy counts Copy calls (made from a flush) that found the
+	// reference still held: the ring must give it back first.
+	heldAtCopy int
+}
+
+func (c *holdEP) Copy(s *transport.Slice) error {
+	if c.ref.InUse() != 0 {
+		c.heldAtCopy++
+	}
+	return c.CopyHold(s, nil)
+}
+
+func (c *holdEP) CopyHold(s *transport.Slice, h *transport.Holds) error {
+	release := false
+	if h == nil || !h.Has(&c.ref) {
+		if !c.ref.Acquire() {
+			return transport.ErrDenied
+		}
+		c.acquires++
+		release = h == nil || !h.Add(&c.ref)
+	}
+	err := c.move(s)
+	if release {
+		c.ref.Release()
+	}
+	return err
+}
+
+// TestHoldingCopier: the one-slice requests of a round take the region's
+// reference once and the ring gives it back at the end of the round, and
+// before a flush calls into the endpoint; a region being drained is
+// refused.
+func TestHoldingCopier(t *testing.T) {
+	f := &fakeEP{rails: 1}
+	ep := &holdEP{fakeEP: f}
+	h := newHarness(t, Config{SliceSize: 4096}, f, true)
+	h.seg.Endpoint = ep
+	fillPattern(h.local, 9)
+	var es []sq.Entry
+	for i := range 8 {
+		es = append(es, h.write(uint64(i), uint64(i)*4096, uint64(i)*4096, 4096))
+	}
+	h.writeAll(es)
+	if ep.acquires != 1 || ep.ref.InUse() != 0 {
+		t.Fatalf("8 one-slice writes in one round: %d acquires (want 1), %d references held after it (want 0)", ep.acquires, ep.ref.InUse())
+	}
+	// An inline copy, then a request of three slices in the same round:
+	// the flush that copies those must not find the reference held.
+	ep.acquires = 0
+	h.writeAll([]sq.Entry{h.write(10, 0, 64<<10, 4096), h.write(11, 8192, 96<<10, 3*4096)})
+	if ep.heldAtCopy != 0 || ep.ref.InUse() != 0 || ep.acquires != 4 {
+		t.Fatalf("flush found the reference held %d times; %d held after the round; %d acquires (want 0, 0, 4)", ep.heldAtCopy, ep.ref.InUse(), ep.acquires)
+	}
+	// A drained region (nothing held: Drain returns at once, and refuses
+	// references from then on) takes no new one.
+	if err := ep.ref.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.submit(h.write(20, 0, 0, 4096))
+	expectCode(t, h.collect(1)[0], cq.CodeDenied)
 }
 
 // inlineEP is a batchEP that moves slices of the first half of the
@@ -1441,16 +1521,33 @@ func TestInlineCopier(t *testing.T) {
 	h := newHarness(t, Config{SliceSize: 4096}, f, true)
 	h.seg.Endpoint = ep
 	fillPattern(h.local, 7)
-	var es []sq.Entry
-	for i := range 16 {
+	write := func(i int) sq.Entry {
 		roff := uint64(i) * 4096
 		if i%2 == 1 {
 			roff += hR1 / 2 // the half CopyNow leaves to batches
 		}
-		es = append(es, h.write(uint64(i), uint64(i)*4096, roff, 4000))
+		return h.write(uint64(i), uint64(i)*4096, roff, 4000)
+	}
+	// Interleaved: once a slice waits in the batch for the endpoint, the
+	// requests after it join the batch too (their order is kept).
+	var es []sq.Entry
+	for i := range 16 {
+		es = append(es, write(i))
 	}
 	h.writeAll(es)
-	if ep.now != 8 || ep.calls == 0 {
-		t.Fatalf("%d slices copied at once, %d CopyBatch calls; want 8 and some", ep.now, ep.calls)
+	if ep.now != 1 || ep.calls == 0 {
+		t.Fatalf("interleaved: %d slices copied at once, %d CopyBatch calls; want 1 and some", ep.now, ep.calls)
+	}
+	// The ones CopyNow takes first: each is copied at once.
+	es = es[:0]
+	for i := 0; i < 16; i += 2 {
+		es = append(es, write(i))
+	}
+	for i := 1; i < 16; i += 2 {
+		es = append(es, write(i))
+	}
+	h.writeAll(es)
+	if ep.now != 1+8 {
+		t.Fatalf("%d slices copied at once; want 9", ep.now)
 	}
 }

@@ -194,8 +194,10 @@ type InlineCopier interface {
 
 // HoldingCopier is a Copier that can leave the reference it takes on the
 // target's memory for a copy in a Holds, which the engine gives back at
-// the end of the poller's round: the copier then takes and drops its
-// reference on a region once a round rather than once a slice. (Each is
+// the end of the poller's round, and before it calls any endpoint's Post
+// or CopyBatch (which may wait on something that waits for the
+// reference): the copier then takes and drops its reference on a region
+// about once a round rather than once a slice. (Each is
 // an atomic read-modify-write, which waits for the stores of the copy
 // before it to reach the cache: about a tenth of a 4 KiB copy.)
 type HoldingCopier interface {
