@@ -59,7 +59,9 @@ const canary = 0xA5
 // initiator opens endpoints and posts slices, the target registers the
 // memory that the slices address. When the initiator's endpoints implement
 // transport.Copier, the suite runs a second time moving every slice with
-// Copy, which the engine then calls instead of Post.
+// Copy, which the engine then calls instead of Post; and when they hold
+// references (transport.HoldingCopier, transport.InlineCopier), a third
+// time as the engine's poller copies one-slice requests.
 func Run(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
 	RunWith(t, Options{}, newPair)
 }
@@ -82,6 +84,7 @@ func RunWith(t *testing.T, o Options, newPair func(t *testing.T) (initiator, tar
 	}
 	t.Run("Post", func(t *testing.T) { runAll(t, suite{newPair: newPair, skip: o.Skip}) })
 	t.Run("Copy", func(t *testing.T) { runAll(t, suite{newPair: newPair, copy: true, skip: o.Skip}) })
+	t.Run("Hold", func(t *testing.T) { runAll(t, suite{newPair: newPair, copy: true, hold: true, skip: o.Skip}) })
 }
 
 // subtests are the names runAll gives its subtests.
@@ -94,6 +97,11 @@ type suite struct {
 	newPair func(t *testing.T) (initiator, target transport.Transport)
 	// copy moves slices with the endpoints' Copy method rather than Post.
 	copy bool
+	// hold (with copy) moves them as the engine's poller does with an
+	// endpoint that can hold references (transport.HoldingCopier,
+	// transport.InlineCopier): the references of a Post's slices are held
+	// until all of them are done.
+	hold bool
 	// skip maps subtests to skip to the reason.
 	skip map[string]string
 }
@@ -139,6 +147,31 @@ func (e copyEndpoint) Post(c transport.Completer, s []transport.Slice) (int, err
 	for i := range s {
 		c.Complete(s[i].Token, e.cp.Copy(&s[i]))
 	}
+	return len(s), nil
+}
+
+// holdEndpoint moves the slices posted to it as the engine's poller moves
+// a round's one-slice requests: with CopyHold, or CopyNow and Copy for the
+// slices CopyNow leaves, holding the references in one Holds that it gives
+// back after the last slice. Each slice completes as soon as it moved.
+type holdEndpoint struct{ transport.Endpoint }
+
+func (e holdEndpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
+	var h transport.Holds
+	for i := range s {
+		var err error
+		switch cp := e.Endpoint.(type) {
+		case transport.InlineCopier:
+			var done bool
+			if done, err = cp.CopyNow(&s[i], &h); !done {
+				err = cp.Copy(&s[i])
+			}
+		case transport.HoldingCopier:
+			err = cp.CopyHold(&s[i], &h)
+		}
+		c.Complete(s[i].Token, err)
+	}
+	h.Release()
 	return len(s), nil
 }
 
@@ -192,6 +225,7 @@ type fixture struct {
 	desc       *segtable.SegmentDesc
 	tokens     atomic.Uint64
 	copy       bool // open copyEndpoints
+	hold       bool // open holdEndpoints
 }
 
 func newFixture(t *testing.T, su suite) *fixture {
@@ -205,6 +239,7 @@ func newFixtureSize(t *testing.T, su suite, aLen int) *fixture {
 	f := &fixture{
 		t:    t,
 		copy: su.copy,
+		hold: su.hold,
 		init: &side{tr: it, regs: map[*segtable.Buffer]segtable.Registration{}},
 		targ: &side{tr: tt, regs: map[*segtable.Buffer]segtable.Registration{}},
 	}
@@ -293,6 +328,13 @@ func (f *fixture) open(desc *segtable.SegmentDesc) transport.Endpoint {
 		f.t.Fatalf("%s: Rails() = %d, want >= 1", f.init.tr.Name(), ep.Rails())
 	}
 	f.t.Cleanup(func() { ep.Close() })
+	if f.hold {
+		switch ep.(type) {
+		case transport.HoldingCopier, transport.InlineCopier:
+			return holdEndpoint{ep}
+		}
+		f.t.Skipf("%s endpoints hold no references (neither transport.HoldingCopier nor transport.InlineCopier)", f.init.tr.Name())
+	}
 	if f.copy {
 		cp, ok := ep.(transport.Copier)
 		if !ok {
