@@ -4,21 +4,19 @@ package moonring_test
 // the test binary re-executes itself with MOONRING_CHILD set.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"runtime/pprof"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/shm"
@@ -160,95 +158,27 @@ func childRaw(role string) error {
 	return nil
 }
 
-// child is a running child process and the first line it printed.
-type child struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	line  string
+// child is a running child process; Line is the first line it printed.
+type child struct{ *childproc.Proc }
 
-	waitOnce sync.Once
-	waitErr  error
-}
-
+// startChild starts a child in role (MOONRING_CHILD) with env added.
 func startChild(t testing.TB, role string, env ...string) *child {
 	t.Helper()
 	return startChildVia(t, nil, role, env...)
 }
 
 // startChildVia starts the child through a wrapper command that execs its
-// arguments, such as "ip netns exec NS": the process started is then the
-// test binary itself, so kill ends the child.
+// arguments, such as "ip netns exec NS".
 func startChildVia(t testing.TB, wrapper []string, role string, env ...string) *child {
 	t.Helper()
-	argv := append(append([]string(nil), wrapper...), os.Args[0], "-test.run=^$")
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), append([]string{"MOONRING_CHILD=" + role}, env...)...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, stdin: stdin}
-	t.Cleanup(c.stop)
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(stdout).ReadString('\n')
-		line <- s
-	}()
-	select {
-	case c.line = <-line:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("child %s printed nothing", role)
-	}
-	if c.line == "" {
-		t.Fatalf("child %s exited before printing", role)
-	}
-	return c
-}
-
-// stop closes the child's stdin, which ends it, and waits.
-func (c *child) stop() {
-	c.stdin.Close()
-	done := make(chan struct{})
-	go func() { c.wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		c.cmd.Process.Kill()
-		<-done
-	}
-}
-
-// wait waits for the child to exit, once however often it is called, and
-// returns how it exited.
-func (c *child) wait() error {
-	c.waitOnce.Do(func() { c.waitErr = c.cmd.Wait() })
-	return c.waitErr
-}
-
-// kill ends the child at once, as a crash would.
-func (c *child) kill() {
-	c.cmd.Process.Kill()
-}
-
-// killWait kills the child and waits until it is gone: its sockets are
-// closed by then, and nothing it served can move another byte.
-func (c *child) killWait() {
-	c.kill()
-	c.wait()
+	return &child{childproc.Start(t, childproc.Config{Env: append([]string{"MOONRING_CHILD=" + role}, env...),
+		Wrapper: wrapper, Name: role})}
 }
 
 // targetDesc decodes the descriptor a target child printed.
 func (c *child) targetDesc(t testing.TB) *segtable.SegmentDesc {
 	t.Helper()
-	d, err := segtable.UnmarshalDesc([]byte(c.line))
+	d, err := segtable.UnmarshalDesc([]byte(c.Line))
 	if err != nil {
 		t.Fatalf("child descriptor: %v", err)
 	}

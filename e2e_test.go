@@ -636,7 +636,7 @@ func TestTCPTargetKilled(t *testing.T) {
 	const size = 8 << 20
 	c := startChild(t, "target", "MOONRING_SIZE="+strconv.Itoa(size))
 	r := newRig(t, c, moonring.Config{Timeout: e2eFaultTimeout}, 40<<20, 2)
-	r.e2eFault(size, c.killWait)
+	r.e2eFault(size, c.KillWait)
 	ctx, cancel := context.WithTimeout(context.Background(), e2eHang)
 	defer cancel()
 	if err := r.e.CloseSegment(ctx, r.seg); err != nil {

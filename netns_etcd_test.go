@@ -70,7 +70,7 @@ func TestNetnsEtcdDiscovery(t *testing.T) {
 		t.Fatal("data differs after a round trip over the veth")
 	}
 	// The target dies without withdrawing its segment: its lease does.
-	c.kill()
+	c.Kill()
 	deadline := time.Now().Add(30 * time.Second) // a hang detector; the lease is 2 s
 	for {
 		_, err := store.Get(ctx, name)

@@ -409,7 +409,7 @@ func TestNetnsTargetKilled(t *testing.T) {
 	e2eLeaks(t)
 	const size = 8 << 20
 	_, c, r := netnsRig(t, size, moonring.Config{Timeout: e2eFaultTimeout}, 40<<20, 14)
-	r.e2eFault(size, c.killWait)
+	r.e2eFault(size, c.KillWait)
 	ctx, cancel := context.WithTimeout(context.Background(), e2eHang)
 	defer cancel()
 	if err := r.e.CloseSegment(ctx, r.seg); err != nil {

@@ -149,7 +149,7 @@ func BenchmarkProcessVMReadvBaseline(b *testing.B) {
 			c := startChild(b, "target", "MOONRING_SIZE="+strconv.Itoa(span), "MOONRING_HEAP=1")
 			d := c.targetDesc(b)
 			dst := make([]byte, span)
-			pid := c.cmd.Process.Pid
+			pid := c.Pid()
 			b.SetBytes(int64(sz.bytes))
 			i := 0
 			for b.Loop() {

@@ -56,7 +56,7 @@ func TestSHMTargetKilled(t *testing.T) {
 	if name, _ := r.e.SegmentTransport(r.seg); name != shm.Name {
 		t.Fatalf("segment opened over %q, want shm", name)
 	}
-	r.e2eFault(size, c.killWait)
+	r.e2eFault(size, c.KillWait)
 	ctx, cancel := context.WithTimeout(context.Background(), e2eHang)
 	defer cancel()
 	if err := r.e.CloseSegment(ctx, r.seg); err != nil {

@@ -179,7 +179,7 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 // dialChild connects to a raw baseline child.
 func dialChild(b *testing.B, role string) net.Conn {
 	c := startChild(b, role)
-	conn, err := net.Dial("tcp", strings.TrimSpace(c.line))
+	conn, err := net.Dial("tcp", strings.TrimSpace(c.Line))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -62,8 +62,7 @@ func benchEFA(b *testing.B, op transport.Op) {
 					tr := newEFA(b, efa.Config{Providers: []string{prov}})
 					defer tr.Close()
 					benchTransport(b, tr, tg.desc, op, sz.size, sz.window)
-					tg.stdin.Close()
-					tg.cmd.Wait()
+					tg.Stop()
 				})
 				b.Run(sz.name+"/raw", func(b *testing.B) { benchRaw(b, prov, op, sz.size, sz.window) })
 			}

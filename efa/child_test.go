@@ -17,16 +17,15 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/moonring/moonring/efa"
+	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/transport"
@@ -133,10 +132,8 @@ func childTarget() error {
 
 // target is a running child target.
 type target struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Scanner
-	desc  *segtable.SegmentDesc
+	*childproc.Proc
+	desc *segtable.SegmentDesc
 }
 
 // startTarget starts a child target on prov (none when "") with a buffer
@@ -147,56 +144,13 @@ func startTarget(t testing.TB, prov string, size int, env ...string) *target {
 	if prov != "" {
 		newEFA(t, efa.Config{Providers: []string{prov}}).Close() // skips when missing
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
-	cmd.Env = append(os.Environ(), append([]string{"EFA_CHILD=target", "EFA_PROVIDER=" + prov, "EFA_SIZE=" + strconv.Itoa(size)}, env...)...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	tg := &target{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
-	t.Cleanup(func() {
-		tg.stdin.Close()
-		done := make(chan struct{})
-		go func() { tg.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			tg.cmd.Process.Kill()
-			<-done
-		}
-	})
-	if !tg.out.Scan() {
-		t.Fatalf("child target printed no descriptor: %v", tg.out.Err())
-	}
+	tg := &target{Proc: childproc.Start(t, childproc.Config{
+		Env:  append([]string{"EFA_CHILD=target", "EFA_PROVIDER=" + prov, "EFA_SIZE=" + strconv.Itoa(size)}, env...),
+		Args: []string{"-test.run=^$", "-test.bench=^$"},
+		Name: "target"})}
 	tg.desc = new(segtable.SegmentDesc)
-	if err := json.Unmarshal(tg.out.Bytes(), tg.desc); err != nil {
-		t.Fatalf("child descriptor %q: %v", tg.out.Text(), err)
+	if err := json.Unmarshal([]byte(tg.Line), tg.desc); err != nil {
+		t.Fatalf("child descriptor %q: %v", tg.Line, err)
 	}
 	return tg
-}
-
-// ask sends one command and returns the answer line.
-func (tg *target) ask(t testing.TB, format string, args ...any) string {
-	t.Helper()
-	if _, err := fmt.Fprintf(tg.stdin, format+"\n", args...); err != nil {
-		t.Fatalf("child: %v", err)
-	}
-	if !tg.out.Scan() {
-		t.Fatalf("child answered nothing: %v", tg.out.Err())
-	}
-	return tg.out.Text()
-}
-
-// kill ends the child at once and waits for it.
-func (tg *target) kill() {
-	tg.cmd.Process.Kill()
-	tg.cmd.Wait()
 }

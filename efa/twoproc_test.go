@@ -168,11 +168,11 @@ func twoProcesses(t *testing.T, prov string) {
 			}
 		}
 		sum := sha256.Sum256(src)
-		if got := tg.ask(t, "sum %d %d", off, n); got != hex.EncodeToString(sum[:]) {
+		if got := tg.Ask(t, "sum %d %d", off, n); got != hex.EncodeToString(sum[:]) {
 			t.Fatalf("WRITE of %d bytes at +%d: the child holds other bytes (sha256 %s, sent %x)", n, off, got, sum)
 		}
 		// READ: the child fills child[off:], we read it into mem[loff:].
-		if got := tg.ask(t, "fill %d %d %d", off, n, i+200); got != "ok" {
+		if got := tg.Ask(t, "fill %d %d %d", off, n, i+200); got != "ok" {
 			t.Fatalf("child fill: %s", got)
 		}
 		clear(src)
@@ -195,7 +195,7 @@ func twoProcesses(t *testing.T, prov string) {
 		inflight = append(inflight, cut(transport.Write, reg.Handle, mem[k<<20:(k+1)<<20], base+uint64(k<<20), tr.SliceSize())...)
 	}
 	postAll(t, ep, w, inflight)
-	tg.kill()
+	tg.KillWait()
 	w.wait(t, inflight, 2*cfg.Timeout+10*time.Second)
 	start := time.Now()
 	after := cut(transport.Write, reg.Handle, mem[:4096], base, tr.SliceSize())

@@ -10,12 +10,11 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/rdma"
 )
@@ -99,45 +98,15 @@ func TestEnginesTwoProcesses(t *testing.T) {
 	}
 	t.Cleanup(func() { store.Close() }) // after the engine's Close
 	a := rdmaEngineStore(t, moonring.Config{Metadata: store, Transports: []string{rdma.Name}})
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "MOONRING_RDMA_CHILD=engine")
-	cmd.Stderr = os.Stderr
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	c := childproc.Start(t, childproc.Config{Env: []string{"MOONRING_RDMA_CHILD=engine"}, Name: "engine child", StopWait: 30 * time.Second})
 	defer func() {
-		stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("engine child: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			t.Error("engine child did not exit")
+		if err := c.Stop(); err != nil {
+			t.Errorf("engine child: %v", err)
 		}
 	}()
-	out := bufio.NewReader(stdout)
-	ask := func(q string) string {
-		fmt.Fprintln(stdin, q)
-		l, err := out.ReadString('\n')
-		if err != nil {
-			t.Fatalf("engine child's answer to %q: %v", q, err)
-		}
-		return strings.TrimSpace(l)
-	}
-	line, err := out.ReadString('\n')
-	if err != nil {
-		t.Fatalf("engine child's hello: %v", err)
-	}
 	var h engineHello
-	if err := json.Unmarshal([]byte(line), &h); err != nil {
-		t.Fatalf("engine child's hello %q: %v", line, err)
+	if err := json.Unmarshal([]byte(c.Line), &h); err != nil {
+		t.Fatalf("engine child's hello %q: %v", c.Line, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -172,7 +141,7 @@ func TestEnginesTwoProcesses(t *testing.T) {
 		if err := a.Transfer(ctx, reqs...); err != nil {
 			t.Fatalf("WRITE in %d-byte requests: %v", n, err)
 		}
-		if got := ask("sum"); got != digest(want) {
+		if got := c.Ask(t, "sum"); got != digest(want) {
 			t.Fatalf("WRITE in %d-byte requests: the child's digest %s, want %s", n, got, digest(want))
 		}
 	}
@@ -180,7 +149,7 @@ func TestEnginesTwoProcesses(t *testing.T) {
 		TargetOffset: h.Addr, Length: 4096, Notify: &moonring.Notify{Tag: 11, Msg: []byte("layer 3 ready")}}); err != nil {
 		t.Fatalf("WRITE with notify: %v", err)
 	}
-	if got, want := ask("note"), a.Name()+" 11 layer 3 ready"; got != want {
+	if got, want := c.Ask(t, "note"), a.Name()+" 11 layer 3 ready"; got != want {
 		t.Fatalf("the child's notification %q, want %q", got, want)
 	}
 }

@@ -8,15 +8,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -87,37 +85,15 @@ func TestTwoProcesses(t *testing.T) {
 	tr := needDevice(t, Config{})
 	defer tr.Close()
 	pump(t, tr)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.Stderr = os.Stderr
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	child := childproc.Start(t, childproc.Config{Env: []string{childEnv + "=1"}, Name: "target", StopWait: 30 * time.Second})
 	defer func() {
-		stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("child: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			t.Error("child did not exit")
+		if err := child.Stop(); err != nil {
+			t.Errorf("child: %v", err)
 		}
 	}()
-	out := bufio.NewReader(stdout)
-	line, err := out.ReadString('\n')
-	if err != nil {
-		t.Fatalf("child's hello: %v", err)
-	}
 	var h childHello
-	if err := json.Unmarshal([]byte(line), &h); err != nil {
-		t.Fatalf("child's hello %q: %v", line, err)
+	if err := json.Unmarshal([]byte(child.Line), &h); err != nil {
+		t.Fatalf("child's hello %q: %v", child.Line, err)
 	}
 	mem := make([]byte, childSize)
 	var bufs segtable.Buffers
@@ -154,14 +130,6 @@ func TestTwoProcesses(t *testing.T) {
 	}
 	want := make([]byte, childSize)
 	pattern(want, 1)
-	sum := func() string {
-		fmt.Fprintln(stdin, "sum")
-		l, err := out.ReadString('\n')
-		if err != nil {
-			t.Fatalf("child's sum: %v", err)
-		}
-		return strings.TrimSpace(l)
-	}
 	for i, size := range []uint64{1 << 20, 4096, 65536 + 17, 1000, childSize} {
 		clear(mem)
 		run(transport.Read, size)
@@ -171,12 +139,11 @@ func TestTwoProcesses(t *testing.T) {
 		pattern(want, uint64(i+2))
 		copy(mem, want)
 		run(transport.Write, size)
-		if d, w := sum(), digest(want); d != w {
+		if d, w := child.Ask(t, "sum"), digest(want); d != w {
 			t.Fatalf("WRITE in %d-byte slices: the child's digest %s, want %s", size, d, w)
 		}
 	}
 	if c.dup.Load() != 0 {
 		t.Errorf("%d duplicate completions", c.dup.Load())
 	}
-	_ = io.Discard
 }

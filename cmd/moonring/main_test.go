@@ -8,12 +8,12 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/metadata/etcdtest"
 )
 
@@ -223,22 +223,11 @@ func TestBenchRingAPIAndLocalName(t *testing.T) {
 // serve as its own process, signalled to stop, with bench --mode initiator
 // in this one: two processes, as on two hosts.
 func TestServeProcess(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "serve", "--listen", "127.0.0.1:0", "--buffer-size", "4M")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	line, err := bufio.NewReader(out).ReadString('\n')
-	go func() { io.Copy(io.Discard, out); done <- cmd.Wait() }()
-	f := strings.Fields(line)
-	if err != nil || len(f) < 3 {
-		cmd.Process.Kill()
-		t.Fatalf("serve printed %q (%v)", line, err)
+	p := childproc.Start(t, childproc.Config{Args: []string{"serve", "--listen", "127.0.0.1:0", "--buffer-size", "4M"},
+		Name: "serve", StopSignal: syscall.SIGTERM, StopWait: 30 * time.Second})
+	f := strings.Fields(p.Line)
+	if len(f) < 3 {
+		t.Fatalf("serve printed %q", p.Line)
 	}
 	name := strings.TrimSuffix(f[2], ":")
 	for _, r := range benchJSON(t, "--mode", "initiator", "--segment", name) {
@@ -246,14 +235,7 @@ func TestServeProcess(t *testing.T) {
 			t.Errorf("transport %q", r.Transport)
 		}
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve after SIGTERM: %v; want a clean exit", err)
-		}
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		t.Fatal("serve did not stop on SIGTERM")
+	if err := p.Stop(); err != nil {
+		t.Fatalf("serve after SIGTERM: %v; want a clean exit", err)
 	}
 }

@@ -1,0 +1,150 @@
+package childproc_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/moonring/moonring/internal/childproc"
+)
+
+const roleEnv = "CHILDPROC_TEST_ROLE"
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(roleEnv); role != "" {
+		runRole(role)
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// runRole is the child: "echo" answers each line with it upper-cased,
+// "mute" reads but never answers, "silent" never prints its first line,
+// "crash" exits 3 on its first command, "stubborn" ignores stdin's end
+// and ends on SIGTERM.
+func runRole(role string) {
+	signalled := make(chan os.Signal, 1)
+	if role == "stubborn" {
+		signal.Notify(signalled, syscall.SIGTERM)
+	}
+	if role != "silent" {
+		fmt.Println("ready " + role)
+	}
+	if role == "stubborn" {
+		<-signalled
+		return
+	}
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		switch role {
+		case "echo":
+			fmt.Println(strings.ToUpper(in.Text()))
+		case "crash":
+			os.Exit(3)
+		}
+	}
+}
+
+// fakeTB records a failure instead of failing the test, and runs the
+// cleanups when asked, so the failure paths can be checked.
+type fakeTB struct {
+	testing.TB
+	failure  string
+	cleanups []func()
+}
+
+func (f *fakeTB) Helper()           {}
+func (f *fakeTB) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
+func (f *fakeTB) Fatalf(format string, args ...any) {
+	f.failure = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// run runs fn as a test would: in its own goroutine, then the cleanups.
+func (f *fakeTB) run(fn func(tb testing.TB)) {
+	done := make(chan struct{})
+	go func() { defer close(done); fn(f) }()
+	<-done
+	for i := len(f.cleanups) - 1; i >= 0; i-- {
+		f.cleanups[i]()
+	}
+}
+
+func role(r string) []string { return []string{roleEnv + "=" + r} }
+
+func TestAsk(t *testing.T) {
+	p := childproc.Start(t, childproc.Config{Env: role("echo")})
+	if p.Line != "ready echo" {
+		t.Fatalf("first line %q", p.Line)
+	}
+	if got := p.Ask(t, "sum %d %d", 4096, 17); got != "SUM 4096 17" {
+		t.Fatalf("answer %q", got)
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+}
+
+// failure runs fn against a fake TB and returns its failure message.
+func failure(t *testing.T, fn func(tb testing.TB)) string {
+	t.Helper()
+	f := &fakeTB{TB: t}
+	f.run(fn)
+	if f.failure == "" {
+		t.Fatal("no failure")
+	}
+	t.Log(f.failure)
+	return f.failure
+}
+
+func TestAskDeadline(t *testing.T) {
+	var p *childproc.Proc
+	msg := failure(t, func(tb testing.TB) {
+		p = childproc.Start(tb, childproc.Config{Env: role("mute"), Answer: 200 * time.Millisecond})
+		p.Ask(tb, "sum")
+	})
+	if !strings.Contains(msg, `no answer to "sum": nothing within 200ms`) || !strings.Contains(msg, "killed") {
+		t.Fatalf("message %q", msg)
+	}
+	if err := syscall.Kill(p.Pid(), 0); err == nil {
+		t.Fatal("the child still runs")
+	}
+}
+
+func TestAskExited(t *testing.T) {
+	msg := failure(t, func(tb testing.TB) {
+		p := childproc.Start(tb, childproc.Config{Env: role("crash")})
+		p.Ask(tb, "sum")
+	})
+	if !strings.Contains(msg, "EOF") || !strings.Contains(msg, "exit status 3") {
+		t.Fatalf("message %q", msg)
+	}
+}
+
+func TestReadyDeadline(t *testing.T) {
+	msg := failure(t, func(tb testing.TB) {
+		childproc.Start(tb, childproc.Config{Env: role("silent"), Ready: 200 * time.Millisecond, Name: "quiet"})
+	})
+	if !strings.HasPrefix(msg, "child quiet printed no first line: nothing within 200ms") {
+		t.Fatalf("message %q", msg)
+	}
+}
+
+func TestStop(t *testing.T) {
+	p := childproc.Start(t, childproc.Config{Env: role("stubborn"), StopWait: 200 * time.Millisecond})
+	if err := p.Stop(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("stop of a child that ignores stdin: %v", err)
+	}
+	p = childproc.Start(t, childproc.Config{Env: role("stubborn"), StopSignal: syscall.SIGTERM})
+	if err := p.Stop(); err != nil {
+		t.Fatalf("stop with SIGTERM: %v", err)
+	}
+}
