@@ -6,12 +6,14 @@ package moonring_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"runtime/pprof"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -152,10 +154,10 @@ func childRaw(role string) error {
 			}
 		}
 	}
-	if err == io.EOF {
-		err = nil
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+		err = nil // the parent closed the connection: the normal end
 	}
-	return nil
+	return err
 }
 
 // child is a running child process; Line is the first line it printed.
