@@ -186,9 +186,10 @@ type BatchCopier interface {
 // takes them.
 type InlineCopier interface {
 	BatchCopier
-	// CopyNow moves s and reports true with its result, as CopyHold would,
+	// CopyNow moves s and reports true with its result, as Copy would,
 	// when batching would gain nothing; else it does nothing and reports
-	// false.
+	// false. With h not nil the copy's reference on the target memory is
+	// left in h, as HoldingCopier's CopyHold leaves it.
 	CopyNow(s *Slice, h *Holds) (bool, error)
 }
 
@@ -207,7 +208,8 @@ type HoldingCopier interface {
 }
 
 // Holds is a poller round's list of held references (see HoldingCopier).
-// It is owned by one goroutine at a time.
+// Its zero value is empty and ready; it is owned by one goroutine at a
+// time, and what it holds lives until Release.
 type Holds struct {
 	refs [4]*segtable.Ref
 	n    int
