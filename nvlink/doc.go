@@ -48,7 +48,11 @@
 // Close or the transport's: Close stops taking slices, waits for the
 // streams (Close is not the hot path), completes the endpoint's slices
 // still in flight with transport.ErrClosed, and drops its IPC mappings
-// when no other endpoint uses them. Memory from Alloc and staging buffers
+// when no other endpoint uses them. An Update that replaces the
+// endpoint's view (a buffer gone, a restarted peer) drops what only the
+// old view used, mappings and the old peer's grant table, once the copies
+// queued with it completed: at once when none is in flight, else in a
+// later Poll or Update. Memory from Alloc and staging buffers
 // live until Free (Stager.Close) or the transport's Close. The grant
 // table file (/dev/shm/moonring-nvlink-*) is removed by Close; a process
 // that dies leaves it behind, harmless and small.

@@ -16,16 +16,29 @@ import (
 // process of the host. Safe for concurrent use; it lives until its Close
 // or its transport's.
 type Endpoint struct {
-	t    *Transport
-	addr string // the descriptor's endpoint the current table came from
+	t *Transport
 
-	remotes atomic.Pointer[[]remote] // by address; replaced by Update
+	remotes atomic.Pointer[[]remote] // the view, by address; replaced by Update
 	use     segtable.Ref             // Post calls in progress; Close drains it
 	closed  atomic.Bool
 
-	mu   sync.Mutex            // serializes Update and Close
-	tabs []*table              // every table remotes may name, unmapped at Close
-	held map[*mapping]struct{} // mappings remotes may use, dropped at Close
+	// mu guards what follows. It is taken under Transport.mu, except by
+	// Close's first step, and retired changes only with both held.
+	mu      sync.Mutex
+	addr    string                // the descriptor's endpoint tab came from
+	tab     *table                // the peer's table, for views to come; unmapped at Close
+	held    map[*mapping]struct{} // the mappings the view uses, a reference each
+	retired []retired             // what replaced views used, until their copies are done
+}
+
+// retired is what a view that Update replaced held, and the point in each
+// lane past which no copy can use it: Post queues a copy only under its
+// lane's lock with the current view, so every copy of the replaced view
+// lies below the lane's tail as Update read it after the swap.
+type retired struct {
+	maps  []*mapping
+	tab   *table   // nil when the next view kept it
+	fence []uint64 // per device of Transport.devs: the lane's tail then
 }
 
 // remote is one buffer of the segment as this process reaches it.
@@ -45,31 +58,39 @@ var _ transport.Endpoint = (*Endpoint)(nil)
 func (e *Endpoint) Rails() int { return 1 }
 
 // Update takes the segment's new descriptor: buffers added or removed,
-// and a restarted peer's new grant table.
+// and a restarted peer's new grant table. What the old view used and the
+// new one does not (the mappings of removed buffers, a restarted peer's
+// allocations and table) is dropped once no copy that may use it is in
+// flight: here when none is, else by a later Poll or Update. Safe for
+// concurrent use.
 func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
+	t := e.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.closed.Load() {
-		e.mu.Unlock()
-		return
+		return // Close has dropped, or will drop, what a view would use
 	}
-	tab := e.tabs[len(e.tabs)-1]
+	tab, old := e.tab, (*table)(nil)
 	if s := desc.Endpoints[Name]; s != e.addr {
-		if nt, err := e.t.peerTable(desc); err == nil {
-			e.tabs = append(e.tabs, nt)
-			tab = nt
-			e.addr = s
+		// Mapped under the locks: two Updates racing must not retire a
+		// table the other one's view names.
+		if nt, err := t.peerTable(desc); err == nil {
+			old, e.tab, e.addr, tab = e.tab, nt, s, nt
 		} else {
 			tab = nil // a peer this transport cannot reach now: deny all
 		}
 	}
-	e.mu.Unlock()
-	e.update(desc, tab)
+	e.update(desc, tab, old)
+	e.reclaim()
 }
 
 // update builds the endpoint's view of desc's buffers, mapping allocations
-// not mapped yet. Every check a descriptor could fail is made here, once,
-// so that Post only looks up.
-func (e *Endpoint) update(desc *segtable.SegmentDesc, tab *table) {
+// it names, and retires the previous view's mappings and, when not nil,
+// the table old. Every check a descriptor could fail is made here, once,
+// so that Post only looks up. t.mu and e.mu are held and e is not closed.
+func (e *Endpoint) update(desc *segtable.SegmentDesc, tab, old *table) {
 	bufs := slices.Clone(desc.Buffers)
 	slices.SortFunc(bufs, func(a, b segtable.BufferDesc) int {
 		switch {
@@ -81,30 +102,82 @@ func (e *Endpoint) update(desc *segtable.SegmentDesc, tab *table) {
 		return 0
 	})
 	rs := make([]remote, 0, len(bufs))
+	// The new view takes its own references, also to mappings the old one
+	// holds: those are dropped with the old view, and only the last
+	// reference closes a handle.
+	held := make(map[*mapping]struct{}, len(e.held))
 	var end uint64
-	t := e.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed.Load() {
-		return // Close has dropped, or will drop, what a view would use
-	}
 	for i, b := range bufs {
 		if b.Length == 0 || b.Addr+b.Length < b.Addr || (i > 0 && b.Addr < end) {
 			continue // a malformed descriptor: such a buffer is never reached
 		}
 		end = b.Addr + b.Length
 		r := remote{addr: b.Addr, length: b.Length, slot: -1}
-		r.deny = e.resolve(&r, b, tab)
+		r.deny = e.resolve(&r, b, tab, held)
 		rs = append(rs, r)
 	}
 	e.remotes.Store(&rs)
+	prev := e.held
+	e.held = held
+	if len(prev) == 0 && old == nil {
+		return
+	}
+	rt := retired{tab: old, fence: make([]uint64, len(e.t.devs))}
+	for m := range prev {
+		rt.maps = append(rt.maps, m)
+	}
+	for i, d := range e.t.devs {
+		if !d.ready.Load() {
+			continue // never started: no copy of any view is on it
+		}
+		// Taking the lock waits for a Post that checked the view under
+		// it; any Post after this sees the new view.
+		d.lane.mu.Lock()
+		rt.fence[i] = d.lane.tail.Load()
+		d.lane.mu.Unlock()
+	}
+	e.retired = append(e.retired, rt)
+	e.t.retiring.Add(1)
 }
 
-// resolve fills r from the buffer's key, or says why it is denied. t.mu
-// and e.mu are held.
-func (e *Endpoint) resolve(r *remote, b segtable.BufferDesc, tab *table) error {
+// reclaim drops what replaced views used once no copy of theirs is in
+// flight: a lane's head passes an index only after the copy there is done
+// and its grant released. t.mu and e.mu are held.
+func (e *Endpoint) reclaim() {
+	t := e.t
+	keep := e.retired[:0]
+	for _, rt := range e.retired {
+		done := true
+		for i, d := range t.devs {
+			if d.ready.Load() && d.lane.head.Load() < rt.fence[i] {
+				done = false
+				break
+			}
+		}
+		if done {
+			e.drop(rt)
+		} else {
+			keep = append(keep, rt)
+		}
+	}
+	clear(e.retired[len(keep):])
+	e.retired = keep
+}
+
+// drop releases what a replaced view used. t.mu and e.mu are held.
+func (e *Endpoint) drop(rt retired) {
+	for _, m := range rt.maps {
+		e.t.unmapHandle(m)
+	}
+	if rt.tab != nil {
+		rt.tab.unmap()
+	}
+	e.t.retiring.Add(-1)
+}
+
+// resolve fills r from the buffer's key, or says why it is denied; held
+// gets a reference to each mapping the view uses. t.mu and e.mu are held.
+func (e *Endpoint) resolve(r *remote, b segtable.BufferDesc, tab *table, held map[*mapping]struct{}) error {
 	if tab == nil {
 		return fmt.Errorf("%w: the segment's nvlink endpoint is unreachable", transport.ErrDenied)
 	}
@@ -137,10 +210,10 @@ func (e *Endpoint) resolve(r *remote, b segtable.BufferDesc, tab *table) error {
 		e.t.unmapHandle(m)
 		return fmt.Errorf("%w: the key names [%d, +%d) of an allocation of %d bytes", transport.ErrDenied, k.addr-k.base, k.length, m.size)
 	}
-	if _, ok := e.held[m]; ok {
-		e.t.unmapHandle(m) // held already: one reference per endpoint
+	if _, ok := held[m]; ok {
+		e.t.unmapHandle(m) // held already: one reference per view
 	} else {
-		e.held[m] = struct{}{}
+		held[m] = struct{}{}
 	}
 	r.ptr = m.ptr + uintptr(k.addr-k.base)
 	r.dev, r.tab, r.slot, r.gen = d, tab, int(k.slot), k.gen
@@ -186,19 +259,12 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 	lockThread()
 	defer unlockThread()
 	var cur uintptr // the context current on this thread, 0 when unknown
-	for i := range s {
+	// A classic loop: a slice whose view Update replaced is checked again
+	// (i--), which a range loop would not allow.
+	for i := 0; i < len(s); i++ {
 		sl := &s[i]
-		r, loc, err := e.check(sl)
+		view, r, loc, err := e.check(sl)
 		if err != nil {
-			c.Complete(sl.Token, err)
-			cur = 0
-			continue
-		}
-		if !r.tab.acquire(r.slot, r.gen) {
-			err := transport.ErrDenied // unregistered, or registered anew
-			if r.tab.closed() {
-				err = transport.ErrClosed
-			}
 			c.Complete(sl.Token, err)
 			cur = 0
 			continue
@@ -207,15 +273,32 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 		l.mu.Lock()
 		if e.closed.Load() || t.closed.Load() {
 			l.mu.Unlock()
-			r.tab.release(r.slot)
 			c.Complete(sl.Token, transport.ErrClosed)
+			cur = 0
+			continue
+		}
+		// r's mapping and table are only sure to be there while its view
+		// is current under this lock (see retired): everything that
+		// touches them, the grant included, happens before the unlock.
+		if e.remotes.Load() != view {
+			l.mu.Unlock()
+			i--
+			continue
+		}
+		if !r.tab.acquire(r.slot, r.gen) {
+			err := transport.ErrDenied // unregistered, or registered anew
+			if r.tab.closed() {
+				err = transport.ErrClosed
+			}
+			l.mu.Unlock()
+			c.Complete(sl.Token, err)
 			cur = 0
 			continue
 		}
 		tail := l.tail.Load()
 		if tail-l.head.Load() > l.mask {
-			l.mu.Unlock()
 			r.tab.release(r.slot)
+			l.mu.Unlock()
 			return i, nil // full: the caller retries the rest after a Poll
 		}
 		if cur != r.dev.ctx {
@@ -227,8 +310,8 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 			err = e.enqueue(l, sl, r, loc, tail)
 		}
 		if err != nil {
-			l.mu.Unlock()
 			r.tab.release(r.slot)
+			l.mu.Unlock()
 			c.Complete(sl.Token, fmt.Errorf("nvlink: post on GPU %d: %w", r.dev.ordinal, err))
 			cur = 0
 			continue
@@ -241,33 +324,36 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 }
 
 // check validates a slice against the endpoint's view of the segment and
-// the transport's registrations.
-func (e *Endpoint) check(sl *transport.Slice) (*remote, *region, error) {
+// the transport's registrations, and returns the view it used. It touches
+// no mapping or table: the view may be replaced, and what it holds
+// dropped, before the caller locks the lane.
+func (e *Endpoint) check(sl *transport.Slice) (*[]remote, *remote, *region, error) {
 	if e.closed.Load() || e.t.closed.Load() {
-		return nil, nil, transport.ErrClosed
+		return nil, nil, nil, transport.ErrClosed
 	}
 	if sl.Op == transport.Notify {
-		return nil, nil, ErrNotify
+		return nil, nil, nil, ErrNotify
 	}
 	if sl.Op != transport.Read && sl.Op != transport.Write {
-		return nil, nil, fmt.Errorf("nvlink: op %d: %w", sl.Op, transport.ErrNotSupported)
+		return nil, nil, nil, fmt.Errorf("nvlink: op %d: %w", sl.Op, transport.ErrNotSupported)
 	}
-	r := find(*e.remotes.Load(), sl.Remote, sl.Length)
+	view := e.remotes.Load()
+	r := find(*view, sl.Remote, sl.Length)
 	if r == nil {
-		return nil, nil, transport.ErrRange
+		return nil, nil, nil, transport.ErrRange
 	}
 	if r.deny != nil {
-		return nil, nil, r.deny
+		return nil, nil, nil, r.deny
 	}
 	loc := e.t.regions()[sl.LocalHandle]
 	if loc == nil {
-		return nil, nil, fmt.Errorf("nvlink: local handle %d not registered: %w", sl.LocalHandle, transport.ErrDenied)
+		return nil, nil, nil, fmt.Errorf("nvlink: local handle %d not registered: %w", sl.LocalHandle, transport.ErrDenied)
 	}
 	off := uint64(uintptr(sl.Local) - loc.addr)
 	if uintptr(sl.Local) < loc.addr || sl.Length > loc.length || off > loc.length-sl.Length {
-		return nil, nil, fmt.Errorf("nvlink: local range outside its buffer: %w", transport.ErrRange)
+		return nil, nil, nil, fmt.Errorf("nvlink: local range outside its buffer: %w", transport.ErrRange)
 	}
-	return r, loc, nil
+	return view, r, loc, nil
 }
 
 // enqueue queues the copy of sl and records the lane's event at index
@@ -300,7 +386,8 @@ func (e *Endpoint) enqueue(l *lane, sl *transport.Slice, r *remote, loc *region,
 
 // Close completes the endpoint's slices in flight with ErrClosed once
 // their copies have stopped (it waits for the streams: Close is not a hot
-// path), then drops its mappings and peer tables. Idempotent.
+// path), then drops its mappings and peer tables, those of replaced views
+// included. Idempotent and safe for concurrent use.
 func (e *Endpoint) Close() error {
 	e.mu.Lock()
 	if e.closed.Swap(true) {
@@ -333,10 +420,16 @@ func (e *Endpoint) Close() error {
 		t.unmapHandle(m)
 	}
 	clear(e.held)
-	for _, tab := range e.tabs {
-		tab.unmap()
+	// Every copy of the endpoint's stopped and was reaped above: what
+	// replaced views used goes too, fence or not.
+	for _, rt := range e.retired {
+		e.drop(rt)
 	}
-	e.tabs = nil
+	e.retired = nil
+	if e.tab != nil {
+		e.tab.unmap()
+		e.tab = nil
+	}
 	e.mu.Unlock()
 	t.mu.Unlock()
 	if err != nil {

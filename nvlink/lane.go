@@ -133,8 +133,10 @@ func (l *lane) reap(drv driver, all bool) int {
 		}
 		p := l.ring[h&l.mask]
 		l.ring[h&l.mask] = pending{}
-		l.head.Store(h + 1)
+		// The grant first: once head passes h, Endpoint.reclaim may unmap
+		// the table of a replaced view that this copy counted on.
 		p.tab.release(p.slot)
+		l.head.Store(h + 1)
 		switch {
 		case p.ep.closed.Load():
 			err = transport.ErrClosed

@@ -111,6 +111,9 @@ type Transport struct {
 
 	regs   atomic.Pointer[map[uint64]*region] // copy on write, under mu
 	closed atomic.Bool
+	// retiring counts the endpoints' retired views not yet dropped
+	// (written under mu): Poll looks at it to know when to try.
+	retiring atomic.Int64
 }
 
 // device is one GPU as this process numbers it. Its context, stream and
@@ -490,9 +493,11 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	if err != nil {
 		return nil, fmt.Errorf("nvlink: open %s: %w", desc.Name, err)
 	}
-	e := &Endpoint{t: t, addr: desc.Endpoints[Name], tabs: []*table{tab}, held: map[*mapping]struct{}{}}
-	e.update(desc, tab)
+	e := &Endpoint{t: t, addr: desc.Endpoints[Name], tab: tab}
 	t.mu.Lock()
+	e.mu.Lock()
+	e.update(desc, tab, nil) // the first view: nothing to retire
+	e.mu.Unlock()
 	if t.closed.Load() {
 		t.mu.Unlock()
 		e.Close()
@@ -573,8 +578,10 @@ func (t *Transport) unmapHandle(m *mapping) {
 }
 
 // Poll completes the slices whose copies finished, on every GPU, and
-// reports how many. It never blocks: a GPU another poller is reaping is
-// skipped. Safe for concurrent use.
+// reports how many; then it drops what endpoints' replaced views used once
+// their copies are done (see Endpoint.Update). It never blocks: a GPU
+// another poller is reaping is skipped, and so is the dropping while
+// another goroutine holds the locks it needs. Safe for concurrent use.
 func (t *Transport) Poll() int {
 	n := 0
 	for _, d := range t.devs {
@@ -582,7 +589,30 @@ func (t *Transport) Poll() int {
 			n += d.lane.poll(t.drv)
 		}
 	}
+	if t.retiring.Load() != 0 {
+		t.reclaim()
+	}
 	return n
+}
+
+// reclaim drops what endpoints' replaced views used and no copy uses any
+// more, unless another goroutine holds the locks. Rare: only after an
+// Update replaced a view while its copies were in flight.
+func (t *Transport) reclaim() {
+	if !t.mu.TryLock() {
+		return
+	}
+	defer t.mu.Unlock()
+	for e := range t.eps {
+		if t.retiring.Load() == 0 {
+			return
+		}
+		if len(e.retired) == 0 || !e.mu.TryLock() { // e.retired changes under t.mu too
+			continue
+		}
+		e.reclaim()
+		e.mu.Unlock()
+	}
 }
 
 // Close closes every endpoint (completing their slices in flight with
