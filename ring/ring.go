@@ -587,7 +587,9 @@ const (
 // needs no reference. It tries nothing when the endpoint is not
 // synchronous, or batches (a BatchCopier) and more entries wait to join
 // the batch, unless it can say per slice that batching gains nothing (an
-// InlineCopier).
+// InlineCopier). An endpoint that can (HoldingCopier, InlineCopier) leaves
+// its reference on the target's memory in r.holds, which step gives back
+// at the end of the round and flush before it calls into any endpoint.
 func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint], handle uint64) int {
 	ep := seg.Endpoint
 	if len(r.batch) > 0 && r.batchEP == ep {
