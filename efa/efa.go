@@ -727,6 +727,14 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 		idle  [chunk]*peer // peers that may be dropped now
 	)
 	nd, nr, ni := 0, 0, 0
+	// returned counts s's operation as given back by the provider and
+	// notes its peer when that was the peer's last use.
+	returned := func(s *slot) {
+		if s.peer.returned() {
+			idle[ni] = s.peer
+			ni++
+		}
+	}
 	{
 		var freed [chunk]uint32
 		nf := 0
@@ -738,10 +746,7 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 			}
 			s := &t.slots[i]
 			if s.state.CompareAndSwap(slotAbandoned, slotFree) {
-				if s.peer.returned() {
-					idle[ni] = s.peer
-					ni++
-				}
+				returned(s)
 				s.peer = nil
 				freed[nf] = uint32(i)
 				nf++
@@ -759,10 +764,7 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 				if errors.Is(err, transport.ErrPeer) && s.tries < maxTries && s.state.CompareAndSwap(slotBusy, slotRetry) {
 					// The provider is done with it: retryDue counts
 					// it again, for the peer it posts it to.
-					if s.peer.returned() {
-						idle[ni] = s.peer
-						ni++
-					}
+					returned(s)
 					retry[nr] = uint32(i)
 					nr++
 					continue
@@ -772,20 +774,14 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 				// Abandoned meanwhile (timed out or closed): the slice
 				// was failed there; this was the provider's last word.
 				if s.state.CompareAndSwap(slotAbandoned, slotFree) {
-					if s.peer.returned() {
-						idle[ni] = s.peer
-						ni++
-					}
+					returned(s)
 					s.peer = nil
 					freed[nf] = uint32(i)
 					nf++
 				}
 				continue
 			}
-			if s.peer.returned() {
-				idle[ni] = s.peer
-				ni++
-			}
+			returned(s)
 			s.peer = nil
 			e := s.ep.Load()
 			e.inflight.Add(-1)

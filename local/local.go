@@ -295,12 +295,9 @@ func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {
 			return transport.ErrDenied
 		}
 	}
-	release := false
-	if h == nil || !h.Has(&r.ref) {
-		if !r.ref.Acquire() {
-			return transport.ErrDenied // being unregistered
-		}
-		release = h == nil || !h.Add(&r.ref)
+	ok, release := h.Take(&r.ref)
+	if !ok {
+		return transport.ErrDenied // being unregistered
 	}
 	remote := unsafe.Slice((*byte)(unsafe.Add(r.base, s.Remote-uint64(r.addr))), s.Length)
 	local := unsafe.Slice((*byte)(s.Local), s.Length)

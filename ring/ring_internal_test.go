@@ -1447,13 +1447,13 @@ func (c *holdEP) Copy(s *transport.Slice) error {
 }
 
 func (c *holdEP) CopyHold(s *transport.Slice, h *transport.Holds) error {
-	release := false
-	if h == nil || !h.Has(&c.ref) {
-		if !c.ref.Acquire() {
-			return transport.ErrDenied
-		}
+	held := h != nil && h.Has(&c.ref)
+	ok, release := h.Take(&c.ref)
+	if !ok {
+		return transport.ErrDenied
+	}
+	if !held {
 		c.acquires++
-		release = h == nil || !h.Add(&c.ref)
 	}
 	err := c.move(s)
 	if release {

@@ -308,15 +308,12 @@ func (e *Endpoint) copyHold(c *client, m *mapping, s *transport.Slice, h *transp
 	if s.Op == transport.Notify {
 		return c.notify(s)
 	}
-	release := false
 	if m == nil {
 		return e.missing(c, s)
 	}
-	if h == nil || !h.Has(&m.ref) {
-		if !m.ref.Acquire() {
-			return e.missing(c, s)
-		}
-		release = h == nil || !h.Add(&m.ref)
+	ok, release := h.Take(&m.ref)
+	if !ok {
+		return e.missing(c, s)
 	}
 	var err error
 	if m.base != nil {

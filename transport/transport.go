@@ -239,6 +239,20 @@ func (h *Holds) Add(r *segtable.Ref) bool {
 // Len returns how many references are held.
 func (h *Holds) Len() int { return h.n }
 
+// Take gets r for one copy: false when r refuses references (it is being
+// drained). When r is held already nothing is taken; else r is acquired
+// and h keeps it, unless h is nil or full: then release is true and the
+// caller releases r after its copy. Safe on a nil h.
+func (h *Holds) Take(r *segtable.Ref) (ok, release bool) {
+	if h != nil && h.Has(r) {
+		return true, false
+	}
+	if !r.Acquire() {
+		return false, false
+	}
+	return true, h == nil || !h.Add(r)
+}
+
 // Release gives back every reference held.
 func (h *Holds) Release() {
 	for i, r := range h.refs[:h.n] {
