@@ -57,6 +57,7 @@ type slot struct {
 	op     C.mr_op // what was posted, for retries
 	tries  int     // retries so far
 	due    int64   // UnixNano when the retry is due
+	failed int64   // UnixNano of the first failure, which started the retries
 }
 
 // Retries of operations that failed as if their connection broke: at
@@ -400,9 +401,26 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	return e, nil
 }
 
+// probeTries is how many times Open probes a peer whose probe failed as
+// if its connection broke (each time after the retries of the slice
+// itself): a connection that other operations' faults tear down (a
+// forged key makes tcp;ofi_rxm's target drop it) cancels the probe too.
+const probeTries = 3
+
 // probe reads one byte of the first buffer with a valid key into the
-// transport's scratch memory and waits for it.
+// transport's scratch memory and waits for it; it probes again, up to
+// probeTries times, while the read fails with ErrPeer.
 func (e *Endpoint) probe(ctx context.Context) error {
+	var err error
+	for range probeTries {
+		if err = e.probeOnce(ctx); !errors.Is(err, transport.ErrPeer) {
+			return err
+		}
+	}
+	return err
+}
+
+func (e *Endpoint) probeOnce(ctx context.Context) error {
 	var kr *keyRange
 	for i, k := range *e.keys.Load() {
 		if k.ok {
@@ -587,15 +605,18 @@ func (t *Transport) insert(addr []byte) (uint64, error) {
 }
 
 // reset gives p a fresh address vector entry, unless an operation of a
-// later generation already did.
+// later generation already did. It holds the guard exclusively, as drop
+// does: Post and retryDue load a peer's fi_addr and post to it under the
+// read side, and tcp;ofi_rxm dereferences a NULL peer when an operation
+// names an address that has left the vector.
 func (t *Transport) reset(p *peer, gen uint64) {
 	t.peerMu.Lock()
 	defer t.peerMu.Unlock()
 	if p.gen.Load() != gen || p.gone.Load() {
 		return // a later generation reset it, or its address left the AV (drop)
 	}
-	t.guard.RLock()
-	defer t.guard.RUnlock()
+	t.guard.Lock()
+	defer t.guard.Unlock()
 	if t.closed.Load() {
 		return
 	}
@@ -825,6 +846,7 @@ func (t *Transport) queueRetries(idx []uint32) {
 			// endpoint's peer is another, whose generations s.gen
 			// does not count.
 			t.reset(s.peer, s.gen)
+			s.failed = now
 		}
 		s.due = now + int64(retryDelay)<<(2*s.tries)
 		s.tries++
@@ -865,6 +887,7 @@ func (t *Transport) retryDue() int {
 	var (
 		at   [chunk]uint8 // ops[j] is the slot idx[at[j]]
 		ok   [chunk]bool  // idx[k]'s operation was posted
+		wait [chunk]bool  // idx[k]'s operation waits for room at the provider
 		idle [chunk]*peer // peers that may be dropped now
 	)
 	ni := 0
@@ -902,18 +925,30 @@ func (t *Transport) retryDue() int {
 			ok[at[j]] = true
 			continue
 		}
-		if p := t.slots[idx[at[j]]].peer; p.returned() {
+		s := &t.slots[idx[at[j]]]
+		// Not taken (the provider's queue is full, as tcp;ofi_rxm's is
+		// while it connects again): it waits for room, within the
+		// timeout that counts from the failure.
+		wait[at[j]] = j >= posted && now-s.failed < int64(t.cfg.Timeout)
+		if p := s.peer; p.returned() {
 			idle[ni] = p
 			ni++
 		}
 	}
-	nd := 0
-	var freed [chunk]uint32
+	nd, nw := 0, 0
+	var freed, waiting [chunk]uint32
 	for k, i := range idx[:n] {
 		if ok[k] {
 			continue
 		}
 		s := &t.slots[i]
+		if wait[k] && s.state.CompareAndSwap(slotBusy, slotRetry) {
+			s.peer = nil
+			s.due = now + int64(retryDelay)
+			waiting[nw] = i
+			nw++
+			continue
+		}
 		// Not posted: take the slot back.
 		if !s.state.CompareAndSwap(slotBusy, slotFree) && !s.state.CompareAndSwap(slotRetry, slotFree) {
 			continue
@@ -929,6 +964,12 @@ func (t *Transport) retryDue() int {
 		s.c = nil
 		freed[nd] = i
 		nd++
+	}
+	if nw > 0 {
+		t.retryMu.Lock()
+		t.retries = append(t.retries, waiting[:nw]...)
+		t.nretry.Store(int64(len(t.retries)))
+		t.retryMu.Unlock()
 	}
 	t.guard.RUnlock()
 	t.release(freed[:nd])

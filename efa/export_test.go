@@ -16,3 +16,10 @@ func PeerCount(t *Transport) int {
 func PeerAddr(ep transport.Endpoint) uint64 {
 	return ep.(*Endpoint).peer.Load().addr.Load()
 }
+
+// ResetPeer gives ep's peer a fresh address vector entry, as a failed
+// operation does. Safe for concurrent use.
+func ResetPeer(ep transport.Endpoint) {
+	p := ep.(*Endpoint).peer.Load()
+	ep.(*Endpoint).t.reset(p, p.gen.Load())
+}

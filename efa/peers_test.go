@@ -6,9 +6,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/moonring/moonring/efa"
 	"github.com/moonring/moonring/segtable"
@@ -272,4 +274,69 @@ func TestPeersConcurrent(t *testing.T) {
 	ep := p.open(t, desc)
 	defer ep.Close()
 	p.writeCheck(t, ep, desc, mem, 7)
+}
+
+// Resets of a peer's address while slices are posted to it, from several
+// goroutines: a post never names an address that has left the vector
+// (tcp;ofi_rxm dereferences a NULL peer then, and the process dies), and
+// every slice completes once.
+func TestResetWhilePosting(t *testing.T) {
+	p := newPair(t, "tcp", testConfig("tcp"), testConfig("tcp"))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	resets := 0
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			efa.ResetPeer(p.ep)
+			resets++
+			runtime.Gosched()
+		}
+	})
+	w := newWaiter()
+	var all []transport.Slice
+	var pmu sync.Mutex
+	for g := 0; g < 4; g++ {
+		wg.Go(func() {
+			for i := 0; i < 500; i++ {
+				s := []transport.Slice{p.slice(transport.Write, 4096), p.slice(transport.Read, 4096)}
+				s[1].Local = unsafe.Add(s[1].Local, 8192)
+				postAll(t, p.ep, w, s)
+				pmu.Lock()
+				all = append(all, s...)
+				pmu.Unlock()
+			}
+		})
+	}
+	// Wait for the posters (the reset loop runs until stop).
+	for {
+		pmu.Lock()
+		n := len(all)
+		pmu.Unlock()
+		if n == 4*500*2 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	errs := w.wait(t, all, 60*time.Second)
+	close(stop)
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case !errors.Is(err, transport.ErrPeer):
+			t.Errorf("slice failed with %v; want nil or ErrPeer", err)
+		}
+	}
+	t.Logf("%d resets; %d of %d slices moved", resets, ok, len(all))
+	if resets == 0 {
+		t.Fatalf("no reset ran while the slices were in flight: the test proved nothing")
+	}
+	p.writeCheck(t, p.ep, p.desc, p.tmem, 3)
 }
