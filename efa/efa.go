@@ -935,7 +935,7 @@ func (t *Transport) retryDue() int {
 			ni++
 		}
 	}
-	nd, nw := 0, 0
+	nd, nf, nw := 0, 0, 0
 	var freed, waiting [chunk]uint32
 	for k, i := range idx[:n] {
 		if ok[k] {
@@ -951,6 +951,14 @@ func (t *Transport) retryDue() int {
 		}
 		// Not posted: take the slot back.
 		if !s.state.CompareAndSwap(slotBusy, slotFree) && !s.state.CompareAndSwap(slotRetry, slotFree) {
+			// Abandoned meanwhile (Endpoint.Close expired it, and
+			// completed its slice): the provider never had it, so
+			// no completion will free the slot; free it here.
+			if s.state.CompareAndSwap(slotAbandoned, slotFree) {
+				s.peer = nil
+				freed[nf] = i
+				nf++
+			}
 			continue
 		}
 		s.peer = nil
@@ -962,8 +970,9 @@ func (t *Transport) retryDue() int {
 		}
 		done[nd] = completion{s.c, s.token, err}
 		s.c = nil
-		freed[nd] = i
 		nd++
+		freed[nf] = i
+		nf++
 	}
 	if nw > 0 {
 		t.retryMu.Lock()
@@ -972,7 +981,7 @@ func (t *Transport) retryDue() int {
 		t.retryMu.Unlock()
 	}
 	t.guard.RUnlock()
-	t.release(freed[:nd])
+	t.release(freed[:nf])
 	for _, p := range idle[:ni] {
 		t.drop(p)
 	}
@@ -1388,6 +1397,12 @@ func (e *Endpoint) Close() error {
 			time.Sleep(20 * time.Microsecond)
 		}
 	}
+	// A Post that saw the endpoint open may still hold the guard, its
+	// slots busy but not yet posted or undone: it finishes before the
+	// write lock is granted, and a Post after it sees closed. Then the
+	// slots that expire abandons are the provider's alone.
+	t.guard.Lock()
+	t.guard.Unlock()
 	if e.inflight.Load() > 0 {
 		t.expire(time.Now().UnixNano()+1, e, errClosed)
 	}

@@ -23,3 +23,11 @@ func ResetPeer(ep transport.Endpoint) {
 	p := ep.(*Endpoint).peer.Load()
 	ep.(*Endpoint).t.reset(p, p.gen.Load())
 }
+
+// SlotsFree returns how many operation slots t has free. Safe for
+// concurrent use.
+func SlotsFree(t *Transport) int {
+	t.freeMu.Lock()
+	defer t.freeMu.Unlock()
+	return len(t.free)
+}

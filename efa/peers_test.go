@@ -340,3 +340,72 @@ func TestResetWhilePosting(t *testing.T) {
 	}
 	p.writeCheck(t, p.ep, p.desc, p.tmem, 3)
 }
+
+// Endpoint.Close while other goroutines post to the endpoint, with a
+// Linger too short for the WRITEs in flight (the target does not poll):
+// every slice that Post took completes once, with nil or ErrClosed, and
+// the slots all come back.
+func TestCloseWhilePosting(t *testing.T) {
+	icfg := testConfig("tcp")
+	icfg.Linger = time.Millisecond
+	icfg.Depth = 256
+	p := newPair(t, "tcp", icfg, testConfig("tcp"))
+	p.targ.StopProgress()
+	for round := 0; round < 20; round++ {
+		// The target polls only while the endpoint opens (the probe).
+		opened := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-opened:
+					return
+				default:
+					p.targ.Poll()
+				}
+			}
+		}()
+		ep := p.open(t, p.desc)
+		close(opened)
+		w := newWaiter()
+		var mu sync.Mutex
+		var taken []transport.Slice
+		var wg sync.WaitGroup
+		for g := 0; g < 3; g++ {
+			wg.Go(func() {
+				for i := 0; i < 200; i++ {
+					s := []transport.Slice{p.slice(transport.Write, 4096)}
+					n, err := ep.Post(w, s)
+					if err != nil {
+						if !errors.Is(err, transport.ErrClosed) {
+							t.Errorf("Post: %v", err)
+						}
+						return
+					}
+					if n == 1 {
+						mu.Lock()
+						taken = append(taken, s[0])
+						mu.Unlock()
+					}
+				}
+			})
+		}
+		time.Sleep(time.Duration(round%5) * 100 * time.Microsecond)
+		ep.Close()
+		wg.Wait()
+		// The target polls again so that the provider returns what it holds.
+		deadline := time.Now().Add(20 * time.Second)
+		for efa.SlotsFree(p.init) != icfg.Depth && time.Now().Before(deadline) {
+			if p.targ.Poll() == 0 {
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
+		for _, err := range w.wait(t, taken, 20*time.Second) {
+			if err != nil && !errors.Is(err, transport.ErrClosed) {
+				t.Fatalf("round %d: slice failed with %v; want nil or ErrClosed", round, err)
+			}
+		}
+		if n := efa.SlotsFree(p.init); n != icfg.Depth {
+			t.Fatalf("round %d: %d of %d slots free after every slice returned", round, n, icfg.Depth)
+		}
+	}
+}
