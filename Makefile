@@ -20,10 +20,13 @@ all: build
 # the libibverbs headers are; else static and pure Go.
 build:
 	CGO_ENABLED=0 $(GO) build ./...
-	@if [ -f /usr/include/infiniband/verbs.h ]; then \
-		echo "$(GO) build -tags rdma -o bin/moonring ./cmd/moonring"; $(GO) build -tags rdma -o bin/moonring ./cmd/moonring; \
-	else echo "build: no libibverbs headers (libibverbs-dev): bin/moonring without the rdma transport"; \
-		CGO_ENABLED=0 $(GO) build -o bin/moonring ./cmd/moonring; fi
+	@tags=; \
+	if [ -f /usr/include/infiniband/verbs.h ]; then tags="rdma"; \
+	else echo "build: no libibverbs headers (libibverbs-dev): bin/moonring without the rdma transport"; fi; \
+	if [ -f /usr/include/rdma/fabric.h ]; then tags="$${tags:+$$tags,}efa"; \
+	else echo "build: no libfabric headers (libfabric-dev): bin/moonring without the efa transport"; fi; \
+	if [ -n "$$tags" ]; then echo "$(GO) build -tags $$tags -o bin/moonring ./cmd/moonring"; $(GO) build -tags $$tags -o bin/moonring ./cmd/moonring; \
+	else CGO_ENABLED=0 $(GO) build -o bin/moonring ./cmd/moonring; fi
 
 vet:
 	@unformatted="$$(gofmt -l $$(git ls-files '*.go'))"; \
