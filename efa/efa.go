@@ -40,6 +40,7 @@ const (
 	slotBusy      // posted; its completion is still to come
 	slotAbandoned // completed to the engine already (timeout, Close); the provider still holds it
 	slotRetry     // failed as if its connection broke; Poll posts it again when due
+	slotExpiring  // expire is failing it, for a few instructions: then abandoned (or busy again)
 )
 
 // slot is the Go record of one operation. Post writes token, c, ep and
@@ -121,6 +122,8 @@ type Transport struct {
 	virt     bool // FI_MR_VIRT_ADDR: remote addresses are virtual, else offsets
 	provKey  bool // FI_MR_PROV_KEY: the provider picks MR keys
 	maxMsg   uint64
+	strAddr  bool // FI_ADDR_STR: addresses are NUL-terminated strings
+	nameLen  int  // the length of a fabric address, when not a string
 
 	// guard is held shared by every call into libfabric on the endpoint,
 	// completion queue and address vector, and exclusively by Close and
@@ -230,6 +233,8 @@ func newTransport(cfg Config, res *C.fi_res) (*Transport, error) {
 		virt:    mode&C.FI_MR_VIRT_ADDR != 0,
 		provKey: mode&C.FI_MR_PROV_KEY != 0,
 		maxMsg:  uint64(res.max_msg),
+		strAddr: res.addr_format == C.FI_ADDR_STR,
+		nameLen: int(res.namelen),
 		peers:   map[string]*peer{},
 		stop:    make(chan struct{}),
 	}
@@ -490,15 +495,15 @@ func (t *Transport) peer(ep string) (*peer, error) {
 	if prov != t.prov {
 		return nil, fmt.Errorf("peer on provider %q, this transport on %q: %w", prov, t.prov, transport.ErrUnreachable)
 	}
-	if t.res.addr_format == C.FI_ADDR_STR {
+	if t.strAddr {
 		// A string address: one NUL, at the end, and printable before.
 		for i, c := range addr {
 			if (c == 0) != (i == len(addr)-1) || (c != 0 && (c < ' ' || c > '~')) {
 				return nil, fmt.Errorf("address %q: %w: %w", addr, transport.ErrUnreachable, errBadDesc)
 			}
 		}
-	} else if len(addr) != int(t.res.namelen) {
-		return nil, fmt.Errorf("address of %d bytes, want %d: %w: %w", len(addr), t.res.namelen, transport.ErrUnreachable, errBadDesc)
+	} else if len(addr) != t.nameLen {
+		return nil, fmt.Errorf("address of %d bytes, want %d: %w: %w", len(addr), t.nameLen, transport.ErrUnreachable, errBadDesc)
 	}
 	t.peerMu.Lock()
 	defer t.peerMu.Unlock()
@@ -621,9 +626,16 @@ func (t *Transport) reset(p *peer, gen uint64) {
 		return
 	}
 	C.fi_remove(t.res, C.uint64_t(p.addr.Load()))
-	if a, err := t.insert(p.name); err == nil {
-		p.addr.Store(a)
+	a, err := t.insert(p.name)
+	if err != nil {
+		// The old address has left the vector and no new one came:
+		// the peer is gone (Post fails its slices), and the next Open
+		// or Update of its endpoint string inserts it afresh.
+		p.gone.Store(true)
+		delete(t.peers, p.key)
+		return
 	}
+	p.addr.Store(a)
 	p.gen.Add(1)
 }
 
@@ -766,14 +778,8 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 				continue // not ours: a provider bug; nothing to complete
 			}
 			s := &t.slots[i]
-			if s.state.CompareAndSwap(slotAbandoned, slotFree) {
-				returned(s)
-				s.peer = nil
-				freed[nf] = uint32(i)
-				nf++
-				continue
-			}
 			var err error
+			retryable := false
 			if ent.err != 0 {
 				err = cqError(int(ent.err), int(ent.perr))
 				// An operation that failed as if its connection broke
@@ -782,25 +788,27 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 				// follow a broken connection until it connects again.
 				// (Retried enough, it fails: the state never leaves
 				// busy, so a Close sweeping at once cannot see it twice.)
-				if errors.Is(err, transport.ErrPeer) && s.tries < maxTries && s.state.CompareAndSwap(slotBusy, slotRetry) {
-					// The provider is done with it: retryDue counts
-					// it again, for the peer it posts it to.
-					returned(s)
-					retry[nr] = uint32(i)
-					nr++
-					continue
-				}
+				retryable = errors.Is(err, transport.ErrPeer) && s.tries < maxTries
 			}
-			if !s.state.CompareAndSwap(slotBusy, slotFree) {
-				// Abandoned meanwhile (timed out or closed): the slice
-				// was failed there; this was the provider's last word.
-				if s.state.CompareAndSwap(slotAbandoned, slotFree) {
-					returned(s)
-					s.peer = nil
-					freed[nf] = uint32(i)
-					nf++
-				}
+			switch s.take(retryable) {
+			case slotAbandoned:
+				// Timed out or closed meanwhile: the slice was failed
+				// there; this was the provider's last word.
+				returned(s)
+				s.peer = nil
+				freed[nf] = uint32(i)
+				nf++
 				continue
+			case slotRetry:
+				// The provider is done with it: retryDue counts it
+				// again, for the peer it posts it to.
+				returned(s)
+				retry[nr] = uint32(i)
+				nr++
+				continue
+			case slotBusy:
+			default:
+				continue // not the provider's: a provider bug
 			}
 			returned(s)
 			s.peer = nil
@@ -831,9 +839,80 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 	return nd
 }
 
+var errPeerGone = fmt.Errorf("efa: the peer's address could not be inserted again after a failure: %w", transport.ErrPeer)
+
 var errStalled = fmt.Errorf("efa: the provider took no operation for the peer within the timeout: %w", transport.ErrPeer)
 
 var errTimeout = fmt.Errorf("efa: no completion from the provider within the timeout: %w", transport.ErrPeer)
+
+// take is how deliver takes slot s whose operation the provider returned:
+// busy becomes free (the caller completes the slice; slotBusy returned) or,
+// with retry, slotRetry (slotRetry returned); abandoned becomes free
+// (slotAbandoned returned: the slice was completed already). An expire
+// holding the slot (slotExpiring) lets it go within a few instructions,
+// and take waits for that. Any other state is returned as it is.
+func (s *slot) take(retry bool) uint32 {
+	to := uint32(slotFree)
+	if retry {
+		to = slotRetry
+	}
+	for {
+		switch st := s.settle(); st {
+		case slotAbandoned:
+			if s.state.CompareAndSwap(slotAbandoned, slotFree) {
+				return slotAbandoned
+			}
+		case slotBusy:
+			if s.state.CompareAndSwap(slotBusy, to) {
+				if retry {
+					return slotRetry
+				}
+				return slotBusy
+			}
+		default:
+			return st
+		}
+	}
+}
+
+// reclaim takes back slot s, which retryDue holds but did not post (set
+// busy, or left in slotRetry when its peer was gone): with wait it goes
+// back to slotRetry (slotRetry returned), else it is freed for the caller
+// to fail its slice (slotBusy returned); if expire failed it meanwhile it
+// is freed (slotAbandoned returned).
+func (s *slot) reclaim(wait bool) uint32 {
+	for {
+		switch st := s.settle(); st {
+		case slotBusy:
+			if wait && s.state.CompareAndSwap(slotBusy, slotRetry) {
+				return slotRetry
+			}
+			if !wait && s.state.CompareAndSwap(slotBusy, slotFree) {
+				return slotBusy
+			}
+		case slotRetry:
+			if s.state.CompareAndSwap(slotRetry, slotFree) {
+				return slotBusy
+			}
+		case slotAbandoned:
+			if s.state.CompareAndSwap(slotAbandoned, slotFree) {
+				return slotAbandoned
+			}
+		default:
+			return st
+		}
+	}
+}
+
+// settle waits until no expire holds s, and returns s's state then.
+func (s *slot) settle() uint32 {
+	for {
+		if st := s.state.Load(); st != slotExpiring {
+			return st
+		}
+		runtime.Gosched()
+	}
+}
 
 // queueRetries resets the peers of the slots in idx (in slotRetry) and
 // queues the slots for Poll to post again when due.
@@ -942,23 +1021,23 @@ func (t *Transport) retryDue() int {
 			continue
 		}
 		s := &t.slots[i]
-		if wait[k] && s.state.CompareAndSwap(slotBusy, slotRetry) {
+		switch s.reclaim(wait[k]) {
+		case slotRetry:
 			s.peer = nil
 			s.due = now + int64(retryDelay)
 			waiting[nw] = i
 			nw++
 			continue
-		}
-		// Not posted: take the slot back.
-		if !s.state.CompareAndSwap(slotBusy, slotFree) && !s.state.CompareAndSwap(slotRetry, slotFree) {
-			// Abandoned meanwhile (Endpoint.Close expired it, and
-			// completed its slice): the provider never had it, so
-			// no completion will free the slot; free it here.
-			if s.state.CompareAndSwap(slotAbandoned, slotFree) {
-				s.peer = nil
-				freed[nf] = i
-				nf++
-			}
+		case slotAbandoned:
+			// Endpoint.Close expired it, and completed its slice: the
+			// provider never had it, so no completion will free the
+			// slot; free it here.
+			s.peer = nil
+			freed[nf] = i
+			nf++
+			continue
+		case slotBusy:
+		default:
 			continue
 		}
 		s.peer = nil
@@ -1003,11 +1082,20 @@ func (t *Transport) expire(cutoff int64, e *Endpoint, err error) int {
 		if s.state.Load() != slotBusy || s.posted.Load() >= cutoff || (e != nil && s.ep.Load() != e) {
 			continue
 		}
-		if s.state.CompareAndSwap(slotBusy, slotAbandoned) {
-			s.ep.Load().inflight.Add(-1)
-			done = append(done, completion{s.c, s.token, err})
-			s.c = nil
+		// Hold the slot while reading it: the provider may return the
+		// operation at any moment, and deliver would free the slot and
+		// Post reuse it under a plain abandoned state.
+		if !s.state.CompareAndSwap(slotBusy, slotExpiring) {
+			continue
 		}
+		if s.posted.Load() >= cutoff || (e != nil && s.ep.Load() != e) {
+			s.state.Store(slotBusy) // reused since the check above
+			continue
+		}
+		s.ep.Load().inflight.Add(-1)
+		done = append(done, completion{s.c, s.token, err})
+		s.c = nil
+		s.state.Store(slotAbandoned)
 	}
 	for _, d := range done {
 		d.c.Complete(d.token, d.err)
@@ -1214,6 +1302,11 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 	// peer's address while its operations are counted and posted: an
 	// Update since may have replaced the peer, and given it up.
 	p = e.peer.Load()
+	if p.gone.Load() {
+		// Its address left the vector and could not come back (reset).
+		t.guard.RUnlock()
+		return 0, false, errPeerGone
+	}
 	nslots := t.take(idx[:len(s)])
 	if nslots == 0 {
 		t.guard.RUnlock()
