@@ -53,12 +53,13 @@ type slot struct {
 	posted atomic.Int64 // UnixNano of the Post
 	c      transport.Completer
 	token  uint64
-	gen    uint64  // the peer's generation at the Post
-	peer   *peer   // the peer posted to; counted in its ops while busy or abandoned
-	op     C.mr_op // what was posted, for retries
-	tries  int     // retries so far
-	due    int64   // UnixNano when the retry is due
-	failed int64   // UnixNano of the first failure, which started the retries
+	gen    uint64      // the peer's generation at the Post
+	peer   *peer       // the peer posted to; counted in its ops while busy or abandoned
+	keys   *[]keyRange // the endpoint's keys at the Post, which op's rkey and raddr came from
+	op     C.mr_op     // what was posted, for retries
+	tries  int         // retries so far
+	due    int64       // UnixNano when the retry is due
+	failed int64       // UnixNano of the first failure, which started the retries
 }
 
 // Retries of operations that failed as if their connection broke: at
@@ -979,8 +980,17 @@ func (t *Transport) retryDue() int {
 			// that failed), loaded under the guard: see drop. A gone one
 			// (the endpoint closed, its address left the AV) gets
 			// nothing: the slot fails below with ErrClosed.
-			p := s.ep.Load().peer.Load()
+			e := s.ep.Load()
+			p := e.peer.Load()
 			if p.gone.Load() {
+				continue
+			}
+			// Its rkey and remote address came from the keys of the
+			// Post: after an Update (a restarted peer whose Go heap,
+			// and provider-chosen keys, may well look the same) they
+			// could name other memory. It fails instead, with ErrPeer,
+			// and its caller's retry resolves it again.
+			if e.keys.Load() != s.keys {
 				continue
 			}
 			s.peer = p
@@ -1176,6 +1186,12 @@ func (e *Endpoint) Rails() int { return 1 }
 func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	// The keys first, then the peer: Post loads the peer, then the keys,
+	// so it never pairs the new peer with the old keys (a restarted peer,
+	// its Go heap at the same addresses and provider-chosen keys the
+	// same small numbers, could take an old key for a new buffer). The
+	// other mix, the old peer with the new keys, fails at the old peer.
+	e.setKeys(desc)
 	// A closed endpoint gave its peer up (Close) and takes no other: it
 	// would never give that one up.
 	if ep := desc.Endpoints[Name]; ep != e.name && !e.closed.Load() {
@@ -1185,7 +1201,6 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 			e.t.unuse(old) // after the swap: see drop
 		}
 	}
-	e.setKeys(desc)
 }
 
 func (e *Endpoint) setKeys(desc *segtable.SegmentDesc) {
@@ -1313,7 +1328,8 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 		return 0, false, nil
 	}
 	regs := t.regList()
-	ks := *e.keys.Load()
+	kp := e.keys.Load()
+	ks := *kp
 	gen := p.gen.Load()
 	dest := C.uint64_t(p.addr.Load())
 	now := time.Now().UnixNano()
@@ -1363,7 +1379,7 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 		}
 		k := idx[m]
 		sp := &t.slots[k]
-		sp.c, sp.token, sp.gen, sp.tries, sp.peer = c, sl.Token, gen, 0, p
+		sp.c, sp.token, sp.gen, sp.tries, sp.peer, sp.keys = c, sl.Token, gen, 0, p, kp
 		sp.ep.Store(e)
 		ops[m] = C.mr_op{
 			local: C.uint64_t(uintptr(sl.Local)),
