@@ -1219,9 +1219,10 @@ type Endpoint struct {
 	nrdev  int
 	rails  []rail // under postMu
 	bufs   atomic.Pointer[[]rbuf]
-	bt     batches  // C memory, under postMu
-	closed bool     // under postMu
-	eff    []uint16 // the rail each slice of the Post under way went to, under postMu
+	bt     batches       // C memory, under postMu
+	closed bool          // under postMu
+	gone   chan struct{} // closed when the first Close has torn everything down
+	eff    []uint16      // the rail each slice of the Post under way went to, under postMu
 	used   atomic.Int64
 }
 
@@ -1251,7 +1252,7 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 		}
 		key = t.key
 	}
-	ep := &Endpoint{t: t, addr: addr, key: key, nrdev: len(rdevs)}
+	ep := &Endpoint{t: t, addr: addr, key: key, nrdev: len(rdevs), gone: make(chan struct{})}
 	ep.setBuffers(desc)
 	// Local device i talks to the peer's device i (modulo its count): on a
 	// rail-optimized fabric NIC i of every host shares a switch.
@@ -1270,6 +1271,12 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	t.eps = append(t.eps, ep)
 	t.mu.Unlock()
 	ep.postMu.Lock()
+	if ep.closed {
+		// Transport.Close closed it between the two locks: the devices
+		// may be gone, and nothing may be connected on them.
+		ep.postMu.Unlock()
+		return nil, fmt.Errorf("rdma: open: %w", transport.ErrClosed)
+	}
 	for i := range ep.rails {
 		if err := ep.connectRail(ctx, i); err != nil {
 			ep.postMu.Unlock()
@@ -1642,9 +1649,11 @@ func (ep *Endpoint) Close() error {
 	ep.postMu.Lock()
 	if ep.closed {
 		ep.postMu.Unlock()
+		<-ep.gone // a Transport.Close frees the devices only after this
 		return nil
 	}
 	ep.closed = true
+	defer close(ep.gone)
 	var qs []*qp
 	for i := range ep.rails {
 		r := &ep.rails[i]
@@ -1656,17 +1665,18 @@ func (ep *Endpoint) Close() error {
 	}
 	ep.bt.free()
 	ep.postMu.Unlock()
+	// The devices stay until this teardown ends: held before the endpoint
+	// leaves t.eps, so a Transport.Close that no longer sees it frees them
+	// only after this (one that still sees it waits on ep.gone). Had it
+	// freed them already, the queue pairs went with them, and only the
+	// slices are left to complete.
+	t.life.RLock()
+	defer t.life.RUnlock()
 	t.mu.Lock()
 	if i := slices.Index(t.eps, ep); i >= 0 {
 		t.eps = slices.Delete(t.eps, i, i+1)
 	}
 	t.mu.Unlock()
-	// The devices stay until this teardown ends: a Transport.Close that
-	// runs at once no longer sees this endpoint and frees them after it.
-	// Had it freed them already, the queue pairs went with them, and only
-	// the slices are left to complete.
-	t.life.RLock()
-	defer t.life.RUnlock()
 	hw := !t.freed
 	for _, q := range qs {
 		q.state.Store(qpClosing)
