@@ -412,3 +412,32 @@ func TestNotifyAllocs(t *testing.T) {
 		t.Errorf("%d notifications delivered, want 52", got.Load())
 	}
 }
+
+// A buffer whose memfd's last page also holds another registered buffer
+// (the same allocation's tail, registered on its own) is not handed out as
+// a file: mapping the file would give the peer the other buffer too, even
+// a local-only one. It is reached through process_vm calls instead, and
+// the data still moves.
+func TestSharedTailNotHandedOut(t *testing.T) {
+	w := newWorld(t, shm.Config{})
+	m, err := mem.AllocShared(4096+100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mem.Free(m) })
+	a := w.register(m, true)
+	w.register(m[len(m):cap(m)], false) // the tail page's rest, local-only
+	ep := w.open()
+	if mapped, vm := ep.Granted(); mapped != 0 || vm != 1 {
+		t.Fatalf("granted %d mapped, %d vm; want the buffer through process_vm only", mapped, vm)
+	}
+	lm := w.local.Bytes()
+	fill(m, 9)
+	s := w.slice(transport.Read, 0, uint64(a.Addr), a.Length)
+	if err := ep.Copy(&s); err != nil {
+		t.Fatalf("READ: %v", err)
+	}
+	if !bytes.Equal(lm[:a.Length], m) {
+		t.Fatal("READ: data differ")
+	}
+}

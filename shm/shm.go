@@ -282,18 +282,23 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 // grant answers an initiator's request for a buffer: it must be registered
 // with exactly that range, remote-accessible, not being withdrawn, and the
 // key must match.
-func (t *Transport) grant(addr, length uint64, key *[16]byte) (*region, uint16) {
+//
+// whole reports whether r's file holds no other registered buffer (the
+// file's last page, past r, may: another registration of the same
+// allocation's tail), so that it may be handed out.
+func (t *Transport) grant(addr, length uint64, key *[16]byte) (r *region, status uint16, whole bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	i, ok := slices.BinarySearchFunc(t.regs, uintptr(addr), func(x *region, a uintptr) int { return cmpAddr(x.addr, a) })
 	if !ok || uint64(t.regs[i].addr) != addr || t.regs[i].length != length {
-		return nil, statusRange
+		return nil, statusRange, false
 	}
-	r := t.regs[i]
+	r = t.regs[i]
 	if !r.remote || r.revoked || t.closed || subtle.ConstantTimeCompare(r.key[:], key[:]) != 1 {
-		return nil, statusDenied
+		return nil, statusDenied, false
 	}
-	return r, statusOK
+	whole = i+1 == len(t.regs) || uint64(t.regs[i+1].addr) >= uint64(r.addr)+uint64(r.size)
+	return r, statusOK, whole
 }
 
 // accept serves connections until the listener closes.
@@ -392,15 +397,21 @@ type server struct {
 
 	note transport.Notification // reused by every notification (serve only)
 
-	mu   sync.Mutex
-	acks map[uint64]chan struct{} // revokes waiting for their answer
-	gone bool
+	mu    sync.Mutex
+	acks  map[uint64]chan struct{} // revokes waiting for their answer
+	gone  bool
+	ready bool // the hello is over: before, the peer holds nothing to revoke
 }
 
 func (s *server) send(m *msg, oob []byte) error {
-	var buf [maxMsg]byte
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	return s.sendLocked(m, oob)
+}
+
+// sendLocked is send for a caller that holds wmu.
+func (s *server) sendLocked(m *msg, oob []byte) error {
+	var buf [maxMsg]byte
 	_, _, err := s.c.WriteMsgUnix(m.encode(buf[:]), oob, nil)
 	return err
 }
@@ -447,6 +458,13 @@ func (s *server) serve() {
 	if s.send(&pa, nil) != nil {
 		return
 	}
+	// Revokes from now on: one sent earlier could reach the initiator
+	// before the answers of its hello, which it would take for a broken
+	// target. It held no grant then, and a buffer marked revoked before
+	// this is refused to it below.
+	s.mu.Lock()
+	s.ready = true
+	s.mu.Unlock()
 	for s.read(pk, &m) {
 		switch m.typ {
 		case msgGrant:
@@ -501,20 +519,26 @@ func closeRights(oob []byte) int {
 }
 
 func (s *server) grant(m *msg) error {
-	r, st := s.t.grant(m.a, m.b, &m.key)
+	// The check and the answer under wmu: Unregister marks the buffer
+	// revoked before its revoke is sent, under wmu too, so on the socket
+	// a revoke either follows this grant (the peer drops what it just
+	// took) or finds the grant refused; it never overtakes it.
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	r, st, whole := s.t.grant(m.a, m.b, &m.key)
 	ack := msg{typ: msgGrantAck, seq: m.seq, status: st, a: m.a, b: m.b}
 	if st != statusOK {
-		return s.send(&ack, nil)
+		return s.sendLocked(&ack, nil)
 	}
 	ack.handle = r.handle
-	if r.file == nil || m.flags&flagVM != 0 {
+	if r.file == nil || !whole || m.flags&flagVM != 0 {
 		ack.flags = flagVM
-		return s.send(&ack, nil)
+		return s.sendLocked(&ack, nil)
 	}
 	ack.c, ack.d = uint64(r.off), uint64(r.size)
 	// r.file stays open while this runs: Unregister closes it only after
 	// every connection answered the revoke, which this goroutine serves.
-	return s.send(&ack, unix.UnixRights(int(r.file.Fd())))
+	return s.sendLocked(&ack, unix.UnixRights(int(r.file.Fd())))
 }
 
 func (s *server) notify(m *msg) error {
@@ -547,9 +571,9 @@ const allHandles = 0
 func (s *server) revoke(handle uint64, timeout time.Duration) error {
 	ch := make(chan struct{})
 	s.mu.Lock()
-	if s.gone {
+	if s.gone || !s.ready {
 		s.mu.Unlock()
-		return nil // its mappings went with the connection
+		return nil // its mappings went with the connection, or it has none yet
 	}
 	s.acks[handle] = ch
 	s.mu.Unlock()
