@@ -42,6 +42,7 @@ type Endpoint struct {
 	rails  []atomic.Pointer[conn]
 	closed atomic.Bool
 	stop   chan struct{}
+	done   chan struct{} // closed when the first Close has finished
 	wg     sync.WaitGroup
 }
 
@@ -73,7 +74,7 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	if err != nil {
 		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, err)
 	}
-	e := &Endpoint{t: t, name: desc.Name, rails: make([]atomic.Pointer[conn], t.cfg.Rails), stop: make(chan struct{})}
+	e := &Endpoint{t: t, name: desc.Name, rails: make([]atomic.Pointer[conn], t.cfg.Rails), stop: make(chan struct{}), done: make(chan struct{})}
 	e.dest.Store(&dest{addr, key})
 	e.Update(desc)
 	first, err := e.dial(ctx)
@@ -86,15 +87,17 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 		first.close(transport.ErrClosed)
 		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, transport.ErrClosed)
 	}
+	// The rails start under the lock: a Transport.Close either finds the
+	// endpoint whole (and closes it) or made Open give up above.
 	t.eps[e] = struct{}{}
-	t.mu.Unlock()
 	e.rails[0].Store(first)
-	t.cfg.Logger.Info("tcp: rail connected", "segment", desc.Name, "addr", addr, "rail", 0)
 	e.wg.Add(len(e.rails))
 	go e.keep(0, first)
 	for i := 1; i < len(e.rails); i++ {
 		go e.keep(i, nil)
 	}
+	t.mu.Unlock()
+	t.cfg.Logger.Info("tcp: rail connected", "segment", desc.Name, "addr", addr, "rail", 0)
 	return e, nil
 }
 
@@ -230,11 +233,14 @@ func (e *Endpoint) rail(i int) *conn {
 	return nil
 }
 
-// Close closes the rails; their slices complete with ErrClosed.
+// Close closes the rails; their slices complete with ErrClosed. A second
+// call waits for the first to finish.
 func (e *Endpoint) Close() error {
 	if e.closed.Swap(true) {
+		<-e.done
 		return nil
 	}
+	defer close(e.done)
 	close(e.stop)
 	for i := range e.rails {
 		if c := e.rails[i].Load(); c != nil {
@@ -526,6 +532,16 @@ func (c *conn) frame(iov [][]byte, pos uint64, skip int) ([][]byte, int) {
 	size := 0
 	for _, b := range parts {
 		size += len(b)
+	}
+	if skip >= size {
+		// Part of the frame at c.next was written, and the slot now holds
+		// a smaller one: the receiver released it (an answer to a frame
+		// not wholly sent) and a Post reused it. As above.
+		return iov, -1
+	}
+	size = 0
+	for _, b := range parts {
+		size += len(b)
 		if skip >= len(b) {
 			skip -= len(b)
 			continue
@@ -712,14 +728,53 @@ func (c *conn) receive() {
 		deadline int64                   // the read deadline set, UnixNano
 	)
 	timeout := int64(c.e.t.cfg.ResponseTimeout)
+	// read fills dst from src. A response must come within ResponseTimeout
+	// of the last one, or of the moment requests went out on an idle
+	// connection (header), and a payload must keep arriving within it
+	// (each read that brings bytes counts): a target that keeps the
+	// connection up but stops answering must not hold slices (and their
+	// ring slots) for ever. The read deadline is a wake-up, moved only
+	// when it lags by half a timeout: when it fires early (the connection
+	// was idle, or bytes came since), the read goes on.
+	read := func(src io.Reader, dst []byte, header bool) error {
+		for got := 0; got < len(dst); {
+			owed := last
+			if header {
+				owed = max(last, c.busySince.Load())
+			}
+			if timeout > 0 && owed+timeout-deadline > timeout/2 {
+				deadline = owed + timeout
+				c.nc.SetReadDeadline(time.Unix(0, deadline))
+			}
+			k, err := src.Read(dst[got:])
+			got += k
+			if k > 0 && !header {
+				last = time.Now().UnixNano()
+			}
+			if err == nil {
+				continue
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				now := time.Now().UnixNano()
+				if header {
+					idle := c.q.Head() == c.q.Committed()
+					if idle {
+						last = now
+					}
+					if idle || now-max(last, c.busySince.Load()) < timeout {
+						deadline = 0 // set a fresh one
+						continue
+					}
+				} else if now-last < timeout {
+					deadline = 0
+					continue
+				}
+			}
+			return err
+		}
+		return nil
+	}
 	for {
-		// A target that keeps the connection up but stops answering must
-		// not hold slices (and their ring slots) for ever: a response must
-		// come within ResponseTimeout of the last one, or of the moment
-		// requests went out on an idle connection. The read deadline is a
-		// wake-up, moved only when it lags by half a timeout: when it
-		// fires early (the connection was idle, or answers came since),
-		// the read goes on.
 		// The next response answers the oldest frame posted: when that is
 		// a large READ and nothing is buffered, its header and payload
 		// come straight from the socket (see readPayload).
@@ -727,28 +782,7 @@ func (c *conn) receive() {
 		if c.br.Buffered() == 0 && c.directNext() {
 			src = c.nc
 		}
-		got := 0
-		for got < respSize {
-			owed := max(last, c.busySince.Load())
-			if timeout > 0 && owed+timeout-deadline > timeout/2 {
-				deadline = owed + timeout
-				c.nc.SetReadDeadline(time.Unix(0, deadline))
-			}
-			k, err := src.Read(hdr[got:])
-			got += k
-			if err == nil {
-				continue
-			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				idle := c.q.Head() == c.q.Committed()
-				if idle {
-					last = time.Now().UnixNano()
-				}
-				if idle || time.Now().UnixNano()-max(last, c.busySince.Load()) < timeout {
-					deadline = 0 // set a fresh one
-					continue
-				}
-			}
+		if err := read(src, hdr[:], true); err != nil {
 			c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
 			return
 		}
@@ -778,7 +812,7 @@ func (c *conn) receive() {
 			result = transport.ErrNotifyFull
 		}
 		if status == stOK && p.s.Op == transport.Read {
-			if err := c.readPayload(unsafe.Slice((*byte)(p.s.Local), p.s.Length)); err != nil {
+			if err := c.readPayload(unsafe.Slice((*byte)(p.s.Local), p.s.Length), read); err != nil {
 				c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
 				return
 			}
@@ -809,17 +843,16 @@ func (c *conn) directNext() bool {
 // readPayload fills dst with the next bytes of the stream: what the buffer
 // holds first, and the rest straight from the socket when it is at least
 // directMin (the buffer is empty then, so the order of bytes holds).
-func (c *conn) readPayload(dst []byte) error {
+// read is the receiver's read, which keeps the response deadline.
+func (c *conn) readPayload(dst []byte, read func(src io.Reader, dst []byte, header bool) error) error {
 	n := 0
 	if k := c.br.Buffered(); k > 0 {
 		n, _ = c.br.Read(dst[:min(k, len(dst))])
 	}
 	if rest := dst[n:]; len(rest) >= directMin {
-		_, err := io.ReadFull(c.nc, rest)
-		return err
+		return read(c.nc, rest, false)
 	} else if len(rest) > 0 {
-		_, err := io.ReadFull(c.br, rest)
-		return err
+		return read(c.br, rest, false)
 	}
 	return nil
 }
@@ -837,11 +870,15 @@ func (c *conn) close(err error) {
 		c.failed.Store(true)
 		close(c.quit)
 		if c.ur != nil {
-			// An io_uring write holds the socket open past Close: shut it
-			// down so that the write ends and the sender can leave.
+			// An io_uring write holds the socket open past Close, and
+			// the ring names the descriptor by number: shut the socket
+			// down so that the write ends and the sender can leave, and
+			// close it only once the sender has (drain), so that its
+			// next submission cannot reach a descriptor reused since.
 			c.rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+		} else {
+			c.nc.Close()
 		}
-		c.nc.Close()
 		go c.drain()
 	})
 }
@@ -855,6 +892,7 @@ func (c *conn) drain() {
 	<-c.sendDone
 	<-c.recvDone
 	if c.ur != nil {
+		c.nc.Close()
 		c.ur.Close()
 	}
 	// Take the sending flag for good: a kick on a poller may be gathering

@@ -23,6 +23,7 @@ type proxy struct {
 	held      atomic.Int64
 	blackhole atomic.Bool
 	holes     atomic.Int64
+	trickle   atomic.Int64 // when set, the pause (ns) after each 8 KiB the target sends
 	mu        sync.Mutex
 	closed    bool
 	conns     map[net.Conn]struct{}
@@ -118,6 +119,13 @@ func (p *proxy) forward(c net.Conn) {
 		if n > 0 {
 			if p.hold.Load() {
 				p.held.Add(int64(n))
+			} else if d := time.Duration(p.trickle.Load()); d > 0 {
+				for off := 0; off < n; off += 8 << 10 {
+					if _, err := c.Write(buf[off:min(n, off+8<<10)]); err != nil {
+						return
+					}
+					time.Sleep(d)
+				}
 			} else if _, err := c.Write(buf[:n]); err != nil {
 				return
 			}

@@ -3,7 +3,9 @@ package tcp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,6 +70,46 @@ func TestReadMixedSizes(t *testing.T) {
 			if local[i] != want[i] {
 				t.Fatalf("local byte %d is %#x, want %#x", i, local[i], want[i])
 			}
+		}
+	}
+}
+
+// Endpoint.Close twice and Open, all racing Transport.Close: every call
+// returns, an Open that succeeds gives a working endpoint or one that
+// Close already closed, and no rail goroutine outlives the transport
+// (TestMain's goleak check).
+func TestCloseRaces(t *testing.T) {
+	targ := newSide(t, Config{})
+	remote := targ.register(t, targ.alloc(t, 1<<16, 0), true)
+	for i := 0; i < 20; i++ {
+		init, err := New(Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep, err := init.Open(context.Background(), targ.desc("", remote))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { ep.Close() })
+		wg.Go(func() { ep.Close() })
+		wg.Go(func() {
+			if ep2, err := init.Open(context.Background(), targ.desc("", remote)); err == nil {
+				ep2.Close()
+			} else if !errors.Is(err, transport.ErrClosed) {
+				t.Errorf("round %d: Open racing Close: %v", i, err)
+			}
+		})
+		time.Sleep(time.Duration(i%4) * 50 * time.Microsecond)
+		if err := init.Close(); err != nil {
+			t.Errorf("round %d: Close: %v", i, err)
+		}
+		wg.Wait()
+		init.mu.Lock()
+		n := len(init.eps)
+		init.mu.Unlock()
+		if n != 0 {
+			t.Errorf("round %d: %d endpoints left after Close", i, n)
 		}
 	}
 }

@@ -76,3 +76,40 @@ func TestResponseTimeoutCountsFromPost(t *testing.T) {
 		}
 	}
 }
+
+// A READ payload that keeps arriving, slowly, takes as long as it needs:
+// the response timeout bounds the wait for each part, not the whole
+// payload (a 1 MiB READ through a link that gives 8 KiB every 10 ms takes
+// over a second against a 300 ms timeout, and succeeds).
+func TestResponseTimeoutSlowPayload(t *testing.T) {
+	targ := newSide(t, Config{})
+	remote := targ.register(t, targ.alloc(t, 1<<20, 5), true)
+	px := newProxy(t, targ.tr.Addr())
+	init := newSide(t, Config{Rails: 1, ResponseTimeout: 300 * time.Millisecond})
+	local := init.alloc(t, 1<<20, 1)
+	ep, err := init.tr.Open(context.Background(), targ.desc(px.addr(), remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	px.trickle.Store(int64(10 * time.Millisecond))
+	start := time.Now()
+	comp := make(chanCompleter, 1)
+	s := []transport.Slice{localSlice(transport.Read, local, remote.addr, 1)}
+	if k, err := ep.Post(comp, s); k != 1 || err != nil {
+		t.Fatalf("Post: %d, %v", k, err)
+	}
+	for _, err := range comp.await(t, 1) {
+		if err != nil {
+			t.Fatalf("slow READ after %v: %v", time.Since(start), err)
+		}
+	}
+	if el := time.Since(start); el < 600*time.Millisecond {
+		t.Fatalf("the READ took %v: the proxy did not slow it past the timeout, the test proved nothing", el)
+	}
+	for i, b := range local {
+		if b != 5 {
+			t.Fatalf("byte %d is %d, want 5", i, b)
+		}
+	}
+}
