@@ -439,7 +439,11 @@ func TestEngineCloseInFlight(t *testing.T) {
 // gives up waiting for room: the tasks it pushed still run, the rest fail,
 // and the batch stays busy until the pushed ones end.
 func TestPushTimeoutAccounting(t *testing.T) {
-	p := newFaultPair(t, moonring.Config{BatchEntries: 4, Timeout: 200 * time.Millisecond}, 256<<10)
+	// SubmitTransfer gives up after half the timeout; the queued tasks
+	// time out a whole timeout after the ring blocked. The other half is
+	// the test's slack between the two (200 ms was too little on a loaded
+	// 2-core machine under -race).
+	p := newFaultPair(t, moonring.Config{BatchEntries: 4, Timeout: 2 * time.Second}, 256<<10)
 	p.fa.setHold(true)
 	id, err := p.a.AllocateBatchID(12)
 	if err != nil {

@@ -71,3 +71,44 @@ func TestFailuresLogged(t *testing.T) {
 type writerFunc func(p []byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// A ring whose slots are all taken still reports work ready when the head
+// of its SQ needs no slot (a Cancel), or when its blocked clock has not
+// started; a blocked READ or WRITE at the head is no work until an event.
+// (The poller parks when ready says no, for up to maxPark: a Cancel of a
+// request in flight on a full ring waited that long.)
+func TestReadyWhileBlocked(t *testing.T) {
+	ep := &fakeEP{hold: true}
+	h := newHarness(t, Config{Entries: 8, MaxInFlight: 1, Timeout: 10 * time.Millisecond}, ep, true)
+	first := h.write(1, 0, 0, 4096)
+	first.Timeout = uint64(time.Hour) // in flight throughout
+	h.submit(first)
+	h.step()
+	if h.r.ready() {
+		t.Fatal("ready with the one request in flight and an empty SQ")
+	}
+	h.submit(h.write(2, 4096, 4096, 4096))
+	if !h.r.ready() {
+		t.Fatal("not ready with a WRITE queued behind a full ring whose blocked clock has not started")
+	}
+	h.step() // starts the clock; the WRITE waits
+	if h.r.ready() {
+		t.Fatal("ready with only a blocked WRITE at the head of the SQ")
+	}
+	h.clock += int64(20 * time.Millisecond)
+	h.step() // the WRITE times out without a slot; the ring stays full
+	if c := h.r.Peek(); c == nil || c.UserData != 2 || c.Status != cq.Timeout {
+		t.Fatalf("completion %+v; want request 2 TIMEOUT", c)
+	}
+	h.r.Advance(1)
+	if err := h.r.Cancel(1); err != nil {
+		t.Fatal(err)
+	}
+	if !h.r.ready() {
+		t.Fatal("not ready with a Cancel at the head of a full ring's SQ")
+	}
+	h.step()
+	if c := h.r.Peek(); c == nil || c.UserData != 1 || c.Status != cq.Canceled {
+		t.Fatalf("completion %+v; want request 1 CANCELED", c)
+	}
+}

@@ -405,7 +405,23 @@ func (r *Ring) stepLent(t int64) (wake bool) {
 
 // ready reports whether step would find work that needs no other event.
 func (r *Ring) ready() bool {
-	return !r.done.Empty() || (len(r.free) > 0 && !r.sq.Empty())
+	if !r.done.Empty() {
+		return true
+	}
+	if r.sq.Empty() {
+		return false
+	}
+	if len(r.free) > 0 || r.blockedSince == 0 {
+		return true // take starts entries, or starts the blocked ring's clock
+	}
+	// Blocked: the head entry goes only if it needs no slot (a Nop, a
+	// Cancel); entries behind it wait their turn.
+	pos, n := r.sq.Peek(1)
+	if n != 1 {
+		return false
+	}
+	op := r.sq.Entry(pos).Op
+	return op != sq.Read && op != sq.Write
 }
 
 // wakeAt returns when the ring next needs its poller without any event: a
@@ -436,6 +452,9 @@ func (r *Ring) wakeAt(t int64) int64 {
 // request's timeout, without a slot, so that no request waits past its
 // deadline for one (slots come back only when transports return slices).
 func (r *Ring) take(t int64) bool {
+	if len(r.free) > 0 {
+		r.blockedSince = 0 // a slot came back: blocked again, the clock starts again
+	}
 	max := min(64, len(r.free)+1) // +1: Nops and Cancels need no slot
 	pos, n := r.sq.Peek(max)
 	i := 0
