@@ -244,7 +244,9 @@ type Ring struct {
 	// whether a count is pending on it: sigClear, then sigWriting while the
 	// one Post that found it clear writes the count, then sigSet. Only the
 	// reader clears it, with one read, when the ring is empty. A count is
-	// never pending while signal is sigClear.
+	// never pending while signal is sigClear. Close moves it to sigClosed,
+	// from which nothing writes, once no Post is writing, and only then
+	// closes the descriptor.
 	efd    atomic.Int32
 	signal atomic.Uint32
 }
@@ -254,6 +256,7 @@ const (
 	sigClear uint32 = iota
 	sigWriting
 	sigSet
+	sigClosed
 )
 
 // New returns a ring of size completions (a power of two).
@@ -405,6 +408,9 @@ func (r *Ring) reset() {
 	for r.signal.Load() == sigWriting {
 		runtime.Gosched() // a Post is between its CompareAndSwap and its Store
 	}
+	if !r.signal.CompareAndSwap(sigSet, sigWriting) {
+		return // clear already, or closed
+	}
 	var b [8]byte
 	unix.Read(int(r.efd.Load()), b[:])
 	r.signal.Store(sigClear)
@@ -514,6 +520,18 @@ func (r *Ring) Close() error {
 	select {
 	case r.wake <- struct{}{}:
 	default:
+	}
+	// No Post may be writing to the descriptor when it closes (its number
+	// could be reused at once), and none may start after.
+	for {
+		st := r.signal.Load()
+		if st == sigWriting {
+			runtime.Gosched()
+			continue
+		}
+		if r.signal.CompareAndSwap(st, sigClosed) {
+			break
+		}
 	}
 	if fd := r.efd.Swap(-1); fd >= 0 {
 		return unix.Close(int(fd))
