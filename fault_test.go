@@ -443,7 +443,7 @@ func TestPushTimeoutAccounting(t *testing.T) {
 	// time out a whole timeout after the ring blocked. The other half is
 	// the test's slack between the two (200 ms was too little on a loaded
 	// 2-core machine under -race).
-	p := newFaultPair(t, moonring.Config{BatchEntries: 4, Timeout: 2 * time.Second}, 256<<10)
+	p := newFaultPair(t, moonring.Config{BatchEntries: 4, Timeout: 4 * time.Second}, 256<<10)
 	p.fa.setHold(true)
 	id, err := p.a.AllocateBatchID(12)
 	if err != nil {

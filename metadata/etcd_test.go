@@ -296,7 +296,9 @@ func TestEtcdRestart(t *testing.T) {
 	srv := etcdtest.Start(t)
 	ep := srv.Endpoint()
 	prefix := etcdPrefix()
-	owner := newEtcd(t, ep, prefix, 2*time.Second)
+	// 5 s: the owner's reconnection backs off up to 2 s after the restart,
+	// and its lease must outlive that on a loaded machine.
+	owner := newEtcd(t, ep, prefix, 5*time.Second)
 	reader := newEtcd(t, ep, prefix, 0)
 	ctx := t.Context()
 	if err := owner.Put(ctx, testDesc("a", 1, "v1")); err != nil {

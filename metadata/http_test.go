@@ -94,7 +94,10 @@ func TestHTTPExpiry(t *testing.T) {
 	_, url := startServer(t, metadata.ServerConfig{})
 	const ttl = 200 * time.Millisecond
 	dead := newHTTP(t, url, ttl)
-	live := newHTTP(t, url, ttl)
+	// The live one renews every third of its TTL: a second, so that a
+	// stall of a loaded machine (under -race) does not let it lapse.
+	const liveTTL = time.Second
+	live := newHTTP(t, url, liveTTL)
 	reader := newHTTP(t, url, 0)
 	ctx := t.Context()
 	if err := dead.Put(ctx, testDesc("dead", 1, "d")); err != nil {
@@ -129,14 +132,14 @@ func TestHTTPExpiry(t *testing.T) {
 
 	// The live one outlives several TTLs (renewals change nothing a
 	// watcher sees), then goes at Delete.
-	time.Sleep(5 * ttl)
+	time.Sleep(3 * liveTTL)
 	select {
 	case ev := <-liveCh:
 		t.Fatalf("event %+v on a renewed descriptor", ev)
 	default:
 	}
 	if d, err := reader.Get(ctx, "live"); err != nil || d.Epoch != 2 {
-		t.Fatalf("Get(live) after %v: %+v, %v", 5*ttl, d, err)
+		t.Fatalf("Get(live) after %v: %+v, %v", 3*liveTTL, d, err)
 	}
 	if err := live.Delete(ctx, "live", 2); err != nil {
 		t.Fatal(err)

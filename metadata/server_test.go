@@ -202,7 +202,7 @@ func TestServerPersistence(t *testing.T) {
 	if err := h1.Delete(ctx, "gone", 3); err != nil {
 		t.Fatal(err)
 	}
-	short := newHTTP(t, url1, time.Second)
+	short := newHTTP(t, url1, 3*time.Second) // outlives the restart and three Gets on a loaded machine
 	if err := short.Put(ctx, testDesc("short", 4, "s")); err != nil {
 		t.Fatal(err)
 	}

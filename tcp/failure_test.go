@@ -240,6 +240,9 @@ func TestReconnect(t *testing.T) {
 
 	for round := range 3 {
 		old := e.rails[0].Load()
+		// The connection closed the round before leaves the target's set
+		// on its own goroutine.
+		waitFor(t, "the target to serve one connection", func() bool { return targ.serverConns() == 1 })
 		targ.tr.mu.Lock()
 		if len(targ.tr.conns) != 1 {
 			t.Fatalf("the target serves %d connections, want 1", len(targ.tr.conns))
