@@ -217,6 +217,14 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		held = make([]*region, 0, 32)
 		bufs net.Buffers
 	)
+	// Responses are written to the socket itself when there is no TLS:
+	// peekConn (which only reads differently) would hide the TCP
+	// connection's writev from net.Buffers, which then writes each iovec
+	// with its own write call (a READ's header and payload apart).
+	var w io.Writer = conn
+	if pc, ok := conn.(peekConn); ok {
+		w = pc.Conn
+	}
 	// The deadline bounds the moving of payloads (FrameTimeout): set for a
 	// payload, cleared before waiting for the next request, so an idle
 	// connection has none and a stalled initiator cannot hold a region for
@@ -244,7 +252,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 			}
 			raceRelease()
 			bufs = iovs
-			_, err = bufs.WriteTo(conn)
+			_, err = bufs.WriteTo(w)
 		}
 		for _, r := range held {
 			r.ref.Release()
