@@ -1,10 +1,12 @@
 package tcp
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -111,5 +113,25 @@ func TestCloseRaces(t *testing.T) {
 		if n != 0 {
 			t.Errorf("round %d: %d endpoints left after Close", i, n)
 		}
+	}
+}
+
+// The target's responses go to the TCP connection itself, whose writev
+// net.Buffers uses: through the peekConn wrapper each iovec took its own
+// write call (READ 4 KiB moved 0.7 GB/s instead of 1.6-2.0).
+func TestResponsesUseWritev(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w := respWriter(peekConn{c, bufio.NewReader(c)})
+	if _, ok := w.(*net.TCPConn); !ok {
+		t.Fatalf("responses go to a %T, not the *net.TCPConn whose writev net.Buffers uses", w)
 	}
 }

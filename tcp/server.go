@@ -217,14 +217,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		held = make([]*region, 0, 32)
 		bufs net.Buffers
 	)
-	// Responses are written to the socket itself when there is no TLS:
-	// peekConn (which only reads differently) would hide the TCP
-	// connection's writev from net.Buffers, which then writes each iovec
-	// with its own write call (a READ's header and payload apart).
-	var w io.Writer = conn
-	if pc, ok := conn.(peekConn); ok {
-		w = pc.Conn
-	}
+	w := respWriter(conn)
 	// The deadline bounds the moving of payloads (FrameTimeout): set for a
 	// payload, cleared before waiting for the next request, so an idle
 	// connection has none and a stalled initiator cannot hold a region for
@@ -346,6 +339,18 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		mark = len(out)
 		held = append(held, r)
 	}
+}
+
+// respWriter returns what frames writes its responses to: the socket
+// itself when there is no TLS. peekConn (which only reads differently)
+// would hide the TCP connection's writev from net.Buffers, which then
+// writes each iovec with its own write call (a READ's header and payload
+// apart, each its own segment under TCP_NODELAY).
+func respWriter(conn net.Conn) io.Writer {
+	if pc, ok := conn.(peekConn); ok {
+		return pc.Conn
+	}
+	return conn
 }
 
 // notify delivers a NOTIFY payload: tag u64, name length u16, name, msg.
