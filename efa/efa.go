@@ -791,7 +791,7 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 				// busy, so a Close sweeping at once cannot see it twice.)
 				retryable = errors.Is(err, transport.ErrPeer) && s.tries < maxTries
 			}
-			switch s.take(retryable) {
+			switch s.claim(retryable) {
 			case slotAbandoned:
 				// Timed out or closed meanwhile: the slice was failed
 				// there; this was the provider's last word.
@@ -846,13 +846,13 @@ var errStalled = fmt.Errorf("efa: the provider took no operation for the peer wi
 
 var errTimeout = fmt.Errorf("efa: no completion from the provider within the timeout: %w", transport.ErrPeer)
 
-// take is how deliver takes slot s whose operation the provider returned:
+// claim is how deliver takes slot s whose operation the provider returned:
 // busy becomes free (the caller completes the slice; slotBusy returned) or,
 // with retry, slotRetry (slotRetry returned); abandoned becomes free
 // (slotAbandoned returned: the slice was completed already). An expire
 // holding the slot (slotExpiring) lets it go within a few instructions,
-// and take waits for that. Any other state is returned as it is.
-func (s *slot) take(retry bool) uint32 {
+// and claim waits for that. Any other state is returned as it is.
+func (s *slot) claim(retry bool) uint32 {
 	to := uint32(slotFree)
 	if retry {
 		to = slotRetry

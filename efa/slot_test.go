@@ -7,14 +7,14 @@ import (
 	"time"
 )
 
-// take and reclaim wait while an expire holds a slot, then act on what
+// claim and reclaim wait while an expire holds a slot, then act on what
 // the expire left: abandoned (freed, the slice completed already) or busy
 // again (the slot had been reused; completed as usual).
-func TestSlotTakeWaitsForExpire(t *testing.T) {
+func TestSlotClaimWaitsForExpire(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		after uint32 // what the expire stores
-		take  uint32 // what take returns
+		claim uint32 // what claim returns
 	}{
 		{"abandoned", slotAbandoned, slotAbandoned},
 		{"reverted", slotBusy, slotBusy},
@@ -23,26 +23,26 @@ func TestSlotTakeWaitsForExpire(t *testing.T) {
 			var s slot
 			s.state.Store(slotExpiring)
 			got := make(chan uint32, 1)
-			go func() { got <- s.take(false) }()
+			go func() { got <- s.claim(false) }()
 			select {
 			case v := <-got:
-				t.Fatalf("take returned %d while an expire held the slot", v)
+				t.Fatalf("claim returned %d while an expire held the slot", v)
 			case <-time.After(20 * time.Millisecond):
 			}
 			s.state.Store(tc.after)
-			if v := <-got; v != tc.take {
-				t.Fatalf("take returned %d; want %d", v, tc.take)
+			if v := <-got; v != tc.claim {
+				t.Fatalf("claim returned %d; want %d", v, tc.claim)
 			}
 			if st := s.state.Load(); st != slotFree {
-				t.Fatalf("state %d after take; want free", st)
+				t.Fatalf("state %d after claim; want free", st)
 			}
 		})
 	}
 	t.Run("retry", func(t *testing.T) {
 		var s slot
 		s.state.Store(slotBusy)
-		if v := s.take(true); v != slotRetry || s.state.Load() != slotRetry {
-			t.Fatalf("take(retry) = %d, state %d; want slotRetry both", v, s.state.Load())
+		if v := s.claim(true); v != slotRetry || s.state.Load() != slotRetry {
+			t.Fatalf("claim(retry) = %d, state %d; want slotRetry both", v, s.state.Load())
 		}
 	})
 	t.Run("reclaim", func(t *testing.T) {
