@@ -3,12 +3,12 @@ package moonring_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/moonring/moonring/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) {
 	if runChild() {
 		return
 	}
-	goleak.VerifyTestMain(m)
+	leakcheck.VerifyTestMain(m)
 }

@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/moonring/moonring/efa"
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 	"github.com/moonring/moonring/transport/transporttest"
@@ -21,7 +20,7 @@ func TestMain(m *testing.M) {
 	if runChild() {
 		return
 	}
-	goleak.VerifyTestMain(m)
+	leakcheck.VerifyTestMain(m)
 }
 
 // testConfig is what the tests use: a short timeout so that a peer that

@@ -11,16 +11,15 @@ import (
 	"time"
 	"unsafe"
 
-	"go.uber.org/goleak"
-
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/internal/mem"
 	"github.com/moonring/moonring/ring"
 	"github.com/moonring/moonring/sq"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // gbuf is a registered buffer in guarded memory: a byte past either end is
 // a PROT_NONE page (past the start, once the rounding slack is used up), so

@@ -6,15 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/local"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 	"github.com/moonring/moonring/transport/transporttest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
 	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {

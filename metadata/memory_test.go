@@ -3,13 +3,12 @@ package metadata_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
-
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/metadata/storetest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 func TestMemory(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) metadata.Store { return metadata.NewMemory() })

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/moonring/moonring/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) {
@@ -12,5 +12,5 @@ func TestMain(m *testing.M) {
 		// The target process of the GPU tests: see gpu_test.go.
 		os.Exit(gpuChild())
 	}
-	goleak.VerifyTestMain(m)
+	leakcheck.VerifyTestMain(m)
 }

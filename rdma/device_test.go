@@ -14,8 +14,7 @@ import (
 	"time"
 	"unsafe"
 
-	"go.uber.org/goleak"
-
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 	"github.com/moonring/moonring/transport/transporttest"
@@ -33,7 +32,7 @@ func TestMain(m *testing.M) {
 	default:
 		os.Exit(childMain())
 	}
-	goleak.VerifyTestMain(m)
+	leakcheck.VerifyTestMain(m)
 }
 
 // needDevice returns a transport on the machine's RDMA device, or skips:

@@ -6,14 +6,15 @@ import (
 	"time"
 
 	"github.com/leanovate/gopter"
-	"go.uber.org/goleak"
+
+	"github.com/moonring/moonring/internal/leakcheck"
 )
 
 var seedFlag = flag.Int64("ring.seed", 0, "seed of the property tests (0: time-based, logged)")
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	goleak.VerifyTestMain(m)
+	leakcheck.VerifyTestMain(m)
 }
 
 // propParams returns gopter parameters with a logged seed, so a failure

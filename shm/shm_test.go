@@ -6,8 +6,7 @@ import (
 	"os"
 	"testing"
 
-	"go.uber.org/goleak"
-
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/transport"
 	"github.com/moonring/moonring/transport/transporttest"
@@ -18,7 +17,7 @@ func TestMain(m *testing.M) {
 		runChild()
 		return
 	}
-	goleak.VerifyTestMain(m)
+	leakcheck.VerifyTestMain(m)
 }
 
 func newPair(cfg shm.Config) func(t *testing.T) (transport.Transport, transport.Transport) {

@@ -3,14 +3,13 @@ package tcp_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
-
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/transport"
 	"github.com/moonring/moonring/transport/transporttest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 func newTCP(t *testing.T, cfg tcp.Config) *tcp.Transport {
 	t.Helper()

@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/moonring/moonring/internal/childproc"
+	"github.com/moonring/moonring/internal/leakcheck"
 )
 
 const roleEnv = "CHILDPROC_TEST_ROLE"
@@ -23,7 +22,7 @@ func TestMain(m *testing.M) {
 		runRole(role)
 		os.Exit(0)
 	}
-	goleak.VerifyTestMain(m)
+	leakcheck.VerifyTestMain(m)
 }
 
 // runRole is the child: "echo" answers each line with it upper-cased,
