@@ -575,10 +575,21 @@ func (t *Transport) drop(p *peer) {
 		return
 	}
 	if !t.closed.Load() {
-		// A failure leaves nothing to undo: the entry goes with the
-		// address vector at Close.
-		C.fi_remove(t.res, C.uint64_t(p.addr.Load()))
+		t.remove(p) // after Close the entry went with the address vector
 	}
+	t.forget(p)
+}
+
+// remove takes p's address out of the address vector; a failure leaves
+// nothing to undo (the entry goes with the vector at Close). The caller
+// holds the guard exclusively, and the transport is not closed.
+func (t *Transport) remove(p *peer) {
+	C.fi_remove(t.res, C.uint64_t(p.addr.Load()))
+}
+
+// forget marks p gone, its address out of the vector, and takes it out of
+// t.peers. The caller holds peerMu.
+func (t *Transport) forget(p *peer) {
 	p.gone.Store(true)
 	delete(t.peers, p.key)
 }
@@ -626,14 +637,14 @@ func (t *Transport) reset(p *peer, gen uint64) {
 	if t.closed.Load() {
 		return
 	}
-	C.fi_remove(t.res, C.uint64_t(p.addr.Load()))
+	t.remove(p)
 	a, err := t.insert(p.name)
 	if err != nil {
 		// The old address has left the vector and no new one came:
-		// the peer is gone (Post fails its slices), and the next Open
-		// or Update of its endpoint string inserts it afresh.
-		p.gone.Store(true)
-		delete(t.peers, p.key)
+		// the peer is gone (Post fails its slices with ErrPeer), and
+		// the next Open, or Update of an endpoint using it, inserts
+		// the address afresh.
+		t.forget(p)
 		return
 	}
 	p.addr.Store(a)
@@ -978,8 +989,8 @@ func (t *Transport) retryDue() int {
 			s := &t.slots[i]
 			// The endpoint's peer now (Update may have replaced the one
 			// that failed), loaded under the guard: see drop. A gone one
-			// (the endpoint closed, its address left the AV) gets
-			// nothing: the slot fails below with ErrClosed.
+			// (its address left the AV) gets nothing: the slot fails
+			// below, with ErrClosed when the endpoint closed.
 			e := s.ep.Load()
 			p := e.peer.Load()
 			if p.gone.Load() {
@@ -1193,8 +1204,9 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	// other mix, the old peer with the new keys, fails at the old peer.
 	e.setKeys(desc)
 	// A closed endpoint gave its peer up (Close) and takes no other: it
-	// would never give that one up.
-	if ep := desc.Endpoints[Name]; ep != e.name && !e.closed.Load() {
+	// would never give that one up. A gone peer (its address could not be
+	// inserted again after a reset) is replaced even by the same address.
+	if ep := desc.Endpoints[Name]; (ep != e.name || e.peer.Load().gone.Load()) && !e.closed.Load() {
 		if p, err := e.t.peer(ep); err == nil {
 			old := e.peer.Swap(p)
 			e.name = ep

@@ -31,3 +31,16 @@ func SlotsFree(t *Transport) int {
 	defer t.freeMu.Unlock()
 	return len(t.free)
 }
+
+// LosePeer does to ep's peer what a reset does when its address cannot be
+// inserted again: the address leaves the vector and the peer is gone.
+func LosePeer(ep transport.Endpoint) {
+	t := ep.(*Endpoint).t
+	p := ep.(*Endpoint).peer.Load()
+	t.peerMu.Lock()
+	defer t.peerMu.Unlock()
+	t.guard.Lock()
+	defer t.guard.Unlock()
+	t.remove(p)
+	t.forget(p)
+}

@@ -409,3 +409,24 @@ func TestCloseWhilePosting(t *testing.T) {
 		}
 	}
 }
+
+// A peer whose address could not be inserted again after a reset is gone:
+// Post fails with ErrPeer (it never names the removed address), and an
+// Update of the endpoint, even with the same descriptor, inserts the
+// address afresh and transfers work again.
+func TestLostPeerBackOnUpdate(t *testing.T) {
+	p := newPair(t, "tcp", testConfig("tcp"), testConfig("tcp"))
+	p.writeCheck(t, p.ep, p.desc, p.tmem, 1)
+	efa.LosePeer(p.ep)
+	if n, err := p.ep.Post(newWaiter(), []transport.Slice{p.slice(transport.Write, 4096)}); n != 0 || !errors.Is(err, transport.ErrPeer) {
+		t.Fatalf("Post to a lost peer: %d, %v; want 0 and ErrPeer", n, err)
+	}
+	if n := efa.PeerCount(p.init); n != 0 {
+		t.Fatalf("%d peers after the only one was lost; want 0", n)
+	}
+	p.ep.Update(p.desc)
+	p.writeCheck(t, p.ep, p.desc, p.tmem, 2)
+	if n := efa.PeerCount(p.init); n != 1 {
+		t.Fatalf("%d peers after Update; want 1", n)
+	}
+}

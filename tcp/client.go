@@ -539,9 +539,7 @@ func (c *conn) frame(iov [][]byte, pos uint64, skip int) ([][]byte, int) {
 		// not wholly sent) and a Post reused it. As above.
 		return iov, -1
 	}
-	size = 0
 	for _, b := range parts {
-		size += len(b)
 		if skip >= len(b) {
 			skip -= len(b)
 			continue
@@ -722,71 +720,21 @@ func (c *conn) uringWrite(iov [][]byte) (int64, error) {
 // receive completes slices in the order of their responses.
 func (c *conn) receive() {
 	defer close(c.recvDone)
-	var (
-		hdr      [respSize]byte
-		last     = time.Now().UnixNano() // the last response (or the start)
-		deadline int64                   // the read deadline set, UnixNano
-	)
-	timeout := int64(c.e.t.cfg.ResponseTimeout)
-	// read fills dst from src. A response must come within ResponseTimeout
-	// of the last one, or of the moment requests went out on an idle
-	// connection (header), and a payload must keep arriving within it
-	// (each read that brings bytes counts): a target that keeps the
-	// connection up but stops answering must not hold slices (and their
-	// ring slots) for ever. The read deadline is a wake-up, moved only
-	// when it lags by half a timeout: when it fires early (the connection
-	// was idle, or bytes came since), the read goes on.
-	read := func(src io.Reader, dst []byte, header bool) error {
-		for got := 0; got < len(dst); {
-			owed := last
-			if header {
-				owed = max(last, c.busySince.Load())
-			}
-			if timeout > 0 && owed+timeout-deadline > timeout/2 {
-				deadline = owed + timeout
-				c.nc.SetReadDeadline(time.Unix(0, deadline))
-			}
-			k, err := src.Read(dst[got:])
-			got += k
-			if k > 0 && !header {
-				last = time.Now().UnixNano()
-			}
-			if err == nil {
-				continue
-			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				now := time.Now().UnixNano()
-				if header {
-					idle := c.q.Head() == c.q.Committed()
-					if idle {
-						last = now
-					}
-					if idle || now-max(last, c.busySince.Load()) < timeout {
-						deadline = 0 // set a fresh one
-						continue
-					}
-				} else if now-last < timeout {
-					deadline = 0
-					continue
-				}
-			}
-			return err
-		}
-		return nil
-	}
+	var hdr [respSize]byte
+	r := reader{c: c, last: time.Now().UnixNano(), timeout: int64(c.e.t.cfg.ResponseTimeout)}
 	for {
 		// The next response answers the oldest frame posted: when that is
 		// a large READ and nothing is buffered, its header and payload
-		// come straight from the socket (see readPayload).
+		// come straight from the socket (see reader.payload).
 		src := io.Reader(c.br)
 		if c.br.Buffered() == 0 && c.directNext() {
 			src = c.nc
 		}
-		if err := read(src, hdr[:], true); err != nil {
+		if err := r.read(src, hdr[:], true); err != nil {
 			c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
 			return
 		}
-		last = time.Now().UnixNano()
+		r.last = time.Now().UnixNano()
 		id, status, err := decodeResp(hdr[:])
 		pos := c.q.Head()
 		// A response answers the oldest frame posted. On loopback it often
@@ -812,7 +760,7 @@ func (c *conn) receive() {
 			result = transport.ErrNotifyFull
 		}
 		if status == stOK && p.s.Op == transport.Read {
-			if err := c.readPayload(unsafe.Slice((*byte)(p.s.Local), p.s.Length), read); err != nil {
+			if err := r.payload(unsafe.Slice((*byte)(p.s.Local), p.s.Length)); err != nil {
 				c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
 				return
 			}
@@ -840,19 +788,75 @@ func (c *conn) directNext() bool {
 	return p.s.Op == transport.Read && p.s.Length >= directMin
 }
 
-// readPayload fills dst with the next bytes of the stream: what the buffer
+// reader is the receiver's reading of the stream, which keeps the
+// response deadline. A response must come within ResponseTimeout of the
+// last one, or of the moment requests went out on an idle connection, and
+// a payload must keep arriving within it (each read that brings bytes
+// counts): a target that keeps the connection up but stops answering must
+// not hold slices (and their ring slots) for ever. The read deadline is a
+// wake-up, moved only when it lags by half a timeout: when it fires early
+// (the connection was idle, or bytes came since), the read goes on.
+type reader struct {
+	c        *conn
+	last     int64 // UnixNano of the last response, or payload bytes (or the start)
+	deadline int64 // the read deadline set, UnixNano
+	timeout  int64
+}
+
+// read fills dst from src, a response header (header) or payload bytes.
+func (r *reader) read(src io.Reader, dst []byte, header bool) error {
+	c := r.c
+	for got := 0; got < len(dst); {
+		owed := r.last
+		if header {
+			owed = max(r.last, c.busySince.Load())
+		}
+		if r.timeout > 0 && owed+r.timeout-r.deadline > r.timeout/2 {
+			r.deadline = owed + r.timeout
+			c.nc.SetReadDeadline(time.Unix(0, r.deadline))
+		}
+		k, err := src.Read(dst[got:])
+		got += k
+		if k > 0 && !header {
+			r.last = time.Now().UnixNano()
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			now := time.Now().UnixNano()
+			if header {
+				idle := c.q.Head() == c.q.Committed()
+				if idle {
+					r.last = now
+				}
+				if idle || now-max(r.last, c.busySince.Load()) < r.timeout {
+					r.deadline = 0 // set a fresh one
+					continue
+				}
+			} else if now-r.last < r.timeout {
+				r.deadline = 0
+				continue
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+// payload fills dst with the next bytes of the stream: what the buffer
 // holds first, and the rest straight from the socket when it is at least
 // directMin (the buffer is empty then, so the order of bytes holds).
-// read is the receiver's read, which keeps the response deadline.
-func (c *conn) readPayload(dst []byte, read func(src io.Reader, dst []byte, header bool) error) error {
+func (r *reader) payload(dst []byte) error {
+	c := r.c
 	n := 0
 	if k := c.br.Buffered(); k > 0 {
 		n, _ = c.br.Read(dst[:min(k, len(dst))])
 	}
 	if rest := dst[n:]; len(rest) >= directMin {
-		return read(c.nc, rest, false)
+		return r.read(c.nc, rest, false)
 	} else if len(rest) > 0 {
-		return read(c.br, rest, false)
+		return r.read(c.br, rest, false)
 	}
 	return nil
 }
