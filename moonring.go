@@ -137,7 +137,7 @@ type Config struct {
 	// negative: none).
 	RetryLimit int
 	// PollerSpin is how long pollers poll after their last work before they
-	// park (default 20 µs).
+	// park (default 20 µs; none while GOMAXPROCS is 1).
 	PollerSpin time.Duration
 	// BusyPoll keeps pollers polling forever: one core per NUMA node.
 	BusyPoll bool

@@ -135,7 +135,7 @@ func BenchmarkTCPRead(b *testing.B) { benchTCP(b, moonring.OpRead) }
 // BenchmarkTCPReadLatency is one 8-byte READ at a time: p50 and p99.
 func BenchmarkTCPReadLatency(b *testing.B) {
 	c := startChild(b, "target", "MOONRING_SIZE=4096")
-	e, seg, d := remoteEngine(b, c, moonring.Config{})
+	e, seg, d := remoteEngine(b, c, benchConfig())
 	buf := make([]byte, 4096)
 	id, err := e.RegisterLocalMemory(buf, "cpu:0", false)
 	if err != nil {

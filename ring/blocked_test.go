@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -110,5 +111,21 @@ func TestReadyWhileBlocked(t *testing.T) {
 	h.step()
 	if c := h.r.Peek(); c == nil || c.UserData != 1 || c.Status != cq.Canceled {
 		t.Fatalf("completion %+v; want request 1 CANCELED", c)
+	}
+}
+
+// With GOMAXPROCS 1 a spinning poller holds the process's only P, so the
+// work it waits for can come only once it parks: it parks at once, however
+// long its spin. (With the spin kept, it parks only after the hour.)
+func TestPollerParksAtOnceWithOneP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	p := NewPoller(PollerConfig{Spin: time.Hour})
+	defer p.Stop()
+	deadline := time.Now().Add(hang) // a hang detector, not a timing assertion
+	for p.Stats().Parks == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the poller did not park within %v with one P", hang)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -18,8 +18,9 @@ import (
 // PollerConfig tunes a Poller. Zero fields take the defaults.
 type PollerConfig struct {
 	// Spin is how long the poller keeps polling after its last work before
-	// it parks (default 20 µs). A parked poller is woken by the next
-	// submission or slice completion.
+	// it parks (default 20 µs; none while GOMAXPROCS is 1, where spinning
+	// only keeps the process's other goroutines off the CPU). A parked
+	// poller is woken by the next submission or slice completion.
 	Spin time.Duration
 	// Busy keeps the poller polling forever: lowest latency, one core.
 	Busy bool
@@ -222,7 +223,7 @@ func (p *Poller) run() {
 	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	spin := int64(p.cfg.Spin)
+	spin := p.spin()
 	last := now()
 	t := last
 	busy := false // whether the last round did work
@@ -279,6 +280,7 @@ func (p *Poller) run() {
 			busy = false
 			t = now()
 			last = t
+			spin = p.spin()
 		}
 		if p.cfg.Busy || t-last < spin {
 			if iter&63 == 0 {
@@ -335,6 +337,21 @@ func (p *Poller) run() {
 		last = t
 		p.parked += t - parkedAt
 	}
+}
+
+// spin returns how long to poll after the last work before parking. With
+// one P nothing else of the process runs while the poller spins (its
+// Gosched goes back to it): no submitter, no transport goroutine, not even
+// the netpoller that would wake them, so the work it waits for comes only
+// after it parks, and the spin just delays it (by the whole spin, in the
+// 8-byte READ latency with both processes on one CPU). Then it parks at
+// once. GOMAXPROCS can change at run time: the poller asks once per idle
+// spell.
+func (p *Poller) spin() int64 {
+	if runtime.GOMAXPROCS(0) == 1 {
+		return 0
+	}
+	return int64(p.cfg.Spin)
 }
 
 // maxPark bounds a poller's sleep.
