@@ -138,7 +138,13 @@ func childRaw(role string) error {
 	buf := make([]byte, 1<<20)
 	switch role {
 	case "sink":
-		_, err = io.CopyBuffer(io.Discard, c, buf)
+		// Read into buf itself: io.CopyBuffer would ignore it (the
+		// connection's WriteTo and io.Discard's ReadFrom take over) and
+		// read through an 8 KiB buffer that never leaves the L1 cache,
+		// which is not landing the bytes in memory as a target does.
+		for err == nil {
+			_, err = c.Read(buf)
+		}
 	case "source":
 		for err == nil {
 			_, err = c.Write(buf)

@@ -256,13 +256,23 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		return err
 	}
 	defer flush() // give back held regions on every way out
+	// owed counts the WRITE payload bytes read since the oldest response
+	// not yet flushed: see ackAfter.
+	owed := 0
 	for {
 		// Write what is gathered before waiting for more requests, so a
 		// pipelined burst leaves in one writev and a lone request at once.
+		if owed >= ackAfter {
+			if err := flush(); err != nil {
+				return err
+			}
+			owed = 0
+		}
 		if !more(br, nb) {
 			if err := flush(); err != nil {
 				return err
 			}
+			owed = 0
 			if deadline {
 				conn.SetDeadline(time.Time{})
 				deadline = false
@@ -320,6 +330,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 					return err
 				}
 			}
+			owed += int(req.length)
 			out = out[:len(out)+respSize]
 			encodeResp(out[len(out)-respSize:], req.id, status)
 			continue
@@ -340,6 +351,18 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		held = append(held, r)
 	}
 }
+
+// ackAfter bounds how many WRITE payload bytes the target reads while it
+// holds a gathered response back. A stream of pipelined WRITEs always has
+// the next request waiting, so without a bound the acknowledgements went
+// out only when the stream paused: the initiator, its window full of
+// unacknowledged WRITEs, stopped sending until they came, and the
+// connection idled for a round trip each window (WRITE 16 MiB 4.40 GB/s
+// before, 4.77 after, medians of 8 interleaved runs). At 1 MiB a 1 MiB
+// slice is acknowledged as soon as it has landed, and 4 KiB WRITEs still
+// share a writev 256 to one; 256 KiB was no better at 1 MiB and no better
+// at 64 KiB, for four times the acks.
+const ackAfter = 1 << 20
 
 // respWriter returns what frames writes its responses to: the socket
 // itself when there is no TLS. peekConn (which only reads differently)

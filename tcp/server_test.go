@@ -660,6 +660,39 @@ func TestServerHello(t *testing.T) {
 // over rails anyway), so READs read the lower half of the buffer and
 // WRITEs write the upper half. The mix starts with READs that exactly fill
 // the target's 64 KiB response buffer before one more request.
+// In a stream of WRITEs the next request is always already waiting. The
+// target must still acknowledge a WRITE once ackAfter payload bytes have
+// come in behind its ack, rather than hold every ack until the stream
+// pauses: the initiator's window would fill with WRITEs that landed but
+// were not acknowledged, and the connection idle a round trip each window.
+// Here the second WRITE's payload stays incomplete, so the target waits on
+// it: the first's ack must be out by then (before, it never came).
+func TestServerAcksWriteStream(t *testing.T) {
+	s := newSide(t, Config{})
+	buf := s.register(t, s.alloc(t, 2*ackAfter, 0), true)
+	rc := s.raw(t)
+	p := make([]byte, ackAfter)
+	pattern(p, 5)
+	first := specReq{op: specWrite, id: 1, buffer: buf.id, length: ackAfter, key: buf.key, addr: buf.addr}
+	second := first
+	second.id, second.addr = 2, buf.addr+ackAfter
+	f2 := second.frame(p)
+	rc.send(append(first.frame(p), f2[:specReqLen+100]...))
+	if id, st := rc.resp(); id != 1 || st != 0 {
+		t.Fatalf("response %d status %d; want the first WRITE's ack, OK", id, st)
+	}
+	if !bytes.Equal(buf.mem[:ackAfter], p) {
+		t.Fatal("the first WRITE was acknowledged before its bytes landed")
+	}
+	rc.send(f2[specReqLen+100:])
+	if id, st := rc.resp(); id != 2 || st != 0 {
+		t.Fatalf("response %d status %d; want the second WRITE's ack, OK", id, st)
+	}
+	if !bytes.Equal(buf.mem[ackAfter:], p) {
+		t.Fatal("the second WRITE's bytes did not land")
+	}
+}
+
 func TestServerPipeline(t *testing.T) {
 	s := newSide(t, Config{})
 	const size = 256 << 10
