@@ -357,11 +357,12 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
 	c.iov = make([][]byte, 0, 192)
 	c.sizes = make([]int, 0, 192)
+	c.uiov = make([]unix.Iovec, 0, 192)
 	if tc, ok := nc.(*net.TCPConn); ok {
 		c.rc, _ = tc.SyscallConn()
 		// Made once: a closure per kick would allocate.
 		c.writeFn = func(fd uintptr) bool {
-			c.wn, c.werr = unix.Writev(int(fd), c.wiov)
+			c.wn, c.werr = c.writev(int(fd), c.wiov)
 			return true // never wait: the sender goroutine does that
 		}
 		if e.t.cfg.IOUring {
@@ -464,7 +465,7 @@ type conn struct {
 	rc        syscall.RawConn // nil on TLS: every frame goes through send
 	ur        *uring.Ring     // the sender's io_uring (Config.IOUring), or nil
 	fd        int             // the socket, for ur
-	uiov      []unix.Iovec
+	uiov      []unix.Iovec    // the iovecs of the write in progress (writev or io_uring)
 	writeFn   func(fd uintptr) bool
 	wiov      [][]byte
 	wn        int
@@ -680,13 +681,11 @@ func (c *conn) useUring() {
 	}
 	c.rc.Control(func(fd uintptr) { c.fd = int(fd) })
 	c.ur = r
-	c.uiov = make([]unix.Iovec, 0, 192)
 }
 
-// uringWrite writes iov with one IORING_OP_WRITEV and waits for it. The
-// memory stays put: registered buffers are pinned or mmap'd, headers live
-// in the conn, and the ring keeps the iovec array referenced.
-func (c *conn) uringWrite(iov [][]byte) (int64, error) {
+// iovecs fills c.uiov with iov's non-empty buffers. The sending flag must
+// be held.
+func (c *conn) iovecs(iov [][]byte) []unix.Iovec {
 	c.uiov = c.uiov[:0]
 	for _, b := range iov {
 		if len(b) > 0 {
@@ -695,11 +694,35 @@ func (c *conn) uringWrite(iov [][]byte) (int64, error) {
 			c.uiov = append(c.uiov, v)
 		}
 	}
+	return c.uiov
+}
+
+// writev is one writev(2) of iov to fd through c.uiov. unix.Writev would
+// make its iovec array on every call, on the heap once there are more than
+// eight (a pipelined kick gathers up to 64 frames). The sending flag must
+// be held.
+func (c *conn) writev(fd int, iov [][]byte) (int, error) {
+	v := c.iovecs(iov)
+	if len(v) == 0 {
+		return 0, nil
+	}
+	n, _, e := unix.Syscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// uringWrite writes iov with one IORING_OP_WRITEV and waits for it. The
+// memory stays put: registered buffers are pinned or mmap'd, headers live
+// in the conn, and the ring keeps the iovec array referenced.
+func (c *conn) uringWrite(iov [][]byte) (int64, error) {
+	v := c.iovecs(iov)
 	sqe := c.ur.SQE()
 	if sqe == nil {
 		return 0, errors.New("tcp: io_uring submission queue full")
 	}
-	uring.PrepWritev(sqe, c.fd, c.uiov, -1, 1)
+	uring.PrepWritev(sqe, c.fd, v, -1, 1)
 	if _, err := c.ur.SubmitAndWait(1); err != nil {
 		return 0, err
 	}
