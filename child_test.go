@@ -172,11 +172,7 @@ type child struct{ *childproc.Proc }
 // startChild starts a child in role (MOONRING_CHILD) with env added.
 func startChild(t testing.TB, role string, env ...string) *child {
 	t.Helper()
-	var wrapper []string
-	if cpus := os.Getenv("MOONRING_BENCH_CHILD_CPUS"); cpus != "" {
-		wrapper = []string{"taskset", "-c", cpus} // placement runs of the benchmarks
-	}
-	return startChildVia(t, wrapper, role, env...)
+	return startChildVia(t, nil, role, env...)
 }
 
 // startChildVia starts the child through a wrapper command that execs its

@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/efa"
+	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/transport"
@@ -122,33 +123,32 @@ func benchTransport(b *testing.B, tr transport.Transport, desc *segtable.Segment
 	poller, _ := tr.(transport.Poller)
 	base := desc.Buffers[0].Addr
 	c := &benchCompleter{ready: make([]uint64, 0, window)}
-	free := make([]uint64, 0, window)
-	for k := 0; k < window; k++ {
-		free = append(free, uint64(k))
+	// The slices not yet posted wait in pending, in order, as a ring's
+	// refused slices wait for the next round: a provider that takes one
+	// operation at a time (READs over shm) is offered the same slices
+	// again without their being built again.
+	pending := make([]transport.Slice, 0, window)
+	queue := func(k uint64) {
+		pending = append(pending, transport.Slice{Op: op, LocalHandle: reg.Handle, Local: unsafe.Pointer(&mem[int(k)*size]),
+			Remote: base + k*uint64(size), Length: uint64(size), Token: k})
 	}
-	batch := make([]transport.Slice, 0, window)
+	done := 0
+	for k := 0; k < window && k < b.N; k++ {
+		queue(uint64(k))
+	}
+	queued := len(pending)
 	got := make([]uint64, 0, window)
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
-	posted, done := 0, 0
 	for done < b.N {
-		batch = batch[:0]
-		for _, k := range free {
-			if posted+len(batch) == b.N {
-				break
-			}
-			batch = append(batch, transport.Slice{Op: op, LocalHandle: reg.Handle, Local: unsafe.Pointer(&mem[int(k)*size]),
-				Remote: base + k*uint64(size), Length: uint64(size), Token: k})
-		}
-		if len(batch) > 0 {
-			n, err := ep.Post(c, batch)
+		if len(pending) > 0 {
+			n, err := ep.Post(c, pending)
 			if err != nil {
 				b.Fatal(err)
 			}
-			posted += n
-			free = append(free[:0], free[n:]...)
+			pending = pending[:copy(pending, pending[n:])]
 		}
 		if poller != nil {
 			poller.Poll()
@@ -163,7 +163,12 @@ func benchTransport(b *testing.B, tr transport.Transport, desc *segtable.Segment
 			b.Fatal(err)
 		}
 		done += len(got)
-		free = append(free, got...)
+		for _, k := range got {
+			if queued < b.N {
+				queue(k)
+				queued++
+			}
+		}
 	}
 	el := time.Since(start)
 	b.StopTimer()
@@ -196,7 +201,8 @@ func benchRaw(b *testing.B, prov string, op transport.Op, size, window int) {
 		}
 		b.Skipf("SKIP: the raw libfabric baseline cannot be built: %v", fiBW.err)
 	}
-	srv := exec.Command(fiBW.path, "server", prov, strconv.Itoa(benchTarget))
+	srvArgv := append(childproc.PinWrapper(), fiBW.path, "server", prov, strconv.Itoa(benchTarget))
+	srv := exec.Command(srvArgv[0], srvArgv[1:]...)
 	srv.Stderr = os.Stderr
 	in, _ := srv.StdinPipe()
 	out, _ := srv.StdoutPipe()

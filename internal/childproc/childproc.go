@@ -51,6 +51,17 @@ type Config struct {
 	StopSignal os.Signal
 }
 
+// PinWrapper returns the wrapper that pins a child to the CPUs named by
+// MOONRING_BENCH_CHILD_CPUS (a taskset list), or nil when it is unset.
+// Benchmark runs that compare placements set it (scripts/bench-latency.sh);
+// Start uses it for children that have no wrapper of their own.
+func PinWrapper() []string {
+	if cpus := os.Getenv("MOONRING_BENCH_CHILD_CPUS"); cpus != "" {
+		return []string{"taskset", "-c", cpus}
+	}
+	return nil
+}
+
 // Proc is a running child. Ask is for one goroutine at a time, the test's,
 // since it fails the test; Stop, Kill, KillWait, Wait and Pid are safe from
 // any goroutine, any number of times. The child lives until Stop or a
@@ -88,6 +99,9 @@ func Start(tb testing.TB, cfg Config) *Proc {
 	cfg.Answer = orDefault(cfg.Answer, time.Minute)
 	cfg.StopWait = orDefault(cfg.StopWait, 10*time.Second)
 
+	if cfg.Wrapper == nil {
+		cfg.Wrapper = PinWrapper()
+	}
 	argv := append(append(append([]string(nil), cfg.Wrapper...), os.Args[0]), cfg.Args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), cfg.Env...)
