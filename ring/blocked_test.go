@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,3 +130,29 @@ func TestPollerParksAtOnceWithOneP(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// With GOMAXPROCS 1 but a transport that needs polling (a hook: RDMA, EFA),
+// the poller still spins: that transport's completions are seen only by a
+// Poll, and a parked poller would look once a millisecond.
+func TestPollerSpinsForHooksWithOneP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	p := NewPoller(PollerConfig{Spin: time.Hour})
+	defer p.Stop()
+	h := &countHook{}
+	p.AddHook(h)
+	parks := p.Stats().Parks // work: the next idle spell counts the hook
+	deadline := time.Now().Add(hang) // a hang detector, not a timing assertion
+	for n := h.polls.Load() + 1000; h.polls.Load() < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the hook was polled %d times in %v", h.polls.Load(), hang)
+		}
+		time.Sleep(time.Millisecond) // 1000 parked polls would take a second or more
+	}
+	if got := p.Stats().Parks; got != parks {
+		t.Fatalf("the poller parked %d times with a hook to poll", got-parks)
+	}
+}
+
+type countHook struct{ polls atomic.Int64 }
+
+func (h *countHook) Poll() int { h.polls.Add(1); return 0 }

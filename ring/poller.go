@@ -68,6 +68,8 @@ type Poller struct {
 	// slow is set by rings (poller goroutine only) after a round that
 	// copied enough bytes for the cached clock to fall behind.
 	slow bool
+	// oneP: see spin.
+	oneP bool
 	_    cpu.CacheLinePad
 }
 
@@ -223,6 +225,7 @@ func (p *Poller) run() {
 	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	p.oneP = runtime.GOMAXPROCS(0) == 1
 	spin := p.spin()
 	last := now()
 	t := last
@@ -336,20 +339,27 @@ func (p *Poller) run() {
 		t = now()
 		last = t
 		p.parked += t - parkedAt
+		p.oneP = runtime.GOMAXPROCS(0) == 1
+		spin = p.spin()
 	}
 }
 
 // spin returns how long to poll after the last work before parking. With
 // one P nothing else of the process runs while the poller spins (its
 // Gosched goes back to it): no submitter, no transport goroutine, not even
-// the netpoller that would wake them, so the work it waits for comes only
-// after it parks, and the spin just delays it (by the whole spin, in the
-// 8-byte READ latency with both processes on one CPU). Then it parks at
-// once. GOMAXPROCS can change at run time: the poller asks once per idle
-// spell.
+// the netpoller that would wake them, so work from them comes only after
+// it parks, and the spin just delays it (by the whole spin, in the 8-byte
+// READ latency with both processes on one CPU). Then it parks at once,
+// unless a transport needs polling (hooks: RDMA, EFA, NVLink), whose
+// completions only a Poll sees and which a parked poller looks at once a
+// millisecond. oneP is GOMAXPROCS == 1 as the poller last looked, when it
+// started or woke from a park (GOMAXPROCS can change at run time; asking
+// takes the scheduler's lock, too dear for every idle spell).
 func (p *Poller) spin() int64 {
-	if runtime.GOMAXPROCS(0) == 1 {
-		return 0
+	if p.oneP {
+		if hs := p.hooks.Load(); hs == nil || len(*hs) == 0 {
+			return 0
+		}
 	}
 	return int64(p.cfg.Spin)
 }

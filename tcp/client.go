@@ -699,8 +699,8 @@ func (c *conn) iovecs(iov [][]byte) []unix.Iovec {
 
 // writev is one writev(2) of iov to fd through c.uiov. unix.Writev would
 // make its iovec array on every call, on the heap once there are more than
-// eight (a pipelined kick gathers up to 64 frames). The sending flag must
-// be held.
+// eight (a pipelined kick gathers up to 189 iovecs, some 94 WRITE
+// frames). The sending flag must be held.
 func (c *conn) writev(fd int, iov [][]byte) (int, error) {
 	v := c.iovecs(iov)
 	if len(v) == 0 {
@@ -710,6 +710,7 @@ func (c *conn) writev(fd int, iov [][]byte) (int, error) {
 	if e != 0 {
 		return 0, e
 	}
+	raceReadIovecs(iov, int(n))
 	return int(n), nil
 }
 

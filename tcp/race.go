@@ -2,7 +2,11 @@
 
 package tcp
 
-import "syscall"
+import (
+	"runtime"
+	"syscall"
+	"unsafe"
+)
 
 // raceRelease tells the race detector that what this goroutine wrote
 // happens before the peer reads the bytes about to be sent. The runtime
@@ -15,3 +19,18 @@ func raceRelease() { syscall.Write(-1, nil) }
 // read(2) from fd: a zero-byte read(2) through package syscall carries the
 // annotation.
 func raceAcquire(fd int) { syscall.Read(fd, nil) }
+
+// raceReadIovecs tells the race detector that a writev(2) read the first n
+// bytes of iov, as unix.Writev does: a caller changing a WRITE's buffer
+// while it is being sent is then reported.
+func raceReadIovecs(iov [][]byte, n int) {
+	for _, b := range iov {
+		if n <= 0 {
+			return
+		}
+		if m := min(len(b), n); m > 0 {
+			runtime.RaceReadRange(unsafe.Pointer(&b[0]), m)
+			n -= m
+		}
+	}
+}

@@ -256,8 +256,9 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		return err
 	}
 	defer flush() // give back held regions on every way out
-	// owed counts the WRITE payload bytes read since the oldest response
-	// not yet flushed: see ackAfter.
+	// owed counts the WRITE payload bytes read since the last flush that
+	// ackAfter or an idle socket caused (other flushes leave it: at worst
+	// an ack goes out early): see ackAfter.
 	owed := 0
 	for {
 		// Write what is gathered before waiting for more requests, so a

@@ -652,14 +652,6 @@ func TestServerHello(t *testing.T) {
 	})
 }
 
-// TestServerPipeline pipelines a long random mix of READs and WRITEs, good
-// and refused, small and large, with random ids, and checks every response
-// against a model of the buffer: the responses come in request order with
-// the requests' ids, statuses and bytes. PROTOCOL.md orders responses, not
-// the execution of requests in flight together (the engine spreads those
-// over rails anyway), so READs read the lower half of the buffer and
-// WRITEs write the upper half. The mix starts with READs that exactly fill
-// the target's 64 KiB response buffer before one more request.
 // In a stream of WRITEs the next request is always already waiting. The
 // target must still acknowledge a WRITE once ackAfter payload bytes have
 // come in behind its ack, rather than hold every ack until the stream
@@ -693,6 +685,14 @@ func TestServerAcksWriteStream(t *testing.T) {
 	}
 }
 
+// TestServerPipeline pipelines a long random mix of READs and WRITEs, good
+// and refused, small and large, with random ids, and checks every response
+// against a model of the buffer: the responses come in request order with
+// the requests' ids, statuses and bytes. PROTOCOL.md orders responses, not
+// the execution of requests in flight together (the engine spreads those
+// over rails anyway), so READs read the lower half of the buffer and
+// WRITEs write the upper half. The mix starts with READs that exactly fill
+// the target's 64 KiB response buffer before one more request.
 func TestServerPipeline(t *testing.T) {
 	s := newSide(t, Config{})
 	const size = 256 << 10
