@@ -140,7 +140,7 @@ func TestPollerSpinsForHooksWithOneP(t *testing.T) {
 	defer p.Stop()
 	h := &countHook{}
 	p.AddHook(h)
-	parks := p.Stats().Parks // work: the next idle spell counts the hook
+	parks := p.Stats().Parks         // work: the next idle spell counts the hook
 	deadline := time.Now().Add(hang) // a hang detector, not a timing assertion
 	for n := h.polls.Load() + 1000; h.polls.Load() < n; {
 		if time.Now().After(deadline) {
