@@ -156,3 +156,39 @@ func TestPollerSpinsForHooksWithOneP(t *testing.T) {
 type countHook struct{ polls atomic.Int64 }
 
 func (h *countHook) Poll() int { h.polls.Add(1); return 0 }
+
+// A second Close, coming while the first waits for the poller, returns only
+// once the ring's requests have completed with ErrClosed, as the first
+// does ("Close returns after the poller has done so"). It used to return at
+// once.
+func TestSecondCloseWaits(t *testing.T) {
+	ep := &fakeEP{hold: true}
+	h := newHarness(t, Config{Entries: 8}, ep, false)
+	h.submit(h.write(1, 0, 0, 4096))
+	deadline := time.Now().Add(hang) // hang detectors, not timing assertions
+	for ep.heldCount() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the request was not posted")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Hold the poller goroutine, so that the first Close waits for it.
+	held, release := make(chan struct{}), make(chan struct{})
+	go h.p.do(func() { close(held); <-release })
+	<-held
+	first := make(chan struct{})
+	go func() { h.r.Close(); close(first) }()
+	for !h.r.Closed() {
+		if time.Now().After(deadline) {
+			t.Fatal("the first Close did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	go func() { time.Sleep(20 * time.Millisecond); close(release) }()
+	h.r.Close()
+	c := h.r.Peek()
+	if c == nil || c.UserData != 1 || c.Code != cq.CodeClosed {
+		t.Fatalf("after the second Close the CQ holds %+v; want request 1 ended by the close", c)
+	}
+	<-first
+}

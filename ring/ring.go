@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/bits"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -130,7 +131,12 @@ type Ring struct {
 	done   *mpsc.Queue[sliceDone] // slice completions from transports
 	poller *Poller
 	closed atomic.Bool
-	_      cpu.CacheLinePad
+	// shut is closed once the ring's requests were completed with
+	// ErrClosed (shutdown): a second Close, or one racing the poller's
+	// Stop, waits for it as the first does.
+	shut     chan struct{}
+	shutOnce sync.Once
+	_        cpu.CacheLinePad
 
 	// Poller-owned state below: only the holder of the poller's token (its
 	// goroutine, or a goroutine it lent its rings to while parked) touches it.
@@ -269,7 +275,7 @@ func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
 		return nil, fmt.Errorf("ring: MaxSlices: %w", err)
 	}
 	r := &Ring{
-		sq: s, cq: c, done: d, poller: p, cfg: cfg, tables: tables,
+		sq: s, cq: c, done: d, poller: p, cfg: cfg, tables: tables, shut: make(chan struct{}),
 		reqs:  make([]request, cfg.MaxInFlight),
 		free:  make([]int32, cfg.MaxInFlight),
 		postq: make([]uint64, 0, cfg.MaxInFlight),
@@ -354,6 +360,7 @@ func (r *Ring) Stats() Stats {
 // poller has done so. Completions stay readable.
 func (r *Ring) Close() error {
 	if r.closed.Swap(true) {
+		<-r.shut // closing already: return once it has, as the first does
 		return nil
 	}
 	r.poller.detach(r)
@@ -1215,6 +1222,7 @@ func (r *Ring) shutdown() {
 	}
 	r.flushCQ()
 	r.detached = true
+	r.shutOnce.Do(func() { close(r.shut) })
 }
 
 // drainSQ completes the entries left in the SQ with ErrClosed. Poller only.
