@@ -135,7 +135,12 @@ static int client(const char *prov, int write, size_t size, int window, long ite
 	uint64_t rbase = virt ? base : 0;
 
 	long posted = 0, done = 0;
-	int *pending = calloc(window, sizeof *pending), npending = 0;
+	/* The free slots, oldest first: a slot completed goes to the back, so
+	 * the operations walk all window slots in turn, as the Go benchmark's
+	 * do. (A stack would hand the slot just completed out again: with one
+	 * operation in flight at a time, as shm's READs are, every operation
+	 * would use one block, hot in the caches of both sides.) */
+	int *pending = calloc(window, sizeof *pending), npending = 0, phead = 0;
 	for (int i = 0; i < window; i++)
 		pending[npending++] = i;
 	/* One operation first, untimed: tcp;ofi_rxm connects on it. */
@@ -161,7 +166,7 @@ static int client(const char *prov, int write, size_t size, int window, long ite
 	unsigned long idle = 0;
 	while (done < iters) {
 		while (npending > 0 && posted < iters) {
-			int slot = pending[npending - 1];
+			int slot = pending[phead];
 			struct iovec iov = { buf + (size_t)slot * size, size };
 			struct fi_rma_iov rma = { rbase + (uint64_t)slot * size, size, key };
 			struct fi_msg_rma msg = { .msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = peer,
@@ -172,6 +177,7 @@ static int client(const char *prov, int write, size_t size, int window, long ite
 				break;
 			if (rc)
 				die("post", (int)rc);
+			phead = (phead + 1) % window;
 			npending--;
 			posted++;
 		}
@@ -187,7 +193,7 @@ static int client(const char *prov, int write, size_t size, int window, long ite
 			die("completion", err.err);
 		}
 		for (ssize_t i = 0; i < n; i++) {
-			pending[npending++] = (int)((struct fi_context2 *)e[i].op_context - ctx);
+			pending[(phead + npending++) % window] = (int)((struct fi_context2 *)e[i].op_context - ctx);
 			done++;
 		}
 	}
