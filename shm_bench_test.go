@@ -1,6 +1,7 @@
 package moonring_test
 
 import (
+	"os"
 	"strconv"
 	"testing"
 
@@ -27,7 +28,11 @@ func benchSHM(b *testing.B, op moonring.Op, heap bool) { benchSHMStride(b, op, h
 // benchSHMStride is benchSHM; with spread unset, every request in flight
 // uses the first block of each buffer, as ucx_perftest does. The reaper
 // spins, as ucx_perftest's does: the target process has no part in the
-// copies, so the two cores are the poller's and the reaper's.
+// copies, so the two cores are the poller's and the reaper's. With
+// MOONRING_BENCH_WAIT=1 it blocks in CQ().Wait instead: run so with
+// GOMAXPROCS=1, the poller and the reaper share one core and hand over
+// without crossing cores, as ucx_perftest's one thread does (with one P the
+// poller parks at once, so a spinning reaper would starve it).
 func benchSHMStride(b *testing.B, op moonring.Op, heap, spread bool) {
 	for _, sz := range shmSizes {
 		b.Run("size="+sz.name, func(b *testing.B) {
@@ -66,7 +71,7 @@ func benchSHMStride(b *testing.B, op moonring.Op, heap, spread bool) {
 				b.Fatal(err)
 			}
 			defer r.Close()
-			driveStride(b, r, moonring.Entry{Op: op, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: uint64(sz.bytes)}, sz.bytes, sz.depth, stride, true)
+			driveStride(b, r, moonring.Entry{Op: op, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: uint64(sz.bytes)}, sz.bytes, sz.depth, stride, os.Getenv("MOONRING_BENCH_WAIT") == "")
 		})
 	}
 }

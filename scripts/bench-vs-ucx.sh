@@ -50,3 +50,8 @@ for size in 4096 65536 1048576 67108864; do
 done
 go test -run '^$' -bench 'Shm(Write|Read)(Same)?$|ShmCopyBaseline' -count "$count" . |
 	awk '/^Benchmark/ { for (i = 1; i < NF; i++) if ($(i+1) == "GB/s") print $1, "GB/s", $i }'
+# The one-block benchmarks again on one P (the engine's poller and the
+# reaper on one core, handing over without crossing cores, as
+# ucx_perftest's single thread): the names lose their "-2" suffix.
+MOONRING_BENCH_WAIT=1 GOMAXPROCS=1 go test -run '^$' -bench 'Shm(Write|Read)Same$' -count "$count" . |
+	awk '/^Benchmark/ { for (i = 1; i < NF; i++) if ($(i+1) == "GB/s") print $1, "GB/s", $i }'
