@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/testwait"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -89,11 +90,5 @@ func isFinal(err error) bool {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within 20 s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, 20*time.Second, what, cond)
 }

@@ -53,11 +53,8 @@ func TestFailuresLogged(t *testing.T) {
 	ep := &fakeEP{rails: 2, fail: map[uint16]error{0: errors.New("rail 0 is down"), 1: errors.New("rail 1 is down")}}
 	h := newHarness(t, Config{Entries: 8, RetryLimit: 1, Logger: slog.New(slog.NewTextHandler(w, nil))}, ep, false)
 	h.submit(h.write(1, 0, 0, 4096))
-	deadline := time.Now().Add(hang)
-	for h.r.Peek() == nil && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if c := h.r.Peek(); c == nil || c.Status != cq.Failed {
+	waitFor(t, "no completion", func() bool { return h.r.Peek() != nil })
+	if c := h.r.Peek(); c.Status != cq.Failed {
 		t.Fatalf("completion %+v; want FAILED", c)
 	}
 	h.r.Advance(1)
@@ -122,13 +119,7 @@ func TestPollerParksAtOnceWithOneP(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	p := NewPoller(PollerConfig{Spin: time.Hour})
 	defer p.Stop()
-	deadline := time.Now().Add(hang) // a hang detector, not a timing assertion
-	for p.Stats().Parks == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the poller did not park within %v with one P", hang)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "the poller did not park with one P", func() bool { return p.Stats().Parks > 0 })
 }
 
 // With GOMAXPROCS 1 but a transport that needs polling (a hook: RDMA, EFA),
@@ -140,14 +131,10 @@ func TestPollerSpinsForHooksWithOneP(t *testing.T) {
 	defer p.Stop()
 	h := &countHook{}
 	p.AddHook(h)
-	parks := p.Stats().Parks         // work: the next idle spell counts the hook
-	deadline := time.Now().Add(hang) // a hang detector, not a timing assertion
-	for n := h.polls.Load() + 1000; h.polls.Load() < n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the hook was polled %d times in %v", h.polls.Load(), hang)
-		}
-		time.Sleep(time.Millisecond) // 1000 parked polls would take a second or more
-	}
+	parks := p.Stats().Parks // work: the next idle spell counts the hook
+	// 1000 polls while parked would take a second or more, a park each.
+	n := h.polls.Load() + 1000
+	waitFor(t, "the hook was not polled", func() bool { return h.polls.Load() >= n })
 	if got := p.Stats().Parks; got != parks {
 		t.Fatalf("the poller parked %d times with a hook to poll", got-parks)
 	}
@@ -165,25 +152,14 @@ func TestSecondCloseWaits(t *testing.T) {
 	ep := &fakeEP{hold: true}
 	h := newHarness(t, Config{Entries: 8}, ep, false)
 	h.submit(h.write(1, 0, 0, 4096))
-	deadline := time.Now().Add(hang) // hang detectors, not timing assertions
-	for ep.heldCount() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the request was not posted")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "the request was not posted", func() bool { return ep.heldCount() > 0 })
 	// Hold the poller goroutine, so that the first Close waits for it.
 	held, release := make(chan struct{}), make(chan struct{})
 	go h.p.do(func() { close(held); <-release })
 	<-held
 	first := make(chan struct{})
 	go func() { h.r.Close(); close(first) }()
-	for !h.r.Closed() {
-		if time.Now().After(deadline) {
-			t.Fatal("the first Close did not start")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "the first Close did not start", h.r.Closed)
 	go func() { time.Sleep(20 * time.Millisecond); close(release) }()
 	h.r.Close()
 	c := h.r.Peek()

@@ -19,6 +19,7 @@ import (
 	"github.com/leanovate/gopter/prop"
 
 	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/internal/testwait"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/sq"
 	"github.com/moonring/moonring/transport"
@@ -26,6 +27,12 @@ import (
 
 // hang bounds every wait: a hang detector, never a performance assertion.
 const hang = 30 * time.Second
+
+// waitFor polls cond until it holds; hang is the hang detector.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	testwait.For(t, hang, what, cond)
+}
 
 // ---------------------------------------------------------------------------
 // Slicing and tokens.
@@ -1061,13 +1068,7 @@ func TestClosingBuffer(t *testing.T) {
 		_, err := h.bufs.Unregister(ctx, h.lbuf.ID)
 		errc <- err
 	}()
-	deadline := time.Now().Add(hang)
-	for !h.lbuf.Closing() {
-		if time.Now().After(deadline) {
-			t.Fatal("hang: unregistration never began")
-		}
-		runtime.Gosched()
-	}
+	waitFor(t, "unregistration never began", h.lbuf.Closing)
 	h.submit(h.write(1, 0, 0, 8))
 	expectCode(t, h.one(1), cq.CodeBadBuffer)
 	cancel()

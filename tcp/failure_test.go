@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/testwait"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -139,13 +140,7 @@ func (p *proxy) forward(c net.Conn) {
 // waitFor polls cond until it holds; hang is the hang detector.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(hang)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("hang: waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, hang, what, cond)
 }
 
 func railsUp(e *Endpoint) bool {

@@ -256,25 +256,19 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		return err
 	}
 	defer flush() // give back held regions on every way out
-	// owed counts the WRITE payload bytes read since the last flush that
-	// ackAfter or an idle socket caused (other flushes leave it: at worst
-	// an ack goes out early): see ackAfter.
+	// owed counts the WRITE payload bytes read since the last flush at the
+	// loop's top (the others leave it: at worst an ack goes out early).
 	owed := 0
 	for {
 		// Write what is gathered before waiting for more requests, so a
-		// pipelined burst leaves in one writev and a lone request at once.
-		if owed >= ackAfter {
+		// pipelined burst leaves in one writev and a lone request at once,
+		// and after ackAfter bytes of WRITE payload in any case.
+		if idle := !more(br, nb); idle || owed >= ackAfter {
 			if err := flush(); err != nil {
 				return err
 			}
 			owed = 0
-		}
-		if !more(br, nb) {
-			if err := flush(); err != nil {
-				return err
-			}
-			owed = 0
-			if deadline {
+			if idle && deadline {
 				conn.SetDeadline(time.Time{})
 				deadline = false
 			}

@@ -9,20 +9,43 @@ import (
 	"github.com/moonring/moonring/transport"
 )
 
+// timeoutPair is a one-rail endpoint with a response timeout to a target
+// serving a 1 MiB buffer, and a 1 MiB local buffer.
+type timeoutPair struct {
+	ep     transport.Endpoint
+	local  []byte
+	remote testBuf
+	px     *proxy // between the two; nil when they talk directly
+}
+
+// newTimeoutPair opens the endpoint, through a proxy when proxied; the
+// target's buffer is filled with fill. The test's cleanup closes it.
+func newTimeoutPair(t *testing.T, timeout time.Duration, fill byte, proxied bool) *timeoutPair {
+	t.Helper()
+	targ := newSide(t, Config{})
+	tp := &timeoutPair{remote: targ.register(t, targ.alloc(t, 1<<20, fill), true)}
+	addr := targ.tr.Addr()
+	if proxied {
+		tp.px = newProxy(t, addr)
+		addr = tp.px.addr()
+	}
+	init := newSide(t, Config{Rails: 1, ResponseTimeout: timeout})
+	tp.local = init.alloc(t, 1<<20, 1)
+	ep, err := init.tr.Open(context.Background(), targ.desc(addr, tp.remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ep.Close() })
+	tp.ep = ep
+	return tp
+}
+
 // A target that keeps the connection up but stops answering: every slice
 // out on it comes back with ErrPeer once ResponseTimeout passes, instead of
 // holding its ring slot for ever.
 func TestResponseTimeout(t *testing.T) {
-	targ := newSide(t, Config{})
-	remote := targ.register(t, targ.alloc(t, 1<<20, 0), true)
-	px := newProxy(t, targ.tr.Addr())
-	init := newSide(t, Config{Rails: 1, ResponseTimeout: 200 * time.Millisecond})
-	local := init.alloc(t, 1<<20, 1)
-	ep, err := init.tr.Open(context.Background(), targ.desc(px.addr(), remote))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
+	tp := newTimeoutPair(t, 200*time.Millisecond, 0, true)
+	ep, local, remote, px := tp.ep, tp.local, tp.remote, tp.px
 	// An idle connection outlives the timeout: nothing was owed.
 	time.Sleep(500 * time.Millisecond)
 	if !railsUp(ep.(*Endpoint)) {
@@ -49,17 +72,10 @@ func TestResponseTimeout(t *testing.T) {
 // the connection last went idle: requests posted just before an idle
 // connection's old deadline are answered, not failed.
 func TestResponseTimeoutCountsFromPost(t *testing.T) {
-	targ := newSide(t, Config{})
-	remote := targ.register(t, targ.alloc(t, 1<<20, 0), true)
 	// A second: the answer must come within it of the Post, and a loaded
 	// machine under -race can stall the receiver for a few hundred ms.
-	init := newSide(t, Config{Rails: 1, ResponseTimeout: time.Second})
-	local := init.alloc(t, 1<<20, 1)
-	ep, err := init.tr.Open(context.Background(), targ.desc(targ.tr.Addr(), remote))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
+	tp := newTimeoutPair(t, time.Second, 0, false)
+	ep, local, remote := tp.ep, tp.local, tp.remote
 	for round := 0; round < 3; round++ {
 		time.Sleep(950 * time.Millisecond) // idle almost a whole timeout
 		const n, size = 8, 4096
@@ -84,16 +100,8 @@ func TestResponseTimeoutCountsFromPost(t *testing.T) {
 // payload (a 1 MiB READ through a link that gives 8 KiB every 10 ms takes
 // over a second against a 300 ms timeout, and succeeds).
 func TestResponseTimeoutSlowPayload(t *testing.T) {
-	targ := newSide(t, Config{})
-	remote := targ.register(t, targ.alloc(t, 1<<20, 5), true)
-	px := newProxy(t, targ.tr.Addr())
-	init := newSide(t, Config{Rails: 1, ResponseTimeout: 300 * time.Millisecond})
-	local := init.alloc(t, 1<<20, 1)
-	ep, err := init.tr.Open(context.Background(), targ.desc(px.addr(), remote))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
+	tp := newTimeoutPair(t, 300*time.Millisecond, 5, true)
+	ep, local, remote, px := tp.ep, tp.local, tp.remote, tp.px
 	px.trickle.Store(int64(10 * time.Millisecond))
 	start := time.Now()
 	comp := make(chanCompleter, 1)
