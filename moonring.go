@@ -797,7 +797,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 			continue
 		}
 		size := t.SliceSize()
-		s, err := e.segments.Open(desc.Name, desc, slot, size, ep)
+		s, err := e.segments.Open(desc.Name, desc, slot, size, ep, nil)
 		if err != nil {
 			ep.Close()
 			return 0, fmt.Errorf("moonring: open segment %q: %w", desc.Name, err)

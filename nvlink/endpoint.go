@@ -316,7 +316,7 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 			cur = 0
 			continue
 		}
-		l.ring[tail&l.mask] = pending{c: c, token: sl.Token, ep: e, tab: r.tab, slot: r.slot}
+		l.ring[tail&l.mask] = pending{c: c, token: sl.Token, closed: &e.closed, tab: r.tab, slot: r.slot}
 		l.tail.Store(tail + 1)
 		l.mu.Unlock()
 	}

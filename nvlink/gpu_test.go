@@ -32,7 +32,6 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/segtable"
-	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -53,7 +52,13 @@ const gpuSize = 64 << 20
 // openGPU returns a transport on the real driver or skips the test.
 func openGPU(tb testing.TB) *Transport {
 	tb.Helper()
-	tr, err := New(testConfig())
+	return openGPUWith(tb, testConfig())
+}
+
+// openGPUWith is openGPU with cfg.
+func openGPUWith(tb testing.TB, cfg Config) *Transport {
+	tb.Helper()
+	tr, err := New(cfg)
 	if err != nil {
 		if errors.Is(err, transport.ErrNotSupported) {
 			tb.Skipf("no GPU to test on: %v", err)
@@ -389,147 +394,24 @@ func TestGPUTwoProcesses(t *testing.T) {
 	}
 }
 
-// TestGPUStagingTCP moves GPU memory through a Stager and the TCP
-// transport on loopback: GPU -> pinned staging -> TCP WRITE -> target host
-// buffer, and back with a READ.
+// TestGPUStagingTCP moves GPU memory over the TCP transport on loopback
+// through the staging endpoint (Stage): GPU -> pinned chunk -> TCP WRITE
+// -> the target's host buffer, and back with READs; more slices than
+// chunks, so chunks are reused.
 func TestGPUStagingTCP(t *testing.T) {
-	tr := openGPU(t)
+	cfg := testConfig()
+	cfg.StagingBuffers = 4
+	tr := openGPUWith(t, cfg)
 	defer tr.Close()
-	const chunk = 4 << 20
-	const size = 4 * chunk
-	st, err := tr.NewStager(0, chunk, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem, err := tr.Alloc(size, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := syncCopy(tr, 0, unsafe.Pointer(unsafe.SliceData(mem)), pattern(3, size), true); err != nil {
-		t.Fatal(err)
-	}
-	ti, err := tcp.New(tcp.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ti.Close()
-	tt, err := tcp.New(tcp.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tt.Close()
-	var ibufs, tbufs segtable.Buffers
-	defer func() {
-		for _, bs := range []*segtable.Buffers{&ibufs, &tbufs} {
-			for _, b := range bs.All() {
-				bs.Unregister(context.Background(), b.ID)
-			}
-		}
-	}()
-	arena, err := ibufs.Register(st.Arena(), segtable.CPU(0), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	areg, err := ti.Register(arena)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := make([]byte, size)
-	db, err := tbufs.Register(dst, segtable.CPU(0), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dreg, err := tt.Register(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	desc := &segtable.SegmentDesc{Version: 1, Name: "tcp-target", Epoch: 1, Endpoints: map[string]string{tcp.Name: tt.Endpoint()},
-		Buffers: []segtable.BufferDesc{{Addr: uint64(db.Addr), Length: db.Length, Keys: map[string]string{tcp.Name: dreg.Key}}}}
-	ep, err := ti.Open(context.Background(), desc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ep.Close()
-	wait := func(b *Staging) {
-		t.Helper()
-		deadline := time.Now().Add(time.Minute)
-		for {
-			done, err := b.Done()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if done {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("staging copy not done in a minute")
-			}
-		}
-	}
-	send := func(op transport.Op, b *Staging, off int) {
-		t.Helper()
-		r := newRecorder()
-		local := unsafe.Pointer(unsafe.SliceData(b.Bytes()))
-		sl := []transport.Slice{{Op: op, LocalHandle: areg.Handle, Local: local, Remote: uint64(db.Addr) + uint64(off), Length: chunk, Token: 1}}
-		if n, err := ep.Post(r, sl); n != 1 || err != nil {
-			t.Fatalf("tcp Post: %d, %v", n, err)
-		}
-		deadline := time.Now().Add(time.Minute)
-		for r.n.Load() < 1 {
-			if time.Now().After(deadline) {
-				t.Fatal("tcp slice not done in a minute")
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
-		if err := r.result(t, 1); err != nil {
-			t.Fatalf("tcp %v: %v", op, err)
-		}
-	}
-	// GPU -> staging -> TCP WRITE, chunk by chunk, copies overlapping sends.
-	var stg []*Staging
-	for i := 0; i < 4; i++ {
-		b := st.Get()
-		if b == nil {
-			t.Fatalf("Get %d of 4: nil", i)
-		}
-		if err := b.CopyFromDevice(unsafe.Add(unsafe.Pointer(unsafe.SliceData(mem)), i*chunk), chunk); err != nil {
+	stagedTCP(t, tr, 4<<20, 32<<20, func(dev unsafe.Pointer, data []byte) {
+		if err := syncCopy(tr, 0, dev, data, true); err != nil {
 			t.Fatal(err)
 		}
-		stg = append(stg, b)
-	}
-	if st.Get() != nil {
-		t.Errorf("a fifth staging buffer from a pool of 4")
-	}
-	for i, b := range stg {
-		wait(b)
-		send(transport.Write, b, i*chunk)
-	}
-	if i := firstDiff(dst, pattern(3, size)); i >= 0 {
-		t.Fatalf("GPU -> staging -> TCP: byte %d differs", i)
-	}
-	// TCP READ -> staging -> GPU, into a second GPU region.
-	copy(dst, pattern(5, size))
-	for i, b := range stg {
-		send(transport.Read, b, i*chunk)
-		if err := b.CopyToDevice(unsafe.Add(unsafe.Pointer(unsafe.SliceData(mem)), i*chunk), chunk); err != nil {
+	}, func(dev unsafe.Pointer, data []byte) {
+		if err := syncCopy(tr, 0, dev, data, false); err != nil {
 			t.Fatal(err)
 		}
-	}
-	for _, b := range stg {
-		wait(b)
-		if err := st.Put(b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got := make([]byte, size)
-	if err := syncCopy(tr, 0, unsafe.Pointer(unsafe.SliceData(mem)), got, false); err != nil {
-		t.Fatal(err)
-	}
-	if i := firstDiff(got, pattern(5, size)); i >= 0 {
-		t.Fatalf("TCP -> staging -> GPU: byte %d differs", i)
-	}
-	tt.Unregister(db, dreg)
-	ti.Unregister(arena, areg)
+	})
 }
 
 // BenchmarkNVLinkWrite and BenchmarkNVLinkRead move 64 MiB between this

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/cpu"
 
@@ -39,11 +40,11 @@ type lane struct {
 
 // pending is one copy in flight.
 type pending struct {
-	c     transport.Completer
-	token uint64
-	ep    *Endpoint
-	tab   *table // the target's grant table, whose slot the copy counts on
-	slot  int
+	c      transport.Completer
+	token  uint64
+	closed *atomic.Bool // the posting endpoint's: set, the copy ends ErrClosed
+	tab    *table       // the target's grant table, whose slot the copy counts on; nil for staging
+	slot   int
 }
 
 // newLane makes the stream and events of d. The caller made d's context
@@ -135,10 +136,12 @@ func (l *lane) reap(drv driver, all bool) int {
 		l.ring[h&l.mask] = pending{}
 		// The grant first: once head passes h, Endpoint.reclaim may unmap
 		// the table of a replaced view that this copy counted on.
-		p.tab.release(p.slot)
+		if p.tab != nil {
+			p.tab.release(p.slot)
+		}
 		l.head.Store(h + 1)
 		switch {
-		case p.ep.closed.Load():
+		case p.closed.Load():
 			err = transport.ErrClosed
 		case err != nil:
 			err = fmt.Errorf("nvlink: copy on GPU %d: %w", l.dev.ordinal, err)
@@ -148,4 +151,41 @@ func (l *lane) reap(drv driver, all bool) int {
 		n++
 	}
 	return n
+}
+
+// stage queues a copy between GPU memory at dev and pinned host memory at
+// host for a staged slice, completing token through c once its event
+// fired. full reports a lane with no room (nothing was queued).
+func (l *lane) stage(t *Transport, toDevice bool, dev uintptr, host unsafe.Pointer, n uint64, c transport.Completer, token uint64, closed *atomic.Bool) (full bool, err error) {
+	lockThread()
+	defer unlockThread()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if closed.Load() || t.closed.Load() {
+		return false, transport.ErrClosed
+	}
+	tail := l.tail.Load()
+	if tail-l.head.Load() > l.mask {
+		return true, nil
+	}
+	d := t.drv
+	if err := d.setCurrent(l.dev.ctx); err != nil {
+		return false, err
+	}
+	if toDevice {
+		err = d.copyHtoD(dev, host, n, l.stream)
+	} else {
+		err = d.copyDtoH(host, dev, n, l.stream)
+	}
+	if err == nil {
+		if err = d.eventRecord(l.events[tail&l.mask], l.stream); err != nil {
+			d.streamSync(l.stream) // queued without an event: let it finish before the chunk is reused
+		}
+	}
+	if err != nil {
+		return false, fmt.Errorf("nvlink: staging copy on GPU %d: %w", l.dev.ordinal, err)
+	}
+	l.ring[tail&l.mask] = pending{c: c, token: token, closed: closed, slot: -1}
+	l.tail.Store(tail + 1)
+	return false, nil
 }

@@ -24,6 +24,10 @@ const (
 	DefaultDepth        = 256
 	DefaultMaxBuffers   = 4096
 	DefaultDrainTimeout = 10 * time.Second
+	// DefaultStagingChunk and DefaultStagingBuffers size the staging
+	// arena: 8 chunks of 4 MiB, 32 MiB pinned.
+	DefaultStagingChunk   = 4 << 20
+	DefaultStagingBuffers = 8
 )
 
 // maxSlots bounds Config.MaxBuffers and the slots a peer's table may have.
@@ -57,6 +61,13 @@ type Config struct {
 	// DrainTimeout bounds how long Unregister and Close wait for peers'
 	// copies of exported buffers (DefaultDrainTimeout).
 	DrainTimeout time.Duration
+	// StagingChunk is the size of each staging buffer
+	// (DefaultStagingChunk): the largest slice that can be staged, at
+	// least the slice size of every transport staged over.
+	StagingChunk int
+	// StagingBuffers is how many staging buffers the arena holds
+	// (DefaultStagingBuffers): how many staged slices may be in flight.
+	StagingBuffers int
 }
 
 func (c *Config) defaults() error {
@@ -74,6 +85,15 @@ func (c *Config) defaults() error {
 	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.StagingChunk == 0 {
+		c.StagingChunk = DefaultStagingChunk
+	}
+	if c.StagingBuffers == 0 {
+		c.StagingBuffers = DefaultStagingBuffers
+	}
+	if c.StagingChunk < 0 || c.StagingBuffers < 0 || c.StagingBuffers > 1<<16 || int64(c.StagingChunk)*int64(c.StagingBuffers) > 1<<40 {
+		return fmt.Errorf("nvlink: staging: %d buffers of %d bytes: want up to 65536 buffers and 1 TiB in all", c.StagingBuffers, c.StagingChunk)
 	}
 	if c.Depth < 1 || c.Depth&(c.Depth-1) != 0 || c.Depth > 1<<16 {
 		return fmt.Errorf("nvlink: depth %d: want a power of two up to 65536", c.Depth)
@@ -101,13 +121,14 @@ type Transport struct {
 	devs []*device
 	bus  map[string]*device // by PCI bus id
 
-	mu      sync.Mutex // guards what follows, and device start
-	seq     uint64
-	slots   []int // free slots of tab
-	eps     map[*Endpoint]struct{}
-	maps    map[mapKey]*mapping
-	allocs  map[unsafe.Pointer]*device
-	stagers map[*Stager]struct{}
+	mu     sync.Mutex // guards what follows, and device start
+	seq    uint64
+	slots  []int // free slots of tab
+	eps    map[*Endpoint]struct{}
+	maps   map[mapKey]*mapping
+	allocs map[unsafe.Pointer]*device
+	staged map[*stagedEndpoint]struct{}
+	stg    atomic.Pointer[stager] // the staging arena, once StagingArena made it
 
 	regs   atomic.Pointer[map[uint64]*region] // copy on write, under mu
 	closed atomic.Bool
@@ -153,6 +174,7 @@ var (
 	_ transport.DeviceMemory = (*Transport)(nil)
 	_ transport.Transport    = (*Transport)(nil)
 	_ transport.Poller       = (*Transport)(nil)
+	_ transport.Stager       = (*Transport)(nil)
 )
 
 // New loads the CUDA driver and returns a transport. Without a usable
@@ -187,7 +209,7 @@ func newTransport(cfg Config, drv driver) (*Transport, error) {
 	t := &Transport{
 		cfg: cfg, drv: drv, boot: boot, bus: map[string]*device{},
 		eps: map[*Endpoint]struct{}{}, maps: map[mapKey]*mapping{},
-		allocs: map[unsafe.Pointer]*device{}, stagers: map[*Stager]struct{}{},
+		allocs: map[unsafe.Pointer]*device{}, staged: map[*stagedEndpoint]struct{}{},
 	}
 	for i := 0; i < n; i++ {
 		id, err := drv.pciBusID(i)
@@ -592,6 +614,9 @@ func (t *Transport) Poll() int {
 	if t.retiring.Load() != 0 {
 		t.reclaim()
 	}
+	if s := t.stg.Load(); s != nil {
+		n += s.poll()
+	}
 	return n
 }
 
@@ -629,17 +654,17 @@ func (t *Transport) Close() error {
 	for e := range t.eps {
 		eps = append(eps, e)
 	}
-	stagers := make([]*Stager, 0, len(t.stagers))
-	for s := range t.stagers {
-		stagers = append(stagers, s)
+	staged := make([]*stagedEndpoint, 0, len(t.staged))
+	for e := range t.staged {
+		staged = append(staged, e)
 	}
 	t.mu.Unlock()
 	var errs []error
 	for _, e := range eps {
 		errs = append(errs, e.Close())
 	}
-	for _, s := range stagers {
-		errs = append(errs, s.Close())
+	for _, e := range staged {
+		errs = append(errs, e.Close())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.DrainTimeout)
 	if err := t.tab.shut(ctx); err != nil {
@@ -657,6 +682,9 @@ func (t *Transport) Close() error {
 		}
 	}
 	clear(t.allocs)
+	if s := t.stg.Load(); s != nil && t.drv.setCurrent(s.home.ctx) == nil {
+		errs = append(errs, s.destroy())
+	}
 	for _, d := range t.devs {
 		if !d.ready.Load() {
 			continue

@@ -254,6 +254,7 @@ type request struct {
 	state       reqState
 	started     int64  // the poller's clock when it took the request
 	notify      bool   // post a Notify slice (index nslices) after the data
+	staged      bool   // the local buffer goes through seg.Staged (a staged registration)
 	tag         uint64 // the notification's tag
 }
 
@@ -532,7 +533,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		return
 	}
 	reg := buf.Regs[seg.Transport].Load()
-	if reg == nil {
+	if reg == nil || (reg.Staged && seg.Staged == nil) {
 		r.complete(e.UserData, cq.CodeNoTransport, 0)
 		return
 	}
@@ -553,7 +554,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		size = r.cfg.SliceSize
 	}
 	first := uint64(0) // the token of the first slice's first post
-	if e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size {
+	if e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size && !reg.Staged {
 		switch r.copyInline(e, buf, seg, reg.Handle) {
 		case inlineDone:
 			return
@@ -578,7 +579,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	if e.Op == sq.Write {
 		q.op = transport.Write
 	}
-	q.notify, q.tag = e.Flags&sq.FlagNotify != 0, e.Tag
+	q.notify, q.tag, q.staged = e.Flags&sq.FlagNotify != 0, e.Tag, reg.Staged
 	r.rail++
 	r.active++
 	if deadline < r.nextCheck || r.active == 1 {
@@ -775,6 +776,9 @@ func (r *Ring) postRedo() bool {
 // callers check r.live(tok) before touching q again.
 func (r *Ring) add(q *request, tok uint64) bool {
 	ep := q.seg.Endpoint
+	if q.staged {
+		ep = q.seg.Staged
+	}
 	if len(r.batch) == cap(r.batch) || (len(r.batch) > 0 && r.batchEP != ep) {
 		if !r.flush() {
 			return false

@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -376,7 +377,7 @@ func newHarness(t *testing.T, cfg Config, ep *fakeEP, manual bool) *harness {
 	if err := desc.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	h.seg, err = h.segs.Open("remote", desc, 0, 0, ep)
+	h.seg, err = h.segs.Open("remote", desc, 0, 0, ep, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -972,8 +973,15 @@ func TestBadEntries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A buffer staged for the segment's transport, on a segment that has
+	// no staged endpoint.
+	staged, err := h.bufs.Register(make([]byte, 64), "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged.Regs[0].Store(&segtable.Registration{Handle: 7, Staged: true})
 	// A stale segment ID.
-	gone, err := h.segs.Open("gone", h.seg.Desc(), 0, 0, ep)
+	gone, err := h.segs.Open("gone", h.seg.Desc(), 0, 0, ep, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1022,6 +1030,7 @@ func TestBadEntries(t *testing.T) {
 		{"remote below R1", cq.CodeRemoteRange, func(e *sq.Entry) { e.Remote = h.r1 - 1 }},
 		{"remote wrapping", cq.CodeRemoteRange, func(e *sq.Entry) { e.Remote = math.MaxUint64 - 2 }},
 		{"no registration for the transport", cq.CodeNoTransport, func(e *sq.Entry) { e.Buffer = unreg.ID }},
+		{"staged registration, no staged endpoint", cq.CodeNoTransport, func(e *sq.Entry) { e.Buffer = staged.ID }},
 		{"read: unknown op flag", cq.CodeInvalid, func(e *sq.Entry) { e.Op = sq.Read; e.Flags = 2 }},
 		{"read: remote in the gap", cq.CodeRemoteRange, func(e *sq.Entry) { e.Op = sq.Read; e.Remote = h.r1 + hR1 }},
 	}
@@ -1051,6 +1060,63 @@ func TestBadEntries(t *testing.T) {
 	}
 	if len(ep.postsCopy()) != 1 {
 		t.Fatalf("%d slices posted; only the valid write may post", len(ep.postsCopy()))
+	}
+}
+
+// TestStagedRoute: the requests of a buffer whose registration is Staged
+// go to the segment's Staged endpoint, with the staged handle, and never
+// to its Endpoint (nor inline, though the endpoint could copy at once);
+// the other buffers' requests go to Endpoint.
+func TestStagedRoute(t *testing.T) {
+	ep := &fakeEP{}
+	h := newHarness(t, Config{SliceSize: 4096}, ep, true)
+	sep := &fakeEP{rails: 1, out: map[uint64]bool{}, mem: ep.mem, base: ep.base}
+	t.Cleanup(func() { sep.Close(); sep.wg.Wait() })
+	seg, err := h.segs.Open("staged", h.seg.Desc(), 0, 0, ep, sep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := make([]byte, 3*4096)
+	for i := range dev {
+		dev[i] = byte(i*7 + 1)
+	}
+	db, err := h.bufs.Register(dev, "cuda:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Regs[0].Store(&segtable.Registration{Handle: 77, Staged: true})
+	want := bytes.Clone(dev)
+	w := h.write(1, 0, 0, 3*4096)
+	w.Segment, w.Buffer = seg.ID, db.ID
+	plain := h.write(2, 0, 3*4096, 8)
+	plain.Segment = seg.ID
+	rd := w
+	rd.Op, rd.UserData, rd.Remote = sq.Read, 3, w.Remote+4096
+	h.submit(w, plain, rd)
+	for _, c := range h.collect(3) {
+		if c.Code != cq.CodeOK {
+			t.Errorf("request %d: %v", c.UserData, c.Err())
+		}
+	}
+	// The fake moves slices in the order posted: the WRITE, then the READ
+	// of its last two thirds.
+	if !bytes.Equal(h.remote[:3*4096], want) {
+		t.Error("the staged WRITE's bytes did not land")
+	}
+	if !bytes.Equal(dev[:2*4096], want[4096:]) {
+		t.Error("the staged READ's bytes did not land")
+	}
+	sp := sep.postsCopy()
+	if len(sp) != 6 {
+		t.Fatalf("%d slices posted to the staged endpoint, want 6 (two requests of 3 slices)", len(sp))
+	}
+	for _, s := range sp {
+		if s.LocalHandle != 77 {
+			t.Errorf("staged slice with local handle %d, want 77", s.LocalHandle)
+		}
+	}
+	if n := len(ep.postsCopy()); n != 1 {
+		t.Errorf("%d slices posted to the segment's endpoint, want 1 (the plain WRITE)", n)
 	}
 }
 

@@ -48,6 +48,12 @@ const MaxTransports = 8
 type Registration struct {
 	Handle uint64
 	Key    string
+	// Staged marks memory the slot's transport cannot reach itself (GPU
+	// memory, for a transport of host memory): requests on it take the
+	// segment's Staged endpoint, which moves it through host buffers, and
+	// Handle is the staging transport's. The slot's transport never saw
+	// the registration, so there is nothing to unregister from it.
+	Staged bool
 }
 
 // Buffer is one registered range of local memory. Its fields other than

@@ -14,6 +14,10 @@ type Segment[E any] struct {
 	ID       SegmentID
 	Name     string
 	Endpoint E
+	// Staged, when set, is the endpoint for requests whose local buffer's
+	// registration is Staged (see Registration): it moves them over
+	// Endpoint through host buffers.
+	Staged E
 	// Transport is the slot of the transport that owns Endpoint.
 	Transport int
 	// SliceSize is the slice size of that transport; 0 means the default.
@@ -66,9 +70,10 @@ type Segments[E any] struct {
 	local atomic.Pointer[Segment[E]]
 }
 
-// Open adds a segment and returns it with its new ID.
-func (ss *Segments[E]) Open(name string, desc *SegmentDesc, transportSlot int, sliceSize uint64, ep E) (*Segment[E], error) {
-	s := &Segment[E]{Name: name, Endpoint: ep, Transport: transportSlot, SliceSize: sliceSize}
+// Open adds a segment and returns it with its new ID. staged is its Staged
+// endpoint, the zero E for none.
+func (ss *Segments[E]) Open(name string, desc *SegmentDesc, transportSlot int, sliceSize uint64, ep, staged E) (*Segment[E], error) {
+	s := &Segment[E]{Name: name, Endpoint: ep, Staged: staged, Transport: transportSlot, SliceSize: sliceSize}
 	s.desc.Store(desc)
 	ss.t.mu.Lock()
 	defer ss.t.mu.Unlock()

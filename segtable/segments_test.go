@@ -32,11 +32,11 @@ func TestSegments(t *testing.T) {
 		t.Fatal("a refused Close removed the local segment")
 	}
 
-	a, err := ss.Open("a", desc("a"), 1, 0, endpoint{"a:1"})
+	a, err := ss.Open("a", desc("a"), 1, 0, endpoint{"a:1"}, endpoint{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := ss.Open("b", desc("b"), 3, 1<<20, endpoint{"b:1"})
+	b, err := ss.Open("b", desc("b"), 3, 1<<20, endpoint{"b:1"}, endpoint{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestSegments(t *testing.T) {
 		t.Fatalf("second Close = %v, want ErrNotFound", err)
 	}
 	// The slot is reused under a new ID; the old one stays dead.
-	a2, err := ss.Open("a", desc("a"), 1, 0, endpoint{"a:2"})
+	a2, err := ss.Open("a", desc("a"), 1, 0, endpoint{"a:2"}, endpoint{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestSegments(t *testing.T) {
 
 func TestSegmentCloseBusy(t *testing.T) {
 	var ss segtable.Segments[endpoint]
-	s, err := ss.Open("a", desc("a"), 0, 0, endpoint{})
+	s, err := ss.Open("a", desc("a"), 0, 0, endpoint{}, endpoint{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestSegmentCloseBusy(t *testing.T) {
 func TestSegmentsBusy(t *testing.T) {
 	busy := true
 	ss := segtable.Segments[endpoint]{Busy: func(*segtable.Segment[endpoint]) bool { return busy }}
-	s, err := ss.Open("a", desc("a"), 0, 0, endpoint{})
+	s, err := ss.Open("a", desc("a"), 0, 0, endpoint{}, endpoint{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestSegmentsBusy(t *testing.T) {
 
 func TestSegmentResolve(t *testing.T) {
 	var ss segtable.Segments[endpoint]
-	s, err := ss.Open("a", desc("a", segtable.BufferDesc{Addr: 0x1000, Length: 0x100}), 0, 0, endpoint{})
+	s, err := ss.Open("a", desc("a", segtable.BufferDesc{Addr: 0x1000, Length: 0x100}), 0, 0, endpoint{}, endpoint{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestSegmentIDsNeverReused(t *testing.T) {
 	seen := map[segtable.SegmentID]bool{}
 	var old []segtable.SegmentID
 	for i := range 5000 {
-		s, err := ss.Open("x", desc("x"), 0, 0, endpoint{})
+		s, err := ss.Open("x", desc("x"), 0, 0, endpoint{}, endpoint{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -286,6 +286,30 @@ type DeviceMemory interface {
 	FreeDevice(b []byte) error
 }
 
+// Stager is implemented by DeviceMemory transports that can also move
+// their memory through pinned host memory, so that it may be the local
+// side of requests over transports that reach only host memory (TCP,
+// shared memory). The engine registers the staging arena, local only,
+// with the other transports, gives device buffers a Staged registration
+// (segtable.Registration) carrying the stager's own Handle on each
+// transport that does not serve them, and gives each segment opened
+// through such a transport a Staged endpoint from Stage.
+type Stager interface {
+	// StagingArena returns the pinned host memory staged slices pass
+	// through, made on the first call. It lives until the transport's
+	// Close.
+	StagingArena() ([]byte, error)
+	// Stage returns an endpoint that moves slices whose local side is
+	// device memory registered with the stager (LocalHandle is its
+	// Handle) over ep, through the arena: a WRITE's bytes are copied off
+	// the device, then posted to ep; a READ lands in the arena, then is
+	// copied to the device. arena is the arena's handle on ep's
+	// transport; maxSlice the largest slice the engine will post (Stage
+	// fails when the stager cannot take such slices). The endpoint lives
+	// until its Close, which does not close ep, or the transport's Close.
+	Stage(ep Endpoint, arena, maxSlice uint64) (Endpoint, error)
+}
+
 // Serves reports whether t may register memory at loc: every transport
 // serves CPU memory, and only a DeviceMemory transport that accepts it
 // serves any other.
