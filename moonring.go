@@ -264,6 +264,12 @@ type Engine struct {
 	ringSeq    int
 	watches    map[SegmentID]context.CancelFunc
 	watchWG    sync.WaitGroup
+	// stager, when a transport.Stager is installed (nvlink), moves device
+	// memory over the other transports through arena, its pinned host
+	// memory registered (local only) with every transport.
+	stager     transport.Stager
+	stagerSlot int
+	arena      *segtable.Buffer
 	closed     atomic.Bool
 
 	batches batchTable
@@ -549,15 +555,19 @@ func (e *Engine) InstallTransport(t transport.Transport) error {
 		reg, err := t.Register(b)
 		if err != nil {
 			for _, b := range bufs[:i] {
-				if r := b.Regs[slot].Swap(nil); r != nil {
-					t.Unregister(b, *r)
-				}
+				e.unregisterFrom(t, slot, b)
 			}
 			return fmt.Errorf("moonring: install %s: register buffer %d: %w", t.Name(), b.ID, err)
 		}
 		b.Regs[slot].Store(&reg)
 	}
 	e.transports[slot] = t
+	if st, ok := t.(transport.Stager); ok && e.stager == nil {
+		e.startStaging(st, slot)
+	}
+	for _, b := range e.buffers.All() {
+		e.stage(b)
+	}
 	if h, ok := t.(transport.Poller); ok {
 		for _, p := range e.pollers {
 			p.AddHook(h)
@@ -592,10 +602,16 @@ func (e *Engine) UninstallTransport(name string) error {
 		return fmt.Errorf("moonring: uninstall %s: segments are open through it: %w", name, ErrBusy)
 	}
 	t := e.transports[slot]
-	for _, b := range e.buffers.All() {
-		if r := b.Regs[slot].Swap(nil); r != nil {
-			t.Unregister(b, *r)
+	if slot == e.stagerSlot && e.stager != nil {
+		staged := false
+		e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) { staged = staged || s.Staged != nil })
+		if staged {
+			return fmt.Errorf("moonring: uninstall %s: segments stage GPU memory through it: %w", name, ErrBusy)
 		}
+		e.stopStaging()
+	}
+	for _, b := range e.buffers.All() {
+		e.unregisterFrom(t, slot, b)
 	}
 	e.transports[slot] = nil
 	if h, ok := t.(transport.Poller); ok {
@@ -682,6 +698,7 @@ func (e *Engine) RegisterLocalMemoryBatch(specs []BufferSpec) ([]BufferID, error
 			}
 			b.Regs[slot].Store(&reg)
 		}
+		e.stage(b)
 		remote = remote || s.Remote
 	}
 	ids := make([]BufferID, len(done))
@@ -702,14 +719,83 @@ func (e *Engine) RegisterLocalMemoryBatch(specs []BufferSpec) ([]BufferID, error
 func (e *Engine) unregisterLocked(b *segtable.Buffer) error {
 	var err error
 	for slot, t := range e.transports {
-		if r := b.Regs[slot].Swap(nil); r != nil && t != nil {
-			err = errors.Join(err, t.Unregister(b, *r))
-		}
+		err = errors.Join(err, e.unregisterFrom(t, slot, b))
 	}
 	if _, uerr := e.buffers.Unregister(context.Background(), b.ID); uerr != nil {
 		err = errors.Join(err, uerr)
 	}
 	return err
+}
+
+// unregisterFrom drops b's registration with t in slot; a staged one was
+// never t's. mu must be held.
+func (e *Engine) unregisterFrom(t transport.Transport, slot int, b *segtable.Buffer) error {
+	if r := b.Regs[slot].Swap(nil); r != nil && !r.Staged && t != nil {
+		return t.Unregister(b, *r)
+	}
+	return nil
+}
+
+// startStaging makes st the engine's stager: its arena is registered,
+// local only, with every transport. Without an arena (the host cannot pin
+// it) device memory reaches only st's own peers, as the log says. mu must
+// be held.
+func (e *Engine) startStaging(st transport.Stager, slot int) {
+	mem, err := st.StagingArena()
+	if err == nil {
+		var b *segtable.Buffer
+		if b, err = e.buffers.Register(mem, segtable.CPU(0), false); err == nil {
+			for s, t := range e.transports {
+				if t == nil || err != nil {
+					continue
+				}
+				var reg segtable.Registration
+				if reg, err = t.Register(b); err == nil {
+					b.Regs[s].Store(&reg)
+				}
+			}
+			if err != nil {
+				e.unregisterLocked(b)
+			} else {
+				e.stager, e.stagerSlot, e.arena = st, slot, b
+				return
+			}
+		}
+	}
+	e.cfg.Logger.Warn("moonring: no staging of device memory over the other transports", "reason", err)
+}
+
+// stopStaging undoes startStaging: no segment has a staged endpoint any
+// more. mu must be held.
+func (e *Engine) stopStaging() {
+	for _, b := range e.buffers.All() {
+		for slot := range e.transports {
+			if r := b.Regs[slot].Load(); r != nil && r.Staged {
+				b.Regs[slot].Store(nil)
+			}
+		}
+	}
+	e.unregisterLocked(e.arena)
+	e.stager, e.arena = nil, nil
+}
+
+// stage gives b, memory that only the stager serves, a staged
+// registration on each transport that the arena is registered with and b
+// is not. mu must be held.
+func (e *Engine) stage(b *segtable.Buffer) {
+	if kind, _, err := b.Location.Parse(); err != nil || kind == "cpu" || e.stager == nil {
+		return
+	}
+	own := b.Regs[e.stagerSlot].Load()
+	if own == nil {
+		return
+	}
+	for slot, t := range e.transports {
+		if t == nil || b.Regs[slot].Load() != nil || e.arena.Regs[slot].Load() == nil {
+			continue
+		}
+		b.Regs[slot].Store(&segtable.Registration{Handle: own.Handle, Staged: true})
+	}
 }
 
 // UnregisterLocalMemory unregisters the buffer that starts at buf's first
@@ -744,10 +830,8 @@ func (e *Engine) UnregisterLocalMemoryBatch(ctx context.Context, bufs [][]byte) 
 		}
 		e.mu.Lock()
 		for slot, t := range e.transports {
-			if r := b.Regs[slot].Swap(nil); r != nil && t != nil {
-				if terr := t.Unregister(b, *r); terr != nil {
-					err = errors.Join(err, fmt.Errorf("moonring: unregister memory from %s: %w", t.Name(), terr))
-				}
+			if terr := e.unregisterFrom(t, slot, b); terr != nil {
+				err = errors.Join(err, fmt.Errorf("moonring: unregister memory from %s: %w", t.Name(), terr))
 			}
 		}
 		e.mu.Unlock()
@@ -797,9 +881,10 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 			continue
 		}
 		size := t.SliceSize()
-		s, err := e.segments.Open(desc.Name, desc, slot, size, ep, nil)
+		staged := e.stageEndpoint(ep, slot, size)
+		s, err := e.segments.Open(desc.Name, desc, slot, size, ep, staged)
 		if err != nil {
-			ep.Close()
+			closeSegment(ep, staged)
 			return 0, fmt.Errorf("moonring: open segment %q: %w", desc.Name, err)
 		}
 		e.watch(s)
@@ -807,6 +892,38 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 		return s.ID, nil
 	}
 	return 0, fmt.Errorf("moonring: open segment %q (store %s): %w", name, e.cfg.Metadata, errors.Join(append([]error{ErrNoTransport}, errs...)...))
+}
+
+// stageEndpoint returns the Staged endpoint for a segment reached through
+// ep of the transport in slot (slices of size bytes, 0 for the default),
+// or nil when device memory does not go through it. mu must be held.
+func (e *Engine) stageEndpoint(ep transport.Endpoint, slot int, size uint64) transport.Endpoint {
+	if e.stager == nil || slot == e.stagerSlot {
+		return nil
+	}
+	arena := e.arena.Regs[slot].Load()
+	if arena == nil {
+		return nil
+	}
+	if size == 0 {
+		size = e.cfg.SliceSize
+	}
+	staged, err := e.stager.Stage(ep, arena.Handle, ring.MaxSlice(size))
+	if err != nil {
+		e.cfg.Logger.Warn("moonring: device memory will not reach this segment", "transport", e.transports[slot].Name(), "reason", err)
+		return nil
+	}
+	return staged
+}
+
+// closeSegment closes a segment's endpoints: the staged one first, as it
+// posts to the other.
+func closeSegment(ep, staged transport.Endpoint) error {
+	var err error
+	if staged != nil {
+		err = staged.Close()
+	}
+	return errors.Join(err, ep.Close())
 }
 
 // watch follows the segment's descriptor in the store. mu must be held.
@@ -870,7 +987,7 @@ func (e *Engine) CloseSegment(ctx context.Context, id SegmentID) error {
 		delete(e.watches, id)
 	}
 	e.mu.Unlock()
-	return s.Endpoint.Close()
+	return closeSegment(s.Endpoint, s.Staged)
 }
 
 // Alloc returns size bytes of memory for RegisterLocalMemory. On a GPU
@@ -974,7 +1091,7 @@ func (e *Engine) Close() error {
 		cancel()
 	}
 	e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) {
-		s.Endpoint.Close()
+		closeSegment(s.Endpoint, s.Staged)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()

@@ -30,13 +30,13 @@ func TestMockCUDA(t *testing.T) {
 		t.Fatalf("build the CUDA model: %v\n%s", err, out)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestGPU", "-test.v", "-test.count=1",
-		"-test.bench", "NVLink|RawDtoD", "-test.benchtime", "2x")
+		"-test.bench", "NVLink|RawDtoD|StagedTCP", "-test.benchtime", "2x")
 	cmd.Env = append(os.Environ(), libraryEnv+"="+lib)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("GPU tests against the model: %v\n%s", err, out)
 	}
-	for _, want := range []string{"--- PASS: TestGPUDriverError", "--- PASS: TestGPUTwoProcesses", "--- PASS: TestGPUStagingTCP", "BenchmarkNVLinkWrite", "BenchmarkNVLinkRead", "BenchmarkRawDtoD"} {
+	for _, want := range []string{"--- PASS: TestGPUDriverError", "--- PASS: TestGPUTwoProcesses", "--- PASS: TestGPUStagingTCP", "--- PASS: TestGPUEngineStaging", "BenchmarkNVLinkWrite", "BenchmarkNVLinkRead", "BenchmarkRawDtoD", "BenchmarkStagedTCP"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("no %q in the output:\n%s", want, out)
 		}

@@ -22,8 +22,8 @@ func stagedTCP(t *testing.T, tr *Transport, chunk, size int, put, get func(dev u
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(arenaMem)/chunk >= size/chunk {
-		t.Fatalf("an arena of %d chunks for %d slices: chunks would not be reused", len(arenaMem)/chunk, size/chunk)
+	if n := tr.cfg.StagingBuffers; n >= size/chunk {
+		t.Fatalf("an arena of %d chunks for %d slices: chunks would not be reused", n, size/chunk)
 	}
 	ti, err := tcp.New(tcp.Config{})
 	if err != nil {

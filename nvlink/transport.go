@@ -25,8 +25,10 @@ const (
 	DefaultMaxBuffers   = 4096
 	DefaultDrainTimeout = 10 * time.Second
 	// DefaultStagingChunk and DefaultStagingBuffers size the staging
-	// arena: 8 chunks of 4 MiB, 32 MiB pinned.
-	DefaultStagingChunk   = 4 << 20
+	// arena: 8 chunks of 8 MiB, 64 MiB pinned. A chunk holds the longest
+	// slice of the host-memory transports' default slice sizes (shm's 4
+	// MiB, which the engine may stretch by a quarter).
+	DefaultStagingChunk   = 8 << 20
 	DefaultStagingBuffers = 8
 )
 

@@ -691,6 +691,15 @@ func sliceCount(n, size uint64) uint32 {
 	return uint32(c)
 }
 
+// MaxSlice returns the longest slice a ring posts with slice size size:
+// a tail shorter than a quarter slice joins the slice before it.
+func MaxSlice(size uint64) uint64 {
+	if size < 4 {
+		return size
+	}
+	return size + size/4 - 1
+}
+
 // sliceRange returns the offset and length of slice i of a request.
 func sliceRange(n, size uint64, count, i uint32) (off, length uint64) {
 	off = uint64(i) * size

@@ -77,8 +77,8 @@ func TestSlicingModel(t *testing.T) {
 					return fmt.Sprintf("n=%d size=%d: slice %d is empty", n, size, i)
 				case c > 1 && l < size/4:
 					return fmt.Sprintf("n=%d size=%d: slice %d of %d has %d bytes, under a quarter slice", n, size, i, c, l)
-				case l > size && l >= size+size/4:
-					return fmt.Sprintf("n=%d size=%d: slice %d has %d bytes: more than a merged tail allows", n, size, i, l)
+				case l > MaxSlice(size):
+					return fmt.Sprintf("n=%d size=%d: slice %d has %d bytes: more than MaxSlice's %d", n, size, i, l, MaxSlice(size))
 				case [2]uint64{off, l} != want[i]:
 					return fmt.Sprintf("n=%d size=%d: slice %d is [%d,+%d), model [%d,+%d)", n, size, i, off, l, want[i][0], want[i][1])
 				}
@@ -94,6 +94,20 @@ func TestSlicingModel(t *testing.T) {
 		gen.UInt64(),
 	))
 	props.TestingRun(t)
+}
+
+// TestMaxSlice: MaxSlice is reached (a request of that length is one
+// slice) and one byte more is cut in two.
+func TestMaxSlice(t *testing.T) {
+	for _, size := range []uint64{1, 2, 3, 4, 5, 7, 8, 4096, 64 << 10, 1 << 20, 4<<20 + 3} {
+		m := MaxSlice(size)
+		if c := sliceCount(m, size); c != 1 {
+			t.Errorf("size %d: a request of MaxSlice %d bytes is %d slices, want 1", size, m, c)
+		}
+		if c := sliceCount(m+1, size); c != 2 {
+			t.Errorf("size %d: a request of MaxSlice+1 = %d bytes is %d slices, want 2", size, m+1, c)
+		}
+	}
 }
 
 // TestSlicingLarge checks the structure of slicings too long to enumerate,

@@ -20,11 +20,15 @@
 #
 #      It prints the GPU, runs every test of the package (the GPU ones must
 #      PASS, not skip: two processes on GPU 0 with WRITE and READ checked
-#      byte for byte, device and host memory as the local side, GPU <-> host
-#      staging through the TCP transport on loopback), then the benchmarks
+#      byte for byte, device and host memory as the local side, GPU memory
+#      staged over the TCP transport on loopback, by itself and through
+#      two engines), then the benchmarks
 #      at 64 MiB: NVLinkWrite and NVLinkRead through CUDA IPC against
 #      RawDtoD (cuMemcpyDtoDAsync in one process), each at depth 1 and 4,
-#      and the ratio against the 90 % target. It takes about two minutes.
+#      and the ratio against the 90 % target; then StagedTCP: 64 MiB
+#      requests between two engines over TCP on loopback from GPU memory
+#      (staged) beside the same from host memory. It takes about two
+#      minutes.
 #      The log comes back as $OUT/gpu-check.log (and on stdout); put the
 #      figures in BENCHMARKS.md (nvlink section) with the date.
 #
@@ -69,7 +73,7 @@ run() {
 		echo "gpu-check: tests FAILED; the full log follows" | tee -a "$log"
 		tail -n 200 "$out/tests.log" | tee -a "$log"
 	fi
-	(cd nvlink && timeout 150 "../$bin/nvlink.test" -test.run '^$' -test.bench 'NVLinkWrite|NVLinkRead|RawDtoD' \
+	(cd nvlink && timeout 150 "../$bin/nvlink.test" -test.run '^$' -test.bench 'NVLinkWrite|NVLinkRead|RawDtoD|StagedTCP' \
 		-test.benchtime 1s -test.count 3 -test.timeout 140s) >"$out/bench.log" 2>&1 || status=1
 	grep -E '^Benchmark|^(ok|FAIL|PASS)|Error|error' "$out/bench.log" | tee -a "$log"
 	# Mean MB/s per benchmark, and each NVLink figure against the raw copy
@@ -82,6 +86,12 @@ run() {
 		for (k in sum) mean[k] = sum[k] / n[k]
 		for (k in mean) printf "%-36s %10.0f MB/s (mean of %d)\n", k, mean[k], n[k]
 		for (k in mean) {
+			if (k ~ /StagedTCP\/gpu\//) {
+				raw = k; sub(/\/gpu\//, "/host/", raw)
+				if (raw in mean && mean[raw] > 0)
+					printf "%-36s %5.1f %% of %s (staging through pinned host memory)\n", k, 100 * mean[k] / mean[raw], raw
+				continue
+			}
 			if (k !~ /NVLink/) continue
 			raw = k; sub(/NVLink(Write|Read)/, "RawDtoD", raw)
 			if (!(raw in mean) || mean[raw] == 0) continue

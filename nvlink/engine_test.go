@@ -1,0 +1,270 @@
+package nvlink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/tcp"
+)
+
+// stagingPair is two engines in this process: a, with TCP and tr
+// installed, and b, with TCP and dst registered remote-accessible; seg is
+// b's segment as a opens it, through TCP, which reaches only host memory,
+// so a stages GPU memory through tr's arena.
+type stagingPair struct {
+	a, b *moonring.Engine
+	dst  []byte
+	seg  moonring.SegmentID
+}
+
+func newStagingPair(tb testing.TB, tr *Transport, size int) *stagingPair {
+	tb.Helper()
+	name := fmt.Sprintf("%s-%d", tb.Name(), time.Now().UnixNano())
+	p := &stagingPair{dst: make([]byte, size)}
+	var err error
+	if p.b, err = moonring.New(moonring.Config{Name: name + "-b", TCP: &tcp.Config{}}); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.b.Close() })
+	if p.a, err = moonring.New(moonring.Config{Name: name + "-a", TCP: &tcp.Config{}, Transports: []string{"tcp"}}); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.a.Close() })
+	if err := p.a.InstallTransport(tr); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := p.b.RegisterLocalMemory(p.dst, "cpu:0", true); err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if p.seg, err = p.a.OpenSegment(ctx, name+"-b"); err != nil {
+		tb.Fatal(err)
+	}
+	if tn, err := p.a.SegmentTransport(p.seg); tn != tcp.Name || err != nil {
+		tb.Fatalf("segment reached through %q (%v), want tcp", tn, err)
+	}
+	return p
+}
+
+// alloc returns size bytes of a's memory at loc, registered.
+func (p *stagingPair) alloc(tb testing.TB, size int, loc moonring.Location) []byte {
+	tb.Helper()
+	mem, err := p.a.Alloc(size, loc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := p.a.RegisterLocalMemory(mem, loc, false); err != nil {
+		tb.Fatal(err)
+	}
+	return mem
+}
+
+// req is a request between a's mem and the same offset of b's dst.
+func (p *stagingPair) req(op moonring.Opcode, mem []byte, off, n int) moonring.TransferRequest {
+	return moonring.TransferRequest{Opcode: op, Source: moonring.AddressOf(mem) + uintptr(off), TargetID: p.seg,
+		TargetOffset: uint64(moonring.AddressOf(p.dst)) + uint64(off), Length: uint64(n)}
+}
+
+// engineStaging moves GPU memory between an engine and another engine's
+// host memory over TCP (a stagingPair): the batch API WRITEs size bytes
+// from GPU 0 and READs them back, whole and from an unaligned offset. put
+// and get fill and read GPU memory.
+func engineStaging(t *testing.T, tr *Transport, size int, put, get func(dev unsafe.Pointer, data []byte)) {
+	t.Helper()
+	p := newStagingPair(t, tr, size)
+	mem := p.alloc(t, size, "cuda:0")
+	dst := p.dst
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dev := unsafe.Pointer(unsafe.SliceData(mem))
+	put(dev, pattern(3, size))
+	if err := p.a.Transfer(ctx, p.req(moonring.Write, mem, 0, size)); err != nil {
+		t.Fatalf("WRITE from GPU memory over TCP: %v", err)
+	}
+	if i := firstDiff(dst, pattern(3, size)); i >= 0 {
+		t.Fatalf("WRITE from GPU memory over TCP: byte %d differs", i)
+	}
+	copy(dst, pattern(5, size))
+	if err := p.a.Transfer(ctx, p.req(moonring.Read, mem, 0, size)); err != nil {
+		t.Fatalf("READ into GPU memory over TCP: %v", err)
+	}
+	got := make([]byte, size)
+	get(dev, got)
+	if i := firstDiff(got, pattern(5, size)); i >= 0 {
+		t.Fatalf("READ into GPU memory over TCP: byte %d differs", i)
+	}
+	// Unaligned, several requests at once, both ways.
+	copy(dst, pattern(7, size))
+	const off = 1001
+	n := size/2 - 3*off
+	if err := p.a.Transfer(ctx, p.req(moonring.Read, mem, off, n), p.req(moonring.Write, mem, size/2+off, n)); err != nil {
+		t.Fatalf("unaligned READ and WRITE: %v", err)
+	}
+	get(dev, got)
+	want := pattern(7, size)
+	if i := firstDiff(got[off:off+n], want[off:off+n]); i >= 0 {
+		t.Fatalf("unaligned READ: byte %d differs", off+i)
+	}
+	if i := firstDiff(dst[size/2+off:size/2+off+n], pattern(5, size)[size/2+off:size/2+off+n]); i >= 0 {
+		t.Fatalf("unaligned WRITE: byte %d differs", size/2+off+i)
+	}
+	if err := p.a.UnregisterLocalMemory(ctx, mem); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.a.Free(mem); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEngineStaging runs engineStaging on the fake driver.
+func TestEngineStaging(t *testing.T) {
+	fake := newFake(1)
+	tr, err := newTransport(Config{StagingChunk: 2 << 20, StagingBuffers: 3}, fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // after the engines' Close, which Cleanup runs first
+		if err := fake.leaks(); err != nil {
+			t.Errorf("after the engine closed: %v", err)
+		}
+	})
+	host := func(p unsafe.Pointer, n int) []byte { return unsafe.Slice((*byte)(p), n) }
+	engineStaging(t, tr, 8<<20+4096,
+		func(p unsafe.Pointer, data []byte) { copy(host(p, len(data)), data) },
+		func(p unsafe.Pointer, data []byte) { copy(data, host(p, len(data))) })
+}
+
+// TestGPUEngineStaging runs engineStaging on the GPU (or the C model).
+func TestGPUEngineStaging(t *testing.T) {
+	tr := openGPU(t)
+	engineStaging(t, tr, 64<<20+4096, func(dev unsafe.Pointer, data []byte) {
+		if err := syncCopy(tr, 0, dev, data, true); err != nil {
+			t.Fatal(err)
+		}
+	}, func(dev unsafe.Pointer, data []byte) {
+		if err := syncCopy(tr, 0, dev, data, false); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestEngineStagingLifecycle: the staging registrations follow the
+// transports: TCP installed after the GPU buffer was registered still
+// stages it; nvlink cannot be uninstalled while a segment stages through
+// it, can once it is closed, and then GPU memory reaches nothing; the
+// engine's Close frees the arena (the fake's leak check).
+func TestEngineStagingLifecycle(t *testing.T) {
+	fake := newFake(1)
+	tr, err := newTransport(Config{StagingChunk: 2 << 20, StagingBuffers: 2}, fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
+	b, err := moonring.New(moonring.Config{Name: name + "-b", TCP: &tcp.Config{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a, err := moonring.New(moonring.Config{Name: name + "-a", Transports: []string{"tcp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.InstallTransport(tr); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := a.Alloc(1<<20, "cuda:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RegisterLocalMemory(mem, "cuda:0", false); err != nil {
+		t.Fatal(err)
+	}
+	ti, err := tcp.New(tcp.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.InstallTransport(ti); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, 1<<20)
+	if _, err := b.RegisterLocalMemory(dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	seg, err := a.OpenSegment(ctx, name+"-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(mem, pattern(9, len(mem))) // the fake's device memory is Go memory
+	w := moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(mem), TargetID: seg,
+		TargetOffset: uint64(moonring.AddressOf(dst)), Length: uint64(len(mem))}
+	if err := a.Transfer(ctx, w); err != nil {
+		t.Fatalf("WRITE over TCP installed after the GPU buffer: %v", err)
+	}
+	if i := firstDiff(dst, mem); i >= 0 {
+		t.Fatalf("byte %d differs", i)
+	}
+	if err := a.UninstallTransport(Name); !errors.Is(err, moonring.ErrBusy) {
+		t.Fatalf("uninstall nvlink while a segment stages through it: %v, want ErrBusy", err)
+	}
+	if err := a.CloseSegment(ctx, seg); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.UninstallTransport(Name); err != nil {
+		t.Fatalf("uninstall nvlink: %v", err)
+	}
+	if err := fake.leaks(); err != nil {
+		t.Errorf("after nvlink was uninstalled: %v", err)
+	}
+	if w.TargetID, err = a.OpenSegment(ctx, name+"-b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Transfer(ctx, w); !errors.Is(err, moonring.ErrNoTransport) {
+		t.Errorf("WRITE from GPU memory with nvlink gone: %v, want ErrNoTransport", err)
+	}
+}
+
+// BenchmarkStagedTCP moves 64 MiB requests between this engine and
+// another over TCP on loopback, from and to GPU memory (staged through
+// pinned chunks) and, as the baseline in the same run, from and to host
+// memory on the same path: the ratio is what staging costs.
+func BenchmarkStagedTCP(b *testing.B) {
+	tr := openGPU(b)
+	const size = 64 << 20
+	p := newStagingPair(b, tr, size)
+	gpu := p.alloc(b, size, "cuda:0")
+	host := p.alloc(b, size, "cpu:0")
+	for i := range host {
+		host[i] = byte(i)
+	}
+	if err := syncCopy(tr, 0, unsafe.Pointer(unsafe.SliceData(gpu)), host, true); err != nil {
+		b.Fatal(err)
+	}
+	for _, src := range []struct {
+		name string
+		mem  []byte
+	}{{"gpu", gpu}, {"host", host}} {
+		for _, op := range []struct {
+			name string
+			op   moonring.Opcode
+		}{{"write", moonring.Write}, {"read", moonring.Read}} {
+			b.Run(src.name+"/"+op.name, func(b *testing.B) {
+				r := p.req(op.op, src.mem, 0, size)
+				b.SetBytes(size)
+				for b.Loop() {
+					if err := p.a.Transfer(context.Background(), r); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
