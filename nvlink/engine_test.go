@@ -125,7 +125,7 @@ func engineStaging(t *testing.T, tr *Transport, size int, put, get func(dev unsa
 // TestEngineStaging runs engineStaging on the fake driver.
 func TestEngineStaging(t *testing.T) {
 	fake := newFake(1)
-	tr, err := newTransport(Config{StagingChunk: 2 << 20, StagingBuffers: 3}, fake)
+	tr, err := newTransport(Config{StagingUnits: 12}, fake) // 3 MiB: two 1 MiB TCP slices at once
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestGPUEngineStaging(t *testing.T) {
 // engine's Close frees the arena (the fake's leak check).
 func TestEngineStagingLifecycle(t *testing.T) {
 	fake := newFake(1)
-	tr, err := newTransport(Config{StagingChunk: 2 << 20, StagingBuffers: 2}, fake)
+	tr, err := newTransport(Config{StagingUnits: 8}, fake)
 	if err != nil {
 		t.Fatal(err)
 	}

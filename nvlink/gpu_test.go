@@ -400,7 +400,7 @@ func TestGPUTwoProcesses(t *testing.T) {
 // chunks, so chunks are reused.
 func TestGPUStagingTCP(t *testing.T) {
 	cfg := testConfig()
-	cfg.StagingBuffers = 4
+	cfg.StagingUnits = 64 // 16 MiB: four 4 MiB slices at once
 	tr := openGPUWith(t, cfg)
 	defer tr.Close()
 	stagedTCP(t, tr, 4<<20, 32<<20, func(dev unsafe.Pointer, data []byte) {

@@ -15,8 +15,9 @@ import (
 // Staging moves GPU memory over transports that reach only host memory
 // (TCP, shared memory): Transport implements transport.Stager. Its
 // staging arena is one pinned, portable host allocation (cuMemHostAlloc)
-// cut into Config.StagingChunk-byte chunks; each chunk carries one slice
-// at a time through these steps:
+// of Config.StagingUnits units of Config.StagingUnit bytes. A slice takes
+// the run of units it needs (first fit), its chunk, and moves through
+// these steps:
 //
 //	WRITE: device -> chunk (a copy on the GPU's lane), then the inner
 //	       endpoint sends the chunk; done when it completes.
@@ -26,22 +27,23 @@ import (
 // The copies are asynchronous on the GPU's stream and complete through the
 // lane's events, which Poll queries: no goroutine waits on a copy. A step
 // that finds the lane or the inner endpoint full waits in a retry list
-// that Poll works through. With every chunk in use, Post takes fewer
-// slices, and the engine posts the rest later.
+// that Poll works through. With no room in the arena, Post takes fewer
+// slices, and the engine posts the rest later. A chunk is named by its
+// first unit.
 
 // stager is the transport's staging arena and the state of each chunk.
 type stager struct {
 	t     *Transport
 	arena []byte
-	chunk uint64
+	unit  uint64
 	home  *device // the context the arena was pinned in, and is freed in
 
 	mu    sync.Mutex
-	ops   []stagedOp
+	used  []uint64          // a bit per unit: in a chunk
+	ops   []stagedOp        // by a chunk's first unit
 	ins   []transport.Slice // ins[i]: chunk i's slice as the inner endpoint takes it
-	free  []int32
-	retry []int32 // chunks whose next step found no room; Poll retries them
-	spare []int32 // retry's other buffer
+	retry []int32           // chunks whose next step found no room; Poll retries them
+	spare []int32           // retry's other buffer
 	wait  atomic.Int32
 
 	pollMu sync.Mutex // one goroutine works the retry list at a time
@@ -56,6 +58,7 @@ type stagedOp struct {
 	token uint64
 	dev   uintptr // the slice's local side: device memory
 	lane  *lane
+	units int // the chunk's length in units
 	gen   uint32
 	step  stagedStep
 }
@@ -71,8 +74,8 @@ const (
 
 // StagingArena returns the pinned host memory that staged slices pass
 // through (transport.Stager), made on the first call:
-// Config.StagingBuffers chunks of Config.StagingChunk bytes, pinned in GPU
-// 0's context and usable from every GPU's. The engine registers it, local
+// Config.StagingUnits units of Config.StagingUnit bytes, pinned in GPU 0's
+// context and usable from every GPU's. The engine registers it, local
 // only, with the transports it stages over. It lives until Close.
 func (t *Transport) StagingArena() ([]byte, error) {
 	t.mu.Lock()
@@ -92,18 +95,15 @@ func (t *Transport) StagingArena() ([]byte, error) {
 	if err := t.drv.setCurrent(d.ctx); err != nil {
 		return nil, fmt.Errorf("nvlink: staging arena: %w", err)
 	}
-	n := t.cfg.StagingBuffers
-	size := uint64(t.cfg.StagingChunk) * uint64(n)
+	n := t.cfg.StagingUnits
+	size := uint64(t.cfg.StagingUnit) * uint64(n)
 	p, err := t.drv.hostAlloc(size)
 	if err != nil {
 		return nil, fmt.Errorf("nvlink: staging arena: pin %d bytes: %w", size, err)
 	}
-	s := &stager{t: t, arena: unsafe.Slice((*byte)(p), size), chunk: uint64(t.cfg.StagingChunk), home: d,
-		ops: make([]stagedOp, n), ins: make([]transport.Slice, n),
-		free: make([]int32, 0, n), retry: make([]int32, 0, n), spare: make([]int32, 0, n)}
-	for i := n - 1; i >= 0; i-- {
-		s.free = append(s.free, int32(i))
-	}
+	s := &stager{t: t, arena: unsafe.Slice((*byte)(p), size), unit: uint64(t.cfg.StagingUnit), home: d,
+		used: make([]uint64, (n+63)/64), ops: make([]stagedOp, n), ins: make([]transport.Slice, n),
+		retry: make([]int32, 0, n), spare: make([]int32, 0, n)}
 	t.stg.Store(s)
 	return s.arena, nil
 }
@@ -112,7 +112,7 @@ func (t *Transport) StagingArena() ([]byte, error) {
 // with this transport (their LocalHandle is its registration's Handle)
 // over ep, through the staging arena (transport.Stager). arena is the
 // arena's handle on ep's transport; maxSlice the largest slice the engine
-// will post, which must fit a chunk (Config.StagingChunk). Notify slices
+// will post, which must fit the arena. Notify slices
 // go to ep unchanged. Call StagingArena first.
 //
 // The endpoint is safe for concurrent use. It lives until its Close or
@@ -129,8 +129,8 @@ func (t *Transport) Stage(ep transport.Endpoint, arena, maxSlice uint64) (transp
 	if s == nil {
 		return nil, fmt.Errorf("nvlink: stage: no staging arena (call StagingArena first)")
 	}
-	if maxSlice == 0 || maxSlice > s.chunk {
-		return nil, fmt.Errorf("nvlink: stage: slices of %d bytes do not fit staging chunks of %d (Config.StagingChunk)", maxSlice, s.chunk)
+	if maxSlice == 0 || maxSlice > uint64(len(s.arena)) {
+		return nil, fmt.Errorf("nvlink: stage: slices of %d bytes do not fit the staging arena's %d (Config.StagingUnits)", maxSlice, len(s.arena))
 	}
 	e := &stagedEndpoint{s: s, inner: ep, arena: arena}
 	t.staged[e] = struct{}{}
@@ -157,7 +157,7 @@ func (e *stagedEndpoint) Update(*segtable.SegmentDesc) {}
 
 // Post starts each slice's first step: a READ goes to the inner endpoint
 // at once, a WRITE's bytes are first copied off the GPU. It takes fewer
-// slices when every chunk is in use, the GPU's lane is full or the inner
+// slices when the arena has no room, the GPU's lane is full or the inner
 // endpoint takes no more.
 func (e *stagedEndpoint) Post(c transport.Completer, sl []transport.Slice) (int, error) {
 	if !e.use.Acquire() {
@@ -183,14 +183,14 @@ func (e *stagedEndpoint) Post(c transport.Completer, sl []transport.Slice) (int,
 			continue
 		}
 		s.mu.Lock()
-		if len(s.free) == 0 {
+		k := int((x.Length + s.unit - 1) / s.unit)
+		idx := s.take(k)
+		if idx < 0 {
 			s.mu.Unlock()
 			return i, nil
 		}
-		idx := s.free[len(s.free)-1]
-		s.free = s.free[:len(s.free)-1]
 		op := &s.ops[idx]
-		op.ep, op.c, op.token, op.dev, op.lane = e, c, x.Token, uintptr(x.Local), r.dev.lane
+		op.ep, op.c, op.token, op.dev, op.lane, op.units = e, c, x.Token, uintptr(x.Local), r.dev.lane, k
 		op.step = stepToHost
 		if x.Op == transport.Read {
 			op.step = stepInner
@@ -222,7 +222,7 @@ func (e *stagedEndpoint) Post(c transport.Completer, sl []transport.Slice) (int,
 }
 
 // check validates a slice's local side: GPU memory registered with the
-// transport, within its buffer, no longer than a chunk.
+// transport, within its buffer, no longer than the arena.
 func (e *stagedEndpoint) check(x *transport.Slice) (*region, error) {
 	if e.closed.Load() || e.s.t.closed.Load() {
 		return nil, transport.ErrClosed
@@ -238,8 +238,8 @@ func (e *stagedEndpoint) check(x *transport.Slice) (*region, error) {
 	if uintptr(x.Local) < r.addr || x.Length > r.length || off > r.length-x.Length {
 		return nil, fmt.Errorf("nvlink: staged slice: local range outside its buffer: %w", transport.ErrRange)
 	}
-	if x.Length > e.s.chunk {
-		return nil, fmt.Errorf("nvlink: staged slice of %d bytes, chunks of %d: %w", x.Length, e.s.chunk, transport.ErrNotSupported)
+	if x.Length > uint64(len(e.s.arena)) {
+		return nil, fmt.Errorf("nvlink: staged slice of %d bytes, a staging arena of %d: %w", x.Length, len(e.s.arena), transport.ErrNotSupported)
 	}
 	return r, nil
 }
@@ -297,7 +297,40 @@ func (e *stagedEndpoint) Close() error {
 
 // chunkAt returns the first byte of chunk idx.
 func (s *stager) chunkAt(idx int32) unsafe.Pointer {
-	return unsafe.Pointer(&s.arena[uint64(idx)*s.chunk])
+	return unsafe.Pointer(&s.arena[uint64(idx)*s.unit])
+}
+
+// take marks the first run of k free units used and returns its first
+// unit, or -1 when there is none. mu is held.
+func (s *stager) take(k int) int32 {
+	n := len(s.ops)
+	for i := 0; i+k <= n; {
+		if s.used[i/64] == ^uint64(0) && i%64 == 0 {
+			i += 64 // a full word
+			continue
+		}
+		j := 0
+		for j < k && s.used[(i+j)/64]&(1<<((i+j)%64)) == 0 {
+			j++
+		}
+		if j == k {
+			s.mark(i, k, true)
+			return int32(i)
+		}
+		i += j + 1 // past the used unit
+	}
+	return -1
+}
+
+// mark sets or clears units [i, i+k). mu is held.
+func (s *stager) mark(i, k int, used bool) {
+	for u := i; u < i+k; u++ {
+		if used {
+			s.used[u/64] |= 1 << (u % 64)
+		} else {
+			s.used[u/64] &^= 1 << (u % 64)
+		}
+	}
 }
 
 // Complete takes the end of a chunk's step, from the lane (a copy's event
@@ -412,9 +445,9 @@ func (s *stager) finish(idx int32, err error) {
 func (s *stager) release(idx int32) {
 	s.mu.Lock()
 	op := &s.ops[idx]
+	s.mark(int(idx), op.units, false)
 	*op = stagedOp{gen: op.gen + 1}
 	s.ins[idx] = transport.Slice{}
-	s.free = append(s.free, idx)
 	s.mu.Unlock()
 }
 

@@ -3,6 +3,7 @@ package nvlink
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"testing"
 	"time"
 	"unsafe"
@@ -22,7 +23,7 @@ func stagedTCP(t *testing.T, tr *Transport, chunk, size int, put, get func(dev u
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := tr.cfg.StagingBuffers; n >= size/chunk {
+	if n := len(arenaMem) / chunk; n >= size/chunk {
 		t.Fatalf("an arena of %d chunks for %d slices: chunks would not be reused", n, size/chunk)
 	}
 	ti, err := tcp.New(tcp.Config{})
@@ -132,7 +133,7 @@ func stagedTCP(t *testing.T, tr *Transport, chunk, size int, put, get func(dev u
 // is Go memory and whose copies run only when their event is queried.
 func TestStagedTCP(t *testing.T) {
 	fake := newFake(1)
-	p := newPair(t, fake, Config{StagingChunk: 64 << 10, StagingBuffers: 3})
+	p := newPair(t, fake, Config{StagingUnit: 16 << 10, StagingUnits: 12})
 	dev := func(p unsafe.Pointer, n int) []byte { return unsafe.Slice((*byte)(p), n) }
 	stagedTCP(t, p.init, 64<<10, 1<<20+1000,
 		func(p unsafe.Pointer, data []byte) { copy(dev(p, len(data)), data) },
@@ -152,10 +153,10 @@ type stagedFixture struct {
 	hh    uint64
 }
 
-func newStagedFixture(t *testing.T, buffers int) *stagedFixture {
+func newStagedFixture(t *testing.T, units int) *stagedFixture {
 	t.Helper()
 	f := &stagedFixture{fake: newFake(1), inner: &innerEP{}}
-	p := newPair(t, f.fake, Config{StagingChunk: 4096, StagingBuffers: buffers})
+	p := newPair(t, f.fake, Config{StagingUnit: 4096, StagingUnits: units})
 	f.tr = p.init
 	arena, err := f.tr.StagingArena()
 	if err != nil {
@@ -372,7 +373,7 @@ func TestStagedChecks(t *testing.T) {
 		s    transport.Slice
 		want error
 	}{
-		{"longer than a chunk", f.slice(transport.Write, 0, 4097, 1), transport.ErrNotSupported},
+		{"longer than the arena", f.slice(transport.Write, 0, 2*4096+1, 1), transport.ErrNotSupported},
 		{"host memory", transport.Slice{Op: transport.Write, LocalHandle: f.hh, Local: unsafe.Pointer(&f.host[0]), Length: 8, Token: 2}, transport.ErrDenied},
 		{"unknown handle", transport.Slice{Op: transport.Write, LocalHandle: 12345, Local: unsafe.Pointer(&f.mem[0]), Length: 8, Token: 3}, transport.ErrDenied},
 		{"past the buffer", f.slice(transport.Read, len(f.mem)-4, 4, 4), nil},
@@ -391,8 +392,8 @@ func TestStagedChecks(t *testing.T) {
 	if f.inner.posts != 0 {
 		t.Errorf("%d refused slices reached the inner endpoint", f.inner.posts)
 	}
-	if _, err := f.tr.Stage(f.inner, 99, 4097); err == nil {
-		t.Error("Stage for slices longer than a chunk: no error")
+	if _, err := f.tr.Stage(f.inner, 99, 2*4096+1); err == nil {
+		t.Error("Stage for slices longer than the arena: no error")
 	}
 	bare, err := newTransport(Config{}, f.fake)
 	if err != nil {
@@ -447,5 +448,49 @@ func TestStagedClose(t *testing.T) {
 	}
 	if r.n.Load() != 4 {
 		t.Errorf("%d completions, want 4 (each slice once)", r.n.Load())
+	}
+}
+
+// TestStagingUnits checks the arena's first-fit allocation against a
+// model of one bool per unit, over random takes and frees, across word
+// boundaries.
+func TestStagingUnits(t *testing.T) {
+	const n = 150
+	s := &stager{used: make([]uint64, (n+63)/64), ops: make([]stagedOp, n)}
+	model := make([]bool, n)
+	taken := map[int32]int{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for step := 0; step < 20000; step++ {
+		if len(taken) > 0 && rng.IntN(3) == 0 {
+			for i, k := range taken { // any one
+				s.mark(int(i), k, false)
+				for u := int(i); u < int(i)+k; u++ {
+					model[u] = false
+				}
+				delete(taken, i)
+				break
+			}
+			continue
+		}
+		k := 1 + rng.IntN(70)
+		want := int32(-1)
+		for i := 0; i+k <= n && want < 0; i++ {
+			free := true
+			for u := i; u < i+k && free; u++ {
+				free = !model[u]
+			}
+			if free {
+				want = int32(i)
+			}
+		}
+		if got := s.take(k); got != want {
+			t.Fatalf("step %d: take(%d) = %d, the model's first fit %d", step, k, got, want)
+		}
+		if want >= 0 {
+			for u := int(want); u < int(want)+k; u++ {
+				model[u] = true
+			}
+			taken[want] = k
+		}
 	}
 }

@@ -24,12 +24,11 @@ const (
 	DefaultDepth        = 256
 	DefaultMaxBuffers   = 4096
 	DefaultDrainTimeout = 10 * time.Second
-	// DefaultStagingChunk and DefaultStagingBuffers size the staging
-	// arena: 8 chunks of 8 MiB, 64 MiB pinned. A chunk holds the longest
-	// slice of the host-memory transports' default slice sizes (shm's 4
-	// MiB, which the engine may stretch by a quarter).
-	DefaultStagingChunk   = 8 << 20
-	DefaultStagingBuffers = 8
+	// DefaultStagingUnit and DefaultStagingUnits size the staging arena:
+	// 256 units of 256 KiB, 64 MiB pinned, about 50 slices of TCP's
+	// default 1 MiB in flight.
+	DefaultStagingUnit  = 256 << 10
+	DefaultStagingUnits = 256
 )
 
 // maxSlots bounds Config.MaxBuffers and the slots a peer's table may have.
@@ -63,13 +62,13 @@ type Config struct {
 	// DrainTimeout bounds how long Unregister and Close wait for peers'
 	// copies of exported buffers (DefaultDrainTimeout).
 	DrainTimeout time.Duration
-	// StagingChunk is the size of each staging buffer
-	// (DefaultStagingChunk): the largest slice that can be staged, at
-	// least the slice size of every transport staged over.
-	StagingChunk int
-	// StagingBuffers is how many staging buffers the arena holds
-	// (DefaultStagingBuffers): how many staged slices may be in flight.
-	StagingBuffers int
+	// StagingUnit is the grain of the staging arena (DefaultStagingUnit):
+	// a staged slice takes a run of whole units.
+	StagingUnit int
+	// StagingUnits is how many units the arena holds
+	// (DefaultStagingUnits): the arena bounds both the longest slice
+	// that can be staged and the bytes staged at once.
+	StagingUnits int
 }
 
 func (c *Config) defaults() error {
@@ -88,14 +87,14 @@ func (c *Config) defaults() error {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = DefaultDrainTimeout
 	}
-	if c.StagingChunk == 0 {
-		c.StagingChunk = DefaultStagingChunk
+	if c.StagingUnit == 0 {
+		c.StagingUnit = DefaultStagingUnit
 	}
-	if c.StagingBuffers == 0 {
-		c.StagingBuffers = DefaultStagingBuffers
+	if c.StagingUnits == 0 {
+		c.StagingUnits = DefaultStagingUnits
 	}
-	if c.StagingChunk < 0 || c.StagingBuffers < 0 || c.StagingBuffers > 1<<16 || int64(c.StagingChunk)*int64(c.StagingBuffers) > 1<<40 {
-		return fmt.Errorf("nvlink: staging: %d buffers of %d bytes: want up to 65536 buffers and 1 TiB in all", c.StagingBuffers, c.StagingChunk)
+	if c.StagingUnit < 0 || c.StagingUnits < 0 || c.StagingUnits > 1<<16 || int64(c.StagingUnit)*int64(c.StagingUnits) > 1<<40 {
+		return fmt.Errorf("nvlink: staging: %d units of %d bytes: want up to 65536 units and 1 TiB in all", c.StagingUnits, c.StagingUnit)
 	}
 	if c.Depth < 1 || c.Depth&(c.Depth-1) != 0 || c.Depth > 1<<16 {
 		return fmt.Errorf("nvlink: depth %d: want a power of two up to 65536", c.Depth)
