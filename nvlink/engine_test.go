@@ -2,15 +2,170 @@ package nvlink
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/tcp"
 )
+
+// engineChildEnv makes the test binary the target engine of the
+// engine-level NVLink tests (engineChild).
+const engineChildEnv = "NVLINK_ENGINE_CHILD"
+
+// engineChild is a target engine in its own process: nvlink installed,
+// NVLINK_GPU_SIZE bytes of GPU 0's memory from Engine.Alloc registered
+// remote-accessible. It prints its segment descriptor and serves until its
+// standard input closes.
+func engineChild() int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "engine child:", err); return 1 }
+	size, _ := strconv.Atoi(os.Getenv(childSizeEnv))
+	e, err := moonring.New(moonring.Config{Name: fmt.Sprintf("nvlink-engine-%d", os.Getpid())})
+	if err != nil {
+		return fail(err)
+	}
+	defer e.Close()
+	tr, err := New(testConfig())
+	if err != nil {
+		return fail(err)
+	}
+	if err := e.InstallTransport(tr); err != nil {
+		return fail(err)
+	}
+	mem, err := e.Alloc(size, "cuda:0")
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := e.RegisterLocalMemory(mem, "cuda:0", true); err != nil {
+		return fail(err)
+	}
+	d, err := e.Config().Metadata.Get(context.Background(), e.Name())
+	if err != nil {
+		return fail(err)
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(d); err != nil {
+		return fail(err)
+	}
+	io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// enginePair is an engine with nvlink installed and the segment of a
+// target engine in another process (engineChild), opened through nvlink.
+type enginePair struct {
+	tr  *Transport
+	e   *moonring.Engine
+	seg moonring.SegmentID
+	dst uint64 // the target's GPU buffer
+	mem []byte // size bytes of this engine's GPU 0 memory, registered
+}
+
+func newEnginePair(tb testing.TB, size int) *enginePair {
+	tb.Helper()
+	p := &enginePair{tr: openGPU(tb)}
+	c := startChildEnv(tb, engineChildEnv, size)
+	store := metadata.NewMemory()
+	var err error
+	if p.e, err = moonring.New(moonring.Config{Name: fmt.Sprintf("%s-%d", tb.Name(), time.Now().UnixNano()), Metadata: store}); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.e.Close() })
+	if err := p.e.InstallTransport(p.tr); err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := store.Put(ctx, c.desc); err != nil {
+		tb.Fatal(err)
+	}
+	if p.seg, err = p.e.OpenSegment(ctx, c.desc.Name); err != nil {
+		tb.Fatal(err)
+	}
+	if tn, err := p.e.SegmentTransport(p.seg); tn != Name || err != nil {
+		tb.Fatalf("target engine reached through %q (%v), want nvlink", tn, err)
+	}
+	p.dst = c.desc.Buffers[0].Addr
+	if p.mem, err = p.e.Alloc(size, "cuda:0"); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := p.e.RegisterLocalMemory(p.mem, "cuda:0", false); err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
+func (p *enginePair) req(op moonring.Opcode, off, n int) moonring.TransferRequest {
+	return moonring.TransferRequest{Opcode: op, Source: moonring.AddressOf(p.mem) + uintptr(off), TargetID: p.seg, TargetOffset: p.dst + uint64(off), Length: uint64(n)}
+}
+
+// TestGPUEngineNVLink: two engines in two processes, GPU memory to GPU
+// memory through the engine's rings and pollers over CUDA IPC: a WRITE of
+// the whole buffer, then READs of its halves swapped, checked byte for
+// byte.
+func TestGPUEngineNVLink(t *testing.T) {
+	const size = 16 << 20
+	p := newEnginePair(t, size)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dev := unsafe.Pointer(unsafe.SliceData(p.mem))
+	put := func(data []byte) {
+		if err := syncCopy(p.tr, 0, dev, data, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := pattern(21, size)
+	put(want)
+	if err := p.e.Transfer(ctx, p.req(moonring.Write, 0, size)); err != nil {
+		t.Fatalf("WRITE: %v", err)
+	}
+	put(make([]byte, size))
+	h := size / 2
+	r1, r2 := p.req(moonring.Read, 0, h), p.req(moonring.Read, h, h)
+	r1.TargetOffset, r2.TargetOffset = p.dst+uint64(h), p.dst
+	if err := p.e.Transfer(ctx, r1, r2); err != nil {
+		t.Fatalf("READ: %v", err)
+	}
+	got := make([]byte, size)
+	if err := syncCopy(p.tr, 0, dev, got, false); err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(got[:h], want[h:]); i >= 0 {
+		t.Fatalf("first half read back: byte %d differs", i)
+	}
+	if i := firstDiff(got[h:], want[:h]); i >= 0 {
+		t.Fatalf("second half read back: byte %d differs", h+i)
+	}
+}
+
+// BenchmarkEngineNVLink moves 64 MiB requests between two engines in two
+// processes through CUDA IPC, one request at a time through the engine's
+// batch API, rings and pollers: the figure to set beside RawDtoD at depth
+// 1.
+func BenchmarkEngineNVLink(b *testing.B) {
+	p := newEnginePair(b, gpuSize)
+	for _, op := range []struct {
+		name string
+		op   moonring.Opcode
+	}{{"write", moonring.Write}, {"read", moonring.Read}} {
+		b.Run(op.name, func(b *testing.B) {
+			r := p.req(op.op, 0, gpuSize)
+			b.SetBytes(gpuSize)
+			for b.Loop() {
+				if err := p.e.Transfer(context.Background(), r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
 
 // stagingPair is two engines in this process: a, with TCP and tr
 // installed, and b, with TCP and dst registered remote-accessible; seg is

@@ -209,8 +209,15 @@ type child struct {
 
 func startChild(tb testing.TB, size int) *child {
 	tb.Helper()
+	return startChildEnv(tb, childEnv, size)
+}
+
+// startChildEnv starts this test binary as the child that env selects
+// (see TestMain), with size bytes of GPU memory.
+func startChildEnv(tb testing.TB, env string, size int) *child {
+	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childSizeEnv+"="+strconv.Itoa(size))
+	cmd.Env = append(os.Environ(), env+"=1", childSizeEnv+"="+strconv.Itoa(size))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

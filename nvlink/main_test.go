@@ -12,5 +12,9 @@ func TestMain(m *testing.M) {
 		// The target process of the GPU tests: see gpu_test.go.
 		os.Exit(gpuChild())
 	}
+	if os.Getenv(engineChildEnv) != "" {
+		// The target engine of the engine-level GPU tests: engine_test.go.
+		os.Exit(engineChild())
+	}
 	leakcheck.VerifyTestMain(m)
 }

@@ -36,7 +36,7 @@ func TestMockCUDA(t *testing.T) {
 	if err != nil {
 		t.Fatalf("GPU tests against the model: %v\n%s", err, out)
 	}
-	for _, want := range []string{"--- PASS: TestGPUDriverError", "--- PASS: TestGPUTwoProcesses", "--- PASS: TestGPUStagingTCP", "--- PASS: TestGPUEngineStaging", "BenchmarkNVLinkWrite", "BenchmarkNVLinkRead", "BenchmarkRawDtoD", "BenchmarkStagedTCP"} {
+	for _, want := range []string{"--- PASS: TestGPUDriverError", "--- PASS: TestGPUTwoProcesses", "--- PASS: TestGPUStagingTCP", "--- PASS: TestGPUEngineStaging", "--- PASS: TestGPUEngineNVLink", "BenchmarkNVLinkWrite", "BenchmarkNVLinkRead", "BenchmarkRawDtoD", "BenchmarkStagedTCP", "BenchmarkEngineNVLink"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("no %q in the output:\n%s", want, out)
 		}

@@ -176,6 +176,7 @@ var (
 	_ transport.Transport    = (*Transport)(nil)
 	_ transport.Poller       = (*Transport)(nil)
 	_ transport.Stager       = (*Transport)(nil)
+	_ transport.InFlight     = (*Transport)(nil)
 )
 
 // New loads the CUDA driver and returns a transport. Without a usable
@@ -619,6 +620,19 @@ func (t *Transport) Poll() int {
 		n += s.poll()
 	}
 	return n
+}
+
+// InFlight reports whether copies are queued on a GPU or staged slices
+// wait for room (transport.InFlight): the engine's pollers keep polling
+// until they are done, as no event wakes them.
+func (t *Transport) InFlight() bool {
+	for _, d := range t.devs {
+		if d.ready.Load() && d.lane.head.Load() != d.lane.tail.Load() {
+			return true
+		}
+	}
+	s := t.stg.Load()
+	return s != nil && s.wait.Load() != 0
 }
 
 // reclaim drops what endpoints' replaced views used and no copy uses any

@@ -168,3 +168,30 @@ func TestSecondCloseWaits(t *testing.T) {
 	}
 	<-first
 }
+
+// A hook with work in flight (transport.InFlight) keeps the poller
+// polling past its spin; once the work is done it parks. Before, a parked
+// poller looked at hooks once a millisecond, so a GPU copy that outlasted
+// the spin waited up to a millisecond more.
+func TestPollerStaysForInFlight(t *testing.T) {
+	p := NewPoller(PollerConfig{Spin: time.Microsecond})
+	defer p.Stop()
+	h := &inFlightHook{}
+	h.busy.Store(true)
+	p.AddHook(h)
+	parks := p.Stats().Parks
+	n := h.polls.Load() + 3000 // three seconds or more if it parked between
+	waitFor(t, "the hook was not polled", func() bool { return h.polls.Load() >= n })
+	if got := p.Stats().Parks; got > parks+1 { // one park may have begun before AddHook
+		t.Fatalf("the poller parked %d times with work in flight", got-parks)
+	}
+	h.busy.Store(false)
+	waitFor(t, "the poller did not park once the work was done", func() bool { return p.Stats().Parks > parks+1 })
+}
+
+type inFlightHook struct {
+	countHook
+	busy atomic.Bool
+}
+
+func (h *inFlightHook) InFlight() bool { return h.busy.Load() }

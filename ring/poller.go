@@ -285,7 +285,7 @@ func (p *Poller) run() {
 			last = t
 			spin = p.spin()
 		}
-		if p.cfg.Busy || t-last < spin {
+		if p.cfg.Busy || t-last < spin || p.hooksInFlight() {
 			if iter&63 == 0 {
 				runtime.Gosched()
 			}
@@ -342,6 +342,19 @@ func (p *Poller) run() {
 		p.oneP = runtime.GOMAXPROCS(0) == 1
 		spin = p.spin()
 	}
+}
+
+// hooksInFlight reports whether a hook has work in flight that only its
+// Poll sees finish (transport.InFlight): the poller does not park then.
+func (p *Poller) hooksInFlight() bool {
+	if hs := p.hooks.Load(); hs != nil {
+		for _, h := range *hs {
+			if f, ok := h.(transport.InFlight); ok && f.InFlight() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // spin returns how long to poll after the last work before parking. With

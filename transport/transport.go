@@ -269,6 +269,17 @@ type Poller interface {
 	Poll() int
 }
 
+// InFlight is implemented by Pollers whose work in flight only a Poll
+// sees finish, with nothing to wake a parked poller (a GPU's copy events).
+// While InFlight reports true the engine's pollers keep polling instead
+// of parking, as they would while waiting on a completion queue.
+type InFlight interface {
+	Poller
+	// InFlight reports whether work is in flight; it must be cheap (a few
+	// atomic loads) and safe for concurrent use.
+	InFlight() bool
+}
+
 // DeviceMemory is implemented by transports that serve memory outside the
 // CPU's NUMA nodes (GPU memory, "cuda:N"). The engine registers a buffer
 // whose location is not "cpu:N" only with transports whose Accepts says
