@@ -34,7 +34,8 @@
 //
 // # Concurrency
 //
-// A Transport, its Endpoints and its Stagers are safe for concurrent use.
+// A Transport and its Endpoints, staging ones included, are safe for
+// concurrent use.
 // Post may be called by several pollers at once: each slice takes the
 // stream's posting lock for the copy and the event record only. Poll may
 // be called by several pollers at once: one reaps a stream while the others
@@ -52,10 +53,22 @@
 // endpoint's view (a buffer gone, a restarted peer) drops what only the
 // old view used, mappings and the old peer's grant table, once the copies
 // queued with it completed: at once when none is in flight, else in a
-// later Poll or Update. Memory from Alloc and staging buffers
-// live until Free (Stager.Close) or the transport's Close. The grant
+// later Poll or Update. Memory from Alloc lives until Free or the
+// transport's Close; the staging arena until the transport's Close. The grant
 // table file (/dev/shm/moonring-nvlink-*) is removed by Close; a process
 // that dies leaves it behind, harmless and small.
+//
+// # Staging
+//
+// GPU memory is the local side of requests over TCP, shared memory and the
+// other host-memory transports through the staging arena (staged.go):
+// pinned host memory cut in units, a run of units per slice, with the
+// GPU's copies queued on the same lanes and completed by the same Poll.
+// The engine wires it (transport.Stager): it registers the arena, gives
+// GPU buffers a staged registration on the other transports, and gives
+// their segments a staging endpoint around theirs. Transport implements
+// transport.InFlight, so the engine's pollers keep polling while copies
+// are queued: no event would wake a parked one.
 //
 // # Safety
 //
@@ -90,7 +103,6 @@
 // value) and the two-process path run in `make test` against
 // testdata/mockcuda.c, a C model of libcuda built by the test: that checks
 // the bindings against a C ABI, not CUDA's behaviour. On a real GPU the
-// package runs only through scripts/gpu-check.sh; until such a run, how
-// CUDA itself behaves under this code (contexts, IPC, streams, events) is
-// untested.
+// package runs through scripts/gpu-check.sh, on a machine lent for it (an
+// H200, on 2026-11-29: every test passed; figures in BENCHMARKS.md).
 package nvlink

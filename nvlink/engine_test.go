@@ -66,6 +66,7 @@ type enginePair struct {
 	seg moonring.SegmentID
 	dst uint64 // the target's GPU buffer
 	mem []byte // size bytes of this engine's GPU 0 memory, registered
+	id  moonring.BufferID
 }
 
 func newEnginePair(tb testing.TB, size int) *enginePair {
@@ -96,7 +97,7 @@ func newEnginePair(tb testing.TB, size int) *enginePair {
 	if p.mem, err = p.e.Alloc(size, "cuda:0"); err != nil {
 		tb.Fatal(err)
 	}
-	if _, err := p.e.RegisterLocalMemory(p.mem, "cuda:0", false); err != nil {
+	if p.id, err = p.e.RegisterLocalMemory(p.mem, "cuda:0", false); err != nil {
 		tb.Fatal(err)
 	}
 	return p
@@ -146,20 +147,58 @@ func TestGPUEngineNVLink(t *testing.T) {
 }
 
 // BenchmarkEngineNVLink moves 64 MiB requests between two engines in two
-// processes through CUDA IPC, one request at a time through the engine's
-// batch API, rings and pollers: the figure to set beside RawDtoD at depth
-// 1.
+// processes through CUDA IPC: through a ring, with depth requests in
+// flight (an io_uring user reaping its CQ in a loop), to set beside
+// RawDtoD at the same depth; and one request at a time through the batch
+// API's Transfer, which adds a goroutine's wake-up per request.
 func BenchmarkEngineNVLink(b *testing.B) {
 	p := newEnginePair(b, gpuSize)
 	for _, op := range []struct {
 		name string
 		op   moonring.Opcode
-	}{{"write", moonring.Write}, {"read", moonring.Read}} {
-		b.Run(op.name, func(b *testing.B) {
-			r := p.req(op.op, 0, gpuSize)
+		sq   moonring.Op
+	}{{"write", moonring.Write, moonring.OpWrite}, {"read", moonring.Read, moonring.OpRead}} {
+		for _, depth := range []int{1, 4} {
+			b.Run(fmt.Sprintf("%s/depth=%d", op.name, depth), func(b *testing.B) {
+				r, err := p.e.NewRing(moonring.RingConfig{Entries: 16})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer r.Close()
+				e := moonring.Entry{Op: op.sq, Segment: p.seg, Buffer: p.id, Remote: p.dst, Length: gpuSize}
+				cqes := make([]moonring.Completion, 16)
+				reap := func() int {
+					n := r.PeekBatch(cqes)
+					for i := range n {
+						if err := cqes[i].Err(); err != nil {
+							b.Fatalf("completion: %v", err)
+						}
+					}
+					r.Advance(n)
+					return n
+				}
+				inflight := 0
+				b.SetBytes(gpuSize)
+				b.ResetTimer()
+				for range b.N { // not b.Loop: the timer must run until the last completion
+					for inflight >= depth {
+						inflight -= reap()
+					}
+					if err := r.SubmitOne(&e); err != nil {
+						b.Fatal(err)
+					}
+					inflight++
+				}
+				for inflight > 0 {
+					inflight -= reap()
+				}
+			})
+		}
+		b.Run(op.name+"/transfer", func(b *testing.B) {
+			req := p.req(op.op, 0, gpuSize)
 			b.SetBytes(gpuSize)
 			for b.Loop() {
-				if err := p.e.Transfer(context.Background(), r); err != nil {
+				if err := p.e.Transfer(context.Background(), req); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -26,8 +26,9 @@
 #      at 64 MiB: NVLinkWrite and NVLinkRead through CUDA IPC against
 #      RawDtoD (cuMemcpyDtoDAsync in one process), each at depth 1 and 4,
 #      and the ratio against the 90 % target; EngineNVLink: the same
-#      64 MiB requests between two engines in two processes through the
-#      batch API, rings and pollers, against RawDtoD at depth 1; then
+#      64 MiB requests between two engines in two processes, through a
+#      ring at depth 1 and 4 and through the batch API's Transfer, each
+#      against RawDtoD at its depth (Transfer: 1); then
 #      StagedTCP: 64 MiB
 #      requests between two engines over TCP on loopback from GPU memory
 #      (staged) beside the same from host memory. It takes about two
@@ -97,7 +98,7 @@ run() {
 			}
 			if (k !~ /NVLink/) continue
 			raw = k; sub(/NVLink(Write|Read)/, "RawDtoD", raw)
-			if (k ~ /EngineNVLink/) raw = "BenchmarkRawDtoD/depth=1"
+			if (k ~ /EngineNVLink/) raw = (k ~ /depth=4/ ? "BenchmarkRawDtoD/depth=4" : "BenchmarkRawDtoD/depth=1")
 			if (!(raw in mean) || mean[raw] == 0) continue
 			r = 100 * mean[k] / mean[raw]
 			printf "%-36s %5.1f %% of %s %s\n", k, r, raw, (r >= 90 ? "(target 90 %: met)" : "(target 90 %: NOT met)")
