@@ -547,6 +547,9 @@ func (e *Engine) InstallTransport(t transport.Transport) error {
 	if n, ok := t.(transport.Notifier); ok {
 		n.SetNotify(e.cfg.Name, e.deliver)
 	}
+	if w, ok := t.(transport.Waker); ok {
+		w.SetWake(e.wakePollers)
+	}
 	bufs := e.buffers.All()
 	for i, b := range bufs {
 		if !transport.Serves(t, b.Location) {
@@ -581,6 +584,15 @@ func (e *Engine) InstallTransport(t transport.Transport) error {
 		}
 	}
 	return e.publish()
+}
+
+// wakePollers wakes the engine's parked pollers (transport.Waker).
+func (e *Engine) wakePollers() {
+	if ps := e.pollerList.Load(); ps != nil {
+		for _, p := range *ps {
+			p.Wake()
+		}
+	}
 }
 
 // UninstallTransport removes the transport named name and closes it. It

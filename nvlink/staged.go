@@ -388,6 +388,12 @@ func (s *stager) toDevice(idx int32) {
 		s.finish(idx, err)
 	case full:
 		s.await(idx)
+	default:
+		// Queued from the inner endpoint's goroutine, as a rule: the
+		// engine's poller may be parked, and no event would wake it.
+		if w := s.t.wake.Load(); w != nil {
+			(*w)()
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -492,5 +493,33 @@ func TestStagingUnits(t *testing.T) {
 			}
 			taken[want] = k
 		}
+	}
+}
+
+// TestStagedReadWakes: a READ's copy to the GPU, queued from the inner
+// endpoint's completion (another transport's goroutine), wakes the
+// engine's pollers (transport.Waker): only a Poll sees the copy finish,
+// and a parked poller would otherwise look only at its next timed round.
+func TestStagedReadWakes(t *testing.T) {
+	f := newStagedFixture(t, 2)
+	var wakes atomic.Int32
+	f.tr.SetWake(func() { wakes.Add(1) })
+	r := newRecorder()
+	if n, _ := f.ep.Post(r, []transport.Slice{f.slice(transport.Read, 0, 64, 1)}); n != 1 {
+		t.Fatal("Post refused")
+	}
+	if wakes.Load() != 0 {
+		t.Fatal("woken before there was a copy to see")
+	}
+	f.inner.release(nil)
+	if wakes.Load() != 1 {
+		t.Fatalf("%d wakes after the copy to the GPU was queued, want 1", wakes.Load())
+	}
+	if !f.tr.InFlight() {
+		t.Error("InFlight false with a copy queued")
+	}
+	pollUntil(t, f.tr, r, 1)
+	if f.tr.InFlight() {
+		t.Error("InFlight true with nothing queued")
 	}
 }

@@ -132,6 +132,7 @@ type Transport struct {
 	stg    atomic.Pointer[stager] // the staging arena, once StagingArena made it
 
 	regs   atomic.Pointer[map[uint64]*region] // copy on write, under mu
+	wake   atomic.Pointer[func()]             // SetWake's
 	closed atomic.Bool
 	// retiring counts the endpoints' retired views not yet dropped
 	// (written under mu): Poll looks at it to know when to try.
@@ -177,6 +178,7 @@ var (
 	_ transport.Poller       = (*Transport)(nil)
 	_ transport.Stager       = (*Transport)(nil)
 	_ transport.InFlight     = (*Transport)(nil)
+	_ transport.Waker        = (*Transport)(nil)
 )
 
 // New loads the CUDA driver and returns a transport. Without a usable
@@ -621,6 +623,11 @@ func (t *Transport) Poll() int {
 	}
 	return n
 }
+
+// SetWake takes the function that wakes the engine's parked pollers
+// (transport.Waker): a staged READ's copy to the GPU is queued from the
+// inner transport's goroutine, and only a Poll sees it finish.
+func (t *Transport) SetWake(wake func()) { t.wake.Store(&wake) }
 
 // InFlight reports whether copies are queued on a GPU or staged slices
 // wait for room (transport.InFlight): the engine's pollers keep polling

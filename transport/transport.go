@@ -280,6 +280,17 @@ type InFlight interface {
 	InFlight() bool
 }
 
+// Waker is implemented by Pollers that may have work for Poll come up on
+// a goroutine of their own (a copy queued from another transport's
+// completion), which a parked poller would otherwise see only at its next
+// timed look. The engine calls SetWake once, when it installs the
+// transport, before any Post, with a function that wakes its parked
+// pollers; it is safe for concurrent use and cheap when none is parked.
+type Waker interface {
+	Poller
+	SetWake(wake func())
+}
+
 // DeviceMemory is implemented by transports that serve memory outside the
 // CPU's NUMA nodes (GPU memory, "cuda:N"). The engine registers a buffer
 // whose location is not "cpu:N" only with transports whose Accepts says
