@@ -409,8 +409,8 @@ func (e *Engine) desc(remoteOnly bool) *segtable.SegmentDesc {
 		}
 	}
 	for _, b := range e.buffers.All() {
-		if remoteOnly && !b.Remote {
-			continue
+		if (remoteOnly && !b.Remote) || b == e.arena {
+			continue // the staging arena is no request's to name
 		}
 		bd := segtable.BufferDesc{Addr: uint64(b.Addr), Length: b.Length, Location: string(b.Location), Keys: map[string]string{}}
 		for slot, t := range e.transports {
@@ -525,7 +525,10 @@ func (e *Engine) NewRing(cfg RingConfig) (*Ring, error) {
 
 // InstallTransport adds t: every registered buffer is registered with it,
 // the engine's segment republished with its endpoint, and OpenSegment may
-// choose it from then on. The engine owns t and closes it.
+// choose it from then on. The engine owns t and closes it. The first
+// transport.Stager installed (nvlink) stages device memory over the other
+// transports from then on: for segments opened after it, and for buffers
+// whenever registered.
 func (e *Engine) InstallTransport(t transport.Transport) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -596,8 +599,9 @@ func (e *Engine) wakePollers() {
 }
 
 // UninstallTransport removes the transport named name and closes it. It
-// fails with ErrBusy while segments are open through it. The in-process
-// transport cannot be removed.
+// fails with ErrBusy while segments are open through it, or, for the
+// transport that stages device memory (transport.Stager), while segments
+// stage through it. The in-process transport cannot be removed.
 func (e *Engine) UninstallTransport(name string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -259,6 +259,7 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 	lockThread()
 	defer unlockThread()
 	var cur uintptr // the context current on this thread, 0 when unknown
+	queued := false
 	// A classic loop: a slice whose view Update replaced is checked again
 	// (i--), which a range loop would not allow.
 	for i := 0; i < len(s); i++ {
@@ -319,6 +320,12 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 		l.ring[tail&l.mask] = pending{c: c, token: sl.Token, closed: &e.closed, tab: r.tab, slot: r.slot}
 		l.tail.Store(tail + 1)
 		l.mu.Unlock()
+		queued = true
+	}
+	if queued {
+		// From a goroutine a parked poller lent its rings, nothing else
+		// would wake it to see the copies finish.
+		t.wakeup()
 	}
 	return len(s), nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 )
 
@@ -206,31 +207,49 @@ func BenchmarkEngineNVLink(b *testing.B) {
 	}
 }
 
-// stagingPair is two engines in this process: a, with TCP and tr
-// installed, and b, with TCP and dst registered remote-accessible; seg is
-// b's segment as a opens it, through TCP, which reaches only host memory,
-// so a stages GPU memory through tr's arena.
+// stagingPair is two engines in this process: a, with tr and the
+// transport via ("tcp" or "shm") installed, and b, with via and dst
+// registered remote-accessible; seg is b's segment as a opens it, through
+// via, which reaches only host memory, so a stages GPU memory through
+// tr's arena. Over shm, dst comes from b's Alloc: a memfd a maps.
 type stagingPair struct {
 	a, b *moonring.Engine
 	dst  []byte
 	seg  moonring.SegmentID
 }
 
-func newStagingPair(tb testing.TB, tr *Transport, size int) *stagingPair {
+func newStagingPair(tb testing.TB, tr *Transport, size int, via string) *stagingPair {
 	tb.Helper()
 	name := fmt.Sprintf("%s-%d", tb.Name(), time.Now().UnixNano())
-	p := &stagingPair{dst: make([]byte, size)}
+	p := &stagingPair{}
+	ca := moonring.Config{Name: name + "-a", Transports: []string{via}}
+	cb := moonring.Config{Name: name + "-b"}
+	switch via {
+	case tcp.Name:
+		ca.TCP, cb.TCP = &tcp.Config{}, &tcp.Config{}
+	case shm.Name:
+		ca.SHM, cb.SHM = &shm.Config{}, &shm.Config{}
+	default:
+		tb.Fatalf("staging over %q", via)
+	}
 	var err error
-	if p.b, err = moonring.New(moonring.Config{Name: name + "-b", TCP: &tcp.Config{}}); err != nil {
+	if p.b, err = moonring.New(cb); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { p.b.Close() })
-	if p.a, err = moonring.New(moonring.Config{Name: name + "-a", TCP: &tcp.Config{}, Transports: []string{"tcp"}}); err != nil {
+	if p.a, err = moonring.New(ca); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { p.a.Close() })
 	if err := p.a.InstallTransport(tr); err != nil {
 		tb.Fatal(err)
+	}
+	p.dst = make([]byte, size)
+	if via == shm.Name {
+		if p.dst, err = p.b.Alloc(size, "cpu:0"); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { p.b.Free(p.dst) }) // after b's Close
 	}
 	if _, err := p.b.RegisterLocalMemory(p.dst, "cpu:0", true); err != nil {
 		tb.Fatal(err)
@@ -240,8 +259,8 @@ func newStagingPair(tb testing.TB, tr *Transport, size int) *stagingPair {
 	if p.seg, err = p.a.OpenSegment(ctx, name+"-b"); err != nil {
 		tb.Fatal(err)
 	}
-	if tn, err := p.a.SegmentTransport(p.seg); tn != tcp.Name || err != nil {
-		tb.Fatalf("segment reached through %q (%v), want tcp", tn, err)
+	if tn, err := p.a.SegmentTransport(p.seg); tn != via || err != nil {
+		tb.Fatalf("segment reached through %q (%v), want %s", tn, err, via)
 	}
 	return p
 }
@@ -266,12 +285,12 @@ func (p *stagingPair) req(op moonring.Opcode, mem []byte, off, n int) moonring.T
 }
 
 // engineStaging moves GPU memory between an engine and another engine's
-// host memory over TCP (a stagingPair): the batch API WRITEs size bytes
+// host memory over via (a stagingPair): the batch API WRITEs size bytes
 // from GPU 0 and READs them back, whole and from an unaligned offset. put
 // and get fill and read GPU memory.
-func engineStaging(t *testing.T, tr *Transport, size int, put, get func(dev unsafe.Pointer, data []byte)) {
+func engineStaging(t *testing.T, tr *Transport, size int, via string, put, get func(dev unsafe.Pointer, data []byte)) {
 	t.Helper()
-	p := newStagingPair(t, tr, size)
+	p := newStagingPair(t, tr, size, via)
 	mem := p.alloc(t, size, "cuda:0")
 	dst := p.dst
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -316,28 +335,42 @@ func engineStaging(t *testing.T, tr *Transport, size int, put, get func(dev unsa
 	}
 }
 
-// TestEngineStaging runs engineStaging on the fake driver.
+// TestEngineStaging runs engineStaging on the fake driver, over TCP and
+// over shm.
 func TestEngineStaging(t *testing.T) {
-	fake := newFake(1)
-	tr, err := newTransport(Config{StagingUnits: 12}, fake) // 3 MiB: two 1 MiB TCP slices at once
-	if err != nil {
-		t.Fatal(err)
+	for _, via := range []string{tcp.Name, shm.Name} {
+		t.Run(via, func(t *testing.T) {
+			fake := newFake(1)
+			// 6 MiB: one of shm's slices (4 MiB, stretched up to 5), or
+			// four of TCP's (1 MiB, up to 1.25) at once.
+			tr, err := newTransport(Config{StagingUnits: 24}, fake)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { // after the engines' Close, which Cleanup runs first
+				if err := fake.leaks(); err != nil {
+					t.Errorf("after the engine closed: %v", err)
+				}
+			})
+			host := func(p unsafe.Pointer, n int) []byte { return unsafe.Slice((*byte)(p), n) }
+			engineStaging(t, tr, 8<<20+4096, via,
+				func(p unsafe.Pointer, data []byte) { copy(host(p, len(data)), data) },
+				func(p unsafe.Pointer, data []byte) { copy(data, host(p, len(data))) })
+		})
 	}
-	t.Cleanup(func() { // after the engines' Close, which Cleanup runs first
-		if err := fake.leaks(); err != nil {
-			t.Errorf("after the engine closed: %v", err)
-		}
-	})
-	host := func(p unsafe.Pointer, n int) []byte { return unsafe.Slice((*byte)(p), n) }
-	engineStaging(t, tr, 8<<20+4096,
-		func(p unsafe.Pointer, data []byte) { copy(host(p, len(data)), data) },
-		func(p unsafe.Pointer, data []byte) { copy(data, host(p, len(data))) })
 }
 
-// TestGPUEngineStaging runs engineStaging on the GPU (or the C model).
+// TestGPUEngineStaging runs engineStaging on the GPU (or the C model),
+// over TCP and over shm.
 func TestGPUEngineStaging(t *testing.T) {
+	for _, via := range []string{tcp.Name, shm.Name} {
+		t.Run(via, func(t *testing.T) { gpuEngineStaging(t, via) })
+	}
+}
+
+func gpuEngineStaging(t *testing.T, via string) {
 	tr := openGPU(t)
-	engineStaging(t, tr, 64<<20+4096, func(dev unsafe.Pointer, data []byte) {
+	engineStaging(t, tr, 64<<20+4096, via, func(dev unsafe.Pointer, data []byte) {
 		if err := syncCopy(tr, 0, dev, data, true); err != nil {
 			t.Fatal(err)
 		}
@@ -406,6 +439,20 @@ func TestEngineStagingLifecycle(t *testing.T) {
 	if i := firstDiff(dst, mem); i >= 0 {
 		t.Fatalf("byte %d differs", i)
 	}
+	// The staging arena is registered, but no request may name it: not
+	// even one to the engine's own segment.
+	arena, err := tr.StagingArena()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := make([]byte, 64)
+	if _, err := a.RegisterLocalMemory(host, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(host),
+		TargetID: moonring.LocalSegmentID, TargetOffset: uint64(moonring.AddressOf(arena)), Length: 64}); err == nil {
+		t.Error("a WRITE into the staging arena through the local segment succeeded")
+	}
 	if err := a.UninstallTransport(Name); !errors.Is(err, moonring.ErrBusy) {
 		t.Fatalf("uninstall nvlink while a segment stages through it: %v, want ErrBusy", err)
 	}
@@ -433,7 +480,7 @@ func TestEngineStagingLifecycle(t *testing.T) {
 func BenchmarkStagedTCP(b *testing.B) {
 	tr := openGPU(b)
 	const size = 64 << 20
-	p := newStagingPair(b, tr, size)
+	p := newStagingPair(b, tr, size, tcp.Name)
 	gpu := p.alloc(b, size, "cuda:0")
 	host := p.alloc(b, size, "cpu:0")
 	for i := range host {

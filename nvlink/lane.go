@@ -187,5 +187,6 @@ func (l *lane) stage(t *Transport, toDevice bool, dev uintptr, host unsafe.Point
 	}
 	l.ring[tail&l.mask] = pending{c: c, token: token, closed: closed, slot: -1}
 	l.tail.Store(tail + 1)
+	t.wakeup() // queued from the inner transport's goroutine, as a rule
 	return false, nil
 }

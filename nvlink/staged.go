@@ -50,8 +50,10 @@ type stager struct {
 }
 
 // stagedOp is the slice a chunk carries. Between steps it belongs to the
-// goroutine that completed the last one (or to the retry list); mu guards
-// gen and step, which Complete checks against stale tokens.
+// goroutine that completed the last one, or to the retry list (whose
+// reader may read step without mu: nothing else touches the chunk then);
+// gen and step change under mu, and Complete checks them under mu against
+// stale tokens.
 type stagedOp struct {
 	ep    *stagedEndpoint
 	c     transport.Completer // the engine's, and its token
@@ -144,6 +146,9 @@ type stagedEndpoint struct {
 	arena  uint64
 	use    segtable.Ref // Post calls in progress; Close drains it
 	closed atomic.Bool
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 var _ transport.Endpoint = (*stagedEndpoint)(nil)
@@ -230,6 +235,9 @@ func (e *stagedEndpoint) check(x *transport.Slice) (*region, error) {
 	if x.Op != transport.Read && x.Op != transport.Write {
 		return nil, fmt.Errorf("nvlink: staged op %d: %w", x.Op, transport.ErrNotSupported)
 	}
+	if x.Length == 0 {
+		return nil, fmt.Errorf("nvlink: staged slice of 0 bytes: %w", transport.ErrRange)
+	}
 	r := e.s.t.regions()[x.LocalHandle]
 	if r == nil || r.dev == nil {
 		return nil, fmt.Errorf("nvlink: staged slice: local handle %d is no GPU memory registered here: %w", x.LocalHandle, transport.ErrDenied)
@@ -245,13 +253,17 @@ func (e *stagedEndpoint) check(x *transport.Slice) (*region, error) {
 }
 
 // Close stops taking slices and completes with transport.ErrClosed those
-// whose GPU copy is in flight (it waits for the streams: Close is not the
-// hot path) or that wait for room. Slices the inner endpoint holds
-// complete when it completes them. Idempotent and safe for concurrent use.
+// whose GPU copy is in flight (it waits for every GPU's stream: Close is
+// not the hot path) or that wait on the retry list. Slices the inner
+// endpoint holds complete when it completes them. Idempotent and safe for
+// concurrent use: every call returns once the first has done its work.
 func (e *stagedEndpoint) Close() error {
-	if e.closed.Swap(true) {
-		return nil
-	}
+	e.closeOnce.Do(func() { e.closeErr = e.close() })
+	return e.closeErr
+}
+
+func (e *stagedEndpoint) close() error {
+	e.closed.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	err := e.use.Drain(ctx)
 	cancel()
@@ -357,7 +369,11 @@ func (s *stager) Complete(tok uint64, err error) {
 	}
 	switch {
 	case step == stepToHost:
-		s.toInner(idx)
+		// Sent from Poll, after the lanes are reaped: not here, under the
+		// lane's poll lock, where an inner endpoint that copies in Post
+		// (shm) would hold up every completion of this GPU.
+		s.setStep(idx, stepInner)
+		s.await(idx)
 	case step == stepInner && s.ins[idx].Op == transport.Read:
 		s.toDevice(idx)
 	default: // the WRITE was sent, or the READ's bytes reached the GPU
@@ -365,8 +381,9 @@ func (s *stager) Complete(tok uint64, err error) {
 	}
 }
 
-// toInner hands the chunk's slice to the inner endpoint.
-func (s *stager) toInner(idx int32) {
+// toInner hands the chunk's slice to the inner endpoint. It reports false
+// when the chunk went back to the retry list.
+func (s *stager) toInner(idx int32) bool {
 	s.setStep(idx, stepInner)
 	n, err := s.ops[idx].ep.inner.Post(s, s.ins[idx:idx+1])
 	switch {
@@ -375,11 +392,14 @@ func (s *stager) toInner(idx int32) {
 		s.finish(idx, err)
 	default:
 		s.await(idx)
+		return false
 	}
+	return true
 }
 
-// toDevice queues the copy of a READ's bytes from the chunk to the GPU.
-func (s *stager) toDevice(idx int32) {
+// toDevice queues the copy of a READ's bytes from the chunk to the GPU. It
+// reports false when the chunk went back to the retry list.
+func (s *stager) toDevice(idx int32) bool {
 	s.setStep(idx, stepToDevice)
 	op, in := &s.ops[idx], &s.ins[idx]
 	full, err := op.lane.stage(s.t, true, op.dev, in.Local, in.Length, s, in.Token, &op.ep.closed)
@@ -388,13 +408,8 @@ func (s *stager) toDevice(idx int32) {
 		s.finish(idx, err)
 	case full:
 		s.await(idx)
-	default:
-		// Queued from the inner endpoint's goroutine, as a rule: the
-		// engine's poller may be parked, and no event would wake it.
-		if w := s.t.wake.Load(); w != nil {
-			(*w)()
-		}
 	}
+	return !full
 }
 
 func (s *stager) setStep(idx int32, step stagedStep) {
@@ -411,7 +426,9 @@ func (s *stager) await(idx int32) {
 	s.mu.Unlock()
 }
 
-// poll retries the chunks that found no room; Transport.Poll calls it.
+// poll takes the next step of the chunks on the retry list (WRITEs whose
+// bytes are off the GPU, and steps that found no room) and reports how
+// many moved on; Transport.Poll calls it after reaping the lanes.
 func (s *stager) poll() int {
 	if s.wait.Load() == 0 || !s.pollMu.TryLock() {
 		return 0
@@ -422,21 +439,27 @@ func (s *stager) poll() int {
 	s.retry, s.spare = s.spare[:0], nil
 	s.wait.Store(0)
 	s.mu.Unlock()
+	moved := 0
 	for _, idx := range list {
-		op := &s.ops[idx]
+		op := &s.ops[idx] // the list owns the chunk: its step is stable
 		switch {
 		case op.ep.closed.Load():
 			s.finish(idx, transport.ErrClosed)
+			moved++
 		case op.step == stepInner:
-			s.toInner(idx)
+			if s.toInner(idx) {
+				moved++
+			}
 		default:
-			s.toDevice(idx)
+			if s.toDevice(idx) {
+				moved++
+			}
 		}
 	}
 	s.mu.Lock()
 	s.spare = list[:0]
 	s.mu.Unlock()
-	return len(list)
+	return moved
 }
 
 // finish ends a chunk's slice with err and frees the chunk.

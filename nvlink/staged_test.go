@@ -379,6 +379,7 @@ func TestStagedChecks(t *testing.T) {
 		{"unknown handle", transport.Slice{Op: transport.Write, LocalHandle: 12345, Local: unsafe.Pointer(&f.mem[0]), Length: 8, Token: 3}, transport.ErrDenied},
 		{"past the buffer", f.slice(transport.Read, len(f.mem)-4, 4, 4), nil},
 		{"op 9", transport.Slice{Op: 9, LocalHandle: f.h, Local: unsafe.Pointer(&f.mem[0]), Length: 8, Token: 5}, transport.ErrNotSupported},
+		{"no bytes", f.slice(transport.Write, 0, 0, 6), transport.ErrRange},
 	}
 	cases[3].s.Length = 8
 	cases[3].want = transport.ErrRange
@@ -421,6 +422,12 @@ func TestStagedClose(t *testing.T) {
 	}
 	for i := 0; i < 4; i++ {
 		f.tr.Poll()
+	}
+	// Slice 2 waits for room at the inner endpoint: a Poll that finds it
+	// still waiting reports no progress (else a poller would take it for
+	// work and never rest).
+	if n := f.tr.Poll(); n != 0 {
+		t.Errorf("Poll with only a slice waiting for room: %d, want 0", n)
 	}
 	if n, _ := f.ep.Post(r, []transport.Slice{f.slice(transport.Write, 16, 8, 3)}); n != 1 {
 		t.Fatal("Post refused")
@@ -521,5 +528,13 @@ func TestStagedReadWakes(t *testing.T) {
 	pollUntil(t, f.tr, r, 1)
 	if f.tr.InFlight() {
 		t.Error("InFlight true with nothing queued")
+	}
+	// A WRITE's copy off the GPU, queued in Post (which may run on a
+	// goroutine a parked poller lent its rings), wakes them too.
+	if n, _ := f.ep.Post(r, []transport.Slice{f.slice(transport.Write, 0, 64, 2)}); n != 1 {
+		t.Fatal("Post refused")
+	}
+	if wakes.Load() != 2 {
+		t.Fatalf("%d wakes after a WRITE's copy was queued, want 2", wakes.Load())
 	}
 }

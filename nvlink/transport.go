@@ -625,9 +625,19 @@ func (t *Transport) Poll() int {
 }
 
 // SetWake takes the function that wakes the engine's parked pollers
-// (transport.Waker): a staged READ's copy to the GPU is queued from the
-// inner transport's goroutine, and only a Poll sees it finish.
+// (transport.Waker): copies are queued from goroutines other than the
+// poller's (a staged READ's copy to the GPU from the inner transport's
+// goroutine; any Post from a goroutine a parked poller lent its rings),
+// and only a Poll sees them finish.
 func (t *Transport) SetWake(wake func()) { t.wake.Store(&wake) }
+
+// wakeup calls SetWake's function, if any: a copy was queued. Cheap when
+// no poller is parked.
+func (t *Transport) wakeup() {
+	if w := t.wake.Load(); w != nil {
+		(*w)()
+	}
+}
 
 // InFlight reports whether copies are queued on a GPU or staged slices
 // wait for room (transport.InFlight): the engine's pollers keep polling
@@ -665,7 +675,7 @@ func (t *Transport) reclaim() {
 // Close closes every endpoint (completing their slices in flight with
 // ErrClosed once their copies stopped), revokes every exported buffer and
 // waits up to Config.DrainTimeout for peers' copies, frees the memory of
-// Alloc and of stagers, and releases the GPUs. Idempotent.
+// Alloc and the staging arena, and releases the GPUs. Idempotent.
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	if t.closed.Swap(true) {

@@ -293,7 +293,7 @@ func (p *Poller) run() {
 		}
 		// Park: arm the doorbell, look once more, sleep.
 		p.bell.Arm()
-		if p.ready() {
+		if p.ready() || p.hooksInFlight() { // a hook's work may have come up since the check above
 			p.bell.Disarm()
 			continue
 		}

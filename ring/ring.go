@@ -692,7 +692,9 @@ func sliceCount(n, size uint64) uint32 {
 }
 
 // MaxSlice returns the longest slice a ring posts with slice size size:
-// a tail shorter than a quarter slice joins the slice before it.
+// a tail shorter than a quarter slice joins the slice before it. (Requests
+// of more than 2^28-2 slices would get a longer last slice; MaxLength
+// keeps them out of reach.)
 func MaxSlice(size uint64) uint64 {
 	if size < 4 {
 		return size

@@ -329,6 +329,8 @@ type Stager interface {
 	// transport; maxSlice the largest slice the engine will post (Stage
 	// fails when the stager cannot take such slices). The endpoint lives
 	// until its Close, which does not close ep, or the transport's Close.
+	// Close it, then ep, before the transport: the arena goes with the
+	// transport, and ep may still hold slices in it.
 	Stage(ep Endpoint, arena, maxSlice uint64) (Endpoint, error)
 }
 
