@@ -409,17 +409,7 @@ func (e *Endpoint) Close() error {
 	err := e.use.Drain(ctx)
 	cancel()
 	t := e.t
-	for _, d := range t.devs {
-		if !d.ready.Load() {
-			continue
-		}
-		l := d.lane
-		l.mu.Lock()
-		l.mu.Unlock() //nolint:staticcheck // a barrier: Posts past their closed check are done
-		l.pollMu.Lock()
-		l.reap(t.drv, true)
-		l.pollMu.Unlock()
-	}
+	t.settle()
 	t.mu.Lock()
 	delete(t.eps, e)
 	e.mu.Lock()

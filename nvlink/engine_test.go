@@ -370,15 +370,8 @@ func TestGPUEngineStaging(t *testing.T) {
 
 func gpuEngineStaging(t *testing.T, via string) {
 	tr := openGPU(t)
-	engineStaging(t, tr, 64<<20+4096, via, func(dev unsafe.Pointer, data []byte) {
-		if err := syncCopy(tr, 0, dev, data, true); err != nil {
-			t.Fatal(err)
-		}
-	}, func(dev unsafe.Pointer, data []byte) {
-		if err := syncCopy(tr, 0, dev, data, false); err != nil {
-			t.Fatal(err)
-		}
-	})
+	put, get := gpuCopies(t, tr)
+	engineStaging(t, tr, 64<<20+4096, via, put, get)
 }
 
 // TestEngineStagingLifecycle: the staging registrations follow the

@@ -410,15 +410,21 @@ func TestGPUStagingTCP(t *testing.T) {
 	cfg.StagingUnits = 64 // 16 MiB: four 4 MiB slices at once
 	tr := openGPUWith(t, cfg)
 	defer tr.Close()
-	stagedTCP(t, tr, 4<<20, 32<<20, func(dev unsafe.Pointer, data []byte) {
-		if err := syncCopy(tr, 0, dev, data, true); err != nil {
-			t.Fatal(err)
+	put, get := gpuCopies(t, tr)
+	stagedTCP(t, tr, 4<<20, 32<<20, put, get)
+}
+
+// gpuCopies returns functions that fill and read GPU 0's memory with
+// synchronous copies, failing t on an error.
+func gpuCopies(t *testing.T, tr *Transport) (put, get func(dev unsafe.Pointer, data []byte)) {
+	cp := func(toDevice bool) func(unsafe.Pointer, []byte) {
+		return func(dev unsafe.Pointer, data []byte) {
+			if err := syncCopy(tr, 0, dev, data, toDevice); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}, func(dev unsafe.Pointer, data []byte) {
-		if err := syncCopy(tr, 0, dev, data, false); err != nil {
-			t.Fatal(err)
-		}
-	})
+	}
+	return cp(true), cp(false)
 }
 
 // BenchmarkNVLinkWrite and BenchmarkNVLinkRead move 64 MiB between this

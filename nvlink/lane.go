@@ -153,6 +153,24 @@ func (l *lane) reap(drv driver, all bool) int {
 	return n
 }
 
+// settle waits for every GPU's stream and completes the copies queued on
+// it, for an endpoint's Close: each lane's posting lock first, as a
+// barrier (a Post past its closed check has queued its copies), then its
+// reap with all, which synchronizes the stream.
+func (t *Transport) settle() {
+	for _, d := range t.devs {
+		if !d.ready.Load() {
+			continue
+		}
+		l := d.lane
+		l.mu.Lock()
+		l.mu.Unlock() //nolint:staticcheck // the barrier
+		l.pollMu.Lock()
+		l.reap(t.drv, true)
+		l.pollMu.Unlock()
+	}
+}
+
 // stage queues a copy between GPU memory at dev and pinned host memory at
 // host for a staged slice, completing token through c once its event
 // fired. full reports a lane with no room (nothing was queued).

@@ -268,17 +268,7 @@ func (e *stagedEndpoint) close() error {
 	err := e.use.Drain(ctx)
 	cancel()
 	s, t := e.s, e.s.t
-	for _, d := range t.devs {
-		if !d.ready.Load() {
-			continue
-		}
-		l := d.lane
-		l.mu.Lock()
-		l.mu.Unlock() //nolint:staticcheck // a barrier: copies past their closed check are queued
-		l.pollMu.Lock()
-		l.reap(t.drv, true)
-		l.pollMu.Unlock()
-	}
+	t.settle()
 	s.pollMu.Lock()
 	s.mu.Lock()
 	var mine []int32
