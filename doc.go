@@ -15,6 +15,15 @@
 // Per-NUMA poller goroutines drain the rings onto the transports. Status
 // words say whether bytes moved, nothing more.
 //
+// # GPU memory
+//
+// With the nvlink transport installed (InstallTransport), Alloc on
+// "cuda:N" returns GPU memory. Peers of the same host reach GPU buffers
+// over CUDA IPC. As the local side of requests to segments reached over
+// TCP, shm or another transport of host memory, GPU memory is staged
+// through nvlink's pinned host arena; such peers cannot reach it as the
+// remote side.
+//
 // # Concurrency
 //
 // An Engine is safe for concurrent use. A Ring accepts submissions from any
