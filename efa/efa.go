@@ -800,7 +800,7 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 				// follow a broken connection until it connects again.
 				// (Retried enough, it fails: the state never leaves
 				// busy, so a Close sweeping at once cannot see it twice.)
-				retryable = errors.Is(err, transport.ErrPeer) && s.tries < maxTries
+				retryable = errors.Is(err, transport.ErrPeer) && s.tries < maxTries && !s.ep.Load().closed.Load()
 			}
 			switch s.claim(retryable) {
 			case slotAbandoned:
@@ -993,7 +993,7 @@ func (t *Transport) retryDue() int {
 			// below, with ErrClosed when the endpoint closed.
 			e := s.ep.Load()
 			p := e.peer.Load()
-			if p.gone.Load() {
+			if p.gone.Load() || e.closed.Load() {
 				continue
 			}
 			// Its rkey and remote address came from the keys of the
@@ -1096,8 +1096,15 @@ var errPeerRetry = fmt.Errorf("efa: operation failed, and could not be posted ag
 // expire abandons the busy slots posted before cutoff (of endpoint e when
 // not nil) and completes them with err. The provider still holds them: they
 // become free when their completion comes, or at Close.
+//
+// It scans under the guard's write lock: Post and retryDue hold it shared
+// from marking their slots busy until those are posted or taken back (a
+// plain store to free), so every busy slot the scan sees is the
+// provider's. (Without it, a scan could fail a slot that Post then gave
+// back as not taken: the slice completed and posted again, or lost.)
 func (t *Transport) expire(cutoff int64, e *Endpoint, err error) int {
 	var done []completion
+	t.guard.Lock()
 	for i := range t.slots {
 		s := &t.slots[i]
 		if s.state.Load() != slotBusy || s.posted.Load() >= cutoff || (e != nil && s.ep.Load() != e) {
@@ -1118,10 +1125,46 @@ func (t *Transport) expire(cutoff int64, e *Endpoint, err error) int {
 		s.c = nil
 		s.state.Store(slotAbandoned)
 	}
+	t.guard.Unlock()
 	for _, d := range done {
 		d.c.Complete(d.token, d.err)
 	}
 	return len(done)
+}
+
+// dropRetries fails with ErrClosed the slots of e that wait to be posted
+// again (slotRetry, on the retry list): no completion from the provider
+// will come for them. Under the guard's write lock, which retryDue holds
+// shared while it posts or takes back the retries it popped; those it
+// takes back it fails itself, with ErrClosed, as e is closed.
+func (t *Transport) dropRetries(e *Endpoint) {
+	var (
+		done  []completion
+		freed []uint32
+	)
+	t.guard.Lock()
+	t.retryMu.Lock()
+	k := 0
+	for _, i := range t.retries {
+		s := &t.slots[i]
+		if s.ep.Load() != e || !s.state.CompareAndSwap(slotRetry, slotFree) {
+			t.retries[k] = i
+			k++
+			continue
+		}
+		e.inflight.Add(-1)
+		done = append(done, completion{s.c, s.token, errClosed})
+		s.c, s.peer = nil, nil
+		freed = append(freed, i)
+	}
+	t.retries = t.retries[:k]
+	t.nretry.Store(int64(k))
+	t.retryMu.Unlock()
+	t.guard.Unlock()
+	t.release(freed)
+	for _, d := range done {
+		d.c.Complete(d.token, d.err)
+	}
 }
 
 // take pops up to len(dst) free slots into dst and returns how many.
@@ -1526,6 +1569,7 @@ func (e *Endpoint) Close() error {
 	t.guard.Unlock()
 	if e.inflight.Load() > 0 {
 		t.expire(time.Now().UnixNano()+1, e, errClosed)
+		t.dropRetries(e)
 	}
 	// Under mu, so that an Update in progress does not swap in a peer
 	// after this gave up the one it saw.

@@ -204,3 +204,68 @@ func TestUpdateRestartedPeer(t *testing.T) {
 		t.Fatalf("WRITE to the old peer's buffer after Update: %v; want ErrRange", err)
 	}
 }
+
+// TestExpireSparesPostInProgress: the timeout scan does not take a slot
+// that a Post has marked busy but not yet handed to the provider, or given
+// back as not taken. It used to: the slice completed with a timeout while
+// Post reported it not taken, so the caller posted it again.
+func TestExpireSparesPostInProgress(t *testing.T) {
+	p := newPair(t, "tcp", testConfig("tcp"), testConfig("tcp"))
+	free := efa.SlotsFree(p.init)
+	w := newWaiter()
+	release := efa.HoldGuard(p.init)
+	undo := efa.PlantBusy(p.ep, w, 1)
+	scanned := make(chan int, 1)
+	go func() { scanned <- efa.ExpireAll(p.init) }()
+	// The scan's chance to take the slot, were it not held off.
+	time.Sleep(20 * time.Millisecond)
+	undo()
+	release()
+	if n := <-scanned; n != 0 {
+		t.Errorf("the scan failed %d slices of a Post in progress", n)
+	}
+	w.mu.Lock()
+	got := len(w.got)
+	w.mu.Unlock()
+	if got != 0 {
+		t.Errorf("%d completions for a slice Post did not take", got)
+	}
+	if n := efa.SlotsFree(p.init); n != free {
+		t.Errorf("%d slots free after the undo, want %d", n, free)
+	}
+}
+
+// TestCloseFailsRetries: Endpoint.Close completes with ErrClosed the
+// slices waiting on the retry list, before it returns, and no completion
+// follows. It used to leave them for a later Poll.
+func TestCloseFailsRetries(t *testing.T) {
+	icfg := testConfig("tcp")
+	icfg.Linger = time.Millisecond
+	icfg.Progress = false
+	p := newPair(t, "tcp", icfg, testConfig("tcp"))
+	free := efa.SlotsFree(p.init)
+	w := newWaiter()
+	efa.PlantRetry(p.ep, w, 7)
+	if err := p.ep.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w.mu.Lock()
+	err, ok := w.got[7]
+	w.mu.Unlock()
+	if !ok || !errors.Is(err, transport.ErrClosed) {
+		t.Fatalf("a retry after Close returned: completed %v, %v; want ErrClosed", ok, err)
+	}
+	deadline := time.Now().Add(150 * time.Millisecond) // past the retry's due time
+	for time.Now().Before(deadline) {
+		p.init.Poll()
+	}
+	w.mu.Lock()
+	dups := w.dups
+	w.mu.Unlock()
+	if dups != 0 {
+		t.Errorf("the retry completed %d more times", dups)
+	}
+	if n := efa.SlotsFree(p.init); n != free {
+		t.Errorf("%d slots free, want %d", n, free)
+	}
+}

@@ -2,7 +2,11 @@
 
 package efa
 
-import "github.com/moonring/moonring/transport"
+import (
+	"time"
+
+	"github.com/moonring/moonring/transport"
+)
 
 // PeerCount returns how many peers t holds, each with its address in the
 // address vector. Safe for concurrent use.
@@ -44,3 +48,58 @@ func LosePeer(ep transport.Endpoint) {
 	t.remove(p)
 	t.forget(p)
 }
+
+// PlantRetry puts a free slot on the retry list for ep, as if its
+// operation had failed as a broken connection's and been retried three
+// times: its next try is due in about 64 ms. c hears of it with token.
+func PlantRetry(ep transport.Endpoint, c transport.Completer, token uint64) {
+	e := ep.(*Endpoint)
+	t := e.t
+	var idx [1]uint32
+	if t.take(idx[:]) != 1 {
+		panic("efa test: no free slot")
+	}
+	s := &t.slots[idx[0]]
+	s.c, s.token, s.keys, s.peer = c, token, e.keys.Load(), e.peer.Load()
+	s.tries, s.failed = 3, time.Now().UnixNano()
+	s.ep.Store(e)
+	s.state.Store(slotRetry)
+	e.inflight.Add(1)
+	t.queueRetries(idx[:])
+}
+
+// PlantBusy marks a free slot busy for ep, posted an hour ago, as Post
+// does before it hands the operation to the provider (call it holding
+// the guard, HoldGuard). undo gives the slot back as Post does for an
+// operation the provider did not take.
+func PlantBusy(ep transport.Endpoint, c transport.Completer, token uint64) (undo func()) {
+	e := ep.(*Endpoint)
+	t := e.t
+	var idx [1]uint32
+	if t.take(idx[:]) != 1 {
+		panic("efa test: no free slot")
+	}
+	s := &t.slots[idx[0]]
+	s.c, s.token = c, token
+	s.ep.Store(e)
+	s.posted.Store(time.Now().Add(-time.Hour).UnixNano())
+	s.state.Store(slotBusy)
+	e.inflight.Add(1)
+	return func() {
+		s.state.Store(slotFree)
+		s.c = nil
+		e.inflight.Add(-1)
+		t.release(idx[:])
+	}
+}
+
+// HoldGuard takes t's guard shared, as a Post in progress holds it, and
+// returns its release.
+func HoldGuard(t *Transport) (release func()) {
+	t.guard.RLock()
+	return t.guard.RUnlock
+}
+
+// ExpireAll runs the timeout scan as if every busy slot were overdue, and
+// returns how many slices it failed.
+func ExpireAll(t *Transport) int { return t.expire(time.Now().UnixNano()+1, nil, errTimeout) }
