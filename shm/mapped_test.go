@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/internal/mem"
+	"github.com/moonring/moonring/internal/testwait"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/transport"
@@ -440,4 +441,46 @@ func TestSharedTailNotHandedOut(t *testing.T) {
 	if !bytes.Equal(lm[:a.Length], m) {
 		t.Fatal("READ: data differ")
 	}
+}
+
+// TestUnregisterDuringClose: an Unregister that comes while Close revokes
+// every buffer at the peers waits, as Close does, until no peer uses the
+// buffer; so does a second Close. Both used to return at once, while a
+// peer could still be copying. A second Unregister of a buffer being
+// unregistered is refused rather than left waiting for good.
+func TestUnregisterDuringClose(t *testing.T) {
+	w := newWorld(t, shm.Config{})
+	b, _ := w.shared(1<<20, true)
+	ep := w.open()
+	// A copy whose reference on b the initiator keeps (CopyNow's Holds):
+	// it answers a revoke only once that is released.
+	var h transport.Holds
+	s := w.slice(transport.Write, 0, uint64(b.Addr), 4096)
+	if done, err := ep.CopyNow(&s, &h); !done || err != nil || h.Len() != 1 {
+		t.Fatalf("CopyNow = %v, %v with %d held; want a mapped copy holding its reference", done, err, h.Len())
+	}
+	t.Cleanup(h.Release) // before the world's cleanup, should the test fail
+	closed := make(chan struct{})
+	go func() { w.targ.Close(); close(closed) }()
+	testwait.For(t, time.Minute, "the target's Close did not begin", func() bool { return shm.Closing(w.targ) })
+	unreg := make(chan error, 1)
+	go func() { unreg <- w.targ.Unregister(b, w.tregs[b]) }()
+	second := make(chan struct{})
+	go func() { w.targ.Close(); close(second) }()
+	select {
+	case err := <-unreg:
+		t.Fatalf("Unregister returned (%v) while a peer still held the buffer", err)
+	case <-second:
+		t.Fatal("a second Close returned while a peer still held a buffer")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := w.targ.Unregister(b, w.tregs[b]); !errors.Is(err, segtable.ErrNotFound) {
+		t.Errorf("a second Unregister of the same buffer: %v, want ErrNotFound", err)
+	}
+	h.Release()
+	if err := <-unreg; err != nil {
+		t.Errorf("Unregister during Close: %v", err)
+	}
+	<-closed
+	<-second
 }

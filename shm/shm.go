@@ -73,7 +73,11 @@ type Transport struct {
 	conns  map[*server]struct{}
 	eps    map[*Endpoint]struct{}
 	closed bool
-	wg     sync.WaitGroup
+	// revoked is closed once Close's revoke of every buffer at every
+	// peer has ended: an Unregister or a second Close that comes during
+	// Close waits for it, as the buffer may still be in a peer's copy.
+	revoked chan struct{}
+	wg      sync.WaitGroup
 }
 
 // region is one registered buffer on the target side.
@@ -164,6 +168,7 @@ func New(cfg Config) (*Transport, error) {
 		ln:       ln,
 		conns:    map[*server]struct{}{},
 		eps:      map[*Endpoint]struct{}{},
+		revoked:  make(chan struct{}),
 	}
 	t.self.Store(new(string))
 	t.wg.Add(1)
@@ -240,6 +245,7 @@ func pageUp(n uint64) uint64 {
 func (r *region) close() {
 	if r.file != nil {
 		r.file.Close()
+		r.file = nil
 	}
 }
 
@@ -256,7 +262,22 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 		return fmt.Errorf("shm: unregister %#x: %w", b.Addr, segtable.ErrNotFound)
 	}
 	r := t.regs[i]
+	if r.revoked {
+		t.mu.Unlock()
+		return fmt.Errorf("shm: unregister %#x: already being unregistered: %w", b.Addr, segtable.ErrNotFound)
+	}
 	r.revoked = true
+	if t.closed {
+		// Close took the peers, and revokes every buffer at each: once
+		// that is done no peer uses this one.
+		t.mu.Unlock()
+		<-t.revoked
+		t.mu.Lock()
+		t.regs = slices.DeleteFunc(t.regs, func(x *region) bool { return x == r })
+		r.close() // under mu: Close's last loop may close it too
+		t.mu.Unlock()
+		return nil
+	}
 	var peers []*server
 	for s := range t.conns {
 		peers = append(peers, s)
@@ -359,6 +380,7 @@ func (t *Transport) Close() error {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
+		<-t.revoked // as the first Close: no peer uses any buffer
 		return nil
 	}
 	t.closed = true
@@ -376,6 +398,7 @@ func (t *Transport) Close() error {
 		})
 	}
 	wg.Wait()
+	close(t.revoked)
 	for e := range eps {
 		e.Close()
 	}
