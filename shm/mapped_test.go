@@ -443,6 +443,31 @@ func TestSharedTailNotHandedOut(t *testing.T) {
 	}
 }
 
+// TestSharedTailAfterMapping: once a buffer's memfd was handed out whole,
+// the rest of its last page, which the peer's mapping covers, can no
+// longer be registered; it used to be, and the peer could then reach that
+// memory through the mapping it already had.
+func TestSharedTailAfterMapping(t *testing.T) {
+	w := newWorld(t, shm.Config{})
+	m, err := mem.AllocShared(4096+100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mem.Free(m) })
+	w.register(m, true)
+	ep := w.open()
+	if mapped, vm := ep.Granted(); mapped != 1 || vm != 0 {
+		t.Fatalf("granted %d mapped, %d vm; want the buffer mapped", mapped, vm)
+	}
+	tail, err := w.tbufs.Register(m[len(m):cap(m)], segtable.CPU(0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.targ.Register(tail); !errors.Is(err, segtable.ErrOverlap) {
+		t.Errorf("registering the tail of a mapped file: %v, want ErrOverlap", err)
+	}
+}
+
 // TestUnregisterDuringClose: an Unregister that comes while Close revokes
 // every buffer at the peers waits, as Close does, until no peer uses the
 // buffer; so does a second Close. Both used to return at once, while a

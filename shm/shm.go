@@ -94,6 +94,9 @@ type region struct {
 	size int64
 	// revoked: Unregister began; no new grants.
 	revoked bool
+	// shared: the file was handed out whole, so peers may map the rest of
+	// its last page, past the buffer: nothing may be registered there.
+	shared bool
 }
 
 var (
@@ -216,9 +219,15 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 		r.close()
 		return segtable.Registration{}, fmt.Errorf("shm: register: %w", transport.ErrClosed)
 	}
+	i, _ := slices.BinarySearchFunc(t.regs, r.addr, func(x *region, a uintptr) int { return cmpAddr(x.addr, a) })
+	if i > 0 {
+		if p := t.regs[i-1]; p.shared && r.addr < p.addr+uintptr(p.size) {
+			r.close()
+			return segtable.Registration{}, fmt.Errorf("shm: register %#x: in the last page of the file of buffer %#x, which peers have mapped whole: %w", b.Addr, p.addr, segtable.ErrOverlap)
+		}
+	}
 	t.seq++
 	r.handle = t.seq
-	i, _ := slices.BinarySearchFunc(t.regs, r.addr, func(x *region, a uintptr) int { return cmpAddr(x.addr, a) })
 	t.regs = slices.Insert(t.regs, i, r)
 	reg := segtable.Registration{Handle: r.handle}
 	if b.Remote {
@@ -319,6 +328,9 @@ func (t *Transport) grant(addr, length uint64, key *[16]byte) (r *region, status
 		return nil, statusDenied, false
 	}
 	whole = i+1 == len(t.regs) || uint64(t.regs[i+1].addr) >= uint64(r.addr)+uint64(r.size)
+	if whole && r.file != nil {
+		r.shared = true // the file may go out now: keep its tail free
+	}
 	return r, statusOK, whole
 }
 
