@@ -181,12 +181,13 @@ func noteError(status uint8) error {
 }
 
 // answerNote answers the notification in receive buffer k of peer p and
-// gives the buffer back, in one cgo call.
-func (p *peerQP) answerNote(k int, seq uint32, status uint8) {
+// gives the buffer back, in one cgo call. It returns the verbs error of
+// either post, 0 when both went.
+func (p *peerQP) answerNote(k int, seq uint32, status uint8) int {
 	a := p.area
 	ack := a.small(k)
 	binary.BigEndian.PutUint32(ack, seq)
 	ack[4] = status
-	C.mr_note_reply(p.q, C.uint64_t(a.bigAddr(k)), msgSize, C.uint32_t(a.lkey), C.uint64_t(uint64(p.id)<<32|recvBit|peerBit|uint64(k)),
-		C.uint64_t(a.smallAddr(k)), ackLen, C.uint64_t(uint64(p.id)<<32|peerBit|uint64(k)))
+	return int(C.mr_note_reply(p.q, C.uint64_t(a.bigAddr(k)), msgSize, C.uint32_t(a.lkey), C.uint64_t(uint64(p.id)<<32|recvBit|peerBit|uint64(k)),
+		C.uint64_t(a.smallAddr(k)), ackLen, C.uint64_t(uint64(p.id)<<32|peerBit|uint64(k))))
 }

@@ -124,3 +124,32 @@ func TestNotify(t *testing.T) {
 		t.Errorf("%d duplicate completions", c.dup.Load())
 	}
 }
+
+// A target whose answer to a notification cannot be posted ends the
+// connection: the notification fails with a retryable ErrPeer when the
+// initiator's queue pair fails with it, and the next one, on a fresh
+// queue pair, goes through. It used to wait for an answer that never came.
+func TestNotifyAnswerFails(t *testing.T) {
+	w := newWorld(t, Config{QPsPerDevice: 1}, 1<<16)
+	var k sink
+	w.init.SetNotify("initiator-seg", nil)
+	w.targ.SetNotify("target-seg", k.deliver)
+	ep := w.open(t)
+	c := newWaiter()
+	msg := []byte("kv ready")
+	s := transport.Slice{Op: transport.Notify, Remote: 7, Length: uint64(len(msg)), Local: unsafePointer(msg), Token: 1}
+	w.targ.failAnswers.Store(true)
+	postAll(t, ep, c, []transport.Slice{s})
+	if err := c.wait(t, 1); !errors.Is(err, transport.ErrPeer) {
+		t.Fatalf("a notification whose answer failed: %v, want ErrPeer", err)
+	}
+	w.targ.failAnswers.Store(false)
+	s.Token = 2
+	postAll(t, ep, c, []transport.Slice{s})
+	if err := c.wait(t, 2); err != nil {
+		t.Fatalf("the next notification: %v", err)
+	}
+	if c.dup.Load() != 0 {
+		t.Errorf("%d duplicate completions", c.dup.Load())
+	}
+}

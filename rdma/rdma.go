@@ -92,6 +92,10 @@ type region struct {
 // Transport is the RDMA transport of one engine. Use New. It is safe for
 // concurrent use.
 type Transport struct {
+	// failAnswers makes the target fail every notification's answer, as
+	// if posting it had: fault injection for the tests.
+	failAnswers atomic.Bool
+
 	cfg      Config
 	devs     []*device
 	ln       net.Listener
@@ -402,13 +406,23 @@ func (t *Transport) pollPeers(d *device) int {
 	for i := range wcs {
 		wc := &wcs[i]
 		id, low := uint32(wc.wr_id>>32), uint32(wc.wr_id)
-		if low&recvBit == 0 || uint32(wc.status) != wcSuccess {
-			continue // an answer's send, or a flushed receive
-		}
-		if p := t.peers[id]; p != nil {
+		p := t.peers[id]
+		switch {
+		case p == nil:
+		case low&recvBit == 0 && uint32(wc.status) != wcSuccess:
+			// An answer that did not go out: its notification would
+			// wait for good. Ending the connection fails the peer's
+			// queue pair, and with it the notification, which the
+			// engine posts again on a fresh one.
+			p.conn.Close()
+		case low&recvBit == 0 || uint32(wc.status) != wcSuccess:
+			// An answer's send done, or a receive flushed.
+		default:
 			slot := int(low & lowMask % notifySlots)
 			seq, st := t.receiveNote(p.area.big(slot)[:min(int(wc.byte_len), msgSize)])
-			p.answerNote(slot, seq, st)
+			if t.failAnswers.Load() || p.answerNote(slot, seq, st) != 0 {
+				p.conn.Close() // as for an answer that failed on the wire
+			}
 		}
 	}
 	return len(wcs)
