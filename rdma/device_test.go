@@ -6,8 +6,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -586,5 +588,69 @@ func TestCloseRaces(t *testing.T) {
 		if n != 0 {
 			t.Errorf("round %d: %d queue pairs left after Close", i, n)
 		}
+	}
+}
+
+// A rail whose reconnect failed does not dial again on every Post: within
+// its backoff a Post fails at once with that error. It used to dial, for
+// up to ConnectTimeout, on every Post, each holding a poller (a peer host
+// gone quiet, its SYNs or handshakes unanswered). An Update to another
+// address tries again at once.
+func TestReconnectBackoff(t *testing.T) {
+	w := newWorld(t, Config{QPsPerDevice: 1, ConnectTimeout: 300 * time.Millisecond}, 1<<16)
+	ep := w.open(t)
+	// A listener that accepts and never answers the handshake.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var accepts atomic.Int32
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepts.Add(1)
+			held = append(held, c)
+		}
+	}()
+	quiet := func(addr string) *segtable.SegmentDesc {
+		d := *w.desc
+		d.Endpoints = map[string]string{}
+		_, rest, _ := strings.Cut(w.desc.Endpoints[Name], "/")
+		d.Endpoints[Name] = addr + "/" + rest
+		return &d
+	}
+	ep.Update(quiet(ln.Addr().String()))
+	e := ep.(*Endpoint)
+	e.postMu.Lock()
+	e.rails[0].q.fail()
+	e.postMu.Unlock()
+	c := newWaiter()
+	if _, err := ep.Post(c, []transport.Slice{w.slice(transport.Write, 0, 4096, 1)}); err == nil {
+		t.Fatal("Post to a peer that never answers: no error")
+	}
+	if n := accepts.Load(); n != 1 {
+		t.Fatalf("%d connections for one reconnect, want 1", n)
+	}
+	if _, err := ep.Post(c, []transport.Slice{w.slice(transport.Write, 0, 4096, 2)}); err == nil {
+		t.Fatal("a second Post within the backoff: no error")
+	}
+	if n := accepts.Load(); n != 1 {
+		t.Errorf("%d connections after a second Post within the backoff, want 1: it dialed again", n)
+	}
+	// The real target again: the next Post connects and the WRITE lands.
+	ep.Update(w.desc)
+	postAll(t, ep, c, []transport.Slice{w.slice(transport.Write, 0, 4096, 3)})
+	if err := c.wait(t, 3); err != nil {
+		t.Fatalf("WRITE after the Update back: %v", err)
 	}
 }

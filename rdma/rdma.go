@@ -8,6 +8,7 @@ package rdma
 import "C"
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -1221,7 +1222,20 @@ type rail struct {
 	q       *qp   // nil until connected, and after eviction
 	retired []*qp // failed queue pairs still flushing
 	b       int   // index in the endpoint's batches for the Post under way, -1 when none
+	// After a failed reconnect, connErr fails the rail at once until
+	// retryAt (UnixNano), the wait doubling from reconnectWait up to
+	// maxReconnectWait: a peer host that vanished costs one dial of up to
+	// ConnectTimeout per wait, not one per Post, each holding a poller.
+	connErr error
+	retryAt int64
+	wait    time.Duration
 }
+
+// The backoff of a rail's reconnects after one failed.
+const (
+	reconnectWait    = 100 * time.Millisecond
+	maxReconnectWait = 10 * time.Second
+)
 
 // Endpoint is the way to one remote segment: Rails() queue pairs. Safe for
 // concurrent use; Posts are serialized.
@@ -1340,6 +1354,11 @@ func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
 	addr, rdevs, key, err := parseEndpoint(desc.Endpoints[Name])
 	ep.postMu.Lock()
 	if err == nil && len(rdevs) == ep.nrdev {
+		if addr != ep.addr || (key != nil && !bytes.Equal(key, ep.key)) {
+			for i := range ep.rails { // a new peer: reconnect at once
+				ep.rails[i].connErr, ep.rails[i].wait = nil, 0
+			}
+		}
 		ep.addr = addr
 		if key != nil {
 			ep.key = key
@@ -1349,10 +1368,14 @@ func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
 	ep.postMu.Unlock()
 }
 
-// connectRail connects rail i; the caller holds postMu.
+// connectRail connects rail i; the caller holds postMu. Within the wait
+// after a failed attempt it fails at once with that attempt's error.
 func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 	t := ep.t
 	r := &ep.rails[i]
+	if r.connErr != nil && time.Now().UnixNano() < r.retryAt {
+		return r.connErr
+	}
 	if err := t.reserveQP(ep); err != nil {
 		return err
 	}
@@ -1361,9 +1384,14 @@ func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 		t.mu.Lock()
 		t.nqp--
 		t.mu.Unlock()
+		if !t.devs[r.li].down.Load() { // a port down fails at once anyway, and its up event is news
+			r.wait = min(max(2*r.wait, reconnectWait), maxReconnectWait)
+			r.retryAt = time.Now().Add(r.wait).UnixNano()
+			r.connErr = err
+		}
 		return err
 	}
-	r.q = q
+	r.q, r.connErr, r.wait = q, nil, 0
 	return nil
 }
 
