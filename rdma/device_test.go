@@ -594,8 +594,8 @@ func TestCloseRaces(t *testing.T) {
 // A rail whose reconnect failed does not dial again on every Post: within
 // its backoff a Post fails at once with that error. It used to dial, for
 // up to ConnectTimeout, on every Post, each holding a poller (a peer host
-// gone quiet, its SYNs or handshakes unanswered). An Update to another
-// address tries again at once.
+// gone quiet, its SYNs or handshakes unanswered). An Update (the peer
+// republished) tries again at once.
 func TestReconnectBackoff(t *testing.T) {
 	w := newWorld(t, Config{QPsPerDevice: 1, ConnectTimeout: 300 * time.Millisecond}, 1<<16)
 	ep := w.open(t)

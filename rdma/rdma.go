@@ -8,7 +8,6 @@ package rdma
 import "C"
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -72,6 +71,7 @@ type device struct {
 	af        *os.File      // a dup of ctx's async fd
 	asyncDone chan struct{} // closed when the event goroutine returned
 	down      atomic.Bool   // the port is down or the device failed
+	ups       atomic.Uint64 // how many times the port came up: a rail's reconnect backoff ends then
 	fatal     atomic.Bool   // the device failed: it stays down
 	events    atomic.Uint64 // asynchronous events seen
 	gidMu     sync.Mutex
@@ -369,7 +369,9 @@ func (t *Transport) refreshPort(d *device) {
 		d.gidMu.Lock()
 		d.cur, d.lid = g, p.LID
 		d.gidMu.Unlock()
-		d.down.Store(false)
+		if d.down.Swap(false) {
+			d.ups.Add(1)
+		}
 	}
 }
 
@@ -1226,9 +1228,12 @@ type rail struct {
 	// retryAt (UnixNano), the wait doubling from reconnectWait up to
 	// maxReconnectWait: a peer host that vanished costs one dial of up to
 	// ConnectTimeout per wait, not one per Post, each holding a poller.
+	// The wait ends early when the peer republishes (Update) or the
+	// device's port comes up again.
 	connErr error
 	retryAt int64
 	wait    time.Duration
+	ups     uint64 // the device's port-up count at the failure
 }
 
 // The backoff of a rail's reconnects after one failed.
@@ -1354,10 +1359,8 @@ func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
 	addr, rdevs, key, err := parseEndpoint(desc.Endpoints[Name])
 	ep.postMu.Lock()
 	if err == nil && len(rdevs) == ep.nrdev {
-		if addr != ep.addr || (key != nil && !bytes.Equal(key, ep.key)) {
-			for i := range ep.rails { // a new peer: reconnect at once
-				ep.rails[i].connErr, ep.rails[i].wait = nil, 0
-			}
+		for i := range ep.rails { // the peer republished: reconnect at once
+			ep.rails[i].connErr, ep.rails[i].wait = nil, 0
 		}
 		ep.addr = addr
 		if key != nil {
@@ -1373,7 +1376,7 @@ func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
 func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 	t := ep.t
 	r := &ep.rails[i]
-	if r.connErr != nil && time.Now().UnixNano() < r.retryAt {
+	if r.connErr != nil && time.Now().UnixNano() < r.retryAt && t.devs[r.li].ups.Load() == r.ups {
 		return r.connErr
 	}
 	if err := t.reserveQP(ep); err != nil {
@@ -1387,7 +1390,7 @@ func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 		if !t.devs[r.li].down.Load() { // a port down fails at once anyway, and its up event is news
 			r.wait = min(max(2*r.wait, reconnectWait), maxReconnectWait)
 			r.retryAt = time.Now().Add(r.wait).UnixNano()
-			r.connErr = err
+			r.connErr, r.ups = err, t.devs[r.li].ups.Load()
 		}
 		return err
 	}
