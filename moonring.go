@@ -757,28 +757,37 @@ func (e *Engine) unregisterFrom(t transport.Transport, slot int, b *segtable.Buf
 // it) device memory reaches only st's own peers, as the log says. mu must
 // be held.
 func (e *Engine) startStaging(st transport.Stager, slot int) {
-	mem, err := st.StagingArena()
-	if err == nil {
-		var b *segtable.Buffer
-		if b, err = e.buffers.Register(mem, segtable.CPU(0), false); err == nil {
-			for s, t := range e.transports {
-				if t == nil || err != nil {
-					continue
-				}
-				var reg segtable.Registration
-				if reg, err = t.Register(b); err == nil {
-					b.Regs[s].Store(&reg)
-				}
-			}
-			if err != nil {
-				e.unregisterLocked(b)
-			} else {
-				e.stager, e.stagerSlot, e.arena = st, slot, b
-				return
-			}
-		}
+	b, err := e.registerArena(st)
+	if err != nil {
+		e.cfg.Logger.Warn("moonring: no staging of device memory over the other transports", "reason", err)
+		return
 	}
-	e.cfg.Logger.Warn("moonring: no staging of device memory over the other transports", "reason", err)
+	e.stager, e.stagerSlot, e.arena = st, slot, b
+}
+
+// registerArena registers st's staging arena, local only, with the engine
+// and every transport: all or none. mu must be held.
+func (e *Engine) registerArena(st transport.Stager) (*segtable.Buffer, error) {
+	mem, err := st.StagingArena()
+	if err != nil {
+		return nil, err
+	}
+	b, err := e.buffers.Register(mem, segtable.CPU(0), false)
+	if err != nil {
+		return nil, err
+	}
+	for slot, t := range e.transports {
+		if t == nil {
+			continue
+		}
+		reg, err := t.Register(b)
+		if err != nil {
+			e.unregisterLocked(b)
+			return nil, err
+		}
+		b.Regs[slot].Store(&reg)
+	}
+	return b, nil
 }
 
 // stopStaging undoes startStaging: no segment has a staged endpoint any

@@ -53,19 +53,26 @@ func LosePeer(ep transport.Endpoint) {
 // operation had failed as a broken connection's and been retried three
 // times: its next try is due in about 64 ms. c hears of it with token.
 func PlantRetry(ep transport.Endpoint, c transport.Completer, token uint64) {
+	e, s, idx := plant(ep, c, token)
+	s.keys, s.peer = e.keys.Load(), e.peer.Load()
+	s.tries, s.failed = 3, time.Now().UnixNano()
+	s.state.Store(slotRetry)
+	e.t.queueRetries(idx[:])
+}
+
+// plant takes a free slot of ep's transport for a slice of ep, counted in
+// flight; the caller sets its state.
+func plant(ep transport.Endpoint, c transport.Completer, token uint64) (*Endpoint, *slot, [1]uint32) {
 	e := ep.(*Endpoint)
-	t := e.t
 	var idx [1]uint32
-	if t.take(idx[:]) != 1 {
+	if e.t.take(idx[:]) != 1 {
 		panic("efa test: no free slot")
 	}
-	s := &t.slots[idx[0]]
-	s.c, s.token, s.keys, s.peer = c, token, e.keys.Load(), e.peer.Load()
-	s.tries, s.failed = 3, time.Now().UnixNano()
+	s := &e.t.slots[idx[0]]
+	s.c, s.token = c, token
 	s.ep.Store(e)
-	s.state.Store(slotRetry)
 	e.inflight.Add(1)
-	t.queueRetries(idx[:])
+	return e, s, idx
 }
 
 // PlantBusy marks a free slot busy for ep, posted an hour ago, as Post
@@ -73,23 +80,14 @@ func PlantRetry(ep transport.Endpoint, c transport.Completer, token uint64) {
 // the guard, HoldGuard). undo gives the slot back as Post does for an
 // operation the provider did not take.
 func PlantBusy(ep transport.Endpoint, c transport.Completer, token uint64) (undo func()) {
-	e := ep.(*Endpoint)
-	t := e.t
-	var idx [1]uint32
-	if t.take(idx[:]) != 1 {
-		panic("efa test: no free slot")
-	}
-	s := &t.slots[idx[0]]
-	s.c, s.token = c, token
-	s.ep.Store(e)
+	e, s, idx := plant(ep, c, token)
 	s.posted.Store(time.Now().Add(-time.Hour).UnixNano())
 	s.state.Store(slotBusy)
-	e.inflight.Add(1)
 	return func() {
 		s.state.Store(slotFree)
 		s.c = nil
 		e.inflight.Add(-1)
-		t.release(idx[:])
+		e.t.release(idx[:])
 	}
 }
 
