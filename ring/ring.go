@@ -157,6 +157,7 @@ type Ring struct {
 	inlineBytes uint64          // bytes copyInline moved this round
 	holds       transport.Holds // references copyInline's copies hold until the round ends or a flush
 	more        bool            // take has more entries this round after the one it starts
+	taking      bool            // take has entries in hand that the SQ still holds: cqes waits
 	outstanding int             // slices posted and not yet completed
 	active      int             // requests in slots, including zombies
 	nextCheck   int64
@@ -460,6 +461,11 @@ func (r *Ring) wakeAt(t int64) int64 {
 // request's timeout, without a slot, so that no request waits past its
 // deadline for one (slots come back only when transports return slices).
 func (r *Ring) take(t int64) bool {
+	// Completions from before go out first: the copies below may take a
+	// while. From here to Advance no completion is published (see
+	// complete): the caller must not see one for an entry still in the SQ.
+	r.flushCQ()
+	r.taking = true
 	if len(r.free) > 0 {
 		r.blockedSince = 0 // a slot came back: blocked again, the clock starts again
 	}
@@ -486,6 +492,7 @@ func (r *Ring) take(t int64) bool {
 		r.blockedSince = 0
 	}
 	r.sq.Advance(i)
+	r.taking = false
 	return i > 0
 }
 
@@ -1184,7 +1191,7 @@ func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
 		return
 	}
 	r.cqes = append(r.cqes, cq.Completion{UserData: userData, Bytes: bytes, Status: code.Status(), Code: code})
-	if len(r.cqes) == cap(r.cqes) {
+	if len(r.cqes) >= cap(r.cqes) && !r.taking { // while taking, cqes may grow past 64 (rarely: take pops at most 64)
 		r.flushCQ()
 	}
 }

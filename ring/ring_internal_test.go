@@ -1632,3 +1632,49 @@ func TestInlineCopier(t *testing.T) {
 		t.Fatalf("%d slices copied at once; want 9", ep.now)
 	}
 }
+
+// sqCheckEP is a copyEP that checks, at every copy, that the caller can
+// see no completion for an entry the SQ still holds: a caller that keeps at
+// most Entries requests in flight must never find the SQ full.
+type sqCheckEP struct {
+	*copyEP
+	submitted int
+	bad       string
+}
+
+func (c *sqCheckEP) Copy(s *transport.Slice) error {
+	seen, consumed := c.r.cq.Ready(), c.submitted-c.r.sq.Len()
+	if seen > consumed && c.bad == "" {
+		c.bad = fmt.Sprintf("%d completions readable, but only %d of %d entries left the SQ", seen, consumed, c.submitted)
+	}
+	return c.copyEP.Copy(s)
+}
+
+// TestCompletionFreesSQ: a completion becomes readable only once its
+// entry has left the SQ, even when a round's completions outgrow the
+// poller's completion buffer (slice completions reaped first, then a full
+// take of inline copies).
+func TestCompletionFreesSQ(t *testing.T) {
+	f := &fakeEP{} // not a Copier: requests take slots, complete through reap
+	h := newHarness(t, Config{Entries: 256, SliceSize: 4096}, f, true)
+	for i := range uint64(10) {
+		h.submit(h.write(i, i*100, i*100, 100))
+	}
+	h.step() // posted; their slice completions wait for the next round's reap
+	if n := h.r.cq.Ready(); n != 0 {
+		t.Fatalf("%d completions after the first round; the test needs them reaped in the second", n)
+	}
+	ep := &sqCheckEP{copyEP: &copyEP{fakeEP: f, rails: map[uint16]int{}, r: h.r}, submitted: 10}
+	h.seg.Endpoint = ep
+	for i := range uint64(64) {
+		h.submit(h.write(100+i, i*100, i*100, 100))
+	}
+	ep.submitted += 64
+	h.step()
+	if ep.bad != "" {
+		t.Fatal(ep.bad)
+	}
+	if got := h.collect(74); len(got) != 74 || ep.inline != 64 {
+		t.Fatalf("%d completions, %d inline copies; want 74 and 64", len(got), ep.inline)
+	}
+}
