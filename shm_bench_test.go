@@ -25,10 +25,18 @@ var shmSizes = []benchSize{
 // fallback path); else both come from Alloc and the target's is mapped.
 func benchSHM(b *testing.B, op moonring.Op, heap bool) { benchSHMStride(b, op, heap, true) }
 
+// sameDepth is the requests the one-block benchmarks keep in flight: half
+// the ring. Their working set does not grow with it (every request is on
+// the same block), and ucx_perftest's put, beside which they run, keeps its
+// puts outstanding without a completion each; fewer in flight measures the
+// hand-offs between the reaper and the poller more than the copies.
+const sameDepth = 128
+
 // benchSHMStride is benchSHM; with spread unset, every request in flight
-// uses the first block of each buffer, as ucx_perftest does. The reaper
-// spins, as ucx_perftest's does: the target process has no part in the
-// copies, so the two cores are the poller's and the reaper's. With
+// uses the first block of each buffer, as ucx_perftest does, sameDepth of
+// them. The reaper spins, as ucx_perftest's does: the target process has
+// no part in the copies, so the two cores are the poller's and the
+// reaper's. With
 // MOONRING_BENCH_WAIT=1 it blocks in CQ().Wait instead: run so with
 // GOMAXPROCS=1, the poller and the reaper share one core and hand over
 // without crossing cores, as ucx_perftest's one thread does (with one P the
@@ -36,10 +44,9 @@ func benchSHM(b *testing.B, op moonring.Op, heap bool) { benchSHMStride(b, op, h
 func benchSHMStride(b *testing.B, op moonring.Op, heap, spread bool) {
 	for _, sz := range shmSizes {
 		b.Run("size="+sz.name, func(b *testing.B) {
-			span := sz.bytes * sz.depth
-			stride := sz.bytes
+			span, stride, depth := sz.bytes*sz.depth, sz.bytes, sz.depth
 			if !spread {
-				span, stride = sz.bytes, 0
+				span, stride, depth = sz.bytes, 0, sameDepth
 			}
 			env := []string{"MOONRING_SIZE=" + strconv.Itoa(span), "MOONRING_SHM=1"}
 			if heap {
@@ -71,7 +78,7 @@ func benchSHMStride(b *testing.B, op moonring.Op, heap, spread bool) {
 				b.Fatal(err)
 			}
 			defer r.Close()
-			driveStride(b, r, moonring.Entry{Op: op, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: uint64(sz.bytes)}, sz.bytes, sz.depth, stride, os.Getenv("MOONRING_BENCH_WAIT") == "")
+			driveStride(b, r, moonring.Entry{Op: op, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: uint64(sz.bytes)}, sz.bytes, depth, stride, os.Getenv("MOONRING_BENCH_WAIT") == "")
 		})
 	}
 }
