@@ -591,21 +591,37 @@ func TestCloseRaces(t *testing.T) {
 	}
 }
 
-// A rail whose reconnect failed does not dial again on every Post: within
-// its backoff a Post fails at once with that error. It used to dial, for
-// up to ConnectTimeout, on every Post, each holding a poller (a peer host
-// gone quiet, its SYNs or handshakes unanswered). An Update (the peer
-// republished) tries again at once.
+// A rail reconnects on a goroutine: a Post never waits for the dial and
+// handshake (up to ConnectTimeout, holding a poller; here a peer that
+// accepts and never answers, and a ConnectTimeout of an hour). Its slices
+// wait for the ring's next try meanwhile, and a second Post does not dial
+// again. Once that reconnect fails, a Post within the backoff fails at
+// once with its error, without dialing. An Update (the peer republished)
+// tries again at once. Closing the endpoint ends a reconnect under way.
 func TestReconnectBackoff(t *testing.T) {
-	w := newWorld(t, Config{QPsPerDevice: 1, ConnectTimeout: 300 * time.Millisecond}, 1<<16)
+	w := newWorld(t, Config{QPsPerDevice: 1, ConnectTimeout: time.Hour}, 1<<16)
 	ep := w.open(t)
-	// A listener that accepts and never answers the handshake.
+	// A listener that accepts and never answers the handshake, until told
+	// to hang up on everything it holds.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	var accepts atomic.Int32
+	hangUp, done := make(chan struct{}), make(chan struct{})
+	defer close(done)
+	conns := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepts.Add(1)
+			conns <- c
+		}
+	}()
 	go func() {
 		var held []net.Conn
 		defer func() {
@@ -614,12 +630,17 @@ func TestReconnectBackoff(t *testing.T) {
 			}
 		}()
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			select {
+			case c := <-conns:
+				held = append(held, c)
+			case <-hangUp:
+				for _, c := range held {
+					c.Close()
+				}
+				held = nil
+			case <-done:
 				return
 			}
-			accepts.Add(1)
-			held = append(held, c)
 		}
 	}()
 	quiet := func(addr string) *segtable.SegmentDesc {
@@ -635,22 +656,75 @@ func TestReconnectBackoff(t *testing.T) {
 	e.rails[0].q.fail()
 	e.postMu.Unlock()
 	c := newWaiter()
-	if _, err := ep.Post(c, []transport.Slice{w.slice(transport.Write, 0, 4096, 1)}); err == nil {
-		t.Fatal("Post to a peer that never answers: no error")
+	post := func(tok uint64) (int, error) {
+		t.Helper()
+		type result struct {
+			n   int
+			err error
+		}
+		ch := make(chan result, 1)
+		go func() {
+			n, err := ep.Post(c, []transport.Slice{w.slice(transport.Write, 0, 4096, tok)})
+			ch <- result{n, err}
+		}()
+		select {
+		case r := <-ch:
+			return r.n, r.err
+		case <-time.After(30 * time.Second):
+			t.Fatal("hang: Post waits for a reconnect")
+			return 0, nil
+		}
 	}
-	if n := accepts.Load(); n != 1 {
-		t.Fatalf("%d connections for one reconnect, want 1", n)
+	if n, err := post(1); n != 0 || err != nil {
+		t.Fatalf("Post while the rail starts reconnecting: %d, %v; want 0, nil", n, err)
 	}
-	if _, err := ep.Post(c, []transport.Slice{w.slice(transport.Write, 0, 4096, 2)}); err == nil {
+	waitFor(t, "the reconnect's dial", func() bool { return accepts.Load() == 1 })
+	if n, err := post(2); n != 0 || err != nil {
+		t.Fatalf("Post while the rail reconnects: %d, %v; want 0, nil", n, err)
+	}
+	// The peer hangs up: the reconnect fails, and so does the next Post,
+	// with no second dial. (The backoff after it is made 10 s, so that
+	// the Posts below fall inside it even on a slow emulated guest.)
+	e.postMu.Lock()
+	e.rails[0].wait = maxReconnectWait
+	e.postMu.Unlock()
+	close(hangUp)
+	waitFor(t, "the failed reconnect's error", func() bool {
+		_, err := post(3)
+		return err != nil
+	})
+	if _, err := post(4); err == nil {
 		t.Fatal("a second Post within the backoff: no error")
 	}
 	if n := accepts.Load(); n != 1 {
-		t.Errorf("%d connections after a second Post within the backoff, want 1: it dialed again", n)
+		t.Errorf("%d connections, want 1: a Post dialed again within the backoff", n)
 	}
-	// The real target again: the next Post connects and the WRITE lands.
+	// The real target again: the next Post reconnects and the WRITE lands.
 	ep.Update(w.desc)
-	postAll(t, ep, c, []transport.Slice{w.slice(transport.Write, 0, 4096, 3)})
-	if err := c.wait(t, 3); err != nil {
+	postAll(t, ep, c, []transport.Slice{w.slice(transport.Write, 0, 4096, 5)})
+	if err := c.wait(t, 5); err != nil {
 		t.Fatalf("WRITE after the Update back: %v", err)
 	}
+	// A reconnect under way when the endpoint closes: Close does not wait
+	// out the hour, and the queue pair the dial made is not kept.
+	ep.Update(quiet(ln.Addr().String()))
+	e.postMu.Lock()
+	e.rails[0].q.fail()
+	e.postMu.Unlock()
+	if n, err := post(6); n != 0 || err != nil {
+		t.Fatalf("Post while the rail starts reconnecting again: %d, %v", n, err)
+	}
+	waitFor(t, "the second reconnect's dial", func() bool { return accepts.Load() == 2 })
+	closed := make(chan struct{})
+	go func() { ep.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("hang: Close waits for a reconnect")
+	}
+	waitFor(t, "the reconnect to end", func() bool {
+		e.postMu.Lock()
+		defer e.postMu.Unlock()
+		return !e.rails[0].dialing && e.rails[0].q == nil
+	})
 }

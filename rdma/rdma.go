@@ -959,6 +959,8 @@ func (t *Transport) connect(ctx context.Context, addr string, key []byte, li, ri
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
+	// A cancel (the endpoint closing) ends the handshake at once.
+	defer context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })()
 	hello := qpAddr{Kind: kindHello, Device: uint16(ri), GID: gid.Raw, LID: lid, MTU: d.mtu,
 		RdAtomic: uint8(d.rdAtomic), QPN: uint32(cq.qp_num), PSN: psn}
 	peer, err := dialHandshake(conn, key, &hello)
@@ -1234,6 +1236,9 @@ type rail struct {
 	retryAt int64
 	wait    time.Duration
 	ups     uint64 // the device's port-up count at the failure
+	// dialing is set while a goroutine reconnects the rail (see redial):
+	// Posts leave its slices to the ring's next try meanwhile.
+	dialing bool
 }
 
 // The backoff of a rail's reconnects after one failed.
@@ -1257,6 +1262,12 @@ type Endpoint struct {
 	gone   chan struct{} // closed when the first Close has torn everything down
 	eff    []uint16      // the rail each slice of the Post under way went to, under postMu
 	used   atomic.Int64
+	// gen counts Updates (under postMu): a reconnect begun before one
+	// dialed the old address, and its result is dropped.
+	gen uint64
+	// dialCtx ends the endpoint's reconnects when it closes.
+	dialCtx    context.Context
+	dialCancel context.CancelFunc
 }
 
 var (
@@ -1286,6 +1297,7 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 		key = t.key
 	}
 	ep := &Endpoint{t: t, addr: addr, key: key, nrdev: len(rdevs), gone: make(chan struct{})}
+	ep.dialCtx, ep.dialCancel = context.WithCancel(context.Background())
 	ep.setBuffers(desc)
 	// Local device i talks to the peer's device i (modulo its count): on a
 	// rail-optimized fabric NIC i of every host shares a switch.
@@ -1362,6 +1374,7 @@ func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
 		for i := range ep.rails { // the peer republished: reconnect at once
 			ep.rails[i].connErr, ep.rails[i].wait = nil, 0
 		}
+		ep.gen++
 		ep.addr = addr
 		if key != nil {
 			ep.key = key
@@ -1371,31 +1384,98 @@ func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
 	ep.postMu.Unlock()
 }
 
-// connectRail connects rail i; the caller holds postMu. Within the wait
-// after a failed attempt it fails at once with that attempt's error.
+// connectRail connects rail i, as Open does; the caller holds postMu.
+// Within the wait after a failed attempt it fails at once with that
+// attempt's error.
 func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 	t := ep.t
 	r := &ep.rails[i]
-	if r.connErr != nil && time.Now().UnixNano() < r.retryAt && t.devs[r.li].ups.Load() == r.ups {
-		return r.connErr
+	if err := ep.backingOff(r); err != nil {
+		return err
 	}
 	if err := t.reserveQP(ep); err != nil {
 		return err
 	}
 	q, err := t.connect(ctx, ep.addr, ep.key, r.li, r.ri)
 	if err != nil {
-		t.mu.Lock()
-		t.nqp--
-		t.mu.Unlock()
-		if !t.devs[r.li].down.Load() { // a port down fails at once anyway, and its up event is news
-			r.wait = min(max(2*r.wait, reconnectWait), maxReconnectWait)
-			r.retryAt = time.Now().Add(r.wait).UnixNano()
-			r.connErr, r.ups = err, t.devs[r.li].ups.Load()
-		}
+		t.unreserveQP()
+		ep.failedConnect(r, err)
 		return err
 	}
 	r.q, r.connErr, r.wait = q, nil, 0
 	return nil
+}
+
+// redial reconnects rail i on a goroutine, for Post: a dial and handshake
+// take up to ConnectTimeout, far too long to hold a poller. The rail's
+// slices wait for the ring's next try meanwhile. Within the wait after a
+// failed attempt it fails at once with that attempt's error. The caller
+// holds postMu, and the endpoint is open.
+func (ep *Endpoint) redial(i int) error {
+	t := ep.t
+	r := &ep.rails[i]
+	if err := ep.backingOff(r); err != nil {
+		return err
+	}
+	if t.devs[r.li].down.Load() {
+		return fmt.Errorf("rdma: %s port %d is down: %w", t.devs[r.li].name, t.devs[r.li].port, transport.ErrPeer)
+	}
+	if err := t.reserveQP(ep); err != nil {
+		return err
+	}
+	r.dialing = true
+	addr, key, gen := ep.addr, ep.key, ep.gen
+	t.wg.Add(1) // Transport.Close closes this endpoint first, then waits: the devices outlive the dial
+	go func() {
+		defer t.wg.Done()
+		q, err := t.connect(ep.dialCtx, addr, key, r.li, r.ri)
+		ep.postMu.Lock()
+		defer ep.postMu.Unlock()
+		r.dialing = false
+		stale := ep.closed || ep.gen != gen
+		switch {
+		case err == nil && !stale:
+			r.q, r.connErr, r.wait = q, nil, 0
+			t.reconnects.Add(1)
+		case err == nil:
+			q.destroy() // gives its reservation back
+		default:
+			t.unreserveQP()
+			if !stale {
+				ep.failedConnect(r, err)
+			}
+		}
+	}()
+	return nil
+}
+
+// backingOff returns the error of r's last failed connect while its wait
+// lasts, else nil. The caller holds postMu.
+func (ep *Endpoint) backingOff(r *rail) error {
+	if r.connErr != nil && time.Now().UnixNano() < r.retryAt && ep.t.devs[r.li].ups.Load() == r.ups {
+		return r.connErr
+	}
+	return nil
+}
+
+// failedConnect starts or doubles r's wait after a failed connect. The
+// caller holds postMu.
+func (ep *Endpoint) failedConnect(r *rail, err error) {
+	d := ep.t.devs[r.li]
+	if d.down.Load() {
+		return // a port down fails at once anyway, and its up event is news
+	}
+	r.wait = min(max(2*r.wait, reconnectWait), maxReconnectWait)
+	r.retryAt = time.Now().Add(r.wait).UnixNano()
+	r.connErr, r.ups = err, d.ups.Load()
+}
+
+// unreserveQP gives back a reservation of reserveQP that did not become a
+// queue pair.
+func (t *Transport) unreserveQP() {
+	t.mu.Lock()
+	t.nqp--
+	t.mu.Unlock()
 }
 
 // reserveQP counts a new queue pair against MaxQPs, evicting idle queue
@@ -1442,7 +1522,9 @@ var useClock atomic.Int64
 // rkey, the local range inside its registration), puts it on its rail's
 // queue pair, and posts every rail's chain in one cgo call. It accepts
 // fewer slices when a queue pair is full (or, for notifications, has
-// notifySlots unanswered). A slice that fails the checks completes at once
+// notifySlots unanswered), or when a rail must reconnect: that happens on
+// a goroutine (see redial), and a rail within the wait after a failed
+// reconnect fails the Post with that reconnect's error. A slice that fails the checks completes at once
 // with ErrRange or ErrDenied.
 func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
 	t := ep.t
@@ -1493,12 +1575,13 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 			if r.q != nil {
 				r.retired = append(r.retired, r.q)
 				r.q = nil
-				t.reconnects.Add(1)
 			}
-			if err := ep.connectRail(context.Background(), ri); err != nil {
-				connErr = err
-				break
+			if !r.dialing {
+				if err := ep.redial(ri); err != nil {
+					connErr = err
+				}
 			}
+			break // connecting: the ring posts these again shortly
 		}
 		q := r.q
 		if r.b < 0 {
@@ -1691,6 +1774,7 @@ const closeTimeout = 5 * time.Second
 // them. Safe to call more than once.
 func (ep *Endpoint) Close() error {
 	t := ep.t
+	ep.dialCancel() // a reconnect under way gives up; it finds the endpoint closed
 	ep.postMu.Lock()
 	if ep.closed {
 		ep.postMu.Unlock()
