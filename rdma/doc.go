@@ -70,10 +70,13 @@
 // A Transport listens from New until Close, and runs two goroutines per
 // device (completion events of peers' queue pairs, asynchronous events)
 // plus one per control connection (at most 64 of them still in the
-// handshake; see Config.MaxPeerQPs). Queue pairs are created by
-// Open and by the first Post after one failed; Config.MaxQPs bounds them,
-// and past it the idle queue pairs of the least recently used endpoints are
-// closed (they reconnect when used again). Endpoint.Close and
+// handshake; see Config.MaxPeerQPs). Queue pairs are created by Open and,
+// after one failed or was evicted, by a goroutine the next Post starts (a
+// Post never waits for a dial; the rail's slices wait for the ring's next
+// try, and after a failed reconnect the rail fails Posts at once for a
+// backoff of 100 ms doubling to 10 s). Config.MaxQPs bounds them, and past
+// it the idle queue pairs of the least recently used endpoints are closed
+// (they reconnect when used again). Endpoint.Close and
 // Transport.Close move the queue pairs to the error state and wait (up to
 // 5 s) for the flushed completions, so every slice accepted completes
 // exactly once, with ErrClosed then. Poll after Close returns 0.
