@@ -591,26 +591,23 @@ func TestCloseRaces(t *testing.T) {
 	}
 }
 
-// A rail reconnects on a goroutine: a Post never waits for the dial and
-// handshake (up to ConnectTimeout, holding a poller; here a peer that
-// accepts and never answers, and a ConnectTimeout of an hour). Its slices
-// wait for the ring's next try meanwhile, and a second Post does not dial
-// again. Once that reconnect fails, a Post within the backoff fails at
-// once with its error, without dialing. An Update (the peer republished)
-// tries again at once. Closing the endpoint ends a reconnect under way.
-func TestReconnectBackoff(t *testing.T) {
-	w := newWorld(t, Config{QPsPerDevice: 1, ConnectTimeout: time.Hour}, 1<<16)
-	ep := w.open(t)
-	// A listener that accepts and never answers the handshake, until told
-	// to hang up on everything it holds.
+// quietPeer is a control listener that accepts and never answers the
+// handshake, holding every connection until hangUp (after which it holds
+// new ones again) or the test's end. desc is w's descriptor pointing there.
+type quietPeer struct {
+	desc    *segtable.SegmentDesc
+	accepts atomic.Int32
+	hangUp  chan struct{}
+}
+
+func newQuietPeer(t *testing.T, w *world) *quietPeer {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	var accepts atomic.Int32
-	hangUp, done := make(chan struct{}), make(chan struct{})
-	defer close(done)
+	p := &quietPeer{hangUp: make(chan struct{})}
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); close(done) })
 	conns := make(chan net.Conn, 16)
 	go func() {
 		for {
@@ -618,12 +615,13 @@ func TestReconnectBackoff(t *testing.T) {
 			if err != nil {
 				return
 			}
-			accepts.Add(1)
+			p.accepts.Add(1)
 			conns <- c
 		}
 	}()
 	go func() {
 		var held []net.Conn
+		hangUp := p.hangUp
 		defer func() {
 			for _, c := range held {
 				c.Close()
@@ -637,20 +635,54 @@ func TestReconnectBackoff(t *testing.T) {
 				for _, c := range held {
 					c.Close()
 				}
-				held = nil
+				held, hangUp = nil, nil
 			case <-done:
 				return
 			}
 		}
 	}()
-	quiet := func(addr string) *segtable.SegmentDesc {
-		d := *w.desc
-		d.Endpoints = map[string]string{}
-		_, rest, _ := strings.Cut(w.desc.Endpoints[Name], "/")
-		d.Endpoints[Name] = addr + "/" + rest
-		return &d
+	d := *w.desc
+	d.Endpoints = map[string]string{}
+	_, rest, _ := strings.Cut(w.desc.Endpoints[Name], "/")
+	d.Endpoints[Name] = ln.Addr().String() + "/" + rest
+	p.desc = &d
+	return p
+}
+
+// postNoWait is ep.Post, failing the test if it does not return within
+// 30 s (it must not wait for a reconnect).
+func postNoWait(t *testing.T, ep transport.Endpoint, c transport.Completer, s ...transport.Slice) (int, error) {
+	t.Helper()
+	type result struct {
+		n   int
+		err error
 	}
-	ep.Update(quiet(ln.Addr().String()))
+	ch := make(chan result, 1)
+	go func() {
+		n, err := ep.Post(c, s)
+		ch <- result{n, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.n, r.err
+	case <-time.After(30 * time.Second):
+		t.Fatal("hang: Post waits for a reconnect")
+		return 0, nil
+	}
+}
+
+// A rail reconnects on a goroutine: a Post never waits for the dial and
+// handshake (up to ConnectTimeout, holding a poller; here a peer that
+// accepts and never answers, and a ConnectTimeout of an hour). Its slices
+// wait for the ring's next try meanwhile, and a second Post does not dial
+// again. Once that reconnect fails, a Post within the backoff fails at
+// once with its error, without dialing. An Update (the peer republished)
+// tries again at once. Closing the endpoint ends a reconnect under way.
+func TestReconnectBackoff(t *testing.T) {
+	w := newWorld(t, Config{QPsPerDevice: 1, ConnectTimeout: time.Hour}, 1<<16)
+	ep := w.open(t)
+	quiet := newQuietPeer(t, w)
+	ep.Update(quiet.desc)
 	e := ep.(*Endpoint)
 	e.postMu.Lock()
 	e.rails[0].q.fail()
@@ -658,27 +690,12 @@ func TestReconnectBackoff(t *testing.T) {
 	c := newWaiter()
 	post := func(tok uint64) (int, error) {
 		t.Helper()
-		type result struct {
-			n   int
-			err error
-		}
-		ch := make(chan result, 1)
-		go func() {
-			n, err := ep.Post(c, []transport.Slice{w.slice(transport.Write, 0, 4096, tok)})
-			ch <- result{n, err}
-		}()
-		select {
-		case r := <-ch:
-			return r.n, r.err
-		case <-time.After(30 * time.Second):
-			t.Fatal("hang: Post waits for a reconnect")
-			return 0, nil
-		}
+		return postNoWait(t, ep, c, w.slice(transport.Write, 0, 4096, tok))
 	}
 	if n, err := post(1); n != 0 || err != nil {
 		t.Fatalf("Post while the rail starts reconnecting: %d, %v; want 0, nil", n, err)
 	}
-	waitFor(t, "the reconnect's dial", func() bool { return accepts.Load() == 1 })
+	waitFor(t, "the reconnect's dial", func() bool { return quiet.accepts.Load() == 1 })
 	if n, err := post(2); n != 0 || err != nil {
 		t.Fatalf("Post while the rail reconnects: %d, %v; want 0, nil", n, err)
 	}
@@ -688,7 +705,7 @@ func TestReconnectBackoff(t *testing.T) {
 	e.postMu.Lock()
 	e.rails[0].wait = maxReconnectWait
 	e.postMu.Unlock()
-	close(hangUp)
+	close(quiet.hangUp)
 	waitFor(t, "the failed reconnect's error", func() bool {
 		_, err := post(3)
 		return err != nil
@@ -696,7 +713,7 @@ func TestReconnectBackoff(t *testing.T) {
 	if _, err := post(4); err == nil {
 		t.Fatal("a second Post within the backoff: no error")
 	}
-	if n := accepts.Load(); n != 1 {
+	if n := quiet.accepts.Load(); n != 1 {
 		t.Errorf("%d connections, want 1: a Post dialed again within the backoff", n)
 	}
 	// The real target again: the next Post reconnects and the WRITE lands.
@@ -706,15 +723,21 @@ func TestReconnectBackoff(t *testing.T) {
 		t.Fatalf("WRITE after the Update back: %v", err)
 	}
 	// A reconnect under way when the endpoint closes: Close does not wait
-	// out the hour, and the queue pair the dial made is not kept.
-	ep.Update(quiet(ln.Addr().String()))
+	// out the hour, the dial ends, and its reservation goes back.
+	ep.Update(quiet.desc)
 	e.postMu.Lock()
 	e.rails[0].q.fail()
 	e.postMu.Unlock()
 	if n, err := post(6); n != 0 || err != nil {
 		t.Fatalf("Post while the rail starts reconnecting again: %d, %v", n, err)
 	}
-	waitFor(t, "the second reconnect's dial", func() bool { return accepts.Load() == 2 })
+	waitFor(t, "the second reconnect's dial", func() bool { return quiet.accepts.Load() == 2 })
+	e.postMu.Lock()
+	dialing := e.rails[0].dialing
+	e.postMu.Unlock()
+	if !dialing {
+		t.Fatal("the second reconnect ended before Close: the test proves nothing")
+	}
 	closed := make(chan struct{})
 	go func() { ep.Close(); close(closed) }()
 	select {
@@ -725,6 +748,87 @@ func TestReconnectBackoff(t *testing.T) {
 	waitFor(t, "the reconnect to end", func() bool {
 		e.postMu.Lock()
 		defer e.postMu.Unlock()
-		return !e.rails[0].dialing && e.rails[0].q == nil
+		return !e.rails[0].dialing
 	})
+	if st := w.init.Stats(); st.QPs != 0 {
+		t.Errorf("%d queue pairs counted after Close", st.QPs)
+	}
+}
+
+// While a rail reconnects, its slices go to another rail with a live queue
+// pair instead of waiting for the dial (which held up every later slice of
+// the ring).
+func TestReconnectOtherRail(t *testing.T) {
+	w := newWorld(t, Config{QPsPerDevice: 2, ConnectTimeout: time.Hour}, 1<<16)
+	ep := w.open(t)
+	quiet := newQuietPeer(t, w)
+	ep.Update(quiet.desc) // reconnects dial a peer that never answers
+	e := ep.(*Endpoint)
+	e.postMu.Lock()
+	e.rails[0].q.fail()
+	e.postMu.Unlock()
+	for i := range w.lmem[:8192] {
+		w.lmem[i] = byte(i*5 + 1)
+	}
+	c := newWaiter()
+	s0, s1 := w.slice(transport.Write, 0, 4096, 1), w.slice(transport.Write, 4096, 4096, 2)
+	s0.Rail, s1.Rail = 0, 1
+	if n, err := postNoWait(t, ep, c, s0, s1); n != 2 || err != nil {
+		t.Fatalf("Post with rail 0 reconnecting: %d, %v; want 2, nil", n, err)
+	}
+	for tok := uint64(1); tok <= 2; tok++ {
+		if err := c.wait(t, tok); err != nil {
+			t.Fatalf("WRITE %d: %v", tok, err)
+		}
+	}
+	if !bytes.Equal(w.rmem[:8192], w.lmem[:8192]) {
+		t.Fatal("WRITEs on the other rail did not land")
+	}
+	waitFor(t, "rail 0's reconnect", func() bool { return quiet.accepts.Load() >= 1 })
+	e.postMu.Lock()
+	dialing := e.rails[0].dialing
+	e.postMu.Unlock()
+	if !dialing {
+		t.Error("rail 0 is not reconnecting")
+	}
+}
+
+// An Update that republishes the same address leaves a reconnect under
+// way alone (the engine updates on every republish, buffers included); one
+// to another address drops it, and the next Post dials the new one.
+func TestReconnectUpdate(t *testing.T) {
+	w := newWorld(t, Config{QPsPerDevice: 1, ConnectTimeout: time.Hour}, 1<<16)
+	ep := w.open(t)
+	quiet := newQuietPeer(t, w)
+	ep.Update(quiet.desc)
+	e := ep.(*Endpoint)
+	e.postMu.Lock()
+	e.rails[0].q.fail()
+	e.postMu.Unlock()
+	c := newWaiter()
+	if n, err := postNoWait(t, ep, c, w.slice(transport.Write, 0, 4096, 1)); n != 0 || err != nil {
+		t.Fatalf("Post while the rail starts reconnecting: %d, %v; want 0, nil", n, err)
+	}
+	waitFor(t, "the reconnect's dial", func() bool { return quiet.accepts.Load() == 1 })
+	dial := func() (bool, uint64) {
+		e.postMu.Lock()
+		defer e.postMu.Unlock()
+		return e.rails[0].dialing, e.rails[0].dialTok
+	}
+	_, tok := dial()
+	ep.Update(quiet.desc)
+	if on, now := dial(); !on || now != tok {
+		t.Fatalf("an Update to the same address: dialing %v, dial %d (was %d); want the same dial", on, now, tok)
+	}
+	ep.Update(w.desc)
+	if on, _ := dial(); on {
+		t.Fatal("an Update to another address left the dial to the old one")
+	}
+	postAll(t, ep, c, []transport.Slice{w.slice(transport.Write, 0, 4096, 2)})
+	if err := c.wait(t, 2); err != nil {
+		t.Fatalf("WRITE after the Update: %v", err)
+	}
+	if n := quiet.accepts.Load(); n != 1 {
+		t.Errorf("%d dials to the old address, want 1", n)
+	}
 }

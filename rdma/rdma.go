@@ -8,6 +8,7 @@ package rdma
 import "C"
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -960,7 +961,8 @@ func (t *Transport) connect(ctx context.Context, addr string, key []byte, li, ri
 		conn.SetDeadline(dl)
 	}
 	// A cancel (the endpoint closing) ends the handshake at once.
-	defer context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })()
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	hello := qpAddr{Kind: kindHello, Device: uint16(ri), GID: gid.Raw, LID: lid, MTU: d.mtu,
 		RdAtomic: uint8(d.rdAtomic), QPN: uint32(cq.qp_num), PSN: psn}
 	peer, err := dialHandshake(conn, key, &hello)
@@ -980,6 +982,9 @@ func (t *Transport) connect(ctx context.Context, addr string, key []byte, li, ri
 	}
 	if rc := C.mr_to_rts(cq, C.uint32_t(psn), C.int(min(d.rdAtomic, int(peer.RdAtomic))), ackTimeout, retryCount); rc != 0 {
 		return nil, fmt.Errorf("rdma: modify QP to RTS on %s: %v: %w", d.name, syscall.Errno(rc), transport.ErrPeer)
+	}
+	if !stop() { // the cancel came: it may have set a past deadline on conn
+		return nil, fmt.Errorf("rdma: handshake with %s: %w: %w", addr, context.Cause(ctx), transport.ErrPeer)
 	}
 	conn.SetDeadline(time.Time{})
 	q := &qp{t: t, id: id, dev: d, rdev: ri, q: cq, conn: conn, slots: make([]slot, t.cfg.Depth), st: newStage(t.cfg.Depth),
@@ -1237,8 +1242,13 @@ type rail struct {
 	wait    time.Duration
 	ups     uint64 // the device's port-up count at the failure
 	// dialing is set while a goroutine reconnects the rail (see redial):
-	// Posts leave its slices to the ring's next try meanwhile.
-	dialing bool
+	// Posts send its slices to another rail meanwhile, or leave them to
+	// the ring's next try. dialTok names that goroutine (an Update to
+	// another address drops its dial, and a later one may start), and
+	// dialStop ends it.
+	dialing  bool
+	dialTok  uint64
+	dialStop context.CancelFunc
 }
 
 // The backoff of a rail's reconnects after one failed.
@@ -1262,9 +1272,8 @@ type Endpoint struct {
 	gone   chan struct{} // closed when the first Close has torn everything down
 	eff    []uint16      // the rail each slice of the Post under way went to, under postMu
 	used   atomic.Int64
-	// gen counts Updates (under postMu): a reconnect begun before one
-	// dialed the old address, and its result is dropped.
-	gen uint64
+	// dials numbers the reconnects (rail.dialTok), under postMu.
+	dials uint64
 	// dialCtx ends the endpoint's reconnects when it closes.
 	dialCtx    context.Context
 	dialCancel context.CancelFunc
@@ -1371,10 +1380,15 @@ func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
 	addr, rdevs, key, err := parseEndpoint(desc.Endpoints[Name])
 	ep.postMu.Lock()
 	if err == nil && len(rdevs) == ep.nrdev {
+		moved := addr != ep.addr || (key != nil && !bytes.Equal(key, ep.key))
 		for i := range ep.rails { // the peer republished: reconnect at once
-			ep.rails[i].connErr, ep.rails[i].wait = nil, 0
+			r := &ep.rails[i]
+			r.connErr, r.wait = nil, 0
+			if moved && r.dialing { // dialing the old address: give up on it
+				r.dialStop()
+				r.dialing, r.dialTok, r.dialStop = false, 0, nil
+			}
 		}
-		ep.gen++
 		ep.addr = addr
 		if key != nil {
 			ep.key = key
@@ -1408,7 +1422,7 @@ func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 
 // redial reconnects rail i on a goroutine, for Post: a dial and handshake
 // take up to ConnectTimeout, far too long to hold a poller. The rail's
-// slices wait for the ring's next try meanwhile. Within the wait after a
+// slices go elsewhere meanwhile (see Post). Within the wait after a
 // failed attempt it fails at once with that attempt's error. The caller
 // holds postMu, and the endpoint is open.
 func (ep *Endpoint) redial(i int) error {
@@ -1423,16 +1437,23 @@ func (ep *Endpoint) redial(i int) error {
 	if err := t.reserveQP(ep); err != nil {
 		return err
 	}
-	r.dialing = true
-	addr, key, gen := ep.addr, ep.key, ep.gen
+	ep.dials++
+	tok := ep.dials
+	ctx, stop := context.WithCancel(ep.dialCtx)
+	r.dialing, r.dialTok, r.dialStop = true, tok, stop
+	addr, key := ep.addr, ep.key
 	t.wg.Add(1) // Transport.Close closes this endpoint first, then waits: the devices outlive the dial
 	go func() {
 		defer t.wg.Done()
-		q, err := t.connect(ep.dialCtx, addr, key, r.li, r.ri)
+		defer stop()
+		q, err := t.connect(ctx, addr, key, r.li, r.ri)
 		ep.postMu.Lock()
 		defer ep.postMu.Unlock()
-		r.dialing = false
-		stale := ep.closed || ep.gen != gen
+		own := r.dialTok == tok // else an Update dropped this dial
+		if own {
+			r.dialing, r.dialTok, r.dialStop = false, 0, nil
+		}
+		stale := ep.closed || !own
 		switch {
 		case err == nil && !stale:
 			r.q, r.connErr, r.wait = q, nil, 0
@@ -1522,9 +1543,10 @@ var useClock atomic.Int64
 // rkey, the local range inside its registration), puts it on its rail's
 // queue pair, and posts every rail's chain in one cgo call. It accepts
 // fewer slices when a queue pair is full (or, for notifications, has
-// notifySlots unanswered), or when a rail must reconnect: that happens on
-// a goroutine (see redial), and a rail within the wait after a failed
-// reconnect fails the Post with that reconnect's error. A slice that fails the checks completes at once
+// notifySlots unanswered), or when a rail must reconnect. That happens on
+// a goroutine (see redial); meanwhile the rail's slices go to another rail
+// with a live queue pair, and with none Post takes fewer slices, or fails
+// with the last reconnect's error within the wait after it failed. A slice that fails the checks completes at once
 // with ErrRange or ErrDenied.
 func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
 	t := ep.t
@@ -1576,12 +1598,20 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 				r.retired = append(r.retired, r.q)
 				r.q = nil
 			}
+			var err error
 			if !r.dialing {
-				if err := ep.redial(ri); err != nil {
-					connErr = err
-				}
+				err = ep.redial(ri)
 			}
-			break // connecting: the ring posts these again shortly
+			// Meanwhile another rail with a live queue pair takes the
+			// slice; with none, the ring posts it again shortly, or
+			// retries it elsewhere after the failed reconnect's error.
+			alt := ep.liveRail(ri)
+			if alt < 0 {
+				connErr = err
+				break
+			}
+			ri, r = alt, &ep.rails[alt]
+			ep.eff[i] = uint16(ri)
 		}
 		q := r.q
 		if r.b < 0 {
@@ -1699,6 +1729,19 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 		return i, connErr
 	}
 	return i, nil
+}
+
+// liveRail returns the first rail after ri whose queue pair is live, on a
+// device that is up, or -1. The caller holds postMu.
+func (ep *Endpoint) liveRail(ri int) int {
+	for k := 1; k < len(ep.rails); k++ {
+		j := (ri + k) % len(ep.rails)
+		r := &ep.rails[j]
+		if r.q != nil && r.q.state.Load() == qpLive && !ep.t.devs[r.li].down.Load() {
+			return j
+		}
+	}
+	return -1
 }
 
 // upRail returns the first rail after ri whose device is up, or ri.

@@ -18,6 +18,7 @@ type Stats struct {
 	// Evictions is the number of idle queue pairs closed to stay within
 	// Config.MaxQPs.
 	Evictions uint64
-	// QPs is the number of the initiator's queue pairs now connected.
+	// QPs is the number of the initiator's queue pairs now connected or
+	// being connected (a reconnect under way counts against MaxQPs).
 	QPs int
 }

@@ -462,8 +462,11 @@ func (r *Ring) wakeAt(t int64) int64 {
 // deadline for one (slots come back only when transports return slices).
 func (r *Ring) take(t int64) bool {
 	// Completions from before go out first: the copies below may take a
-	// while. From here to Advance no completion is published (see
-	// complete): the caller must not see one for an entry still in the SQ.
+	// while. From here to Advance no completion is published to the CQ
+	// (see complete): the caller must not see one for an entry still in
+	// the SQ, or a caller keeping Entries requests in flight could find it
+	// full. (A Sink, the batch API's, gets each completion at once; its
+	// submitter waits for room.)
 	r.flushCQ()
 	r.taking = true
 	if len(r.free) > 0 {
@@ -1191,7 +1194,10 @@ func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
 		return
 	}
 	r.cqes = append(r.cqes, cq.Completion{UserData: userData, Bytes: bytes, Status: code.Status(), Code: code})
-	if len(r.cqes) >= cap(r.cqes) && !r.taking { // while taking, cqes may grow past 64 (rarely: take pops at most 64)
+	// While taking, cqes may grow past its capacity: take pops at most 64
+	// entries, but posting one can end earlier requests too (a failed
+	// post), so up to 64+MaxInFlight; rare, and the capacity is kept.
+	if len(r.cqes) >= cap(r.cqes) && !r.taking {
 		r.flushCQ()
 	}
 }
