@@ -81,14 +81,44 @@ type task struct {
 }
 
 type batch struct {
-	gen        atomic.Uint32 // the generation in the low 16 bits; batchFree set while free
-	tasks      []task        // capacity kept across uses
-	size       int           // tasks allocated
+	// mu is held by SubmitTransfer and FreeBatchID (before the table's
+	// lock): a batch is not freed, and its slot reused, under a submit.
+	mu  sync.Mutex
+	gen atomic.Uint32 // the generation in the low 16 bits; batchFree set while free
+	// tasks holds every task the slot has room for; it only grows, so a
+	// reader with a stale ID indexes memory that is still a task array.
+	// The batch's tasks are the first size.
+	tasks      atomic.Pointer[[]task]
+	size       atomic.Int64
 	submitted  atomic.Int64  // tasks submitted; written by the one filling goroutine
 	unfinished atomic.Int64  // submitted and not terminal
 	done       chan struct{} // signaled when unfinished reaches 0 and waiting is set
 	waiting    atomic.Bool
 }
+
+// task returns task i, or nil when i is not one of the batch's. A reader
+// that may hold a stale ID checks the generation again after reading.
+func (b *batch) task(i int) *task {
+	ts := b.tasks.Load()
+	if ts == nil || i < 0 || int64(i) >= b.size.Load() || i >= len(*ts) {
+		return nil
+	}
+	return &(*ts)[i]
+}
+
+// finish counts k submitted tasks off as terminal and wakes a WaitBatch
+// when none is left.
+func (b *batch) finish(k int64) {
+	if b.unfinished.Add(-k) == 0 && b.waiting.Load() {
+		select {
+		case b.done <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// MaxBatchTasks bounds the tasks of one batch (AllocateBatchID).
+const MaxBatchTasks = 1 << 20
 
 // batchTable holds the engine's batches and the rings that serve them.
 type batchTable struct {
@@ -165,11 +195,23 @@ func userData(slot int, gen uint32, task int) uint64 {
 }
 
 func (bt *batchTable) lookup(id BatchID) (*batch, error) {
-	slot, gen := int(id&0xffff), uint32(id>>16&0xffff)
+	slot, gen := int(id&0xffff), id.gen()
 	if id>>32 != 0 || slot >= len(bt.slots) || gen == 0 || bt.slots[slot].gen.Load() != gen {
 		return nil, fmt.Errorf("moonring: batch %#x: %w", uint64(id), ErrBadBatch)
 	}
 	return &bt.slots[slot], nil
+}
+
+// gen returns the generation the ID names.
+func (id BatchID) gen() uint32 { return uint32(id >> 16 & 0xffff) }
+
+// stale returns ErrBadBatch, wrapped, when b no longer is the batch id
+// names (freed, perhaps reused, since lookup).
+func (b *batch) stale(id BatchID) error {
+	if b.gen.Load() != id.gen() {
+		return fmt.Errorf("moonring: batch %#x: freed: %w", uint64(id), ErrBadBatch)
+	}
+	return nil
 }
 
 // batchSink stores completions of the batch rings into task status.
@@ -181,10 +223,10 @@ func (s *batchSink) task(ud uint64) (*batch, *task) {
 		return nil, nil
 	}
 	b := &s.slots[slot]
-	if b.gen.Load() != gen || t >= b.size {
+	if b.gen.Load() != gen {
 		return nil, nil
 	}
-	return b, &b.tasks[t]
+	return b, b.task(t)
 }
 
 // Started marks the task PENDING.
@@ -211,12 +253,7 @@ func (s *batchSink) Complete(c *cq.Completion) {
 	t.bytes.Store(c.Bytes)
 	t.code.Store(uint32(c.Code))
 	t.status.Store(uint32(c.Status))
-	if b.unfinished.Add(-1) == 0 && b.waiting.Load() {
-		select {
-		case b.done <- struct{}{}:
-		default:
-		}
-	}
+	b.finish(1)
 }
 
 // AllocateBatchID reserves a batch of up to n tasks. Free it with
@@ -225,8 +262,8 @@ func (e *Engine) AllocateBatchID(n int) (BatchID, error) {
 	if e.closed.Load() {
 		return 0, ErrClosed
 	}
-	if n <= 0 || n > 1<<31 {
-		return 0, fmt.Errorf("moonring: allocate batch of %d: %w", n, ErrBadBatch)
+	if n <= 0 || n > MaxBatchTasks {
+		return 0, fmt.Errorf("moonring: allocate batch of %d tasks (1..%d): %w", n, MaxBatchTasks, ErrBadBatch)
 	}
 	bt := &e.batches
 	bt.mu.Lock()
@@ -237,16 +274,19 @@ func (e *Engine) AllocateBatchID(n int) (BatchID, error) {
 	slot := bt.free[len(bt.free)-1]
 	bt.free = bt.free[:len(bt.free)-1]
 	b := &bt.slots[slot]
-	if cap(b.tasks) < n {
-		b.tasks = make([]task, n)
+	ts := b.tasks.Load()
+	if ts == nil || len(*ts) < n {
+		grown := make([]task, n)
+		ts = &grown
+		b.tasks.Store(ts)
 	}
-	b.tasks = b.tasks[:n]
-	for i := range b.tasks {
-		b.tasks[i].status.Store(uint32(cq.Waiting))
-		b.tasks[i].code.Store(0)
-		b.tasks[i].bytes.Store(0)
+	for i := range (*ts)[:n] {
+		t := &(*ts)[i]
+		t.status.Store(uint32(cq.Waiting))
+		t.code.Store(0)
+		t.bytes.Store(0)
 	}
-	b.size = n
+	b.size.Store(int64(n))
 	b.submitted.Store(0)
 	b.unfinished.Store(0)
 	gen := (b.gen.Load() + 1) & 0xffff
@@ -263,15 +303,20 @@ func (e *Engine) AllocateBatchID(n int) (BatchID, error) {
 // terminal; the batch stays allocated then.
 func (e *Engine) FreeBatchID(id BatchID) error {
 	bt := &e.batches
-	bt.mu.Lock()
-	defer bt.mu.Unlock()
 	b, err := bt.lookup(id)
 	if err != nil {
 		return err
 	}
+	b.mu.Lock() // not under a SubmitTransfer
+	defer b.mu.Unlock()
+	bt.mu.Lock()
+	defer bt.mu.Unlock()
+	if err := b.stale(id); err != nil {
+		return err // freed by another call meanwhile
+	}
 	if n := b.unfinished.Load(); n > 0 {
 		for i := 0; i < int(b.submitted.Load()); i++ {
-			if !Status(b.tasks[i].status.Load()).Terminal() {
+			if !Status(b.task(i).status.Load()).Terminal() {
 				return fmt.Errorf("moonring: free batch %#x: %d tasks unfinished: %w", uint64(id), n, ErrBusy)
 			}
 		}
@@ -305,16 +350,20 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 	if err != nil {
 		return err
 	}
-	if done := int(b.submitted.Load()); done+len(reqs) > b.size {
-		return fmt.Errorf("moonring: submit %d tasks to batch of %d with %d submitted: %w", len(reqs), b.size, done, ErrBatchFull)
+	b.mu.Lock() // no FreeBatchID meanwhile
+	defer b.mu.Unlock()
+	if err := b.stale(id); err != nil {
+		return err
+	}
+	if done, size := int(b.submitted.Load()), int(b.size.Load()); done+len(reqs) > size {
+		return fmt.Errorf("moonring: submit %d tasks to batch of %d with %d submitted: %w", len(reqs), size, done, ErrBatchFull)
 	}
 	for i := range reqs {
 		if _, err := e.check(&reqs[i]); err != nil {
 			return fmt.Errorf("moonring: submit task %d: %w", int(b.submitted.Load())+i, err)
 		}
 	}
-	slot := int(id & 0xffff)
-	gen := b.gen.Load()
+	slot, gen := int(id&0xffff), id.gen()
 	base := int(b.submitted.Load())
 	var es [32]sq.Entry
 	for next := 0; next < len(reqs); {
@@ -335,17 +384,18 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 				break // one ring per push
 			}
 			node = tn
-			b.tasks[task].node.Store(int32(node))
+			t := b.task(task)
+			t.node.Store(int32(node))
 			op := sq.Read
 			if req.Opcode == Write {
 				op = sq.Write
 			}
 			es[n] = sq.Entry{Op: op, Segment: req.TargetID, Buffer: buf.ID, Local: uint64(req.Source - buf.Addr),
 				Remote: req.TargetOffset, Length: req.Length, UserData: userData(slot, gen, task)}
-			b.tasks[task].msg = nil
+			t.msg = nil
 			if req.Notify != nil {
 				es[n].Flags, es[n].Tag = sq.FlagNotify, req.Notify.Tag
-				b.tasks[task].msg = req.Notify.Msg
+				t.msg = req.Notify.Msg
 			}
 			n++
 			next++
@@ -358,7 +408,9 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 			b.unfinished.Add(int64(n))
 			var pushed int
 			if pushed, err = e.push(r, es[:n]); err != nil {
-				b.unfinished.Add(-int64(n - pushed))
+				// Those pushed may all have ended meanwhile: a waiter
+				// must hear of the count reaching 0 here too.
+				b.finish(int64(n - pushed))
 				es[0] = es[pushed] // the first entry not pushed
 			}
 		}
@@ -432,25 +484,50 @@ func (e *Engine) push(r *ring.Ring, es []sq.Entry) (int, error) {
 // failTasks marks n tasks from first FAILED with code (they were never
 // pushed).
 func (e *Engine) failTasks(b *batch, first, n int, code cq.Code) {
-	for i := first; i < first+n && i < b.size; i++ {
-		b.tasks[i].code.Store(uint32(code))
-		b.tasks[i].status.Store(uint32(cq.Failed))
+	for i := first; i < first+n; i++ {
+		t := b.task(i)
+		if t == nil {
+			break
+		}
+		if Status(t.status.Load()).Terminal() {
+			continue // failed on its own already: its code stays
+		}
+		t.code.Store(uint32(code))
+		t.status.Store(uint32(cq.Failed))
 	}
 }
 
-// GetTransferStatus returns the status of one task. It takes no lock and
-// does not allocate.
+// GetTransferStatus returns the status of one task (WAITING for one of
+// the batch's tasks not yet submitted). It takes no lock and does not
+// allocate.
 func (e *Engine) GetTransferStatus(id BatchID, taskID int) (TransferStatus, error) {
 	b, err := e.batches.lookup(id)
 	if err != nil {
 		return TransferStatus{}, err
 	}
-	if taskID < 0 || taskID >= b.size {
-		return TransferStatus{}, fmt.Errorf("moonring: task %d of batch of %d: %w", taskID, b.size, ErrBadBatch)
+	t := b.task(taskID)
+	if t == nil {
+		if err := b.stale(id); err != nil {
+			return TransferStatus{}, err
+		}
+		return TransferStatus{}, fmt.Errorf("moonring: task %d of batch of %d: %w", taskID, b.size.Load(), ErrBadBatch)
 	}
-	t := &b.tasks[taskID]
-	st := Status(t.status.Load())
-	return TransferStatus{Status: st, Bytes: t.bytes.Load(), Code: Code(t.code.Load())}, nil
+	st := t.read()
+	if err := b.stale(id); err != nil {
+		return TransferStatus{}, err // what was read may be another batch's
+	}
+	return st, nil
+}
+
+// read returns the task's status: bytes and code only once it is
+// terminal (they are stored before the status, and a status read before
+// them could pair PENDING with the result of the completion that follows).
+func (t *task) read() TransferStatus {
+	st := TransferStatus{Status: Status(t.status.Load())}
+	if st.Status.Terminal() {
+		st.Bytes, st.Code = t.bytes.Load(), Code(t.code.Load())
+	}
+	return st
 }
 
 // GetBatchTransferStatus fills dst with the status of the batch's first
@@ -460,10 +537,16 @@ func (e *Engine) GetBatchTransferStatus(id BatchID, dst []TransferStatus) (int, 
 	if err != nil {
 		return 0, err
 	}
-	n := min(len(dst), b.size)
-	for i := 0; i < n; i++ {
-		t := &b.tasks[i]
-		dst[i] = TransferStatus{Status: Status(t.status.Load()), Bytes: t.bytes.Load(), Code: Code(t.code.Load())}
+	n := 0
+	for ; n < len(dst); n++ {
+		t := b.task(n)
+		if t == nil {
+			break
+		}
+		dst[n] = t.read()
+	}
+	if err := b.stale(id); err != nil {
+		return 0, err
 	}
 	return n, nil
 }
@@ -475,17 +558,20 @@ func (e *Engine) CancelTransfer(id BatchID, taskID int) error {
 	if err != nil {
 		return err
 	}
-	if taskID < 0 || taskID >= int(b.submitted.Load()) {
+	t := b.task(taskID)
+	if t == nil || taskID >= int(b.submitted.Load()) {
 		return fmt.Errorf("moonring: cancel task %d: %w", taskID, ErrBadBatch)
 	}
-	if Status(b.tasks[taskID].status.Load()).Terminal() {
+	if Status(t.status.Load()).Terminal() {
 		return nil
 	}
-	r, err := e.batches.ring(int(b.tasks[taskID].node.Load()))
+	r, err := e.batches.ring(int(t.node.Load()))
 	if err != nil {
 		return err
 	}
-	_, err = e.push(r, []sq.Entry{{Op: sq.Cancel, Remote: userData(int(id&0xffff), b.gen.Load(), taskID)}})
+	// The ID's generation, not the slot's: were the batch freed and its
+	// slot reused meanwhile, this cancels nothing of the new batch.
+	_, err = e.push(r, []sq.Entry{{Op: sq.Cancel, Remote: userData(int(id&0xffff), id.gen(), taskID)}})
 	return err
 }
 

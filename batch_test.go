@@ -217,7 +217,7 @@ func TestSubmitTransferRejects(t *testing.T) {
 		t.Fatalf("3 tasks into a batch of 2: %v; want ErrBatchFull", err)
 	}
 	p.a.FreeBatchID(id)
-	for _, n := range []int{0, -1} {
+	for _, n := range []int{0, -1, moonring.MaxBatchTasks + 1} {
 		if _, err := p.a.AllocateBatchID(n); !errors.Is(err, moonring.ErrBadBatch) {
 			t.Fatalf("AllocateBatchID(%d): %v", n, err)
 		}

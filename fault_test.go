@@ -392,6 +392,12 @@ func TestEngineCloseInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.fa.waitHeld(t, 5)
+	// A waiter on the batch hears of its end even though the count of
+	// unfinished tasks reaches 0 in SubmitTransfer (the tasks it pushed
+	// ended, then it counted off those it could not push), not in a
+	// completion: it used to wait for good.
+	waited := make(chan error, 1)
+	go func() { waited <- p.a.WaitBatch(context.Background(), id) }()
 	closed := make(chan error, 1)
 	go func() { closed <- p.a.Close() }()
 	select {
@@ -409,6 +415,14 @@ func TestEngineCloseInFlight(t *testing.T) {
 		}
 	case <-time.After(hangLimit):
 		t.Fatal("hang: SubmitTransfer after Close")
+	}
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatalf("WaitBatch: %v", err)
+		}
+	case <-time.After(hangLimit):
+		t.Fatal("hang: WaitBatch after every task ended")
 	}
 	for i := range reqs {
 		st := statusOf(t, p.a, id, i)
