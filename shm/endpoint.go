@@ -163,7 +163,16 @@ func (e *Endpoint) dial(ctx context.Context, name string, key []byte) (*client, 
 		return nil, err
 	}
 	uc.SetDeadline(time.Time{})
+	// Under the lock that Close takes before it waits: a WaitGroup must
+	// not gain a goroutine while Wait may be running.
+	e.t.mu.Lock()
+	if e.t.closed {
+		e.t.mu.Unlock()
+		uc.Close()
+		return nil, transport.ErrClosed
+	}
 	e.t.wg.Add(1)
+	e.t.mu.Unlock()
 	go c.run()
 	return c, nil
 }
@@ -622,7 +631,7 @@ func (c *client) call(m *msg) (uint16, error) {
 	c.mu.Unlock()
 	var buf [maxMsg]byte
 	c.wmu.Lock()
-	_, err := c.c.Write(m.encode(buf[:]))
+	_, err := c.write(m.encode(buf[:]))
 	c.wmu.Unlock()
 	if err != nil {
 		c.kill() // w is not put back: the reader answers it as it ends
@@ -743,7 +752,7 @@ func (c *client) step(pk *packets) bool {
 		var b [frameSize]byte
 		ack := msg{typ: msgRevokeAck, handle: m.handle}
 		c.wmu.Lock()
-		_, err := c.c.Write(ack.encode(b[:]))
+		_, err := c.write(ack.encode(b[:]))
 		c.wmu.Unlock()
 		return err == nil
 	default:
@@ -781,6 +790,14 @@ func (c *client) answer(seq uint32, r reply) {
 	if ch != nil {
 		ch <- r
 	}
+}
+
+// write sends one packet; the caller holds wmu. A target that stops
+// reading fails it after ReplyTimeout rather than hold wmu, and the
+// caller's goroutine (a poller's, for a notification), for good.
+func (c *client) write(p []byte) (int, error) {
+	c.c.SetWriteDeadline(time.Now().Add(c.e.t.cfg.ReplyTimeout))
+	return c.c.Write(p)
 }
 
 // kill marks the connection dead and closes it; the reader then cleans up.

@@ -59,7 +59,12 @@ func (p *packets) read() (pkt, oob []byte, flags int, err error) {
 		return nil, nil, 0, p.err
 	}
 	if p.n == 0 {
-		return nil, nil, 0, io.EOF // our packets are never empty
+		// Our packets are never empty; an empty one may still carry
+		// descriptors, which must not stay open in this process.
+		if p.oobn > 0 {
+			closeRights(p.oob[:p.oobn])
+		}
+		return nil, nil, 0, io.EOF
 	}
 	return p.buf[:p.n], p.oob[:p.oobn], p.flags, nil
 }

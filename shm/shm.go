@@ -444,9 +444,12 @@ func (s *server) send(m *msg, oob []byte) error {
 	return s.sendLocked(m, oob)
 }
 
-// sendLocked is send for a caller that holds wmu.
+// sendLocked is send for a caller that holds wmu. A peer that stops
+// reading fails it after ReplyTimeout: a write blocked for good would
+// hold wmu, and with it every revoke (Unregister, Close) of this peer.
 func (s *server) sendLocked(m *msg, oob []byte) error {
 	var buf [maxMsg]byte
+	s.c.SetWriteDeadline(time.Now().Add(s.t.cfg.ReplyTimeout))
 	_, _, err := s.c.WriteMsgUnix(m.encode(buf[:]), oob, nil)
 	return err
 }
@@ -460,6 +463,9 @@ func (s *server) serve() {
 		return
 	}
 	var m msg
+	// The handshake within ReplyTimeout: a connection that never proves
+	// the key holds a goroutine and a descriptor only that long.
+	s.c.SetReadDeadline(time.Now().Add(s.t.cfg.ReplyTimeout))
 	// The hello first: a peer on another kernel cannot connect to an
 	// abstract socket, but its boot id must match all the same.
 	if !s.read(pk, &m) || m.typ != msgHello {
@@ -493,6 +499,7 @@ func (s *server) serve() {
 	if s.send(&pa, nil) != nil {
 		return
 	}
+	s.c.SetReadDeadline(time.Time{})
 	// Revokes from now on: one sent earlier could reach the initiator
 	// before the answers of its hello, which it would take for a broken
 	// target. It held no grant then, and a buffer marked revoked before
