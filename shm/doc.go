@@ -55,5 +55,10 @@
 // namespace can reach. A peer that holds a
 // buffer's key is trusted with the buffer until it answers a revoke: the
 // revoke is how an honest peer stops, not a way to take memory back from a
-// hostile one (whose mapping of a memfd the target cannot undo).
+// hostile one (whose mapping of a memfd the target cannot undo). The same
+// goes for process_vm grants: after RevokeTimeout the target disconnects a
+// peer that did not answer, but a process_vm_writev that peer had already
+// begun may still land, so memory registered without a memfd (not from
+// Alloc) should not be reused at once after an Unregister that reported a
+// timeout.
 package shm

@@ -47,7 +47,9 @@ type Config struct {
 	// disconnected.
 	RevokeTimeout time.Duration
 	// ReplyTimeout bounds the wait for a target's answer to a grant or a
-	// notification (default 5 s).
+	// notification, each write of a control message (on either side: a
+	// peer that stops reading is disconnected), and a new connection's
+	// proof of the key on the target (default 5 s).
 	ReplyTimeout time.Duration
 }
 
