@@ -255,7 +255,14 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		held, iovs, out, mark = held[:0], iovs[:0], out[:0], 0
 		return err
 	}
-	defer flush() // give back held regions on every way out
+	// On every way out the held regions go back, unwritten: the
+	// connection failed, and a flush would wait on it once more.
+	defer func() {
+		for _, r := range held {
+			r.ref.Release()
+		}
+		clear(held)
+	}()
 	// owed counts the WRITE payload bytes read since the last flush at the
 	// loop's top (the others leave it: at worst an ack goes out early).
 	owed := 0
@@ -273,6 +280,12 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 				deadline = false
 			}
 		}
+		// Busy: a deadline armed for an earlier payload moves on with the
+		// work (else a connection busy for a FrameTimeout met it), and one
+		// is armed while READ regions are held, whatever is read next.
+		if deadline || len(held) > 0 {
+			setDeadline()
+		}
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			return err
 		}
@@ -288,6 +301,9 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 			}
 		}
 		if req.op == opNotify {
+			if br.Buffered() < int(req.length) {
+				setDeadline()
+			}
 			if _, err := io.ReadFull(br, note[:req.length]); err != nil {
 				return err
 			}

@@ -134,6 +134,8 @@ type testBuf struct {
 	addr uint64
 	key  uint64 // the buffer key; 0 for a local-only buffer
 	reg  string // the registration's published key
+	b    *segtable.Buffer
+	r    segtable.Registration
 }
 
 func (b testBuf) end() uint64 { return b.addr + uint64(len(b.mem)) }
@@ -192,7 +194,7 @@ func (s *side) register(t testing.TB, m []byte, remote bool) testBuf {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tb := testBuf{mem: m, id: uint32(b.ID), addr: uint64(b.Addr), reg: reg.Key}
+	tb := testBuf{mem: m, id: uint32(b.ID), addr: uint64(b.Addr), reg: reg.Key, b: b, r: reg}
 	if !remote {
 		if reg.Key != "" {
 			t.Fatalf("local-only buffer published key %q", reg.Key)
@@ -855,4 +857,30 @@ func (c chanCompleter) await(t testing.TB, n int) map[uint64]error {
 
 func localSlice(op transport.Op, local []byte, remote uint64, token uint64) transport.Slice {
 	return transport.Slice{Op: op, Local: unsafe.Pointer(unsafe.SliceData(local)), Remote: remote, Length: uint64(len(local)), Token: token}
+}
+
+// TestServerStalledNotifyReleases: a peer that sends a large READ (whose
+// region the target holds until it writes the payload) and then a NOTIFY
+// header whose payload never comes is cut off after FrameTimeout, and the
+// region goes back, so Unregister ends. The NOTIFY's payload used to be
+// read with no deadline: the region stayed held while the peer lived, and
+// Unregister gave up after a minute with the buffer still served.
+func TestServerStalledNotifyReleases(t *testing.T) {
+	s := newSide(t, Config{FrameTimeout: 300 * time.Millisecond})
+	buf := s.register(t, s.alloc(t, 1<<20, 7), true)
+	rc := s.raw(t)
+	read := specReq{op: specRead, id: 1, buffer: buf.id, length: 64 << 10, key: buf.key, addr: buf.addr}
+	note := specReq{op: 3, id: 2, length: 100} // a NOTIFY: its 100 bytes never follow
+	rc.send(append(read.frame(nil), note.frame(nil)...))
+	rc.expectClosed("a NOTIFY whose payload never comes, behind a held READ")
+	done := make(chan error, 1)
+	go func() { done <- s.tr.Unregister(buf.b, buf.r) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Unregister: %v", err)
+		}
+	case <-time.After(hang):
+		t.Fatal("hang: Unregister with the READ's region still held")
+	}
 }
