@@ -3,6 +3,7 @@ package moonring_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -61,5 +62,24 @@ func TestTransferBetweenEngines(t *testing.T) {
 	}
 	if !bytes.Equal(src, back) {
 		t.Fatal("read: data differs")
+	}
+}
+
+// TestEngineAfterClose: calls on a closed engine return errors, never
+// panic (SegmentTransport used to call a transport Close had removed), and
+// a nil transport is refused.
+func TestEngineAfterClose(t *testing.T) {
+	e := newEngine(t, t.Name())
+	if err := e.InstallTransport(nil); !errors.Is(err, moonring.ErrInvalid) {
+		t.Fatalf("InstallTransport(nil): %v; want ErrInvalid", err)
+	}
+	if name, err := e.SegmentTransport(moonring.LocalSegmentID); err != nil || name == "" {
+		t.Fatalf("SegmentTransport of the local segment: %q, %v", name, err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.SegmentTransport(moonring.LocalSegmentID); !errors.Is(err, moonring.ErrClosed) {
+		t.Fatalf("SegmentTransport after Close: %v; want ErrClosed", err)
 	}
 }

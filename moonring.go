@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -379,14 +380,21 @@ func (e *Engine) install(name string, t transport.Transport, err error, optional
 		return nil
 	}
 	if err == nil {
-		if err = e.InstallTransport(t); err != nil {
-			t.Close()
+		if err = e.InstallTransport(t); err != nil && !e.has(t) {
+			t.Close() // refused; one installed whose publish failed is the engine's to close
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("moonring: %s transport: %w", name, err)
 	}
 	return nil
+}
+
+// has reports whether t is installed.
+func (e *Engine) has(t transport.Transport) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Contains(e.transports[:], t)
 }
 
 // Config returns the engine's effective configuration.
@@ -525,11 +533,16 @@ func (e *Engine) NewRing(cfg RingConfig) (*Ring, error) {
 
 // InstallTransport adds t: every registered buffer is registered with it,
 // the engine's segment republished with its endpoint, and OpenSegment may
-// choose it from then on. The engine owns t and closes it. The first
+// choose it from then on. The engine owns t and closes it. When only that
+// publish fails, t stays installed (and the engine's) and the error says
+// so. The first
 // transport.Stager installed (nvlink) stages device memory over the other
 // transports from then on: for segments opened after it, and for buffers
 // whenever registered.
 func (e *Engine) InstallTransport(t transport.Transport) error {
+	if t == nil {
+		return fmt.Errorf("moonring: install a nil transport: %w", ErrInvalid)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed.Load() {
@@ -586,7 +599,10 @@ func (e *Engine) InstallTransport(t transport.Transport) error {
 			e.poller(0)
 		}
 	}
-	return e.publish()
+	if err := e.publish(); err != nil {
+		return fmt.Errorf("moonring: install %s: installed, but publishing the segment failed: %w", t.Name(), err)
+	}
+	return nil
 }
 
 // wakePollers wakes the engine's parked pollers (transport.Waker).
@@ -725,6 +741,7 @@ func (e *Engine) RegisterLocalMemoryBatch(specs []BufferSpec) ([]BufferID, error
 	if remote {
 		if err := e.publish(); err != nil {
 			undo()
+			e.self.SetDesc(e.desc(false))
 			return nil, err
 		}
 	}
@@ -733,12 +750,14 @@ func (e *Engine) RegisterLocalMemoryBatch(specs []BufferSpec) ([]BufferID, error
 
 // unregisterLocked removes a buffer that no request holds. mu must be held.
 func (e *Engine) unregisterLocked(b *segtable.Buffer) error {
+	// Out of the table first, waiting for requests that found it (the
+	// table is read lock-free), then out of the transports.
 	var err error
+	if _, uerr := e.buffers.Unregister(context.Background(), b.ID); uerr != nil {
+		err = uerr
+	}
 	for slot, t := range e.transports {
 		err = errors.Join(err, e.unregisterFrom(t, slot, b))
-	}
-	if _, uerr := e.buffers.Unregister(context.Background(), b.ID); uerr != nil {
-		err = errors.Join(err, uerr)
 	}
 	return err
 }
@@ -992,8 +1011,11 @@ func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 func (e *Engine) SegmentTransport(id SegmentID) (string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed.Load() {
+		return "", ErrClosed // its transports are gone
+	}
 	s := e.segments.Get(id)
-	if s == nil {
+	if s == nil || e.transports[s.Transport] == nil {
 		return "", fmt.Errorf("moonring: segment %d: %w", id, ErrBadSegment)
 	}
 	return e.transports[s.Transport].Name(), nil

@@ -151,6 +151,36 @@ func TestRefDrainBusy(t *testing.T) {
 	}
 }
 
+// TestRefTwoDrains: of two Drains, the one that gives up first leaves the
+// entry closing for the other, which ends once the reference goes. It
+// used to clear the closing bit under the other's wait: references came
+// in again and the other Drain, waiting for a count of zero with the bit
+// set, never returned.
+func TestRefTwoDrains(t *testing.T) {
+	var r segtable.Ref
+	r.Acquire()
+	long := make(chan error, 1)
+	go func() { long <- r.Drain(context.Background()) }()
+	waitRefused(t, r.Acquire, r.Release)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	if err := r.Drain(ctx); !errors.Is(err, segtable.ErrBusy) {
+		t.Fatalf("the short Drain = %v, want ErrBusy", err)
+	}
+	if r.Acquire() {
+		t.Fatal("Acquire succeeded after one of two Drains gave up: the entry is still closing")
+	}
+	r.Release()
+	select {
+	case err := <-long:
+		if err != nil {
+			t.Fatalf("the long Drain = %v", err)
+		}
+	case <-time.After(hang):
+		t.Fatal("hang: the long Drain after the other gave up")
+	}
+}
+
 func TestRefDrainConcurrent(t *testing.T) {
 	// No reference is held once Drain has returned, and none is taken
 	// after. Users stop once Acquire fails, as requests of a closing entry

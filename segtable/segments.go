@@ -100,11 +100,12 @@ func (ss *Segments[E]) Get(id SegmentID) *Segment[E] {
 	return ss.t.get(uint32(id))
 }
 
-// Find returns the open segment with the given name, or nil.
+// Find returns the open segment with the given name, or nil. A segment
+// being closed is not found: it refuses new requests already.
 func (ss *Segments[E]) Find(name string) *Segment[E] {
 	var found *Segment[E]
 	ss.t.each(func(s *Segment[E]) {
-		if s.Name == name {
+		if s.Name == name && !s.Closing() {
 			found = s
 		}
 	})

@@ -3,6 +3,7 @@ package segtable_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -182,5 +183,41 @@ func TestSegmentIDsNeverReused(t *testing.T) {
 				t.Fatalf("open %d: closed ID %#x resolves", i, id)
 			}
 		}
+	}
+}
+
+// TestFindSkipsClosing: a segment being closed is not found by name (an
+// OpenSegment then opens a new one rather than return one about to go).
+func TestFindSkipsClosing(t *testing.T) {
+	var ss segtable.Segments[int]
+	desc := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "peer", Epoch: 1}
+	s, err := ss.Open("peer", desc, 0, 0, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ss.Find("peer") != s {
+		t.Fatal("the open segment is not found")
+	}
+	if !s.Acquire() {
+		t.Fatal("Acquire on an open segment failed")
+	}
+	closed := make(chan error, 1)
+	go func() {
+		_, err := ss.Close(context.Background(), s.ID)
+		closed <- err
+	}()
+	deadline := time.Now().Add(hang)
+	for !s.Closing() {
+		if time.Now().After(deadline) {
+			t.Fatal("Close never began")
+		}
+		runtime.Gosched()
+	}
+	if f := ss.Find("peer"); f != nil {
+		t.Fatalf("Find returned segment %d while it closes", f.ID)
+	}
+	s.Release()
+	if err := <-closed; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -30,7 +30,14 @@ var (
 // begun, so the closer can wait for the count to reach zero knowing that it
 // only falls. Transports use it to keep a registration alive while a copy
 // runs. The zero value is ready for use; safe for concurrent use.
-type Ref struct{ v atomic.Uint64 }
+type Ref struct {
+	v atomic.Uint64
+	// mu and drainers count the Drains under way: the closing bit goes
+	// away only with the last one that gives up (one that gave up first
+	// would otherwise let references in again under another's wait).
+	mu       sync.Mutex
+	drainers int
+}
 
 type ref = Ref
 
@@ -70,16 +77,18 @@ func (r *Ref) Drain(ctx context.Context) error { return r.DrainWhile(ctx, nil) }
 // can say whether they still use the entry (the pollers, for their
 // in-flight tables).
 func (r *Ref) DrainWhile(ctx context.Context, busy func() bool) error {
-	for {
-		v := r.v.Load()
-		if r.v.CompareAndSwap(v, v|closingBit) {
-			break
-		}
-	}
+	r.mu.Lock()
+	r.drainers++
+	r.v.Or(closingBit)
+	r.mu.Unlock()
 	wait := time.Microsecond
 	for r.v.Load() != closingBit || (busy != nil && busy()) {
 		if ctx.Err() != nil {
-			r.v.And(^uint64(closingBit))
+			r.mu.Lock()
+			if r.drainers--; r.drainers == 0 {
+				r.v.And(^uint64(closingBit))
+			}
+			r.mu.Unlock()
 			return fmt.Errorf("%w (%d in flight)", ErrBusy, r.InUse())
 		}
 		time.Sleep(wait)
