@@ -179,7 +179,9 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (n int, err 
 	for i := range s {
 		sl := &s[i]
 		if sl.Op == transport.Notify {
-			if sl.Length > transport.MaxNotifyMessage {
+			// The frame's payload (tag, name, message) must be within the
+			// target's MaxLength, or it would fail the connection.
+			if sl.Length > transport.MaxNotifyMessage || 10+uint64(len(e.t.self))+sl.Length > uint64(e.maxLen.Load()) {
 				c.Complete(sl.Token, transport.ErrRange)
 				continue
 			}
@@ -299,7 +301,13 @@ func (e *Endpoint) keep(i int, c *conn) {
 		backoff = 10 * time.Millisecond
 		c = nc
 		e.rails[i].Store(c)
-		e.t.cfg.Logger.Info("tcp: rail connected", "segment", e.name, "addr", e.dest.Load().addr, "rail", i)
+		if to := e.dest.Load(); c.to != to {
+			// An Update moved the peer while this dialed the old address
+			// (its close of the rails came before this one was stored).
+			c.close(fmt.Errorf("%w: the peer moved to %s", transport.ErrPeer, to.addr))
+			continue
+		}
+		e.t.cfg.Logger.Info("tcp: rail connected", "segment", e.name, "addr", c.to.addr, "rail", i)
 	}
 }
 
@@ -319,11 +327,13 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 		}
 	}
 	var nc net.Conn = raw
-	if deadline, ok := ctx.Deadline(); ok {
-		raw.SetDeadline(deadline)
-	} else {
-		raw.SetDeadline(time.Now().Add(helloTimeout))
+	// The hello within helloTimeout, or the caller's earlier deadline: a
+	// target that accepts and never answers holds Open no longer.
+	deadline := time.Now().Add(helloTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
 	}
+	raw.SetDeadline(deadline)
 	if cfg := e.t.cfg.ClientTLS; cfg != nil {
 		if cfg.ServerName == "" {
 			// As tls.Dial does: verify the peer as the host dialed. One
@@ -352,7 +362,7 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 	}
 	raw.SetDeadline(time.Time{})
 	e.maxLen.Store(maxLen)
-	c := &conn{e: e, nc: nc, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
+	c := &conn{e: e, to: to, nc: nc, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
 		quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
 	c.iov = make([][]byte, 0, 192)
@@ -434,6 +444,7 @@ type pending struct {
 // responses in order and releases positions from q's head.
 type conn struct {
 	e     *Endpoint
+	to    *dest // where it was dialed
 	nc    net.Conn
 	br    *bufio.Reader
 	q     *mpsc.Queue[pending]

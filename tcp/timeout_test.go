@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/moonring/moonring/transport"
 )
@@ -121,5 +122,38 @@ func TestResponseTimeoutSlowPayload(t *testing.T) {
 		if b != 5 {
 			t.Fatalf("byte %d is %d, want 5", i, b)
 		}
+	}
+}
+
+// A notification larger than the target's MaxLength allows (tag, name and
+// message) completes with ErrRange at once; it used to go out, fail the
+// connection at the target, and fail it again on every retry.
+func TestNotifyOverMaxLength(t *testing.T) {
+	targ := newSide(t, Config{MaxLength: 1024, SliceSize: 1024})
+	targ.tr.SetNotify("target", func(*transport.Notification) error { return nil })
+	remote := targ.register(t, targ.alloc(t, 4096, 0), true)
+	init := newSide(t, Config{Rails: 1})
+	init.tr.SetNotify("initiator", func(*transport.Notification) error { return nil })
+	local := init.alloc(t, 4096, 3)
+	ep, err := init.tr.Open(context.Background(), targ.desc(targ.tr.Addr(), remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	comp := make(chanCompleter, 4)
+	big := transport.Slice{Op: transport.Notify, Local: unsafe.Pointer(&local[0]), Length: 2000, Remote: 7, Token: 1}
+	small := transport.Slice{Op: transport.Notify, Local: unsafe.Pointer(&local[0]), Length: 100, Remote: 8, Token: 2}
+	if k, err := ep.Post(comp, []transport.Slice{big, small}); k != 2 || err != nil {
+		t.Fatalf("Post: %d, %v", k, err)
+	}
+	got := comp.await(t, 2)
+	if !errors.Is(got[1], transport.ErrRange) {
+		t.Errorf("notification past MaxLength: %v; want ErrRange", got[1])
+	}
+	if got[2] != nil {
+		t.Errorf("notification within MaxLength: %v", got[2])
+	}
+	if !railsUp(ep.(*Endpoint)) {
+		t.Error("the rail went down")
 	}
 }
