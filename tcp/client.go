@@ -363,7 +363,8 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 	raw.SetDeadline(time.Time{})
 	e.maxLen.Store(maxLen)
 	c := &conn{e: e, to: to, nc: nc, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
-		quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
+		parts: make([][3][]byte, e.t.cfg.Depth),
+		quit:  make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
 	c.iov = make([][]byte, 0, 192)
 	c.sizes = make([]int, 0, 192)
@@ -451,6 +452,13 @@ type conn struct {
 	bell  *bell.Doorbell
 	hdrs  [][reqSize]byte  // request headers by slot, written by send
 	notes [][10 + 255]byte // NOTIFY payload prefixes by slot, written by send
+	// parts holds, by slot, the pieces of each frame as first gathered
+	// (header, payload or NOTIFY prefix, message): a frame gathered again
+	// (not wholly written) is built from them, never from its slot, which
+	// the receiver may have released meanwhile. gathered is the first
+	// position never gathered: the receiver refuses an answer to one.
+	parts    [][3][]byte
+	gathered atomic.Uint64
 
 	// posting counts Posts in progress; failed is set once the connection
 	// broke. The failer waits for posting to drain after setting failed, so
@@ -514,14 +522,21 @@ func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf) 
 // into hdrs), then a WRITE's payload or a NOTIFY's prefix and message,
 // skipping the first skip bytes. It returns the frame's size.
 func (c *conn) frame(iov [][]byte, pos uint64, skip int) ([][]byte, int) {
-	p := c.q.Slot(pos)
-	if p.c == nil {
-		// The receiver released the slot: the target answered a frame
-		// that was not yet wholly sent. Send nothing more; the writer
-		// fails the connection.
-		return iov, -1
+	idx := int(pos) & (len(c.hdrs) - 1)
+	if pos < c.gathered.Load() {
+		// Gathered before and not wholly written: built again from what
+		// was gathered. A frame the receiver released meanwhile was
+		// answered before the target had it all (broken or hostile):
+		// send nothing more; the writer fails the connection.
+		if c.q.Released() > pos {
+			return iov, -1
+		}
+		return c.appendParts(iov, &c.parts[idx], skip)
 	}
-	h := c.hdrs[int(pos)&(len(c.hdrs)-1)][:]
+	// Never gathered: the receiver refuses answers to it, so the slot
+	// stays as Post filled it while it is read here.
+	p := c.q.Slot(pos)
+	h := c.hdrs[idx][:]
 	req := request{op: opRead, id: uint32(pos), buffer: p.buffer, length: uint32(p.s.Length), key: p.key, addr: p.addr}
 	parts := [3][]byte{h}
 	switch p.s.Op {
@@ -541,15 +556,19 @@ func (c *conn) frame(iov [][]byte, pos uint64, skip int) ([][]byte, int) {
 		parts[1] = unsafe.Slice((*byte)(p.s.Local), p.s.Length)
 	}
 	req.encode(h)
+	c.parts[idx] = parts
+	return c.appendParts(iov, &c.parts[idx], skip)
+}
+
+// appendParts appends a frame's parts to iov, less its first skip bytes,
+// and returns the frame's size.
+func (c *conn) appendParts(iov [][]byte, parts *[3][]byte, skip int) ([][]byte, int) {
 	size := 0
 	for _, b := range parts {
 		size += len(b)
 	}
 	if skip >= size {
-		// Part of the frame at c.next was written, and the slot now holds
-		// a smaller one: the receiver released it (an answer to a frame
-		// not wholly sent) and a Post reused it. As above.
-		return iov, -1
+		return iov, -1 // cannot be: a frame is resumed within itself
 	}
 	for _, b := range parts {
 		if skip >= len(b) {
@@ -570,7 +589,11 @@ func (c *conn) gather(end uint64) [][]byte {
 	iov := c.iov[:0]
 	c.sizes = c.sizes[:0]
 	skip := c.off
-	for pos := c.next; pos < end && len(iov) < cap(iov)-3; pos++ {
+	// Not past a queue's length from c.next: a slot's header and parts
+	// serve one frame at a time.
+	end = min(end, c.next+uint64(len(c.hdrs)))
+	pos := c.next
+	for ; pos < end && len(iov) < cap(iov)-3; pos++ {
 		var size int
 		iov, size = c.frame(iov, pos, skip)
 		if size < 0 {
@@ -579,6 +602,9 @@ func (c *conn) gather(end uint64) [][]byte {
 		}
 		c.sizes = append(c.sizes, size)
 		skip = 0
+	}
+	if pos > c.gathered.Load() {
+		c.gathered.Store(pos) // before the write: an answer cannot come sooner
 	}
 	return iov
 }
@@ -777,7 +803,8 @@ func (c *conn) receive() {
 		// later frames, so "written" cannot be asked of the sender here; a
 		// target that answers a frame it has not wholly received (broken or
 		// hostile) is caught by the sender instead (see frame).
-		if err == nil && (pos >= c.q.Committed() || id != uint32(pos)) {
+		if err == nil && (pos >= c.gathered.Load() || id != uint32(pos)) {
+			// Not even gathered, so not sent: the target made it up.
 			err = fmt.Errorf("%w: response %d not expected (next is %d)", ErrProtocol, id, uint32(pos))
 		}
 		if err != nil {

@@ -186,6 +186,10 @@ func (q *Queue[T]) Committed() uint64 { return q.committed.Load() }
 // Head returns the consumer's first unreleased position. Consumer only.
 func (q *Queue[T]) Head() uint64 { return q.local }
 
+// Released returns the consumer's first unreleased position as last
+// published, for another reader: positions below it may be reused.
+func (q *Queue[T]) Released() uint64 { return q.head.Load() }
+
 // Len returns the number of reserved, unreleased positions: a snapshot, exact
 // only when no goroutine is using the queue.
 func (q *Queue[T]) Len() int {
