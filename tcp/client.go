@@ -81,6 +81,7 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	if err != nil {
 		return nil, fmt.Errorf("tcp: open %s at %s: %w", desc.Name, addr, err)
 	}
+	e.maxLen.Store(first.maxLen)
 	t.mu.Lock()
 	if t.closed.Load() {
 		t.mu.Unlock()
@@ -307,6 +308,7 @@ func (e *Endpoint) keep(i int, c *conn) {
 			c.close(fmt.Errorf("%w: the peer moved to %s", transport.ErrPeer, to.addr))
 			continue
 		}
+		e.maxLen.Store(c.maxLen) // the current peer's: not one an old address answered
 		e.t.cfg.Logger.Info("tcp: rail connected", "segment", e.name, "addr", c.to.addr, "rail", i)
 	}
 }
@@ -361,8 +363,7 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 		return nil, err
 	}
 	raw.SetDeadline(time.Time{})
-	e.maxLen.Store(maxLen)
-	c := &conn{e: e, to: to, nc: nc, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
+	c := &conn{e: e, to: to, maxLen: maxLen, nc: nc, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
 		parts: make([][3][]byte, e.t.cfg.Depth),
 		quit:  make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
@@ -444,14 +445,15 @@ type pending struct {
 // positions it has not written yet, up to q.Committed(); receive reads the
 // responses in order and releases positions from q's head.
 type conn struct {
-	e     *Endpoint
-	to    *dest // where it was dialed
-	nc    net.Conn
-	br    *bufio.Reader
-	q     *mpsc.Queue[pending]
-	bell  *bell.Doorbell
-	hdrs  [][reqSize]byte  // request headers by slot, written by send
-	notes [][10 + 255]byte // NOTIFY payload prefixes by slot, written by send
+	e      *Endpoint
+	to     *dest  // where it was dialed
+	maxLen uint32 // the target's MaxLength, from the hello
+	nc     net.Conn
+	br     *bufio.Reader
+	q      *mpsc.Queue[pending]
+	bell   *bell.Doorbell
+	hdrs   [][reqSize]byte  // request headers by slot, written by send
+	notes  [][10 + 255]byte // NOTIFY payload prefixes by slot, written by send
 	// parts holds, by slot, the pieces of each frame as first gathered
 	// (header, payload or NOTIFY prefix, message): a frame gathered again
 	// (not wholly written) is built from them, never from its slot, which

@@ -270,7 +270,15 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		// Write what is gathered before waiting for more requests, so a
 		// pipelined burst leaves in one writev and a lone request at once,
 		// and after ackAfter bytes of WRITE payload in any case.
-		if idle := !more(br, nb); idle || owed >= ackAfter {
+		idle := !more(br, nb)
+		// A deadline armed for an earlier payload moves on with the work
+		// (else a connection busy for a FrameTimeout met it, in a read or
+		// in the flush below), and one is armed while READ regions are
+		// held, whatever is read or written next.
+		if deadline || len(held) > 0 {
+			setDeadline()
+		}
+		if idle || owed >= ackAfter {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -279,12 +287,6 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 				conn.SetDeadline(time.Time{})
 				deadline = false
 			}
-		}
-		// Busy: a deadline armed for an earlier payload moves on with the
-		// work (else a connection busy for a FrameTimeout met it), and one
-		// is armed while READ regions are held, whatever is read next.
-		if deadline || len(held) > 0 {
-			setDeadline()
 		}
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			return err

@@ -20,6 +20,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/internal/netaddr"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -41,7 +42,8 @@ const (
 type Config struct {
 	// Listen is the address to serve on (default "127.0.0.1:0").
 	Listen string
-	// Advertise is the host:port peers dial (default: the listener's).
+	// Advertise is the host:port peers dial (default: the listener's, with
+	// an interface's address for a listener on all interfaces).
 	Advertise string
 	// Key is the segment key shared by the deployment (any length; it is
 	// hashed to 32 bytes). Empty: a random key, published in the
@@ -204,6 +206,11 @@ func New(cfg Config) (*Transport, error) {
 	t.addr = cfg.Advertise
 	if t.addr == "" {
 		t.addr = ln.Addr().String()
+		// On all interfaces ("0.0.0.0", "[::]"): peers dial an interface's
+		// address, not the unspecified one.
+		if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
+			t.addr = net.JoinHostPort(netaddr.InterfaceIP(a.IP.To4() == nil).String(), strconv.Itoa(a.Port))
+		}
 	}
 	t.regs.Store(new([]*region))
 	t.wg.Add(1)

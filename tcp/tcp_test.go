@@ -1,6 +1,7 @@
 package tcp_test
 
 import (
+	"net"
 	"testing"
 
 	"github.com/moonring/moonring/internal/leakcheck"
@@ -39,4 +40,23 @@ func TestConformanceIOUring(t *testing.T) {
 	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
 		return newTCP(t, tcp.Config{IOUring: true}), newTCP(t, tcp.Config{})
 	})
+}
+
+// A transport listening on all interfaces advertises an interface's
+// address, which peers can dial, not the unspecified one.
+func TestAdvertiseAllInterfaces(t *testing.T) {
+	tr := newTCP(t, tcp.Config{Listen: "0.0.0.0:0"})
+	defer tr.Close()
+	host, port, err := net.SplitHostPort(tr.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() || port == "0" {
+		t.Fatalf("advertised %q: want an interface's address and the port", tr.Addr())
+	}
+	c, err := net.Dial("tcp", tr.Addr())
+	if err != nil {
+		t.Fatalf("dial the advertised address: %v", err)
+	}
+	c.Close()
 }
