@@ -54,13 +54,16 @@ func parseSizes(s string) ([]int, error) {
 			mult, f = 1<<20, strings.TrimSuffix(strings.TrimSuffix(f, "MiB"), "M")
 		}
 		n, err := strconv.Atoi(f)
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("bad block size %q", f)
+		if err != nil || n <= 0 || n > maxSize/mult {
+			return nil, fmt.Errorf("bad size %q (1 byte to 64 GiB)", f)
 		}
 		out = append(out, n*mult)
 	}
 	return out, nil
 }
+
+// maxSize bounds a block or buffer size.
+const maxSize = 64 << 30
 
 // pattern is what a bench target's buffer holds at offset i before any
 // WRITE: the initiator checks READs against it.
@@ -96,6 +99,12 @@ func bench(args []string, out io.Writer) error {
 	plotFile := fs.String("plot", "", "also draw GB/s and p99 latency against block size into this PNG file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("bench: unexpected arguments %q (flags only)", fs.Args())
+	}
+	if *duration <= 0 {
+		return fmt.Errorf("bench: duration %v: want more than 0", *duration)
 	}
 	bs, err := parseSizes(*bufSize)
 	if err != nil || len(bs) != 1 {

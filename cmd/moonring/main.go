@@ -20,9 +20,10 @@ import (
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "moonring:", err)
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h: the usage is printed, as asked
 		}
+		fmt.Fprintln(os.Stderr, "moonring:", err)
 		os.Exit(2)
 	}
 }

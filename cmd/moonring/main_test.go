@@ -94,6 +94,10 @@ func TestBadInput(t *testing.T) {
 		{"bench", "--block-size", "8M", "--buffer-size", "4M"},
 		{"bench", "--mode", "both"},
 		{"bench", "--segment", "127.0.0.1:1", "--duration", "10ms"},
+		{"bench", "--block-size", "17592186044416M"}, // wraps to 0 in an int: it divided by zero
+		{"bench", "--duration", "0"},
+		{"bench", "4K"}, // an argument, not a flag: it ran the default sweep
+		{"serve", "extra"},
 	} {
 		var out bytes.Buffer
 		if err := run(args, &out); err == nil {

@@ -25,7 +25,7 @@ import (
 // serves /metrics there, and runs until SIGINT or SIGTERM (or until stop is
 // closed, for tests). It then stops taking requests and gives those in
 // flight up to --grace to finish before it closes.
-func serve(args []string, out io.Writer, stop <-chan struct{}) error {
+func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7000", "the p2p metadata endpoint (the segment's name) and /metrics")
 	tcpListen := fs.String("tcp-listen", "", "the TCP transport's address (default: the endpoint's host, any port)")
@@ -36,6 +36,9 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("serve: unexpected arguments %q (flags only)", fs.Args())
 	}
 	sizes, err := parseSizes(*bufSize)
 	if err != nil || len(sizes) != 1 {
@@ -60,7 +63,9 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 		}
 		defer p.Close()
 		store, segName = p, p.Name()
-		host, _, _ = strings.Cut(p.Name(), ":")
+		if host, _, err = net.SplitHostPort(p.Name()); err != nil {
+			return err
+		}
 	case strings.HasPrefix(*meta, "http://") || strings.HasPrefix(*meta, "https://") || strings.HasPrefix(*meta, "etcd://"):
 		var err error
 		if strings.HasPrefix(*meta, "etcd://") {
@@ -84,12 +89,16 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 		srv := &http.Server{Handler: metricsHandler, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()
-		host, _, _ = strings.Cut(ln.Addr().String(), ":")
+		// A listener on all interfaces gives an unspecified host: the TCP
+		// transport listens there too and advertises an interface's.
+		if host, _, err = net.SplitHostPort(ln.Addr().String()); err != nil {
+			return err
+		}
 	default:
 		return fmt.Errorf("bad metadata %q (want p2p, http://host:port or etcd://host:port)", *meta)
 	}
 	if *tcpListen == "" {
-		*tcpListen = host + ":0"
+		*tcpListen = net.JoinHostPort(host, "0")
 	}
 	cfg := moonring.Config{Name: segName, Metadata: store, TCP: &tcp.Config{Listen: *tcpListen, Key: benchKey()}}
 	if !*noSHM {
@@ -99,7 +108,12 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 	if err != nil {
 		return err
 	}
-	defer e.Close()
+	defer func() {
+		// Close unpublishes the segment: a failure leaves it in the store.
+		if err := e.Close(); err != nil && retErr == nil {
+			retErr = fmt.Errorf("shutdown: %w", err)
+		}
+	}()
 	h := e.MetricsHandler()
 	metrics.Store(&h)
 	buf, err := e.Alloc(sizes[0], "cpu:0")
@@ -126,7 +140,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(context.Background(), *grace)
 	defer cancel()
 	if err := e.UnregisterLocalMemory(ctx, buf); err != nil {
-		fmt.Fprintf(out, "shutdown: %v\n", err)
+		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
 }
