@@ -498,7 +498,9 @@ func (r *Ring) EventFD() (int, error) {
 	}
 	r.efd.Store(int32(fd))
 	if r.closed.Load() {
-		// Close ran meanwhile; whichever of the two takes fd back closes it.
+		// Close ran meanwhile; whichever of the two takes fd back closes
+		// it, once no Post can be writing to it (as Close does).
+		r.seal()
 		if r.efd.CompareAndSwap(int32(fd), -1) {
 			unix.Close(fd)
 		}
@@ -521,22 +523,27 @@ func (r *Ring) Close() error {
 	case r.wake <- struct{}{}:
 	default:
 	}
-	// No Post may be writing to the descriptor when it closes (its number
-	// could be reused at once), and none may start after.
+	r.seal()
+	if fd := r.efd.Swap(-1); fd >= 0 {
+		return unix.Close(int(fd))
+	}
+	return nil
+}
+
+// seal waits out a Post writing to the eventfd and keeps any other from
+// starting: the descriptor may then close (its number could be reused at
+// once). Idempotent.
+func (r *Ring) seal() {
 	for {
 		st := r.signal.Load()
 		if st == sigWriting {
 			runtime.Gosched()
 			continue
 		}
-		if r.signal.CompareAndSwap(st, sigClosed) {
-			break
+		if st == sigClosed || r.signal.CompareAndSwap(st, sigClosed) {
+			return
 		}
 	}
-	if fd := r.efd.Swap(-1); fd >= 0 {
-		return unix.Close(int(fd))
-	}
-	return nil
 }
 
 // Cap returns the ring's size.

@@ -419,7 +419,15 @@ func (p *Poller) Stats() PollerStats {
 
 func (p *Poller) ready() bool {
 	for _, r := range p.list() {
-		if !r.detached && r.ready() {
+		if r.detached {
+			// Its slices still come back, and reaping them frees the
+			// buffers and segments they hold (Uses).
+			if !r.done.Empty() {
+				return true
+			}
+			continue
+		}
+		if r.ready() {
 			return true
 		}
 	}

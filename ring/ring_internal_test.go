@@ -1678,3 +1678,20 @@ func TestCompletionFreesSQ(t *testing.T) {
 		t.Fatalf("%d completions, %d inline copies; want 74 and 64", len(got), ep.inline)
 	}
 }
+
+// TestReadyDetached: a slice completion for a detached ring (closed with
+// slices out) is work a parking poller must see: reaping it frees the
+// buffers and segments the slices held. It used to park for up to 100 ms.
+func TestReadyDetached(t *testing.T) {
+	h := newHarness(t, Config{}, &fakeEP{}, true)
+	if h.p.ready() {
+		t.Fatal("an idle poller reports work")
+	}
+	h.r.detached = true
+	h.r.Complete(token(0, 1, 0), nil) // a late slice completion
+	if !h.p.ready() {
+		t.Fatal("a slice completion of a detached ring is not seen at park time")
+	}
+	h.r.reap()
+	h.r.detached = false
+}

@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 	"unsafe"
 
@@ -109,12 +110,14 @@ const EntrySize = 64
 var _ [EntrySize - unsafe.Sizeof(Entry{})]byte // compile error if larger
 var _ [unsafe.Sizeof(Entry{}) - EntrySize]byte // compile error if smaller
 
-// Deadline returns Timeout as a duration, or def when Timeout is 0.
+// Deadline returns Timeout as a duration, or def when Timeout is 0. A
+// Timeout past what a Duration holds (2^63 ns and up) is the longest one,
+// not a negative one that would end the request at once.
 func (e *Entry) Deadline(def time.Duration) time.Duration {
 	if e.Timeout == 0 {
 		return def
 	}
-	return time.Duration(e.Timeout)
+	return time.Duration(min(e.Timeout, math.MaxInt64))
 }
 
 // ErrShort reports an encoded entry of the wrong length.

@@ -210,6 +210,12 @@ func TestDeadline(t *testing.T) {
 	if got := e.Deadline(time.Second); got != 5*time.Millisecond {
 		t.Errorf("Timeout 5ms: Deadline = %v", got)
 	}
+	for _, to := range []uint64{1 << 63, 1<<64 - 1} {
+		e.Timeout = to
+		if got := e.Deadline(time.Second); got <= 0 {
+			t.Errorf("Timeout %d: Deadline = %v, want the longest (it wrapped negative: the request ended at once)", to, got)
+		}
+	}
 }
 
 func TestNewSize(t *testing.T) {
