@@ -66,12 +66,15 @@ func TestTransferBetweenEngines(t *testing.T) {
 }
 
 // TestEngineAfterClose: calls on a closed engine return errors, never
-// panic (SegmentTransport used to call a transport Close had removed), and
-// a nil transport is refused.
+// panic (SegmentTransport used to call a transport Close had removed); a
+// nil transport is refused, and an unknown segment is ErrBadSegment.
 func TestEngineAfterClose(t *testing.T) {
 	e := newEngine(t, t.Name())
 	if err := e.InstallTransport(nil); !errors.Is(err, moonring.ErrInvalid) {
 		t.Fatalf("InstallTransport(nil): %v; want ErrInvalid", err)
+	}
+	if err := e.CloseSegment(context.Background(), 12345); !errors.Is(err, moonring.ErrBadSegment) {
+		t.Fatalf("CloseSegment of an unknown ID: %v; want ErrBadSegment", err)
 	}
 	if name, err := e.SegmentTransport(moonring.LocalSegmentID); err != nil || name == "" {
 		t.Fatalf("SegmentTransport of the local segment: %q, %v", name, err)

@@ -869,6 +869,9 @@ func (e *Engine) UnregisterLocalMemoryBatch(ctx context.Context, bufs [][]byte) 
 		// Refuse new requests and wait for those in flight, without the
 		// lock: registration elsewhere goes on meanwhile.
 		if _, derr := e.buffers.Unregister(ctx, b.ID); derr != nil {
+			if errors.Is(derr, segtable.ErrNotFound) {
+				derr = ErrNotRegistered // another call unregistered it meanwhile
+			}
 			err = fmt.Errorf("moonring: unregister memory %#x: %w", addr, derr)
 			break
 		}
@@ -1025,6 +1028,9 @@ func (e *Engine) SegmentTransport(id SegmentID) (string, error) {
 // the segment stays open and the error wraps ErrBusy.
 func (e *Engine) CloseSegment(ctx context.Context, id SegmentID) error {
 	s, err := e.segments.Close(ctx, id)
+	if errors.Is(err, segtable.ErrNotFound) {
+		return fmt.Errorf("moonring: close segment %d: %w", id, ErrBadSegment)
+	}
 	if err != nil {
 		return fmt.Errorf("moonring: close segment: %w", err)
 	}
