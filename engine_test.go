@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/segtable"
 )
 
 func newEngine(t testing.TB, name string) *moonring.Engine {
@@ -84,5 +86,54 @@ func TestEngineAfterClose(t *testing.T) {
 	}
 	if _, err := e.SegmentTransport(moonring.LocalSegmentID); !errors.Is(err, moonring.ErrClosed) {
 		t.Fatalf("SegmentTransport after Close: %v; want ErrClosed", err)
+	}
+}
+
+// slowStore is a metadata store whose Get waits for release.
+type slowStore struct {
+	metadata.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *slowStore) Get(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
+	close(s.entered)
+	<-s.release
+	return s.Store.Get(ctx, name)
+}
+
+// TestOpenSegmentUnlocked: an OpenSegment waiting on the store (or the
+// peer) does not hold the engine: registration and other calls go on. It
+// held the engine's lock across both, unbounded without a deadline.
+func TestOpenSegmentUnlocked(t *testing.T) {
+	store := &slowStore{Store: metadata.NewMemory(), entered: make(chan struct{}), release: make(chan struct{})}
+	e, err := moonring.New(moonring.Config{Name: t.Name(), Metadata: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	opened := make(chan error, 1)
+	go func() {
+		_, err := e.OpenSegment(context.Background(), "nobody")
+		opened <- err
+	}()
+	<-store.entered
+	registered := make(chan error, 1)
+	go func() {
+		_, err := e.RegisterLocalMemory(make([]byte, 4096), "cpu:0", false)
+		registered <- err
+	}()
+	select {
+	case err := <-registered:
+		if err != nil {
+			t.Fatalf("RegisterLocalMemory: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		close(store.release)
+		t.Fatal("hang: RegisterLocalMemory behind an OpenSegment waiting on the store")
+	}
+	close(store.release)
+	if err := <-opened; err == nil {
+		t.Fatal("OpenSegment of a segment nobody published: no error")
 	}
 }

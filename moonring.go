@@ -895,22 +895,21 @@ func (e *Engine) UnregisterLocalMemoryBatch(ctx context.Context, bufs [][]byte) 
 
 // OpenSegment looks name up in the metadata store, picks the best
 // transport that reaches it and returns its ID. Opening an open segment
-// returns the same ID; the engine's own name returns LocalSegmentID.
+// returns the same ID; the engine's own name returns LocalSegmentID. The
+// store and the peer are asked without the engine's lock: a slow peer holds
+// up this call only (bounded by ctx), not the engine.
 func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error) {
 	if name == e.cfg.Name {
 		return LocalSegmentID, nil
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.closed.Load() {
+		e.mu.Unlock()
 		return 0, ErrClosed
 	}
 	if s := e.segments.Find(name); s != nil {
+		e.mu.Unlock()
 		return s.ID, nil
-	}
-	desc, err := e.cfg.Metadata.Get(ctx, name)
-	if err != nil {
-		return 0, fmt.Errorf("moonring: open segment %q: %w", name, err)
 	}
 	var installed []string
 	for _, t := range e.transports {
@@ -918,27 +917,64 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 			installed = append(installed, t.Name())
 		}
 	}
+	e.mu.Unlock()
+	desc, err := e.cfg.Metadata.Get(ctx, name)
+	if err != nil {
+		return 0, fmt.Errorf("moonring: open segment %q: %w", name, err)
+	}
 	var errs []error
-	for _, name := range transport.Candidates(installed, desc, e.cfg.Transports) {
-		slot := e.slotOf(name)
-		t := e.transports[slot]
+	for _, tname := range transport.Candidates(installed, desc, e.cfg.Transports) {
+		e.mu.Lock()
+		slot := e.slotOf(tname)
+		var t transport.Transport
+		if slot >= 0 {
+			t = e.transports[slot]
+		}
+		e.mu.Unlock()
+		if t == nil {
+			continue // uninstalled meanwhile
+		}
 		ep, err := t.Open(ctx, desc)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		size := t.SliceSize()
-		staged := e.stageEndpoint(ep, slot, size)
-		s, err := e.segments.Open(desc.Name, desc, slot, size, ep, staged)
-		if err != nil {
-			closeSegment(ep, staged)
-			return 0, fmt.Errorf("moonring: open segment %q: %w", desc.Name, err)
+		id, done, err := e.addSegment(name, desc, slot, t, ep)
+		if done {
+			return id, err
 		}
-		e.watch(s)
-		e.cfg.Logger.Info("moonring: segment opened", "segment", desc.Name, "transport", name, "id", s.ID)
-		return s.ID, nil
 	}
 	return 0, fmt.Errorf("moonring: open segment %q (store %s): %w", name, e.cfg.Metadata, errors.Join(append([]error{ErrNoTransport}, errs...)...))
+}
+
+// addSegment adds the segment OpenSegment reached through ep of t in slot,
+// unless the engine closed, t was uninstalled (done false: try the next
+// transport) or another OpenSegment of name added it first (its ID).
+func (e *Engine) addSegment(name string, desc *segtable.SegmentDesc, slot int, t transport.Transport, ep transport.Endpoint) (SegmentID, bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case e.closed.Load():
+		ep.Close()
+		return 0, true, ErrClosed
+	case e.transports[slot] != t:
+		ep.Close()
+		return 0, false, nil
+	}
+	if s := e.segments.Find(name); s != nil {
+		ep.Close()
+		return s.ID, true, nil
+	}
+	size := t.SliceSize()
+	staged := e.stageEndpoint(ep, slot, size)
+	s, err := e.segments.Open(desc.Name, desc, slot, size, ep, staged)
+	if err != nil {
+		closeSegment(ep, staged)
+		return 0, true, fmt.Errorf("moonring: open segment %q: %w", desc.Name, err)
+	}
+	e.watch(s)
+	e.cfg.Logger.Info("moonring: segment opened", "segment", desc.Name, "transport", t.Name(), "id", s.ID)
+	return s.ID, true, nil
 }
 
 // stageEndpoint returns the Staged endpoint for a segment reached through
@@ -976,15 +1012,16 @@ func closeSegment(ep, staged transport.Endpoint) error {
 // watch follows the segment's descriptor in the store. mu must be held.
 func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := e.cfg.Metadata.Watch(ctx, s.Name)
-	if err != nil {
-		cancel()
-		return // the cached descriptor stays in use
-	}
 	e.watches[s.ID] = cancel
 	e.watchWG.Add(1)
 	go func() {
 		defer e.watchWG.Done()
+		// Started here, not under the engine's lock: a store may fetch
+		// the descriptor once before it answers.
+		ch, err := e.cfg.Metadata.Watch(ctx, s.Name)
+		if err != nil {
+			return // the cached descriptor stays in use
+		}
 		for ev := range ch {
 			switch old := s.Desc(); {
 			case ev.Deleted || ev.Desc == nil:
