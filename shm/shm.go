@@ -295,18 +295,20 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 	}
 	t.mu.Unlock()
 
-	var errs []error
-	for _, s := range peers {
-		if err := s.revoke(r.handle, t.cfg.RevokeTimeout); err != nil {
-			errs = append(errs, err)
-		}
+	// Every peer at once, as Close does: stuck peers cost one
+	// RevokeTimeout together, not one each in turn.
+	errs := make([]error, len(peers))
+	var wg sync.WaitGroup
+	for i, s := range peers {
+		wg.Go(func() { errs[i] = s.revoke(r.handle, t.cfg.RevokeTimeout) })
 	}
+	wg.Wait()
 	t.mu.Lock()
 	t.regs = slices.DeleteFunc(t.regs, func(x *region) bool { return x == r })
 	t.mu.Unlock()
 	r.close()
-	if len(errs) > 0 {
-		return fmt.Errorf("shm: unregister %#x: %w", b.Addr, errors.Join(errs...))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("shm: unregister %#x: %w", b.Addr, err)
 	}
 	return nil
 }
