@@ -355,6 +355,11 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 	if t.closing.Load() {
 		return nil // Close closed every MR
 	}
+	if reg.Handle == 0 {
+		// Handle 0 is the probe's scratch region, never a caller's: its
+		// loss would fail every later Open.
+		return fmt.Errorf("efa: unregister %#x: handle 0: %w", b.Addr, segtable.ErrNotFound)
+	}
 	t.regMu.Lock()
 	rs := t.regList()
 	i, ok := slices.BinarySearchFunc(rs, reg.Handle, func(r *region, h uint64) int { return cmpU64(r.handle, h) })
@@ -735,7 +740,7 @@ type completion struct {
 // older than Config.Timeout. It returns how many slices it completed.
 // Safe for concurrent use; pollers of the engine call it.
 func (t *Transport) Poll() int {
-	t.polls.Add(1)
+	polls := t.polls.Add(1)
 	var ents [chunk]C.cq_ent
 	t.guard.RLock()
 	if t.closed.Load() {
@@ -752,7 +757,7 @@ func (t *Transport) Poll() int {
 	if t.nretry.Load() > 0 {
 		nd += t.retryDue()
 	}
-	if t.cfg.Timeout > 0 && t.polls.Load()%64 == 0 {
+	if t.cfg.Timeout > 0 && polls%64 == 0 { // Add's own value: concurrent pollers could all miss a multiple of 64
 		now := time.Now().UnixNano()
 		last := t.lastScan.Load()
 		if now-last > int64(min(t.cfg.Timeout/4, time.Second)) && t.lastScan.CompareAndSwap(last, now) {

@@ -300,6 +300,9 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 		if tail-l.head.Load() > l.mask {
 			r.tab.release(r.slot)
 			l.mu.Unlock()
+			if queued {
+				t.wakeup() // as below: the copies queued before this one
+			}
 			return i, nil // full: the caller retries the rest after a Poll
 		}
 		if cur != r.dev.ctx {

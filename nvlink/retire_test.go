@@ -284,3 +284,55 @@ func TestUpdateRacesPost(t *testing.T) {
 		t.Errorf("%d replaced views left after the last Poll", n)
 	}
 }
+
+// TestUnregisterTwice: of two Unregisters of one exported buffer, the
+// second is refused rather than free its grant slot a second time (two
+// later exports then shared the slot, each revoking the other), and an
+// Unregister after Close returns at once instead of reading the unmapped
+// grant table.
+func TestUnregisterTwice(t *testing.T) {
+	fake := newFake(1)
+	pr := newPeer(t, fake, 1<<20)
+	free := len(pr.tr.slots)
+	if err := pr.tr.Unregister(pr.b, pr.reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := pr.tr.Unregister(pr.b, pr.reg); !errors.Is(err, segtable.ErrNotFound) {
+		t.Fatalf("a second Unregister: %v; want ErrNotFound", err)
+	}
+	if got := len(pr.tr.slots); got != free+1 {
+		t.Fatalf("%d free slots after one export went, %d before: want one more", got, free)
+	}
+	first := pr.b
+	pr.bufs.Unregister(context.Background(), first.ID)
+	pr.b = nil
+	// A fresh export, unregistered while another Unregister of it runs:
+	// exactly one succeeds.
+	b, err := pr.bufs.Register(pr.mem[:4096], segtable.CUDA(0), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := pr.tr.Register(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free = len(pr.tr.slots)
+	var wg sync.WaitGroup
+	var ok atomic.Int32
+	for range 2 {
+		wg.Go(func() {
+			if pr.tr.Unregister(b, reg) == nil {
+				ok.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if ok.Load() != 1 || len(pr.tr.slots) != free+1 {
+		t.Fatalf("two concurrent Unregisters: %d succeeded, %d slots freed; want 1 and 1", ok.Load(), len(pr.tr.slots)-free)
+	}
+	pr.bufs.Unregister(context.Background(), b.ID)
+	pr.tr.Close()
+	if err := pr.tr.Unregister(first, pr.reg); err != nil {
+		t.Fatalf("Unregister after Close: %v", err)
+	}
+}

@@ -130,6 +130,9 @@ type Transport struct {
 	allocs map[unsafe.Pointer]*device
 	staged map[*stagedEndpoint]struct{}
 	stg    atomic.Pointer[stager] // the staging arena, once StagingArena made it
+	// unregs counts Unregisters under way (added under mu while open):
+	// Close waits for them before it unmaps the grant table they drain.
+	unregs sync.WaitGroup
 
 	regs   atomic.Pointer[map[uint64]*region] // copy on write, under mu
 	wake   atomic.Pointer[func()]             // SetWake's
@@ -156,6 +159,9 @@ type region struct {
 	length uint64
 	dev    *device // nil: host memory
 	slot   int     // grant-table slot; -1 when not exported
+	// leaving is set (under Transport.mu) while an Unregister revokes it:
+	// a second one is refused rather than free the slot twice.
+	leaving bool
 }
 
 // mapping is a peer's allocation mapped into this process, shared by
@@ -464,16 +470,27 @@ func (t *Transport) export(r *region) (string, error) {
 // revoked and the error says how many copies were left.
 func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) error {
 	t.mu.Lock()
+	if t.closed.Load() {
+		t.mu.Unlock()
+		return nil // Close took every registration down
+	}
 	r := (*t.regs.Load())[reg.Handle]
-	t.mu.Unlock()
-	if r == nil {
+	if r == nil || r.leaving {
+		t.mu.Unlock()
 		return fmt.Errorf("nvlink: unregister %#x: %w", b.Addr, segtable.ErrNotFound)
 	}
+	r.leaving = true
+	t.unregs.Add(1)
+	t.mu.Unlock()
+	defer t.unregs.Done()
 	if r.slot >= 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), t.cfg.DrainTimeout)
 		err := t.tab.revoke(ctx, r.slot)
 		cancel()
 		if err != nil {
+			t.mu.Lock()
+			r.leaving = false // still registered (and revoked): it may be tried again
+			t.mu.Unlock()
 			return fmt.Errorf("nvlink: unregister %#x: %w", b.Addr, err)
 		}
 	}
@@ -698,6 +715,7 @@ func (t *Transport) Close() error {
 	for _, e := range staged {
 		errs = append(errs, e.Close())
 	}
+	t.unregs.Wait() // their drains read the grant table
 	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.DrainTimeout)
 	if err := t.tab.shut(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("nvlink: close: %w", err))
