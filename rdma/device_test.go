@@ -649,6 +649,23 @@ func newQuietPeer(t *testing.T, w *world) *quietPeer {
 	return p
 }
 
+// quietRail opens an endpoint of qps queue pairs per device (and a
+// ConnectTimeout of an hour), points it at a quiet peer, and fails rail
+// 0's queue pair: the next Post to that rail reconnects to a peer that
+// never answers.
+func quietRail(t *testing.T, qps int) (*world, transport.Endpoint, *Endpoint, *quietPeer) {
+	t.Helper()
+	w := newWorld(t, Config{QPsPerDevice: qps, ConnectTimeout: time.Hour}, 1<<16)
+	ep := w.open(t)
+	quiet := newQuietPeer(t, w)
+	ep.Update(quiet.desc)
+	e := ep.(*Endpoint)
+	e.postMu.Lock()
+	e.rails[0].q.fail()
+	e.postMu.Unlock()
+	return w, ep, e, quiet
+}
+
 // postNoWait is ep.Post, failing the test if it does not return within
 // 30 s (it must not wait for a reconnect).
 func postNoWait(t *testing.T, ep transport.Endpoint, c transport.Completer, s ...transport.Slice) (int, error) {
@@ -679,14 +696,7 @@ func postNoWait(t *testing.T, ep transport.Endpoint, c transport.Completer, s ..
 // once with its error, without dialing. An Update (the peer republished)
 // tries again at once. Closing the endpoint ends a reconnect under way.
 func TestReconnectBackoff(t *testing.T) {
-	w := newWorld(t, Config{QPsPerDevice: 1, ConnectTimeout: time.Hour}, 1<<16)
-	ep := w.open(t)
-	quiet := newQuietPeer(t, w)
-	ep.Update(quiet.desc)
-	e := ep.(*Endpoint)
-	e.postMu.Lock()
-	e.rails[0].q.fail()
-	e.postMu.Unlock()
+	w, ep, e, quiet := quietRail(t, 1)
 	c := newWaiter()
 	post := func(tok uint64) (int, error) {
 		t.Helper()
@@ -759,14 +769,7 @@ func TestReconnectBackoff(t *testing.T) {
 // pair instead of waiting for the dial (which held up every later slice of
 // the ring).
 func TestReconnectOtherRail(t *testing.T) {
-	w := newWorld(t, Config{QPsPerDevice: 2, ConnectTimeout: time.Hour}, 1<<16)
-	ep := w.open(t)
-	quiet := newQuietPeer(t, w)
-	ep.Update(quiet.desc) // reconnects dial a peer that never answers
-	e := ep.(*Endpoint)
-	e.postMu.Lock()
-	e.rails[0].q.fail()
-	e.postMu.Unlock()
+	w, ep, e, quiet := quietRail(t, 2)
 	for i := range w.lmem[:8192] {
 		w.lmem[i] = byte(i*5 + 1)
 	}
@@ -797,14 +800,7 @@ func TestReconnectOtherRail(t *testing.T) {
 // way alone (the engine updates on every republish, buffers included); one
 // to another address drops it, and the next Post dials the new one.
 func TestReconnectUpdate(t *testing.T) {
-	w := newWorld(t, Config{QPsPerDevice: 1, ConnectTimeout: time.Hour}, 1<<16)
-	ep := w.open(t)
-	quiet := newQuietPeer(t, w)
-	ep.Update(quiet.desc)
-	e := ep.(*Endpoint)
-	e.postMu.Lock()
-	e.rails[0].q.fail()
-	e.postMu.Unlock()
+	w, ep, e, quiet := quietRail(t, 1)
 	c := newWaiter()
 	if n, err := postNoWait(t, ep, c, w.slice(transport.Write, 0, 4096, 1)); n != 0 || err != nil {
 		t.Fatalf("Post while the rail starts reconnecting: %d, %v; want 0, nil", n, err)
