@@ -944,6 +944,9 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 			return id, err
 		}
 	}
+	if e.closed.Load() {
+		return 0, ErrClosed // its transports closed under the Opens
+	}
 	return 0, fmt.Errorf("moonring: open segment %q (store %s): %w", name, e.cfg.Metadata, errors.Join(append([]error{ErrNoTransport}, errs...)...))
 }
 
@@ -952,17 +955,23 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 // transport) or another OpenSegment of name added it first (its ID).
 func (e *Engine) addSegment(name string, desc *segtable.SegmentDesc, slot int, t transport.Transport, ep transport.Endpoint) (SegmentID, bool, error) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	var unused bool // ep goes unused: closed after the lock (a Close may wait on dials)
+	defer func() {
+		e.mu.Unlock()
+		if unused {
+			ep.Close()
+		}
+	}()
 	switch {
 	case e.closed.Load():
-		ep.Close()
+		unused = true
 		return 0, true, ErrClosed
 	case e.transports[slot] != t:
-		ep.Close()
+		unused = true
 		return 0, false, nil
 	}
 	if s := e.segments.Find(name); s != nil {
-		ep.Close()
+		unused = true
 		return s.ID, true, nil
 	}
 	size := t.SliceSize()
@@ -1062,11 +1071,12 @@ func (e *Engine) SegmentTransport(id SegmentID) (string, error) {
 }
 
 // CloseSegment closes a segment once no request uses it. If ctx ends first
-// the segment stays open and the error wraps ErrBusy.
+// the segment stays open and the error wraps ErrBusy; an OpenSegment of its
+// name made meanwhile opened a second segment, which stays open too.
 func (e *Engine) CloseSegment(ctx context.Context, id SegmentID) error {
 	s, err := e.segments.Close(ctx, id)
 	if errors.Is(err, segtable.ErrNotFound) {
-		return fmt.Errorf("moonring: close segment %d: %w", id, ErrBadSegment)
+		return fmt.Errorf("moonring: close segment %d (%v): %w", id, err, ErrBadSegment)
 	}
 	if err != nil {
 		return fmt.Errorf("moonring: close segment: %w", err)

@@ -132,7 +132,10 @@ type Transport struct {
 	stg    atomic.Pointer[stager] // the staging arena, once StagingArena made it
 	// unregs counts Unregisters under way (added under mu while open):
 	// Close waits for them before it unmaps the grant table they drain.
+	// shut is closed once Close has drained every peer's copies: an
+	// Unregister that comes during Close waits for it.
 	unregs sync.WaitGroup
+	shut   chan struct{}
 
 	regs   atomic.Pointer[map[uint64]*region] // copy on write, under mu
 	wake   atomic.Pointer[func()]             // SetWake's
@@ -220,6 +223,7 @@ func newTransport(cfg Config, drv driver) (*Transport, error) {
 		cfg: cfg, drv: drv, boot: boot, bus: map[string]*device{},
 		eps: map[*Endpoint]struct{}{}, maps: map[mapKey]*mapping{},
 		allocs: map[unsafe.Pointer]*device{}, staged: map[*stagedEndpoint]struct{}{},
+		shut: make(chan struct{}),
 	}
 	for i := 0; i < n; i++ {
 		id, err := drv.pciBusID(i)
@@ -472,7 +476,8 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 	t.mu.Lock()
 	if t.closed.Load() {
 		t.mu.Unlock()
-		return nil // Close took every registration down
+		<-t.shut // Close takes every registration down; once it has, no peer copies
+		return nil
 	}
 	r := (*t.regs.Load())[reg.Handle]
 	if r == nil || r.leaving {
@@ -722,6 +727,7 @@ func (t *Transport) Close() error {
 	}
 	cancel()
 	t.tab.unmap()
+	close(t.shut)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	lockThread()

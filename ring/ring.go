@@ -448,7 +448,9 @@ func (r *Ring) wakeAt(t int64) int64 {
 	}
 	if r.blockedSince != 0 {
 		if pos, n := r.sq.Peek(1); n == 1 {
-			at = min(at, r.blockedSince+int64(r.sq.Entry(pos).Deadline(r.cfg.Timeout)))
+			if d := r.blockedSince + int64(r.sq.Entry(pos).Deadline(r.cfg.Timeout)); d > r.blockedSince {
+				at = min(at, d) // else it overflowed: no deadline worth the name
+			}
 		}
 	}
 	return at

@@ -116,8 +116,9 @@ func (ss *Segments[E]) Find(name string) *Segment[E] {
 func (ss *Segments[E]) Each(fn func(*Segment[E])) { ss.t.each(fn) }
 
 // Close removes the segment named id once no request holds it; new requests
-// are refused from the moment it is called. If ctx ends first, the segment
-// stays open and the error wraps ErrBusy.
+// are refused from the moment it is called (and Find no longer returns
+// it). If ctx ends first, the segment stays open and the error wraps
+// ErrBusy.
 func (ss *Segments[E]) Close(ctx context.Context, id SegmentID) (*Segment[E], error) {
 	if id == LocalSegmentID {
 		return nil, fmt.Errorf("%w: the local segment cannot be closed", ErrNotFound)

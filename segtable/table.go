@@ -69,7 +69,8 @@ func (r *Ref) InUse() int { return int(r.v.Load() &^ closingBit) }
 func (r *Ref) Closing() bool { return r.v.Load()&closingBit != 0 }
 
 // Drain refuses new references and waits until none is held. If ctx ends
-// first it accepts references again and returns an error wrapping ErrBusy.
+// first it returns an error wrapping ErrBusy, and the entry accepts
+// references again unless another Drain still waits.
 func (r *Ref) Drain(ctx context.Context) error { return r.DrainWhile(ctx, nil) }
 
 // DrainWhile is Drain that also waits while busy reports true. busy covers
