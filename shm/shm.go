@@ -44,7 +44,8 @@ type Config struct {
 	NoMap bool
 	// RevokeTimeout bounds how long Unregister waits for each peer to stop
 	// using a buffer (default 10 s); a peer that does not answer in time is
-	// disconnected.
+	// disconnected. Sending the revoke to a peer that does not read takes
+	// up to two ReplyTimeouts more (the write lock, then the write).
 	RevokeTimeout time.Duration
 	// ReplyTimeout bounds the wait for a target's answer to a grant or a
 	// notification, each write of a control message (on either side: a
