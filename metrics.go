@@ -124,16 +124,31 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			buckets[float64(uint64(1)<<(i+10))/1e9] = count
 		}
 		ch <- prometheus.MustNewConstHistogram(mLatency, count, lsum.Seconds(), buckets, x.name)
+		// Copied out on the poller, sent after: a slow reader of ch must
+		// not hold the poller up. Added up by label set: a ring keeps the
+		// counters of a closed segment until another takes its index, so
+		// one name can come twice (and duplicates fail a whole scrape).
+		type peerKey struct{ seg, tn, op string }
+		peers := map[peerKey]ring.SegmentStats{}
 		x.r.SegmentStats(func(ss ring.SegmentStats) {
 			op := "read"
 			if ss.Op == transport.Write {
 				op = "write"
 			}
-			tn := tnames[ss.Segment.Transport]
-			ch <- prometheus.MustNewConstMetric(mPeerReqs, prometheus.CounterValue, float64(ss.Completed), x.name, ss.Segment.Name, tn, op, "completed")
-			ch <- prometheus.MustNewConstMetric(mPeerReqs, prometheus.CounterValue, float64(ss.Failed), x.name, ss.Segment.Name, tn, op, "failed")
-			ch <- prometheus.MustNewConstMetric(mPeerBytes, prometheus.CounterValue, float64(ss.Bytes), x.name, ss.Segment.Name, tn, op)
+			k := peerKey{ss.Segment.Name, tnames[ss.Segment.Transport], op}
+			sum := peers[k]
+			sum.Completed += ss.Completed
+			sum.Failed += ss.Failed
+			sum.Bytes += ss.Bytes
+			peers[k] = sum
 		})
+		for k, ss := range peers {
+			// NewConstMetric, not Must: a segment name that is not UTF-8
+			// loses its series, not the process.
+			send(ch, mPeerReqs, float64(ss.Completed), x.name, k.seg, k.tn, k.op, "completed")
+			send(ch, mPeerReqs, float64(ss.Failed), x.name, k.seg, k.tn, k.op, "failed")
+			send(ch, mPeerBytes, float64(ss.Bytes), x.name, k.seg, k.tn, k.op)
+		}
 	}
 	for node, p := range pollers {
 		st := p.Stats()
@@ -156,4 +171,11 @@ func errorKind(c Code) string {
 		return strings.TrimPrefix(err.Error(), "moonring: ")
 	}
 	return "ok"
+}
+
+// send sends a counter, unless its labels are invalid.
+func send(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	if m, err := prometheus.NewConstMetric(d, prometheus.CounterValue, v, labels...); err == nil {
+		ch <- m
+	}
 }

@@ -138,3 +138,47 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("handler output lacks the batch bytes:\n%s", body)
 	}
 }
+
+// TestMetricsReopenedSegment: a ring keeps the counters of a closed
+// segment until another takes its table index, so a segment closed and
+// opened again can appear twice; the scrape adds them up rather than fail
+// on a duplicate label set (every scrape then failed).
+func TestMetricsReopenedSegment(t *testing.T) {
+	a := newEngine(t, t.Name()+"-a")
+	b := newEngine(t, t.Name()+"-b")
+	c := newEngine(t, t.Name()+"-c")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(a.Collector())
+	ctx := context.Background()
+	src := make([]byte, 4096)
+	a.RegisterLocalMemory(src, "cpu:0", false)
+	dsts := map[*moonring.Engine][]byte{b: make([]byte, 4096), c: make([]byte, 4096)}
+	for e, d := range dsts {
+		e.RegisterLocalMemory(d, "cpu:0", true)
+	}
+	write := func(e *moonring.Engine) moonring.SegmentID {
+		t.Helper()
+		seg, err := a.OpenSegment(ctx, e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src), TargetID: seg,
+			TargetOffset: uint64(moonring.AddressOf(dsts[e])), Length: 4096}); err != nil {
+			t.Fatal(err)
+		}
+		return seg
+	}
+	sb, sc := write(b), write(c)
+	for _, s := range []moonring.SegmentID{sb, sc} {
+		if err := a.CloseSegment(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(b) // may take the index c had, while b's old counters stay under its own
+	if _, err := reg.Gather(); err != nil {
+		t.Fatalf("scrape after a segment was opened again: %v", err)
+	}
+	if v := metricValue(t, reg, "moonring_peer_bytes_total", map[string]string{"ring": "batch/0", "segment": b.Name(), "op": "write"}); v != 2*4096 {
+		t.Errorf("peer write bytes of the reopened segment = %v; want %d (both opens)", v, 2*4096)
+	}
+}
