@@ -217,8 +217,9 @@ func (p *Poller) Wake() { p.bell.Ring() }
 func (p *Poller) run() {
 	defer close(p.done)
 	if len(p.cfg.CPUs) > 0 && p.cfg.Pin != nil {
+		// Locked for good: the thread ends with the poller rather than go
+		// back to the scheduler still pinned to this node's CPUs.
 		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
 		if err := p.cfg.Pin(p.cfg.CPUs); err != nil {
 			p.pinErr.Store(&err)
 		}

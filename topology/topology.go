@@ -3,6 +3,7 @@ package topology
 import (
 	"errors"
 	"fmt"
+	mbits "math/bits"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -193,7 +194,10 @@ func parseCPUList(s string) ([]int, error) {
 	if s == "" {
 		return nil, nil
 	}
-	var cpus []int
+	// A set of maxCPUs bits: ranges that repeat or overlap cost nothing
+	// (a list of them, 4 KiB of "0-65535," over and over, expanded to
+	// hundreds of MB).
+	var set [maxCPUs / 64]uint64
 	for part := range strings.SplitSeq(s, ",") {
 		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
 		a, err := parseCPU(lo)
@@ -207,11 +211,16 @@ func parseCPUList(s string) ([]int, error) {
 			}
 		}
 		for c := a; c <= b; c++ {
-			cpus = append(cpus, c)
+			set[c/64] |= 1 << (c % 64)
 		}
 	}
-	slices.Sort(cpus)
-	return slices.Compact(cpus), nil
+	var cpus []int
+	for w, bits := range set {
+		for ; bits != 0; bits &= bits - 1 {
+			cpus = append(cpus, w*64+mbits.TrailingZeros64(bits))
+		}
+	}
+	return cpus, nil
 }
 
 func parseCPU(s string) (int, error) {

@@ -13,7 +13,10 @@
 // buffers, Copy is copy().
 package fastcopy
 
-import "unsafe"
+import (
+	"math"
+	"unsafe"
+)
 
 const (
 	// threshold is the smallest copy that takes the string move.
@@ -33,7 +36,7 @@ var least = func() int {
 	case erms:
 		return threshold
 	}
-	return 1<<63 - 1
+	return math.MaxInt
 }()
 
 // Copy copies min(len(dst), len(src)) bytes from src to dst and returns

@@ -113,6 +113,11 @@ func alloc(size int, node int, shared bool) ([]byte, error) {
 // memfd creates a sealed memfd of n bytes.
 func memfd(n int) (int, error) {
 	fd, err := unix.MemfdCreate("moonring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err == unix.EACCES {
+		// vm.memfd_noexec=2 (Linux 6.3 and up) refuses memfds that could
+		// be made executable: ask for one sealed against exec.
+		fd, err = unix.MemfdCreate("moonring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_NOEXEC_SEAL)
+	}
 	if err != nil {
 		return -1, fmt.Errorf("memfd_create: %w", err)
 	}
