@@ -106,25 +106,33 @@ func (t *Transport) list() []*region {
 	return nil
 }
 
-// find returns the region holding [addr, addr+n), or nil.
+// find returns the region holding [addr, addr+n), or nil. Regions are
+// sorted by start; they may nest while an old registration drains under a
+// new one of the same memory, so the last one starting at or below addr is
+// tried first, then those before it.
 func find(rs []*region, addr uint64, n uint64) *region {
 	i, j := 0, len(rs) // sort.Search by hand: this runs for every slice
 	for i < j {
 		h := int(uint(i+j) >> 1)
-		if uint64(rs[h].addr)+rs[h].length > addr {
+		if uint64(rs[h].addr) > addr {
 			j = h
 		} else {
 			i = h + 1
 		}
 	}
-	if i == len(rs) {
-		return nil
+	var closing *region
+	for k := i - 1; k >= 0; k-- { // one step unless it misses (nested, or a bad slice)
+		r := rs[k]
+		if n <= r.length && addr-uint64(r.addr) <= r.length-n {
+			if !r.ref.Closing() {
+				return r
+			}
+			if closing == nil {
+				closing = r // one being unregistered, if no other holds the range
+			}
+		}
 	}
-	r := rs[i]
-	if addr < uint64(r.addr) || n > r.length || addr-uint64(r.addr) > r.length-n {
-		return nil
-	}
-	return r
+	return closing
 }
 
 // Register attaches a random 64-bit key to b.

@@ -1,0 +1,47 @@
+package local
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestFindNested: while an old registration drains under a new one of the
+// same memory the regions nest, and find still finds the one holding a
+// range (its search assumed they did not, and missed).
+func TestFindNested(t *testing.T) {
+	outer := &region{addr: 0x1000, length: 0x3000} // [0x1000, 0x4000), new
+	inner := &region{addr: 0x2000, length: 0x100}  // [0x2000, 0x2100), draining
+	rs := []*region{outer, inner}
+	for _, c := range []struct {
+		addr, n uint64
+		want    *region
+	}{
+		{0x3000, 16, outer}, // past inner's end: inner comes last by start
+		{0x2000, 16, inner},
+		{0x1000, 0x3000, outer},
+		{0x3ff0, 32, nil}, // past outer's end
+		{0x800, 16, nil},  // before both
+	} {
+		if got := find(rs, c.addr, c.n); got != c.want {
+			t.Errorf("find(%#x, %d) = %+v; want %+v", c.addr, c.n, got, c.want)
+		}
+	}
+	// The inner one draining (a copy holds it): the outer one takes its range.
+	inner.ref.Acquire()
+	drained := make(chan error, 1)
+	go func() { drained <- inner.ref.Drain(context.Background()) }()
+	for deadline := time.Now().Add(30 * time.Second); !inner.ref.Closing(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the drain never began")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := find(rs, 0x2000, 16); got != outer {
+		t.Errorf("find in a draining region under a live one = %+v; want the live one", got)
+	}
+	inner.ref.Release()
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+}
