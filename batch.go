@@ -59,7 +59,11 @@ type Notify struct {
 // and for the TargetOffset of memory a peer registered.
 func AddressOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
-// TransferStatus is a task's status and the bytes it moved.
+// TransferStatus is a task's status and the bytes it moved. A task that
+// ended TIMEOUT or CANCELED (or FAILED on a transport error) may still have
+// slices out at the transport, as with any transfer engine: the READ's
+// local range can still change until its buffer's UnregisterLocalMemory
+// returns, which waits for them.
 type TransferStatus struct {
 	Status Status
 	// Bytes is the number of bytes moved: Length once COMPLETED, else 0.

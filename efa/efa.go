@@ -1034,7 +1034,7 @@ func (t *Transport) retryDue() int {
 		// Not taken (the provider's queue is full, as tcp;ofi_rxm's is
 		// while it connects again): it waits for room, within the
 		// timeout that counts from the failure.
-		wait[at[j]] = j >= posted && now-s.failed < int64(t.cfg.Timeout)
+		wait[at[j]] = j >= posted && (t.cfg.Timeout < 0 || now-s.failed < int64(t.cfg.Timeout)) // < 0: no timeout
 		if p := s.peer; p.returned() {
 			idle[ni] = p
 			ni++

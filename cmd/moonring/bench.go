@@ -514,6 +514,11 @@ func driveBatches(e *moonring.Engine, first, depth int, d time.Duration, req fun
 			return 0, 0, nil, err
 		}
 		if err := e.WaitBatch(ctxMain, id); err != nil {
+			for i := range reqs {
+				e.CancelTransfer(id, i)
+			}
+			e.WaitBatch(context.Background(), id) // canceled tasks end at once
+			e.FreeBatchID(id)
 			return 0, 0, nil, err
 		}
 		took := time.Since(now)
