@@ -40,6 +40,12 @@ func TestFindNested(t *testing.T) {
 	if got := find(rs, 0x2000, 16); got != outer {
 		t.Errorf("find in a draining region under a live one = %+v; want the live one", got)
 	}
+	// The same memory registered again before the old one starts to
+	// drain: the newer one, last among equal starts, is found.
+	again := &region{addr: 0x1000, length: 0x3000}
+	if got := find([]*region{outer, again, inner}, 0x3000, 16); got != again {
+		t.Errorf("find with the same memory registered twice = %+v; want the newer", got)
+	}
 	inner.ref.Release()
 	if err := <-drained; err != nil {
 		t.Fatal(err)

@@ -149,7 +149,9 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	t.seq++
 	r.handle = t.seq
 	rs := slices.Clone(t.list())
-	i := sort.Search(len(rs), func(i int) bool { return rs[i].addr >= r.addr })
+	// After any region with the same start: find, scanning back, meets
+	// the newest registration of the same memory first.
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].addr > r.addr })
 	rs = slices.Insert(rs, i, r)
 	t.regs.Store(&rs)
 	return segtable.Registration{Handle: r.handle, Key: strconv.FormatUint(r.key, 16)}, nil

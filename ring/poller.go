@@ -114,7 +114,12 @@ func (p *Poller) do(fn func()) error {
 	case <-ran:
 		return nil
 	case <-p.done:
-		return ErrClosed
+		select {
+		case <-ran:
+			return nil // it ran before the poller stopped: the caller must not run it again
+		default:
+			return ErrClosed
+		}
 	}
 }
 
