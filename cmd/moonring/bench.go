@@ -509,7 +509,7 @@ func driveBatches(e *moonring.Engine, first, depth int, d time.Duration, req fun
 			return 0, 0, nil, err
 		}
 		if err := e.SubmitTransfer(id, reqs); err != nil {
-			e.WaitBatch(ctxMain, id)
+			e.WaitBatch(context.Background(), id) // what was pushed ends within its deadline
 			e.FreeBatchID(id)
 			return 0, 0, nil, err
 		}
