@@ -12,7 +12,6 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/tcp"
 )
 
@@ -79,19 +79,10 @@ func e2eWarmFDs() {
 	}
 }
 
-// e2eFDs counts the process's open descriptors and lists them. The
-// directory's own descriptor is counted each time alike.
+// e2eFDs counts the process's open descriptors and lists them.
 func e2eFDs() (int, string) {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return -1, err.Error()
-	}
-	var b strings.Builder
-	for _, e := range ents {
-		l, _ := os.Readlink("/proc/self/fd/" + e.Name())
-		fmt.Fprintf(&b, "  %s -> %s\n", e.Name(), l)
-	}
-	return len(ents), b.String()
+	fds := leakcheck.FDs()
+	return len(fds), strings.Join(fds, "\n")
 }
 
 // e2eRig is an initiator engine, a target's segment and a byte model of

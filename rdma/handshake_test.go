@@ -7,13 +7,13 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -62,15 +62,6 @@ func isClosed(err error) bool {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
-}
-
-func openFDs(t *testing.T) int {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(fds)
 }
 
 // Control connections still in the handshake do not count against
@@ -155,7 +146,7 @@ func TestPendingHandshakes(t *testing.T) {
 func TestPendingHandshakesEnd(t *testing.T) {
 	tr := needDevice(t, Config{ConnectTimeout: 300 * time.Millisecond})
 	defer tr.Close()
-	fds, gs := openFDs(t), runtime.NumGoroutine()
+	fds, gs := len(leakcheck.FDs()), runtime.NumGoroutine()
 	for i, c := range dialIdle(t, tr, 8) {
 		if err := readErr(c, 20*time.Second); !isClosed(err) {
 			t.Fatalf("idle connection %d: read %v; want it closed after ConnectTimeout", i, err)
@@ -164,7 +155,7 @@ func TestPendingHandshakesEnd(t *testing.T) {
 	}
 	waitFor(t, "the counts, sockets and goroutines back after the timeouts", func() bool {
 		conns, hs, qps := peerCounts(tr)
-		return conns == 0 && hs == 0 && qps == 0 && openFDs(t) <= fds && runtime.NumGoroutine() <= gs
+		return conns == 0 && hs == 0 && qps == 0 && len(leakcheck.FDs()) <= fds && runtime.NumGoroutine() <= gs
 	})
 
 	tr2 := needDevice(t, Config{ConnectTimeout: time.Minute})
@@ -184,6 +175,6 @@ func TestPendingHandshakesEnd(t *testing.T) {
 		t.Fatalf("after Close: %d connections, %d in the handshake, %d queue pairs counted", conns, hs, qps)
 	}
 	waitFor(t, "the sockets and goroutines back after Close", func() bool {
-		return openFDs(t) <= fds && runtime.NumGoroutine() <= gs
+		return len(leakcheck.FDs()) <= fds && runtime.NumGoroutine() <= gs
 	})
 }

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/segtable"
 )
 
@@ -60,16 +61,6 @@ func waitClosed(t *testing.T, c *net.UnixConn, what string) {
 	}
 }
 
-// openFDs counts this process's open descriptors.
-func openFDs(t *testing.T) int {
-	t.Helper()
-	es, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(es)
-}
-
 // TestEmptyPacketRights: descriptors that come with an empty packet (which
 // reads as the end of the connection) are closed, not kept: any local
 // process may connect and send them, before any proof of the key.
@@ -86,7 +77,7 @@ func TestEmptyPacketRights(t *testing.T) {
 	}
 	defer unix.Close(p[0])
 	defer unix.Close(p[1])
-	before := openFDs(t)
+	before := len(leakcheck.FDs())
 	fds := []int{p[0], p[0], p[0], p[0], p[0], p[0], p[0], p[0]}
 	rights := unix.UnixRights(fds...)
 	// sendmsg with no payload at all: Go's and x/sys's wrappers add a byte.
@@ -108,7 +99,7 @@ func TestEmptyPacketRights(t *testing.T) {
 		t.Fatalf("sendmsg: %v", serr)
 	}
 	waitClosed(t, c, "after an empty packet")
-	if after := openFDs(t); after > before {
+	if after := len(leakcheck.FDs()); after > before {
 		t.Fatalf("%d descriptors open after the target read an empty packet with %d, %d before: it kept them", after, len(fds), before)
 	}
 }

@@ -11,6 +11,7 @@ package leakcheck
 import (
 	"fmt"
 	"os"
+	"sort"
 	"testing"
 	"time"
 
@@ -43,4 +44,22 @@ func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
 		}
 	}
 	os.Exit(code)
+}
+
+// FDs lists the process's open descriptors as "fd -> target", sorted,
+// for tests that check none is left open: the count, and what to print
+// when it grew. The descriptor of the directory being read is in every
+// listing alike. It returns nil where /proc/self/fd cannot be read.
+func FDs() []string {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil
+	}
+	fds := make([]string, 0, len(ents))
+	for _, e := range ents {
+		target, _ := os.Readlink("/proc/self/fd/" + e.Name())
+		fds = append(fds, e.Name()+" -> "+target)
+	}
+	sort.Strings(fds)
+	return fds
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/moonring/moonring/internal/leakcheck"
 )
 
 // newRing returns a ring closed at the end of the test, or skips the test
@@ -643,7 +645,7 @@ func TestNoFDLeak(t *testing.T) {
 	fds := socketpair(t)
 	buf := make([]byte, 8)
 	pin(t, nil, buf)
-	before := openFDs()
+	before := leakcheck.FDs()
 	for i := range 50 {
 		r, err := New(uint32(1 + i%16))
 		if err != nil {
@@ -659,7 +661,7 @@ func TestNoFDLeak(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if after := openFDs(); len(after) != len(before) {
+	if after := leakcheck.FDs(); len(after) != len(before) {
 		t.Fatalf("fds before %d, after %d:\n%s", len(before), len(after), strings.Join(after, "\n"))
 	}
 }
