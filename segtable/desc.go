@@ -30,6 +30,9 @@ type SegmentDesc struct {
 	Buffers []BufferDesc `json:"buffers"`
 	// Devices lists devices (NICs, GPUs) and their NUMA nodes; informative.
 	Devices []DeviceDesc `json:"devices,omitempty"`
+	// MAC authenticates the descriptor under the deployment's segment key
+	// (see Signer); empty when the publisher has no key.
+	MAC string `json:"mac,omitempty"`
 }
 
 // BufferDesc is one remote-accessible buffer in a SegmentDesc.
@@ -40,6 +43,9 @@ type BufferDesc struct {
 	// Keys maps a transport name to the key that transport attached to the
 	// buffer (an rkey, a capability); peers must present it.
 	Keys map[string]string `json:"keys"`
+	// MAC authenticates the buffer, bound to the segment's name and epoch
+	// (see Signer); empty when the publisher has no key.
+	MAC string `json:"mac,omitempty"`
 }
 
 // DeviceDesc names a device of the engine's host and its NUMA node.
