@@ -179,6 +179,11 @@ func (t *Transport) hello(conn net.Conn, br *bufio.Reader) error {
 		t.challenge(conn, helloBadVersion, nil)
 		return ErrVersion
 	}
+	if f := binary.BigEndian.Uint16(h[6:]); f != 0 {
+		// Version 1 defines no hello flags: a flag that asks for something
+		// the target does not do is not ignored.
+		return fmt.Errorf("%w: unknown hello flags %#x", ErrProtocol, f)
+	}
 	cnonce := h[8:24]
 	snonce := make([]byte, nonceSize)
 	rand.Read(snonce)
@@ -407,26 +412,37 @@ func (t *Transport) notify(p []byte) (uint8, error) {
 }
 
 // check finds the request's region and holds it; nil with the status to
-// answer when the request may not proceed.
+// answer when the request may not proceed. The buffer and its key are
+// checked before the range: a request naming a buffer it holds no key for
+// is denied whatever its address, so a peer without a buffer's key cannot
+// tell a registered address from another by the status (PROTOCOL.md,
+// Checks).
 func (t *Transport) check(req *request) (*region, uint8) {
 	rs := *t.regs.Load()
-	i, j := 0, len(rs) // the region that ends above addr
+	i, j := 0, len(rs) // the first region with id >= req.buffer
 	for i < j {
 		h := int(uint(i+j) >> 1)
-		if rs[h].addr+rs[h].length > req.addr {
-			j = h
-		} else {
+		if rs[h].id < req.buffer {
 			i = h + 1
+		} else {
+			j = h
 		}
 	}
-	if i == len(rs) || req.addr < rs[i].addr || uint64(req.length) > rs[i].length-(req.addr-rs[i].addr) {
-		return nil, stRange
+	// A key of another buffer grants nothing here. One BufferID may be
+	// registered twice while the first registration drains: the key tells
+	// them apart.
+	var r *region
+	for ; i < len(rs) && rs[i].id == req.buffer; i++ {
+		if rs[i].key == req.key {
+			r = rs[i]
+			break
+		}
 	}
-	r := rs[i]
-	// The key must be this buffer's: a key of another buffer grants nothing
-	// here.
-	if r.id != req.buffer || r.key != req.key {
+	if r == nil {
 		return nil, stDenied
+	}
+	if req.addr < r.addr || req.addr-r.addr >= r.length || uint64(req.length) > r.length-(req.addr-r.addr) {
+		return nil, stRange
 	}
 	if !r.ref.Acquire() {
 		return nil, stDenied // being unregistered

@@ -457,18 +457,17 @@ func TestServerRefusals(t *testing.T) {
 		{"unregistered address", specReq{buffer: a.id, key: a.key, addr: 0x1000, length: 16}, []uint8{2}},
 		{"address after the last buffer", specReq{buffer: b.id, key: b.key, addr: b.end(), length: 16}, []uint8{2}},
 		{"address before the first buffer", specReq{buffer: a.id, key: a.key, addr: a.addr - 8, length: 16}, []uint8{2}},
-		{"local-only buffer", specReq{buffer: c.id, key: a.key, addr: c.addr, length: 16}, []uint8{1, 2}},
+		{"local-only buffer", specReq{buffer: c.id, key: a.key, addr: c.addr, length: 16}, []uint8{1}},
 		{"wrong buffer key", specReq{buffer: a.id, key: a.key ^ 1, addr: a.addr, length: 16}, []uint8{1}},
 		{"zero buffer key", specReq{buffer: a.id, key: 0, addr: a.addr, length: 16}, []uint8{1}},
 		{"another buffer's key", specReq{buffer: a.id, key: b.key, addr: a.addr, length: 16}, []uint8{1}},
-		{"another buffer's id and key", specReq{buffer: b.id, key: b.key, addr: a.addr, length: 16}, []uint8{1}},
+		{"another buffer's address under its own id and key", specReq{buffer: b.id, key: b.key, addr: a.addr, length: 16}, []uint8{2}},
 		{"unknown buffer id", specReq{buffer: a.id + 1000, key: a.key, addr: a.addr, length: 16}, []uint8{1}},
 		{"runs past the end into the next buffer", specReq{buffer: a.id, key: a.key, addr: a.end() - 100, length: 200}, []uint8{2}},
 		{"runs past the end into a guard page", specReq{buffer: b.id, key: b.key, addr: b.end() - 1, length: 2}, []uint8{2}},
 		{"whole buffer plus one", specReq{buffer: b.id, key: b.key, addr: b.addr, length: uint32(len(b.mem)) + 1}, []uint8{2}},
 		{"wraps around the address space", specReq{buffer: a.id, key: a.key, addr: ^uint64(0) - 99, length: 200}, []uint8{2}},
 	}
-	seen := map[string]uint8{}
 	rc := ct.raw(t)
 	id := uint32(0x1000)
 	for _, tc := range cases {
@@ -487,12 +486,71 @@ func TestServerRefusals(t *testing.T) {
 			if !bytes.Contains(tc.want, []byte{st}) {
 				t.Errorf("%s, op %d: status %d, want one of %v", tc.name, op, st, tc.want)
 			}
-			seen[fmt.Sprintf("%s op %d", tc.name, op)] = st
 			id++
 			ct.probe(rc, id)
 		}
 	}
-	t.Logf("a local-only buffer is answered with status %d (READ) and %d (WRITE)", seen["local-only buffer op 1"], seen["local-only buffer op 2"])
+	ct.intact(t)
+}
+
+// TestServerCheckOrder: a request naming a buffer it does not hold the key
+// of is denied (status 1) whatever its address: registered or not, inside
+// a buffer or past one, wrapping around. The target used to check the range
+// first, so a peer with the segment key but no buffer key learned from
+// status 2 against status 1 which addresses were registered. With the
+// buffer's key, the range check follows (status 2).
+func TestServerCheckOrder(t *testing.T) {
+	ct := newChecksTarget(t)
+	a, b, c := ct.a, ct.b, ct.c
+	addrs := []struct {
+		name   string
+		addr   uint64
+		length uint32
+	}{
+		{"inside A", a.addr + 8, 16},
+		{"inside B", b.addr, 16},
+		{"unregistered", 0x1000, 16},
+		{"before A", a.addr - 64, 16},
+		{"past B", b.end() + 4096, 16},
+		{"runs past A", a.end() - 8, 64},
+		{"wraps around", ^uint64(0) - 7, 64},
+	}
+	keys := []struct {
+		name   string
+		buffer uint32
+		key    uint64
+	}{
+		{"A with a wrong key", a.id, a.key ^ 0x10},
+		{"A with B's key", a.id, b.key},
+		{"an unknown buffer", a.id + 1000, a.key},
+		{"the local-only buffer", c.id, 0},
+	}
+	rc := ct.raw(t)
+	id := uint32(0)
+	for _, k := range keys {
+		for _, at := range addrs {
+			for _, op := range []byte{specRead, specWrite} {
+				id++
+				r := specReq{op: op, id: id, buffer: k.buffer, length: at.length, key: k.key, addr: at.addr}
+				var payload []byte
+				if op == specWrite {
+					payload = bytes.Repeat([]byte{0x5a}, int(at.length))
+				}
+				if st, _ := rc.do(r, payload); st != 1 {
+					t.Errorf("%s at an address %s, op %d: status %d, want 1 (denied) whatever the address", k.name, at.name, op, st)
+				}
+			}
+		}
+	}
+	// The buffer's own key: the range is checked.
+	for _, at := range addrs[2:] {
+		id++
+		if st, _ := rc.do(specReq{op: specRead, id: id, buffer: a.id, length: at.length, key: a.key, addr: at.addr}, nil); st != 2 {
+			t.Errorf("A's key at an address %s: status %d, want 2 (out of range)", at.name, st)
+		}
+	}
+	id++
+	ct.probe(rc, id)
 	ct.intact(t)
 }
 
@@ -591,6 +649,15 @@ func TestServerHello(t *testing.T) {
 		}
 		if st := binary.BigEndian.Uint16(acc[:]); st != 3 {
 			t.Errorf("accept status %d for a proof over another snonce, want 3", st)
+		}
+	})
+	t.Run("unknown flags", func(t *testing.T) {
+		for _, flags := range []uint16{1, 0x8000} {
+			c := dialRaw(t, s.tr.Addr())
+			h := specHello(1, make([]byte, 16))
+			binary.BigEndian.PutUint16(h[6:], flags)
+			c.Write(h)
+			expectEOF(t, c, fmt.Sprintf("a hello with flags %#x", flags))
 		}
 	})
 	t.Run("wrong version", func(t *testing.T) {
@@ -705,7 +772,7 @@ func TestServerPipeline(t *testing.T) {
 
 	type want struct {
 		id      uint32
-		status  []uint8 // PROTOCOL.md ranks no check first: both may fail
+		status  []uint8
 		payload []byte
 	}
 	var (
@@ -721,11 +788,11 @@ func TestServerPipeline(t *testing.T) {
 		ids[id] = true
 		r := specReq{op: op, id: id, buffer: buf.id, length: uint32(n), key: buf.key, addr: buf.addr + uint64(off)}
 		w := want{id: id}
+		// PROTOCOL.md: the key first, then the range.
 		if !good {
 			r.key ^= 0x8000
 			w.status = append(w.status, 1)
-		}
-		if off+n > size {
+		} else if off+n > size {
 			w.status = append(w.status, 2)
 		}
 		ok := len(w.status) == 0

@@ -150,7 +150,7 @@ type Transport struct {
 	ln       net.Listener
 	addr     string
 	mu       sync.Mutex                // guards regs changes, conns, endpoints
-	regs     atomic.Pointer[[]*region] // sorted by addr
+	regs     atomic.Pointer[[]*region] // sorted by id, then by registration
 	conns    map[net.Conn]struct{}
 	eps      map[*Endpoint]struct{}
 	closed   atomic.Bool
@@ -252,7 +252,7 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	rs := slices.Clone(*t.regs.Load())
-	i := sort.Search(len(rs), func(i int) bool { return rs[i].addr >= r.addr })
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].id > r.id })
 	rs = slices.Insert(rs, i, r)
 	t.regs.Store(&rs)
 	return segtable.Registration{Key: strconv.FormatUint(uint64(b.ID), 16) + "." + strconv.FormatUint(r.key, 16)}, nil
