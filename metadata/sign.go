@@ -1,0 +1,251 @@
+package metadata
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/moonring/moonring/segtable"
+)
+
+// Errors of a [Signed] store, beside the [Store] sentinels.
+var (
+	// ErrForged reports a descriptor that fails its signature check under
+	// the reader's key (it is [segtable.ErrForged]). The store treats it
+	// as absent: the error also matches [ErrNotFound].
+	ErrForged = segtable.ErrForged
+	// ErrStale reports a descriptor of an older epoch than one this store
+	// already accepted under its name: a replay of a dead instance's
+	// descriptor. It is treated as absent: the error also matches
+	// [ErrNotFound].
+	ErrStale = errors.New("metadata: descriptor older than one already seen")
+)
+
+// maxSeen bounds the names whose newest epoch a Signed store remembers;
+// past it the memory starts afresh (a replay is then refused only by its
+// signature's epoch binding, not by age).
+const maxSeen = 1 << 16
+
+// Signed is a [Store] that signs what it publishes and checks what it reads,
+// with a key derived from the deployment's segment key
+// ([segtable.NewSigner]). Put signs a copy of the descriptor (a buffer
+// signed by an earlier Put of the same name and epoch keeps its MAC, so a
+// republish after one registration computes one buffer MAC); Get and Watch
+// hand out only descriptors whose signatures hold and whose epoch is not
+// older than one already accepted under the name. A descriptor that fails
+// is treated as absent (Get: an error matching [ErrNotFound] and
+// [ErrForged] or [ErrStale]; Watch: a Deleted event), counted (Refused) and
+// logged at most once a second.
+//
+// It is safe for concurrent use. Close closes the wrapped store; Signed
+// holds nothing else but the goroutine of each Watch, which ends when the
+// wrapped store's channel closes.
+type Signed struct {
+	inner  Store
+	signer *segtable.Signer
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	signed map[string]*segtable.SegmentDesc // the last descriptor Put signed, per name
+	seen   map[string]uint64                // the newest epoch accepted, per name
+
+	forged, stale atomic.Uint64
+	lastLog       atomic.Int64 // unix nanoseconds of the last refusal logged
+	quiet         atomic.Uint64
+}
+
+var _ Store = (*Signed)(nil)
+
+// NewSigned wraps s. key is the deployment's segment key (not empty); log
+// hears of refused descriptors (nil: discard).
+func NewSigned(s Store, key []byte, log *slog.Logger) (*Signed, error) {
+	signer, err := segtable.NewSigner(key)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: signed store: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Signed{inner: s, signer: signer, log: log, signed: map[string]*segtable.SegmentDesc{}, seen: map[string]uint64{}}, nil
+}
+
+// Unwrap returns the wrapped store.
+func (s *Signed) Unwrap() Store { return s.inner }
+
+// Name returns the wrapped store's own segment name where it has one (a
+// [P2P] store), else "".
+func (s *Signed) Name() string {
+	if n, ok := s.inner.(interface{ Name() string }); ok {
+		return n.Name()
+	}
+	return ""
+}
+
+// String names the wrapped store.
+func (s *Signed) String() string { return s.inner.String() }
+
+// Close closes the wrapped store.
+func (s *Signed) Close() error { return s.inner.Close() }
+
+// SignedStats counts the descriptors a Signed store refused.
+type SignedStats struct {
+	// Forged counts descriptors whose signature failed.
+	Forged uint64
+	// Stale counts descriptors of an epoch older than one already seen.
+	Stale uint64
+}
+
+// Refused returns the counts of descriptors refused so far.
+func (s *Signed) Refused() SignedStats {
+	return SignedStats{Forged: s.forged.Load(), Stale: s.stale.Load()}
+}
+
+// Put signs a copy of d and stores it; see [Store].
+func (s *Signed) Put(ctx context.Context, d *segtable.SegmentDesc) error {
+	if d == nil || d.Validate() != nil {
+		return s.inner.Put(ctx, d) // the store's own error for it
+	}
+	d = d.Clone()
+	s.mu.Lock()
+	prev := s.signed[d.Name]
+	if prev != nil && prev.Epoch == d.Epoch {
+		carryMACs(d.Buffers, prev.Buffers)
+	} else {
+		for i := range d.Buffers {
+			d.Buffers[i].MAC = ""
+		}
+	}
+	s.signer.Sign(d)
+	s.mu.Unlock()
+	if err := s.inner.Put(ctx, d); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if len(s.signed) >= maxSeen {
+		clear(s.signed)
+	}
+	s.signed[d.Name] = d
+	s.mu.Unlock()
+	return nil
+}
+
+// carryMACs gives each buffer of to that from holds unchanged its MAC, and
+// clears the others'. Both are sorted by address.
+func carryMACs(to, from []segtable.BufferDesc) {
+	j := 0
+	for i := range to {
+		to[i].MAC = ""
+		for j < len(from) && from[j].Addr < to[i].Addr {
+			j++
+		}
+		if j < len(from) && segtable.SameBuffer(&to[i], &from[j]) {
+			to[i].MAC = from[j].MAC
+		}
+	}
+}
+
+// Delete removes the descriptor under name; see [Store].
+func (s *Signed) Delete(ctx context.Context, name string, epoch uint64) error {
+	err := s.inner.Delete(ctx, name, epoch)
+	if err == nil {
+		s.mu.Lock()
+		delete(s.signed, name)
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// Get returns the descriptor under name if its signature holds; see
+// [Signed].
+func (s *Signed) Get(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
+	d, err := s.inner.Get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.check(name, d); err != nil {
+		return nil, fmt.Errorf("metadata %s: get %q: %w (%w)", s.inner, name, ErrNotFound, err)
+	}
+	return d, nil
+}
+
+// check verifies d, read under name, and remembers its epoch.
+func (s *Signed) check(name string, d *segtable.SegmentDesc) error {
+	err := s.signer.Verify(d)
+	if err == nil && d.Name != name {
+		err = fmt.Errorf("%w: %q served under %q", ErrForged, d.Name, name)
+	}
+	if err != nil {
+		s.forged.Add(1)
+		s.refused(name, err)
+		return err
+	}
+	s.mu.Lock()
+	seen, ok := s.seen[name]
+	if ok && d.Epoch < seen {
+		s.mu.Unlock()
+		s.stale.Add(1)
+		err := fmt.Errorf("%w: epoch %d after %d", ErrStale, d.Epoch, seen)
+		s.refused(name, err)
+		return err
+	}
+	if !ok && len(s.seen) >= maxSeen {
+		clear(s.seen)
+	}
+	s.seen[name] = d.Epoch
+	s.mu.Unlock()
+	return nil
+}
+
+// refused logs a refusal, at most once a second, with the number of those
+// not logged since.
+func (s *Signed) refused(name string, err error) {
+	now := time.Now().UnixNano()
+	last := s.lastLog.Load()
+	if now-last < int64(time.Second) || !s.lastLog.CompareAndSwap(last, now) {
+		s.quiet.Add(1)
+		return
+	}
+	s.log.Warn("metadata: descriptor refused", "store", s.inner.String(), "segment", name, "err", err, "suppressed", s.quiet.Swap(0))
+}
+
+// Watch follows name in the wrapped store, handing on only descriptors whose
+// signature holds; a descriptor that fails is reported as Deleted. See
+// [Store] and [Signed].
+func (s *Signed) Watch(ctx context.Context, name string) (<-chan Event, error) {
+	in, err := s.inner.Watch(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan Event, 1)
+	go func() {
+		defer close(out)
+		// last is the descriptor last handed on, for the Deleted event that
+		// stands for a refused one (stores report the removed descriptor).
+		last := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: name}
+		for ev := range in {
+			switch {
+			case ev.Deleted || ev.Desc == nil:
+			case s.check(name, ev.Desc) != nil:
+				ev = Event{Desc: last.Clone(), Deleted: true}
+			default:
+				last = ev.Desc.Clone()
+			}
+			// Coalesce as the stores do: out holds the latest event only.
+			select {
+			case out <- ev:
+				continue
+			default:
+			}
+			select {
+			case <-out:
+			default:
+			}
+			out <- ev
+		}
+	}()
+	return out, nil
+}

@@ -1,0 +1,248 @@
+package metadata_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/etcdtest"
+	"github.com/moonring/moonring/metadata/storetest"
+	"github.com/moonring/moonring/segtable"
+)
+
+var testKey = []byte("the deployment's segment key")
+
+func signed(t *testing.T, s metadata.Store) *metadata.Signed {
+	t.Helper()
+	w, err := metadata.NewSigned(s, testKey, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// TestSigned runs the store suite through Signed stores: what they publish
+// is signed, and readers take it.
+func TestSigned(t *testing.T) {
+	t.Run("Memory", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) metadata.Store { return signed(t, metadata.NewMemory()) })
+	})
+	t.Run("P2P", func(t *testing.T) {
+		storetest.RunOptions(t, func(t *testing.T) metadata.Store {
+			return signed(t, newP2P(t, metadata.P2PConfig{}))
+		}, storetest.Options{
+			OwnName: func(s metadata.Store) string { return s.(*metadata.Signed).Name() },
+			Peer: func(t *testing.T, _ metadata.Store) metadata.Store {
+				return signed(t, newP2P(t, metadata.P2PConfig{}))
+			},
+		})
+	})
+	if _, err := metadata.NewSigned(metadata.NewMemory(), nil, nil); err == nil {
+		t.Fatal("NewSigned accepted an empty key")
+	}
+}
+
+// TestSignedPublishes: what a Signed store puts verifies under the key, and
+// a buffer that stays keeps its MAC across republishes of one epoch (it is
+// signed once).
+func TestSignedPublishes(t *testing.T) {
+	inner := metadata.NewMemory()
+	s := signed(t, inner)
+	d := testDesc("n", 5, "a")
+	d.Buffers = append(d.Buffers, segtable.BufferDesc{Addr: 1 << 28, Length: 64, Location: "cpu:0", Keys: map[string]string{"tcp": "second"}})
+	if err := s.Put(t.Context(), d); err != nil {
+		t.Fatal(err)
+	}
+	if d.MAC != "" || d.Buffers[0].MAC != "" {
+		t.Fatal("Put signed the caller's descriptor, not a copy")
+	}
+	raw, err := inner.Get(t.Context(), "n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := segtable.NewSigner(testKey)
+	if err := v.Verify(raw); err != nil {
+		t.Fatalf("published descriptor: %v", err)
+	}
+	d.Buffers = append(d.Buffers, segtable.BufferDesc{Addr: 1 << 30, Length: 64, Location: "cpu:0", Keys: map[string]string{"tcp": "new"}})
+	d.Buffers[1].Keys["tcp"] = "changed"
+	if err := s.Put(t.Context(), d); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := inner.Get(t.Context(), "n")
+	if err := v.Verify(again); err != nil {
+		t.Fatalf("republished descriptor: %v", err)
+	}
+	if again.Buffers[0].MAC != raw.Buffers[0].MAC || again.Buffers[1].MAC == raw.Buffers[1].MAC {
+		t.Fatal("an unchanged buffer was re-signed or a changed one kept its MAC")
+	}
+}
+
+// rawStore is a store's path for a party that writes exact bytes: an
+// attacker, or the owner replaying nothing but what it signed.
+type rawStore struct {
+	reader metadata.Store          // what an engine reads through (wrapped by the test)
+	put    func(*segtable.SegmentDesc) // publish d as it is, replacing any
+	del    func(name string)
+	name   func(n string) string // the name to use where the test picks n
+}
+
+// testRefuses checks that a Signed reader takes only descriptors signed
+// with its key, and no older epoch than it has seen, from any store.
+func testRefuses(t *testing.T, rs rawStore) {
+	reader := signed(t, rs.reader)
+	good, _ := segtable.NewSigner(testKey)
+	bad, _ := segtable.NewSigner([]byte("not the key"))
+	ctx := t.Context()
+
+	name := rs.name("victim")
+	mk := func(epoch uint64, tag string, s *segtable.Signer) *segtable.SegmentDesc {
+		d := testDesc(name, epoch, tag)
+		if s != nil {
+			s.Sign(d)
+		}
+		return d
+	}
+	wantRefused := func(what string, target error) {
+		t.Helper()
+		d, err := reader.Get(ctx, name)
+		if !errors.Is(err, metadata.ErrNotFound) || !errors.Is(err, target) {
+			t.Fatalf("%s: Get = %+v, %v; want ErrNotFound and %v", what, d, err, target)
+		}
+	}
+	rs.put(mk(10, "unsigned", nil))
+	wantRefused("unsigned", metadata.ErrForged)
+	rs.put(mk(10, "other key", bad))
+	wantRefused("signed with another key", metadata.ErrForged)
+	relay := mk(10, "relay", good)
+	relay.Endpoints["tcp"] = "10.6.6.6:7001" // moved after signing
+	rs.put(relay)
+	wantRefused("endpoint moved to a relay", metadata.ErrForged)
+
+	old := mk(10, "epoch 10", good)
+	cur := mk(20, "epoch 20", good)
+	rs.put(cur)
+	if d, err := reader.Get(ctx, name); err != nil || d.Epoch != 20 {
+		t.Fatalf("signed descriptor: Get = %+v, %v", d, err)
+	}
+	rs.put(old)
+	wantRefused("replay of an older epoch", metadata.ErrStale)
+	if st := reader.Refused(); st.Forged != 3 || st.Stale != 1 {
+		t.Fatalf("Refused = %+v, want 3 forged and 1 stale", st)
+	}
+
+	// A watch hands on the signed descriptor and reports a forged one as
+	// Deleted: the engine keeps what it had.
+	rs.put(cur)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := reader.Watch(wctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(t, ch); ev.Deleted || ev.Desc.Epoch != 20 || ev.Desc.Endpoints["tcp"] != "epoch 20" {
+		t.Fatalf("first event %+v", ev)
+	}
+	forged := mk(30, "forged", bad)
+	rs.put(forged)
+	// Every event until the watch has refused it is Deleted (a store may
+	// report a withdrawal before the forged descriptor), and so is the one
+	// that stands for it.
+	var ev metadata.Event
+	var events int
+	take := func(wait time.Duration) bool {
+		select {
+		case ev = <-ch:
+			events++
+			if !ev.Deleted || ev.Desc.Endpoints["tcp"] != "epoch 20" {
+				t.Fatalf("forged descriptor: event %+v, want Deleted of the last good one", ev)
+			}
+			return true
+		case <-time.After(wait):
+			return false
+		}
+	}
+	for deadline := time.Now().Add(hang); reader.Refused().Forged < 4; take(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch never refused the forged descriptor")
+		}
+	}
+	for take(100 * time.Millisecond) {
+	}
+	if events == 0 {
+		t.Fatal("forged descriptor: no event")
+	}
+	rs.put(mk(40, "epoch 40", good))
+	for ev = next(t, ch); ev.Deleted; ev = next(t, ch) {
+	}
+	if ev.Desc.Epoch != 40 {
+		t.Fatalf("signed again: event %+v", ev)
+	}
+}
+
+func TestSignedRefusesMemory(t *testing.T) {
+	m := metadata.NewMemory()
+	t.Cleanup(func() { m.Close() })
+	testRefuses(t, rawStore{
+		reader: m,
+		put: func(d *segtable.SegmentDesc) {
+			m.Delete(context.Background(), d.Name, 0)
+			if err := m.Put(context.Background(), d); err != nil {
+				t.Fatal(err)
+			}
+		},
+		name: func(n string) string { return n },
+	})
+}
+
+// TestSignedRefusesP2P: a peer (or whoever answers at its address) serving
+// a forged or replayed descriptor.
+func TestSignedRefusesP2P(t *testing.T) {
+	var mu sync.Mutex
+	var body []byte
+	name := fakePeer(t, func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		b := bytes.Clone(body)
+		mu.Unlock()
+		if b == nil {
+			http.NotFound(w, nil)
+			return
+		}
+		w.Write(b)
+	})
+	testRefuses(t, rawStore{
+		reader: newP2P(t, metadata.P2PConfig{}),
+		put: func(d *segtable.SegmentDesc) {
+			b, err := d.Marshal()
+			if err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			body = b
+			mu.Unlock()
+		},
+		name: func(string) string { return name },
+	})
+}
+
+// TestSignedRefusesEtcd: whoever can write to etcd's keys.
+func TestSignedRefusesEtcd(t *testing.T) {
+	srv := etcdtest.Start(t)
+	prefix := etcdPrefix()
+	w := newEtcd(t, srv.Endpoint(), prefix, 0)
+	testRefuses(t, rawStore{
+		reader: newEtcd(t, srv.Endpoint(), prefix, 0),
+		put: func(d *segtable.SegmentDesc) {
+			w.Delete(context.Background(), d.Name, 0)
+			if err := w.Put(context.Background(), d); err != nil {
+				t.Fatal(err)
+			}
+		},
+		name: func(n string) string { return n },
+	})
+}
