@@ -86,7 +86,7 @@ func TestSignedPublishes(t *testing.T) {
 // rawStore is a store's path for a party that writes exact bytes: an
 // attacker, or the owner replaying nothing but what it signed.
 type rawStore struct {
-	reader metadata.Store          // what an engine reads through (wrapped by the test)
+	reader metadata.Store              // what an engine reads through (wrapped by the test)
 	put    func(*segtable.SegmentDesc) // publish d as it is, replacing any
 	del    func(name string)
 	name   func(n string) string // the name to use where the test picks n
