@@ -59,12 +59,13 @@ var (
 	mErrors    = prometheus.NewDesc("moonring_errors_total", "Requests ended with an error, by kind.", []string{"ring", "error"}, nil)
 	mLatency   = prometheus.NewDesc("moonring_request_duration_seconds", "Completed requests, from when the poller took them to their last slice.", []string{"ring"}, nil)
 	mPeerReqs  = prometheus.NewDesc("moonring_peer_requests_total", "READ/WRITE requests ended, by peer segment, transport, op and outcome.", []string{"ring", "segment", "transport", "op", "status"}, nil)
+	mRefused   = prometheus.NewDesc("moonring_refused_total", "What the engine refused from others: peers' descriptors that failed their signature check or were of an old epoch (what=descriptor), and its transports' refused connections, by reason.", []string{"what", "reason"}, nil)
 	mPeerBytes = prometheus.NewDesc("moonring_peer_bytes_total", "Bytes moved by completed requests, by peer segment, transport and op.", []string{"ring", "segment", "transport", "op"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors} {
+	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors, mRefused} {
 		ch <- d
 	}
 }
@@ -162,6 +163,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(mBuffers, prometheus.GaugeValue, float64(len(e.buffers.All())))
 	ch <- prometheus.MustNewConstMetric(mSegments, prometheus.GaugeValue, float64(segs))
 	ch <- prometheus.MustNewConstMetric(mNotesWait, prometheus.GaugeValue, float64(len(e.notes)))
+	if e.signed != nil {
+		st := e.signed.Refused()
+		ch <- prometheus.MustNewConstMetric(mRefused, prometheus.CounterValue, float64(st.Forged), "descriptor", "forged")
+		ch <- prometheus.MustNewConstMetric(mRefused, prometheus.CounterValue, float64(st.Stale), "descriptor", "stale")
+	}
 }
 
 // errorKind names an error code for the metrics: the sentinel's text

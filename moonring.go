@@ -126,6 +126,15 @@ type Config struct {
 	// Metadata is where the engine publishes its segment and looks up
 	// others (default: a store shared by the engines of this process).
 	Metadata metadata.Store
+	// Key is the deployment's segment key, shared by every engine that may
+	// reach this one (default: TCP.Key, else SHM.Key). With a key, the
+	// engine signs the descriptor it publishes and takes a peer's
+	// descriptor only if its signature holds under the key and its epoch
+	// is not older than one seen (metadata.Signed): a party without the
+	// key cannot point peers at another endpoint or buffer. It is also the
+	// default key of the TCP and shm transports. Without one, descriptors
+	// are neither signed nor checked, and New logs a warning.
+	Key []byte
 	// Transports, when not empty, lists the transport names OpenSegment may
 	// use, in order of preference; by default any installed transport, in
 	// transport.Priority order.
@@ -190,6 +199,12 @@ func (c *Config) fill() {
 	if c.Metadata == nil {
 		c.Metadata = processStore
 	}
+	if len(c.Key) == 0 && c.TCP != nil {
+		c.Key = c.TCP.Key
+	}
+	if len(c.Key) == 0 && c.SHM != nil {
+		c.Key = c.SHM.Key
+	}
 	if c.Timeout == 0 {
 		c.Timeout = ring.DefaultTimeout
 	}
@@ -236,8 +251,8 @@ func (c Config) String() string {
 	if c.RDMA != nil {
 		ts += fmt.Sprintf("\nrdma: listen %s, devices %v (in this build: %v)", c.RDMA.Listen, c.RDMA.Devices, rdma.Available)
 	}
-	return fmt.Sprintf("name: %s\nmetadata: %s\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
-		c.Name, c.Metadata, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
+	return fmt.Sprintf("name: %s\nmetadata: %s (descriptors signed: %v)\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
+		c.Name, c.Metadata, len(c.Key) > 0, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
 }
 
 var (
@@ -251,6 +266,9 @@ type Engine struct {
 	cfg   Config
 	epoch uint64
 	topo  *topology.Topology
+	// store is cfg.Metadata, wrapped in a metadata.Signed with a key.
+	store  metadata.Store
+	signed *metadata.Signed
 
 	mu         sync.Mutex // serializes registration, transports, segments, rings
 	buffers    segtable.Buffers
@@ -320,6 +338,15 @@ func New(cfg Config) (*Engine, error) {
 		local:   local.New(),
 		notes:   make(chan Notification, cfg.NotifyQueue),
 	}
+	e.store = cfg.Metadata
+	if len(cfg.Key) > 0 {
+		if e.signed, err = metadata.NewSigned(cfg.Metadata, cfg.Key, cfg.Logger); err != nil {
+			return nil, fmt.Errorf("moonring: %w", err)
+		}
+		e.store = e.signed
+	} else {
+		cfg.Logger.Warn("moonring: no segment key: descriptors are neither signed nor checked (set Config.Key or TCP.Key)", "segment", cfg.Name)
+	}
 	e.local.SetNotify(cfg.Name, e.deliver)
 	e.tables = ring.Tables{Buffers: &e.buffers, Segments: &e.segments}
 	e.buffers.Busy = func(b *segtable.Buffer) bool { return e.inFlight(b, nil) }
@@ -333,6 +360,9 @@ func New(cfg Config) (*Engine, error) {
 	e.batches.init(e, cfg.MaxBatches)
 	if cfg.TCP != nil {
 		tc := *cfg.TCP
+		if len(tc.Key) == 0 {
+			tc.Key = cfg.Key
+		}
 		if tc.Logger == nil {
 			tc.Logger = cfg.Logger
 		}
@@ -344,8 +374,8 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.SHM != nil {
 		sc := *cfg.SHM
-		if len(sc.Key) == 0 && cfg.TCP != nil {
-			sc.Key = cfg.TCP.Key // one segment key for the deployment
+		if len(sc.Key) == 0 {
+			sc.Key = cfg.Key // one segment key for the deployment
 		}
 		t, err := shm.New(sc)
 		if err := e.install(shm.Name, t, err, false); err != nil {
@@ -437,7 +467,7 @@ func (e *Engine) publish() error {
 	e.self.SetDesc(e.desc(false))
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	if err := e.cfg.Metadata.Put(ctx, e.desc(true)); err != nil {
+	if err := e.store.Put(ctx, e.desc(true)); err != nil {
 		return fmt.Errorf("moonring: publish segment %q to %s: %w", e.cfg.Name, e.cfg.Metadata, err)
 	}
 	return nil
@@ -918,7 +948,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 		}
 	}
 	e.mu.Unlock()
-	desc, err := e.cfg.Metadata.Get(ctx, name)
+	desc, err := e.store.Get(ctx, name)
 	if err != nil {
 		return 0, fmt.Errorf("moonring: open segment %q: %w", name, err)
 	}
@@ -1027,7 +1057,7 @@ func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 		defer e.watchWG.Done()
 		// Started here, not under the engine's lock: a store may fetch
 		// the descriptor once before it answers.
-		ch, err := e.cfg.Metadata.Watch(ctx, s.Name)
+		ch, err := e.store.Watch(ctx, s.Name)
 		if err != nil {
 			return // the cached descriptor stays in use
 		}
@@ -1195,7 +1225,7 @@ func (e *Engine) Close() error {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	if derr := e.cfg.Metadata.Delete(ctx, e.cfg.Name, e.epoch); derr != nil && !errors.Is(derr, metadata.ErrNotFound) {
+	if derr := e.store.Delete(ctx, e.cfg.Name, e.epoch); derr != nil && !errors.Is(derr, metadata.ErrNotFound) {
 		err = errors.Join(err, derr)
 	}
 	for i, t := range e.transports {
