@@ -134,10 +134,11 @@ func (ft *fuzzTarget) model(stream []byte) fuzzWant {
 			return w
 		}
 		it := fuzzItem{id: id}
-		// PROTOCOL.md: the buffer and its key first, then the range.
-		if buffer != ft.remote.id || key != fuzzKey {
+		// PROTOCOL.md: the buffer and its key, then the address, then the
+		// range.
+		if buffer != ft.remote.id || key != fuzzKey || addr < fuzzAddr || addr-fuzzAddr >= size {
 			it.status = append(it.status, 1)
-		} else if addr < fuzzAddr || addr-fuzzAddr >= size || uint64(length) > size-(addr-fuzzAddr) {
+		} else if uint64(length) > size-(addr-fuzzAddr) {
 			it.status = append(it.status, 2)
 		}
 		ok := len(it.status) == 0

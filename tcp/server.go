@@ -413,10 +413,10 @@ func (t *Transport) notify(p []byte) (uint8, error) {
 
 // check finds the request's region and holds it; nil with the status to
 // answer when the request may not proceed. The buffer and its key are
-// checked before the range: a request naming a buffer it holds no key for
-// is denied whatever its address, so a peer without a buffer's key cannot
-// tell a registered address from another by the status (PROTOCOL.md,
-// Checks).
+// checked before the address: a request naming a buffer it holds no key
+// for is denied whatever its address, so a peer without a buffer's key
+// cannot tell a registered address from another by the status
+// (PROTOCOL.md, Checks).
 func (t *Transport) check(req *request) (*region, uint8) {
 	rs := *t.regs.Load()
 	i, j := 0, len(rs) // the first region with id >= req.buffer
@@ -438,10 +438,14 @@ func (t *Transport) check(req *request) (*region, uint8) {
 			break
 		}
 	}
-	if r == nil {
+	// The buffer's key grants its own bytes only: an address outside it is
+	// denied too (a key of another buffer grants nothing at this one's
+	// address), and a request that starts inside it and runs past its end
+	// is out of range.
+	if r == nil || req.addr < r.addr || req.addr-r.addr >= r.length {
 		return nil, stDenied
 	}
-	if req.addr < r.addr || req.addr-r.addr >= r.length || uint64(req.length) > r.length-(req.addr-r.addr) {
+	if uint64(req.length) > r.length-(req.addr-r.addr) {
 		return nil, stRange
 	}
 	if !r.ref.Acquire() {

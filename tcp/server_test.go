@@ -454,19 +454,19 @@ func TestServerRefusals(t *testing.T) {
 		r    specReq
 		want []uint8 // the statuses PROTOCOL.md allows
 	}{
-		{"unregistered address", specReq{buffer: a.id, key: a.key, addr: 0x1000, length: 16}, []uint8{2}},
-		{"address after the last buffer", specReq{buffer: b.id, key: b.key, addr: b.end(), length: 16}, []uint8{2}},
-		{"address before the first buffer", specReq{buffer: a.id, key: a.key, addr: a.addr - 8, length: 16}, []uint8{2}},
+		{"unregistered address", specReq{buffer: a.id, key: a.key, addr: 0x1000, length: 16}, []uint8{1}},
+		{"address after the last buffer", specReq{buffer: b.id, key: b.key, addr: b.end(), length: 16}, []uint8{1}},
+		{"address before the first buffer", specReq{buffer: a.id, key: a.key, addr: a.addr - 8, length: 16}, []uint8{1}},
 		{"local-only buffer", specReq{buffer: c.id, key: a.key, addr: c.addr, length: 16}, []uint8{1}},
 		{"wrong buffer key", specReq{buffer: a.id, key: a.key ^ 1, addr: a.addr, length: 16}, []uint8{1}},
 		{"zero buffer key", specReq{buffer: a.id, key: 0, addr: a.addr, length: 16}, []uint8{1}},
 		{"another buffer's key", specReq{buffer: a.id, key: b.key, addr: a.addr, length: 16}, []uint8{1}},
-		{"another buffer's address under its own id and key", specReq{buffer: b.id, key: b.key, addr: a.addr, length: 16}, []uint8{2}},
+		{"another buffer's id and key", specReq{buffer: b.id, key: b.key, addr: a.addr, length: 16}, []uint8{1}},
 		{"unknown buffer id", specReq{buffer: a.id + 1000, key: a.key, addr: a.addr, length: 16}, []uint8{1}},
 		{"runs past the end into the next buffer", specReq{buffer: a.id, key: a.key, addr: a.end() - 100, length: 200}, []uint8{2}},
 		{"runs past the end into a guard page", specReq{buffer: b.id, key: b.key, addr: b.end() - 1, length: 2}, []uint8{2}},
 		{"whole buffer plus one", specReq{buffer: b.id, key: b.key, addr: b.addr, length: uint32(len(b.mem)) + 1}, []uint8{2}},
-		{"wraps around the address space", specReq{buffer: a.id, key: a.key, addr: ^uint64(0) - 99, length: 200}, []uint8{2}},
+		{"wraps around the address space", specReq{buffer: a.id, key: a.key, addr: ^uint64(0) - 99, length: 200}, []uint8{1}},
 	}
 	rc := ct.raw(t)
 	id := uint32(0x1000)
@@ -498,7 +498,8 @@ func TestServerRefusals(t *testing.T) {
 // a buffer or past one, wrapping around. The target used to check the range
 // first, so a peer with the segment key but no buffer key learned from
 // status 2 against status 1 which addresses were registered. With the
-// buffer's key, the range check follows (status 2).
+// buffer's key, an address outside the buffer is denied as well, and one
+// inside it whose length runs past the end is out of range (status 2).
 func TestServerCheckOrder(t *testing.T) {
 	ct := newChecksTarget(t)
 	a, b, c := ct.a, ct.b, ct.c
@@ -542,11 +543,15 @@ func TestServerCheckOrder(t *testing.T) {
 			}
 		}
 	}
-	// The buffer's own key: the range is checked.
-	for _, at := range addrs[2:] {
+	// The buffer's own key: the address, then the range.
+	for _, at := range addrs[1:] {
+		want := uint8(1)
+		if at.addr >= a.addr && at.addr < a.end() {
+			want = 2 // starts in A, runs past its end
+		}
 		id++
-		if st, _ := rc.do(specReq{op: specRead, id: id, buffer: a.id, length: at.length, key: a.key, addr: at.addr}, nil); st != 2 {
-			t.Errorf("A's key at an address %s: status %d, want 2 (out of range)", at.name, st)
+		if st, _ := rc.do(specReq{op: specRead, id: id, buffer: a.id, length: at.length, key: a.key, addr: at.addr}, nil); st != want {
+			t.Errorf("A's key at an address %s: status %d, want %d", at.name, st, want)
 		}
 	}
 	id++
@@ -788,9 +793,11 @@ func TestServerPipeline(t *testing.T) {
 		ids[id] = true
 		r := specReq{op: op, id: id, buffer: buf.id, length: uint32(n), key: buf.key, addr: buf.addr + uint64(off)}
 		w := want{id: id}
-		// PROTOCOL.md: the key first, then the range.
+		// PROTOCOL.md: the key first, then the address, then the range.
 		if !good {
 			r.key ^= 0x8000
+			w.status = append(w.status, 1)
+		} else if off >= size {
 			w.status = append(w.status, 1)
 		} else if off+n > size {
 			w.status = append(w.status, 2)
