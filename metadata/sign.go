@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,8 +52,8 @@ type Signed struct {
 	log    *slog.Logger
 
 	mu     sync.Mutex
-	signed map[string]*segtable.SegmentDesc // the last descriptor Put signed, per name
-	seen   map[string]uint64                // the newest epoch accepted, per name
+	signed map[string]*signedSet // what the last Put of each name signed
+	seen   map[string]uint64     // the newest epoch accepted, per name
 
 	forged, stale atomic.Uint64
 	lastLog       atomic.Int64 // unix nanoseconds of the last refusal logged
@@ -70,7 +72,7 @@ func NewSigned(s Store, key []byte, log *slog.Logger) (*Signed, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Signed{inner: s, signer: signer, log: log, signed: map[string]*segtable.SegmentDesc{}, seen: map[string]uint64{}}, nil
+	return &Signed{inner: s, signer: signer, log: log, signed: map[string]*signedSet{}, seen: map[string]uint64{}}, nil
 }
 
 // Unwrap returns the wrapped store.
@@ -109,43 +111,50 @@ func (s *Signed) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if d == nil || d.Validate() != nil {
 		return s.inner.Put(ctx, d) // the store's own error for it
 	}
-	d = d.Clone()
+	// A copy with buffers of its own (their Keys maps are d's, read only:
+	// the store copies what it keeps), and the cache of this Put's buffer
+	// MACs, whose Keys are the cache's own.
+	c := *d
+	c.Buffers = slices.Clone(d.Buffers)
+	cache := make([]segtable.BufferDesc, len(c.Buffers))
 	s.mu.Lock()
-	prev := s.signed[d.Name]
-	if prev != nil && prev.Epoch == d.Epoch {
-		carryMACs(d.Buffers, prev.Buffers)
-	} else {
-		for i := range d.Buffers {
-			d.Buffers[i].MAC = ""
-		}
+	var prev []segtable.BufferDesc
+	if p := s.signed[d.Name]; p != nil && p.epoch == d.Epoch {
+		prev = p.buffers
 	}
-	s.signer.Sign(d)
+	j := 0
+	for i := range c.Buffers {
+		b := &c.Buffers[i]
+		for j < len(prev) && prev[j].Addr < b.Addr {
+			j++
+		}
+		if j < len(prev) && segtable.SameBuffer(b, &prev[j]) {
+			b.MAC = prev[j].MAC
+			cache[i] = prev[j]
+			continue
+		}
+		b.MAC = s.signer.SignBuffer(d.Name, d.Epoch, b)
+		cache[i] = *b
+		cache[i].Keys = maps.Clone(b.Keys)
+	}
+	s.signer.Sign(&c) // the header: every buffer has its MAC
 	s.mu.Unlock()
-	if err := s.inner.Put(ctx, d); err != nil {
+	if err := s.inner.Put(ctx, &c); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	if len(s.signed) >= maxSeen {
 		clear(s.signed)
 	}
-	s.signed[d.Name] = d
+	s.signed[d.Name] = &signedSet{epoch: d.Epoch, buffers: cache}
 	s.mu.Unlock()
 	return nil
 }
 
-// carryMACs gives each buffer of to that from holds unchanged its MAC, and
-// clears the others'. Both are sorted by address.
-func carryMACs(to, from []segtable.BufferDesc) {
-	j := 0
-	for i := range to {
-		to[i].MAC = ""
-		for j < len(from) && from[j].Addr < to[i].Addr {
-			j++
-		}
-		if j < len(from) && segtable.SameBuffer(&to[i], &from[j]) {
-			to[i].MAC = from[j].MAC
-		}
-	}
+// signedSet is what a Put signed: its epoch and its buffers with their MACs.
+type signedSet struct {
+	epoch   uint64
+	buffers []segtable.BufferDesc
 }
 
 // Delete removes the descriptor under name; see [Store].
