@@ -1,19 +1,17 @@
 package metadata
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
 	"net/http"
 	"os"
-	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moonring/moonring/segtable"
@@ -39,37 +37,132 @@ const (
 	// MinTTL is the shortest time to live a [Server] accepts.
 	MinTTL = 10 * time.Millisecond
 	// DefaultMaxTTL is the longest time to live a [Server] accepts unless
-	// ServerConfig.MaxTTL says otherwise.
-	DefaultMaxTTL = time.Hour
-	// serverMaxDesc bounds the body of a PUT, as p2pMaxDesc bounds a
-	// peer's answer.
+	// ServerConfig.MaxTTL says otherwise: how long, at most, a descriptor
+	// nobody renews is kept.
+	DefaultMaxTTL = 10 * time.Minute
+	// serverMaxDesc bounds the descriptors an [HTTP] store sends and
+	// reads, as p2pMaxDesc bounds a peer's answer; a server's own bound
+	// is ServerConfig.MaxDescriptor.
 	serverMaxDesc = p2pMaxDesc
 	// serverMaxName bounds a segment name.
 	serverMaxName = 255
-	// serverFile is the name of the file in ServerConfig.Dir that keeps the
-	// descriptors.
-	serverFile = "segments.json"
-	// serverFileVersion is the version of that file's format.
-	serverFileVersion = 1
+	// serverLogInterval is the least time between two log lines of one
+	// kind of refusal.
+	serverLogInterval = 10 * time.Second
+)
+
+// Defaults of the limits of [ServerConfig].
+const (
+	// DefaultMaxDescriptor is the largest descriptor, in bytes of JSON, a
+	// [Server] accepts unless ServerConfig.MaxDescriptor says otherwise.
+	DefaultMaxDescriptor = 1 << 20
+	// DefaultMaxNames is how many names a [Server] holds at most unless
+	// ServerConfig.MaxNames says otherwise.
+	DefaultMaxNames = 10000
+	// DefaultMaxBytes is how many bytes of descriptors a [Server] holds at
+	// most unless ServerConfig.MaxBytes says otherwise.
+	DefaultMaxBytes = 256 << 20
+	// DefaultMaxConns is how many connections [Server.LimitListener]
+	// keeps open at once unless ServerConfig.MaxConns says otherwise.
+	DefaultMaxConns = 512
+	// DefaultMaxHeaderBytes bounds the header of a request to
+	// [Server.HTTPServer] unless ServerConfig.MaxHeaderBytes says
+	// otherwise (net/http allows 4 KiB more; past that it answers 431).
+	DefaultMaxHeaderBytes = 8 << 10
+	// DefaultReadHeaderTimeout, DefaultReadTimeout, DefaultWriteTimeout
+	// and DefaultIdleTimeout are the timeouts of [Server.HTTPServer]
+	// unless ServerConfig says otherwise.
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultWriteTimeout      = 30 * time.Second
+	DefaultIdleTimeout       = 2 * time.Minute
 )
 
 // ServerConfig configures [NewServer]. Its zero value keeps descriptors in
-// memory only, with times to live of [MinTTL] to [DefaultMaxTTL].
+// memory only, binds names to their creators' owner tokens on first use
+// (see [Server]), and applies the default limits. A limit of zero takes its
+// default; a negative one is refused by NewServer.
 type ServerConfig struct {
 	// Dir, when not empty, is the directory (created if missing) where
-	// the server keeps its descriptors, in the file segments.json,
-	// rewritten atomically after every change and read back by NewServer,
-	// so that a restarted server still holds them. One server at a time
-	// may use a Dir.
+	// the server keeps its descriptors, one file each, written atomically
+	// at every change of that descriptor and read back by NewServer, so
+	// that a restarted server still holds them (see [Server]). One
+	// server at a time may use a Dir.
 	Dir string
 	// MaxTTL is the longest time to live a PUT may ask for; default
 	// [DefaultMaxTTL]. A longer one is refused (400).
 	MaxTTL time.Duration
-	// Logf, when set, is told of what happens beside requests: a
+	// Key, when set, is the deployment's segment key (MOONRING_KEY, what
+	// the engines have as tcp.Config.Key and [HTTPConfig].Key): every
+	// PUT and DELETE must then carry the owner token that this key
+	// derives for its name, so that nobody without the key can create,
+	// change, renew or delete any name. Without it the server binds each
+	// name to the token of the PUT that created it (trust on first use).
+	// The server keeps a copy.
+	Key []byte
+	// RequireOwner, for a server without Key, refuses (401) a PUT that
+	// creates a name without an owner token, and any change of such a
+	// name: without it, a name created without a token (by an [HTTP]
+	// store without a Key) stays open to anyone, as before owner tokens.
+	// A server with Key always requires them.
+	RequireOwner bool
+	// MaxDescriptor is the largest descriptor, in bytes of JSON, a PUT
+	// may send (413 beyond); default [DefaultMaxDescriptor].
+	MaxDescriptor int
+	// MaxNames is how many names the server holds at most: a PUT that
+	// would create one more is refused (429); default [DefaultMaxNames].
+	MaxNames int
+	// MaxBytes is how many bytes of descriptors (their JSON) the server
+	// holds at most: a PUT that would take it past is refused (429);
+	// default [DefaultMaxBytes]. It must be at least MaxDescriptor.
+	MaxBytes int64
+	// MaxConns caps the connections a listener from
+	// [Server.LimitListener] keeps open; default [DefaultMaxConns].
+	MaxConns int
+	// MaxHeaderBytes, ReadHeaderTimeout, ReadTimeout, WriteTimeout and
+	// IdleTimeout are those of the http.Server from [Server.HTTPServer];
+	// defaults [DefaultMaxHeaderBytes], [DefaultReadHeaderTimeout],
+	// [DefaultReadTimeout], [DefaultWriteTimeout] and
+	// [DefaultIdleTimeout].
+	MaxHeaderBytes    int
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
+	// Logf, when set, is told of what happens beside answers: a
 	// descriptor that expired, a file that could not be written after an
-	// expiry. It may be called from any goroutine, with the server's lock
-	// held: it must not call the server back.
+	// expiry, and refusals (of credentials, sizes, quotas, connections),
+	// each kind at most once every ten seconds with a count of those it
+	// left out. It may be called from any goroutine, with the server's
+	// lock held: it must not call the server back.
 	Logf func(format string, args ...any)
+}
+
+// ServerStats are a [Server]'s counts, from [Server.Stats]: how much it
+// holds and how many requests and connections it refused, by reason, since
+// NewServer. Each refusal is also logged (ServerConfig.Logf) at a bounded
+// rate.
+type ServerStats struct {
+	// Names and Bytes are what the server holds: names, and bytes of
+	// their descriptors' JSON.
+	Names int
+	Bytes int64
+	// Conns counts the connections open through [Server.LimitListener].
+	Conns int
+	// Unauthenticated counts changes refused for want of an owner token
+	// (401), Forbidden those refused for a wrong or malformed one (403).
+	Unauthenticated uint64
+	Forbidden       uint64
+	// TooLarge counts PUTs refused for a descriptor over MaxDescriptor
+	// (413).
+	TooLarge uint64
+	// TooManyNames and TooManyBytes count PUTs refused because the server
+	// held MaxNames names or would hold more than MaxBytes bytes (429).
+	TooManyNames uint64
+	TooManyBytes uint64
+	// ConnsRefused counts connections closed at accept because MaxConns
+	// were open.
+	ConnsRefused uint64
 }
 
 // Server is the metadata server of a deployment (`moonring
@@ -79,18 +172,23 @@ type ServerConfig struct {
 //   - GET /moonring/v1/segments/{name}: the descriptor as JSON (200), with
 //     an ETag ("<epoch>-<revision>", new at every change) and honouring
 //     If-None-Match (304), so pollers pay little for an unchanged
-//     descriptor; 404 when the name holds none. HEAD likewise.
+//     descriptor; 404 when the name holds none. HEAD likewise. Anyone who
+//     reaches the server may read every descriptor.
 //   - PUT /moonring/v1/segments/{name}: stores the descriptor in the body
-//     (at most 16 MiB; 413 beyond), which must be valid and carry name
-//     (else 400), under the epoch rules of [Store]: 409 when the name is
-//     held by another epoch, 204 with the new ETag otherwise. The header
-//     Moonring-TTL gives the descriptor's time to live in decimal seconds
-//     (default 30, or MaxTTL if less; from [MinTTL] to
-//     ServerConfig.MaxTTL, else 400). A PUT
-//     with the header "Moonring-Renew: 1" is a renewal: when the name holds
-//     the same epoch it only restarts the time to live (the descriptor,
-//     its ETag and the file are left alone, so watchers see nothing); when
-//     the name holds nothing it stores the body as any PUT does.
+//     (at most ServerConfig.MaxDescriptor bytes; 413 beyond), which must
+//     be valid and carry name (else 400), under the epoch rules of
+//     [Store]: 409 when the name is held by another epoch, 204 with the
+//     new ETag otherwise. The header Moonring-TTL gives the descriptor's
+//     time to live in decimal seconds (default 30, or MaxTTL if less;
+//     from [MinTTL] to ServerConfig.MaxTTL, else 400). A PUT with the
+//     header "Moonring-Renew: 1" is a renewal: when the name holds the
+//     same epoch it only restarts the time to live (the descriptor, its
+//     ETag and its file are left alone, so watchers see nothing); when the
+//     name holds nothing it stores the body as any PUT does. A PUT that
+//     would create a name past ServerConfig.MaxNames, or hold more than
+//     ServerConfig.MaxBytes bytes of descriptors, is refused with 429
+//     (Too Many Requests: a quota, which a retry can pass once names are
+//     deleted or expire).
 //   - DELETE /moonring/v1/segments/{name}?epoch=N: removes the descriptor
 //     if its epoch is N, whatever it is when N is 0 or absent (204); 404
 //     when the name holds none, 409 when the epochs differ, 400 when N is
@@ -100,92 +198,189 @@ type ServerConfig struct {
 // A name is 1 to 255 bytes of letters, digits and ".-_:@[]%+~", and not "."
 // or "..": nothing that could be a path or need escaping in one (400).
 //
+// # Owners
+//
+// A PUT or DELETE proves that it comes from the owner of its name with the
+// header Moonring-Owner: the owner token, HMAC-SHA256(HMAC-SHA256(key,
+// "moonring metadata owner v1"), name) of the deployment's segment key,
+// base64url without padding, which [HTTP] stores with HTTPConfig.Key send.
+// A change without the header that needs one is answered 401 (with
+// WWW-Authenticate: Moonring-Owner), one with a wrong or malformed token
+// 403; either changes nothing, is counted ([ServerStats]) and logged at a
+// bounded rate. The token is checked before the body is read, and again
+// with the change.
+//
+//   - With ServerConfig.Key the server derives the token of every name
+//     itself and requires exactly it, compared in constant time: nobody
+//     without the key can create (squat), replace, renew or delete any
+//     name.
+//   - Without it, the server binds a name to the token of the PUT that
+//     creates it (trust on first use) and requires that token for every
+//     later change of the name, until the binding goes with the entry (a
+//     DELETE or an expiry); it keeps only the token's SHA-256, in memory
+//     and in Dir. A name created without a token is not bound, and anyone
+//     may change it, as before owner tokens, until a change that carries a
+//     token binds it; ServerConfig.RequireOwner refuses such names.
+//
+// What this does not protect: the token travels in the clear over http://,
+// so an observer on the path can replay it for that name (serve the server
+// behind TLS and give the stores an https:// URL); anyone who holds the
+// segment key (every engine of the deployment) may change every name; a
+// server without the key lets the first comer take a free name, including
+// that of an engine whose descriptor expired while it was away; reads are
+// open to anyone who reaches the server; and the descriptor's content is
+// only as trustworthy as the server and its path (signatures of
+// descriptors are a separate matter).
+//
+// # Expiry and persistence
+//
 // Every descriptor expires: one not PUT again within its time to live is
 // removed as a DELETE would, so the segment of an engine that died, which
 // cannot Delete it, goes away and its watchers see Deleted. [HTTP] stores
 // renew their descriptors on their own.
 //
-// With ServerConfig.Dir, every change (PUT of a descriptor, DELETE,
-// expiry) rewrites the file (a temporary file renamed over it) before the
-// request is answered; a change that cannot be written is undone and
-// answered 500. Renewals write nothing unless they change the time to
-// live. NewServer reads the file back; the reloaded descriptors keep their
-// ETags and times to live, but their clocks restart: each lives a full time
-// to live from the restart, giving live owners time to renew. A restart
-// without the file loses nothing for good either: a live [HTTP] store's
-// next renewal stores its descriptor again.
+// With ServerConfig.Dir, every change of a descriptor (PUT, DELETE,
+// expiry) writes or removes that descriptor's own file before the request
+// is answered (a temporary file synced and renamed over it), so a change
+// costs what its entry costs; a change that cannot be written is undone and
+// answered 500. Renewals write nothing unless they change the time to live
+// or bind the name. NewServer reads the files back; the reloaded
+// descriptors keep their ETags, owners and times to live, but their clocks
+// restart: each lives a full time to live from the restart, giving live
+// owners time to renew. A restart without the files loses nothing for good
+// either: a live [HTTP] store's next renewal stores its descriptor again.
+// The directory of an earlier version held every descriptor in one file,
+// segments.json: NewServer moves its entries to their own files (unbound)
+// and removes it.
+//
+// Serve it with [Server.HTTPServer] on a listener from
+// [Server.LimitListener], which bound headers, timeouts and connections;
+// [Server.Stats] counts what was refused.
 //
 // A Server is safe for concurrent use. It lives from NewServer until Close,
 // which stops expiries and makes it answer 503; serving it (an
 // [http.Server], its listener and shutdown) is the caller's.
 type Server struct {
-	file   string // "" without a Dir
-	maxTTL time.Duration
-	logf   func(string, ...any)
-	mux    *http.ServeMux
+	cfg          ServerConfig // with defaults filled in
+	dir          string       // "" without a Dir
+	maxTTL       time.Duration
+	ownerKey     []byte // nil without ServerConfig.Key
+	requireOwner bool
+	maxDesc      int
+	maxNames     int
+	maxBytes     int64
+	maxConns     int
+	logf         func(string, ...any)
+	mux          *http.ServeMux
+
+	// authLog, sizeLog, namesLog and bytesLog log refusals of
+	// credentials, sizes and quotas; connLog connections refused; httpLog
+	// http.Server's errors.
+	authLog, sizeLog, namesLog, bytesLog, connLog, httpLog *rateLog
+
+	conns atomic.Int64 // open through LimitListener
+	stats struct {
+		unauthenticated, forbidden, tooLarge, tooManyNames, tooManyBytes, connsRefused atomic.Uint64
+	}
 
 	mu      sync.Mutex
 	closed  bool
 	entries map[string]*serverEntry
-	// rev counts changes; it starts above any revision of the file and
-	// above the clock in nanoseconds, so that ETags never repeat across
-	// restarts, with or without a file.
+	bytes   int64 // the sum of the entries' len(body)
+	// rev counts changes; it starts above any revision of the directory
+	// and above the clock in nanoseconds, so that ETags never repeat
+	// across restarts, with or without a directory.
 	rev uint64
 }
 
-// serverEntry is one stored descriptor. Its desc, body, etag and rev never
-// change (a PUT replaces the entry); ttl, expires and timer change under
-// Server.mu.
+// serverEntry is one stored descriptor. Its epoch, body, etag and rev never
+// change (a PUT replaces the entry); ttl, expires, timer, owner and bound
+// change under Server.mu. Only the JSON is kept, not the parsed descriptor,
+// so that what an entry costs is what MaxBytes counts.
 type serverEntry struct {
-	desc    *segtable.SegmentDesc
-	body    []byte // desc as served and saved
+	epoch   uint64
+	body    []byte // the descriptor as served and saved
 	etag    string // `"<epoch>-<rev>"`
 	rev     uint64
 	ttl     time.Duration
 	expires time.Time
 	timer   *time.Timer // runs Server.expire; nil until the entry is stored
-}
-
-// serverFileJSON is the format of the file in ServerConfig.Dir.
-type serverFileJSON struct {
-	Version  int                   `json:"version"`
-	Rev      uint64                `json:"rev"`
-	Segments []serverFileEntryJSON `json:"segments"`
-}
-
-type serverFileEntryJSON struct {
-	Rev  uint64          `json:"rev"`
-	TTL  string          `json:"ttl"` // a time.Duration, e.g. "30s"
-	Desc json.RawMessage `json:"desc"`
+	// owner is the SHA-256 of the owner token bound to the name, when
+	// bound is set.
+	owner ownerHash
+	bound bool
 }
 
 // NewServer returns a server holding the descriptors saved in cfg.Dir, if
-// any. It fails when Dir cannot be created or its file cannot be read, or
-// holds anything but a valid list of descriptors: a corrupt file is left
-// for an operator to inspect or remove, never overwritten.
+// any. It fails when a limit is negative or MaxBytes below MaxDescriptor,
+// when Dir cannot be created or read, or when a file in it that should
+// hold a descriptor does not: a corrupt file is left for an operator to
+// inspect or remove, never overwritten.
 func NewServer(cfg ServerConfig) (*Server, error) {
-	if cfg.MaxTTL == 0 {
-		cfg.MaxTTL = DefaultMaxTTL
+	cfg.Key = slices.Clone(cfg.Key)
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
 	}
-	if cfg.MaxTTL < MinTTL {
+	def(&cfg.MaxTTL, DefaultMaxTTL)
+	def(&cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	def(&cfg.ReadTimeout, DefaultReadTimeout)
+	def(&cfg.WriteTimeout, DefaultWriteTimeout)
+	def(&cfg.IdleTimeout, DefaultIdleTimeout)
+	if cfg.MaxDescriptor == 0 {
+		cfg.MaxDescriptor = DefaultMaxDescriptor
+	}
+	if cfg.MaxNames == 0 {
+		cfg.MaxNames = DefaultMaxNames
+	}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = max(DefaultMaxBytes, int64(cfg.MaxDescriptor))
+	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.MaxHeaderBytes == 0 {
+		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	switch {
+	case cfg.MaxTTL < MinTTL:
 		return nil, fmt.Errorf("metadata server: MaxTTL %v is below the minimum time to live, %v", cfg.MaxTTL, MinTTL)
+	case cfg.MaxDescriptor < 0, cfg.MaxNames < 0, cfg.MaxBytes < 0, cfg.MaxConns < 0, cfg.MaxHeaderBytes < 0,
+		cfg.ReadHeaderTimeout < 0, cfg.ReadTimeout < 0, cfg.WriteTimeout < 0, cfg.IdleTimeout < 0:
+		return nil, errors.New("metadata server: negative limit")
+	case cfg.MaxBytes < int64(cfg.MaxDescriptor):
+		return nil, fmt.Errorf("metadata server: MaxBytes %d below MaxDescriptor %d", cfg.MaxBytes, cfg.MaxDescriptor)
 	}
 	s := &Server{
-		maxTTL:  cfg.MaxTTL,
-		logf:    cfg.Logf,
-		entries: make(map[string]*serverEntry),
-		rev:     uint64(max(time.Now().UnixNano(), 0)),
+		cfg:          cfg,
+		dir:          cfg.Dir,
+		maxTTL:       cfg.MaxTTL,
+		ownerKey:     newOwnerKey(cfg.Key),
+		requireOwner: cfg.RequireOwner,
+		maxDesc:      cfg.MaxDescriptor,
+		maxNames:     cfg.MaxNames,
+		maxBytes:     cfg.MaxBytes,
+		maxConns:     cfg.MaxConns,
+		logf:         cfg.Logf,
+		entries:      make(map[string]*serverEntry),
+		rev:          uint64(max(time.Now().UnixNano(), 0)),
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
 	}
-	if cfg.Dir != "" {
-		if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	for _, l := range []**rateLog{&s.authLog, &s.sizeLog, &s.namesLog, &s.bytesLog, &s.connLog, &s.httpLog} {
+		*l = newRateLog(s.logf, serverLogInterval)
+	}
+	if s.dir != "" {
+		if err := os.MkdirAll(s.dir, 0o755); err != nil {
 			return nil, fmt.Errorf("metadata server: %w", err)
 		}
-		s.file = filepath.Join(cfg.Dir, serverFile)
 		if err := s.load(); err != nil {
-			return nil, fmt.Errorf("metadata server: loading %s: %w", s.file, err)
+			return nil, fmt.Errorf("metadata server: %s: %w", s.dir, err)
+		}
+		if len(s.entries) > s.maxNames || s.bytes > s.maxBytes {
+			s.logf("%s holds %d descriptors of %d bytes, more than the limits (%d, %d): new names are refused until some go", s.dir, len(s.entries), s.bytes, s.maxNames, s.maxBytes)
 		}
 	}
 	s.mux = http.NewServeMux()
@@ -203,104 +398,36 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	return s, nil
 }
 
-// load reads the file, if there is one, into s.entries.
-func (s *Server) load() error {
-	b, err := os.ReadFile(s.file)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var f serverFileJSON
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
-		return fmt.Errorf("corrupt file: %w", err)
-	}
-	if dec.More() {
-		return errors.New("corrupt file: data after the JSON object")
-	}
-	if f.Version != serverFileVersion {
-		return fmt.Errorf("file version %d, want %d", f.Version, serverFileVersion)
-	}
-	s.rev = max(s.rev, f.Rev)
-	for i, fe := range f.Segments {
-		d, err := segtable.UnmarshalDesc(fe.Desc)
-		if err != nil {
-			return fmt.Errorf("segment %d: %w", i, err)
-		}
-		if err := checkName(d.Name); err != nil {
-			return fmt.Errorf("segment %d: %w", i, err)
-		}
-		if _, dup := s.entries[d.Name]; dup {
-			return fmt.Errorf("segment %d: %q appears twice", i, d.Name)
-		}
-		ttl, err := time.ParseDuration(fe.TTL)
-		if err != nil || ttl <= 0 {
-			return fmt.Errorf("segment %d (%q): bad ttl %q", i, d.Name, fe.TTL)
-		}
-		e, err := newServerEntry(d, fe.Rev, min(max(ttl, MinTTL), s.maxTTL))
-		if err != nil {
-			return fmt.Errorf("segment %d (%q): %w", i, d.Name, err)
-		}
-		s.entries[d.Name] = e
-		s.rev = max(s.rev, fe.Rev)
-	}
-	return nil
-}
-
 func newServerEntry(d *segtable.SegmentDesc, rev uint64, ttl time.Duration) (*serverEntry, error) {
 	body, err := d.Marshal()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
 	}
 	return &serverEntry{
-		desc: d,
-		body: body,
-		etag: fmt.Sprintf(`"%d-%d"`, d.Epoch, rev),
-		rev:  rev,
-		ttl:  ttl,
+		epoch: d.Epoch,
+		body:  body,
+		etag:  fmt.Sprintf(`"%d-%d"`, d.Epoch, rev),
+		rev:   rev,
+		ttl:   ttl,
 	}, nil
 }
 
-// save writes every entry to the file, atomically: a temporary file in the
-// same directory, synced, then renamed over the file. s.mu is held.
-func (s *Server) save() error {
-	if s.file == "" {
-		return nil
+// add stores e under name, in place of what was there; s.mu is held or s
+// not yet shared.
+func (s *Server) add(name string, e *serverEntry) {
+	if old := s.entries[name]; old != nil {
+		s.bytes -= int64(len(old.body))
 	}
-	f := serverFileJSON{Version: serverFileVersion, Rev: s.rev, Segments: make([]serverFileEntryJSON, 0, len(s.entries))}
-	for _, e := range s.entries {
-		f.Segments = append(f.Segments, serverFileEntryJSON{Rev: e.rev, TTL: e.ttl.String(), Desc: e.body})
+	s.entries[name] = e
+	s.bytes += int64(len(e.body))
+}
+
+// remove removes the entry of name; s.mu is held.
+func (s *Server) remove(name string) {
+	if old := s.entries[name]; old != nil {
+		s.bytes -= int64(len(old.body))
+		delete(s.entries, name)
 	}
-	b, err := json.Marshal(&f)
-	if err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(s.file), "."+serverFile+"-*.tmp")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(b)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), s.file)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	if d, err := os.Open(filepath.Dir(s.file)); err == nil {
-		d.Sync() // makes the rename durable where the file system allows
-		d.Close()
-	}
-	return nil
 }
 
 // arm starts the entry's time to live at now; s.mu is held, or s is not
@@ -325,11 +452,30 @@ func (s *Server) expire(name string, e *serverEntry) {
 		e.timer.Reset(left) // renewed after the timer fired
 		return
 	}
-	delete(s.entries, name)
+	s.remove(name)
 	s.rev++
-	s.logf("segment %q (epoch %d) expired: not renewed within %v", name, e.desc.Epoch, e.ttl)
-	if err := s.save(); err != nil {
-		s.logf("segment %q expired, but %s could not be written (a restart would bring it back for one time to live): %v", name, s.file, err)
+	s.logf("segment %q (epoch %d) expired: not renewed within %v", name, e.epoch, e.ttl)
+	if err := s.unpersist(name); err != nil {
+		s.logf("segment %q expired, but its file in %s could not be removed (a restart would bring it back for one time to live): %v", name, s.dir, err)
+	}
+}
+
+// Stats returns the server's counts; see [ServerStats]. It is safe to call
+// at any time, also after Close (Names and Bytes are then 0).
+func (s *Server) Stats() ServerStats {
+	s.mu.Lock()
+	names, bytes := len(s.entries), s.bytes
+	s.mu.Unlock()
+	return ServerStats{
+		Names:           names,
+		Bytes:           bytes,
+		Conns:           int(s.conns.Load()),
+		Unauthenticated: s.stats.unauthenticated.Load(),
+		Forbidden:       s.stats.forbidden.Load(),
+		TooLarge:        s.stats.tooLarge.Load(),
+		TooManyNames:    s.stats.tooManyNames.Load(),
+		TooManyBytes:    s.stats.tooManyBytes.Load(),
+		ConnsRefused:    s.stats.connsRefused.Load(),
 	}
 }
 
@@ -339,7 +485,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // Close stops expiries and makes the server answer 503 to every request
-// but healthz. Descriptors stay in the file, if any, for the next server.
+// but healthz. Descriptors stay in Dir, if any, for the next server.
 // It is idempotent and returns nil.
 func (s *Server) Close() error {
 	s.mu.Lock()
@@ -351,7 +497,7 @@ func (s *Server) Close() error {
 	for _, e := range s.entries {
 		e.timer.Stop()
 	}
-	s.entries = nil
+	s.entries, s.bytes = nil, 0
 	return nil
 }
 
@@ -435,6 +581,33 @@ func (s *Server) parseTTL(v string) (time.Duration, error) {
 	return time.Duration(f * 1e9), nil
 }
 
+// refuse answers a request refused for ref, counting and logging it.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, name string, ref refusal) {
+	if ref.code == http.StatusUnauthorized {
+		s.stats.unauthenticated.Add(1)
+		w.Header().Set("WWW-Authenticate", headerOwner)
+	} else {
+		s.stats.forbidden.Add(1)
+	}
+	s.authLog.printf("refused %s of segment %q from %s (%d): %s", r.Method, name, r.RemoteAddr, ref.code, ref.msg)
+	http.Error(w, ref.msg, ref.code)
+}
+
+// tooLarge answers a PUT whose descriptor is over MaxDescriptor.
+func (s *Server) tooLarge(w http.ResponseWriter, r *http.Request, name string) {
+	s.stats.tooLarge.Add(1)
+	msg := fmt.Sprintf("descriptor of more than %d bytes (this server's MaxDescriptor)", s.maxDesc)
+	s.sizeLog.printf("refused PUT of segment %q from %s (413): %s", name, r.RemoteAddr, msg)
+	http.Error(w, msg, http.StatusRequestEntityTooLarge)
+}
+
+// authorizeNow is authorize with the entry name holds now.
+func (s *Server) authorizeNow(name string, tok []byte, present bool) refusal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.authorize(name, tok, present, s.entries[name])
+}
+
 func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 	name, ok := s.begin(w, r)
 	if !ok {
@@ -452,10 +625,20 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, serverMaxDesc))
+	// The credential first: the body of a stranger is not read.
+	tok, present := requestToken(r)
+	if ref := s.authorizeNow(name, tok, present); ref.code != 0 {
+		s.refuse(w, r, name, ref)
+		return
+	}
+	if r.ContentLength > int64(s.maxDesc) {
+		s.tooLarge(w, r, name)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.maxDesc)))
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			http.Error(w, fmt.Sprintf("descriptor of more than %d bytes", serverMaxDesc), http.StatusRequestEntityTooLarge)
+			s.tooLarge(w, r, name)
 			return
 		}
 		http.Error(w, "reading the descriptor: "+err.Error(), http.StatusBadRequest)
@@ -479,17 +662,24 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now()
 	old := s.entries[name]
-	if old != nil && old.desc.Epoch != d.Epoch {
-		http.Error(w, fmt.Sprintf("held by epoch %d, not %d", old.desc.Epoch, d.Epoch), http.StatusConflict)
+	if ref := s.authorize(name, tok, present, old); ref.code != 0 {
+		s.refuse(w, r, name, ref) // the name changed hands while the body came
+		return
+	}
+	if old != nil && old.epoch != d.Epoch {
+		http.Error(w, fmt.Sprintf("held by epoch %d, not %d", old.epoch, d.Epoch), http.StatusConflict)
 		return
 	}
 	if old != nil && renew {
 		changed := old.ttl != ttl
 		old.ttl = ttl
+		if tok != nil && !old.bound {
+			old.owner, old.bound, changed = hashToken(tok), true, true
+		}
 		s.arm(name, old, now)
 		if changed {
-			if err := s.save(); err != nil {
-				s.logf("segment %q renewed with a time to live of %v, but %s could not be written: %v", name, ttl, s.file, err)
+			if err := s.persist(name, old); err != nil {
+				s.logf("segment %q renewed (time to live %v), but its file in %s could not be written: %v", name, ttl, s.dir, err)
 			}
 		}
 		w.Header().Set("ETag", old.etag)
@@ -502,16 +692,35 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	s.entries[name] = e
-	if err := s.save(); err != nil {
-		if old != nil {
-			s.entries[name] = old
-		} else {
-			delete(s.entries, name)
-		}
+	switch {
+	case tok != nil:
+		e.owner, e.bound = hashToken(tok), true
+	case old != nil:
+		e.owner, e.bound = old.owner, old.bound
+	}
+	var oldLen int64
+	if old != nil {
+		oldLen = int64(len(old.body))
+	}
+	if old == nil && len(s.entries) >= s.maxNames {
+		s.stats.tooManyNames.Add(1)
+		msg := fmt.Sprintf("this server holds %d names, its most (MaxNames)", len(s.entries))
+		s.namesLog.printf("refused PUT of segment %q from %s (429): %s", name, r.RemoteAddr, msg)
+		http.Error(w, msg, http.StatusTooManyRequests)
+		return
+	}
+	if grow := int64(len(e.body)) - oldLen; grow > 0 && s.bytes+grow > s.maxBytes {
+		s.stats.tooManyBytes.Add(1)
+		msg := fmt.Sprintf("this server holds %d bytes of descriptors; %d more would pass its most, %d (MaxBytes)", s.bytes, grow, s.maxBytes)
+		s.bytesLog.printf("refused PUT of segment %q from %s (429): %s", name, r.RemoteAddr, msg)
+		http.Error(w, msg, http.StatusTooManyRequests)
+		return
+	}
+	if err := s.persist(name, e); err != nil {
 		http.Error(w, "saving the descriptor: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
+	s.add(name, e)
 	if old != nil {
 		old.timer.Stop()
 	}
@@ -533,6 +742,7 @@ func (s *Server) serveDelete(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	tok, present := requestToken(r)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -540,21 +750,24 @@ func (s *Server) serveDelete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	old := s.entries[name]
+	if ref := s.authorize(name, tok, present, old); ref.code != 0 {
+		s.refuse(w, r, name, ref)
+		return
+	}
 	if old == nil {
 		http.Error(w, fmt.Sprintf("no segment %q", name), http.StatusNotFound)
 		return
 	}
-	if epoch != 0 && old.desc.Epoch != epoch {
-		http.Error(w, fmt.Sprintf("held by epoch %d, not %d", old.desc.Epoch, epoch), http.StatusConflict)
+	if epoch != 0 && old.epoch != epoch {
+		http.Error(w, fmt.Sprintf("held by epoch %d, not %d", old.epoch, epoch), http.StatusConflict)
 		return
 	}
-	delete(s.entries, name)
-	s.rev++
-	if err := s.save(); err != nil {
-		s.entries[name] = old
+	if err := s.unpersist(name); err != nil {
 		http.Error(w, "saving the deletion: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
+	s.remove(name)
+	s.rev++
 	old.timer.Stop()
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -2,12 +2,16 @@ package metadata_test
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -249,63 +253,141 @@ func TestServerPersistence(t *testing.T) {
 	if w := request(t, s3, "GET", seg+"short", nil); w.Code != 404 {
 		t.Fatalf("third server serves an expired descriptor: %d", w.Code)
 	}
+	// One file per descriptor held, named by its name's hash, nothing
+	// else.
 	left, _ := filepath.Glob(filepath.Join(dir, "*"))
-	if len(left) != 1 || filepath.Base(left[0]) != "segments.json" {
-		t.Fatalf("directory holds %v, want segments.json alone", left)
+	slices.Sort(left)
+	want := []string{filepath.Join(dir, entryFile("a")), filepath.Join(dir, entryFile("b"))}
+	slices.Sort(want)
+	if !slices.Equal(left, want) {
+		t.Fatalf("directory holds %v, want %v", left, want)
 	}
 }
 
+// entryFile is the name of a descriptor's file in a server's directory:
+// "seg-" and the hex SHA-256 of its name.
+func entryFile(name string) string {
+	h := sha256.Sum256([]byte(name))
+	return "seg-" + hex.EncodeToString(h[:]) + ".json"
+}
+
+// entryJSON is the content of an entry's file.
+func entryJSON(t *testing.T, name string, rev uint64, ttl, owner string, d *segtable.SegmentDesc) string {
+	t.Helper()
+	o := ""
+	if owner != "" {
+		o = `,"owner":"` + owner + `"`
+	}
+	return fmt.Sprintf(`{"version":2,"name":%q,"rev":%d,"ttl":%q%s,"desc":%s}`, name, rev, ttl, o, marshal(t, d))
+}
+
+// A server refuses to start on a directory with a file it cannot read as
+// what it should be, naming the file and leaving it alone: the legacy
+// file of every descriptor, or an entry's. A valid legacy file is moved to
+// a file per entry, once.
 func TestServerBadFile(t *testing.T) {
 	entry := `{"rev":5,"ttl":"30s","desc":` + string(marshal(t, testDesc("a", 1, "x"))) + `}`
 	valid := `{"version":1,"rev":5,"segments":[` + entry + `]}`
-	for what, content := range map[string]string{
-		"garbage":      "{not json",
-		"truncated":    valid[:len(valid)-10],
-		"trailing":     valid + "{}",
-		"version":      `{"version":2,"segments":[]}`,
-		"unknown":      `{"version":1,"segments":[],"extra":1}`,
-		"bad desc":     `{"version":1,"segments":[{"rev":1,"ttl":"30s","desc":{"version":1,"name":""}}]}`,
-		"bad name":     `{"version":1,"segments":[{"rev":1,"ttl":"30s","desc":` + string(marshal(t, testDesc("a/b", 1, "x"))) + `}]}`,
-		"bad ttl":      `{"version":1,"segments":[{"rev":1,"ttl":"soon","desc":` + string(marshal(t, testDesc("a", 1, "x"))) + `}]}`,
-		"duplicate":    `{"version":1,"segments":[` + entry + `,` + entry + `]}`,
-		"not a object": `[]`,
+	good := entryJSON(t, "a", 5, "30s", "", testDesc("a", 1, "x"))
+	for what, file := range map[string]struct{ name, content string }{
+		"garbage":        {"segments.json", "{not json"},
+		"truncated":      {"segments.json", valid[:len(valid)-10]},
+		"trailing":       {"segments.json", valid + "{}"},
+		"version":        {"segments.json", `{"version":2,"segments":[]}`},
+		"unknown":        {"segments.json", `{"version":1,"segments":[],"extra":1}`},
+		"bad desc":       {"segments.json", `{"version":1,"segments":[{"rev":1,"ttl":"30s","desc":{"version":1,"name":""}}]}`},
+		"bad name":       {"segments.json", `{"version":1,"segments":[{"rev":1,"ttl":"30s","desc":` + string(marshal(t, testDesc("a/b", 1, "x"))) + `}]}`},
+		"bad ttl":        {"segments.json", `{"version":1,"segments":[{"rev":1,"ttl":"soon","desc":` + string(marshal(t, testDesc("a", 1, "x"))) + `}]}`},
+		"duplicate":      {"segments.json", `{"version":1,"segments":[` + entry + `,` + entry + `]}`},
+		"not a object":   {"segments.json", `[]`},
+		"entry garbage":  {entryFile("a"), "{not json"},
+		"entry trailing": {entryFile("a"), good + "{}"},
+		"entry version":  {entryFile("a"), strings.Replace(good, `"version":2`, `"version":3`, 1)},
+		"entry unknown":  {entryFile("a"), strings.Replace(good, `"rev"`, `"extra":1,"rev"`, 1)},
+		"entry misfiled": {entryFile("b"), good},
+		"entry misnamed": {entryFile("a"), entryJSON(t, "a", 5, "30s", "", testDesc("b", 1, "x"))},
+		"entry bad name": {entryFile("a/b"), entryJSON(t, "a/b", 5, "30s", "", testDesc("a/b", 1, "x"))},
+		"entry bad ttl":  {entryFile("a"), entryJSON(t, "a", 5, "-1s", "", testDesc("a", 1, "x"))},
+		"entry owner":    {entryFile("a"), entryJSON(t, "a", 5, "30s", "abcd", testDesc("a", 1, "x"))},
+		"entry desc":     {entryFile("a"), strings.Replace(good, `"version":1`, `"version":99`, 1)},
 	} {
 		dir := t.TempDir()
-		file := filepath.Join(dir, "segments.json")
-		if err := os.WriteFile(file, []byte(content), 0o644); err != nil {
+		path := filepath.Join(dir, file.name)
+		if err := os.WriteFile(path, []byte(file.content), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		s, err := metadata.NewServer(metadata.ServerConfig{Dir: dir})
 		if err == nil {
 			s.Close()
-			t.Errorf("%s: NewServer accepted %q", what, content)
+			t.Errorf("%s: NewServer accepted %s holding %q", what, file.name, file.content)
 			continue
 		}
-		if !strings.Contains(err.Error(), file) {
+		if !strings.Contains(err.Error(), path) {
 			t.Errorf("%s: error %q does not name the file", what, err)
 		}
-		if b, _ := os.ReadFile(file); string(b) != content {
+		if b, _ := os.ReadFile(path); string(b) != file.content {
 			t.Errorf("%s: NewServer changed the file", what)
 		}
 	}
+
+	// A valid legacy file: its entries get a file each, with their ETags,
+	// and it goes; an entry already moved (a migration a crash cut short)
+	// keeps its own file's version.
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "segments.json"), []byte(valid), 0o644); err != nil {
+	legacy := `{"version":1,"rev":9,"segments":[` + entry + `,{"rev":6,"ttl":"30s","desc":` + string(marshal(t, testDesc("b", 2, "old"))) + `}]}`
+	if err := os.WriteFile(filepath.Join(dir, "segments.json"), []byte(legacy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := newServer(t, metadata.ServerConfig{Dir: dir})
-	if w := request(t, s, "GET", seg+"a", nil); w.Code != 200 || w.Header().Get("ETag") != `"1-5"` {
-		t.Fatalf("valid file: GET %d, ETag %q", w.Code, w.Header().Get("ETag"))
+	if err := os.WriteFile(filepath.Join(dir, entryFile("b")), []byte(entryJSON(t, "b", 7, "30s", "", testDesc("b", 2, "moved"))), 0o644); err != nil {
+		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, ".seg-123.tmp"), []byte("half a write"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check := func(s *metadata.Server, when string) {
+		t.Helper()
+		if w := request(t, s, "GET", seg+"a", nil); w.Code != 200 || w.Header().Get("ETag") != `"1-5"` {
+			t.Fatalf("%s: GET a: %d, ETag %q", when, w.Code, w.Header().Get("ETag"))
+		}
+		w := request(t, s, "GET", seg+"b", nil)
+		if d, _ := segtable.UnmarshalDesc(w.Body.Bytes()); d == nil || d.Endpoints["tcp"] != "moved" || w.Header().Get("ETag") != `"2-7"` {
+			t.Fatalf("%s: GET b: %d %q, ETag %q", when, w.Code, w.Body, w.Header().Get("ETag"))
+		}
+		left, _ := filepath.Glob(filepath.Join(dir, "*"))
+		tmp, _ := filepath.Glob(filepath.Join(dir, ".*"))
+		slices.Sort(left)
+		want := []string{filepath.Join(dir, entryFile("a")), filepath.Join(dir, entryFile("b"))}
+		slices.Sort(want)
+		if !slices.Equal(left, want) || len(tmp) != 0 {
+			t.Fatalf("%s: directory holds %v and %v, want %v", when, left, tmp, want)
+		}
+	}
+	s := newServer(t, metadata.ServerConfig{Dir: dir})
+	check(s, "after the move")
+	s.Close()
+	check(newServer(t, metadata.ServerConfig{Dir: dir}), "after a restart")
+
 	// Dir is a file: no directory to keep anything in.
-	if _, err := metadata.NewServer(metadata.ServerConfig{Dir: filepath.Join(dir, "segments.json")}); err == nil {
+	if _, err := metadata.NewServer(metadata.ServerConfig{Dir: filepath.Join(dir, entryFile("a"))}); err == nil {
 		t.Fatal("NewServer with a file as Dir: no error")
 	}
-	if _, err := metadata.NewServer(metadata.ServerConfig{MaxTTL: time.Millisecond}); err == nil {
-		t.Fatal("NewServer with MaxTTL below the minimum: no error")
+	for _, cfg := range []metadata.ServerConfig{
+		{MaxTTL: time.Millisecond},
+		{MaxNames: -1},
+		{MaxBytes: -1},
+		{MaxDescriptor: -1},
+		{MaxConns: -1},
+		{MaxDescriptor: 2 << 20, MaxBytes: 1 << 20},
+		{ReadTimeout: -time.Second},
+	} {
+		if s, err := metadata.NewServer(cfg); err == nil {
+			s.Close()
+			t.Errorf("NewServer(%+v): no error", cfg)
+		}
 	}
 }
 
-// A server whose file cannot be written refuses changes (500), keeps
+// A server whose files cannot be written refuses changes (500), keeps
 // serving what it holds, and leaves no temporary file behind.
 func TestServerUnwritableFile(t *testing.T) {
 	dir := t.TempDir()
@@ -313,14 +395,16 @@ func TestServerUnwritableFile(t *testing.T) {
 	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 1, "x"))); w.Code != 204 {
 		t.Fatalf("PUT: %d", w.Code)
 	}
-	// A directory where the file should be: the rename over it fails,
-	// even for root.
-	file := filepath.Join(dir, "segments.json")
-	if err := os.Remove(file); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(file, "x"), 0o755); err != nil {
-		t.Fatal(err)
+	// A directory where an entry's file should be: the rename over it,
+	// and its removal, fail, even for root.
+	for _, name := range []string{"a", "b"} {
+		file := filepath.Join(dir, entryFile(name))
+		if err := os.RemoveAll(file); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(file, "x"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if w := request(t, s, "PUT", seg+"b", marshal(t, testDesc("b", 1, "x"))); w.Code != 500 {
 		t.Fatalf("PUT that cannot be saved: %d, want 500", w.Code)
@@ -340,8 +424,11 @@ func TestServerUnwritableFile(t *testing.T) {
 	if w := request(t, s, "GET", seg+"a", nil); w.Code != 200 {
 		t.Fatalf("a DELETE that could not be saved was kept: %d", w.Code)
 	}
-	left, _ := filepath.Glob(filepath.Join(dir, "*"))
-	if len(left) != 1 {
-		t.Fatalf("directory holds %v, want segments.json alone", left)
+	if st := s.Stats(); st.Names != 1 {
+		t.Fatalf("Stats after refused changes: %+v, want 1 name", st)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, ".*"))
+	if len(left) != 0 {
+		t.Fatalf("directory holds temporary files %v", left)
 	}
 }

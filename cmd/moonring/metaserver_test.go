@@ -89,8 +89,8 @@ func TestMetadataServer(t *testing.T) {
 	if err != nil || got.Epoch != 42 || got.Endpoints["tcp"] != "10.0.0.1:7001" {
 		t.Fatalf("Put and Get through metadata-server: %+v, %v", got, err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "segments.json")); err != nil {
-		t.Fatalf("no file kept: %v", err)
+	if kept, _ := filepath.Glob(filepath.Join(dir, "seg-*.json")); len(kept) != 1 {
+		t.Fatalf("files kept: %v, want one", kept)
 	}
 
 	// A restart on the same directory serves the descriptor.
@@ -111,7 +111,7 @@ func TestMetadataServer(t *testing.T) {
 
 func TestMetadataServerBadInput(t *testing.T) {
 	corrupt := t.TempDir()
-	if err := os.WriteFile(filepath.Join(corrupt, "segments.json"), []byte("{"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(corrupt, "seg-0.json"), []byte("{"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, args := range [][]string{
