@@ -3,9 +3,12 @@ package metadata
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -17,6 +20,26 @@ import (
 )
 
 var _ Store = (*HTTP)(nil)
+
+// Errors of the HTTP store, beside those of [Store] and [ErrUnreachable].
+var (
+	// ErrDenied reports a Put or Delete that the metadata server refused
+	// for want of proof that the caller owns the name: it answered 401 (no
+	// owner token: the store has no HTTPConfig.Key and the server needs
+	// one) or 403 (a wrong token: another key, or a name that a server
+	// without the key bound to another owner). Nothing changed on the
+	// server. A retry does not help until the configuration is fixed or
+	// the other owner's entry goes (see [Server]).
+	ErrDenied = errors.New("metadata: server denied the change: not the name's owner")
+	// ErrQuota reports a Put that the metadata server refused (429)
+	// because it holds as many names or bytes of descriptors as it
+	// keeps. A retry can help once others delete theirs or they expire.
+	ErrQuota = errors.New("metadata: server quota exceeded")
+)
+
+// httpLogInterval is the least time between two log lines about the
+// failing renewals of one name.
+const httpLogInterval = time.Minute
 
 // HTTPConfig configures [NewHTTP]. URL is required.
 type HTTPConfig struct {
@@ -35,6 +58,26 @@ type HTTPConfig struct {
 	// PollInterval is how often a watch asks the server for changes;
 	// default 1s.
 	PollInterval time.Duration
+	// Key is the deployment's segment key (MOONRING_KEY; the engines'
+	// tcp.Config.Key). When set, every PUT and DELETE carries the owner
+	// token the key derives for its name (see [Server]), which a server
+	// requires for names it bound to it and, when it has the key itself,
+	// for every name. Without it the store works with servers that have
+	// no key, and its names stay open to anyone (ErrDenied from a server
+	// that has one). Over http:// the token travels in the clear: use
+	// https:// beyond a trusted network. The store keeps a derived key,
+	// not Key.
+	Key []byte
+	// TLS, when set, is the TLS configuration of the default Client for
+	// an https:// URL (a private CA's pool, say); ignored when Client is
+	// given.
+	TLS *tls.Config
+	// Logger is told, at most once a minute per name, when the renewals
+	// of a name fail (denied, over quota, the name taken by another
+	// epoch, the server unreachable) and when they succeed again; and,
+	// once, when Key would be sent over plain http to a host that is not
+	// loopback. Default [slog.Default].
+	Logger *slog.Logger
 }
 
 // HTTP is the [Store] of a deployment that runs a metadata server ([Server],
@@ -50,8 +93,11 @@ type HTTPConfig struct {
 // that dies stops renewing, and its descriptor disappears from the server
 // within TTL: that is how a crashed engine's segment goes away. Renewal
 // stops, and is not retried, when the server answers that another epoch
-// holds the name (the name expired and was taken); it goes on through
-// failed requests otherwise. Puts, Deletes and renewals of one name are
+// holds the name (the name expired and was taken) or refuses the
+// descriptor; it goes on through failed requests otherwise, refusals of
+// its owner token ([ErrDenied]) and quotas ([ErrQuota]) included, since
+// the name may come free again, and says so in HTTPConfig.Logger at most
+// once a minute per name (and once more when renewals succeed again). Puts, Deletes and renewals of one name are
 // serialized, so a renewal never lands after a Delete it raced. Close does
 // not Delete: the store's descriptors expire within TTL unless another
 // store renews them.
@@ -74,9 +120,14 @@ type HTTPConfig struct {
 // since a store that cannot be read cannot show the segment alive; the
 // descriptor comes back when the server does.
 //
+// With HTTPConfig.Key, every PUT and DELETE proves the name's ownership to
+// the server with its owner token (see [Server] for what that protects and
+// what it does not).
+//
 // Errors are those of [Store] (the server's 404 is [ErrNotFound], its 409
 // [ErrExists] for a Put and [ErrEpoch] for a Delete, its 400 and 413
-// [segtable.ErrBadDesc]), and [ErrUnreachable] when the server does not
+// [segtable.ErrBadDesc]), [ErrDenied] for its 401 and 403, [ErrQuota] for
+// its 429, and [ErrUnreachable] when the server does not
 // answer, or answers another status (a 503 from a closed server, say); a
 // retry can help then. A name the server would refuse (see [Server]) holds
 // nothing: Get, Delete and Watch of it fail with [ErrNotFound], Put with
@@ -93,6 +144,8 @@ type HTTP struct {
 	ttl       time.Duration
 	ttlHeader string
 	poll      time.Duration
+	ownerKey  []byte // nil without HTTPConfig.Key
+	log       *slog.Logger
 
 	// ctx is canceled by Close; requests, renewals and watches run under
 	// it.
@@ -126,6 +179,11 @@ type httpName struct {
 	// users counts Puts, Deletes and renewals holding this httpName; it
 	// is guarded by HTTP.mu.
 	users int
+	// failing counts the renewals failed in a row; logged is when the
+	// last line about them was logged, quiet how many failed since
+	// without a line. Only the renewal touches them.
+	failing, quiet int
+	logged         time.Time
 }
 
 // NewHTTP returns a store that uses the metadata server at cfg.URL. It sends
@@ -160,13 +218,37 @@ func NewHTTP(cfg HTTPConfig) (*HTTP, error) {
 		ttl:       cfg.TTL,
 		ttlHeader: strconv.FormatFloat(cfg.TTL.Seconds(), 'f', -1, 64),
 		poll:      cfg.PollInterval,
+		ownerKey:  newOwnerKey(cfg.Key),
+		log:       cfg.Logger,
 		names:     make(map[string]*httpName),
 	}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
 	if h.client == nil {
-		h.client, h.ownClient = p2pClient(nil), true
+		h.client, h.ownClient = p2pClient(cfg.TLS), true
+	}
+	if h.ownerKey != nil && u.Scheme == "http" && !loopbackHost(u.Hostname()) {
+		h.log.Warn("metadata http: owner tokens go to the metadata server in the clear; an observer on the path can replay them: use https://", "server", base)
 	}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	return h, nil
+}
+
+// loopbackHost reports whether host is "localhost" or a loopback IP.
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// owner sets the owner token of name in hdr, when the store has a key.
+func (h *HTTP) owner(hdr http.Header, name string) {
+	if h.ownerKey != nil {
+		hdr.Set(headerOwner, encodeToken(ownerToken(h.ownerKey, name)))
+	}
 }
 
 // String returns "http " and the server's URL.
@@ -246,6 +328,15 @@ func answer(resp *http.Response) string {
 		msg = resp.Status
 	}
 	return msg
+}
+
+// deniedErr maps a 401 or 403 to ErrDenied, and any other status as
+// statusErr does.
+func deniedErr(resp *http.Response) error {
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return fmt.Errorf("%w: server answered HTTP %s: %s", ErrDenied, resp.Status, answer(resp))
+	}
+	return statusErr(resp)
 }
 
 // statusErr maps an unexpected answer to ErrUnreachable.
@@ -391,6 +482,7 @@ func (h *HTTP) put(ctx context.Context, name string, body []byte, renew bool) er
 	if renew {
 		hdr.Set(headerRenew, "1")
 	}
+	h.owner(hdr, name)
 	resp, err := h.do(ctx, http.MethodPut, name, "", hdr, body)
 	if err != nil {
 		return err
@@ -403,8 +495,10 @@ func (h *HTTP) put(ctx context.Context, name string, body []byte, renew bool) er
 		return fmt.Errorf("%w: %s", ErrExists, answer(resp))
 	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
 		return fmt.Errorf("%w: server refused it: %s", segtable.ErrBadDesc, answer(resp))
+	case http.StatusTooManyRequests:
+		return fmt.Errorf("%w: %s", ErrQuota, answer(resp))
 	}
-	return statusErr(resp)
+	return deniedErr(resp)
 }
 
 // startRenewal starts n's renewal goroutine, unless the store is closing;
@@ -454,6 +548,11 @@ func (h *HTTP) renew(n *httpName, stop chan struct{}) {
 		ctx, cancel := context.WithTimeout(h.ctx, max(h.ttl, time.Second))
 		err := h.put(ctx, n.name, n.body, true)
 		cancel()
+		if h.ctx.Err() != nil {
+			<-n.sem
+			return // closing: the failure is the store's own
+		}
+		h.renewed(n, err)
 		if errors.Is(err, ErrExists) || errors.Is(err, segtable.ErrBadDesc) {
 			n.stop, n.desc, n.body = nil, nil, nil // lost the name: stop for good
 			<-n.sem
@@ -461,6 +560,34 @@ func (h *HTTP) renew(n *httpName, stop chan struct{}) {
 		}
 		<-n.sem
 	}
+}
+
+// renewed logs the outcome of one renewal of n: every failure that ends
+// the renewal, the first of a row of others and then one a minute with how
+// many were left out, and a success after failures. n.sem is held.
+func (h *HTTP) renewed(n *httpName, err error) {
+	if err == nil {
+		if n.failing > 0 {
+			h.log.Info("metadata http: renewals succeed again", "server", h.base, "segment", n.name, "failed", n.failing)
+		}
+		n.failing, n.quiet = 0, 0
+		return
+	}
+	n.failing++
+	final := errors.Is(err, ErrExists) || errors.Is(err, segtable.ErrBadDesc)
+	if !final && n.failing > 1 && time.Since(n.logged) < httpLogInterval {
+		n.quiet++
+		return
+	}
+	msg := "metadata http: renewal failed; the descriptor expires on the server unless a renewal succeeds"
+	switch {
+	case final:
+		msg = "metadata http: renewal refused; renewing no more: the descriptor expires on the server"
+	case errors.Is(err, ErrDenied):
+		msg = "metadata http: renewal denied: the server does not take this store's owner token for the name (another key, or another owner bound it); the descriptor expires unless that changes"
+	}
+	h.log.Warn(msg, "server", h.base, "segment", n.name, "err", err, "failed", n.failing, "unlogged", n.quiet)
+	n.logged, n.quiet = time.Now(), 0
 }
 
 // Delete removes the descriptor under name on the server if its epoch
@@ -493,7 +620,9 @@ func (h *HTTP) Delete(ctx context.Context, name string, epoch uint64) error {
 }
 
 func (h *HTTP) delete(ctx context.Context, name string, epoch uint64) error {
-	resp, err := h.do(ctx, http.MethodDelete, name, "epoch="+strconv.FormatUint(epoch, 10), nil, nil)
+	hdr := http.Header{}
+	h.owner(hdr, name)
+	resp, err := h.do(ctx, http.MethodDelete, name, "epoch="+strconv.FormatUint(epoch, 10), hdr, nil)
 	if err != nil {
 		return err
 	}
@@ -507,7 +636,7 @@ func (h *HTTP) delete(ctx context.Context, name string, epoch uint64) error {
 	case http.StatusConflict:
 		return fmt.Errorf("%w: %s", ErrEpoch, answer(resp))
 	}
-	return statusErr(resp)
+	return deniedErr(resp)
 }
 
 // Watch returns a coalescing channel of the changes of name, polled from

@@ -1,7 +1,9 @@
 package metadata_test
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -51,6 +53,15 @@ func TestHTTP(t *testing.T) {
 			return newHTTP(t, url, 0)
 		})
 	})
+	t.Run("Key", func(t *testing.T) {
+		var url string
+		storetest.RunOptions(t, func(t *testing.T) metadata.Store {
+			_, url = startServer(t, metadata.ServerConfig{Key: []byte("k"), Dir: t.TempDir()})
+			return newHTTPKey(t, url, "k", 0, nil)
+		}, storetest.Options{
+			Peer: func(t *testing.T, _ metadata.Store) metadata.Store { return newHTTPKey(t, url, "k", 0, nil) },
+		})
+	})
 	t.Run("Peer", func(t *testing.T) {
 		var url string
 		storetest.RunOptions(t, func(t *testing.T) metadata.Store {
@@ -84,6 +95,15 @@ func TestHTTPConfig(t *testing.T) {
 	defer h.Close()
 	if got := h.String(); got != "http http://10.0.0.1:8470" {
 		t.Fatalf("String() = %q", got)
+	}
+	// A key sent in the clear beyond loopback is worth a warning.
+	for url, warn := range map[string]bool{"http://10.0.0.1:8470": true, "https://10.0.0.1:8470": false, "http://127.0.0.1:8470": false, "http://localhost:1": false} {
+		var logged syncBuffer
+		h := newHTTPKey(t, url, "k", 0, slog.New(slog.NewTextHandler(&logged, nil)))
+		h.Close()
+		if got := strings.Contains(logged.String(), "in the clear"); got != warn {
+			t.Errorf("NewHTTP(%s) with a key: warned %v, want %v: %q", url, got, warn, logged.String())
+		}
 	}
 }
 
@@ -347,4 +367,140 @@ func TestHTTPNames(t *testing.T) {
 			t.Fatalf("Delete(%q): %v", name, err)
 		}
 	}
+}
+
+// newHTTPKey returns a store with key of the server at url, logging to
+// logger (nil: discarded), closed when the test ends.
+func newHTTPKey(t *testing.T, url, key string, ttl time.Duration, logger *slog.Logger) *metadata.HTTP {
+	t.Helper()
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	var k []byte
+	if key != "" {
+		k = []byte(key)
+	}
+	h, err := metadata.NewHTTP(metadata.HTTPConfig{URL: url, TTL: ttl, PollInterval: testPoll, Key: k, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// waitFor polls cond until it holds, failing the test after hang.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(hang)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %v", what, hang)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Against a server with the key, stores without it or with another are
+// denied (ErrDenied) and change nothing, and the owner keeps its name
+// alive through their attempts.
+func TestHTTPOwner(t *testing.T) {
+	srv, url := startServer(t, metadata.ServerConfig{Key: []byte("k")})
+	ctx := t.Context()
+	const ttl = 300 * time.Millisecond
+	owner := newHTTPKey(t, url, "k", ttl, nil)
+	none := newHTTPKey(t, url, "", 0, nil)
+	other := newHTTPKey(t, url, "x", 0, nil)
+	reader := newHTTP(t, url, 0)
+	for _, s := range []*metadata.HTTP{none, other} {
+		if err := s.Put(ctx, testDesc("squat", 1, "relay")); !errors.Is(err, metadata.ErrDenied) || !strings.Contains(err.Error(), "squat") {
+			t.Fatalf("Put of a free name without the key: %v, want ErrDenied", err)
+		}
+	}
+	if err := owner.Put(ctx, testDesc("a", 7, "owner")); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*metadata.HTTP{none, other} {
+		if err := s.Put(ctx, testDesc("a", 7, "relay")); !errors.Is(err, metadata.ErrDenied) {
+			t.Fatalf("Put over the owner's without the key: %v, want ErrDenied", err)
+		}
+		if err := s.Delete(ctx, "a", 0); !errors.Is(err, metadata.ErrDenied) {
+			t.Fatalf("Delete without the key: %v, want ErrDenied", err)
+		}
+	}
+	time.Sleep(3 * ttl) // the owner renews through it all
+	if d, err := reader.Get(ctx, "a"); err != nil || d.Endpoints["tcp"] != "owner" || d.Epoch != 7 {
+		t.Fatalf("Get after the attempts: %+v, %v", d, err)
+	}
+	if _, err := reader.Get(ctx, "squat"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Fatalf("Get of a squatted name: %v", err)
+	}
+	if st := srv.Stats(); st.Unauthenticated < 3 || st.Forbidden < 3 {
+		t.Fatalf("Stats %+v", st)
+	}
+	if err := owner.Delete(ctx, "a", 7); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An owner whose renewals are denied (the server lost its entry and a
+// stranger took the name) says so in its log, keeps trying, takes the name
+// back once the stranger's entry is gone, and says that too.
+func TestHTTPRenewalDenied(t *testing.T) {
+	srv, err := metadata.NewServer(metadata.ServerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cur sync.Mutex
+	handler := http.Handler(srv)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cur.Lock()
+		h := handler
+		cur.Unlock()
+		h.ServeHTTP(w, r)
+	}))
+	defer hs.Close()
+	var logged syncBuffer
+	owner := newHTTPKey(t, hs.URL, "k", 100*time.Millisecond, slog.New(slog.NewTextHandler(&logged, nil)))
+	reader := newHTTP(t, hs.URL, 0)
+	if err := owner.Put(t.Context(), testDesc("a", 3, "owner")); err != nil {
+		t.Fatal(err)
+	}
+	// The server restarts without its entries; a stranger takes the name
+	// first, with the owner's epoch.
+	srv.Close()
+	srv2 := newServer(t, metadata.ServerConfig{})
+	if w := request(t, srv2, "PUT", seg+"a", marshal(t, testDesc("a", 3, "relay")), "Moonring-Owner", token("x", "a"), "Moonring-TTL", "1"); w.Code != 204 {
+		t.Fatalf("stranger's PUT: %d %s", w.Code, w.Body)
+	}
+	cur.Lock()
+	handler = srv2
+	cur.Unlock()
+	waitFor(t, "the owner logs its denied renewals", func() bool { return strings.Contains(logged.String(), "renewal denied") })
+	if n := strings.Count(logged.String(), "renewal denied"); n != 1 {
+		t.Fatalf("denied renewals logged %d times, want once a minute:\n%s", n, logged.String())
+	}
+	// The stranger's entry expires; the owner's renewal stores its own.
+	waitFor(t, "the owner takes its name back", func() bool {
+		d, err := reader.Get(t.Context(), "a")
+		return err == nil && d.Endpoints["tcp"] == "owner"
+	})
+	waitFor(t, "the owner logs that renewals succeed", func() bool { return strings.Contains(logged.String(), "renewals succeed again") })
 }
