@@ -1,0 +1,273 @@
+// complete.go holds completion: the Completer that transports report slices
+// to, the poller applying their results to the in-flight table, requests
+// ending (finished, canceled, timed out, closed) and the completions they
+// write to the CQ or the Sink.
+
+package ring
+
+import (
+	"errors"
+	"math/bits"
+	"slices"
+
+	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/sq"
+	"github.com/moonring/moonring/transport"
+)
+
+// Complete implements transport.Completer: it queues the slice's result for
+// the poller. Safe for concurrent use; it never blocks.
+func (r *Ring) Complete(tok uint64, err error) {
+	d := sliceDone{token: tok, code: codeOf(err)}
+	if !r.done.PushOne(&d) {
+		// Cannot happen: the poller posts at most done.Cap() slices at once.
+		panic("ring: slice completion queue overrun")
+	}
+	r.wake()
+}
+
+// wake gets a slice completion seen to. A parked poller lends its rings: the
+// transport goroutine that completed the slice steps them itself rather
+// than wake it, one wakeup less between a response and its CQE. An awake
+// poller costs one atomic load. (Submit does not borrow: measured, a caller
+// stepping the rings, writes included, cost more throughput than the
+// wakeup it saved.)
+func (r *Ring) wake() {
+	p := r.poller
+	if p.bell.Armed() && p.token.CompareAndSwap(false, true) {
+		more := p.stepLent()
+		p.token.Store(false)
+		if !more {
+			return
+		}
+	}
+	p.bell.Ring()
+}
+
+func codeOf(err error) cq.Code {
+	switch {
+	case err == nil:
+		return cq.CodeOK
+	case errors.Is(err, transport.ErrDenied):
+		return cq.CodeDenied
+	case errors.Is(err, transport.ErrRange):
+		return cq.CodeRemoteRange
+	case errors.Is(err, transport.ErrClosed):
+		return cq.CodeClosed
+	case errors.Is(err, transport.ErrNotSupported):
+		return cq.CodeNoTransport // the transport cannot do this at all (a notification over nvlink)
+	}
+	return cq.CodeTransport
+}
+
+// reap applies slice completions.
+func (r *Ring) reap() bool {
+	pos, n := r.done.Readable(256)
+	for i := 0; i < n; i++ {
+		d := r.done.Slot(pos + uint64(i))
+		r.applySlice(d.token, d.code)
+	}
+	r.done.Release(n)
+	return n > 0
+}
+
+func (r *Ring) applySlice(tok uint64, code cq.Code) {
+	idx, gen, i := splitToken(tok)
+	if int(idx) >= len(r.reqs) || r.reqs[idx].gen != gen || r.reqs[idx].state == stFree {
+		r.stats.Stale++
+		return
+	}
+	q := &r.reqs[idx]
+	q.outstanding--
+	r.outstanding--
+	switch {
+	case q.state == stZombie:
+		if q.outstanding == 0 {
+			r.release(idx)
+		}
+	case code == cq.CodeOK && i == q.nslices: // the notification was taken
+		r.finish(idx, cq.CodeOK)
+	case code == cq.CodeOK:
+		_, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
+		q.bytes += n
+		q.done++
+		if q.done == q.nslices {
+			if q.notify {
+				// Every byte is in place: now the notification.
+				r.redo = append(r.redo, token(idx, gen, q.nslices))
+			} else {
+				r.finish(idx, cq.CodeOK)
+			}
+		}
+	case code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit:
+		q.retries++
+		r.stats.Retries++
+		r.logRetry(q, code)
+		r.redo = append(r.redo, tok+attemptOne)
+	default:
+		r.finish(idx, code)
+	}
+}
+
+// finish completes a request; its slot is released when no slice is out.
+func (r *Ring) finish(idx int32, code cq.Code) {
+	q := &r.reqs[idx]
+	if q.state != stActive {
+		return
+	}
+	bytes := q.bytes
+	if code != cq.CodeOK {
+		bytes = 0 // a request that did not complete moved no bytes it can rely on
+	}
+	r.ended(q.seg, q.op, q.userData, code, bytes, max(r.now-q.started, 0))
+	q.state = stZombie
+	if q.outstanding == 0 {
+		r.release(idx)
+	}
+}
+
+// ended counts a finished request (took d ns, on the poller's clock) and
+// queues its completion.
+func (r *Ring) ended(seg *segtable.Segment[transport.Endpoint], op transport.Op, userData uint64, code cq.Code, bytes uint64, d int64) {
+	if code != cq.CodeOK && r.cfg.Logger != nil {
+		r.cfg.Logger.Info("moonring: request ended", "segment", seg.Name, "userdata", userData, "status", code.Status(), "err", code.Err())
+	}
+	r.countSegment(seg, op, code, bytes)
+	if code == cq.CodeOK {
+		// The poller's clock of this round: no clock read per request.
+		r.latency[min(bits.Len64(uint64(d)>>10), len(r.latency)-1)]++
+		r.latencySum += d
+	}
+	r.complete(userData, code, bytes)
+}
+
+func (r *Ring) release(idx int32) {
+	q := &r.reqs[idx]
+	gen := (q.gen + 1) & (1<<genBits - 1)
+	if gen == 0 {
+		gen = 1
+	}
+	q.buf, q.seg = nil, nil
+	q.bytes, q.posted, q.done, q.outstanding, q.retries = 0, 0, 0, 0, 0
+	q.notify, q.tag = false, 0
+	q.gen, q.state = gen, stFree
+	r.free = append(r.free, idx)
+	r.active--
+}
+
+// complete queues a completion for the CQ (or the sink).
+func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
+	r.stats.Codes[code]++
+	switch code {
+	case cq.CodeOK:
+		r.stats.Requests++
+		r.stats.Bytes += bytes
+	case cq.CodeTimeout:
+		r.stats.Timeouts++
+	case cq.CodeCanceled:
+		r.stats.Canceled++
+	default:
+		r.stats.Failed++
+	}
+	if r.cfg.Sink != nil {
+		// A field, not a local: a local passed to an interface method
+		// would escape to the heap on every completion.
+		r.sinkCQE = cq.Completion{UserData: userData, Bytes: bytes, Status: code.Status(), Code: code}
+		r.cfg.Sink.Complete(&r.sinkCQE)
+		return
+	}
+	r.cqes = append(r.cqes, cq.Completion{UserData: userData, Bytes: bytes, Status: code.Status(), Code: code})
+	// While taking, cqes may grow past its capacity: take pops at most 64
+	// entries, but posting one can end earlier requests too (a failed
+	// post), so up to 64+MaxInFlight; rare, and the capacity is kept.
+	if len(r.cqes) >= cap(r.cqes) && !r.taking {
+		r.flushCQ()
+	}
+}
+
+func (r *Ring) flushCQ() {
+	if len(r.cqes) > 0 {
+		r.cq.PostBatch(r.cqes)
+		r.cqes = r.cqes[:0]
+	}
+}
+
+// cancel finishes the active request with userData.
+//
+// A request taken in this round may have slices cut and not yet posted:
+// they leave the batch first, since once the request's slot is released
+// (at once, with no slice out) nothing may reach the transport in its name.
+func (r *Ring) cancel(userData uint64) {
+	for i := range r.reqs {
+		if q := &r.reqs[i]; q.state == stActive && q.userData == userData {
+			r.batch = slices.DeleteFunc(r.batch, func(s transport.Slice) bool { return s.Token&(1<<idxBits-1) == uint64(i) })
+			r.finish(int32(i), cq.CodeCanceled)
+			return
+		}
+	}
+}
+
+// expire times out overdue requests and computes the next deadline.
+func (r *Ring) expire(t int64) {
+	next := int64(1<<63 - 1)
+	for i := range r.reqs {
+		q := &r.reqs[i]
+		if q.state != stActive {
+			continue
+		}
+		if q.deadline <= t {
+			r.finish(int32(i), cq.CodeTimeout)
+		} else if q.deadline < next {
+			next = q.deadline
+		}
+	}
+	r.nextCheck = next
+}
+
+// shutdown completes everything with ErrClosed: entries left in the SQ and
+// active requests. Poller only.
+func (r *Ring) shutdown() {
+	r.drainSQ()
+	for i := range r.reqs {
+		r.finish(int32(i), cq.CodeClosed)
+	}
+	r.flushCQ()
+	r.detached = true
+	r.shutOnce.Do(func() { close(r.shut) })
+}
+
+// drainSQ completes the entries left in the SQ with ErrClosed. Poller only.
+func (r *Ring) drainSQ() {
+	for {
+		pos, n := r.sq.Peek(64)
+		if n == 0 {
+			break
+		}
+		for i := 0; i < n; i++ {
+			if e := r.sq.Entry(pos + uint64(i)); e.Op != sq.Cancel {
+				r.complete(e.UserData, cq.CodeClosed, 0)
+			}
+		}
+		r.sq.Advance(n)
+	}
+	r.flushCQ()
+}
+
+// uses reports whether a request in the table (active or waiting for its
+// slices) names buf or seg. Poller only.
+func (r *Ring) uses(buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint]) bool {
+	if r.active == 0 {
+		return false
+	}
+	for i := range r.reqs {
+		q := &r.reqs[i]
+		if q.state != stFree && ((buf != nil && q.buf == buf) || (seg != nil && q.seg == seg)) {
+			return true
+		}
+	}
+	return false
+}
+
+// draining reports whether a detached ring still has slices out.
+func (r *Ring) draining() bool { return r.active > 0 }

@@ -1,0 +1,260 @@
+// intake.go holds the poller's round over one ring (step, and stepLent for
+// a goroutine that borrows a parked poller's rings), when the ring next
+// needs its poller, and the SQ intake: taking entries while slots are free,
+// checking each against the buffer and segment tables, and starting it in
+// a slot of the in-flight table.
+
+package ring
+
+import (
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/sq"
+	"github.com/moonring/moonring/transport"
+)
+
+// now is the poller's clock: nanoseconds since process start, monotonic.
+var epoch = time.Now()
+
+func now() int64 { return int64(time.Since(epoch)) }
+
+// step does one round of work and reports whether it did any. Poller only.
+func (r *Ring) step(t int64) bool {
+	r.now = t
+	work := r.reap()
+	if len(r.redo) > 0 {
+		work = r.postRedo() || work
+	}
+	if r.postHead < len(r.postq) {
+		work = r.postPending() || work
+	}
+	work = r.take(t) || work
+	r.flush()
+	if r.active > 0 && t >= r.nextCheck {
+		r.expire(t)
+	}
+	r.holds.Release()
+	if r.inlineBytes >= 256<<10 {
+		r.poller.slow = true // the round took long: read the clock again
+	}
+	r.inlineBytes = 0
+	r.flushCQ()
+	return work
+}
+
+// stepLent is step for a goroutine borrowing a parked poller's rings (see
+// Ring.wake): a transport goroutine that just completed a slice. It does
+// everything step does but synchronous copies, which could be large: their
+// slices are left for the poller, and stepLent reports that it must wake
+// (as it does for any work left).
+func (r *Ring) stepLent(t int64) (wake bool) {
+	r.lent = true
+	r.step(t)
+	r.lent = false
+	deferred := r.deferred
+	r.deferred = false
+	return deferred || r.ready()
+}
+
+// ready reports whether step would find work that needs no other event.
+func (r *Ring) ready() bool {
+	if !r.done.Empty() {
+		return true
+	}
+	if r.sq.Empty() {
+		return false
+	}
+	if len(r.free) > 0 || r.blockedSince == 0 {
+		return true // take starts entries, or starts the blocked ring's clock
+	}
+	// Blocked: the head entry goes only if it needs no slot (a Nop, a
+	// Cancel); entries behind it wait their turn.
+	pos, n := r.sq.Peek(1)
+	if n != 1 {
+		return false
+	}
+	op := r.sq.Entry(pos).Op
+	return op != sq.Read && op != sq.Write
+}
+
+// wakeAt returns when the ring next needs its poller without any event: a
+// deadline of a request in flight, the timeout of the entry blocked at the
+// head of the SQ, or soon when slices wait for an endpoint that refused
+// them (room there may come from another poller's rings, whose completions
+// do not wake this one). Poller only.
+func (r *Ring) wakeAt(t int64) int64 {
+	at := int64(1<<63 - 1)
+	if len(r.redo) > 0 || r.postHead < len(r.postq) {
+		at = t + int64(100*time.Microsecond)
+	}
+	if r.active > 0 {
+		at = min(at, r.nextCheck)
+	}
+	if r.blockedSince != 0 {
+		if pos, n := r.sq.Peek(1); n == 1 {
+			if d := r.blockedSince + int64(r.sq.Entry(pos).Deadline(r.cfg.Timeout)); d > r.blockedSince {
+				at = min(at, d) // else it overflowed: no deadline worth the name
+			}
+		}
+	}
+	return at
+}
+
+// take pops new entries while slots are free.
+//
+// While every slot is taken the ring is blocked: a request at the head of
+// the SQ then times out once the ring has been blocked for longer than the
+// request's timeout, without a slot, so that no request waits past its
+// deadline for one (slots come back only when transports return slices).
+func (r *Ring) take(t int64) bool {
+	// Completions from before go out first: the copies below may take a
+	// while. From here to Advance no completion is published to the CQ
+	// (see complete): the caller must not see one for an entry still in
+	// the SQ, or a caller keeping Entries requests in flight could find it
+	// full. (A Sink, the batch API's, gets each completion at once; its
+	// submitter waits for room.)
+	r.flushCQ()
+	r.taking = true
+	if len(r.free) > 0 {
+		r.blockedSince = 0 // a slot came back: blocked again, the clock starts again
+	}
+	max := min(64, len(r.free)+1) // +1: Nops and Cancels need no slot
+	pos, n := r.sq.Peek(max)
+	i := 0
+	for ; i < n; i++ {
+		e := r.sq.Entry(pos + uint64(i))
+		if (e.Op == sq.Read || e.Op == sq.Write) && len(r.free) == 0 {
+			if r.blockedSince == 0 {
+				r.blockedSince = t
+			}
+			if t-r.blockedSince < int64(e.Deadline(r.cfg.Timeout)) {
+				break
+			}
+			r.complete(e.UserData, cq.CodeTimeout, 0)
+			continue
+		}
+		r.more = i < n-1
+		r.start(e, t)
+	}
+	r.more = false
+	if len(r.free) > 0 {
+		r.blockedSince = 0
+	}
+	r.sq.Advance(i)
+	r.taking = false
+	return i > 0
+}
+
+// reserved reports whether e has non-zero reserved bytes.
+func reserved(e *sq.Entry) bool {
+	// Entry is 64 bytes of 8-byte-aligned fields, so viewing it as eight
+	// words is sound; the words hold the reserved bytes at fixed places.
+	w := (*[8]uint64)(unsafe.Pointer(e))
+	return w[0]>>16&0xffff != 0 || w[1]>>32 != 0
+}
+
+func (r *Ring) start(e *sq.Entry, t int64) {
+	if e.Flags&^sq.FlagsMask != 0 || reserved(e) || !e.Op.Valid() || (e.Flags&sq.FlagNotify != 0 && e.Op != sq.Write) {
+		r.complete(e.UserData, cq.CodeInvalid, 0)
+		return
+	}
+	switch e.Op {
+	case sq.Nop:
+		r.complete(e.UserData, cq.CodeOK, 0)
+		return
+	case sq.Cancel:
+		r.cancel(e.Remote)
+		return
+	}
+	if e.Length == 0 || e.Length > r.cfg.MaxLength {
+		r.complete(e.UserData, cq.CodeLength, 0)
+		return
+	}
+	buf := r.tables.Buffers.Get(e.Buffer)
+	if buf == nil {
+		r.complete(e.UserData, cq.CodeBadBuffer, 0)
+		return
+	}
+	if !buf.Contains(e.Local, e.Length) {
+		r.complete(e.UserData, cq.CodeLocalRange, 0)
+		return
+	}
+	seg := r.tables.Segments.Get(e.Segment)
+	if seg == nil {
+		r.complete(e.UserData, cq.CodeBadSegment, 0)
+		return
+	}
+	if seg.Resolve(e.Remote, e.Length) < 0 {
+		r.complete(e.UserData, cq.CodeRemoteRange, 0)
+		return
+	}
+	reg := buf.Regs[seg.Transport].Load()
+	if reg == nil || (reg.Staged && seg.Staged == nil) {
+		r.complete(e.UserData, cq.CodeNoTransport, 0)
+		return
+	}
+	// No reference is taken: the request's slot in the in-flight table is
+	// the reference, and Uses reports it to an unregistering caller. A
+	// buffer or segment that began closing before this point is refused;
+	// one that begins after finds the slot when it asks the poller.
+	if buf.Closing() {
+		r.complete(e.UserData, cq.CodeBadBuffer, 0)
+		return
+	}
+	if seg.Closing() {
+		r.complete(e.UserData, cq.CodeBadSegment, 0)
+		return
+	}
+	size := seg.SliceSize
+	if size == 0 {
+		size = r.cfg.SliceSize
+	}
+	first := uint64(0) // the token of the first slice's first post
+	if e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size && !reg.Staged {
+		switch r.copyInline(e, buf, seg, reg.Handle) {
+		case inlineDone:
+			return
+		case inlineRetry:
+			first = attemptOne
+		}
+	}
+	idx := r.free[len(r.free)-1]
+	r.free = r.free[:len(r.free)-1]
+	q := &r.reqs[idx]
+	deadline := t + int64(e.Deadline(r.cfg.Timeout))
+	if deadline < t { // overflow: no deadline worth the name
+		deadline = 1<<63 - 1
+	}
+	// Field by field: a composite literal with pointers would be built
+	// aside and copied with write barriers.
+	q.userData, q.buf, q.seg = e.UserData, buf, seg
+	q.local, q.remote, q.length = e.Local, e.Remote, e.Length
+	q.sliceSize, q.deadline, q.handle = size, deadline, reg.Handle
+	q.started = t
+	q.nslices, q.rail, q.state, q.op = sliceCount(e.Length, size), r.rail, stActive, transport.Read
+	if e.Op == sq.Write {
+		q.op = transport.Write
+	}
+	q.notify, q.tag, q.staged = e.Flags&sq.FlagNotify != 0, e.Tag, reg.Staged
+	r.rail++
+	r.active++
+	if deadline < r.nextCheck || r.active == 1 {
+		r.nextCheck = deadline
+	}
+	if r.cfg.Sink != nil {
+		r.cfg.Sink.Started(e.UserData)
+	}
+	if first != 0 {
+		// The inline copy failed: its retry goes to the next rail.
+		q.retries++
+		r.stats.Retries++
+		r.logRetry(q, cq.CodeTransport)
+		q.posted = 1
+		r.redo = append(r.redo, token(idx, q.gen, 0)+first)
+		return
+	}
+	r.postq = append(r.postq, token(idx, q.gen, 0))
+	r.postPending()
+}

@@ -1,0 +1,200 @@
+// post.go holds slicing and posting: how a request is cut into slices, the
+// queue of requests with slices left to post, the batch of slices bound to
+// one endpoint, the notification that follows a request's data, and flush,
+// which hands the batch to the endpoint's Post.
+
+package ring
+
+import (
+	"unsafe"
+
+	"github.com/moonring/moonring/transport"
+)
+
+// sliceCount returns how many slices a request of length n is cut into: a
+// tail shorter than a quarter slice joins the slice before it.
+func sliceCount(n, size uint64) uint32 {
+	c := (n + size - 1) / size
+	if c > 1 && n-(c-1)*size < size/4 {
+		c--
+	}
+	if c > 1<<sliceBits-2 {
+		// MaxLength keeps this out of reach; stay in range anyway, with
+		// index c free for a notification.
+		c = 1<<sliceBits - 2
+	}
+	return uint32(c)
+}
+
+// MaxSlice returns the longest slice a ring posts with slice size size:
+// a tail shorter than a quarter slice joins the slice before it. (Requests
+// of more than 2^28-2 slices would get a longer last slice; MaxLength
+// keeps them out of reach.)
+func MaxSlice(size uint64) uint64 {
+	if size < 4 {
+		return size
+	}
+	return size + size/4 - 1
+}
+
+// sliceRange returns the offset and length of slice i of a request.
+func sliceRange(n, size uint64, count, i uint32) (off, length uint64) {
+	off = uint64(i) * size
+	if i == count-1 {
+		return off, n - off
+	}
+	return off, size
+}
+
+// live returns the active request a token names, or nil.
+func (r *Ring) live(tok uint64) *request {
+	idx, gen, _ := splitToken(tok)
+	if int(idx) >= len(r.reqs) {
+		return nil
+	}
+	q := &r.reqs[idx]
+	if q.gen != gen || q.state != stActive {
+		return nil
+	}
+	return q
+}
+
+// postPending appends the unposted slices of queued requests to the batch.
+func (r *Ring) postPending() bool {
+	if r.postHead > 0 {
+		// Keep postq within MaxInFlight entries (its capacity): a request
+		// appears in it once, and a refused round must not make it grow.
+		r.postq = r.postq[:copy(r.postq, r.postq[r.postHead:])]
+		r.postHead = 0
+	}
+	work := false
+	for r.postHead < len(r.postq) {
+		tok := r.postq[r.postHead]
+		q := r.live(tok)
+		for q != nil && q.posted < q.nslices {
+			if r.outstanding+len(r.batch) >= r.done.Cap() {
+				return work
+			}
+			idx, gen, _ := splitToken(tok)
+			if !r.add(q, token(idx, gen, q.posted)) {
+				return work
+			}
+			work = true
+			if r.live(tok) == nil {
+				break // a flush ended the request: its slot is free, or reused
+			}
+			q.posted++
+		}
+		r.postHead++
+	}
+	r.postq = r.postq[:0]
+	r.postHead = 0
+	return work
+}
+
+// add appends one slice to the batch, flushing first when the batch is full
+// or bound to another endpoint. It reports false when the endpoint refused
+// slices of the batch (flush queued them for redo) and tok was not added:
+// the caller keeps tok and stops for this round. A flush may also end q
+// (a synchronous copy failed): then tok is dropped, and add reports true;
+// callers check r.live(tok) before touching q again.
+func (r *Ring) add(q *request, tok uint64) bool {
+	ep := q.seg.Endpoint
+	if q.staged {
+		ep = q.seg.Staged
+	}
+	if len(r.batch) == cap(r.batch) || (len(r.batch) > 0 && r.batchEP != ep) {
+		if !r.flush() {
+			return false
+		}
+		if r.live(tok) == nil {
+			return true
+		}
+	}
+	_, _, i := splitToken(tok)
+	rails := ep.Rails()
+	r.batchEP = ep
+	r.batch = r.batch[:len(r.batch)+1]
+	sl := &r.batch[len(r.batch)-1]
+	sl.Rail = uint16((uint64(q.rail) + uint64(i) + attempt(tok)) % uint64(rails))
+	sl.LocalHandle = q.handle
+	sl.Token = tok
+	if i == q.nslices { // the notification, after every data slice
+		msg := r.message(q.userData)
+		sl.Op, sl.Remote, sl.Length = transport.Notify, q.tag, uint64(len(msg))
+		sl.Local = unsafe.Pointer(unsafe.SliceData(msg))
+		return true
+	}
+	off, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
+	sl.Op = q.op
+	sl.Local = q.buf.Pointer(q.local + off)
+	sl.Remote, sl.Length = q.remote+off, n
+	return true
+}
+
+// Messenger is implemented by Sinks that attach a message to the
+// notification of a request with FlagNotify.
+type Messenger interface {
+	// Message returns the message of userData's notification (at most
+	// transport.MaxNotifyMessage bytes), valid until the request completes.
+	Message(userData uint64) []byte
+}
+
+func (r *Ring) message(userData uint64) []byte {
+	if m, ok := r.cfg.Sink.(Messenger); ok {
+		return m.Message(userData)
+	}
+	return nil
+}
+
+// flush posts the batch and reports whether the endpoint took all of it.
+func (r *Ring) flush() bool {
+	if len(r.batch) == 0 {
+		return true
+	}
+	// No reference is held across a call into an endpoint: one may wait
+	// on a goroutine (shm's control socket reader) that waits for the
+	// reference to go.
+	r.holds.Release()
+	if cp, ok := r.batchEP.(transport.Copier); ok {
+		if r.lent {
+			// Not on a borrowed goroutine: the poller copies these.
+			for i := range r.batch {
+				r.redo = append(r.redo, r.batch[i].Token)
+			}
+			clear(r.batch)
+			r.batch = r.batch[:0]
+			r.batchEP = nil
+			r.deferred = true
+			return true
+		}
+		r.copyBatch(cp)
+		return true
+	}
+	// Count the slices as outstanding before posting: a transport may
+	// complete them inside Post.
+	for _, s := range r.batch {
+		r.reqs[s.Token&(1<<idxBits-1)].outstanding++
+	}
+	r.outstanding += len(r.batch)
+	n, err := r.batchEP.Post(r, r.batch)
+	n = min(max(n, 0), len(r.batch)) // slices before n were accepted, error or not
+	rest := r.batch[n:]
+	for _, s := range rest {
+		r.reqs[s.Token&(1<<idxBits-1)].outstanding--
+		r.outstanding--
+	}
+	for _, s := range rest {
+		switch {
+		case err == nil:
+			r.redo = append(r.redo, s.Token)
+		case r.live(s.Token) != nil:
+			r.fail(s.Token, err)
+		}
+	}
+	all := n == len(r.batch)
+	clear(r.batch) // drop pointers into buffers
+	r.batch = r.batch[:0]
+	r.batchEP = nil
+	return all
+}
