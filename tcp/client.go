@@ -423,8 +423,11 @@ func clientHello(nc net.Conn, br *bufio.Reader, key []byte) (maxLen uint32, err 
 		}
 		return 0, fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
 	}
-	if binary.BigEndian.Uint16(acc[:]) == helloBadKey {
+	switch binary.BigEndian.Uint16(acc[:]) {
+	case helloBadKey:
 		return 0, ErrAuth
+	case helloBusy:
+		return 0, fmt.Errorf("%w: the target serves as many connections as it takes (its MaxConns)", transport.ErrPeer)
 	}
 	if !hmac.Equal(acc[4:], mac(key, "target", cnonce, snonce)) {
 		return 0, fmt.Errorf("%w: the target does not hold the key", ErrAuth)

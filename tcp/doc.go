@@ -31,4 +31,10 @@
 // both sides hold the segment key; every frame names a buffer and its key,
 // and the target accepts only buffers registered remote-accessible. TLS, on
 // the same port, is one Config field away.
+//
+// A peer without the key holds little: the target bounds the connections
+// that have not proved it (Config.MaxHandshakes, overall and per source,
+// closing the oldest past the bound) and the time they have to
+// (HandshakeTimeout); those that did are bounded too (MaxConns) and closed
+// when idle (IdleTimeout). Transport.Refusals counts what was refused.
 package tcp

@@ -32,6 +32,7 @@ const (
 	helloBadVersion = 1
 	helloTLS        = 2
 	helloBadKey     = 3
+	helloBusy       = 4
 
 	keySize   = 32
 	nonceSize = 16

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"time"
 	"unsafe"
@@ -21,50 +22,18 @@ import (
 
 const helloTimeout = 10 * time.Second
 
-func (t *Transport) accept() {
-	defer t.wg.Done()
-	for {
-		c, err := t.ln.Accept()
-		if err != nil {
-			if t.closed.Load() {
-				return
-			}
-			t.cfg.Logger.Warn("tcp: accept", "err", err)
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		t.mu.Lock()
-		if t.closed.Load() {
-			t.mu.Unlock()
-			c.Close()
-			return
-		}
-		t.conns[c] = struct{}{}
-		t.wg.Add(1)
-		t.mu.Unlock()
-		go func() {
-			defer t.wg.Done()
-			err := t.serve(c)
-			t.mu.Lock()
-			delete(t.conns, c)
-			t.mu.Unlock()
-			c.Close()
-			if err != nil && !errors.Is(err, io.EOF) && !t.closed.Load() {
-				t.cfg.Logger.Info("tcp: connection closed", "peer", c.RemoteAddr(), "err", err)
-			}
-		}()
-	}
-}
-
 // serve runs the hello and then the frames of one connection.
-func (t *Transport) serve(raw net.Conn) error {
+func (t *Transport) serve(pc *peerConn) error {
+	raw := pc.c
 	if tc, ok := raw.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 		// A vanished initiator must not hold a region (and its Unregister)
 		// until the kernel gives up retransmitting, ~15 minutes.
 		setPeerTimeout(tc, t.cfg.PeerTimeout)
 	}
-	raw.SetDeadline(time.Now().Add(helloTimeout))
+	if t.cfg.HandshakeTimeout > 0 {
+		raw.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout))
+	}
 	nb := &nbReader{Conn: raw}
 	if tc, ok := raw.(*net.TCPConn); ok {
 		nb.rc, _ = tc.SyscallConn()
@@ -96,7 +65,7 @@ func (t *Transport) serve(raw net.Conn) error {
 		t.challenge(raw, helloTLS, nil)
 		return ErrTLSRequired
 	}
-	if err := t.hello(conn, br); err != nil {
+	if err := t.hello(conn, br, pc); err != nil {
 		return err
 	}
 	raw.SetDeadline(time.Time{})
@@ -166,8 +135,9 @@ func (t *Transport) challenge(w io.Writer, status uint16, snonce []byte) error {
 	return err
 }
 
-// hello proves to each other that both sides hold the segment key.
-func (t *Transport) hello(conn net.Conn, br *bufio.Reader) error {
+// hello proves to each other that both sides hold the segment key, and
+// logs pc in (MaxConns) before it accepts.
+func (t *Transport) hello(conn net.Conn, br *bufio.Reader, pc *peerConn) error {
 	var h [24]byte
 	if _, err := io.ReadFull(br, h[:]); err != nil {
 		return err
@@ -199,6 +169,11 @@ func (t *Transport) hello(conn net.Conn, br *bufio.Reader) error {
 		binary.BigEndian.PutUint16(acc[:], helloBadKey)
 		conn.Write(acc[:])
 		return ErrAuth
+	}
+	if err := t.admit(pc); err != nil {
+		binary.BigEndian.PutUint16(acc[:], helloBusy)
+		conn.Write(acc[:])
+		return err
 	}
 	copy(acc[4:], mac(t.key, "target", cnonce, snonce))
 	_, err := conn.Write(acc[:])
@@ -232,12 +207,24 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 	// without a timer update per frame.
 	deadline := false
 	var setAt time.Time
+	// While the connection waits for a request with nothing in flight, the
+	// read deadline is IdleTimeout's instead. It is armed when the
+	// connection goes idle and left alone while requests come (no timer
+	// update per frame): when it fires, the connection is closed only if
+	// no request came since it was armed, else it is armed again.
+	idleArmed := false
+	var served, servedAtArm uint64 // requests read, and when the idle deadline was armed
 	setDeadline := func() {
 		now := time.Now()
 		if !deadline || now.Sub(setAt) > t.cfg.FrameTimeout/2 {
 			conn.SetDeadline(now.Add(t.cfg.FrameTimeout))
 			deadline, setAt = true, now
+			idleArmed = false
 		}
+	}
+	armIdle := func() {
+		conn.SetReadDeadline(time.Now().Add(t.cfg.IdleTimeout))
+		idleArmed, servedAtArm = true, served
 	}
 	flush := func() error {
 		if mark < len(out) {
@@ -292,10 +279,25 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 				conn.SetDeadline(time.Time{})
 				deadline = false
 			}
+			if idle && !idleArmed && t.cfg.IdleTimeout > 0 {
+				armIdle()
+			}
 		}
-		if _, err := io.ReadFull(br, hdr[:]); err != nil {
-			return err
+		for got := 0; ; {
+			n, err := io.ReadFull(br, hdr[got:])
+			got += n
+			if err == nil {
+				break
+			}
+			if !idleArmed || !errors.Is(err, os.ErrDeadlineExceeded) {
+				return err
+			}
+			if got == 0 && served == servedAtArm {
+				return errIdle // nothing came since it was armed, IdleTimeout ago
+			}
+			armIdle()
 		}
+		served++
 		if err := req.decode(hdr[:], t.cfg.MaxLength); err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"slices"
 	"sort"
 	"strconv"
@@ -36,6 +37,17 @@ const (
 	DefaultMaxLength = 16 << 20
 	// DefaultPeerTimeout is Config.PeerTimeout's default.
 	DefaultPeerTimeout = 10 * time.Second
+	// DefaultMaxHandshakes is Config.MaxHandshakes's default.
+	DefaultMaxHandshakes = 64
+	// DefaultMaxHandshakesPerSource is Config.MaxHandshakesPerSource's
+	// default.
+	DefaultMaxHandshakesPerSource = 16
+	// DefaultHandshakeTimeout is Config.HandshakeTimeout's default.
+	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultMaxConns is Config.MaxConns's default.
+	DefaultMaxConns = 4096
+	// DefaultIdleTimeout is Config.IdleTimeout's default.
+	DefaultIdleTimeout = 5 * time.Minute
 )
 
 // Config configures a Transport. Zero fields take the defaults.
@@ -89,7 +101,41 @@ type Config struct {
 	// instead of the slices staying out: each holds its request's slot in
 	// the in-flight table, after the request timed out, until it returns.
 	PeerTimeout time.Duration
-	// Logger receives connection events (default: discard).
+	// MaxHandshakes bounds the connections the target holds that have not
+	// yet proved the segment key (default 64; negative: no bound). Each
+	// holds a descriptor: without a bound, idle sockets that never send a
+	// byte exhaust the process's descriptors and lock every peer out. A
+	// connection accepted past the bound closes the oldest of them, so
+	// that sockets held idle cannot keep a peer that proves the key out:
+	// a flood must outpace the hellos (MaxHandshakes arrivals within one
+	// hello's time) to refuse one. Refusals counts them (HandshakeCap).
+	MaxHandshakes int
+	// MaxHandshakesPerSource bounds those connections per source address
+	// (an IPv6 source counts by its /64; default 16; negative: no bound).
+	// A connection past it closes the oldest of its source's, so one host
+	// cannot take every handshake slot (Refusals.SourceCap).
+	MaxHandshakesPerSource int
+	// HandshakeTimeout bounds how long a connection may take to prove the
+	// key, TLS handshake included (default 10 s; negative: no bound).
+	HandshakeTimeout time.Duration
+	// MaxConns bounds the connections that proved the key (default 4096;
+	// negative: no bound). A hello past it is answered "busy" (accept
+	// status 4, PROTOCOL.md) and closed; the initiator's dial fails with
+	// ErrPeer and is retried (Refusals.ConnCap).
+	MaxConns int
+	// IdleTimeout closes a connection that proved the key once it has
+	// sent no request for this long with nothing in flight: every
+	// response sent and no payload moving (default 5 minutes; negative:
+	// never). The close comes between one and two IdleTimeouts after the
+	// last request (the timer is not moved per request). A connection
+	// moving a payload is bounded by FrameTimeout instead, however long
+	// the transfer. The initiator redials a rail closed so; a request it
+	// sent as the target closed comes back with ErrPeer, for the engine
+	// to retry (Refusals.Idle).
+	IdleTimeout time.Duration
+	// Logger receives connection events (default: discard). Refusals are
+	// logged at most once a second per reason, with the count of those
+	// not logged since.
 	Logger *slog.Logger
 }
 
@@ -127,6 +173,21 @@ func (c *Config) fill() error {
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = DefaultPeerTimeout
 	}
+	if c.MaxHandshakes == 0 {
+		c.MaxHandshakes = DefaultMaxHandshakes
+	}
+	if c.MaxHandshakesPerSource == 0 {
+		c.MaxHandshakesPerSource = DefaultMaxHandshakesPerSource
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -149,9 +210,12 @@ type Transport struct {
 	open     bool // the key is published in the descriptor
 	ln       net.Listener
 	addr     string
-	mu       sync.Mutex                // guards regs changes, conns, endpoints
+	mu       sync.Mutex                // guards regs changes, conns, endpoints, the admission state
 	regs     atomic.Pointer[[]*region] // sorted by id, then by registration
 	conns    map[net.Conn]struct{}
+	adm      admission // under mu
+	refused  [nReasons]atomic.Uint64
+	logs     [nReasons]rateLog
 	eps      map[*Endpoint]struct{}
 	closed   atomic.Bool
 	wg       sync.WaitGroup
@@ -189,7 +253,7 @@ func New(cfg Config) (*Transport, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	t := &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, eps: map[*Endpoint]struct{}{}, shutdown: make(chan struct{})}
+	t := &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, eps: map[*Endpoint]struct{}{}, shutdown: make(chan struct{}), adm: admission{sources: map[netip.Addr]int{}}}
 	if len(cfg.Key) > 0 {
 		h := hashKey(cfg.Key)
 		t.key = h[:]
