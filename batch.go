@@ -592,7 +592,7 @@ func (e *Engine) WaitBatch(ctx context.Context, id BatchID) error {
 		select {
 		case <-b.done:
 		case <-ctx.Done():
-			return ctx.Err()
+			return fmt.Errorf("moonring: wait batch %#x: %w", uint64(id), ctx.Err())
 		}
 	}
 	select { // drop a signal left from a race with the last completion
@@ -604,7 +604,10 @@ func (e *Engine) WaitBatch(ctx context.Context, id BatchID) error {
 
 // Transfer runs reqs as one batch and waits for all of them. It returns
 // nil when every request completed, else the first task's error with its
-// index. When ctx ends first the unfinished requests are canceled.
+// index. When ctx ends first the unfinished requests are canceled, and the
+// error of one that did not complete matches ErrCanceled and the context's
+// error (context.Canceled or context.DeadlineExceeded), so a caller tells
+// its own deadline from a CancelTransfer.
 func (e *Engine) Transfer(ctx context.Context, reqs ...TransferRequest) error {
 	id, err := e.AllocateBatchID(len(reqs))
 	if err != nil {
@@ -615,7 +618,8 @@ func (e *Engine) Transfer(ctx context.Context, reqs ...TransferRequest) error {
 		e.FreeBatchID(id)
 		return err
 	}
-	if werr := e.WaitBatch(ctx, id); werr != nil {
+	werr := e.WaitBatch(ctx, id)
+	if werr != nil {
 		for i := range reqs {
 			e.CancelTransfer(id, i)
 		}
@@ -625,6 +629,9 @@ func (e *Engine) Transfer(ctx context.Context, reqs ...TransferRequest) error {
 	for i := range reqs {
 		st, _ := e.GetTransferStatus(id, i)
 		if st.Status != COMPLETED {
+			if werr != nil {
+				return fmt.Errorf("moonring: transfer %d: %s: %w (%w)", i, st.Status, st.Err(), ctx.Err())
+			}
 			return fmt.Errorf("moonring: transfer %d: %s: %w", i, st.Status, st.Err())
 		}
 	}

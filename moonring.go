@@ -105,6 +105,12 @@ var (
 	ErrBusy = segtable.ErrBusy
 	// ErrNotRegistered: the memory is not (exactly) a registered buffer.
 	ErrNotRegistered = errors.New("moonring: memory not registered")
+	// ErrRegistered: Free of memory that a registered buffer lies in;
+	// unregister it first.
+	ErrRegistered = errors.New("moonring: memory still registered")
+	// ErrOverlap: a registration overlaps a registered buffer (or two of
+	// one batch overlap); nothing was registered.
+	ErrOverlap = segtable.ErrOverlap
 	// ErrBadBatch: unknown or freed BatchID, or task index out of range.
 	ErrBadBatch = errors.New("moonring: bad batch id or task")
 	// ErrBatchFull: more requests than the batch was allocated for.
@@ -293,6 +299,9 @@ type Engine struct {
 
 	batches batchTable
 	notes   chan Notification
+	// withdrawn is set by RemoveLocalSegment and cleared by
+	// PublishLocalSegment; guarded by mu.
+	withdrawn bool
 }
 
 // Notification is what a peer's WRITE with FlagNotify (or a
@@ -462,11 +471,19 @@ func (e *Engine) desc(remoteOnly bool) *segtable.SegmentDesc {
 }
 
 // publish refreshes the local segment's descriptor and republishes the
-// engine's segment. mu must be held (or the engine not yet shared).
+// engine's segment, unless RemoveLocalSegment withdrew it. mu must be held
+// (or the engine not yet shared).
 func (e *Engine) publish() error {
-	e.self.SetDesc(e.desc(false))
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
+	return e.publishCtx(ctx)
+}
+
+func (e *Engine) publishCtx(ctx context.Context) error {
+	e.self.SetDesc(e.desc(false))
+	if e.withdrawn {
+		return nil
+	}
 	if err := e.store.Put(ctx, e.desc(true)); err != nil {
 		return fmt.Errorf("moonring: publish segment %q to %s: %w", e.cfg.Name, e.cfg.Metadata, err)
 	}
@@ -949,6 +966,9 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 	}
 	e.mu.Unlock()
 	desc, err := e.store.Get(ctx, name)
+	if errors.Is(err, metadata.ErrForged) {
+		return 0, fmt.Errorf("moonring: open segment %q: its descriptor does not verify under this engine's segment key (another key, check Config.Key or MOONRING_KEY on both sides, or a forged descriptor): %w: %w", name, ErrDenied, err)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("moonring: open segment %q: %w", name, err)
 	}
@@ -977,7 +997,18 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 	if e.closed.Load() {
 		return 0, ErrClosed // its transports closed under the Opens
 	}
-	return 0, fmt.Errorf("moonring: open segment %q (store %s): %w", name, e.cfg.Metadata, errors.Join(append([]error{ErrNoTransport}, errs...)...))
+	// A peer that refused this engine's segment key is ErrDenied, not a
+	// missing transport: the fix is the key, on one side or the other.
+	why := ErrNoTransport
+	for _, err := range errs {
+		if errors.Is(err, transport.ErrDenied) || errors.Is(err, tcp.ErrAuth) || errors.Is(err, rdma.ErrAuth) {
+			why = ErrDenied
+		}
+	}
+	if why == ErrDenied {
+		return 0, fmt.Errorf("moonring: open segment %q: its engine refused this engine's segment key (check Config.Key, MOONRING_KEY, on both sides): %w", name, errors.Join(append([]error{why}, errs...)...))
+	}
+	return 0, fmt.Errorf("moonring: open segment %q (store %s): %w", name, e.cfg.Metadata, errors.Join(append([]error{why}, errs...)...))
 }
 
 // addSegment adds the segment OpenSegment reached through ep of t in slot,
@@ -1157,13 +1188,14 @@ func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 	return b, nil
 }
 
-// Free releases memory from Alloc. It refuses memory still registered.
+// Free releases memory from Alloc. It refuses memory still registered
+// (ErrRegistered).
 func (e *Engine) Free(b []byte) error {
 	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 	hi := lo + uintptr(cap(b))
 	for _, x := range e.buffers.All() {
 		if x.Addr < hi && lo < x.Addr+uintptr(x.Length) {
-			return fmt.Errorf("moonring: free: buffer %d lies in this memory: %w", x.ID, ErrBusy)
+			return fmt.Errorf("moonring: free: buffer %d lies in this memory (unregister it first): %w", x.ID, ErrRegistered)
 		}
 	}
 	for _, t := range e.installed() {

@@ -69,7 +69,8 @@ func (r *Ref) InUse() int { return int(r.v.Load() &^ closingBit) }
 func (r *Ref) Closing() bool { return r.v.Load()&closingBit != 0 }
 
 // Drain refuses new references and waits until none is held. If ctx ends
-// first it returns an error wrapping ErrBusy, and the entry accepts
+// first it returns an error wrapping ErrBusy and the context's error, and
+// the entry accepts
 // references again unless another Drain still waits.
 func (r *Ref) Drain(ctx context.Context) error { return r.DrainWhile(ctx, nil) }
 
@@ -90,7 +91,13 @@ func (r *Ref) DrainWhile(ctx context.Context, busy func() bool) error {
 				r.v.And(^uint64(closingBit))
 			}
 			r.mu.Unlock()
-			return fmt.Errorf("%w (%d in flight)", ErrBusy, r.InUse())
+			// Say who holds it: references (transports moving bytes)
+			// and requests the pollers track are counted apart.
+			held := fmt.Sprintf("%d transfers hold it", r.InUse())
+			if busy != nil && busy() {
+				held += ", requests in flight in the rings use it"
+			}
+			return fmt.Errorf("%w (%s): %w", ErrBusy, held, ctx.Err())
 		}
 		time.Sleep(wait)
 		if wait < time.Millisecond {

@@ -1,0 +1,200 @@
+package moonring_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/tcp"
+)
+
+// tcpPair is an initiator and a target engine over TCP on one store, with
+// a remote-accessible buffer of size at the target and a local one at the
+// initiator, and the target's segment open at the initiator.
+type tcpPair struct {
+	ini, tgt *moonring.Engine
+	local    []byte
+	remote   []byte
+	seg      moonring.SegmentID
+}
+
+func newTCPPair(t *testing.T, size int) *tcpPair {
+	t.Helper()
+	store := metadata.NewMemory()
+	key := []byte("api test key")
+	p := &tcpPair{
+		tgt: keyedEngine(t, store, t.Name()+"-target", key),
+		ini: keyedEngine(t, store, t.Name()+"-initiator", key),
+	}
+	p.local, p.remote = make([]byte, size), make([]byte, size)
+	if _, err := p.tgt.RegisterLocalMemory(p.remote, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.ini.RegisterLocalMemory(p.local, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if p.seg, err = p.ini.OpenSegment(t.Context(), p.tgt.Name()); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (p *tcpPair) write() moonring.TransferRequest {
+	return moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(p.local), TargetID: p.seg,
+		TargetOffset: uint64(moonring.AddressOf(p.remote)), Length: uint64(len(p.local))}
+}
+
+// TestTransferContextErrors: a Transfer whose context ends first fails
+// with an error that matches ErrCanceled and the context's own error, so a
+// caller tells its deadline from a CancelTransfer.
+func TestTransferContextErrors(t *testing.T) {
+	p := newTCPPair(t, 64<<20)
+	canceled, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := p.ini.Transfer(canceled, p.write())
+	if !errors.Is(err, moonring.ErrCanceled) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Transfer with a canceled context: %v, want ErrCanceled and context.Canceled", err)
+	}
+	expired, cancel2 := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
+	defer cancel2()
+	err = p.ini.Transfer(expired, p.write())
+	if !errors.Is(err, moonring.ErrCanceled) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Transfer past its deadline: %v, want ErrCanceled and context.DeadlineExceeded", err)
+	}
+	id, err := p.ini.AllocateBatchID(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.SubmitTransfer(id, []moonring.TransferRequest{p.write()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.WaitBatch(expired, id); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitBatch past its deadline: %v", err)
+	}
+	if err := p.ini.WaitBatch(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	p.ini.FreeBatchID(id)
+}
+
+// TestUnregisterContextError: an unregister that gives up on its context
+// says so (ErrBusy and the context's error) and names who holds the buffer.
+func TestUnregisterContextError(t *testing.T) {
+	p := newTCPPair(t, 256<<20)
+	id, err := p.ini.AllocateBatchID(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.SubmitTransfer(id, []moonring.TransferRequest{p.write()}); err != nil {
+		t.Fatal(err)
+	}
+	// Once a poller has taken it, the request holds the buffer.
+	for st, _ := p.ini.GetTransferStatus(id, 0); st.Status == moonring.WAITING; st, _ = p.ini.GetTransferStatus(id, 0) {
+		time.Sleep(10 * time.Microsecond)
+	}
+	expired, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
+	defer cancel()
+	err = p.ini.UnregisterLocalMemory(expired, p.local)
+	if err == nil {
+		t.Skip("the 64 MiB WRITE ended before the unregister looked (not an error; nothing to check)")
+	}
+	if !errors.Is(err, moonring.ErrBusy) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("UnregisterLocalMemory past its deadline: %v, want ErrBusy and context.DeadlineExceeded", err)
+	}
+	if err := p.ini.WaitBatch(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	p.ini.FreeBatchID(id)
+}
+
+// TestErrorsSayWhat: a wrong key is ErrDenied (at the descriptor and at the
+// transport), freeing registered memory is ErrRegistered, an overlapping
+// registration is ErrOverlap.
+func TestErrorsSayWhat(t *testing.T) {
+	store := metadata.NewMemory()
+	tgt := keyedEngine(t, store, "errors-target", []byte("key one"))
+	other := keyedEngine(t, store, "errors-other", []byte("key two"))
+	if _, err := other.OpenSegment(t.Context(), tgt.Name()); !errors.Is(err, moonring.ErrDenied) || !errors.Is(err, metadata.ErrForged) {
+		t.Fatalf("OpenSegment with another key: %v, want ErrDenied", err)
+	}
+	// One descriptor key, another TCP key: the descriptor verifies, the
+	// hello does not.
+	e, err := moonring.New(moonring.Config{Name: "errors-tcp", Metadata: store, Key: []byte("key one"), Transports: []string{"tcp"}, TCP: &tcp.Config{Key: []byte("key three")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := e.OpenSegment(t.Context(), tgt.Name()); !errors.Is(err, moonring.ErrDenied) || errors.Is(err, moonring.ErrNoTransport) {
+		t.Fatalf("OpenSegment refused by the TCP hello: %v, want ErrDenied", err)
+	}
+
+	buf, err := tgt.Alloc(1<<20, "cpu:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tgt.RegisterLocalMemory(buf[:4096], "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tgt.RegisterLocalMemory(buf[:8192], "cpu:0", false); !errors.Is(err, moonring.ErrOverlap) {
+		t.Fatalf("overlapping registration: %v, want ErrOverlap", err)
+	}
+	if err := tgt.Free(buf); !errors.Is(err, moonring.ErrRegistered) || errors.Is(err, moonring.ErrBusy) {
+		t.Fatalf("Free of registered memory: %v, want ErrRegistered", err)
+	}
+	if err := tgt.UnregisterLocalMemory(t.Context(), buf[:4096]); err != nil {
+		t.Fatal(err)
+	}
+	if err := tgt.Free(buf); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSegmentInfoAndRemove: Segment describes an open segment; a target's
+// RemoveLocalSegment makes it unopenable (and a registration meanwhile
+// does not publish it again) until PublishLocalSegment.
+func TestSegmentInfoAndRemove(t *testing.T) {
+	p := newTCPPair(t, 1<<16)
+	info, err := p.ini.Segment(p.seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Name != p.tgt.Name() || info.Transport != "tcp" || info.Epoch == 0 || len(info.Buffers) != 1 ||
+		info.Buffers[0].Addr != uint64(moonring.AddressOf(p.remote)) || info.Buffers[0].Length != uint64(len(p.remote)) {
+		t.Fatalf("Segment = %+v", info)
+	}
+	if _, err := p.ini.Segment(p.seg + 100); !errors.Is(err, moonring.ErrBadSegment) {
+		t.Fatalf("Segment of an unknown id: %v", err)
+	}
+	if err := p.tgt.RemoveLocalSegment(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	third := keyedEngine(t, metadataOf(p.tgt), t.Name()+"-third", []byte("api test key"))
+	if _, err := third.OpenSegment(t.Context(), p.tgt.Name()); !errors.Is(err, metadata.ErrNotFound) {
+		t.Fatalf("OpenSegment of a removed segment: %v, want ErrNotFound", err)
+	}
+	if _, err := p.tgt.RegisterLocalMemory(make([]byte, 4096), "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := third.OpenSegment(t.Context(), p.tgt.Name()); !errors.Is(err, metadata.ErrNotFound) {
+		t.Fatalf("a registration republished a removed segment: %v", err)
+	}
+	if err := p.tgt.RemoveLocalSegment(t.Context()); err != nil {
+		t.Fatalf("second RemoveLocalSegment: %v", err)
+	}
+	if err := p.tgt.PublishLocalSegment(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	seg, err := third.OpenSegment(t.Context(), p.tgt.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := third.Segment(seg); err != nil || len(info.Buffers) != 2 {
+		t.Fatalf("republished segment: %+v, %v", info, err)
+	}
+}
+
+func metadataOf(e *moonring.Engine) metadata.Store { return e.Config().Metadata }
