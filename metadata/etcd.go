@@ -2,6 +2,7 @@ package metadata
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"slices"
@@ -50,10 +51,28 @@ const (
 // EtcdConfig configures [NewEtcd]. Endpoints is required.
 type EtcdConfig struct {
 	// Endpoints are the client URLs of the etcd cluster's members,
-	// "http://10.0.0.1:2379" or "10.0.0.1:2379"; the client balances
-	// between them and fails over. TLS and authentication are not
-	// supported.
+	// "http://10.0.0.1:2379", "https://10.0.0.1:2379" or "10.0.0.1:2379";
+	// the client balances between them and fails over. [ParseEtcdURL]
+	// makes them, and the fields below, from the etcd:// form of the
+	// command's --metadata flag.
 	Endpoints []string
+	// TLS, when set, is the TLS configuration of the connections to
+	// etcd: RootCAs the CA of etcd's server certificates (nil: the
+	// system's roots), Certificates a client certificate for an etcd that
+	// requires one (--client-cert-auth). Endpoints must then be https://
+	// or bare host:port: NewEtcd refuses http:// ones, which etcd's client
+	// would reach in the clear. An https:// endpoint without TLS is
+	// reached with the system's roots. The store keeps a copy.
+	TLS *tls.Config
+	// Username and Password, set together, authenticate the store to
+	// etcd (etcd's auth; the user needs read and write access to Prefix).
+	// NewEtcd then authenticates at once, waiting up to DialTimeout: an
+	// etcd that refuses them fails it with [ErrDenied], one that does not
+	// answer with [ErrUnreachable]. Without TLS the password travels in
+	// the clear. An etcd that authenticates clients by their certificate
+	// needs neither.
+	Username string
+	Password string
 	// Prefix is prepended to a segment's name to make its key; default
 	// [DefaultEtcdPrefix]. Stores that should see each other's segments
 	// use the same prefix; nothing else under it may be written.
@@ -171,15 +190,28 @@ type etcdName struct {
 }
 
 // NewEtcd returns a store that keeps descriptors in the etcd cluster at
-// cfg.Endpoints. It sends no request: an etcd that is down shows in the
-// first call, which fails with [ErrUnreachable]. It fails when there is no
-// endpoint, TTL is below a second or DialTimeout negative.
+// cfg.Endpoints. Without a Username it sends no request: an etcd that is
+// down shows in the first call, which fails with [ErrUnreachable]. It
+// fails when there is no endpoint, TTL is below a second or DialTimeout
+// negative, when only one of Username and Password is set, when TLS is set
+// with an http:// endpoint, and when authentication fails (see
+// EtcdConfig.Username).
 func NewEtcd(cfg EtcdConfig) (*Etcd, error) {
 	switch {
 	case len(cfg.Endpoints) == 0:
 		return nil, errors.New("metadata etcd: no endpoints")
 	case slices.Contains(cfg.Endpoints, ""):
 		return nil, fmt.Errorf("metadata etcd: empty endpoint in %q", cfg.Endpoints)
+	case (cfg.Password == "") != (cfg.Username == ""):
+		return nil, errors.New("metadata etcd: Username and Password go together")
+	}
+	if cfg.TLS != nil {
+		for _, ep := range cfg.Endpoints {
+			if strings.HasPrefix(ep, "http://") {
+				return nil, fmt.Errorf("metadata etcd: endpoint %q is plain http, but TLS is configured: want https:// or HOST:PORT", ep)
+			}
+		}
+		cfg.TLS = cfg.TLS.Clone()
 	}
 	str := "etcd " + strings.Join(cfg.Endpoints, ",")
 	if cfg.Prefix == "" {
@@ -211,11 +243,22 @@ func NewEtcd(cfg EtcdConfig) (*Etcd, error) {
 			},
 			MinConnectTimeout: cfg.DialTimeout,
 		})},
+		TLS:      cfg.TLS,
+		Username: cfg.Username,
+		Password: cfg.Password,
 		// Failures reach the caller as errors; the client's own log
 		// would only repeat them.
 		Logger: zap.NewNop(),
 	})
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, rpctypes.ErrAuthFailed), errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrAuthNotEnabled),
+		status.Code(err) == codes.Unauthenticated, status.Code(err) == codes.PermissionDenied:
+		return nil, fmt.Errorf("metadata %s: %w: %v", str, ErrDenied, err)
+	case cfg.Username != "":
+		// Only the authentication talks to etcd in New.
+		return nil, fmt.Errorf("metadata %s: %w: authenticating: %v", str, ErrUnreachable, err)
+	default:
 		return nil, fmt.Errorf("metadata %s: %w", str, err)
 	}
 	e := &Etcd{

@@ -23,13 +23,15 @@ var _ Store = (*HTTP)(nil)
 
 // Errors of the HTTP store, beside those of [Store] and [ErrUnreachable].
 var (
-	// ErrDenied reports a Put or Delete that the metadata server refused
-	// for want of proof that the caller owns the name: it answered 401 (no
-	// owner token: the store has no HTTPConfig.Key and the server needs
-	// one) or 403 (a wrong token: another key, or a name that a server
-	// without the key bound to another owner). Nothing changed on the
-	// server. A retry does not help until the configuration is fixed or
-	// the other owner's entry goes (see [Server]).
+	// ErrDenied reports that a store's server refused the caller's
+	// credentials. From an [HTTP] store: a Put or Delete that the metadata
+	// server refused for want of proof that the caller owns the name: it
+	// answered 401 (no owner token: the store has no HTTPConfig.Key and
+	// the server needs one) or 403 (a wrong token: another key, or a name
+	// that a server without the key bound to another owner); nothing
+	// changed on the server. From [NewEtcd]: etcd refused the user and
+	// password. A retry does not help until the configuration is fixed or
+	// (HTTP) the other owner's entry goes (see [Server]).
 	ErrDenied = errors.New("metadata: server denied the change: not the name's owner")
 	// ErrQuota reports a Put that the metadata server refused (429)
 	// because it holds as many names or bytes of descriptors as it
