@@ -6,6 +6,8 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -49,6 +51,7 @@ type Endpoint struct {
 type dest struct {
 	addr string
 	key  []byte
+	pin  []byte // the SHA-256 of the peer's certificate (AutoTLS), or nil
 }
 
 type remoteBuf struct {
@@ -70,12 +73,12 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	if !ok {
 		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, transport.ErrUnreachable)
 	}
-	addr, key, err := t.parseEndpoint(ep)
+	addr, key, pin, err := t.parseEndpoint(ep)
 	if err != nil {
 		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, err)
 	}
 	e := &Endpoint{t: t, name: desc.Name, rails: make([]atomic.Pointer[conn], t.cfg.Rails), stop: make(chan struct{}), done: make(chan struct{})}
-	e.dest.Store(&dest{addr, key})
+	e.dest.Store(&dest{addr, key, pin})
 	e.Update(desc)
 	first, err := e.dial(ctx)
 	if err != nil {
@@ -110,9 +113,9 @@ func (e *Endpoint) Rails() int { return len(e.rails) }
 // redialed there; their slices fail with ErrPeer and the engine retries
 // them.
 func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
-	if addr, key, err := e.t.parseEndpoint(desc.Endpoints[Name]); err == nil {
-		if old := e.dest.Load(); old != nil && (old.addr != addr || !bytes.Equal(old.key, key)) {
-			e.dest.Store(&dest{addr, key})
+	if addr, key, pin, err := e.t.parseEndpoint(desc.Endpoints[Name]); err == nil {
+		if old := e.dest.Load(); old != nil && (old.addr != addr || !bytes.Equal(old.key, key) || !bytes.Equal(old.pin, pin)) {
+			e.dest.Store(&dest{addr, key, pin})
 			for i := range e.rails {
 				if c := e.rails[i].Load(); c != nil {
 					c.close(fmt.Errorf("%w: the peer moved to %s", transport.ErrPeer, addr))
@@ -336,13 +339,7 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 		deadline = d
 	}
 	raw.SetDeadline(deadline)
-	if cfg := e.t.cfg.ClientTLS; cfg != nil {
-		if cfg.ServerName == "" {
-			// As tls.Dial does: verify the peer as the host dialed. One
-			// ClientTLS serves every peer, so it cannot name each of them.
-			cfg = cfg.Clone()
-			cfg.ServerName, _, _ = net.SplitHostPort(to.addr)
-		}
+	if cfg := e.tlsConfig(to); cfg != nil {
 		tc := tls.Client(raw, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			raw.Close()
@@ -384,6 +381,43 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 	go c.send()
 	go c.receive()
 	return c, nil
+}
+
+// tlsConfig is how to dial to: pinned to its certificate when its
+// endpoint publishes one (AutoTLS), else ClientTLS; nil for plain TCP.
+func (e *Endpoint) tlsConfig(to *dest) *tls.Config {
+	if to.pin != nil {
+		pin := to.pin
+		cfg := &tls.Config{
+			// The certificate is self-signed: it is checked against the
+			// pin, which the signed descriptor carried, not against a CA.
+			InsecureSkipVerify: true,
+			MinVersion:         tls.VersionTLS13,
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) == 0 {
+					return ErrPinMismatch
+				}
+				if sum := sha256.Sum256(cs.PeerCertificates[0].Raw); subtle.ConstantTimeCompare(sum[:], pin) != 1 {
+					return ErrPinMismatch
+				}
+				return nil
+			},
+		}
+		if c := e.t.cert; c != nil {
+			cfg.Certificates = []tls.Certificate{*c}
+		} else if ct := e.t.cfg.ClientTLS; ct != nil {
+			cfg.Certificates = ct.Certificates
+		}
+		return cfg
+	}
+	cfg := e.t.cfg.ClientTLS
+	if cfg != nil && cfg.ServerName == "" {
+		// As tls.Dial does: verify the peer as the host dialed. One
+		// ClientTLS serves every peer, so it cannot name each of them.
+		cfg = cfg.Clone()
+		cfg.ServerName, _, _ = net.SplitHostPort(to.addr)
+	}
+	return cfg
 }
 
 func clientHello(nc net.Conn, br *bufio.Reader, key []byte) (maxLen uint32, err error) {

@@ -29,8 +29,12 @@
 //
 // A connection starts with an HMAC challenge over fresh nonces that proves
 // both sides hold the segment key; every frame names a buffer and its key,
-// and the target accepts only buffers registered remote-accessible. TLS, on
-// the same port, is one Config field away.
+// and the target accepts only buffers registered remote-accessible. The
+// frames after the hello are neither encrypted nor authenticated: a relay
+// on the path can read and change them. Config.AutoTLS closes that without
+// a PKI: a self-signed certificate whose hash the endpoint pins, in a
+// descriptor the engine signs (PROTOCOL.md, Security). TLS with a
+// certificate of one's own is Config.TLS.
 //
 // A peer without the key holds little: the target bounds the connections
 // that have not proved it (Config.MaxHandshakes, overall and per source,

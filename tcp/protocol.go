@@ -46,6 +46,10 @@ var (
 	ErrAuth = errors.New("tcp: segment key refused")
 	// ErrTLSRequired: the target accepts only TLS connections.
 	ErrTLSRequired = errors.New("tcp: target requires TLS")
+	// ErrPinMismatch: the peer's TLS certificate is not the one its
+	// endpoint pins (Config.AutoTLS): someone else answered at its
+	// address, a relay perhaps. It wraps ErrAuth.
+	ErrPinMismatch = fmt.Errorf("%w: the peer's TLS certificate is not the one its endpoint pins", ErrAuth)
 	// ErrProtocol: the peer broke the framing; the connection is closed.
 	ErrProtocol = errors.New("tcp: protocol error")
 )

@@ -147,7 +147,8 @@ func newSide(t testing.TB, cfg Config) *side {
 		t.Fatal(err)
 	}
 	s := &side{tr: tr}
-	if _, k, ok := strings.Cut(tr.Endpoint(), "/"); ok {
+	ep, _, _ := strings.Cut(tr.Endpoint(), "?") // less an AutoTLS pin
+	if _, k, ok := strings.Cut(ep, "/"); ok {
 		if s.k, err = hex.DecodeString(k); err != nil || len(s.k) != 32 {
 			t.Fatalf("endpoint %q: key is not 64 hex digits", tr.Endpoint())
 		}
@@ -217,8 +218,12 @@ func (s *side) register(t testing.TB, m []byte, remote bool) testBuf {
 func (s *side) desc(addr string, bufs ...testBuf) *segtable.SegmentDesc {
 	ep := s.tr.Endpoint()
 	if addr != "" {
-		_, k, _ := strings.Cut(ep, "/")
-		ep = addr + "/" + k
+		// host:port ends where the key ("/") or the pin ("?") starts.
+		if i := strings.IndexAny(ep, "/?"); i >= 0 {
+			ep = addr + ep[i:]
+		} else {
+			ep = addr
+		}
 	}
 	d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "target", Epoch: 1, Endpoints: map[string]string{Name: ep}}
 	for _, b := range bufs {

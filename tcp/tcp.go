@@ -3,13 +3,19 @@ package tcp
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/netip"
 	"slices"
@@ -75,8 +81,19 @@ type Config struct {
 	TLS *tls.Config
 	// RequireTLS refuses plain connections (needs TLS).
 	RequireTLS bool
-	// ClientTLS, when set, makes the initiator dial with TLS.
+	// ClientTLS, when set, makes the initiator dial with TLS. A peer whose
+	// endpoint pins a certificate (AutoTLS) is dialed with TLS and checked
+	// against its pin instead, whatever ClientTLS says.
 	ClientTLS *tls.Config
+	// AutoTLS gives the transport TLS without a PKI: New makes an ECDSA
+	// P-256 self-signed certificate in memory, the target serves TLS 1.3
+	// with it and refuses plain hellos (as RequireTLS does), and Endpoint
+	// publishes the SHA-256 of the certificate ("?tls=<hex>", see
+	// Fingerprint). A peer that reads the endpoint from a descriptor the
+	// engine signed dials TLS and accepts only that certificate, so that a
+	// relay on the path can neither read nor change the frames. The
+	// initiator presents the certificate too. Not with TLS.
+	AutoTLS bool
 	// DialTimeout bounds a dial and its hello (default 5 s).
 	DialTimeout time.Duration
 	// IOUring makes each connection's sender write through an io_uring of
@@ -197,8 +214,11 @@ func (c *Config) fill() error {
 	if c.SliceSize > uint64(c.MaxLength) {
 		return fmt.Errorf("tcp: bad config: SliceSize %d above MaxLength %d", c.SliceSize, c.MaxLength)
 	}
-	if c.RequireTLS && c.TLS == nil {
+	if c.RequireTLS && c.TLS == nil && !c.AutoTLS {
 		return errors.New("tcp: bad config: RequireTLS without TLS")
+	}
+	if c.AutoTLS && c.TLS != nil {
+		return errors.New("tcp: bad config: AutoTLS makes its own TLS config; TLS set too")
 	}
 	return nil
 }
@@ -220,7 +240,9 @@ type Transport struct {
 	closed   atomic.Bool
 	wg       sync.WaitGroup
 	shutdown chan struct{}
-	self     string // the engine's segment name, sent as From
+	self     string           // the engine's segment name, sent as From
+	cert     *tls.Certificate // AutoTLS's, or nil
+	pin      string           // hex SHA-256 of cert's DER, or ""
 	deliver  atomic.Pointer[func(*transport.Notification) error]
 }
 
@@ -262,6 +284,16 @@ func New(cfg Config) (*Transport, error) {
 		rand.Read(t.key)
 		t.open = true
 	}
+	if cfg.AutoTLS {
+		cert, err := autoCert()
+		if err != nil {
+			return nil, fmt.Errorf("tcp: AutoTLS: %w", err)
+		}
+		sum := sha256.Sum256(cert.Certificate[0])
+		t.cert, t.pin = cert, hex.EncodeToString(sum[:])
+		t.cfg.TLS = &tls.Config{Certificates: []tls.Certificate{*cert}, MinVersion: tls.VersionTLS13}
+		t.cfg.RequireTLS = true
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("tcp: listen: %w", err)
@@ -288,13 +320,24 @@ func (t *Transport) Name() string { return Name }
 // Addr returns the address peers dial.
 func (t *Transport) Addr() string { return t.addr }
 
-// Endpoint returns host:port, followed by "/<key hex>" in open mode.
+// Endpoint returns what a descriptor publishes for peers to dial:
+// host:port, followed by "/<key hex>" in open mode and by "?tls=<SHA-256
+// hex>" with AutoTLS (PROTOCOL.md, Endpoint). Safe for concurrent use.
 func (t *Transport) Endpoint() string {
+	ep := t.addr
 	if t.open {
-		return t.addr + "/" + hex.EncodeToString(t.key)
+		ep += "/" + hex.EncodeToString(t.key)
 	}
-	return t.addr
+	if t.pin != "" {
+		ep += "?tls=" + t.pin
+	}
+	return ep
 }
+
+// Fingerprint returns the SHA-256 of the AutoTLS certificate's DER in 64
+// lowercase hex digits, as Endpoint publishes it, or "" without AutoTLS.
+// The certificate lives as long as the Transport. Safe for concurrent use.
+func (t *Transport) Fingerprint() string { return t.pin }
 
 // SliceSize returns Config.SliceSize.
 func (t *Transport) SliceSize() uint64 { return t.cfg.SliceSize }
@@ -382,23 +425,68 @@ func hashKey(k []byte) [32]byte {
 	return out
 }
 
-// parseEndpoint splits a descriptor's tcp endpoint into address and key.
-func (t *Transport) parseEndpoint(ep string) (addr string, key []byte, err error) {
-	addr, k, open := strings.Cut(ep, "/")
+// parseEndpoint splits a descriptor's tcp endpoint,
+// <host:port>[/<key hex>][?tls=<SHA-256 hex>], into address, key and
+// certificate pin (nil when there is none).
+func (t *Transport) parseEndpoint(ep string) (addr string, key, pin []byte, err error) {
+	rest, query, pinned := strings.Cut(ep, "?")
+	if pinned {
+		h, ok := strings.CutPrefix(query, "tls=")
+		if !ok || len(h) != 2*sha256.Size || strings.ToLower(h) != h {
+			return "", nil, nil, fmt.Errorf("tcp: bad endpoint %q: want ?tls=<64 lowercase hex digits>", ep)
+		}
+		if pin, err = hex.DecodeString(h); err != nil {
+			return "", nil, nil, fmt.Errorf("tcp: bad endpoint %q: want ?tls=<64 lowercase hex digits>", ep)
+		}
+	}
+	addr, k, open := strings.Cut(rest, "/")
 	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return "", nil, fmt.Errorf("tcp: bad endpoint %q: %w", ep, err)
+		return "", nil, nil, fmt.Errorf("tcp: bad endpoint %q: %w", ep, err)
 	}
 	if !open {
 		if t.open {
-			return "", nil, fmt.Errorf("tcp: endpoint %q publishes no key and none is configured: %w", ep, ErrAuth)
+			return "", nil, nil, fmt.Errorf("tcp: endpoint %q publishes no key and none is configured: %w", ep, ErrAuth)
 		}
-		return addr, t.key, nil
+		return addr, t.key, pin, nil
 	}
 	key, err = hex.DecodeString(k)
 	if err != nil || len(key) != keySize {
-		return "", nil, fmt.Errorf("tcp: bad key in endpoint %q", ep)
+		return "", nil, nil, fmt.Errorf("tcp: bad key in endpoint %q", ep)
 	}
-	return addr, key, nil
+	return addr, key, pin, nil
+}
+
+// autoCert makes AutoTLS's certificate: ECDSA P-256, self-signed, in
+// memory. Peers check it by its hash, so its names and dates matter to no
+// one; it is valid from an hour ago (clocks differ) for ten years.
+func autoCert() (*tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: "moonring tcp"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.AddDate(10, 0, 0),
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
 }
 
 // peekConn replays bytes a bufio.Reader already took from the connection.
