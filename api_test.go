@@ -198,3 +198,43 @@ func TestSegmentInfoAndRemove(t *testing.T) {
 }
 
 func metadataOf(e *moonring.Engine) metadata.Store { return e.Config().Metadata }
+
+// TestTransferRequestForms: a TransferRequest names its local side by
+// buffer and offset as a ring Entry does; a bad one is refused with the
+// code that says why; the zero Opcode is not a transfer; a per-request
+// Timeout ends a task TIMEOUT.
+func TestTransferRequestForms(t *testing.T) {
+	p := newTCPPair(t, 256<<20)
+	id, err := p.ini.RegisterLocalMemory(make([]byte, 8192), "cpu:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := moonring.TransferRequest{Opcode: moonring.Read, Buffer: id, Local: 4096, TargetID: p.seg,
+		TargetOffset: uint64(moonring.AddressOf(p.remote)), Length: 4096}
+	if err := p.ini.Transfer(t.Context(), req); err != nil {
+		t.Fatalf("by buffer and offset: %v", err)
+	}
+	for _, c := range []struct {
+		name   string
+		change func(r *moonring.TransferRequest)
+		want   error
+	}{
+		{"past the buffer", func(r *moonring.TransferRequest) { r.Local = 8000 }, moonring.ErrLocalRange},
+		{"unknown buffer", func(r *moonring.TransferRequest) { r.Buffer = id + 1000 }, moonring.ErrBadBuffer},
+		{"both forms", func(r *moonring.TransferRequest) { r.Source = moonring.AddressOf(p.local) }, moonring.ErrInvalid},
+		{"zero opcode", func(r *moonring.TransferRequest) { r.Opcode = 0 }, moonring.ErrInvalid},
+		{"cancel opcode", func(r *moonring.TransferRequest) { r.Opcode = moonring.OpCancel }, moonring.ErrInvalid},
+	} {
+		r := req
+		c.change(&r)
+		if err := p.ini.Transfer(t.Context(), r); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	w := p.write()
+	w.Timeout = time.Millisecond
+	err = p.ini.Transfer(t.Context(), w)
+	if !errors.Is(err, moonring.ErrTimeout) {
+		t.Fatalf("256 MiB with a 1 ms Timeout: %v, want ErrTimeout", err)
+	}
+}

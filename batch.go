@@ -21,28 +21,49 @@ import (
 // even after its slot is reused.
 type BatchID uint64
 
-// Opcode is the direction of a TransferRequest.
-type Opcode uint8
+// Opcode is the direction of a TransferRequest: the Op of a ring Entry,
+// one type for both APIs.
+//
+// Deprecated: use Op.
+type Opcode = Op
 
+// The directions of a TransferRequest, as Mooncake names them: OpRead and
+// OpWrite. The zero Op (OpNop) is not a transfer and is refused.
 const (
-	// Read moves bytes from the target segment into Source.
-	Read Opcode = iota
-	// Write moves bytes from Source into the target segment.
-	Write
+	// Read moves bytes from the target segment into the local memory.
+	Read = OpRead
+	// Write moves bytes from the local memory into the target segment.
+	Write = OpWrite
 )
 
 // TransferRequest is one task of a batch, as in Mooncake's transfer engine.
+// Its local memory is named either by address (Source) or, as a ring Entry
+// names it, by registered buffer and offset (Buffer and Local).
 type TransferRequest struct {
-	Opcode Opcode
+	// Opcode is Read or Write.
+	Opcode Op
 	// Source is the address of the local memory: it must lie, with Length
-	// bytes after it, inside one registered buffer. See AddressOf.
+	// bytes after it, inside one registered buffer. See AddressOf. It must
+	// be 0 when Buffer is set.
 	Source uintptr
+	// Buffer, when not 0, names the local buffer (as RegisterLocalMemory
+	// returned it) and Local the offset in it, instead of Source.
+	Buffer BufferID
+	Local  uint64
 	// TargetID is the segment (LocalSegmentID for the engine's own memory).
 	TargetID SegmentID
 	// TargetOffset is the address in the target segment.
 	TargetOffset uint64
 	// Length is the number of bytes to move.
 	Length uint64
+	// Timeout bounds the task from SubmitTransfer (not from when a poller
+	// takes it): a task not done by then ends TIMEOUT. 0 means the
+	// engine's Config.Timeout. A task that timed out may still have slices
+	// out at its transport (TransferStatus says when that matters); they
+	// end by the transport's own deadline (tcp.Config.ResponseTimeout, 30
+	// s by default), which an UnregisterLocalMemory of its buffer waits
+	// for.
+	Timeout time.Duration
 	// Notify, on a Write, delivers a notification to the target engine
 	// once the bytes are in its memory; the task completes only after.
 	// Msg (at most 4096 bytes) must stay unchanged until the task ends.
@@ -370,6 +391,7 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 	slot, gen := int(id&0xffff), id.gen()
 	base := int(b.submitted.Load())
 	var es [32]sq.Entry
+	submitted := ring.Now() // tasks' deadlines count from here
 	for next := 0; next < len(reqs); {
 		node, n := -1, 0
 		for next < len(reqs) && n < len(es) {
@@ -390,15 +412,23 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 			node = tn
 			t := b.task(task)
 			t.node.Store(int32(node))
-			op := sq.Read
-			if req.Opcode == Write {
-				op = sq.Write
+			local := req.Local
+			if req.Buffer == 0 {
+				local = uint64(req.Source - buf.Addr)
 			}
-			es[n] = sq.Entry{Op: op, Segment: req.TargetID, Buffer: buf.ID, Local: uint64(req.Source - buf.Addr),
-				Remote: req.TargetOffset, Length: req.Length, UserData: userData(slot, gen, task)}
+			timeout := req.Timeout
+			if timeout <= 0 {
+				timeout = e.cfg.Timeout
+			}
+			deadline := submitted + int64(timeout)
+			if deadline < submitted {
+				deadline = 1<<63 - 1
+			}
+			es[n] = sq.Entry{Op: req.Opcode, Flags: sq.FlagDeadline, Segment: req.TargetID, Buffer: buf.ID, Local: local,
+				Remote: req.TargetOffset, Length: req.Length, UserData: userData(slot, gen, task), Timeout: uint64(deadline)}
 			t.msg = nil
 			if req.Notify != nil {
-				es[n].Flags, es[n].Tag = sq.FlagNotify, req.Notify.Tag
+				es[n].Flags, es[n].Tag = es[n].Flags|sq.FlagNotify, req.Notify.Tag
 				t.msg = req.Notify.Msg
 			}
 			n++
@@ -432,21 +462,33 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 	return nil
 }
 
-// check resolves a request's source to its buffer and checks its length
-// and segment.
+// check resolves a request's local side to its buffer and checks its
+// length and segment.
 func (e *Engine) check(req *TransferRequest) (*segtable.Buffer, error) {
 	if req.Opcode != Read && req.Opcode != Write {
-		return nil, fmt.Errorf("opcode %d: %w", req.Opcode, ErrInvalid)
+		return nil, fmt.Errorf("opcode %s (want Read or Write): %w", req.Opcode, ErrInvalid)
 	}
 	if req.Length == 0 {
 		return nil, ErrLength
 	}
 	if req.Notify != nil && (req.Opcode != Write || len(req.Notify.Msg) > transport.MaxNotifyMessage) {
-		return nil, fmt.Errorf("notify on a %s of %d message bytes: %w", map[Opcode]string{Read: "read", Write: "write"}[req.Opcode], len(req.Notify.Msg), ErrInvalid)
+		return nil, fmt.Errorf("notify on a %s of %d message bytes: %w", req.Opcode, len(req.Notify.Msg), ErrInvalid)
 	}
-	buf := e.buffers.Find(req.Source, req.Length)
-	if buf == nil {
-		return nil, fmt.Errorf("source [%#x, +%d): %w", req.Source, req.Length, ErrNotRegistered)
+	var buf *segtable.Buffer
+	switch {
+	case req.Buffer != 0 && req.Source != 0:
+		return nil, fmt.Errorf("both Source and Buffer set: %w", ErrInvalid)
+	case req.Buffer != 0:
+		if buf = e.buffers.Get(req.Buffer); buf == nil {
+			return nil, fmt.Errorf("buffer %d: %w", req.Buffer, ErrBadBuffer)
+		}
+		if !buf.Contains(req.Local, req.Length) {
+			return nil, fmt.Errorf("buffer %d [%d, +%d): %w", req.Buffer, req.Local, req.Length, ErrLocalRange)
+		}
+	default:
+		if buf = e.buffers.Find(req.Source, req.Length); buf == nil {
+			return nil, fmt.Errorf("source [%#x, +%d): %w", req.Source, req.Length, ErrNotRegistered)
+		}
 	}
 	if e.segments.Get(req.TargetID) == nil {
 		return nil, fmt.Errorf("segment %d: %w", req.TargetID, ErrBadSegment)

@@ -130,7 +130,7 @@ func (w *world) entry(rec []byte, ud uint64) sq.Entry {
 	ops := [8]sq.Op{sq.Write, sq.Read, sq.Write, sq.Read, sq.Nop, sq.Cancel, 4, 0xff}
 	e.Op = ops[rec[0]&7]
 	if rec[0]>>3 == 0x1f {
-		e.Flags = 2 // a flag this version does not know
+		e.Flags = 0x40 // a flag this version does not know
 	}
 	local := w.la1
 	switch rec[2] % 8 {

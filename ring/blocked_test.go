@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/sq"
 )
 
 // A request that waits for a slot while every slot is held by requests
@@ -195,3 +196,48 @@ type inFlightHook struct {
 }
 
 func (h *inFlightHook) InFlight() bool { return h.busy.Load() }
+
+// An entry with sq.FlagDeadline times out at its own deadline on the
+// rings' clock, counting the time it waited for a slot: while every slot is
+// held, a request whose deadline is near ends TIMEOUT then, and one whose
+// deadline is far off keeps waiting (with a relative Timeout it would have
+// timed out with the first, at the ring's 50 ms); one whose deadline passed
+// before the poller took it ends TIMEOUT without posting.
+func TestFlagDeadline(t *testing.T) {
+	ep := &fakeEP{hold: true}
+	h := newHarness(t, Config{Entries: 8, MaxInFlight: 1, Timeout: 50 * time.Millisecond}, ep, false)
+	far := h.write(2, 4096, 4096, 4096)
+	far.Flags, far.Timeout = sq.FlagDeadline, uint64(Now()+int64(time.Hour))
+	near := h.write(3, 8192, 8192, 4096)
+	near.Flags, near.Timeout = sq.FlagDeadline, uint64(Now()+int64(10*time.Millisecond))
+	h.submit(h.write(1, 0, 0, 4096), near, far)
+	seen := map[uint64]cq.Status{}
+	deadline := time.Now().Add(hang) // a hang detector, not a timing assertion
+	for len(seen) < 2 && time.Now().Before(deadline) {
+		if c := h.r.Peek(); c != nil {
+			seen[c.UserData] = c.Status
+			h.r.Advance(1)
+		} else {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if seen[3] != cq.Timeout || seen[1] != cq.Timeout {
+		t.Fatalf("ended: %v; want requests 1 (in flight, relative timeout) and 3 (near deadline) TIMEOUT", seen)
+	}
+	time.Sleep(100 * time.Millisecond) // past 2x the ring's Timeout: a relative one would have ended 2
+	if c := h.r.Peek(); c != nil && c.UserData == 2 {
+		t.Fatalf("request 2 ended %s before its deadline, an hour away", c.Status)
+	}
+	if n := ep.heldCount(); n > 2 {
+		t.Errorf("%d slices posted", n)
+	}
+
+	past := h.write(4, 0, 0, 4096)
+	past.Flags, past.Timeout = sq.FlagDeadline, uint64(Now()-1)
+	h2 := newHarness(t, Config{Entries: 8}, &fakeEP{hold: true}, false)
+	h2.submit(past)
+	waitFor(t, "no completion", func() bool { return h2.r.Peek() != nil })
+	if c := h2.r.Peek(); c.Status != cq.Timeout || c.UserData != 4 {
+		t.Fatalf("entry past its deadline: %+v, want TIMEOUT", c)
+	}
+}

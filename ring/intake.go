@@ -20,6 +20,17 @@ var epoch = time.Now()
 
 func now() int64 { return int64(time.Since(epoch)) }
 
+// Now returns the time on the rings' clock, in nanoseconds: the clock of
+// the deadlines of entries with sq.FlagDeadline. It never goes back.
+func Now() int64 { return now() }
+
+// headDeadline is when the entry at the head of the SQ of a ring blocked
+// since blocked (no free slot) times out: its own deadline with
+// sq.FlagDeadline, else blocked plus its timeout.
+func (r *Ring) headDeadline(e *sq.Entry, blocked int64) int64 {
+	return e.DeadlineAt(blocked, r.cfg.Timeout)
+}
+
 // step does one round of work and reports whether it did any. Poller only.
 func (r *Ring) step(t int64) bool {
 	r.now = t
@@ -94,9 +105,7 @@ func (r *Ring) wakeAt(t int64) int64 {
 	}
 	if r.blockedSince != 0 {
 		if pos, n := r.sq.Peek(1); n == 1 {
-			if d := r.blockedSince + int64(r.sq.Entry(pos).Deadline(r.cfg.Timeout)); d > r.blockedSince {
-				at = min(at, d) // else it overflowed: no deadline worth the name
-			}
+			at = min(at, r.headDeadline(r.sq.Entry(pos), r.blockedSince))
 		}
 	}
 	return at
@@ -129,7 +138,7 @@ func (r *Ring) take(t int64) bool {
 			if r.blockedSince == 0 {
 				r.blockedSince = t
 			}
-			if t-r.blockedSince < int64(e.Deadline(r.cfg.Timeout)) {
+			if t < r.headDeadline(e, r.blockedSince) {
 				break
 			}
 			r.complete(e.UserData, cq.CodeTimeout, 0)
@@ -170,6 +179,10 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	}
 	if e.Length == 0 || e.Length > r.cfg.MaxLength {
 		r.complete(e.UserData, cq.CodeLength, 0)
+		return
+	}
+	if e.Flags&sq.FlagDeadline != 0 && int64(min(e.Timeout, 1<<63-1)) <= t {
+		r.complete(e.UserData, cq.CodeTimeout, 0) // its deadline passed in the SQ
 		return
 	}
 	buf := r.tables.Buffers.Get(e.Buffer)
@@ -223,10 +236,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	idx := r.free[len(r.free)-1]
 	r.free = r.free[:len(r.free)-1]
 	q := &r.reqs[idx]
-	deadline := t + int64(e.Deadline(r.cfg.Timeout))
-	if deadline < t { // overflow: no deadline worth the name
-		deadline = 1<<63 - 1
-	}
+	deadline := e.DeadlineAt(t, r.cfg.Timeout)
 	// Field by field: a composite literal with pointers would be built
 	// aside and copied with write barriers.
 	q.userData, q.buf, q.seg = e.UserData, buf, seg

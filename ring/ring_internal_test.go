@@ -1016,7 +1016,7 @@ func TestBadEntries(t *testing.T) {
 		{"nop", cq.CodeOK, func(e *sq.Entry) { e.Op = sq.Nop }},
 		{"unknown op 4", cq.CodeInvalid, func(e *sq.Entry) { e.Op = 4 }},
 		{"unknown op 255", cq.CodeInvalid, func(e *sq.Entry) { e.Op = 255 }},
-		{"unknown flag", cq.CodeInvalid, func(e *sq.Entry) { e.Flags = 2 }},
+		{"unknown flag", cq.CodeInvalid, func(e *sq.Entry) { e.Flags = 0x40 }},
 		{"notify on a read", cq.CodeInvalid, func(e *sq.Entry) { e.Op = sq.Read; e.Flags = sq.FlagNotify }},
 		{"high flag", cq.CodeInvalid, func(e *sq.Entry) { e.Flags = 0x80 }},
 		{"reserved byte 2", cq.CodeInvalid, reservedAt(2)},
@@ -1045,7 +1045,7 @@ func TestBadEntries(t *testing.T) {
 		{"remote wrapping", cq.CodeRemoteRange, func(e *sq.Entry) { e.Remote = math.MaxUint64 - 2 }},
 		{"no registration for the transport", cq.CodeNoTransport, func(e *sq.Entry) { e.Buffer = unreg.ID }},
 		{"staged registration, no staged endpoint", cq.CodeNoTransport, func(e *sq.Entry) { e.Buffer = staged.ID }},
-		{"read: unknown op flag", cq.CodeInvalid, func(e *sq.Entry) { e.Op = sq.Read; e.Flags = 2 }},
+		{"read: unknown op flag", cq.CodeInvalid, func(e *sq.Entry) { e.Op = sq.Read; e.Flags = 0x40 }},
 		{"read: remote in the gap", cq.CodeRemoteRange, func(e *sq.Entry) { e.Op = sq.Read; e.Remote = h.r1 + hR1 }},
 	}
 	var es []sq.Entry

@@ -74,10 +74,15 @@ const (
 	// the request is in its memory; the request completes only after the
 	// target has taken the notification.
 	FlagNotify Flags = 1 << iota
+	// FlagDeadline makes Timeout the request's deadline on the ring's
+	// clock (ring.Now, in nanoseconds) instead of a duration from when the
+	// poller takes the entry: the time the entry waits in the SQ, or for
+	// a free slot, counts too. 0 with the flag is a deadline already past.
+	FlagDeadline
 )
 
 // FlagsMask holds the flags this version knows; others are refused.
-const FlagsMask = FlagNotify
+const FlagsMask = FlagNotify | FlagDeadline
 
 // Entry is one submission slot: 64 bytes, one cache line, no pointers.
 // Reserved bytes must be zero; an entry with non-zero reserved bytes, an
@@ -98,7 +103,8 @@ type Entry struct {
 	// UserData is echoed in the completion; never a Go pointer.
 	UserData uint64
 	// Timeout is the request's deadline in nanoseconds after the poller takes
-	// it; 0 means the engine's default.
+	// it; 0 means the engine's default. With FlagDeadline it is the
+	// deadline itself, on the ring's clock.
 	Timeout uint64
 	// Tag is the notification's tag when Flags has FlagNotify.
 	Tag uint64
@@ -118,6 +124,19 @@ func (e *Entry) Deadline(def time.Duration) time.Duration {
 		return def
 	}
 	return time.Duration(min(e.Timeout, math.MaxInt64))
+}
+
+// DeadlineAt returns the request's deadline on the ring's clock when the
+// poller takes it at t: Timeout itself with FlagDeadline, else t plus
+// Deadline(def), the latest time there is when that overflows.
+func (e *Entry) DeadlineAt(t int64, def time.Duration) int64 {
+	if e.Flags&FlagDeadline != 0 {
+		return int64(min(e.Timeout, math.MaxInt64))
+	}
+	if d := t + int64(e.Deadline(def)); d >= t {
+		return d
+	}
+	return math.MaxInt64
 }
 
 // ErrShort reports an encoded entry of the wrong length.
