@@ -673,8 +673,12 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 	if old != nil && renew {
 		changed := old.ttl != ttl
 		old.ttl = ttl
-		if tok != nil && !old.bound {
-			old.owner, old.bound, changed = hashToken(tok), true, true
+		if tok != nil {
+			// Binds an unbound name; with the key, rebinds one that a
+			// server without it bound to a token that was not the key's.
+			if h := hashToken(tok); !old.bound || !old.owner.equal(&h) {
+				old.owner, old.bound, changed = h, true, true
+			}
 		}
 		s.arm(name, old, now)
 		if changed {

@@ -201,4 +201,22 @@ func TestServerOwnerPersisted(t *testing.T) {
 	if w := request(t, s, "DELETE", seg+"a", nil, "Moonring-Owner", token("k", "a")); w.Code != 204 {
 		t.Fatalf("owner's DELETE after the restart: %d %s", w.Code, w.Body)
 	}
+
+	// A name a stranger bound while the server had no key: once the
+	// server has the key, the key's owner renews it and the binding is
+	// the key's, also after a restart without the key.
+	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 7, "owner")), "Moonring-Owner", token("stranger", "a")); w.Code != 204 {
+		t.Fatalf("stranger's PUT: %d %s", w.Code, w.Body)
+	}
+	s.Close()
+	s = newServer(t, metadata.ServerConfig{Dir: dir, Key: []byte("k")})
+	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 7, "owner")), "Moonring-Owner", token("k", "a"), "Moonring-Renew", "1"); w.Code != 204 {
+		t.Fatalf("the key's renewal: %d %s", w.Code, w.Body)
+	}
+	s.Close()
+	s = newServer(t, metadata.ServerConfig{Dir: dir})
+	attack(t, s, []string{"Moonring-Owner", token("stranger", "a")}, 403)
+	if w := request(t, s, "DELETE", seg+"a", nil, "Moonring-Owner", token("k", "a")); w.Code != 204 {
+		t.Fatalf("the key's DELETE: %d %s", w.Code, w.Body)
+	}
 }
