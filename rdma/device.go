@@ -23,7 +23,6 @@ import (
 // device is one opened RDMA device with its protection domain and
 // completion queue, shared by every queue pair on it.
 type device struct {
-	idx      int
 	name     string
 	ctx      *C.struct_ibv_context
 	pd       *C.struct_ibv_pd
@@ -58,12 +57,12 @@ type device struct {
 	cur       GID // the GID in use, under gidMu (re-chosen when the table changes)
 }
 
-func (t *Transport) openDevice(name string, idx int) (*device, error) {
+func (t *Transport) openDevice(name string) (*device, error) {
 	ctx, err := openDevice(name)
 	if err != nil {
 		return nil, err
 	}
-	d := &device{idx: idx, name: name, ctx: ctx, numa: numaNode(name)}
+	d := &device{name: name, ctx: ctx, numa: numaNode(name)}
 	fail := func(err error) (*device, error) {
 		d.free()
 		return nil, fmt.Errorf("rdma: %s: %w", name, err)
@@ -269,7 +268,7 @@ func (d *device) free() {
 	if d.ctx != nil {
 		C.ibv_close_device(d.ctx)
 	}
-	*d = device{idx: d.idx, name: d.name}
+	*d = device{name: d.name}
 }
 
 func (t *Transport) freeDevices() {

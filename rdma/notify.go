@@ -45,7 +45,6 @@ const (
 
 	// wr_id bits beside the queue pair id (high 32 bits).
 	recvBit = 1 << 31 // a receive work request
-	peerBit = 1 << 30 // on a queue pair a peer connected (target side)
 	lowMask = 1<<30 - 1
 )
 
@@ -97,7 +96,7 @@ func (a *msgArea) postRecvs(q *C.struct_ibv_qp, id uint32, peer bool) error {
 	for k := 0; k < notifySlots; k++ {
 		var rc C.int
 		if peer {
-			rc = C.mr_post_recv(q, C.uint64_t(a.bigAddr(k)), msgSize, C.uint32_t(a.lkey), C.uint64_t(uint64(id)<<32|recvBit|peerBit|uint64(k)))
+			rc = C.mr_post_recv(q, C.uint64_t(a.bigAddr(k)), msgSize, C.uint32_t(a.lkey), C.uint64_t(uint64(id)<<32|recvBit|uint64(k)))
 		} else {
 			rc = C.mr_post_recv(q, C.uint64_t(a.smallAddr(k)), ackSize, C.uint32_t(a.lkey), C.uint64_t(uint64(id)<<32|recvBit|uint64(k)))
 		}
@@ -188,6 +187,6 @@ func (p *peerQP) answerNote(k int, seq uint32, status uint8) int {
 	ack := a.small(k)
 	binary.BigEndian.PutUint32(ack, seq)
 	ack[4] = status
-	return int(C.mr_note_reply(p.q, C.uint64_t(a.bigAddr(k)), msgSize, C.uint32_t(a.lkey), C.uint64_t(uint64(p.id)<<32|recvBit|peerBit|uint64(k)),
-		C.uint64_t(a.smallAddr(k)), ackLen, C.uint64_t(uint64(p.id)<<32|peerBit|uint64(k))))
+	return int(C.mr_note_reply(p.q, C.uint64_t(a.bigAddr(k)), msgSize, C.uint32_t(a.lkey), C.uint64_t(uint64(p.id)<<32|recvBit|uint64(k)),
+		C.uint64_t(a.smallAddr(k)), ackLen, C.uint64_t(uint64(p.id)<<32|uint64(k))))
 }

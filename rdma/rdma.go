@@ -95,7 +95,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	var why []string
 	for _, name := range names {
-		d, err := t.openDevice(name, len(t.devs))
+		d, err := t.openDevice(name)
 		if err != nil {
 			if len(cfg.Devices) > 0 {
 				t.freeDevices()
@@ -147,15 +147,6 @@ func (t *Transport) Endpoint() string { return t.endpoint }
 
 // SliceSize returns Config.SliceSize.
 func (t *Transport) SliceSize() uint64 { return t.cfg.SliceSize }
-
-// DeviceNames returns the names of the devices in use, in index order.
-func (t *Transport) DeviceNames() []string {
-	out := make([]string, len(t.devs))
-	for i, d := range t.devs {
-		out[i] = d.name
-	}
-	return out
-}
 
 // GIDs returns the GID each device uses, in device order.
 func (t *Transport) GIDs() []GID {

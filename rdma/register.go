@@ -22,7 +22,6 @@ type region struct {
 	handle uint64
 	addr   uint64
 	length uint64
-	remote bool
 	mrs    []*C.struct_ibv_mr
 	lkeys  []uint32
 	order  []int // devices by preference for the buffer's NUMA node
@@ -44,7 +43,7 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	if t.freed {
 		return segtable.Registration{}, fmt.Errorf("rdma: register: %w", transport.ErrClosed)
 	}
-	r := &region{addr: uint64(b.Addr), length: b.Length, remote: b.Remote}
+	r := &region{addr: uint64(b.Addr), length: b.Length}
 	nodes := make([]int, len(t.devs))
 	for i, d := range t.devs {
 		nodes[i] = d.numa

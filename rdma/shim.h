@@ -75,7 +75,6 @@ typedef struct {
 	uint32_t status;
 	uint32_t vendor_err;
 	uint32_t byte_len;
-	uint32_t opcode;
 } mr_wc;
 
 // mr_poll polls up to n completions into out.
@@ -86,7 +85,6 @@ static int mr_poll(struct ibv_cq *cq, struct ibv_wc *wc, mr_wc *out, int n) {
 		out[i].status = wc[i].status;
 		out[i].vendor_err = wc[i].vendor_err;
 		out[i].byte_len = wc[i].byte_len;
-		out[i].opcode = wc[i].opcode;
 	}
 	return got;
 }
