@@ -49,6 +49,11 @@ const (
 	// serverLogInterval is the least time between two log lines of one
 	// kind of refusal.
 	serverLogInterval = 10 * time.Second
+	// serverReadingDescs bounds the bodies of PUTs being read at once, in
+	// MaxDescriptors (32 MiB by default): what a crowd of clients that
+	// need no credential (a server without the key creating free names)
+	// can make the server hold before it has looked at any of it.
+	serverReadingDescs = 32
 )
 
 // Defaults of the limits of [ServerConfig].
@@ -163,6 +168,10 @@ type ServerStats struct {
 	// ConnsRefused counts connections closed at accept because MaxConns
 	// were open.
 	ConnsRefused uint64
+	// Busy counts PUTs refused (503, Retry-After: 1) because the bodies
+	// of others being read at once already added up to 32
+	// MaxDescriptors.
+	Busy uint64
 }
 
 // Server is the metadata server of a deployment (`moonring
@@ -188,7 +197,10 @@ type ServerStats struct {
 //     would create a name past ServerConfig.MaxNames, or hold more than
 //     ServerConfig.MaxBytes bytes of descriptors, is refused with 429
 //     (Too Many Requests: a quota, which a retry can pass once names are
-//     deleted or expire).
+//     deleted or expire). While the bodies of the PUTs being read add up
+//     to 32 MaxDescriptors, another is refused with 503 and Retry-After:
+//     1 before its body is read: strangers who may create names (on a
+//     server without the key) cannot make it hold more.
 //   - DELETE /moonring/v1/segments/{name}?epoch=N: removes the descriptor
 //     if its epoch is N, whatever it is when N is 0 or absent (204); 404
 //     when the name holds none, 409 when the epochs differ, 400 when N is
@@ -273,15 +285,18 @@ type Server struct {
 	logf         func(string, ...any)
 	mux          *http.ServeMux
 
-	// authLog, sizeLog, namesLog and bytesLog log refusals of
-	// credentials, sizes and quotas; connLog connections refused; httpLog
-	// http.Server's errors.
-	authLog, sizeLog, namesLog, bytesLog, connLog, httpLog *rateLog
+	// authLog, sizeLog, namesLog, bytesLog and busyLog log refusals of
+	// credentials, sizes, quotas and reads; connLog connections refused;
+	// httpLog http.Server's errors.
+	authLog, sizeLog, namesLog, bytesLog, busyLog, connLog, httpLog *rateLog
 
 	conns atomic.Int64 // open through LimitListener
 	stats struct {
-		unauthenticated, forbidden, tooLarge, tooManyNames, tooManyBytes, connsRefused atomic.Uint64
+		unauthenticated, forbidden, tooLarge, tooManyNames, tooManyBytes, connsRefused, busy atomic.Uint64
 	}
+	// reading is the room the PUTs reading their bodies have reserved, in
+	// bytes, at most serverReadingDescs * maxDesc.
+	reading atomic.Int64
 
 	mu      sync.Mutex
 	closed  bool
@@ -369,7 +384,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
 	}
-	for _, l := range []**rateLog{&s.authLog, &s.sizeLog, &s.namesLog, &s.bytesLog, &s.connLog, &s.httpLog} {
+	for _, l := range []**rateLog{&s.authLog, &s.sizeLog, &s.namesLog, &s.bytesLog, &s.busyLog, &s.connLog, &s.httpLog} {
 		*l = newRateLog(s.logf, serverLogInterval)
 	}
 	if s.dir != "" {
@@ -476,6 +491,7 @@ func (s *Server) Stats() ServerStats {
 		TooManyNames:    s.stats.tooManyNames.Load(),
 		TooManyBytes:    s.stats.tooManyBytes.Load(),
 		ConnsRefused:    s.stats.connsRefused.Load(),
+		Busy:            s.stats.busy.Load(),
 	}
 }
 
@@ -635,7 +651,21 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 		s.tooLarge(w, r, name)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.maxDesc)))
+	room := int64(s.maxDesc) // what a body of unknown length may take
+	if r.ContentLength >= 0 {
+		room = r.ContentLength
+	}
+	if s.reading.Add(room) > serverReadingDescs*int64(s.maxDesc) {
+		s.reading.Add(-room)
+		s.stats.busy.Add(1)
+		msg := fmt.Sprintf("busy: the descriptors of other PUTs being read add up to %d bytes; try again", serverReadingDescs*int64(s.maxDesc))
+		s.busyLog.printf("refused PUT of segment %q from %s (503): %s", name, r.RemoteAddr, msg)
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, msg, http.StatusServiceUnavailable)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, room))
+	s.reading.Add(-room)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			s.tooLarge(w, r, name)

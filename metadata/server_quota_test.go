@@ -239,3 +239,36 @@ func TestServerPersistPerEntry(t *testing.T) {
 		t.Fatalf("b's file after its DELETE: %v", err)
 	}
 }
+
+// While the bodies of PUTs being read add up to 32 MaxDescriptors (clients
+// that send headers and then nothing), another PUT is refused at once
+// (503) and counted; once they go, PUTs are served again.
+func TestServerBusy(t *testing.T) {
+	s := newServer(t, metadata.ServerConfig{MaxDescriptor: 1000})
+	addr := servePublic(t, s)
+	var holders []net.Conn
+	defer func() {
+		for _, c := range holders {
+			c.Close()
+		}
+	}()
+	for i := range 32 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, c)
+		fmt.Fprintf(c, "PUT %sh%d HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n", seg, i)
+	}
+	body := padded(t, "a", 1, 500)
+	put := fmt.Sprintf("PUT %sa HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", seg, len(body), body)
+	waitFor(t, "a PUT refused while 32 bodies are being read", func() bool { return strings.Contains(rawRequest(t, addr, put), " 503 ") })
+	if st := s.Stats(); st.Busy == 0 {
+		t.Fatalf("Stats %+v", st)
+	}
+	for _, c := range holders {
+		c.Close()
+	}
+	holders = nil
+	waitFor(t, "a PUT served once the readers went", func() bool { return strings.Contains(rawRequest(t, addr, put), " 204 ") })
+}
