@@ -165,9 +165,13 @@ type tamperProxy struct {
 	target  string
 	edit    func() func(b []byte) int // returns how many bytes of b it changed
 	flipped atomic.Int64
-	mu      sync.Mutex
-	conns   []net.Conn
-	wg      sync.WaitGroup
+	// cut, when set, is asked for each connection: true makes the proxy
+	// pass the hello and the challenge, take the proof, and close both
+	// sides before the target's accept reaches the initiator.
+	cut   func() bool
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
 }
 
 func newTamperProxy(t *testing.T, target string, edit func() func([]byte) int) *tamperProxy {
@@ -205,6 +209,26 @@ func (p *tamperProxy) accept() {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
+		if p.cut != nil && p.cut() {
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				defer c.Close()
+				defer s.Close()
+				var hello [24 + 32]byte
+				var ch [32]byte
+				if _, err := io.ReadFull(c, hello[:24]); err != nil {
+					return
+				}
+				s.Write(hello[:24])
+				if _, err := io.ReadFull(s, ch[:]); err != nil {
+					return
+				}
+				c.Write(ch[:])
+				io.ReadFull(c, hello[24:]) // the proof: kept from the target
+			}()
+			continue
+		}
 		p.wg.Add(2)
 		go func() { // target -> initiator, as it is
 			defer p.wg.Done()
@@ -214,7 +238,10 @@ func (p *tamperProxy) accept() {
 		go func() { // initiator -> target, edited
 			defer p.wg.Done()
 			defer s.Close()
-			edit := p.edit()
+			edit := func([]byte) int { return 0 }
+			if p.edit != nil {
+				edit = p.edit()
+			}
 			buf := make([]byte, 32<<10)
 			for {
 				n, err := c.Read(buf)

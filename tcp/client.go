@@ -81,6 +81,17 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	e.dest.Store(&dest{addr, key, pin})
 	e.Update(desc)
 	first, err := e.dial(ctx)
+	// A target that cut the hello short (its bounds on handshakes, a burst
+	// of dials from one host) or is busy is dialed again, with backoff,
+	// for up to DialTimeout.
+	for wait, start := 5*time.Millisecond, time.Now(); err != nil && (errors.Is(err, errCut) || errors.Is(err, errBusy)) && time.Since(start)+wait < t.cfg.DialTimeout; wait = min(2*wait, 500*time.Millisecond) {
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("tcp: open %s at %s: %w (%v)", desc.Name, addr, err, context.Cause(ctx))
+		}
+		first, err = e.dial(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("tcp: open %s at %s: %w", desc.Name, addr, err)
 	}
@@ -343,6 +354,9 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 		tc := tls.Client(raw, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			raw.Close()
+			if cutShort(err) {
+				return nil, fmt.Errorf("%w: tls: %w (%v)", transport.ErrPeer, errCut, err)
+			}
 			return nil, fmt.Errorf("tcp: tls: %w", err)
 		}
 		nc = tc
@@ -420,6 +434,28 @@ func (e *Endpoint) tlsConfig(to *dest) *tls.Config {
 	return cfg
 }
 
+// errCut marks a hello (or TLS handshake) that the target cut short by
+// closing the connection, and errBusy one it answered busy (MaxConns):
+// Open dials again, as a rail's redial would.
+var (
+	errCut  = errors.New("the target closed the connection during the hello")
+	errBusy = errors.New("the target serves as many connections as it takes (its MaxConns)")
+)
+
+// cutShort reports whether err is the peer closing or resetting the
+// connection.
+func cutShort(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// helloErr is the error of a hello that failed reading or writing.
+func helloErr(err error) error {
+	if cutShort(err) {
+		return fmt.Errorf("%w: hello: %w (%v)", transport.ErrPeer, errCut, err)
+	}
+	return fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
+}
+
 func clientHello(nc net.Conn, br *bufio.Reader, key []byte) (maxLen uint32, err error) {
 	var h [24]byte
 	copy(h[:], magic)
@@ -427,11 +463,11 @@ func clientHello(nc net.Conn, br *bufio.Reader, key []byte) (maxLen uint32, err 
 	cnonce := h[8:24]
 	rand.Read(cnonce)
 	if _, err := nc.Write(h[:]); err != nil {
-		return 0, fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
+		return 0, helloErr(err)
 	}
 	var ch [32]byte
 	if _, err := io.ReadFull(br, ch[:]); err != nil {
-		return 0, fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
+		return 0, helloErr(err)
 	}
 	if string(ch[:4]) != magic {
 		return 0, fmt.Errorf("%w: bad magic in challenge", ErrProtocol)
@@ -448,20 +484,20 @@ func clientHello(nc net.Conn, br *bufio.Reader, key []byte) (maxLen uint32, err 
 	snonce := ch[8:24]
 	maxLen = binary.BigEndian.Uint32(ch[24:])
 	if _, err := nc.Write(mac(key, "initiator", cnonce, snonce)); err != nil {
-		return 0, fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
+		return 0, helloErr(err)
 	}
 	var acc [36]byte
 	if _, err := io.ReadFull(br, acc[:]); err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return 0, fmt.Errorf("%w: the target closed the hello", ErrAuth)
-		}
-		return 0, fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
+		// A wrong key is answered (status 3): a target that closes instead
+		// gave up on the connection (a cap, Close), which is no refusal of
+		// the key.
+		return 0, helloErr(err)
 	}
 	switch binary.BigEndian.Uint16(acc[:]) {
 	case helloBadKey:
 		return 0, ErrAuth
 	case helloBusy:
-		return 0, fmt.Errorf("%w: the target serves as many connections as it takes (its MaxConns)", transport.ErrPeer)
+		return 0, fmt.Errorf("%w: %w", transport.ErrPeer, errBusy)
 	}
 	if !hmac.Equal(acc[4:], mac(key, "target", cnonce, snonce)) {
 		return 0, fmt.Errorf("%w: the target does not hold the key", ErrAuth)

@@ -22,6 +22,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -171,6 +173,60 @@ func TestSourceCap(t *testing.T) {
 	})
 }
 
+// TestOpenBurstFromOneSource: many initiators on one host (one source
+// address) open the same target at once, more than MaxHandshakesPerSource
+// together: the target closes the oldest handshakes past its bound, and
+// every Open still succeeds, dialing again.
+func TestOpenBurstFromOneSource(t *testing.T) {
+	targ := newSide(t, Config{MaxHandshakesPerSource: 4})
+	remote := targ.register(t, targ.alloc(t, page, 0), true)
+	const n = 32
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		// DialTimeout bounds Open's dialing again: a hang detector here.
+		init := newSide(t, Config{Rails: 1, DialTimeout: hang})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ep, err := init.tr.Open(context.Background(), targ.desc("", remote))
+			if err == nil {
+				ep.Close()
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("Open in a burst: %v", err)
+		}
+	}
+	t.Logf("handshakes closed for the per-source bound: %d", targ.tr.Refusals().SourceCap)
+}
+
+// TestHelloCut: a target that closes the connection after the proof,
+// before its accept (as one does when it closes a handshake for its
+// bounds), is no refusal of the key: Open dials again and gets in. It used
+// to fail Open with ErrAuth.
+func TestHelloCut(t *testing.T) {
+	targ := newSide(t, Config{})
+	remote := targ.register(t, targ.alloc(t, page, 0), true)
+	var conns atomic.Int64
+	px := newTamperProxy(t, targ.tr.Addr(), nil)
+	px.cut = func() bool { return conns.Add(1) == 1 } // the first connection
+	init := newSide(t, Config{Rails: 1})
+	ep, err := init.tr.Open(context.Background(), targ.desc(px.addr(), remote))
+	if err != nil {
+		t.Fatalf("Open through a first connection cut before the accept: %v", err)
+	}
+	ep.Close()
+	if conns.Load() < 2 {
+		t.Fatalf("%d connections, want the cut one and another", conns.Load())
+	}
+}
+
 // TestHandshakeTimeout: a connection that does not prove the key within
 // HandshakeTimeout is closed, whether it sent nothing or half a hello.
 func TestHandshakeTimeout(t *testing.T) {
@@ -209,13 +265,14 @@ func TestMaxConns(t *testing.T) {
 	}
 	expectEOF(t, c, "past MaxConns")
 
-	init := newSide(t, Config{})
+	// Open tries again for DialTimeout, then fails with ErrPeer.
+	init := newSide(t, Config{DialTimeout: 200 * time.Millisecond})
 	_, err = init.tr.Open(context.Background(), targ.desc("", remote))
-	if !errors.Is(err, transport.ErrPeer) || errors.Is(err, ErrAuth) {
-		t.Fatalf("Open past MaxConns: %v, want ErrPeer", err)
+	if !errors.Is(err, transport.ErrPeer) || !errors.Is(err, errBusy) || errors.Is(err, ErrAuth) {
+		t.Fatalf("Open past MaxConns: %v, want ErrPeer (busy)", err)
 	}
-	if r := targ.tr.Refusals(); r.ConnCap != 2 || r.Auth != 0 {
-		t.Fatalf("Refusals %+v, want ConnCap 2", r)
+	if r := targ.tr.Refusals(); r.ConnCap < 2 || r.Auth != 0 {
+		t.Fatalf("Refusals %+v, want ConnCap 2 or more (Open tries again)", r)
 	}
 	first.c.Close()
 	waitFor(t, "a slot to free", func() bool { _, _, n := targ.admitted(); return n < 2 })

@@ -94,7 +94,10 @@ type Config struct {
 	// relay on the path can neither read nor change the frames. The
 	// initiator presents the certificate too. Not with TLS.
 	AutoTLS bool
-	// DialTimeout bounds a dial and its hello (default 5 s).
+	// DialTimeout bounds a dial and its hello (default 5 s). Open dials
+	// again, with backoff, within DialTimeout when the target closed the
+	// connection during the hello (its bounds on handshakes) or answered
+	// busy (MaxConns).
 	DialTimeout time.Duration
 	// IOUring makes each connection's sender write through an io_uring of
 	// its own (IORING_OP_WRITEV) instead of the netpoller, where the kernel
