@@ -69,14 +69,24 @@ const maxSize = 64 << 30
 // WRITE: the initiator checks READs against it.
 func pattern(i int) byte { return byte(i*7 ^ i>>9) }
 
-// benchKey is the segment key of a bench target and its initiator unless
-// MOONRING_KEY sets another.
-func benchKey() []byte {
-	if k := os.Getenv("MOONRING_KEY"); k != "" {
-		return []byte(k)
-	}
-	return []byte("moonring bench")
-}
+const benchHelp = `usage: moonring bench [flags]
+
+Sweep WRITE and READ over block sizes against a target and print GB/s,
+req/s and latency. By default the target is a child process this command
+starts on loopback; it gets a random segment key made for the run,
+through its environment (never its command line), and the key ends with
+the run. With --segment the target is another one (moonring serve, or
+bench --mode target), whose key this command must hold:
+
+` + keyHelp + `
+With no key, bench --segment reaches only a target serving --insecure.
+
+flags:
+`
+
+// targetStarted, when set (by tests), is told of each target process
+// bench starts and of the key it handed it.
+var targetStarted func(cmd *exec.Cmd, key []byte)
 
 func bench(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -97,11 +107,10 @@ func bench(args []string, out io.Writer) error {
 	verify := fs.Bool("verify", true, "check the data of every step")
 	asJSON := fs.Bool("json", false, "print results as JSON")
 	plotFile := fs.String("plot", "", "also draw GB/s and p99 latency against block size into this PNG file")
-	if err := fs.Parse(args); err != nil {
+	keyFile := fs.String("key-file", "", "--segment, --mode target: read the segment key from this file (mode 0600; default: $"+keyEnv+")")
+	insecure := fs.Bool("insecure", false, "--mode target: as serve --insecure")
+	if err := parseFlags(fs, args, out, benchHelp); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("bench: unexpected arguments %q (flags only)", fs.Args())
 	}
 	if *duration <= 0 {
 		return fmt.Errorf("bench: duration %v: want more than 0", *duration)
@@ -115,7 +124,11 @@ func bench(args []string, out io.Writer) error {
 		// initiator that started this process ends it so) or a signal.
 		stop := make(chan struct{})
 		go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
-		return serve([]string{"--listen", *listen, "--buffer-size", *bufSize, "--metadata", *meta}, out, stop)
+		sargs := []string{"--listen", *listen, "--buffer-size", *bufSize, "--metadata", *meta, "--key-file", *keyFile}
+		if *insecure {
+			sargs = append(sargs, "--insecure")
+		}
+		return serve(sargs, out, stop)
 	}
 	if *mode != "initiator" {
 		return fmt.Errorf("bad mode %q (want initiator or target)", *mode)
@@ -146,7 +159,7 @@ func bench(args []string, out io.Writer) error {
 	var tg *target
 	switch *protocol {
 	case "tcp", "shm":
-		tg, err = remoteTarget(*protocol, *noMap, *segment, *meta, *localName, bs[0])
+		tg, err = remoteTarget(*protocol, *noMap, *segment, *meta, *localName, *keyFile, bs[0])
 	case "local":
 		tg, err = localTarget(bs[0])
 	default:
@@ -247,19 +260,30 @@ func localTarget(size int) (*target, error) {
 }
 
 // remoteTarget opens the segment name over TCP or shm (proto), first
-// starting a target process on loopback when name is empty.
-func remoteTarget(proto string, noMap bool, name, meta, localName string, size int) (*target, error) {
+// starting a target process on loopback when name is empty: that process
+// and this one then share a key made for the run. Otherwise the key comes
+// from keyFile or MOONRING_KEY (loadKey).
+func remoteTarget(proto string, noMap bool, name, meta, localName, keyFile string, size int) (*target, error) {
 	if localName != "" && meta == "p2p" {
 		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
 	}
 	t := &target{transport: proto}
+	var key []byte
 	if name == "" {
 		self, err := os.Executable()
 		if err != nil {
 			return nil, err
 		}
+		key = newKey()
 		cmd := exec.Command(self, "bench", "--mode", "target", "--buffer-size", strconv.Itoa(size), "--metadata", meta)
+		// The key through the environment, which only this user can read
+		// (/proc/PID/environ), not the command line, which anyone can.
+		cmd.Env = append(slices.DeleteFunc(os.Environ(), func(v string) bool { return strings.HasPrefix(v, keyEnv+"=") }),
+			keyEnv+"="+string(key))
 		cmd.Stderr = os.Stderr
+		if targetStarted != nil {
+			targetStarted(cmd, key)
+		}
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
 			return nil, err
@@ -280,6 +304,11 @@ func remoteTarget(proto string, noMap bool, name, meta, localName string, size i
 		}
 		name = strings.TrimSuffix(f[2], ":")
 		go io.Copy(io.Discard, stdout)
+	} else {
+		var err error
+		if key, err = loadKey(keyFile); err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
 	}
 	var store metadata.Store
 	var err error
@@ -296,7 +325,7 @@ func remoteTarget(proto string, noMap bool, name, meta, localName string, size i
 		return nil, err
 	}
 	t.closers = append(t.closers, func() { store.Close() })
-	cfg := moonring.Config{Name: localName, Metadata: store, Transports: []string{proto}, TCP: &tcp.Config{Key: benchKey()}}
+	cfg := moonring.Config{Name: localName, Metadata: store, Transports: []string{proto}, TCP: &tcp.Config{Key: key}}
 	if proto == "shm" {
 		cfg.SHM = &shm.Config{NoMap: noMap}
 	}
@@ -320,6 +349,9 @@ func remoteTarget(proto string, noMap bool, name, meta, localName string, size i
 	}
 	if t.seg, err = ini.OpenSegment(ctx, name); err != nil {
 		t.close()
+		if key == nil {
+			err = fmt.Errorf("%w (no segment key given: --key-file FILE or %s)", err, keyEnv)
+		}
 		return nil, err
 	}
 	if t.transport, err = ini.SegmentTransport(t.seg); err != nil {

@@ -37,8 +37,39 @@ commands:
   serve   a standing target: serve a buffer over TCP until signalled
   info    show NUMA nodes, CPU features, NICs, transports and the config
   metadata-server  serve segment descriptors to http metadata stores (--listen, --dir)
+
+serve and bench take the segment key from --key-file FILE or from the
+environment variable MOONRING_KEY; "moonring <command> -h" says more.
 `)
 }
+
+// parseFlags parses a subcommand's flags. Its -h prints help, the flags'
+// defaults and returns flag.ErrHelp (main exits 0 on it); other mistakes
+// come back as one error, which main prints once. Stray arguments are
+// refused: every subcommand takes flags only.
+func parseFlags(fs *flag.FlagSet, args []string, out io.Writer, help string) error {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(out, help)
+			fs.SetOutput(out)
+			fs.PrintDefaults()
+			return err
+		}
+		return fmt.Errorf("%s: %w", fs.Name(), err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected arguments %q (flags only)", fs.Name(), fs.Args())
+	}
+	return nil
+}
+
+const infoHelp = `usage: moonring info
+
+Show NUMA nodes, CPU features, NICs, RDMA devices, the transports of this
+build and the engine's effective configuration. It opens no connection and
+reads no segment key (MOONRING_KEY and --key-file are serve's and bench's).
+`
 
 func run(args []string, out io.Writer) error {
 	if len(args) == 0 {
@@ -49,6 +80,9 @@ func run(args []string, out io.Writer) error {
 	case "bench":
 		return bench(args[1:], out)
 	case "info":
+		if err := parseFlags(flag.NewFlagSet("info", flag.ContinueOnError), args[1:], out, infoHelp); err != nil {
+			return err
+		}
 		return info(out)
 	case "metadata-server":
 		return metaServer(args[1:], out)

@@ -120,6 +120,7 @@ func TestInfo(t *testing.T) {
 
 // serve as a standing target, driven by bench --segment from "another host".
 func TestServeAndBench(t *testing.T) {
+	t.Setenv(keyEnv, "a key of the deployment")
 	stop := make(chan struct{})
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
@@ -227,6 +228,7 @@ func TestBenchRingAPIAndLocalName(t *testing.T) {
 // serve as its own process, signalled to stop, with bench --mode initiator
 // in this one: two processes, as on two hosts.
 func TestServeProcess(t *testing.T) {
+	t.Setenv(keyEnv, "a key of the deployment") // the child's too
 	p := childproc.Start(t, childproc.Config{Args: []string{"serve", "--listen", "127.0.0.1:0", "--buffer-size", "4M"},
 		Name: "serve", StopSignal: syscall.SIGTERM, StopWait: 30 * time.Second})
 	f := strings.Fields(p.Line)

@@ -20,6 +20,31 @@ import (
 	"github.com/moonring/moonring/tcp"
 )
 
+// stderr takes serve's and bench's warnings; tests replace it.
+var stderr io.Writer = os.Stderr
+
+const serveHelp = `usage: moonring serve [flags]
+
+A standing target: serve a buffer over TCP (and shm to peers of this host)
+until SIGINT or SIGTERM. The first line on stdout is
+"serving segment NAME: ...", NAME being what peers open (with p2p, the
+host:port of --listen).
+
+` + keyHelp + `
+Without a key, serve makes a random one for this run when it listens on
+loopback only: it writes it to a new file of mode 0600 in the temporary
+directory, names that file on its second line of stdout ("key: FILE ..."),
+and removes it when it stops; a peer then runs
+  moonring bench --segment NAME --key-file FILE
+(or MOONRING_KEY=$(cat FILE) moonring bench --segment NAME). Listening
+beyond loopback (--listen or --tcp-listen on 0.0.0.0, ::, a name or a
+host's address) needs a key, or --insecure: then the segment has no key,
+the descriptor publishes what opens it, and anyone who can reach
+--listen can read and write the buffer.
+
+flags:
+`
+
 // serve runs a standing target: it registers a buffer remote-accessible,
 // publishes its segment through its own p2p endpoint (the segment's name),
 // serves /metrics there, and runs until SIGINT or SIGTERM (or until stop is
@@ -28,21 +53,43 @@ import (
 func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7000", "the p2p metadata endpoint (the segment's name) and /metrics")
+	keyFile := fs.String("key-file", "", "read the segment key from this file (mode 0600; default: $"+keyEnv+")")
+	insecure := fs.Bool("insecure", false, "with no key, serve beyond loopback anyway: anyone who reaches --listen can read and write the buffer")
 	tcpListen := fs.String("tcp-listen", "", "the TCP transport's address (default: the endpoint's host, any port)")
 	bufSize := fs.String("buffer-size", "64M", "the buffer to serve")
 	noSHM := fs.Bool("no-shm", false, "serve over TCP only, without the same-host shm transport")
 	grace := fs.Duration("grace", 5*time.Second, "how long in-flight requests get at shutdown")
 	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
 	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, out, serveHelp); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("serve: unexpected arguments %q (flags only)", fs.Args())
 	}
 	sizes, err := parseSizes(*bufSize)
 	if err != nil || len(sizes) != 1 {
 		return fmt.Errorf("bad buffer-size %q", *bufSize)
+	}
+	key, err := loadKey(*keyFile)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	keyNote := ""
+	switch {
+	case key != nil:
+	case !loopback(*listen) || (*tcpListen != "" && !loopback(*tcpListen)):
+		if !*insecure {
+			return fmt.Errorf("serve: %w: --listen %s / --tcp-listen %q reach beyond loopback; give the key with --key-file FILE or %s (or --insecure to let anyone who reaches the port read and write the buffer)", errNeedKey, *listen, *tcpListen, keyEnv)
+		}
+		fmt.Fprintf(stderr, "moonring serve: WARNING: --insecure and no segment key: the segment's descriptor publishes what opens it, so ANYONE who can reach %s can read and write the served buffer\n", *listen)
+	case *insecure:
+		fmt.Fprintf(stderr, "moonring serve: WARNING: --insecure and no segment key: anyone on this host who can reach %s can read and write the served buffer\n", *listen)
+	default:
+		key = newKey()
+		file, err := writeKeyFile(key)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		defer os.Remove(file)
+		keyNote = fmt.Sprintf("key: %s (made for this run, mode 0600, removed at exit); peers: moonring bench --key-file %s, or %s=$(cat %s)\n", file, file, keyEnv, file)
 	}
 	var metrics atomic.Pointer[http.Handler] // set once the engine exists
 	metricsHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -100,7 +147,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	if *tcpListen == "" {
 		*tcpListen = net.JoinHostPort(host, "0")
 	}
-	cfg := moonring.Config{Name: segName, Metadata: store, TCP: &tcp.Config{Listen: *tcpListen, Key: benchKey()}}
+	cfg := moonring.Config{Name: segName, Metadata: store, TCP: &tcp.Config{Listen: *tcpListen, Key: key}}
 	if !*noSHM {
 		cfg.SHM = &shm.Config{}
 	}
@@ -128,6 +175,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		return err
 	}
 	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x, metadata %s\n", e.Name(), len(buf), moonring.AddressOf(buf), store)
+	fmt.Fprint(out, keyNote)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
