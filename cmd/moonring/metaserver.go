@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -26,20 +26,54 @@ var metaServerCtx = ctxMain
 // requests in flight.
 const metaServerGrace = 5 * time.Second
 
+const metaServerHelp = `usage: moonring metadata-server [flags]
+
+Serve segment descriptors to the engines' http metadata stores
+(--metadata http://HOST:PORT on serve and bench). Descriptors expire
+unless their owners renew them; --dir keeps them across restarts, a file
+each.
+
+Owners. With the deployment's segment key (--key-file FILE, or the
+environment variable ` + keyEnv + `; never on the command line), every PUT
+and DELETE must carry the owner token that the key derives for its name:
+nobody without the key can create, replace, renew or delete a name.
+Without a key, the server binds each name to the token of its creator
+(trust on first use) and refuses changes by anyone else until the entry
+goes; names created without a token stay open to anyone unless
+--require-owner. Tokens travel in the clear over http: beyond a trusted
+network, serve https (--tls-cert and --tls-key) and give the engines an
+https:// URL.
+
+Limits: descriptors over --max-descriptor are refused (413); a PUT past
+--max-names names or --max-bytes bytes of descriptors is refused (429);
+connections past --max-conns are closed at once. Refusals are logged on
+stderr at most once every ten seconds per kind.
+
+`
+
 // metaServer runs `moonring metadata-server`: it serves a metadata.Server
 // on --listen until SIGINT, SIGTERM or the end of metaServerCtx, then shuts
 // down gracefully. It prints one line, "metadata-server listening on
-// http://ADDR" with the bound address, once it accepts connections; what
-// the server logs (expiries) goes to stderr.
+// http://ADDR" (https with --tls-cert) with the bound address, once it
+// accepts connections; what the server logs (expiries, refusals) goes to
+// stderr.
 func metaServer(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("metadata-server", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are reported once, by main
 	listen := fs.String("listen", "127.0.0.1:8470", "the address to serve on (host:port; :0 picks a port)")
-	dir := fs.String("dir", "", "the directory that keeps the descriptors across restarts (default: memory only)")
+	dir := fs.String("dir", "", "the directory that keeps the descriptors across restarts, a file each (default: memory only)")
 	maxTTL := fs.Duration("max-ttl", metadata.DefaultMaxTTL, "the longest time to live a client may ask for")
+	keyFile := fs.String("key-file", "", "the file holding the segment key (mode 0600; default: $"+keyEnv+", else no key: names bound on first use)")
+	requireOwner := fs.Bool("require-owner", false, "without a key, refuse names created without an owner token")
+	maxDesc := fs.String("max-descriptor", "1M", "the largest descriptor a PUT may send (bytes; K and M suffixes)")
+	maxNames := fs.Int("max-names", metadata.DefaultMaxNames, "the most names the server holds")
+	maxBytes := fs.String("max-bytes", "256M", "the most bytes of descriptors the server holds (K and M suffixes)")
+	maxConns := fs.Int("max-conns", metadata.DefaultMaxConns, "the most connections open at once")
+	tlsCert := fs.String("tls-cert", "", "serve https with this certificate (PEM; with --tls-key)")
+	tlsKey := fs.String("tls-key", "", "the private key of --tls-cert (PEM)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(out, "usage: moonring metadata-server [--listen ADDR] [--dir DIR] [--max-ttl D]\n\n")
+			fmt.Fprint(out, metaServerHelp)
 			fs.SetOutput(out)
 			fs.PrintDefaults()
 			return nil
@@ -49,8 +83,36 @@ func metaServer(args []string, out io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("metadata-server: unexpected argument %q", fs.Arg(0))
 	}
+	if (*tlsCert == "") != (*tlsKey == "") {
+		return errors.New("metadata-server: --tls-cert and --tls-key go together")
+	}
+	if *maxNames <= 0 || *maxConns <= 0 {
+		return errors.New("metadata-server: --max-names and --max-conns must be positive")
+	}
+	var sizes [2]int
+	for i, s := range []string{*maxDesc, *maxBytes} {
+		v, err := parseSizes(s)
+		if err != nil || len(v) != 1 {
+			return fmt.Errorf("metadata-server: bad size %q", s)
+		}
+		sizes[i] = v[0]
+	}
+	key, err := loadKey(*keyFile)
+	if err != nil {
+		return fmt.Errorf("metadata-server: %w", err)
+	}
 	logger := log.New(os.Stderr, "metadata-server: ", log.LstdFlags)
-	srv, err := metadata.NewServer(metadata.ServerConfig{Dir: *dir, MaxTTL: *maxTTL, Logf: logger.Printf})
+	srv, err := metadata.NewServer(metadata.ServerConfig{
+		Dir:           *dir,
+		MaxTTL:        *maxTTL,
+		Key:           key,
+		RequireOwner:  *requireOwner,
+		MaxDescriptor: sizes[0],
+		MaxBytes:      int64(sizes[1]),
+		MaxNames:      *maxNames,
+		MaxConns:      *maxConns,
+		Logf:          logger.Printf,
+	})
 	if err != nil {
 		return err
 	}
@@ -59,18 +121,31 @@ func metaServer(args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("metadata-server: %w", err)
 	}
-	hs := &http.Server{
-		Handler:           srv,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          logger,
-	}
+	hs := srv.HTTPServer()
 	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
-	fmt.Fprintf(out, "metadata-server listening on http://%s\n", ln.Addr())
+	scheme := "http"
+	if *tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("metadata-server: TLS certificate: %w", err)
+		}
+		hs.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		scheme = "https"
+		go func() { served <- hs.ServeTLS(srv.LimitListener(ln), "", "") }()
+	} else {
+		go func() { served <- hs.Serve(srv.LimitListener(ln)) }()
+	}
+	switch {
+	case key == nil && *requireOwner:
+		logger.Printf("no segment key: each name is bound to the owner token that created it (trust on first use); names without one are refused")
+	case key == nil:
+		logger.Printf("no segment key: each name is bound to the owner token that created it (trust on first use); names created without one are open to anyone")
+	}
+	if key != nil && scheme == "http" && !loopback(ln.Addr().String()) {
+		logger.Printf("serving plain http beyond loopback: owner tokens travel in the clear, and an observer on the path can replay them (--tls-cert, --tls-key)")
+	}
+	fmt.Fprintf(out, "metadata-server listening on %s://%s\n", scheme, ln.Addr())
 
 	ctx, stop := signal.NotifyContext(metaServerCtx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
