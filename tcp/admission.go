@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -226,7 +227,10 @@ func (t *Transport) accept() {
 				if pc != nil {
 					pc.c.Close()
 					t.refuse(rDescriptors, pc.c.RemoteAddr(), nil)
-					continue // a descriptor is free now
+					// The descriptor is released once its goroutine's read
+					// has returned: let it run, then accept again.
+					runtime.Gosched()
+					continue
 				}
 			}
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)

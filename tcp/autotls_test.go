@@ -174,12 +174,12 @@ type tamperProxy struct {
 	wg    sync.WaitGroup
 }
 
-func newTamperProxy(t *testing.T, target string, edit func() func([]byte) int) *tamperProxy {
+func newTamperProxy(t *testing.T, target string, edit func() func([]byte) int, cut func() bool) *tamperProxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &tamperProxy{ln: ln, target: target, edit: edit}
+	p := &tamperProxy{ln: ln, target: target, edit: edit, cut: cut}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(func() {
@@ -336,7 +336,7 @@ func TestRelayTampering(t *testing.T) {
 	t.Run("plain: undetected", func(t *testing.T) {
 		targ := newSide(t, Config{})
 		remote := targ.register(t, targ.alloc(t, n, 0), true)
-		px := newTamperProxy(t, targ.tr.Addr(), flipWritePayloads)
+		px := newTamperProxy(t, targ.tr.Addr(), flipWritePayloads, nil)
 		init := newSide(t, Config{Rails: 1})
 		ep, err := init.tr.Open(context.Background(), targ.desc(px.addr(), remote))
 		if err != nil {
@@ -366,7 +366,7 @@ func TestRelayTampering(t *testing.T) {
 		targ := newSide(t, Config{AutoTLS: true})
 		remote := targ.register(t, targ.alloc(t, n, 0), true)
 		old := bytes.Clone(remote.mem)
-		px := newTamperProxy(t, targ.tr.Addr(), flipOnce)
+		px := newTamperProxy(t, targ.tr.Addr(), flipOnce, nil)
 		init := newSide(t, Config{AutoTLS: true, Rails: 1})
 		ep, err := init.tr.Open(context.Background(), targ.desc(px.addr(), remote))
 		if err != nil {

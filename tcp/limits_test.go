@@ -214,8 +214,7 @@ func TestHelloCut(t *testing.T) {
 	targ := newSide(t, Config{})
 	remote := targ.register(t, targ.alloc(t, page, 0), true)
 	var conns atomic.Int64
-	px := newTamperProxy(t, targ.tr.Addr(), nil)
-	px.cut = func() bool { return conns.Add(1) == 1 } // the first connection
+	px := newTamperProxy(t, targ.tr.Addr(), nil, func() bool { return conns.Add(1) == 1 }) // cut the first connection
 	init := newSide(t, Config{Rails: 1})
 	ep, err := init.tr.Open(context.Background(), targ.desc(px.addr(), remote))
 	if err != nil {
