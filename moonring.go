@@ -818,6 +818,20 @@ func (e *Engine) unregisterFrom(t transport.Transport, slot int, b *segtable.Buf
 	return nil
 }
 
+// unregisterFromContext is unregisterFrom for a caller with a deadline: a
+// transport that can bound its wait on peers
+// (transport.ContextUnregisterer) waits no longer than ctx. mu must be
+// held.
+func (e *Engine) unregisterFromContext(ctx context.Context, t transport.Transport, slot int, b *segtable.Buffer) error {
+	if cu, ok := t.(transport.ContextUnregisterer); ok {
+		if r := b.Regs[slot].Swap(nil); r != nil && !r.Staged {
+			return cu.UnregisterContext(ctx, b, *r)
+		}
+		return nil
+	}
+	return e.unregisterFrom(t, slot, b)
+}
+
 // startStaging makes st the engine's stager: its arena is registered,
 // local only, with every transport. Without an arena (the host cannot pin
 // it) device memory reaches only st's own peers, as the log says. mu must
@@ -892,7 +906,11 @@ func (e *Engine) stage(b *segtable.Buffer) {
 // UnregisterLocalMemory unregisters the buffer that starts at buf's first
 // byte. Requests taken from now on that name it fail; the call waits for
 // those in flight, and if ctx ends first it leaves the buffer registered
-// and returns an error wrapping ErrBusy.
+// and returns an error wrapping ErrBusy. It then waits for the transports
+// to withdraw the buffer from peers, and those that wait on peers (tcp,
+// shm) stop waiting when ctx ends too: the error then wraps ctx's, the
+// buffer is no longer the engine's, and its memory may be reused only
+// after Close, which ends every peer's use of it.
 func (e *Engine) UnregisterLocalMemory(ctx context.Context, buf []byte) error {
 	return e.UnregisterLocalMemoryBatch(ctx, [][]byte{buf})
 }
@@ -924,7 +942,7 @@ func (e *Engine) UnregisterLocalMemoryBatch(ctx context.Context, bufs [][]byte) 
 		}
 		e.mu.Lock()
 		for slot, t := range e.transports {
-			if terr := e.unregisterFrom(t, slot, b); terr != nil {
+			if terr := e.unregisterFromContext(ctx, t, slot, b); terr != nil {
 				err = errors.Join(err, fmt.Errorf("moonring: unregister memory from %s: %w", t.Name(), terr))
 			}
 		}

@@ -103,8 +103,9 @@ type region struct {
 }
 
 var (
-	_ transport.Transport = (*Transport)(nil)
-	_ transport.Notifier  = (*Transport)(nil)
+	_ transport.Transport           = (*Transport)(nil)
+	_ transport.Notifier            = (*Transport)(nil)
+	_ transport.ContextUnregisterer = (*Transport)(nil)
 )
 
 // Errors particular to this transport.
@@ -267,6 +268,17 @@ func (r *region) close() {
 // disconnected (it then drops everything of this transport) and Unregister
 // reports it.
 func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) error {
+	return t.UnregisterContext(context.Background(), b, reg)
+}
+
+// UnregisterContext is Unregister with the wait for the peers bounded by
+// ctx as well as by RevokeTimeout: when ctx ends first, every peer that
+// has not answered yet is disconnected at once, as after RevokeTimeout,
+// and the error wraps segtable.ErrBusy and ctx's error. The buffer is
+// withdrawn either way. (A disconnected peer's mapping of a memfd is its
+// own, and a process_vm write it had begun may still land: see Trust in
+// the package doc.) Safe for concurrent use.
+func (t *Transport) UnregisterContext(ctx context.Context, b *segtable.Buffer, reg segtable.Registration) error {
 	t.mu.Lock()
 	i := slices.IndexFunc(t.regs, func(x *region) bool { return x.handle == reg.Handle })
 	if i < 0 {
@@ -301,7 +313,7 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 	errs := make([]error, len(peers))
 	var wg sync.WaitGroup
 	for i, s := range peers {
-		wg.Go(func() { errs[i] = s.revoke(r.handle, t.cfg.RevokeTimeout) })
+		wg.Go(func() { errs[i] = s.revoke(ctx, r.handle, t.cfg.RevokeTimeout) })
 	}
 	wg.Wait()
 	t.mu.Lock()
@@ -404,13 +416,19 @@ func (t *Transport) Close() error {
 	conns := t.conns
 	eps := t.eps
 	t.conns, t.eps = map[*server]struct{}{}, map[*Endpoint]struct{}{}
+	// Peers stop using every buffer before the memory may go; with no
+	// buffer served there is nothing to wait for (every Unregister
+	// revoked its buffer or cut the peers that held it), so a peer that
+	// does not answer cannot hold Close.
+	served := slices.ContainsFunc(t.regs, func(r *region) bool { return r.remote })
 	t.mu.Unlock()
 	t.ln.Close()
-	// Peers stop using every buffer before the memory may go.
 	var wg sync.WaitGroup
 	for s := range conns {
 		wg.Go(func() {
-			s.revoke(allHandles, t.cfg.RevokeTimeout)
+			if served {
+				s.revoke(context.Background(), allHandles, t.cfg.RevokeTimeout)
+			}
 			s.c.Close()
 		})
 	}
@@ -614,8 +632,9 @@ func (s *server) notify(m *msg) error {
 const allHandles = 0
 
 // revoke tells the initiator to stop using a buffer and waits for its
-// answer. A peer that never took the buffer answers at once.
-func (s *server) revoke(handle uint64, timeout time.Duration) error {
+// answer, until timeout or the end of ctx: then it disconnects the peer.
+// A peer that never took the buffer answers at once.
+func (s *server) revoke(ctx context.Context, handle uint64, timeout time.Duration) error {
 	ch := make(chan struct{})
 	s.mu.Lock()
 	if s.gone || !s.ready {
@@ -624,17 +643,47 @@ func (s *server) revoke(handle uint64, timeout time.Duration) error {
 	}
 	s.acks[handle] = ch
 	s.mu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	// The send too ends with wctx: waiting for the write lock behind a
+	// write to a peer that does not read, or in that write, takes a
+	// ReplyTimeout each, and closing the connection ends both.
+	// cut says the peer was disconnected for want of an answer: ch is
+	// closed then too (by finish), and that is no answer.
+	var cut atomic.Bool
+	stop := context.AfterFunc(wctx, func() {
+		select {
+		case <-ch: // answered
+		default:
+			cut.Store(true)
+			s.c.Close()
+		}
+	})
+	defer stop()
 	if err := s.send(&msg{typ: msgRevoke, handle: handle}, nil); err != nil {
 		s.c.Close()
 	}
 	select {
 	case <-ch:
-		return nil
-	case <-time.After(timeout):
-		s.c.Close()
-		<-ch // finish closes it once serve returns
-		return fmt.Errorf("shm: peer did not release buffer within %v; disconnected", timeout)
+		if !cut.Load() {
+			return nil
+		}
+	case <-wctx.Done():
+		select {
+		case <-ch:
+			if !cut.Load() {
+				return nil // answered as the time ran out
+			}
+		default:
+			cut.Store(true)
+			s.c.Close()
+			<-ch // finish closes it once serve returns
+		}
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("shm: peer had not released the buffer when the caller gave up; disconnected: %w: %w", segtable.ErrBusy, err)
+	}
+	return fmt.Errorf("shm: peer did not release buffer within %v; disconnected", timeout)
 }
 
 // finish forgets the connection and releases revokes waiting on it.

@@ -370,30 +370,11 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 
 // Unregister stops serving b once no frame moves its bytes.
 func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) error {
-	if !b.Remote {
-		return nil
-	}
-	var r *region
-	for _, x := range *t.regs.Load() {
-		if x.id == uint32(b.ID) {
-			r = x
-		}
-	}
-	if r == nil {
-		return fmt.Errorf("tcp: unregister buffer %d: %w", b.ID, segtable.ErrNotFound)
-	}
-	// A frame holds the region only while it moves its payload, which a
-	// connection's deadline bounds.
+	// A frame holds the region only while it moves its payload, which
+	// FrameTimeout bounds: a minute is time enough.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := r.ref.Drain(ctx); err != nil {
-		return fmt.Errorf("tcp: unregister buffer %d: %w", b.ID, err)
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	rs := slices.DeleteFunc(slices.Clone(*t.regs.Load()), func(x *region) bool { return x == r })
-	t.regs.Store(&rs)
-	return nil
+	return t.UnregisterContext(ctx, b, reg)
 }
 
 // Close stops the listener, closes every connection and endpoint and waits

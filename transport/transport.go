@@ -144,6 +144,23 @@ type Transport interface {
 	Close() error
 }
 
+// ContextUnregisterer is implemented by transports whose Unregister may
+// wait on peers (for their copies of the buffer to end, for their answer
+// to a revoke): UnregisterContext is Unregister with the wait bounded by
+// ctx as well as by the transport's own limits, so that a caller with a
+// deadline (a shutdown's grace) is not held past it by a peer that does
+// not answer. When ctx ends first it returns an error wrapping ctx's
+// error, and what is left of the registration is the transport's to
+// settle: it may stay registered until Close (which ends every peer's use
+// of the buffer before it returns), or the peers still holding it may be
+// disconnected; either way the buffer's memory may be reused only after
+// Close, as after any Unregister that failed. The engine calls it, when a
+// transport has it, with the ctx of UnregisterLocalMemory. Safe for
+// concurrent use as Unregister is.
+type ContextUnregisterer interface {
+	UnregisterContext(ctx context.Context, b *segtable.Buffer, r segtable.Registration) error
+}
+
 // Endpoint is one transport's way to one remote segment.
 type Endpoint interface {
 	// Rails is how many independent lanes (connections, QPs) the endpoint

@@ -19,13 +19,11 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return // -h: the usage is printed, as asked
-		}
+	err := run(os.Args[1:], os.Stdout)
+	if err != nil && !errors.Is(err, flag.ErrHelp) { // -h: the usage is printed, as asked
 		fmt.Fprintln(os.Stderr, "moonring:", err)
-		os.Exit(2)
 	}
+	os.Exit(exitCode(err))
 }
 
 func usage(w io.Writer) {

@@ -21,11 +21,11 @@ import (
 // bench starts a target process (os.Executable is the test binary).
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && (os.Args[1] == "bench" || os.Args[1] == "serve") {
-		if err := run(os.Args[1:], os.Stdout); err != nil {
+		err := run(os.Args[1:], os.Stdout)
+		if err != nil {
 			os.Stderr.WriteString("moonring: " + err.Error() + "\n")
-			os.Exit(2)
 		}
-		os.Exit(0)
+		os.Exit(exitCode(err))
 	}
 	os.Exit(m.Run())
 }

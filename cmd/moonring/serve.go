@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -42,6 +43,11 @@ host's address) needs a key, or --insecure: then the segment has no key,
 the descriptor publishes what opens it, and anyone who can reach
 --listen can read and write the buffer.
 
+On SIGINT or SIGTERM serve withdraws the buffer, giving the requests of
+peers in flight up to --grace (a second signal ends the grace). Past it,
+it cuts the peers still using the buffer and exits with status 3, within
+a few seconds whatever the peers do; status 2 is any other failure.
+
 flags:
 `
 
@@ -58,7 +64,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	tcpListen := fs.String("tcp-listen", "", "the TCP transport's address (default: the endpoint's host, any port)")
 	bufSize := fs.String("buffer-size", "64M", "the buffer to serve")
 	noSHM := fs.Bool("no-shm", false, "serve over TCP only, without the same-host shm transport")
-	grace := fs.Duration("grace", 5*time.Second, "how long in-flight requests get at shutdown")
+	grace := fs.Duration("grace", 5*time.Second, "how long peers' requests in flight get at shutdown (a second signal ends it); then the peers still using the buffer are cut and serve exits with status 3")
 	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
 	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
 	if err := parseFlags(fs, args, out, serveHelp); err != nil {
@@ -155,19 +161,23 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	if err != nil {
 		return err
 	}
+	var buf []byte
 	defer func() {
-		// Close unpublishes the segment: a failure leaves it in the store.
+		// Close unpublishes the segment (a failure leaves it in the
+		// store) and ends every peer's use of the buffer: only then may
+		// its memory go.
 		if err := e.Close(); err != nil && retErr == nil {
 			retErr = fmt.Errorf("shutdown: %w", err)
+		}
+		if buf != nil {
+			e.Free(buf)
 		}
 	}()
 	h := e.MetricsHandler()
 	metrics.Store(&h)
-	buf, err := e.Alloc(sizes[0], "cpu:0")
-	if err != nil {
+	if buf, err = e.Alloc(sizes[0], "cpu:0"); err != nil {
 		return err
 	}
-	defer e.Free(buf)
 	for i := range buf {
 		buf[i] = pattern(i)
 	}
@@ -184,11 +194,53 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	case <-stop:
 	}
 	// Graceful: unregistering waits for the requests that use the buffer,
-	// up to the grace period; peers then find no buffer and get errors.
+	// up to the grace period (or a second signal); peers then find no
+	// buffer and get errors. Past it, the peers still in the buffer are
+	// cut: the transports give up on them when ctx ends, and Close (the
+	// deferred one) closes every connection.
 	ctx, cancel := context.WithTimeout(context.Background(), *grace)
 	defer cancel()
+	go func() {
+		select {
+		case <-sig:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	if err := e.UnregisterLocalMemory(ctx, buf); err != nil {
+		if ctx.Err() != nil {
+			return &exitError{code: exitGraceOut, err: fmt.Errorf("shutdown: %w: peers still used the buffer after %v, so they were cut: %w", errGraceOut, *grace, err)}
+		}
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// errGraceOut reports a shutdown whose grace ran out.
+var errGraceOut = errors.New("the grace ran out")
+
+// exitGraceOut is serve's exit status when its grace ran out and it cut
+// the peers still using its buffer.
+const exitGraceOut = 3
+
+// exitError is an error that asks for an exit status other than 2.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// exitCode returns the exit status for err: 0 for nil and -h, the code of
+// an exitError, else 2.
+func exitCode(err error) int {
+	var ee *exitError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	}
+	return 2
 }
