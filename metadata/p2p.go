@@ -1,17 +1,20 @@
 package metadata
 
 import (
+	"container/list"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moonring/moonring/internal/netaddr"
@@ -53,7 +56,8 @@ const (
 )
 
 // P2PConfig configures [NewP2P]. Its zero value serves on an ephemeral
-// loopback port over plain HTTP and polls watched peers every second.
+// loopback port over plain HTTP, with the default bounds on connections
+// and their timeouts, and polls watched peers every second.
 type P2PConfig struct {
 	// Listen is the TCP address the endpoint listens on; default
 	// "127.0.0.1:0" (an ephemeral port).
@@ -83,6 +87,29 @@ type P2PConfig struct {
 	// a certificate) and peers be fetched over https: every engine of a
 	// deployment uses TLS or none does.
 	TLS *tls.Config
+
+	// The endpoint is unauthenticated and faces whoever can reach it.
+	// These bound what a connection may cost it; zero takes the default.
+
+	// MaxConns bounds the endpoint's open connections (default
+	// DefaultP2PMaxConns, 256), and MaxConnsPerHost those from one IP
+	// address (default DefaultP2PMaxConnsPerHost, 64). A connection past
+	// a bound takes the place of the oldest connection within that bound
+	// that is between requests (idle, or not done sending its headers),
+	// which is closed; when all of them are in a request, the new one is
+	// closed at once. [P2P.Stats] counts both.
+	MaxConns, MaxConnsPerHost int
+	// ReadHeaderTimeout (default 5s), ReadTimeout (10s), WriteTimeout
+	// (10s) and IdleTimeout (1m) bound a connection's reading of a
+	// request's headers, of a whole request, the writing of an answer and
+	// the wait between requests, as in [http.Server].
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's headers (default 64 KiB).
+	MaxHeaderBytes int
+	// Logf, when set, hears of connections closed by the bounds (one line
+	// a second at most for evictions, one for refusals) and of the HTTP
+	// server's errors.
+	Logf func(format string, args ...any)
 }
 
 // P2P is the default [Store] of a deployment: each engine serves its own
@@ -130,6 +157,7 @@ type P2P struct {
 	poll      time.Duration
 
 	srv    *http.Server
+	lim    *connLimiter  // srv's listener
 	served chan struct{} // closed when srv's Serve returns
 	// ctx is canceled by Close; remote watches and fetches run under it.
 	ctx    context.Context
@@ -163,10 +191,28 @@ func NewP2P(cfg P2PConfig) (*P2P, error) {
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = time.Second
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	for _, d := range []struct {
+		v   *int
+		def int
+	}{{&cfg.MaxConns, DefaultP2PMaxConns}, {&cfg.MaxConnsPerHost, DefaultP2PMaxConnsPerHost}, {&cfg.MaxHeaderBytes, 64 << 10}} {
+		if *d.v <= 0 {
+			*d.v = d.def
+		}
+	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&cfg.ReadHeaderTimeout, 5 * time.Second}, {&cfg.ReadTimeout, 10 * time.Second}, {&cfg.WriteTimeout, 10 * time.Second}, {&cfg.IdleTimeout, time.Minute}} {
+		if *d.v <= 0 {
+			*d.v = d.def
+		}
+	}
+	tl, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("metadata p2p: %w", err)
 	}
+	lim := &connLimiter{Listener: tl, max: cfg.MaxConns, perHost: cfg.MaxConnsPerHost, logf: cfg.Logf, byHost: map[string]int{}}
+	ln := net.Listener(lim)
 	name, err := p2pAdvertise(cfg.Advertise, ln.Addr().(*net.TCPAddr))
 	if err != nil {
 		ln.Close()
@@ -179,6 +225,7 @@ func NewP2P(cfg P2PConfig) (*P2P, error) {
 		client: cfg.Client,
 		poll:   cfg.PollInterval,
 		served: make(chan struct{}),
+		lim:    lim,
 	}
 	if cfg.TLS != nil {
 		p.scheme = "https"
@@ -199,11 +246,15 @@ func NewP2P(cfg P2PConfig) (*P2P, error) {
 	}
 	p.srv = &http.Server{
 		Handler:           mux,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		IdleTimeout:       time.Minute,
-		MaxHeaderBytes:    64 << 10,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ConnState:         lim.connState,
+	}
+	if cfg.Logf != nil {
+		p.srv.ErrorLog = log.New(logfWriter(cfg.Logf), "", 0)
 	}
 	if cfg.TLS != nil {
 		p.srv.TLSConfig = cfg.TLS.Clone()
@@ -619,4 +670,184 @@ func (p *P2P) fetch(ctx context.Context, u, name, ifNoneMatch string) (peerAnswe
 		return peerAnswer{}, fmt.Errorf("%w: peer answered HTTP %s", ErrUnreachable, resp.Status)
 	}
 	return readDesc(resp, name, p2pMaxDesc, "peer")
+}
+
+// Defaults of the endpoint's limits in [P2PConfig].
+const (
+	// DefaultP2PMaxConns is P2PConfig.MaxConns's default.
+	DefaultP2PMaxConns = 256
+	// DefaultP2PMaxConnsPerHost is P2PConfig.MaxConnsPerHost's default.
+	DefaultP2PMaxConnsPerHost = 64
+)
+
+// P2PStats counts the connections of a [P2P] store's endpoint and what
+// its limits did to them ([P2PConfig.MaxConns]). The counters only grow,
+// from NewP2P on.
+type P2PStats struct {
+	// Conns is the connections open now.
+	Conns int
+	// Evicted counts connections closed between requests (idle, or not
+	// done sending a request's headers) to make room for a new one.
+	Evicted uint64
+	// Refused counts new connections closed at once because every
+	// connection in their way was in the middle of a request.
+	Refused uint64
+}
+
+// Stats returns the endpoint's connection counters. Safe for concurrent
+// use.
+func (p *P2P) Stats() P2PStats {
+	p.lim.mu.Lock()
+	n := p.lim.list.Len()
+	p.lim.mu.Unlock()
+	return P2PStats{Conns: n, Evicted: p.lim.evicted.Load(), Refused: p.lim.refused.Load()}
+}
+
+// connLimiter is the endpoint's listener: it tracks every connection it
+// accepted, in accept order, with its HTTP state (from the server's
+// ConnState hook), and keeps their number within max, and within perHost
+// for each remote IP. A connection past a bound takes the place of the
+// oldest connection in the same bound that is between requests, which is
+// closed (evicted); if all are in a request, the new one is closed
+// (refused). Idle connections held open, or slow headers, cannot lock
+// peers out that way, and nothing grows without bound.
+type connLimiter struct {
+	net.Listener
+	max, perHost int
+	logf         func(format string, args ...any)
+
+	mu     sync.Mutex
+	list   list.List      // of *limitConn, oldest first
+	byHost map[string]int // open connections per remote IP
+
+	evicted, refused atomic.Uint64
+	logMu            sync.Mutex
+	lastLog          [2]time.Time
+	notLogged        [2]int
+}
+
+// limitConn is one connection of a connLimiter.
+type limitConn struct {
+	net.Conn
+	l     *connLimiter
+	host  string
+	el    *list.Element // under l.mu; nil once forgotten
+	state atomic.Int32  // http.ConnState
+	once  sync.Once
+}
+
+// Close closes the connection and forgets it.
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.l.forget(c) })
+	return err
+}
+
+func (l *connLimiter) forget(c *limitConn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.el == nil {
+		return
+	}
+	l.list.Remove(c.el)
+	c.el = nil
+	if l.byHost[c.host]--; l.byHost[c.host] <= 0 {
+		delete(l.byHost, c.host)
+	}
+}
+
+// Accept returns the next connection within the bounds, evicting or
+// refusing as connLimiter says.
+func (l *connLimiter) Accept() (net.Conn, error) {
+	for {
+		nc, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		host := ""
+		if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+			host = a.IP.String()
+		}
+		c := &limitConn{Conn: nc, l: l, host: host}
+		c.state.Store(int32(http.StateNew))
+		l.mu.Lock()
+		var victim *limitConn
+		full := false
+		switch {
+		case l.byHost[host] >= l.perHost:
+			victim, full = l.oldestIdle(host), true
+		case l.list.Len() >= l.max:
+			victim, full = l.oldestIdle(""), true
+		}
+		if full && victim == nil {
+			l.mu.Unlock()
+			nc.Close()
+			l.refused.Add(1)
+			l.log(1, "metadata p2p: connection from %s refused: every connection in its way is in a request (MaxConns %d, MaxConnsPerHost %d)", host, l.max, l.perHost)
+			continue
+		}
+		c.el = l.list.PushBack(c)
+		l.byHost[host]++
+		l.mu.Unlock()
+		if victim != nil {
+			victim.Close()
+			l.evicted.Add(1)
+			l.log(0, "metadata p2p: idle connection from %s closed to make room for one from %s (MaxConns %d, MaxConnsPerHost %d)", victim.host, host, l.max, l.perHost)
+		}
+		return c, nil
+	}
+}
+
+// oldestIdle returns the oldest connection (of host, when not empty)
+// that is between requests, or nil. l.mu is held.
+func (l *connLimiter) oldestIdle(host string) *limitConn {
+	for e := l.list.Front(); e != nil; e = e.Next() {
+		c := e.Value.(*limitConn)
+		if host != "" && c.host != host {
+			continue
+		}
+		if st := http.ConnState(c.state.Load()); st == http.StateNew || st == http.StateIdle {
+			return c
+		}
+	}
+	return nil
+}
+
+// connState is the server's ConnState hook: it records each connection's
+// state.
+func (l *connLimiter) connState(nc net.Conn, st http.ConnState) {
+	if u, ok := nc.(interface{ NetConn() net.Conn }); ok { // a TLS connection
+		nc = u.NetConn()
+	}
+	if c, ok := nc.(*limitConn); ok {
+		c.state.Store(int32(st))
+	}
+}
+
+// log logs one line a second at most per kind (0 evicted, 1 refused),
+// saying how many were not logged since.
+func (l *connLimiter) log(kind int, format string, args ...any) {
+	if l.logf == nil {
+		return
+	}
+	l.logMu.Lock()
+	now := time.Now()
+	if now.Sub(l.lastLog[kind]) < time.Second {
+		l.notLogged[kind]++
+		l.logMu.Unlock()
+		return
+	}
+	l.lastLog[kind] = now
+	n := l.notLogged[kind]
+	l.notLogged[kind] = 0
+	l.logMu.Unlock()
+	l.logf(format+" (%d more not logged)", append(args, n)...)
+}
+
+// logfWriter hands each line the HTTP server logs to a Logf.
+type logfWriter func(format string, args ...any)
+
+func (f logfWriter) Write(p []byte) (int, error) {
+	f("metadata p2p: %s", strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }

@@ -516,3 +516,153 @@ func selfSigned(t *testing.T) *tls.Config {
 		MinVersion:   tls.VersionTLS13,
 	}
 }
+
+// holdConns opens n TCP connections to addr that send nothing; the
+// test's cleanup closes them.
+func holdConns(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
+	var cs []net.Conn
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// closedByServer reports whether the server closed c (a read ends without
+// data within 200 ms).
+func closedByServer(c net.Conn) bool {
+	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	var b [1]byte
+	_, err := c.Read(b[:])
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// waitP2PStats polls p's counters until ok says yes, failing after hang.
+func waitP2PStats(t *testing.T, p *metadata.P2P, what string, ok func(metadata.P2PStats) bool) metadata.P2PStats {
+	t.Helper()
+	for deadline := time.Now().Add(hang); ; time.Sleep(5 * time.Millisecond) {
+		st := p.Stats()
+		if ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: stats %+v", what, st)
+		}
+	}
+}
+
+// TestP2PConnLimits: more idle connections than the endpoint's bounds,
+// held open, do not lock a peer out: the oldest idle ones are closed to
+// make room (counted), and a peer's Get is served. (Before, there was no
+// bound: every connection held a goroutine and a descriptor until its
+// header timeout, and as many as a peer cared to open.)
+func TestP2PConnLimits(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  metadata.P2PConfig
+	}{
+		{"MaxConns", metadata.P2PConfig{MaxConns: 4, MaxConnsPerHost: 100}},
+		{"MaxConnsPerHost", metadata.P2PConfig{MaxConns: 100, MaxConnsPerHost: 4}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.cfg.ReadHeaderTimeout = time.Minute // the idle ones are not timed out meanwhile
+			a := newP2P(t, c.cfg)
+			ctx := context.Background()
+			if err := a.Put(ctx, testDesc(a.Name(), 1, "x")); err != nil {
+				t.Fatal(err)
+			}
+			idle := holdConns(t, a.Name(), 12)
+			st := waitP2PStats(t, a, "12 idle connections, 4 kept", func(s metadata.P2PStats) bool { return s.Evicted >= 8 && s.Conns == 4 })
+			closed := 0
+			for _, c := range idle {
+				if closedByServer(c) {
+					closed++
+				}
+			}
+			if closed < 8 {
+				t.Errorf("%d of 12 idle connections closed; want the 8 oldest", closed)
+			}
+			b := newP2P(t, metadata.P2PConfig{})
+			d, err := b.Get(ctx, a.Name())
+			if err != nil || d.Name != a.Name() {
+				t.Fatalf("a peer's Get past the idle connections: %v, %v", d, err)
+			}
+			if after := a.Stats(); after.Evicted <= st.Evicted || after.Conns > 4 {
+				t.Errorf("stats %+v after the peer's Get (before %+v): want one more eviction, 4 connections at most", after, st)
+			}
+		})
+	}
+}
+
+// TestP2PConnRefused: when every connection is in the middle of a request,
+// a new one past MaxConns is closed at once and counted; once the requests
+// end, peers are served again.
+func TestP2PConnRefused(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 2)
+	a := newP2P(t, metadata.P2PConfig{MaxConns: 2, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+	})})
+	if err := a.Put(context.Background(), testDesc(a.Name(), 1, "x")); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	done := make(chan error, 2)
+	for range 2 {
+		go func() {
+			resp, err := client.Get("http://" + a.Name() + "/slow")
+			if err == nil {
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+	}
+	for range 2 {
+		select {
+		case <-entered:
+		case <-time.After(hang):
+			t.Fatal("the slow requests did not arrive")
+		}
+	}
+	c := holdConns(t, a.Name(), 1)[0]
+	waitP2PStats(t, a, "a connection past MaxConns, both in a request", func(s metadata.P2PStats) bool { return s.Refused == 1 })
+	if !closedByServer(c) {
+		t.Error("the refused connection is still open")
+	}
+	close(release)
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Errorf("a slow request: %v", err)
+		}
+	}
+	waitP2PStats(t, a, "the slow requests' connections gone", func(s metadata.P2PStats) bool { return s.Conns == 0 })
+	b := newP2P(t, metadata.P2PConfig{})
+	if _, err := b.Get(context.Background(), a.Name()); err != nil {
+		t.Fatalf("Get after the requests ended: %v", err)
+	}
+}
+
+// TestP2PSlowHeaders: a connection that sends part of a request's headers
+// and stops is closed after ReadHeaderTimeout, as configured.
+func TestP2PSlowHeaders(t *testing.T) {
+	a := newP2P(t, metadata.P2PConfig{ReadHeaderTimeout: 100 * time.Millisecond})
+	c := holdConns(t, a.Name(), 1)[0]
+	if _, err := io.WriteString(c, "GET /moonring/v1/segment HTTP/1.1\r\nHost: x\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	c.SetReadDeadline(time.Now().Add(hang))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("a slow request's connection: %v; want it closed", err)
+	}
+	if took := time.Since(start); took > 3*time.Second { // the old fixed 5 s
+		t.Errorf("closed after %v; want ReadHeaderTimeout's 100ms (and some)", took)
+	}
+}

@@ -222,6 +222,9 @@ func hello(uc *net.UnixConn, boot [16]byte, key []byte) error {
 	if err := roundTrip(&p, msgProofAck); err != nil {
 		return fmt.Errorf("%w: key proof: %w", transport.ErrUnreachable, err)
 	}
+	if ack.status == statusFull {
+		return fmt.Errorf("%w: the target serves as many peers as it takes (its MaxConns)", transport.ErrUnreachable)
+	}
 	want := proof(key, "target", ci, ct)
 	got := ack.getProof()
 	if ack.status != statusOK || !hmac.Equal(want[:], got[:]) {

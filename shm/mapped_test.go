@@ -35,12 +35,18 @@ type world struct {
 
 func newWorld(t *testing.T, icfg shm.Config) *world {
 	t.Helper()
+	return newWorldTarget(t, icfg, shm.Config{RevokeTimeout: 5 * time.Second})
+}
+
+// newWorldTarget is newWorld with the target's config given too.
+func newWorldTarget(t *testing.T, icfg, tcfg shm.Config) *world {
+	t.Helper()
 	w := &world{t: t, tregs: map[*segtable.Buffer]segtable.Registration{}}
 	var err error
 	if w.init, err = shm.New(icfg); err != nil {
 		t.Fatal(err)
 	}
-	if w.targ, err = shm.New(shm.Config{RevokeTimeout: 5 * time.Second}); err != nil {
+	if w.targ, err = shm.New(tcfg); err != nil {
 		t.Fatal(err)
 	}
 	lmem := make([]byte, 8<<20)

@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"slices"
@@ -52,6 +53,34 @@ type Config struct {
 	// peer that stops reading is disconnected), and a new connection's
 	// proof of the key on the target (default 5 s).
 	ReplyTimeout time.Duration
+
+	// Any process of the host (of any user, in the same network
+	// namespace) can connect to the target's socket. These bound what
+	// connections cost it; Transport.Stats counts what they did, and
+	// Logger hears of it (one line a second per reason at most).
+
+	// MaxPending bounds the connections that have not proved the key yet
+	// (default DefaultMaxPending, 256). Past it, the oldest of them is
+	// closed to make room: an honest peer proves the key within a round
+	// trip, so the oldest is the likeliest to be one that never will, and
+	// connections held open without the key cannot lock peers out (each
+	// lives ReplyTimeout at most anyway).
+	MaxPending int
+	// MaxPendingPerUID bounds the same per user id of the connecting
+	// process (SO_PEERCRED; default DefaultMaxPendingPerUID, 64): past it
+	// the oldest pending connection of that user is closed, so that one
+	// user's connections do not push out another's. (No bound per process:
+	// a user can make as many processes as connections.)
+	MaxPendingPerUID int
+	// MaxConns bounds the connections that proved the key (default
+	// DefaultMaxConns, 1024). While it is reached, a new connection is
+	// closed at once after the accept, and one that proves the key is
+	// refused (its Open fails with ErrUnreachable; the engine tries its
+	// next transport).
+	MaxConns int
+	// Logger hears of connections dropped by these limits or that fail
+	// the proof of the key (default: discard).
+	Logger *slog.Logger
 }
 
 // Transport is the same-host transport of one engine: the target side
@@ -70,17 +99,26 @@ type Transport struct {
 	self    atomic.Pointer[string] // the engine's segment name, From of notifications
 	deliver atomic.Pointer[func(*transport.Notification) error]
 
-	mu     sync.Mutex
-	regs   []*region // by address, under mu
-	seq    uint64    // the last registration handle
-	conns  map[*server]struct{}
-	eps    map[*Endpoint]struct{}
-	closed bool
+	mu    sync.Mutex
+	regs  []*region // by address, under mu
+	seq   uint64    // the last registration handle
+	conns map[*server]struct{}
+	eps   map[*Endpoint]struct{}
+	// pending holds the connections that have not proved the key, oldest
+	// first, and pendingUID counts them per user; peers counts those that
+	// proved it. Under mu.
+	pending    []*server
+	pendingUID map[int]int
+	peers      int
+	closed     bool
 	// revoked is closed once Close's revoke of every buffer at every
 	// peer has ended: an Unregister or a second Close that comes during
 	// Close waits for it, as the buffer may still be in a peer's copy.
 	revoked chan struct{}
 	wg      sync.WaitGroup
+
+	refusals refusalCounters
+	rlog     rateLog
 }
 
 // region is one registered buffer on the target side.
@@ -149,6 +187,18 @@ func New(cfg Config) (*Transport, error) {
 	if cfg.ReplyTimeout <= 0 {
 		cfg.ReplyTimeout = 5 * time.Second
 	}
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = DefaultMaxPending
+	}
+	if cfg.MaxPendingPerUID <= 0 {
+		cfg.MaxPendingPerUID = DefaultMaxPendingPerUID
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	boot, err := bootID()
 	if err != nil {
 		return nil, err
@@ -168,14 +218,15 @@ func New(cfg Config) (*Transport, error) {
 		endpoint += "/" + hex.EncodeToString(key)
 	}
 	t := &Transport{
-		cfg:      cfg,
-		boot:     boot,
-		endpoint: endpoint,
-		key:      key,
-		ln:       ln,
-		conns:    map[*server]struct{}{},
-		eps:      map[*Endpoint]struct{}{},
-		revoked:  make(chan struct{}),
+		cfg:        cfg,
+		boot:       boot,
+		endpoint:   endpoint,
+		key:        key,
+		ln:         ln,
+		conns:      map[*server]struct{}{},
+		pendingUID: map[int]int{},
+		eps:        map[*Endpoint]struct{}{},
+		revoked:    make(chan struct{}),
 	}
 	t.self.Store(new(string))
 	t.wg.Add(1)
@@ -359,17 +410,26 @@ func (t *Transport) accept() {
 		if err != nil {
 			return // closed
 		}
-		s := &server{t: t, c: c, acks: map[uint64]chan struct{}{}}
+		s := &server{t: t, c: c, acks: map[uint64]chan struct{}{}, uid: peerUID(c)}
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
 			c.Close()
 			return
 		}
-		t.conns[s] = struct{}{}
-		t.wg.Add(1)
+		drop, reasons, ok := t.admit(s)
+		if ok {
+			t.conns[s] = struct{}{}
+			t.wg.Add(1)
+		}
 		t.mu.Unlock()
-		go s.serve()
+		for i, d := range drop {
+			d.c.Close() // its serve ends and forgets it
+			t.refused(reasons[i], d.uid)
+		}
+		if ok {
+			go s.serve()
+		}
 	}
 }
 
@@ -459,6 +519,13 @@ type server struct {
 	acks  map[uint64]chan struct{} // revokes waiting for their answer
 	gone  bool
 	ready bool // the hello is over: before, the peer holds nothing to revoke
+
+	uid int // the connecting process's user id, -1 if unknown
+	// pending: among t.pending; peer: counted in t.peers. Under t.mu.
+	pending, peer bool
+	// proved: the peer proved the key, or was refused for another reason
+	// already counted (serve only).
+	proved bool
 }
 
 func (s *server) send(m *msg, oob []byte) error {
@@ -481,6 +548,17 @@ func (s *server) sendLocked(m *msg, oob []byte) error {
 func (s *server) serve() {
 	defer s.t.wg.Done()
 	defer s.finish()
+	defer func() {
+		if !s.proved {
+			s.t.mu.Lock()
+			// Evicted: counted then; closed with the transport: no fault.
+			counted := !s.pending || s.t.closed
+			s.t.mu.Unlock()
+			if !counted {
+				s.t.refused(refFailed, s.uid)
+			}
+		}
+	}()
 	pk, err := newPackets(s.c)
 	if err != nil {
 		return
@@ -514,8 +592,19 @@ func (s *server) serve() {
 	got := m.getProof()
 	pa := msg{typ: msgProofAck, seq: m.seq}
 	if !hmac.Equal(want[:], got[:]) {
+		s.proved = true // counted here
+		s.t.refused(refBadKey, s.uid)
 		pa.status = statusBadKey
 		s.send(&pa, nil)
+		return
+	}
+	s.proved = true
+	if ok, full := s.t.login(s); !ok {
+		if full {
+			s.t.refused(refFull, s.uid)
+			pa.status = statusFull
+			s.send(&pa, nil)
+		}
 		return
 	}
 	pa.putProof(proof(s.t.key, "target", ci, ct))
@@ -698,5 +787,10 @@ func (s *server) finish() {
 	s.mu.Unlock()
 	s.t.mu.Lock()
 	delete(s.t.conns, s)
+	s.t.unpend(s)
+	if s.peer {
+		s.peer = false
+		s.t.peers--
+	}
 	s.t.mu.Unlock()
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -105,12 +106,15 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		}
 		http.NotFound(w, r)
 	})
+	// Warnings (peers refused or cut by the limits, failed proofs of the
+	// key) go to stderr, each kind a line a second at most.
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var store metadata.Store
 	segName := *name
 	host := "127.0.0.1"
 	switch {
 	case *meta == "p2p":
-		p, err := metadata.NewP2P(metadata.P2PConfig{Listen: *listen, Handler: metricsHandler})
+		p, err := metadata.NewP2P(metadata.P2PConfig{Listen: *listen, Handler: metricsHandler, Logf: func(f string, a ...any) { logger.Warn(fmt.Sprintf(f, a...)) }})
 		if err != nil {
 			return err
 		}
@@ -153,9 +157,9 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	if *tcpListen == "" {
 		*tcpListen = net.JoinHostPort(host, "0")
 	}
-	cfg := moonring.Config{Name: segName, Metadata: store, TCP: &tcp.Config{Listen: *tcpListen, Key: key}}
+	cfg := moonring.Config{Name: segName, Metadata: store, Logger: logger, TCP: &tcp.Config{Listen: *tcpListen, Key: key}}
 	if !*noSHM {
-		cfg.SHM = &shm.Config{}
+		cfg.SHM = &shm.Config{Logger: logger}
 	}
 	e, err := moonring.New(cfg)
 	if err != nil {
