@@ -10,6 +10,7 @@ import (
 
 	"github.com/moonring/moonring/ring"
 	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -163,6 +164,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(mBuffers, prometheus.GaugeValue, float64(len(e.buffers.All())))
 	ch <- prometheus.MustNewConstMetric(mSegments, prometheus.GaugeValue, float64(segs))
 	ch <- prometheus.MustNewConstMetric(mNotesWait, prometheus.GaugeValue, float64(len(e.notes)))
+	if t, ok := e.Transport(tcp.Name).(*tcp.Transport); ok {
+		r := t.Refusals()
+		for reason, n := range map[string]uint64{
+			"handshake_cap": r.HandshakeCap, "source_cap": r.SourceCap, "descriptors": r.Descriptors,
+			"accept_error": r.AcceptErrors, "handshake_timeout": r.HandshakeTimeout, "bad_hello": r.BadHello,
+			"auth": r.Auth, "conn_cap": r.ConnCap, "idle": r.Idle, "bad_frame": r.BadFrame,
+		} {
+			ch <- prometheus.MustNewConstMetric(mRefused, prometheus.CounterValue, float64(n), "tcp", reason)
+		}
+	}
 	if e.signed != nil {
 		st := e.signed.Refused()
 		ch <- prometheus.MustNewConstMetric(mRefused, prometheus.CounterValue, float64(st.Forged), "descriptor", "forged")

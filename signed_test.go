@@ -139,3 +139,26 @@ func TestSignedDescriptors(t *testing.T) {
 		t.Fatalf("Config.String does not say descriptors are signed:\n%s", ini.Config())
 	}
 }
+
+// TestRefusalMetrics: what the TCP transport refuses shows in the engine's
+// metrics, by reason.
+func TestRefusalMetrics(t *testing.T) {
+	e := keyedEngine(t, metadata.NewMemory(), "refusal-metrics", []byte("k"))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e.Collector())
+	addr := e.Transport(tcp.Name).(*tcp.Transport).Addr()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write(bytes.Repeat([]byte("GET / HTTP/1.0\r\n"), 64)) // not a hello
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if metricValue(t, reg, "moonring_refused_total", map[string]string{"what": "tcp", "reason": "bad_hello"}) >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a bad hello was not counted in moonring_refused_total")
+		}
+	}
+}
