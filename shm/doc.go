@@ -48,6 +48,18 @@
 // fail: ErrDenied while the segment still lists it, ErrPeer once the target
 // is gone. Nothing is ever copied through a mapping that is gone.
 //
+// # Limits
+//
+// Any process of the host in the same network namespace, of any user, can
+// connect to a target's socket. Connections that have not proved the key
+// are bounded (Config.MaxPending, and MaxPendingPerUID per user id of the
+// connecting process): past a bound the oldest of them is closed to make
+// room, so connections held open without the key cannot lock peers out.
+// Connections that proved it are bounded by Config.MaxConns. A revoke, and
+// an Unregister, wait for a peer no longer than RevokeTimeout or the
+// caller's context (UnregisterContext): then the peer is cut. Stats counts
+// what the bounds did; Config.Logger hears of it.
+//
 // # Trust
 //
 // The segment key never crosses the socket. Buffer keys are sent in the
