@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // noKey clears MOONRING_KEY for the test (restored after it).
@@ -263,5 +266,58 @@ func TestHelpNamesKey(t *testing.T) {
 	run([]string{"-h"}, &out)
 	if !strings.Contains(out.String(), keyEnv) {
 		t.Errorf("moonring -h does not name %s:\n%s", keyEnv, out.String())
+	}
+}
+
+// capListener: connections past its cap are closed at once and counted;
+// one closed gives its place back.
+func TestCapListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &capListener{Listener: ln, max: 2, log: slog.New(slog.DiscardHandler)}
+	defer cl.Close()
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := cl.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c
+		}
+	}()
+	var clients []net.Conn
+	for range 4 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	a := <-accepted
+	<-accepted
+	for deadline := time.Now().Add(30 * time.Second); cl.refused.Load() < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("refused %d of 4 connections with a cap of 2", cl.refused.Load())
+		}
+	}
+	a.Close()
+	a.Close() // a second Close gives nothing back twice
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case <-accepted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no connection accepted after one closed")
+	}
+	if n := cl.open.Load(); n != 2 {
+		t.Errorf("%d open; want 2", n)
 	}
 }

@@ -143,8 +143,9 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		if err != nil {
 			return fmt.Errorf("metrics endpoint: %w", err)
 		}
-		srv := &http.Server{Handler: metricsHandler, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
+		srv := &http.Server{Handler: metricsHandler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second, MaxHeaderBytes: 16 << 10}
+		go srv.Serve(&capListener{Listener: ln, max: maxMetricsConns, log: logger})
 		defer srv.Close()
 		// A listener on all interfaces gives an unspecified host: the TCP
 		// transport listens there too and advertises an interface's.
