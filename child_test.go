@@ -20,6 +20,7 @@ import (
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/metadata"
+	etcdstore "github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
@@ -53,7 +54,8 @@ func runChild() bool {
 }
 
 // childTarget serves a remote-accessible buffer over TCP and prints the
-// engine's descriptor as one JSON line; it stops when stdin closes.
+// engine's descriptor as one JSON line; it stops when stdin closes
+// (internal/childproc's protocol, no commands).
 // MOONRING_SIZE is the buffer's size; MOONRING_LISTEN, when set, is the
 // TCP listen address (default 127.0.0.1:0), for a target inside a network
 // namespace.
@@ -70,7 +72,7 @@ func childTarget() error {
 	var store metadata.Store = metadata.NewMemory()
 	if ep := os.Getenv("MOONRING_ETCD"); ep != "" {
 		ttl, _ := time.ParseDuration(os.Getenv("MOONRING_ETCD_TTL"))
-		es, err := metadata.NewEtcd(metadata.EtcdConfig{Endpoints: []string{ep}, TTL: ttl})
+		es, err := etcdstore.New(etcdstore.Config{Endpoints: []string{ep}, TTL: ttl})
 		if err != nil {
 			return err
 		}
@@ -102,7 +104,8 @@ func childTarget() error {
 	if err != nil {
 		return err
 	}
-	if err := json.NewEncoder(os.Stdout).Encode(d); err != nil {
+	j, err := json.Marshal(d)
+	if err != nil {
 		return err
 	}
 	if path := os.Getenv("MOONRING_CHILD_CPUPROFILE"); path != "" {
@@ -117,8 +120,7 @@ func childTarget() error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	io.Copy(io.Discard, os.Stdin)
-	return nil
+	return childproc.Serve(string(j), nil)
 }
 
 // childRaw is the raw TCP baseline's far end: a sink that reads and drops,
@@ -128,8 +130,7 @@ func childRaw(role string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Println(ln.Addr())
-	go func() { io.Copy(io.Discard, os.Stdin); os.Exit(0) }()
+	go func() { childproc.Serve(ln.Addr().String(), nil); os.Exit(0) }()
 	c, err := ln.Accept()
 	if err != nil {
 		return err

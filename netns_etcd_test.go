@@ -11,6 +11,7 @@ import (
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
+	etcdstore "github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/metadata/etcdtest"
 	"github.com/moonring/moonring/tcp"
 )
@@ -29,7 +30,7 @@ func TestNetnsEtcdDiscovery(t *testing.T) {
 	c := startChildVia(t, []string{"ip", "netns", "exec", n.name}, "target",
 		"MOONRING_SIZE="+strconv.Itoa(size), "MOONRING_LISTEN="+net.JoinHostPort(n.nsIP, "0"),
 		"MOONRING_ETCD="+etcd.Endpoint(), "MOONRING_NAME="+name, "MOONRING_ETCD_TTL=2s")
-	store, err := metadata.NewEtcd(metadata.EtcdConfig{Endpoints: []string{etcd.Endpoint()}})
+	store, err := etcdstore.New(etcdstore.Config{Endpoints: []string{etcd.Endpoint()}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,11 +10,16 @@
 // host:port is the segment's name, and fetches and polls its peers'. [HTTP]
 // is the client of a shared metadata server ([Server], `moonring
 // metadata-server`): entries carry a TTL that the owning client renews, so a
-// crashed engine's segment disappears, and the server keeps them in a file
-// across its restarts. [Etcd] keeps them in an etcd cluster, under a key
-// prefix, each written under a lease that its store keeps alive, so a
-// crashed engine's segment disappears when its lease expires. Stores that span machines (p2p, HTTP, etcd) implement the same
-// interface and must keep the same semantics;
+// crashed engine's segment disappears, and the server keeps them in a
+// directory, a file per entry, across its restarts. The etcd store, in
+// package [github.com/moonring/moonring/metadata/etcd] (apart, so that
+// importing this package pulls in neither etcd's client nor gRPC), keeps
+// them in an etcd cluster under a key prefix, each written under a lease
+// that its store keeps alive, so a crashed engine's segment disappears when
+// its lease expires. [Signed] wraps any store: it signs what it publishes
+// and hands on only descriptors that verify under the deployment's key.
+// Stores that span machines (p2p, HTTP, etcd) implement the same interface
+// and must keep the same semantics;
 // [github.com/moonring/moonring/metadata/storetest] checks them. Where a
 // store cannot, the difference is documented on the store and declared to
 // the suite through

@@ -29,7 +29,7 @@ var (
 	// answered 401 (no owner token: the store has no HTTPConfig.Key and
 	// the server needs one) or 403 (a wrong token: another key, or a name
 	// that a server without the key bound to another owner); nothing
-	// changed on the server. From [NewEtcd]: etcd refused the user and
+	// changed on the server. From [github.com/moonring/moonring/metadata/etcd.New]: etcd refused the user and
 	// password. A retry does not help until the configuration is fixed or
 	// (HTTP) the other owner's entry goes (see [Server]).
 	ErrDenied = errors.New("metadata: server denied the change: not the name's owner")

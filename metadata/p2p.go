@@ -496,24 +496,8 @@ func (p *P2P) unwatch(w *watch) {
 // and only holders of p.mu send to local watches, so send cannot block.
 func (p *P2P) notify(d *segtable.SegmentDesc, deleted bool) {
 	for w := range p.watches {
-		sendLatest(w.ch, Event{Desc: d.Clone(), Deleted: deleted})
+		SendLatest(w.ch, Event{Desc: d.Clone(), Deleted: deleted})
 	}
-}
-
-// sendLatest puts ev in ch, replacing an event not received yet. The caller
-// must be ch's only sender at the time, so that after the drain the send
-// finds room.
-func sendLatest(ch chan Event, ev Event) {
-	select {
-	case ch <- ev:
-		return
-	default:
-	}
-	select {
-	case <-ch:
-	default: // the watcher took it meanwhile
-	}
-	ch <- ev
 }
 
 // Close shuts the endpoint down (requests in flight get a second), ends

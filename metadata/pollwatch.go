@@ -20,7 +20,7 @@ type pollWatch struct {
 	fetch func(ctx context.Context, ifNoneMatch string) (peerAnswer, error)
 	poll  time.Duration
 	done  func()     // the store's WaitGroup Done, when the watch ends
-	ch    chan Event // only this watch sends, so sendLatest cannot block
+	ch    chan Event // only this watch sends, so SendLatest cannot block
 	// last is a private copy of the descriptor last delivered, nil before
 	// the first and after a Deleted; lastBody is its JSON, to tell changes
 	// apart whatever ETags the other side sends.
@@ -75,7 +75,7 @@ func (w *pollWatch) step(ctx context.Context) {
 		w.etag = a.etag
 		if changed {
 			w.last, w.lastBody = a.desc.Clone(), a.body
-			sendLatest(w.ch, Event{Desc: a.desc})
+			SendLatest(w.ch, Event{Desc: a.desc})
 		}
 	}
 }
@@ -85,7 +85,7 @@ func (w *pollWatch) gone() {
 	if w.last == nil {
 		return
 	}
-	sendLatest(w.ch, Event{Desc: w.last, Deleted: true})
+	SendLatest(w.ch, Event{Desc: w.last, Deleted: true})
 	w.last, w.lastBody, w.etag = nil, nil, ""
 }
 

@@ -243,17 +243,7 @@ func (s *Signed) Watch(ctx context.Context, name string) (<-chan Event, error) {
 			default:
 				last = ev.Desc.Clone()
 			}
-			// Coalesce as the stores do: out holds the latest event only.
-			select {
-			case out <- ev:
-				continue
-			default:
-			}
-			select {
-			case <-out:
-			default:
-			}
-			out <- ev
+			SendLatest(out, ev) // this goroutine is out's only sender
 		}
 	}()
 	return out, nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/metadata/etcdtest"
 	"github.com/moonring/moonring/metadata/storetest"
 	"github.com/moonring/moonring/segtable"
@@ -233,10 +234,17 @@ func TestSignedRefusesP2P(t *testing.T) {
 // TestSignedRefusesEtcd: whoever can write to etcd's keys.
 func TestSignedRefusesEtcd(t *testing.T) {
 	srv := etcdtest.Start(t)
-	prefix := etcdPrefix()
-	w := newEtcd(t, srv.Endpoint(), prefix, 0)
+	newEtcd := func() *etcd.Store {
+		s, err := etcd.New(etcd.Config{Endpoints: []string{srv.Endpoint()}, Prefix: "/moonring-test/signed/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	w := newEtcd()
 	testRefuses(t, rawStore{
-		reader: newEtcd(t, srv.Endpoint(), prefix, 0),
+		reader: newEtcd(),
 		put: func(d *segtable.SegmentDesc) {
 			w.Delete(context.Background(), d.Name, 0)
 			if err := w.Put(context.Background(), d); err != nil {

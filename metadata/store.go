@@ -83,3 +83,21 @@ type Store interface {
 	Close() error
 	String() string
 }
+
+// SendLatest puts ev on ch, a watch channel of capacity 1, replacing an
+// event the watcher has not received yet: the coalescing every Store's
+// Watch promises. The caller must be ch's only sender, so that after the
+// drain the send finds room and never blocks. It is for implementations of
+// Store.
+func SendLatest(ch chan Event, ev Event) {
+	select {
+	case ch <- ev:
+		return
+	default:
+	}
+	select {
+	case <-ch:
+	default: // the watcher took it meanwhile
+	}
+	ch <- ev
+}

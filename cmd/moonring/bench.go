@@ -21,6 +21,7 @@ import (
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 )
@@ -316,9 +317,12 @@ func remoteTarget(proto string, noMap bool, name, meta, localName, keyFile strin
 	case meta == "p2p":
 		store, err = metadata.NewP2P(metadata.P2PConfig{})
 	case strings.HasPrefix(meta, "etcd://"):
-		store, err = metadata.NewEtcd(metadata.EtcdConfig{Endpoints: etcdEndpoints(meta)})
+		var ec etcd.Config
+		if ec, err = etcd.ParseURL(meta); err == nil {
+			store, err = etcd.New(ec)
+		}
 	default:
-		store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: meta})
+		store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: meta, Key: key})
 	}
 	if err != nil {
 		t.close()
@@ -657,14 +661,3 @@ func progressLine(res result, d time.Duration) func() {
 
 // createFile creates (or truncates) a file for the plot.
 func createFile(name string) (*os.File, error) { return os.Create(name) }
-
-// etcdEndpoints turns etcd://a:2379,b:2379 into the client's endpoint list.
-func etcdEndpoints(spec string) []string {
-	var eps []string
-	for _, hp := range strings.Split(strings.TrimPrefix(spec, "etcd://"), ",") {
-		if hp != "" {
-			eps = append(eps, "http://"+hp)
-		}
-	}
-	return eps
-}

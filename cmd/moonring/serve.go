@@ -18,6 +18,7 @@ import (
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 )
@@ -126,9 +127,13 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	case strings.HasPrefix(*meta, "http://") || strings.HasPrefix(*meta, "https://") || strings.HasPrefix(*meta, "etcd://"):
 		var err error
 		if strings.HasPrefix(*meta, "etcd://") {
-			store, err = metadata.NewEtcd(metadata.EtcdConfig{Endpoints: etcdEndpoints(*meta)})
+			var ec etcd.Config
+			if ec, err = etcd.ParseURL(*meta); err == nil {
+				store, err = etcd.New(ec)
+			}
 		} else {
-			store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: *meta})
+			// The key proves the segment's name to the metadata server.
+			store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: *meta, Key: key, Logger: logger})
 		}
 		if err != nil {
 			return err

@@ -1,5 +1,5 @@
 // Package etcdtest runs a single-member etcd server for the tests of the
-// etcd metadata store ([github.com/moonring/moonring/metadata.Etcd]): a
+// etcd metadata store ([github.com/moonring/moonring/metadata/etcd.Store]): a
 // real etcd process on loopback, in a test's temporary directory, that a
 // test can kill and restart.
 //

@@ -1,4 +1,4 @@
-package metadata
+package etcd
 
 import (
 	"crypto/tls"
@@ -13,7 +13,7 @@ import (
 	"strings"
 )
 
-// etcdMaxFile bounds what ParseEtcdURL reads of a password file: a
+// etcdMaxFile bounds what ParseURL reads of a password file: a
 // password, not a document; a name that points at a device is not read
 // for ever.
 const etcdMaxFile = 4 << 10
@@ -21,9 +21,9 @@ const etcdMaxFile = 4 << 10
 // etcdMaxPEM bounds a CA bundle, certificate or key file.
 const etcdMaxPEM = 1 << 20
 
-// ParseEtcdURL parses the etcd:// form of a metadata store, as the
+// ParseURL parses the etcd:// form of a metadata store, as the
 // --metadata flag of `moonring serve` and `moonring bench` takes it, into
-// an [EtcdConfig] for [NewEtcd]:
+// an [Config] for [New]:
 //
 //	etcd://HOST:PORT[,HOST:PORT...][?PARAM=VALUE&...]
 //
@@ -45,17 +45,17 @@ const etcdMaxPEM = 1 << 20
 // Values are URL query values (a path with '&', '=' or '%' must be
 // escaped). With TLS the endpoints become https://HOST:PORT, else
 // http://HOST:PORT. Without TLS a password travels to etcd in the clear.
-// ParseEtcdURL reads the files it names (so that a missing or unreadable
+// ParseURL reads the files it names (so that a missing or unreadable
 // one is reported at once, naming the file) and keeps no reference to
 // them; Prefix, TTL and DialTimeout of the result are zero (their
 // defaults). It is safe for concurrent use.
-func ParseEtcdURL(s string) (EtcdConfig, error) {
-	var cfg EtcdConfig
+func ParseURL(s string) (Config, error) {
+	var cfg Config
 	// Errors name the hosts, never the parameters, which may hold a
 	// secret put there by mistake.
 	what, _, _ := strings.Cut(s, "?")
-	fail := func(format string, args ...any) (EtcdConfig, error) {
-		return EtcdConfig{}, fmt.Errorf("metadata etcd: %q: %s", what, fmt.Sprintf(format, args...))
+	fail := func(format string, args ...any) (Config, error) {
+		return Config{}, fmt.Errorf("metadata etcd: %q: %s", what, fmt.Sprintf(format, args...))
 	}
 	rest, ok := strings.CutPrefix(s, "etcd://")
 	if !ok {

@@ -1,4 +1,4 @@
-package metadata
+package etcd
 
 import (
 	"context"
@@ -19,19 +19,20 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/segtable"
 )
 
-var _ Store = (*Etcd)(nil)
+var _ metadata.Store = (*Store)(nil)
 
-// Defaults of [EtcdConfig]; the TTL's is [DefaultTTL].
+// Defaults of [Config]; the TTL's is [metadata.DefaultTTL].
 const (
-	// DefaultEtcdPrefix is the prefix of the keys an [Etcd] store keeps
-	// descriptors under when EtcdConfig.Prefix is empty.
-	DefaultEtcdPrefix = "/moonring/segments/"
-	// DefaultEtcdDialTimeout is how long an [Etcd] store's call waits for
-	// etcd when EtcdConfig.DialTimeout is zero.
-	DefaultEtcdDialTimeout = 5 * time.Second
+	// DefaultPrefix is the prefix of the keys an [Store] store keeps
+	// descriptors under when Config.Prefix is empty.
+	DefaultPrefix = "/moonring/segments/"
+	// DefaultDialTimeout is how long an [Store] store's call waits for
+	// etcd when Config.DialTimeout is zero.
+	DefaultDialTimeout = 5 * time.Second
 )
 
 const (
@@ -48,11 +49,11 @@ const (
 	etcdPingInterval = 10 * time.Second
 )
 
-// EtcdConfig configures [NewEtcd]. Endpoints is required.
-type EtcdConfig struct {
+// Config configures [New]. Endpoints is required.
+type Config struct {
 	// Endpoints are the client URLs of the etcd cluster's members,
 	// "http://10.0.0.1:2379", "https://10.0.0.1:2379" or "10.0.0.1:2379";
-	// the client balances between them and fails over. [ParseEtcdURL]
+	// the client balances between them and fails over. [ParseURL]
 	// makes them, and the fields below, from the etcd:// form of the
 	// command's --metadata flag.
 	Endpoints []string
@@ -60,13 +61,13 @@ type EtcdConfig struct {
 	// etcd: RootCAs the CA of etcd's server certificates (nil: the
 	// system's roots), Certificates a client certificate for an etcd that
 	// requires one (--client-cert-auth). Endpoints must then be https://
-	// or bare host:port: NewEtcd refuses http:// ones, which etcd's client
+	// or bare host:port: New refuses http:// ones, which etcd's client
 	// would reach in the clear. An https:// endpoint without TLS is
 	// reached with the system's roots. The store keeps a copy.
 	TLS *tls.Config
 	// Username and Password, set together, authenticate the store to
 	// etcd (etcd's auth; the user needs read and write access to Prefix).
-	// NewEtcd then authenticates at once, waiting up to DialTimeout: an
+	// New then authenticates at once, waiting up to DialTimeout: an
 	// etcd that refuses them fails it with [ErrDenied], one that does not
 	// answer with [ErrUnreachable]. Without TLS the password travels in
 	// the clear. An etcd that authenticates clients by their certificate
@@ -74,28 +75,28 @@ type EtcdConfig struct {
 	Username string
 	Password string
 	// Prefix is prepended to a segment's name to make its key; default
-	// [DefaultEtcdPrefix]. Stores that should see each other's segments
+	// [DefaultPrefix]. Stores that should see each other's segments
 	// use the same prefix; nothing else under it may be written.
 	Prefix string
 	// TTL is how long a descriptor this store Puts outlives the store's
 	// last keepalive: how soon a crashed engine's segment disappears.
-	// Default [DefaultTTL]. etcd leases last whole seconds, so TTL is
+	// Default [metadata.DefaultTTL]. etcd leases last whole seconds, so TTL is
 	// rounded up to one and must be at least a second; etcd raises it to
 	// its minimum lease TTL (3s with etcd's default heartbeat and
 	// election timeouts).
 	TTL time.Duration
 	// DialTimeout bounds how long each call waits for etcd, to connect
 	// and to answer; a call that takes longer fails with
-	// [ErrUnreachable]. Default [DefaultEtcdDialTimeout].
+	// [ErrUnreachable]. Default [DefaultDialTimeout].
 	DialTimeout time.Duration
 }
 
-// Etcd is the [Store] of a deployment that spans machines with an etcd
+// Store is the [Store] of a deployment that spans machines with an etcd
 // cluster: every engine publishes to and reads from etcd, under any names,
 // with the semantics of [Store] and of [Memory] otherwise. A segment's
-// descriptor is the JSON value of the key EtcdConfig.Prefix + name.
+// descriptor is the JSON value of the key Config.Prefix + name.
 //
-// Put writes the descriptor under a lease of EtcdConfig.TTL, the name's
+// Put writes the descriptor under a lease of Config.TTL, the name's
 // own, which the store keeps alive (etcd's KeepAlive) from the first Put
 // of the name that succeeds until Delete of that name or Close. An engine
 // that dies stops keeping its leases alive, and etcd deletes its
@@ -138,16 +139,16 @@ type EtcdConfig struct {
 // and leases do not expire while etcd is down.
 //
 // Errors are those of [Store], and [ErrUnreachable] when etcd does not
-// answer within EtcdConfig.DialTimeout, or answers with an error (no
+// answer within Config.DialTimeout, or answers with an error (no
 // leader, say); a retry can help then. A descriptor larger than etcd
 // accepts (1.5 MiB by default) is [segtable.ErrBadDesc].
 //
 // An Etcd store is safe for concurrent use; its zero value is not usable,
-// and it must not be copied. It holds an etcd client from NewEtcd until
+// and it must not be copied. It holds an etcd client from New until
 // Close, and its goroutines (one per name kept alive, one per watch) run
 // until Delete, the end of the watch or Close, which ends them and waits
 // for them.
-type Etcd struct {
+type Store struct {
 	cli     *clientv3.Client
 	str     string // "etcd " + endpoints
 	prefix  string
@@ -185,18 +186,18 @@ type etcdName struct {
 	epoch uint64
 	body  []byte
 	// users counts Puts, Deletes and keepalives holding this etcdName;
-	// it is guarded by Etcd.mu.
+	// it is guarded by Store.mu.
 	users int
 }
 
-// NewEtcd returns a store that keeps descriptors in the etcd cluster at
+// New returns a store that keeps descriptors in the etcd cluster at
 // cfg.Endpoints. Without a Username it sends no request: an etcd that is
 // down shows in the first call, which fails with [ErrUnreachable]. It
 // fails when there is no endpoint, TTL is below a second or DialTimeout
 // negative, when only one of Username and Password is set, when TLS is set
 // with an http:// endpoint, and when authentication fails (see
-// EtcdConfig.Username).
-func NewEtcd(cfg EtcdConfig) (*Etcd, error) {
+// Config.Username).
+func New(cfg Config) (*Store, error) {
 	switch {
 	case len(cfg.Endpoints) == 0:
 		return nil, errors.New("metadata etcd: no endpoints")
@@ -215,16 +216,16 @@ func NewEtcd(cfg EtcdConfig) (*Etcd, error) {
 	}
 	str := "etcd " + strings.Join(cfg.Endpoints, ",")
 	if cfg.Prefix == "" {
-		cfg.Prefix = DefaultEtcdPrefix
+		cfg.Prefix = DefaultPrefix
 	}
 	if cfg.TTL == 0 {
-		cfg.TTL = DefaultTTL
+		cfg.TTL = metadata.DefaultTTL
 	}
 	if cfg.TTL < time.Second {
 		return nil, fmt.Errorf("metadata %s: TTL %v below etcd's minimum lease, a second", str, cfg.TTL)
 	}
 	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = DefaultEtcdDialTimeout
+		cfg.DialTimeout = DefaultDialTimeout
 	}
 	if cfg.DialTimeout < 0 {
 		return nil, fmt.Errorf("metadata %s: negative DialTimeout %v", str, cfg.DialTimeout)
@@ -254,14 +255,14 @@ func NewEtcd(cfg EtcdConfig) (*Etcd, error) {
 	case err == nil:
 	case errors.Is(err, rpctypes.ErrAuthFailed), errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrAuthNotEnabled),
 		status.Code(err) == codes.Unauthenticated, status.Code(err) == codes.PermissionDenied:
-		return nil, fmt.Errorf("metadata %s: %w: %v", str, ErrDenied, err)
+		return nil, fmt.Errorf("metadata %s: %w: %v", str, metadata.ErrDenied, err)
 	case cfg.Username != "":
 		// Only the authentication talks to etcd in New.
-		return nil, fmt.Errorf("metadata %s: %w: authenticating: %v", str, ErrUnreachable, err)
+		return nil, fmt.Errorf("metadata %s: %w: authenticating: %v", str, metadata.ErrUnreachable, err)
 	default:
 		return nil, fmt.Errorf("metadata %s: %w", str, err)
 	}
-	e := &Etcd{
+	e := &Store{
 		cli:     cli,
 		str:     str,
 		prefix:  cfg.Prefix,
@@ -274,19 +275,19 @@ func NewEtcd(cfg EtcdConfig) (*Etcd, error) {
 }
 
 // String returns "etcd " and the endpoints, separated by commas.
-func (e *Etcd) String() string { return e.str }
+func (e *Store) String() string { return e.str }
 
-func (e *Etcd) errorf(op, name string, err error) error {
+func (e *Store) errorf(op, name string, err error) error {
 	return fmt.Errorf("metadata %s: %s %q: %w", e, op, name, err)
 }
 
-func (e *Etcd) key(name string) string { return e.prefix + name }
+func (e *Store) key(name string) string { return e.prefix + name }
 
 // check returns the error that stops an operation before it starts; e.mu
 // is held.
-func (e *Etcd) check(ctx context.Context, op, name string) error {
+func (e *Store) check(ctx context.Context, op, name string) error {
 	if e.closed {
-		return e.errorf(op, name, ErrClosed)
+		return e.errorf(op, name, metadata.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
 		return e.errorf(op, name, err)
@@ -295,7 +296,7 @@ func (e *Etcd) check(ctx context.Context, op, name string) error {
 }
 
 // join returns a context done when ctx is or the store closes.
-func (e *Etcd) join(ctx context.Context) (context.Context, context.CancelFunc) {
+func (e *Store) join(ctx context.Context) (context.Context, context.CancelFunc) {
 	c, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(e.ctx, cancel)
 	return c, func() { stop(); cancel() }
@@ -303,7 +304,7 @@ func (e *Etcd) join(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // call returns the context of one call under ctx: done when ctx is, when
 // the store closes, or after the timeout.
-func (e *Etcd) call(ctx context.Context) (context.Context, context.CancelFunc) {
+func (e *Store) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	c, cancel := e.join(ctx)
 	c, cancel2 := context.WithTimeout(c, e.timeout)
 	return c, func() { cancel2(); cancel() }
@@ -312,22 +313,22 @@ func (e *Etcd) call(ctx context.Context) (context.Context, context.CancelFunc) {
 // ctxErr returns the error of a call under e.call(ctx) that failed with
 // err: ErrClosed when the store closed, ctx's error when ctx is done, the
 // store's own errors as they are, and otherwise what etcd's error means.
-func (e *Etcd) ctxErr(ctx context.Context, err error) error {
+func (e *Store) ctxErr(ctx context.Context, err error) error {
 	switch {
 	case e.ctx.Err() != nil:
-		return ErrClosed
+		return metadata.ErrClosed
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case errors.Is(err, ErrExists), errors.Is(err, ErrEpoch), errors.Is(err, ErrNotFound), errors.Is(err, segtable.ErrBadDesc):
+	case errors.Is(err, metadata.ErrExists), errors.Is(err, metadata.ErrEpoch), errors.Is(err, metadata.ErrNotFound), errors.Is(err, segtable.ErrBadDesc):
 		return err
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), status.Code(err) == codes.DeadlineExceeded:
 		// The call's own timeout: not the caller's deadline, so it is
 		// not wrapped.
-		return fmt.Errorf("%w: no answer from etcd within %v (%v)", ErrUnreachable, e.timeout, err)
+		return fmt.Errorf("%w: no answer from etcd within %v (%v)", metadata.ErrUnreachable, e.timeout, err)
 	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
 		return fmt.Errorf("%w: too large for etcd: %v", segtable.ErrBadDesc, err)
 	}
-	return fmt.Errorf("%w: etcd: %w", ErrUnreachable, err)
+	return fmt.Errorf("%w: etcd: %w", metadata.ErrUnreachable, err)
 }
 
 // decode returns the descriptor of name that value, read from etcd,
@@ -343,9 +344,9 @@ func decode(name string, value []byte) (*segtable.SegmentDesc, error) {
 	return d, nil
 }
 
-// Get returns a copy of the descriptor etcd holds under name; see [Etcd]
+// Get returns a copy of the descriptor etcd holds under name; see [Store]
 // and [Store].
-func (e *Etcd) Get(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
+func (e *Store) Get(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
 	e.mu.Lock()
 	err := e.check(ctx, "get", name)
 	e.mu.Unlock()
@@ -359,7 +360,7 @@ func (e *Etcd) Get(ctx context.Context, name string) (*segtable.SegmentDesc, err
 		return nil, e.errorf("get", name, e.ctxErr(ctx, err))
 	}
 	if len(resp.Kvs) == 0 {
-		return nil, e.errorf("get", name, ErrNotFound)
+		return nil, e.errorf("get", name, metadata.ErrNotFound)
 	}
 	d, err := decode(name, resp.Kvs[0].Value)
 	if err != nil {
@@ -370,7 +371,7 @@ func (e *Etcd) Get(ctx context.Context, name string) (*segtable.SegmentDesc, err
 
 // acquire returns the writing state of name with one more user, or an
 // error when the store is closed or ctx done; release gives it back.
-func (e *Etcd) acquire(ctx context.Context, op, name string) (*etcdName, error) {
+func (e *Store) acquire(ctx context.Context, op, name string) (*etcdName, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := e.check(ctx, op, name); err != nil {
@@ -385,7 +386,7 @@ func (e *Etcd) acquire(ctx context.Context, op, name string) (*etcdName, error) 
 	return n, nil
 }
 
-func (e *Etcd) release(n *etcdName) {
+func (e *Store) release(n *etcdName) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if n.users--; n.users == 0 {
@@ -394,21 +395,21 @@ func (e *Etcd) release(n *etcdName) {
 }
 
 // lock takes n.sem, unless ctx is done or the store closes first.
-func (e *Etcd) lock(ctx context.Context, n *etcdName) error {
+func (e *Store) lock(ctx context.Context, n *etcdName) error {
 	select {
 	case n.sem <- struct{}{}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-e.ctx.Done():
-		return ErrClosed
+		return metadata.ErrClosed
 	}
 }
 
 // Put validates d and publishes a copy in etcd, under a lease the store
 // keeps alive until Delete or Close, unless another epoch holds its name;
-// see [Etcd] and [Store].
-func (e *Etcd) Put(ctx context.Context, d *segtable.SegmentDesc) error {
+// see [Store] and [Store].
+func (e *Store) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if d == nil {
 		return e.errorf("put", "", fmt.Errorf("%w: nil descriptor", segtable.ErrBadDesc))
 	}
@@ -441,7 +442,7 @@ func (e *Etcd) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 // or with a new lease when lease is 0 or etcd no longer has it, unless
 // another epoch holds the name; then it keeps the lease alive. n.sem is
 // held.
-func (e *Etcd) publish(ctx context.Context, n *etcdName, epoch uint64, body []byte, lease clientv3.LeaseID) error {
+func (e *Store) publish(ctx context.Context, n *etcdName, epoch uint64, body []byte, lease clientv3.LeaseID) error {
 	fresh := false
 	for {
 		if lease == 0 {
@@ -462,7 +463,7 @@ func (e *Etcd) publish(ctx context.Context, n *etcdName, epoch uint64, body []by
 		if fresh {
 			e.revokeLater(lease)
 		}
-		if errors.Is(err, ErrExists) && n.lease != 0 && held != n.epoch {
+		if errors.Is(err, metadata.ErrExists) && n.lease != 0 && held != n.epoch {
 			e.forget(n) // what this store kept alive is gone: the name is another's
 		}
 		return err
@@ -480,7 +481,7 @@ func (e *Etcd) publish(ctx context.Context, n *etcdName, epoch uint64, body []by
 // is a transaction conditional on the key's revision being the one read,
 // so a concurrent writer makes it read again, never overwrite what it did
 // not check.
-func (e *Etcd) casPut(ctx context.Context, name string, epoch uint64, body []byte, lease clientv3.LeaseID) (held uint64, err error) {
+func (e *Store) casPut(ctx context.Context, name string, epoch uint64, body []byte, lease clientv3.LeaseID) (held uint64, err error) {
 	key := e.key(name)
 	put := clientv3.OpPut(key, string(body), clientv3.WithLease(lease))
 	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0) // the name is free
@@ -500,9 +501,9 @@ func (e *Etcd) casPut(ctx context.Context, name string, epoch uint64, body []byt
 		d, err := segtable.UnmarshalDesc(kvs[0].Value)
 		switch {
 		case err != nil:
-			return 0, fmt.Errorf("%w: etcd holds a value that is not a descriptor (%v)", ErrExists, err)
+			return 0, fmt.Errorf("%w: etcd holds a value that is not a descriptor (%v)", metadata.ErrExists, err)
 		case d.Epoch != epoch:
-			return d.Epoch, fmt.Errorf("%w: held by epoch %d, not %d", ErrExists, d.Epoch, epoch)
+			return d.Epoch, fmt.Errorf("%w: held by epoch %d, not %d", metadata.ErrExists, d.Epoch, epoch)
 		}
 		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)
 	}
@@ -510,7 +511,7 @@ func (e *Etcd) casPut(ctx context.Context, name string, epoch uint64, body []byt
 
 // keep makes lease n's lease and starts its keepalive goroutine, ending
 // the previous one's, unless the store is closing. n.sem is held.
-func (e *Etcd) keep(n *etcdName, lease clientv3.LeaseID) {
+func (e *Store) keep(n *etcdName, lease clientv3.LeaseID) {
 	if n.stop != nil {
 		n.stop()
 	}
@@ -528,7 +529,7 @@ func (e *Etcd) keep(n *etcdName, lease clientv3.LeaseID) {
 }
 
 // forget stops keeping n's lease alive; n.sem is held.
-func (e *Etcd) forget(n *etcdName) {
+func (e *Store) forget(n *etcdName) {
 	if n.stop != nil {
 		n.stop()
 	}
@@ -538,7 +539,7 @@ func (e *Etcd) forget(n *etcdName) {
 // keepAlive keeps lease alive until ctx is done (Delete, a new lease for
 // the name, Close). When etcd loses the lease first, it writes n's
 // descriptor again under a new lease, retrying with backoff.
-func (e *Etcd) keepAlive(ctx context.Context, n *etcdName, lease clientv3.LeaseID) {
+func (e *Store) keepAlive(ctx context.Context, n *etcdName, lease clientv3.LeaseID) {
 	defer e.wg.Done()
 	defer e.release(n)
 	if ch, err := e.cli.KeepAlive(ctx, lease); err == nil {
@@ -564,7 +565,7 @@ func (e *Etcd) keepAlive(ctx context.Context, n *etcdName, lease clientv3.LeaseI
 // lease, n's lease. It reports whether it is done: restored (its
 // successor keeps the new lease alive), given up (another epoch holds the
 // name) or superseded (a Put or Delete changed n's lease meanwhile).
-func (e *Etcd) restore(ctx context.Context, n *etcdName, lease clientv3.LeaseID) bool {
+func (e *Store) restore(ctx context.Context, n *etcdName, lease clientv3.LeaseID) bool {
 	select {
 	case n.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -577,12 +578,12 @@ func (e *Etcd) restore(ctx context.Context, n *etcdName, lease clientv3.LeaseID)
 	cctx, stop := e.call(ctx)
 	defer stop()
 	err := e.publish(cctx, n, n.epoch, n.body, 0)
-	return err == nil || errors.Is(err, ErrExists) || ctx.Err() != nil
+	return err == nil || errors.Is(err, metadata.ErrExists) || ctx.Err() != nil
 }
 
 // revokeLater revokes lease, which holds nothing this store keeps, in the
 // background; a lease left unrevoked expires on its own.
-func (e *Etcd) revokeLater(lease clientv3.LeaseID) {
+func (e *Store) revokeLater(lease clientv3.LeaseID) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -598,8 +599,8 @@ func (e *Etcd) revokeLater(lease clientv3.LeaseID) {
 }
 
 // Delete removes the descriptor under name from etcd if its epoch matches
-// (0 matches any), and stops keeping it alive; see [Etcd] and [Store].
-func (e *Etcd) Delete(ctx context.Context, name string, epoch uint64) error {
+// (0 matches any), and stops keeping it alive; see [Store] and [Store].
+func (e *Store) Delete(ctx context.Context, name string, epoch uint64) error {
 	n, err := e.acquire(ctx, "delete", name)
 	if err != nil {
 		return err
@@ -613,7 +614,7 @@ func (e *Etcd) Delete(ctx context.Context, name string, epoch uint64) error {
 	cctx, stop := e.call(ctx)
 	defer stop()
 	err = e.casDelete(cctx, name, epoch)
-	if !errors.Is(err, ErrEpoch) {
+	if !errors.Is(err, metadata.ErrEpoch) {
 		e.forget(n)
 	}
 	if err != nil {
@@ -624,7 +625,7 @@ func (e *Etcd) Delete(ctx context.Context, name string, epoch uint64) error {
 
 // casDelete deletes the key of name if it holds epoch (any when 0), in a
 // transaction conditional on the revision whose epoch it checked.
-func (e *Etcd) casDelete(ctx context.Context, name string, epoch uint64) error {
+func (e *Store) casDelete(ctx context.Context, name string, epoch uint64) error {
 	key := e.key(name)
 	if epoch == 0 {
 		resp, err := e.cli.Delete(ctx, key)
@@ -632,7 +633,7 @@ func (e *Etcd) casDelete(ctx context.Context, name string, epoch uint64) error {
 			return err
 		}
 		if resp.Deleted == 0 {
-			return ErrNotFound
+			return metadata.ErrNotFound
 		}
 		return nil
 	}
@@ -643,14 +644,14 @@ func (e *Etcd) casDelete(ctx context.Context, name string, epoch uint64) error {
 	kvs := resp.Kvs
 	for {
 		if len(kvs) == 0 {
-			return ErrNotFound
+			return metadata.ErrNotFound
 		}
 		held, err := segtable.UnmarshalDesc(kvs[0].Value)
 		switch {
 		case err != nil:
-			return fmt.Errorf("%w: etcd holds a value that is not a descriptor (%v)", ErrEpoch, err)
+			return fmt.Errorf("%w: etcd holds a value that is not a descriptor (%v)", metadata.ErrEpoch, err)
 		case held.Epoch != epoch:
-			return fmt.Errorf("%w: held by epoch %d, not %d", ErrEpoch, held.Epoch, epoch)
+			return fmt.Errorf("%w: held by epoch %d, not %d", metadata.ErrEpoch, held.Epoch, epoch)
 		}
 		tresp, err := e.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)).
@@ -669,8 +670,8 @@ func (e *Etcd) casDelete(ctx context.Context, name string, epoch uint64) error {
 
 // Watch returns a coalescing channel of the changes of name, followed
 // through etcd's watch, closed when ctx is done or the store is closed;
-// see [Etcd] and [Store].
-func (e *Etcd) Watch(ctx context.Context, name string) (<-chan Event, error) {
+// see [Store] and [Store].
+func (e *Store) Watch(ctx context.Context, name string) (<-chan metadata.Event, error) {
 	e.mu.Lock()
 	if err := e.check(ctx, "watch", name); err != nil {
 		e.mu.Unlock()
@@ -680,7 +681,7 @@ func (e *Etcd) Watch(ctx context.Context, name string) (<-chan Event, error) {
 	e.mu.Unlock()
 
 	wctx, stop := e.join(ctx)
-	w := &etcdWatch{e: e, name: name, key: e.key(name), ch: make(chan Event, 1)}
+	w := &etcdWatch{e: e, name: name, key: e.key(name), ch: make(chan metadata.Event, 1)}
 	synced := w.sync(wctx)
 	if wctx.Err() != nil {
 		stop()
@@ -695,7 +696,7 @@ func (e *Etcd) Watch(ctx context.Context, name string) (<-chan Event, error) {
 // the etcd client and makes later calls fail with [ErrClosed]. It neither
 // deletes nor revokes what the store published: that expires within TTL.
 // It is idempotent and returns nil.
-func (e *Etcd) Close() error {
+func (e *Store) Close() error {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -712,9 +713,9 @@ func (e *Etcd) Close() error {
 // etcdWatch is the state of one watch; only its goroutine (or Watch,
 // before starting it) touches it.
 type etcdWatch struct {
-	e         *Etcd
+	e         *Store
 	name, key string
-	ch        chan Event // only this watch sends, so sendLatest cannot block
+	ch        chan metadata.Event // only this watch sends, so metadata.SendLatest cannot block
 	// last is a private copy of the descriptor last delivered, nil
 	// before the first and after a Deleted; lastRev is the revision
 	// that wrote it.
@@ -811,7 +812,7 @@ func (w *etcdWatch) update(kv *mvccpb.KeyValue) {
 		return
 	}
 	w.last, w.lastRev = d.Clone(), kv.ModRevision
-	sendLatest(w.ch, Event{Desc: d})
+	metadata.SendLatest(w.ch, metadata.Event{Desc: d})
 }
 
 // gone delivers Deleted once for the descriptor last delivered, as prev
@@ -823,6 +824,6 @@ func (w *etcdWatch) gone(prev *segtable.SegmentDesc) {
 	if prev == nil {
 		prev = w.last
 	}
-	sendLatest(w.ch, Event{Desc: prev, Deleted: true})
+	metadata.SendLatest(w.ch, metadata.Event{Desc: prev, Deleted: true})
 	w.last, w.lastRev = nil, 0
 }

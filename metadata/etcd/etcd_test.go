@@ -1,4 +1,4 @@
-package metadata_test
+package etcd_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/metadata/etcdtest"
 	"github.com/moonring/moonring/metadata/storetest"
 	"github.com/moonring/moonring/segtable"
@@ -29,9 +30,9 @@ func etcdPrefix() string {
 
 // newEtcd returns a store of the etcd at endpoint under prefix, closed
 // when the test ends.
-func newEtcd(t *testing.T, endpoint, prefix string, ttl time.Duration) *metadata.Etcd {
+func newEtcd(t *testing.T, endpoint, prefix string, ttl time.Duration) *etcd.Store {
 	t.Helper()
-	e, err := metadata.NewEtcd(metadata.EtcdConfig{Endpoints: []string{endpoint}, Prefix: prefix, TTL: ttl})
+	e, err := etcd.New(etcd.Config{Endpoints: []string{endpoint}, Prefix: prefix, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func testEtcdPublishRace(t *testing.T, ep string) {
 		if err := errors.Join(errA, errB); !strings.Contains(err.Error(), "contested") || !strings.Contains(err.Error(), a.String()) {
 			t.Errorf("error %q does not name the segment and the store", err)
 		}
-		for _, s := range []*metadata.Etcd{a, b} {
+		for _, s := range []*etcd.Store{a, b} {
 			d, err := s.Get(ctx, "contested")
 			if err != nil || d.Epoch != want {
 				t.Fatalf("round %d: Get = %+v, %v; want epoch %d", round, d, err, want)
@@ -375,19 +376,19 @@ func TestEtcdRestart(t *testing.T) {
 }
 
 func TestEtcdConfig(t *testing.T) {
-	for _, cfg := range []metadata.EtcdConfig{
+	for _, cfg := range []etcd.Config{
 		{},
 		{Endpoints: []string{""}},
 		{Endpoints: []string{"127.0.0.1:2379"}, TTL: 500 * time.Millisecond},
 		{Endpoints: []string{"127.0.0.1:2379"}, TTL: -time.Second},
 		{Endpoints: []string{"127.0.0.1:2379"}, DialTimeout: -time.Second},
 	} {
-		if e, err := metadata.NewEtcd(cfg); err == nil {
+		if e, err := etcd.New(cfg); err == nil {
 			e.Close()
-			t.Errorf("NewEtcd(%+v): no error", cfg)
+			t.Errorf("New(%+v): no error", cfg)
 		}
 	}
-	e, err := metadata.NewEtcd(metadata.EtcdConfig{Endpoints: []string{"http://10.0.0.1:2379", "http://10.0.0.2:2379"}})
+	e, err := etcd.New(etcd.Config{Endpoints: []string{"http://10.0.0.1:2379", "http://10.0.0.2:2379"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +401,7 @@ func TestEtcdConfig(t *testing.T) {
 // An etcd that does not answer: calls fail with ErrUnreachable naming the
 // store and the segment, within the DialTimeout; a watch waits for it.
 func TestEtcdUnreachable(t *testing.T) {
-	e, err := metadata.NewEtcd(metadata.EtcdConfig{Endpoints: []string{"http://" + deadAddr(t)}, DialTimeout: 200 * time.Millisecond})
+	e, err := etcd.New(etcd.Config{Endpoints: []string{"http://" + deadAddr(t)}, DialTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,6 @@
 //go:build linux
 
-package metadata_test
+package etcd_test
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/metadata/etcdtest"
 )
 
@@ -106,7 +107,7 @@ func rootClient(t *testing.T, pki *testPKI, addr string) *clientv3.Client {
 	return c
 }
 
-// An Etcd store from ParseEtcdURL reaches an etcd that requires TLS client
+// An Etcd store from ParseURL reaches an etcd that requires TLS client
 // certificates, and then one that also requires a password; without the
 // certificate, or with a wrong password, it does not.
 func TestEtcdTLS(t *testing.T) {
@@ -115,13 +116,13 @@ func TestEtcdTLS(t *testing.T) {
 	root := rootClient(t, pki, addr)
 	tlsURL := fmt.Sprintf("etcd://%s?cacert=%s&cert=%s&key=%s", addr, pki.file("ca.pem"), pki.file("client.pem"), pki.file("client-key.pem"))
 	timeout := 5 * time.Second
-	open := func(u string) (*metadata.Etcd, error) {
-		cfg, err := metadata.ParseEtcdURL(u)
+	open := func(u string) (*etcd.Store, error) {
+		cfg, err := etcd.ParseURL(u)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cfg.Prefix, cfg.DialTimeout = etcdPrefix(), timeout
-		return metadata.NewEtcd(cfg)
+		return etcd.New(cfg)
 	}
 	e, err := open(tlsURL)
 	if err != nil {
@@ -143,7 +144,7 @@ func TestEtcdTLS(t *testing.T) {
 	} {
 		o, err := open(u)
 		if err != nil {
-			t.Fatalf("%s: NewEtcd: %v", what, err)
+			t.Fatalf("%s: New: %v", what, err)
 		}
 		_, err = o.Get(ctx, "a")
 		o.Close()
@@ -170,7 +171,7 @@ func TestEtcdTLS(t *testing.T) {
 		if o != nil {
 			o.Close()
 		}
-		t.Fatalf("NewEtcd with a wrong password: %v, want ErrDenied", err)
+		t.Fatalf("New with a wrong password: %v, want ErrDenied", err)
 	}
 	o, err := open(tlsURL + "&user=root&password-file=" + good)
 	if err != nil {

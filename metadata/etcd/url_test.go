@@ -1,4 +1,4 @@
-package metadata_test
+package etcd_test
 
 import (
 	"crypto/ecdsa"
@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/etcd"
 )
 
 // testPKI is a CA and the certificates it signed, as PEM files in a
@@ -120,17 +121,17 @@ func TestParseEtcdURL(t *testing.T) {
 		{url: "etcd://a:1?cacert=" + pki.file("ca.pem") + "&cert=" + pki.file("client.pem") + "&key=" + pki.file("client-key.pem"), endpoints: []string{"https://a:1"}, tls: true, cert: true},
 		{url: "etcd://a:1?user=moon&password-file=" + pw, endpoints: []string{"http://a:1"}, user: "moon", pw: "s3cret"},
 	} {
-		cfg, err := metadata.ParseEtcdURL(tc.url)
+		cfg, err := etcd.ParseURL(tc.url)
 		if err != nil {
-			t.Errorf("ParseEtcdURL(%q): %v", tc.url, err)
+			t.Errorf("ParseURL(%q): %v", tc.url, err)
 			continue
 		}
 		if !slices.Equal(cfg.Endpoints, tc.endpoints) || (cfg.TLS != nil) != tc.tls || cfg.Username != tc.user || cfg.Password != tc.pw {
-			t.Errorf("ParseEtcdURL(%q) = %+v", tc.url, cfg)
+			t.Errorf("ParseURL(%q) = %+v", tc.url, cfg)
 			continue
 		}
 		if tc.cert && (cfg.TLS.RootCAs == nil || len(cfg.TLS.Certificates) != 1) {
-			t.Errorf("ParseEtcdURL(%q): TLS without the CA or the client certificate", tc.url)
+			t.Errorf("ParseURL(%q): TLS without the CA or the client certificate", tc.url)
 		}
 	}
 	open := writeFile(t, "s3cret", 0o644)
@@ -167,38 +168,38 @@ func TestParseEtcdURL(t *testing.T) {
 		"etcd://a:1?password=s3cret&user=moon",
 		"etcd://a:1?%zz",
 	} {
-		if cfg, err := metadata.ParseEtcdURL(u); err == nil {
-			t.Errorf("ParseEtcdURL(%q) = %+v, no error", u, cfg)
+		if cfg, err := etcd.ParseURL(u); err == nil {
+			t.Errorf("ParseURL(%q) = %+v, no error", u, cfg)
 		} else if strings.Contains(err.Error(), "s3cret") {
-			t.Errorf("ParseEtcdURL(%q): error %q shows the password", u, err)
+			t.Errorf("ParseURL(%q): error %q shows the password", u, err)
 		}
 	}
-	// The parsed configuration is one NewEtcd takes; TLS with an http
+	// The parsed configuration is one New takes; TLS with an http
 	// endpoint, or half a credential, it refuses.
-	cfg, err := metadata.ParseEtcdURL("etcd://127.0.0.1:1?cacert=" + pki.file("ca.pem"))
+	cfg, err := etcd.ParseURL("etcd://127.0.0.1:1?cacert=" + pki.file("ca.pem"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := metadata.NewEtcd(cfg)
+	e, err := etcd.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.Close()
-	for _, bad := range []metadata.EtcdConfig{
+	for _, bad := range []etcd.Config{
 		{Endpoints: []string{"http://127.0.0.1:1"}, TLS: cfg.TLS},
 		{Endpoints: []string{"127.0.0.1:1"}, Username: "moon"},
 		{Endpoints: []string{"127.0.0.1:1"}, Password: "s3cret"},
 	} {
-		if e, err := metadata.NewEtcd(bad); err == nil {
+		if e, err := etcd.New(bad); err == nil {
 			e.Close()
-			t.Errorf("NewEtcd(%+v): no error", bad)
+			t.Errorf("New(%+v): no error", bad)
 		}
 	}
 	// Credentials are checked at once: an etcd that does not answer.
-	if e, err := metadata.NewEtcd(metadata.EtcdConfig{Endpoints: []string{"127.0.0.1:1"}, Username: "moon", Password: "s3cret", DialTimeout: 200 * time.Millisecond}); !errors.Is(err, metadata.ErrUnreachable) {
+	if e, err := etcd.New(etcd.Config{Endpoints: []string{"127.0.0.1:1"}, Username: "moon", Password: "s3cret", DialTimeout: 200 * time.Millisecond}); !errors.Is(err, metadata.ErrUnreachable) {
 		if e != nil {
 			e.Close()
 		}
-		t.Fatalf("NewEtcd with credentials of an etcd that is down: %v, want ErrUnreachable", err)
+		t.Fatalf("New with credentials of an etcd that is down: %v, want ErrUnreachable", err)
 	}
 }
