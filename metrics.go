@@ -10,6 +10,7 @@ import (
 
 	"github.com/moonring/moonring/ring"
 	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/transport"
 )
@@ -172,6 +173,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			"auth": r.Auth, "conn_cap": r.ConnCap, "idle": r.Idle, "bad_frame": r.BadFrame,
 		} {
 			ch <- prometheus.MustNewConstMetric(mRefused, prometheus.CounterValue, float64(n), "tcp", reason)
+		}
+	}
+	if t, ok := e.Transport(shm.Name).(*shm.Transport); ok {
+		st := t.Stats()
+		for reason, n := range map[string]uint64{
+			"handshake_cap": st.Evicted, "uid_cap": st.EvictedUID, "conn_cap": st.Refused, "auth": st.BadKey, "bad_hello": st.Failed,
+		} {
+			ch <- prometheus.MustNewConstMetric(mRefused, prometheus.CounterValue, float64(n), "shm", reason)
 		}
 	}
 	if e.signed != nil {

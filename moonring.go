@@ -246,7 +246,8 @@ func (c Config) String() string {
 	}
 	if c.TCP != nil {
 		tc, _ := c.TCP.Effective()
-		ts += fmt.Sprintf("\ntcp: listen %s, %d rails, depth %d, slice %d, tls %v", tc.Listen, tc.Rails, tc.Depth, tc.SliceSize, tc.TLS != nil)
+		ts += fmt.Sprintf("\ntcp: listen %s, %d rails, depth %d, slice %d, tls %v (pinned self-signed: %v), handshakes %d (%d per source), conns %d, idle %v",
+			tc.Listen, tc.Rails, tc.Depth, tc.SliceSize, tc.TLS != nil || tc.AutoTLS, tc.AutoTLS, tc.MaxHandshakes, tc.MaxHandshakesPerSource, tc.MaxConns, tc.IdleTimeout)
 	}
 	if c.SHM != nil {
 		ts += fmt.Sprintf("\nshm: same-host peers, no mapping %v", c.SHM.NoMap)
@@ -385,6 +386,9 @@ func New(cfg Config) (*Engine, error) {
 		sc := *cfg.SHM
 		if len(sc.Key) == 0 {
 			sc.Key = cfg.Key // one segment key for the deployment
+		}
+		if sc.Logger == nil {
+			sc.Logger = cfg.Logger
 		}
 		t, err := shm.New(sc)
 		if err := e.install(shm.Name, t, err, false); err != nil {
@@ -1019,6 +1023,11 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 	// missing transport: the fix is the key, on one side or the other.
 	why := ErrNoTransport
 	for _, err := range errs {
+		if errors.Is(err, tcp.ErrPinMismatch) {
+			// Not a key: the certificate is not the one the signed
+			// descriptor pins (a relay, or a target restarted since).
+			return 0, fmt.Errorf("moonring: open segment %q: its TLS certificate is not the one its descriptor pins (a relay on the path, or a descriptor older than the target): %w", name, errors.Join(append([]error{ErrDenied}, errs...)...))
+		}
 		if errors.Is(err, transport.ErrDenied) || errors.Is(err, tcp.ErrAuth) || errors.Is(err, rdma.ErrAuth) {
 			why = ErrDenied
 		}
