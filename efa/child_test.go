@@ -6,13 +6,13 @@ package efa_test
 // re-executes itself with EFA_CHILD=target. The target registers one
 // remote-accessible buffer with an efa transport (and, for the
 // benchmarks, a tcp transport), prints its segment descriptor as one JSON
-// line, and answers commands on stdin, one per line, until stdin closes:
+// line, and answers commands on stdin, one per line, until stdin closes
+// (internal/childproc's protocol):
 //
 //	sum OFF LEN        -> the SHA-256 of buffer[OFF:OFF+LEN], in hex
 //	fill OFF LEN SEED  -> fills buffer[OFF:OFF+LEN] with pattern(SEED), "ok"
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -101,33 +101,30 @@ func childTarget() error {
 		bd.Keys[x.Name()] = reg.Key
 	}
 	desc.Buffers = []segtable.BufferDesc{bd}
-	if err := json.NewEncoder(os.Stdout).Encode(desc); err != nil {
+	j, err := json.Marshal(desc)
+	if err != nil {
 		return err
 	}
-	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
-		f := strings.Fields(in.Text())
+	return childproc.Serve(string(j), func(cmd string) string {
+		f := strings.Fields(cmd)
 		var v [3]uint64
 		for i := 1; i < len(f) && i <= 3; i++ {
 			v[i-1], _ = strconv.ParseUint(f[i], 10, 64)
 		}
 		if len(f) < 3 || v[0] > uint64(size) || v[1] > uint64(size)-v[0] {
-			fmt.Println("bad command")
-			continue
+			return "bad command"
 		}
 		region := mem[v[0] : v[0]+v[1]]
 		switch f[0] {
 		case "sum":
 			s := sha256.Sum256(region)
-			fmt.Println(hex.EncodeToString(s[:]))
+			return hex.EncodeToString(s[:])
 		case "fill":
 			pattern(region, v[2])
-			fmt.Println("ok")
-		default:
-			fmt.Println("bad command")
+			return "ok"
 		}
-	}
-	return nil
+		return "bad command"
+	})
 }
 
 // target is a running child target.

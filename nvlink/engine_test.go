@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
@@ -25,7 +25,7 @@ const engineChildEnv = "NVLINK_ENGINE_CHILD"
 // engineChild is a target engine in its own process: nvlink installed,
 // NVLINK_GPU_SIZE bytes of GPU 0's memory from Engine.Alloc registered
 // remote-accessible. It prints its segment descriptor and serves until its
-// standard input closes.
+// standard input closes (internal/childproc's protocol, no commands).
 func engineChild() int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "engine child:", err); return 1 }
 	size, _ := strconv.Atoi(os.Getenv(childSizeEnv))
@@ -52,10 +52,13 @@ func engineChild() int {
 	if err != nil {
 		return fail(err)
 	}
-	if err := json.NewEncoder(os.Stdout).Encode(d); err != nil {
+	j, err := json.Marshal(d)
+	if err != nil {
 		return fail(err)
 	}
-	io.Copy(io.Discard, os.Stdin)
+	if err := childproc.Serve(string(j), nil); err != nil {
+		return fail(err)
+	}
 	return 0
 }
 

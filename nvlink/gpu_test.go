@@ -8,29 +8,29 @@ package nvlink
 // The target of the two-process tests is this test binary again, started
 // with NVLINK_GPU_CHILD=1 (TestMain hands over to gpuChild): it allocates
 // a GPU buffer, fills it with a known pattern, exports it and prints its
-// segment descriptor as one JSON line; then it answers commands on stdin:
+// segment descriptor as one JSON line; then it answers commands on stdin
+// (internal/childproc's protocol):
 //
 //	check <seed> <offset> <length>   compare the buffer with pattern(seed) there: "ok" or "bad <why>"
 //	fill <seed>                       refill the whole buffer with pattern(seed): "ok"
-//	exit                              unregister, close, exit
+//
+// When stdin closes it unregisters, closes and exits.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -143,47 +143,42 @@ func gpuChild() int {
 	desc := segtable.SegmentDesc{Version: 1, Name: "gpu-child", Epoch: 1, Endpoints: map[string]string{Name: tr.Endpoint()},
 		Buffers: []segtable.BufferDesc{{Addr: uint64(b.Addr), Length: b.Length, Location: string(b.Location), Keys: map[string]string{Name: reg.Key}}}}
 	j, _ := json.Marshal(&desc)
-	fmt.Printf("%s\n", j)
-	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
-		f := strings.Fields(in.Text())
+	err = childproc.Serve(string(j), func(cmd string) string {
+		f := strings.Fields(cmd)
 		switch {
 		case len(f) == 4 && f[0] == "check":
 			seed, _ := strconv.ParseUint(f[1], 10, 64)
 			off, _ := strconv.Atoi(f[2])
 			n, _ := strconv.Atoi(f[3])
 			if off < 0 || n <= 0 || off+n > size {
-				fmt.Println("bad range")
-				continue
+				return "bad range"
 			}
 			got := make([]byte, n)
 			if err := syncCopy(tr, 0, b.Pointer(uint64(off)), got, false); err != nil {
-				fmt.Println("bad", err)
-				continue
+				return fmt.Sprint("bad ", err)
 			}
 			want := pattern(seed, off+n)[off:]
 			if i := firstDiff(got, want); i >= 0 {
-				fmt.Printf("bad byte %d is %#x, want %#x\n", off+i, got[i], want[i])
-				continue
+				return fmt.Sprintf("bad byte %d is %#x, want %#x", off+i, got[i], want[i])
 			}
-			fmt.Println("ok")
+			return "ok"
 		case len(f) == 2 && f[0] == "fill":
 			seed, _ := strconv.ParseUint(f[1], 10, 64)
 			if err := syncCopy(tr, 0, b.Pointer(0), pattern(seed, size), true); err != nil {
-				fmt.Println("bad", err)
-				continue
+				return fmt.Sprint("bad ", err)
 			}
-			fmt.Println("ok")
-		case len(f) == 1 && f[0] == "exit":
-			if err := tr.Unregister(b, reg); err != nil {
-				return fail(err)
-			}
-			bufs.Unregister(context.Background(), b.ID)
-			return 0
-		default:
-			fmt.Println("bad command")
+			return "ok"
 		}
+		return "bad command"
+	})
+	if err != nil {
+		return fail(err)
 	}
+	// stdin closed: the test is over.
+	if err := tr.Unregister(b, reg); err != nil {
+		return fail(err)
+	}
+	bufs.Unregister(context.Background(), b.ID)
 	return 0
 }
 
@@ -201,9 +196,7 @@ func firstDiff(a, b []byte) int {
 
 // child is a running target process.
 type child struct {
-	cmd  *exec.Cmd
-	in   io.WriteCloser
-	out  *bufio.Scanner
+	*childproc.Proc
 	desc *segtable.SegmentDesc
 }
 
@@ -213,60 +206,29 @@ func startChild(tb testing.TB, size int) *child {
 }
 
 // startChildEnv starts this test binary as the child that env selects
-// (see TestMain), with size bytes of GPU memory.
+// (see TestMain), with size bytes of GPU memory. The test fails if the
+// child does not exit cleanly once the test closes its stdin.
 func startChildEnv(tb testing.TB, env string, size int) *child {
 	tb.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), env+"=1", childSizeEnv+"="+strconv.Itoa(size))
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	outp, err := cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	c := &child{cmd: cmd, in: in, out: bufio.NewScanner(outp)}
-	c.out.Buffer(nil, 1<<20)
+	p := childproc.Start(tb, childproc.Config{Env: []string{env + "=1", childSizeEnv + "=" + strconv.Itoa(size)},
+		Name: "target process", StopWait: 30 * time.Second})
 	tb.Cleanup(func() {
-		fmt.Fprintln(c.in, "exit")
-		c.in.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				tb.Errorf("target process: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			tb.Errorf("target process did not exit")
+		if err := p.Stop(); err != nil {
+			tb.Errorf("target process: %v", err)
 		}
 	})
-	if !c.out.Scan() {
-		tb.Fatalf("target process printed no descriptor: %v", c.out.Err())
-	}
-	d, err := segtable.UnmarshalDesc(c.out.Bytes())
+	d, err := segtable.UnmarshalDesc([]byte(p.Line))
 	if err != nil {
 		tb.Fatalf("target's descriptor: %v", err)
 	}
-	c.desc = d
-	return c
+	return &child{Proc: p, desc: d}
 }
 
+// ask sends cmd to the child and fails tb unless it answers "ok".
 func (c *child) ask(tb testing.TB, cmd string) {
 	tb.Helper()
-	fmt.Fprintln(c.in, cmd)
-	if !c.out.Scan() {
-		tb.Fatalf("target process: no answer to %q", cmd)
-	}
-	if c.out.Text() != "ok" {
-		tb.Fatalf("target process: %q: %s", cmd, c.out.Text())
+	if a := c.Ask(tb, "%s", cmd); a != "ok" {
+		tb.Fatalf("target process: %q: %s", cmd, a)
 	}
 }
 

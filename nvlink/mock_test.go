@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/moonring/moonring/internal/childproc"
 )
 
 // TestMockCUDA runs the GPU tests and benchmarks in a subprocess against
@@ -29,10 +32,9 @@ func TestMockCUDA(t *testing.T) {
 	if out, err := exec.Command(cc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", lib, "testdata/mockcuda.c").CombinedOutput(); err != nil {
 		t.Fatalf("build the CUDA model: %v\n%s", err, out)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestGPU", "-test.v", "-test.count=1",
-		"-test.bench", "NVLink|RawDtoD|StagedTCP", "-test.benchtime", "2x")
-	cmd.Env = append(os.Environ(), libraryEnv+"="+lib)
-	out, err := cmd.CombinedOutput()
+	out, err := childproc.Run(childproc.Config{Env: []string{libraryEnv + "=" + lib},
+		Args: []string{"-test.run", "^TestGPU", "-test.v", "-test.count=1",
+			"-test.bench", "NVLink|RawDtoD|StagedTCP", "-test.benchtime", "2x"}}, 5*time.Minute)
 	if err != nil {
 		t.Fatalf("GPU tests against the model: %v\n%s", err, out)
 	}

@@ -3,7 +3,6 @@
 package rdma_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,7 +43,8 @@ func digest(b []byte) string {
 // engineChild is a target engine in its own process: discovery through
 // the p2p store (its segment's name is its host:port), the rdma transport,
 // a remote-accessible buffer filled with fill(seed 1). It answers "sum"
-// with the buffer's digest and "note" with the next notification.
+// with the buffer's digest and "note" with the next notification
+// (internal/childproc's protocol).
 func engineChild() int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "engine child:", err); return 1 }
 	store, err := metadata.NewP2P(metadata.P2PConfig{PollInterval: 50 * time.Millisecond})
@@ -70,20 +70,23 @@ func engineChild() int {
 	if _, err := e.RegisterLocalMemory(mem, "cpu:0", true); err != nil {
 		return fail(err)
 	}
-	json.NewEncoder(os.Stdout).Encode(engineHello{e.Name(), uint64(moonring.AddressOf(mem))})
-	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
-		switch in.Text() {
+	hello, _ := json.Marshal(engineHello{e.Name(), uint64(moonring.AddressOf(mem))})
+	err = childproc.Serve(string(hello), func(cmd string) string {
+		switch cmd {
 		case "sum":
-			fmt.Println(digest(mem))
+			return digest(mem)
 		case "note":
 			select {
 			case n := <-e.Notifications():
-				fmt.Printf("%s %d %s\n", n.From, n.Tag, n.Msg)
+				return fmt.Sprintf("%s %d %s", n.From, n.Tag, n.Msg)
 			case <-time.After(20 * time.Second):
-				fmt.Println("none")
+				return "none"
 			}
 		}
+		return "bad command"
+	})
+	if err != nil {
+		return fail(err)
 	}
 	return 0
 }

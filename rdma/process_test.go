@@ -3,7 +3,6 @@
 package rdma
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -47,7 +46,7 @@ func digest(b []byte) string {
 
 // childMain is the target process: it registers a buffer filled with
 // pattern(seed 1), prints where it is, then answers "sum" with the
-// buffer's digest until its stdin ends.
+// buffer's digest until its stdin ends (internal/childproc's protocol).
 func childMain() int {
 	tr, err := New(Config{})
 	if err != nil {
@@ -69,12 +68,16 @@ func childMain() int {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
 	}
-	json.NewEncoder(os.Stdout).Encode(childHello{tr.Endpoint(), uint64(b.Addr), b.Length, reg.Key})
-	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
-		if in.Text() == "sum" {
-			fmt.Println(digest(mem))
+	hello, _ := json.Marshal(childHello{tr.Endpoint(), uint64(b.Addr), b.Length, reg.Key})
+	err = childproc.Serve(string(hello), func(cmd string) string {
+		if cmd == "sum" {
+			return digest(mem)
 		}
+		return "bad command"
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
 	}
 	return 0
 }

@@ -3,8 +3,11 @@
 // the child prints one line when ready (a descriptor, an address), answers
 // each command line on its stdin with one line, and exits when stdin
 // closes. Every wait has a bound, so a hung child fails its test with a
-// message rather than hanging the suite until go test's timeout. The child
-// side, the roles, stays in each package's TestMain. Test code only.
+// message rather than hanging the suite until go test's timeout. The
+// parent starts the child with Start and talks to it with Ask; the child,
+// the role its package's TestMain picks from the environment, speaks its
+// side with Serve. Run runs a child to its end instead, one that runs
+// tests of its own. Test code only.
 //
 // The bounds are deadlines on the pipes themselves (pipes take deadlines
 // on Unix), so no goroutine reads for the parent and none can outlive the
@@ -13,6 +16,7 @@ package childproc
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -233,3 +237,59 @@ func (p *Proc) Wait() error {
 
 // Pid is the child's process id.
 func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Serve is the child's side of the protocol: it prints ready as its first
+// line, then reads commands from stdin, one a line, and prints answer's
+// one line for each (line ends in an answer become spaces, so an answer
+// stays one line), until stdin ends. With answer nil the child takes no
+// commands: it reads and drops what comes and waits for stdin's end. It
+// returns nil at stdin's end, else the read's or the write's error.
+func Serve(ready string, answer func(cmd string) string) error {
+	if _, err := fmt.Println(oneLine(ready)); err != nil {
+		return err
+	}
+	if answer == nil {
+		_, err := io.Copy(io.Discard, os.Stdin)
+		return err
+	}
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(nil, 1<<20)
+	for in.Scan() {
+		if _, err := fmt.Println(oneLine(answer(in.Text()))); err != nil {
+			return err
+		}
+	}
+	return in.Err()
+}
+
+func oneLine(s string) string {
+	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
+}
+
+// Run runs the test binary as a child to its end, with cfg's Env, Args
+// (default "-test.run=^$") and Wrapper, and returns what it wrote to
+// stdout and stderr together and how it exited. A child still running
+// after limit (default 10 minutes) is killed, and the error says so: the
+// bound for a child that runs tests of its own (against a model library,
+// under other settings) rather than a role.
+func Run(cfg Config, limit time.Duration) ([]byte, error) {
+	if cfg.Args == nil {
+		cfg.Args = []string{"-test.run=^$"}
+	}
+	if cfg.Wrapper == nil {
+		cfg.Wrapper = PinWrapper()
+	}
+	limit = orDefault(limit, 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	argv := append(append(append([]string(nil), cfg.Wrapper...), os.Args[0]), cfg.Args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), cfg.Env...)
+	// A grandchild holding the output pipe must not keep Run waiting.
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("child still running after %v; killed (%v)", limit, err)
+	}
+	return out, err
+}

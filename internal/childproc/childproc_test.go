@@ -28,8 +28,24 @@ func TestMain(m *testing.M) {
 // runRole is the child: "echo" answers each line with it upper-cased,
 // "mute" reads but never answers, "silent" never prints its first line,
 // "crash" exits 3 on its first command, "stubborn" ignores stdin's end
-// and ends on SIGTERM.
+// and ends on SIGTERM; "serve" answers through Serve, each line with it
+// upper-cased and doubled on two lines, and "wait" serves no commands;
+// "fail" exits 3 at once.
 func runRole(role string) {
+	switch role {
+	case "serve":
+		if err := childproc.Serve("ready\nserve", func(cmd string) string { return strings.ToUpper(cmd) + "\n" + cmd }); err != nil {
+			os.Exit(4)
+		}
+		return
+	case "wait":
+		if err := childproc.Serve("ready wait", nil); err != nil {
+			os.Exit(4)
+		}
+		return
+	case "fail":
+		os.Exit(3)
+	}
 	signalled := make(chan os.Signal, 1)
 	if role == "stubborn" {
 		signal.Notify(signalled, syscall.SIGTERM)
@@ -145,5 +161,47 @@ func TestStop(t *testing.T) {
 	p = childproc.Start(t, childproc.Config{Env: role("stubborn"), StopSignal: syscall.SIGTERM})
 	if err := p.Stop(); err != nil {
 		t.Fatalf("stop with SIGTERM: %v", err)
+	}
+}
+
+// Serve keeps the protocol's lines: the first line and each answer one
+// line, however the role writes them, and the child ends with stdin.
+func TestServe(t *testing.T) {
+	p := childproc.Start(t, childproc.Config{Env: role("serve")})
+	if p.Line != "ready serve" {
+		t.Fatalf("first line %q", p.Line)
+	}
+	for _, q := range []string{"sum 1 2", "fill 3"} {
+		if got, want := p.Ask(t, "%s", q), strings.ToUpper(q)+" "+q; got != want {
+			t.Fatalf("answer to %q: %q, want %q", q, got, want)
+		}
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	w := childproc.Start(t, childproc.Config{Env: role("wait"), StopWait: 5 * time.Second})
+	if w.Line != "ready wait" {
+		t.Fatalf("first line %q", w.Line)
+	}
+	if err := w.Stop(); err != nil {
+		t.Fatalf("stop of a child serving no commands: %v", err)
+	}
+}
+
+// Run returns a child's output and bounds its run.
+func TestRun(t *testing.T) {
+	out, err := childproc.Run(childproc.Config{Env: role("stubborn")}, 200*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "still running after 200ms; killed") {
+		t.Fatalf("run of a child that does not end: %v", err)
+	}
+	if !strings.Contains(string(out), "ready stubborn") {
+		t.Fatalf("output %q", out)
+	}
+	out, err = childproc.Run(childproc.Config{Env: role("echo")}, 0)
+	if err != nil || string(out) != "ready echo\n" {
+		t.Fatalf("run of a child that ends: %q, %v", out, err)
+	}
+	if _, err = childproc.Run(childproc.Config{Env: role("fail")}, 0); err == nil || !strings.Contains(err.Error(), "exit status 3") {
+		t.Fatalf("run of a child that failed: %v", err)
 	}
 }
