@@ -18,6 +18,7 @@ import (
 	"github.com/leanovate/gopter/prop"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/testpattern"
 )
 
 var batchSeed = flag.Int64("batch.seed", 0, "seed of the batch property test (0: time-based, logged)")
@@ -497,7 +498,7 @@ func (w *batchWorld) run(t *testing.T, specs []taskSpec, seed uint64) string {
 		}
 	}
 	for name, got := range map[string][]byte{"l": w.l, "m": w.m, "r": w.r, "hidden": w.hidden} {
-		if i := firstDiffAt(got, want[name]); i >= 0 {
+		if i := testpattern.FirstDiff(got, want[name]); i >= 0 {
 			return fmt.Sprintf("buffer %s, byte %d (task %d's chunk): %#x, model %#x", name, i, i/chunk, got[i], want[name][i])
 		}
 	}
@@ -515,18 +516,6 @@ func (w *batchWorld) compareUnchanged(seed uint64) string {
 		}
 	}
 	return ""
-}
-
-func firstDiffAt(a, b []byte) int {
-	if bytes.Equal(a, b) {
-		return -1
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return len(a)
 }
 
 func TestBatchProperty(t *testing.T) {

@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/segtable"
 )
@@ -23,12 +23,9 @@ func newEngine(t testing.TB, name string) *moonring.Engine {
 	return e
 }
 
-func fill(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, seed))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-}
+// fill fills b with testpattern's pattern of seed (the root tests' short
+// name for it).
+var fill = testpattern.Fill
 
 func TestTransferBetweenEngines(t *testing.T) {
 	a := newEngine(t, t.Name()+"-a")

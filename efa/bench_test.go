@@ -19,6 +19,7 @@ import (
 
 	"github.com/moonring/moonring/efa"
 	"github.com/moonring/moonring/internal/childproc"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/transport"
@@ -102,7 +103,7 @@ func (c *benchCompleter) Complete(token uint64, err error) {
 func benchTransport(b *testing.B, tr transport.Transport, desc *segtable.SegmentDesc, op transport.Op, size, window int) {
 	var bufs segtable.Buffers
 	mem := make([]byte, size*window)
-	pattern(mem, 1) // touched, as the raw program's: not the shared zero page
+	testpattern.Fill(mem, 1) // touched, as the raw program's: not the shared zero page
 	lb, err := bufs.Register(mem, "", false)
 	if err != nil {
 		b.Fatal(err)

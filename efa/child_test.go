@@ -17,7 +17,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/moonring/moonring/efa"
 	"github.com/moonring/moonring/internal/childproc"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/transport"
@@ -44,20 +44,6 @@ func runChild() bool {
 	}
 	os.Exit(0)
 	return true
-}
-
-// pattern fills b with the bytes of seed.
-func pattern(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
-	for i := 0; i+8 <= len(b); i += 8 {
-		v := r.Uint64()
-		for j := 0; j < 8; j++ {
-			b[i+j] = byte(v >> (8 * j))
-		}
-	}
-	for i := len(b) &^ 7; i < len(b); i++ {
-		b[i] = byte(r.Uint32())
-	}
 }
 
 func childTarget() error {
@@ -85,7 +71,7 @@ func childTarget() error {
 	}
 	var bufs segtable.Buffers
 	mem := make([]byte, size)
-	pattern(mem, 0) // touched, as the raw program's: not the shared zero page
+	testpattern.Fill(mem, 0) // touched, as the raw program's: not the shared zero page
 	b, err := bufs.Register(mem, "", true)
 	if err != nil {
 		return err
@@ -120,7 +106,7 @@ func childTarget() error {
 			s := sha256.Sum256(region)
 			return hex.EncodeToString(s[:])
 		case "fill":
-			pattern(region, v[2])
+			testpattern.Fill(region, v[2])
 			return "ok"
 		}
 		return "bad command"

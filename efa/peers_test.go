@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/efa"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -56,7 +57,7 @@ func (p *pair) open(t *testing.T, desc *segtable.SegmentDesc) transport.Endpoint
 // desc's buffer, and checks that it landed in mem.
 func (p *pair) writeCheck(t *testing.T, ep transport.Endpoint, desc *segtable.SegmentDesc, mem []byte, seed uint64) {
 	t.Helper()
-	pattern(p.lmem[:4096], seed)
+	testpattern.Fill(p.lmem[:4096], seed)
 	s := p.slice(transport.Write, 4096)
 	s.Remote = desc.Buffers[0].Addr
 	w := newWaiter()

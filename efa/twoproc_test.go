@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -161,7 +162,7 @@ func twoProcesses(t *testing.T, prov string) {
 		}
 		// WRITE: mem[loff:] -> child[off:], checked by the child's hash.
 		src := mem[loff : loff+n]
-		pattern(src, uint64(i)+100)
+		testpattern.Fill(src, uint64(i)+100)
 		for j, err := range w.wait(t, postWait(t, ep, w, cut(transport.Write, reg.Handle, src, base+off, tr.SliceSize())), 30*time.Second) {
 			if err != nil {
 				t.Fatalf("WRITE of %d bytes, slice %d: %v", n, j, err)
@@ -182,7 +183,7 @@ func twoProcesses(t *testing.T, prov string) {
 			}
 		}
 		want := make([]byte, n)
-		pattern(want, uint64(i)+200)
+		testpattern.Fill(want, uint64(i)+200)
 		if !bytes.Equal(src, want) {
 			t.Fatalf("READ of %d bytes at +%d: data differs", n, off)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/internal/childproc"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
@@ -126,7 +127,7 @@ func TestGPUEngineNVLink(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := pattern(21, size)
+	want := testpattern.Bytes(21, size)
 	put(want)
 	if err := p.e.Transfer(ctx, p.req(moonring.Write, 0, size)); err != nil {
 		t.Fatalf("WRITE: %v", err)
@@ -142,10 +143,10 @@ func TestGPUEngineNVLink(t *testing.T) {
 	if err := syncCopy(p.tr, 0, dev, got, false); err != nil {
 		t.Fatal(err)
 	}
-	if i := firstDiff(got[:h], want[h:]); i >= 0 {
+	if i := testpattern.FirstDiff(got[:h], want[h:]); i >= 0 {
 		t.Fatalf("first half read back: byte %d differs", i)
 	}
-	if i := firstDiff(got[h:], want[:h]); i >= 0 {
+	if i := testpattern.FirstDiff(got[h:], want[:h]); i >= 0 {
 		t.Fatalf("second half read back: byte %d differs", h+i)
 	}
 }
@@ -299,35 +300,35 @@ func engineStaging(t *testing.T, tr *Transport, size int, via string, put, get f
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dev := unsafe.Pointer(unsafe.SliceData(mem))
-	put(dev, pattern(3, size))
+	put(dev, testpattern.Bytes(3, size))
 	if err := p.a.Transfer(ctx, p.req(moonring.Write, mem, 0, size)); err != nil {
 		t.Fatalf("WRITE from GPU memory over TCP: %v", err)
 	}
-	if i := firstDiff(dst, pattern(3, size)); i >= 0 {
+	if i := testpattern.FirstDiff(dst, testpattern.Bytes(3, size)); i >= 0 {
 		t.Fatalf("WRITE from GPU memory over TCP: byte %d differs", i)
 	}
-	copy(dst, pattern(5, size))
+	copy(dst, testpattern.Bytes(5, size))
 	if err := p.a.Transfer(ctx, p.req(moonring.Read, mem, 0, size)); err != nil {
 		t.Fatalf("READ into GPU memory over TCP: %v", err)
 	}
 	got := make([]byte, size)
 	get(dev, got)
-	if i := firstDiff(got, pattern(5, size)); i >= 0 {
+	if i := testpattern.FirstDiff(got, testpattern.Bytes(5, size)); i >= 0 {
 		t.Fatalf("READ into GPU memory over TCP: byte %d differs", i)
 	}
 	// Unaligned, several requests at once, both ways.
-	copy(dst, pattern(7, size))
+	copy(dst, testpattern.Bytes(7, size))
 	const off = 1001
 	n := size/2 - 3*off
 	if err := p.a.Transfer(ctx, p.req(moonring.Read, mem, off, n), p.req(moonring.Write, mem, size/2+off, n)); err != nil {
 		t.Fatalf("unaligned READ and WRITE: %v", err)
 	}
 	get(dev, got)
-	want := pattern(7, size)
-	if i := firstDiff(got[off:off+n], want[off:off+n]); i >= 0 {
+	want := testpattern.Bytes(7, size)
+	if i := testpattern.FirstDiff(got[off:off+n], want[off:off+n]); i >= 0 {
 		t.Fatalf("unaligned READ: byte %d differs", off+i)
 	}
-	if i := firstDiff(dst[size/2+off:size/2+off+n], pattern(5, size)[size/2+off:size/2+off+n]); i >= 0 {
+	if i := testpattern.FirstDiff(dst[size/2+off:size/2+off+n], testpattern.Bytes(5, size)[size/2+off:size/2+off+n]); i >= 0 {
 		t.Fatalf("unaligned WRITE: byte %d differs", size/2+off+i)
 	}
 	if err := p.a.UnregisterLocalMemory(ctx, mem); err != nil {
@@ -426,13 +427,13 @@ func TestEngineStagingLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	copy(mem, pattern(9, len(mem))) // the fake's device memory is Go memory
+	copy(mem, testpattern.Bytes(9, len(mem))) // the fake's device memory is Go memory
 	w := moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(mem), TargetID: seg,
 		TargetOffset: uint64(moonring.AddressOf(dst)), Length: uint64(len(mem))}
 	if err := a.Transfer(ctx, w); err != nil {
 		t.Fatalf("WRITE over TCP installed after the GPU buffer: %v", err)
 	}
-	if i := firstDiff(dst, mem); i >= 0 {
+	if i := testpattern.FirstDiff(dst, mem); i >= 0 {
 		t.Fatalf("byte %d differs", i)
 	}
 	// The staging arena is registered, but no request may name it: not

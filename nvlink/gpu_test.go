@@ -11,18 +11,16 @@ package nvlink
 // segment descriptor as one JSON line; then it answers commands on stdin
 // (internal/childproc's protocol):
 //
-//	check <seed> <offset> <length>   compare the buffer with pattern(seed) there: "ok" or "bad <why>"
-//	fill <seed>                       refill the whole buffer with pattern(seed): "ok"
+//	check <seed> <offset> <length>   compare the buffer with testpattern's pattern of seed there: "ok" or "bad <why>"
+//	fill <seed>                       refill the whole buffer with the pattern of seed: "ok"
 //
 // When stdin closes it unregisters, closes and exits.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -31,6 +29,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/internal/childproc"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -66,20 +65,6 @@ func openGPUWith(tb testing.TB, cfg Config) *Transport {
 		tb.Fatalf("nvlink.New: %v", err)
 	}
 	return tr
-}
-
-func pattern(seed uint64, n int) []byte {
-	b := make([]byte, n)
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	// A prefix of pattern(seed, m) is pattern(seed, n) for n < m: the
-	// tests compare pieces of the target's buffer with shorter patterns.
-	for i := 0; i < n; i += 8 {
-		v := r.Uint64()
-		for j := 0; j < 8 && i+j < n; j++ {
-			b[i+j] = byte(v >> (8 * j))
-		}
-	}
-	return b
 }
 
 // syncCopy copies between host memory and device memory of gpu and waits:
@@ -128,7 +113,7 @@ func gpuChild() int {
 	if err != nil {
 		return fail(err)
 	}
-	if err := syncCopy(tr, 0, unsafe.Pointer(unsafe.SliceData(mem)), pattern(childSeed, size), true); err != nil {
+	if err := syncCopy(tr, 0, unsafe.Pointer(unsafe.SliceData(mem)), testpattern.Bytes(childSeed, size), true); err != nil {
 		return fail(err)
 	}
 	var bufs segtable.Buffers
@@ -157,14 +142,13 @@ func gpuChild() int {
 			if err := syncCopy(tr, 0, b.Pointer(uint64(off)), got, false); err != nil {
 				return fmt.Sprint("bad ", err)
 			}
-			want := pattern(seed, off+n)[off:]
-			if i := firstDiff(got, want); i >= 0 {
-				return fmt.Sprintf("bad byte %d is %#x, want %#x", off+i, got[i], want[i])
+			if err := testpattern.Check(got, seed, uint64(off)); err != nil {
+				return fmt.Sprint("bad ", err)
 			}
 			return "ok"
 		case len(f) == 2 && f[0] == "fill":
 			seed, _ := strconv.ParseUint(f[1], 10, 64)
-			if err := syncCopy(tr, 0, b.Pointer(0), pattern(seed, size), true); err != nil {
+			if err := syncCopy(tr, 0, b.Pointer(0), testpattern.Bytes(seed, size), true); err != nil {
 				return fmt.Sprint("bad ", err)
 			}
 			return "ok"
@@ -180,18 +164,6 @@ func gpuChild() int {
 	}
 	bufs.Unregister(context.Background(), b.ID)
 	return 0
-}
-
-func firstDiff(a, b []byte) int {
-	if bytes.Equal(a, b) {
-		return -1
-	}
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return min(len(a), len(b))
 }
 
 // child is a running target process.
@@ -329,11 +301,11 @@ func TestGPUTwoProcesses(t *testing.T) {
 	if err := syncCopy(tr, 0, b.Pointer(0), got, false); err != nil {
 		t.Fatal(err)
 	}
-	if i := firstDiff(got, pattern(childSeed, gpuSize)); i >= 0 {
+	if i := testpattern.FirstDiff(got, testpattern.Bytes(childSeed, gpuSize)); i >= 0 {
 		t.Fatalf("READ GPU to GPU: byte %d differs", i)
 	}
 	// WRITE a new pattern into the target and let it check.
-	if err := syncCopy(tr, 0, b.Pointer(0), pattern(7, gpuSize), true); err != nil {
+	if err := syncCopy(tr, 0, b.Pointer(0), testpattern.Bytes(7, gpuSize), true); err != nil {
 		t.Fatal(err)
 	}
 	for i := range s {
@@ -345,14 +317,13 @@ func TestGPUTwoProcesses(t *testing.T) {
 	c.ask(t, fmt.Sprintf("check 7 0 %d", gpuSize))
 	// Host memory as the local side: READ then WRITE at an odd offset.
 	c.ask(t, "fill 9")
-	want := pattern(9, 1<<20+12345)[12345:]
 	if err := run(t, tr, ep, []transport.Slice{{Op: transport.Read, LocalHandle: hreg.Handle, Local: hb.Pointer(0), Remote: remote + 12345, Length: 1 << 20, Token: 20}}); err != nil {
 		t.Fatalf("READ GPU to host: %v", err)
 	}
-	if i := firstDiff(host, want); i >= 0 {
-		t.Fatalf("READ GPU to host: byte %d differs", i)
+	if err := testpattern.Check(host, 9, 12345); err != nil {
+		t.Fatalf("READ GPU to host: %v", err)
 	}
-	copy(host, pattern(11, 1<<20))
+	copy(host, testpattern.Bytes(11, 1<<20))
 	if err := run(t, tr, ep, []transport.Slice{{Op: transport.Write, LocalHandle: hreg.Handle, Local: hb.Pointer(0), Remote: remote, Length: 1 << 20, Token: 21}}); err != nil {
 		t.Fatalf("WRITE host to GPU: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/tcp"
 	"github.com/moonring/moonring/transport"
@@ -116,16 +117,16 @@ func stagedTCP(t *testing.T, tr *Transport, chunk, size int, put, get func(dev u
 			}
 		}
 	}
-	put(unsafe.Pointer(unsafe.SliceData(mem)), pattern(3, size))
+	put(unsafe.Pointer(unsafe.SliceData(mem)), testpattern.Bytes(3, size))
 	move(transport.Write, 100)
-	if i := firstDiff(dst, pattern(3, size)); i >= 0 {
+	if i := testpattern.FirstDiff(dst, testpattern.Bytes(3, size)); i >= 0 {
 		t.Fatalf("GPU -> staging -> TCP: byte %d differs", i)
 	}
-	copy(dst, pattern(5, size))
+	copy(dst, testpattern.Bytes(5, size))
 	move(transport.Read, 200)
 	got := make([]byte, size)
 	get(unsafe.Pointer(unsafe.SliceData(mem)), got)
-	if i := firstDiff(got, pattern(5, size)); i >= 0 {
+	if i := testpattern.FirstDiff(got, testpattern.Bytes(5, size)); i >= 0 {
 		t.Fatalf("TCP -> staging -> GPU: byte %d differs", i)
 	}
 }
@@ -275,10 +276,10 @@ func TestStagedSteps(t *testing.T) {
 	if r.n.Load() != 2 || r.result(t, 1) != nil || r.result(t, 2) != nil {
 		t.Fatalf("after the inner endpoint completed: %d completions", r.n.Load())
 	}
-	if i := firstDiff(f.inner.remote[:4096], f.mem[:4096]); i >= 0 {
+	if i := testpattern.FirstDiff(f.inner.remote[:4096], f.mem[:4096]); i >= 0 {
 		t.Fatalf("WRITE: remote byte %d differs", i)
 	}
-	if i := firstDiff(f.inner.remote[4096:4196], f.mem[4096:4196]); i >= 0 {
+	if i := testpattern.FirstDiff(f.inner.remote[4096:4196], f.mem[4096:4196]); i >= 0 {
 		t.Fatalf("WRITE: remote byte %d differs", 4096+i)
 	}
 	// The chunks are free again: the third slice goes now.
@@ -313,7 +314,7 @@ func TestStagedSteps(t *testing.T) {
 	if err := r.result(t, 4); err != nil {
 		t.Fatal(err)
 	}
-	if i := firstDiff(f.mem[20000:24096], f.inner.remote[20000:24096]); i >= 0 {
+	if i := testpattern.FirstDiff(f.mem[20000:24096], f.inner.remote[20000:24096]); i >= 0 {
 		t.Fatalf("READ: GPU byte %d differs", i)
 	}
 

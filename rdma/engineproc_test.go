@@ -7,13 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
-	"math/rand/v2"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/internal/childproc"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/rdma"
 )
@@ -25,13 +25,6 @@ const engineChildSize = 4 << 20
 type engineHello struct {
 	Name string
 	Addr uint64
-}
-
-func fill(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, 7))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
 }
 
 func digest(b []byte) string {
@@ -66,7 +59,7 @@ func engineChild() int {
 		return fail(err)
 	}
 	mem := make([]byte, engineChildSize)
-	fill(mem, 1)
+	testpattern.Fill(mem, 1)
 	if _, err := e.RegisterLocalMemory(mem, "cpu:0", true); err != nil {
 		return fail(err)
 	}
@@ -122,7 +115,7 @@ func TestEnginesTwoProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := make([]byte, engineChildSize)
-	fill(want, 1)
+	testpattern.Fill(want, 1)
 	for i, n := range []uint64{engineChildSize, 4096, 100 << 10} {
 		clear(mem)
 		var reqs []moonring.TransferRequest
@@ -136,7 +129,7 @@ func TestEnginesTwoProcesses(t *testing.T) {
 		if digest(mem) != digest(want) {
 			t.Fatalf("READ in %d-byte requests: data differs", n)
 		}
-		fill(want, uint64(i+2))
+		testpattern.Fill(want, uint64(i+2))
 		copy(mem, want)
 		for j := range reqs {
 			reqs[j].Opcode = moonring.Write

@@ -7,13 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
-	"math/rand/v2"
 	"os"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/moonring/moonring/internal/childproc"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -29,13 +29,6 @@ type childHello struct {
 	Addr     uint64
 	Length   uint64
 	Key      string
-}
-
-func pattern(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, 99))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
 }
 
 func digest(b []byte) string {
@@ -55,7 +48,7 @@ func childMain() int {
 	}
 	defer tr.Close()
 	mem := make([]byte, childSize)
-	pattern(mem, 1)
+	testpattern.Fill(mem, 1)
 	var bufs segtable.Buffers
 	b, err := bufs.Register(mem, "", true)
 	if err != nil {
@@ -132,14 +125,14 @@ func TestTwoProcesses(t *testing.T) {
 		}
 	}
 	want := make([]byte, childSize)
-	pattern(want, 1)
+	testpattern.Fill(want, 1)
 	for i, size := range []uint64{1 << 20, 4096, 65536 + 17, 1000, childSize} {
 		clear(mem)
 		run(transport.Read, size)
 		if d, w := digest(mem), digest(want); d != w {
 			t.Fatalf("READ in %d-byte slices: digest %s, want %s", size, d, w)
 		}
-		pattern(want, uint64(i+2))
+		testpattern.Fill(want, uint64(i+2))
 		copy(mem, want)
 		run(transport.Write, size)
 		if d, w := child.Ask(t, "sum"), digest(want); d != w {

@@ -30,6 +30,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -538,19 +539,6 @@ func (f *fixture) runOne(ep transport.Endpoint, c *collector, s transport.Slice)
 	return c.wait(f.t, one)[0]
 }
 
-func fillRandom(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	for i := 0; i+8 <= len(b); i += 8 {
-		v := r.Uint64()
-		for j := 0; j < 8; j++ {
-			b[i+j] = byte(v >> (8 * j))
-		}
-	}
-	for i := len(b) &^ 7; i < len(b); i++ {
-		b[i] = byte(r.Uint32())
-	}
-}
-
 // tOff returns the offset in the target arena of address addr.
 func (f *fixture) tOff(addr uint64) int {
 	return int(addr - uint64(uintptr(unsafe.Pointer(unsafe.SliceData(f.tarena)))))
@@ -560,21 +548,9 @@ func (f *fixture) tOff(addr uint64) int {
 // differing byte.
 func expectArena(t *testing.T, what string, got, want []byte) {
 	t.Helper()
-	if i := firstDiff(got, want); i >= 0 {
+	if i := testpattern.FirstDiff(got, want); i >= 0 {
 		t.Fatalf("%s: byte %d of the arena is %#x, want %#x (a byte outside the addressed range changed, or the data is wrong)", what, i, got[i], want[i])
 	}
-}
-
-func firstDiff(a, b []byte) int {
-	if bytes.Equal(a, b) {
-		return -1
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return min(len(a), len(b))
 }
 
 func testBasics(t *testing.T, su suite) {
@@ -621,7 +597,7 @@ func testReadWriteSizes(t *testing.T, su suite) {
 
 			// WRITE: L[loff:] -> A[off:].
 			src := f.iarena[lOff+int(loff) : lOff+int(loff+n)]
-			fillRandom(src, seed)
+			testpattern.Fill(src, seed)
 			copy(wantI[lOff+int(loff):], src)
 			s := f.cut(ep, transport.Write, loff, uint64(f.a.Addr)+off, n)
 			for i, err := range f.run(ep, c, s) {
@@ -636,7 +612,7 @@ func testReadWriteSizes(t *testing.T, su suite) {
 
 			// READ: A[off:] (new content) -> L[loff+1:].
 			remote := f.tarena[aOff+int(off) : aOff+int(off+n)]
-			fillRandom(remote, seed+7)
+			testpattern.Fill(remote, seed+7)
 			copy(wantT[aOff+int(off):], remote)
 			s = f.cut(ep, transport.Read, loff+1, uint64(f.a.Addr)+off, n)
 			for i, err := range f.run(ep, c, s) {
@@ -654,7 +630,7 @@ func testReadWriteSizes(t *testing.T, su suite) {
 	for _, b := range []*segtable.Buffer{f.b, f.c} {
 		n := b.Length
 		src := f.iarena[lOff : lOff+int(n)]
-		fillRandom(src, uint64(b.Addr))
+		testpattern.Fill(src, uint64(b.Addr))
 		copy(wantI[lOff:], src)
 		s := f.cut(ep, transport.Write, 0, uint64(b.Addr), n)
 		for i, err := range f.run(ep, c, s) {
@@ -817,7 +793,7 @@ func testConcurrent(t *testing.T, su suite) {
 					n := 1 + rng.Uint64N(piece/2-1)
 					off := base + uint64(i)*piece + rng.Uint64N(piece/2)
 					src := f.iarena[page+int(off) : page+int(off+n)]
-					fillRandom(src, uint64(w<<20|r<<8|i))
+					testpattern.Fill(src, uint64(w<<20|r<<8|i))
 					ws = append(ws, f.slice(transport.Write, off, uint64(f.a.Addr)+off, n, i%ep.Rails()))
 				}
 				n, err := post(ep, c, ws)
@@ -934,7 +910,7 @@ func testPostAfterEndpointClose(t *testing.T, su suite) {
 	ep := f.open(f.desc)
 	other := f.open(f.desc)
 	c := newCollector()
-	fillRandom(f.iarena[page:page+4096], 1)
+	testpattern.Fill(f.iarena[page:page+4096], 1)
 	if err := f.runOne(ep, c, f.slice(transport.Write, 0, uint64(f.a.Addr), 4096, 0)); err != nil {
 		t.Fatalf("WRITE before Close: %v", err)
 	}
@@ -1088,7 +1064,7 @@ func testUnregisterTarget(t *testing.T, su suite) {
 	f := newFixture(t, su)
 	ep := f.open(f.desc)
 	c := newCollector()
-	fillRandom(f.iarena[page:page+4096], 3)
+	testpattern.Fill(f.iarena[page:page+4096], 3)
 	if err := f.runOne(ep, c, f.slice(transport.Write, 0, uint64(f.c.Addr), 4096, 0)); err != nil {
 		t.Fatalf("WRITE to C before Unregister: %v", err)
 	}
