@@ -11,12 +11,13 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"text/tabwriter"
+	"syscall"
 	"time"
 
 	"github.com/moonring/moonring"
@@ -63,6 +64,20 @@ func parseSizes(s string) ([]int, error) {
 	return out, nil
 }
 
+// fmtSize writes a size as the flags take it: 4K, 64K, 1M, 16M, 2G, or
+// bytes when it is no whole number of KiB.
+func fmtSize(n int) string {
+	for _, u := range []struct {
+		shift  uint
+		suffix string
+	}{{40, "T"}, {30, "G"}, {20, "M"}, {10, "K"}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return strconv.Itoa(n>>u.shift) + u.suffix
+		}
+	}
+	return strconv.Itoa(n)
+}
+
 // maxSize bounds a block or buffer size.
 const maxSize = 64 << 30
 
@@ -107,7 +122,7 @@ func bench(args []string, out io.Writer) error {
 	listen := fs.String("listen", "127.0.0.1:0", "target: the p2p metadata endpoint's address (the segment name)")
 	verify := fs.Bool("verify", true, "check the data of every step")
 	asJSON := fs.Bool("json", false, "print results as JSON")
-	plotFile := fs.String("plot", "", "also draw GB/s and p99 latency against block size into this PNG file")
+	plotPath := fs.String("plot", "", "also draw GB/s and p99 latency against block size into this PNG file")
 	keyFile := fs.String("key-file", "", "--segment, --mode target: read the segment key from this file (mode 0600; default: $"+keyEnv+")")
 	insecure := fs.Bool("insecure", false, "--mode target: as serve --insecure")
 	if err := parseFlags(fs, args, out, benchHelp); err != nil {
@@ -157,51 +172,151 @@ func bench(args []string, out io.Writer) error {
 	if slices.Max(sizes) > bs[0] {
 		return fmt.Errorf("block size %d above the buffer size %d", slices.Max(sizes), bs[0])
 	}
+	// The plot's file is opened before the sweep: a path that cannot be
+	// written fails now, not after minutes of measuring.
+	var plot *plotFile
+	if *plotPath != "" {
+		if plot, err = openPlot(*plotPath); err != nil {
+			return fmt.Errorf("bench: --plot: %w", err)
+		}
+		defer plot.abandon()
+	}
+	// Ctrl-C (or SIGTERM) ends the sweep: the rows done stay printed.
+	ctx, stopSignals := signal.NotifyContext(ctxMain, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
 	var tg *target
 	switch *protocol {
 	case "tcp", "shm":
-		tg, err = remoteTarget(*protocol, *noMap, *segment, *meta, *localName, *keyFile, bs[0])
+		tg, err = remoteTarget(ctx, *protocol, *noMap, *segment, *meta, *localName, *keyFile, bs[0])
 	case "local":
-		tg, err = localTarget(bs[0])
+		tg, err = localTarget(ctx, bs[0])
 	default:
 		return fmt.Errorf("protocol %q is not in this build (have: tcp, shm, local)", *protocol)
 	}
 	if err != nil {
+		if ctx.Err() != nil {
+			return &exitError{code: exitInterrupted, err: errors.New("bench: interrupted before the sweep began")}
+		}
 		return err
 	}
 	defer tg.close()
 	if !*asJSON {
 		tg.progress = progressLine
 	}
-	var results []result
+	var rep reporter = &tableReport{w: out}
+	if *asJSON {
+		rep = &jsonReport{w: out}
+	}
+	type stepSpec struct {
+		op   moonring.Op
+		size int
+	}
+	var steps []stepSpec
 	for _, op := range ops {
 		for _, size := range sizes {
-			res, err := tg.step(op, size, *batch, *threads, *duration, *verify, *useRing)
-			if err != nil {
-				return err
-			}
-			if !*asJSON {
-				fmt.Fprintf(os.Stderr, "%s %s %d: %.2f GB/s, %.0f req/s\n", res.Transport, res.Op, res.BlockSize, res.GBps, res.ReqPerSec)
-			}
-			results = append(results, res)
+			steps = append(steps, stepSpec{op, size})
 		}
 	}
-	if *plotFile != "" {
-		if err := plotResults(results, *plotFile); err != nil {
+	var results []result
+	var sweepErr error
+	for i, st := range steps {
+		res, err := tg.step(ctx, st.op, st.size, *batch, *threads, *duration, *verify, *useRing)
+		if err != nil {
+			what := fmt.Sprintf("step %d of %d (%s %s)", i+1, len(steps), opName(st.op), fmtSize(st.size))
+			done := fmt.Sprintf("the %d rows above are complete", len(results))
+			if ctx.Err() != nil {
+				sweepErr = &exitError{code: exitInterrupted, err: fmt.Errorf("bench: interrupted during %s; %s", what, done)}
+			} else {
+				sweepErr = fmt.Errorf("bench: %s failed: %w; %s", what, err, done)
+			}
+			break
+		}
+		results = append(results, res)
+		if err := rep.row(res); err != nil {
+			return fmt.Errorf("bench: writing the results: %w", err)
+		}
+	}
+	if err := rep.end(); err != nil && sweepErr == nil {
+		sweepErr = fmt.Errorf("bench: writing the results: %w", err)
+	}
+	if plot != nil && len(results) > 0 {
+		if err := plot.write(results); err != nil {
+			return errors.Join(sweepErr, fmt.Errorf("bench: --plot %s: %w (the rows above are complete)", *plotPath, err))
+		}
+	}
+	return sweepErr
+}
+
+// exitInterrupted is bench's exit status when a signal ended the sweep
+// (128 + SIGINT, as a shell reports it).
+const exitInterrupted = 130
+
+// opName names an op as the results do.
+func opName(op moonring.Op) string {
+	if op == opMix {
+		return "mix"
+	}
+	return op.String()
+}
+
+// reporter prints the sweep's rows as each step ends; end finishes the
+// output (also after a failed step: what was printed stays whole).
+type reporter interface {
+	row(r result) error
+	end() error
+}
+
+// tableReport prints a table, a line per step, in columns of fixed width
+// (a tabwriter would hold every row until the end).
+type tableReport struct {
+	w      io.Writer
+	titled bool
+}
+
+const tableRow = "%-9s %-5s %-5s %8s %6s %7s %8s %10s %9s %9s %9s %8s\n"
+
+func (t *tableReport) row(r result) error {
+	if !t.titled {
+		t.titled = true
+		if _, err := fmt.Fprintf(t.w, tableRow, "transport", "api", "op", "block", "batch", "threads", "GB/s", "req/s", "p50 µs", "p99 µs", "p999 µs", "verified"); err != nil {
 			return err
 		}
 	}
-	if *asJSON {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(results)
+	_, err := fmt.Fprintf(t.w, tableRow, r.Transport, r.API, r.Op, strconv.Itoa(r.BlockSize), strconv.Itoa(r.Batch), strconv.Itoa(r.Threads),
+		fmt.Sprintf("%.2f", r.GBps), fmt.Sprintf("%.0f", r.ReqPerSec), fmt.Sprintf("%.2f", r.P50us), fmt.Sprintf("%.2f", r.P99us), fmt.Sprintf("%.2f", r.P999us), strconv.FormatBool(r.Verified))
+	return err
+}
+
+func (t *tableReport) end() error { return nil }
+
+// jsonReport prints a JSON array, an element per line as each step ends;
+// end closes it, so that the output parses whatever step failed.
+type jsonReport struct {
+	w io.Writer
+	n int
+}
+
+func (j *jsonReport) row(r result) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
 	}
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "transport\tapi\top\tblock\tbatch\tthreads\tGB/s\treq/s\tp50 µs\tp99 µs\tp999 µs\tverified\t")
-	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%.2f\t%v\t\n", r.Transport, r.API, r.Op, r.BlockSize, r.Batch, r.Threads, r.GBps, r.ReqPerSec, r.P50us, r.P99us, r.P999us, r.Verified)
+	sep := ",\n  "
+	if j.n == 0 {
+		sep = "[\n  "
 	}
-	return tw.Flush()
+	j.n++
+	_, err = fmt.Fprintf(j.w, "%s%s", sep, b)
+	return err
+}
+
+func (j *jsonReport) end() error {
+	if j.n == 0 {
+		_, err := io.WriteString(j.w, "[]\n")
+		return err
+	}
+	_, err := io.WriteString(j.w, "\n]\n")
+	return err
 }
 
 // target is what a sweep runs against: an initiator engine, the target's
@@ -225,7 +340,7 @@ func (t *target) close() {
 }
 
 // localTarget is a second engine of this process.
-func localTarget(size int) (*target, error) {
+func localTarget(ctx context.Context, size int) (*target, error) {
 	t := &target{transport: "local"}
 	ini, err := moonring.New(moonring.Config{})
 	if err != nil {
@@ -251,7 +366,7 @@ func localTarget(size int) (*target, error) {
 		t.close()
 		return nil, err
 	}
-	if t.seg, err = ini.OpenSegment(ctxMain, tgt.Name()); err != nil {
+	if t.seg, err = ini.OpenSegment(ctx, tgt.Name()); err != nil {
 		t.close()
 		return nil, err
 	}
@@ -264,7 +379,7 @@ func localTarget(size int) (*target, error) {
 // starting a target process on loopback when name is empty: that process
 // and this one then share a key made for the run. Otherwise the key comes
 // from keyFile or MOONRING_KEY (loadKey).
-func remoteTarget(proto string, noMap bool, name, meta, localName, keyFile string, size int) (*target, error) {
+func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, localName, keyFile string, size int) (*target, error) {
 	if localName != "" && meta == "p2p" {
 		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
 	}
@@ -282,6 +397,9 @@ func remoteTarget(proto string, noMap bool, name, meta, localName, keyFile strin
 		cmd.Env = append(slices.DeleteFunc(os.Environ(), func(v string) bool { return strings.HasPrefix(v, keyEnv+"=") }),
 			keyEnv+"="+string(key))
 		cmd.Stderr = os.Stderr
+		// Its own process group: a Ctrl-C at the terminal ends the sweep,
+		// and the sweep then ends the target (stdin), not the signal.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if targetStarted != nil {
 			targetStarted(cmd, key)
 		}
@@ -340,7 +458,7 @@ func remoteTarget(proto string, noMap bool, name, meta, localName, keyFile strin
 	}
 	t.ini = ini
 	t.closers = append(t.closers, func() { ini.Close() })
-	ctx, cancel := context.WithTimeout(ctxMain, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	desc, err := store.Get(ctx, name)
 	if err != nil {
@@ -379,7 +497,7 @@ const opMix = moonring.Op(0xff)
 // step runs one op and block size for d: threads goroutines, each with its
 // own Ring and depth requests in flight, each request on its own block of
 // both buffers; then it checks the bytes.
-func (t *target) step(op moonring.Op, size, depth, threads int, d time.Duration, verify, useRing bool) (result, error) {
+func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads int, d time.Duration, verify, useRing bool) (result, error) {
 	threads = max(1, min(threads, len(t.model)/size))
 	depth = max(1, min(depth, len(t.model)/size/threads))
 	total := depth * threads
@@ -442,10 +560,10 @@ func (t *target) step(op moonring.Op, size, depth, threads int, d time.Duration,
 			defer wg.Done()
 			o := &outs[k]
 			if useRing {
-				o.requests, o.elapsed, o.lat, o.err = drive(rings[k], k*depth, depth, d, func(slot int) *moonring.Entry { return entry(slot, opOf(slot)) })
+				o.requests, o.elapsed, o.lat, o.err = drive(ctx, rings[k], k*depth, depth, d, func(slot int) *moonring.Entry { return entry(slot, opOf(slot)) })
 				return
 			}
-			o.requests, o.elapsed, o.lat, o.err = driveBatches(t.ini, k*depth, depth, d, func(slot int) moonring.TransferRequest {
+			o.requests, o.elapsed, o.lat, o.err = driveBatches(ctx, t.ini, k*depth, depth, d, func(slot int) moonring.TransferRequest {
 				en := entry(slot, opOf(slot))
 				op := moonring.Read
 				if en.Op == moonring.OpWrite {
@@ -497,7 +615,7 @@ func (t *target) step(op moonring.Op, size, depth, threads int, d time.Duration,
 		}
 		cqes := make([]moonring.Completion, written)
 		for got := 0; got < written; {
-			if err := r.CQ().Wait(ctxMain, 1); err != nil {
+			if err := r.CQ().Wait(ctx, 1); err != nil {
 				return res, err
 			}
 			n := r.PeekBatch(cqes)
@@ -521,7 +639,7 @@ func (t *target) step(op moonring.Op, size, depth, threads int, d time.Duration,
 // rounds of one batch of depth requests (AllocateBatchID, SubmitTransfer,
 // WaitBatch, every status checked, FreeBatchID) for d after a warm-up of
 // d/5. A request's latency is its batch's.
-func driveBatches(e *moonring.Engine, first, depth int, d time.Duration, req func(slot int) moonring.TransferRequest) (int, time.Duration, []time.Duration, error) {
+func driveBatches(ctx context.Context, e *moonring.Engine, first, depth int, d time.Duration, req func(slot int) moonring.TransferRequest) (int, time.Duration, []time.Duration, error) {
 	reqs := make([]moonring.TransferRequest, depth)
 	for i := range reqs {
 		reqs[i] = req(first + i)
@@ -549,7 +667,7 @@ func driveBatches(e *moonring.Engine, first, depth int, d time.Duration, req fun
 			e.FreeBatchID(id)
 			return 0, 0, nil, err
 		}
-		if err := e.WaitBatch(ctxMain, id); err != nil {
+		if err := e.WaitBatch(ctx, id); err != nil {
 			for i := range reqs {
 				e.CancelTransfer(id, i)
 			}
@@ -582,7 +700,7 @@ func driveBatches(e *moonring.Engine, first, depth int, d time.Duration, req fun
 // first+depth-1 for d after a warm-up of d/5 (run and then forgotten: the
 // first requests pay for cold caches and connections). It returns the
 // requests measured, the time they took and their latencies.
-func drive(r *moonring.Ring, first, depth int, d time.Duration, entry func(slot int) *moonring.Entry) (int, time.Duration, []time.Duration, error) {
+func drive(ctx context.Context, r *moonring.Ring, first, depth int, d time.Duration, entry func(slot int) *moonring.Entry) (int, time.Duration, []time.Duration, error) {
 	started := make([]time.Time, first+depth)
 	lat := make([]time.Duration, 0, 1<<16)
 	cqes := make([]moonring.Completion, depth)
@@ -601,7 +719,7 @@ func drive(r *moonring.Ring, first, depth int, d time.Duration, entry func(slot 
 	for inflight := depth; inflight > 0; {
 		n := r.PeekBatch(cqes)
 		if n == 0 {
-			if err := r.CQ().Wait(ctxMain, 1); err != nil {
+			if err := r.CQ().Wait(ctx, 1); err != nil {
 				return 0, 0, nil, err
 			}
 			continue
@@ -658,6 +776,3 @@ func progressLine(res result, d time.Duration) func() {
 	}()
 	return func() { close(done); <-exited }
 }
-
-// createFile creates (or truncates) a file for the plot.
-func createFile(name string) (*os.File, error) { return os.Create(name) }

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
+	"os"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -14,7 +18,7 @@ import (
 
 // plotResults draws bandwidth and p99 latency against block size, one line
 // per transport and op, side by side, into a PNG file.
-func plotResults(results []result, file string) error {
+func (file *plotFile) write(results []result) error {
 	bw := plot.New()
 	bw.Title.Text = "bandwidth"
 	bw.X.Label.Text = "block size (log2 bytes)"
@@ -56,13 +60,50 @@ func plotResults(results []result, file string) error {
 	canvases := plot.Align([][]*plot.Plot{{bw, lat}}, tiles, dc)
 	bw.Draw(canvases[0][0])
 	lat.Draw(canvases[0][1])
-	w, err := createFile(file)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(w); err != nil {
+	var png bytes.Buffer
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(&png); err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
-	return w.Close()
+	return file.replace(png.Bytes())
+}
+
+// plotFile is the plot's file, opened before the sweep so that a path
+// that cannot be written is found before any measuring.
+type plotFile struct {
+	f       *os.File
+	created bool // the file did not exist: abandon removes it
+	done    bool
+}
+
+// openPlot opens (or creates) name for writing, without truncating it yet.
+func openPlot(name string) (*plotFile, error) {
+	_, statErr := os.Stat(name)
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &plotFile{f: f, created: errors.Is(statErr, fs.ErrNotExist)}, nil
+}
+
+// replace makes b the file's content and closes it.
+func (p *plotFile) replace(b []byte) error {
+	p.done = true
+	err := p.f.Truncate(0)
+	if err == nil {
+		_, err = p.f.WriteAt(b, 0)
+	}
+	return errors.Join(err, p.f.Close())
+}
+
+// abandon closes a file that was not written, removing it if openPlot
+// created it.
+func (p *plotFile) abandon() {
+	if p.done {
+		return
+	}
+	p.done = true
+	p.f.Close()
+	if p.created {
+		os.Remove(p.f.Name())
+	}
 }
