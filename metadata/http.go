@@ -25,14 +25,16 @@ var _ Store = (*HTTP)(nil)
 var (
 	// ErrDenied reports that a store's server refused the caller's
 	// credentials. From an [HTTP] store: a Put or Delete that the metadata
-	// server refused for want of proof that the caller owns the name: it
-	// answered 401 (no owner token: the store has no HTTPConfig.Key and
-	// the server needs one) or 403 (a wrong token: another key, or a name
-	// that a server without the key bound to another owner); nothing
-	// changed on the server. From [github.com/moonring/moonring/metadata/etcd.New]: etcd refused the user and
-	// password. A retry does not help until the configuration is fixed or
-	// (HTTP) the other owner's entry goes (see [Server]).
-	ErrDenied = errors.New("metadata: server denied the change: not the name's owner")
+	// server refused: it answered 401 (no owner token: the store has no
+	// HTTPConfig.Key and the server needs one) or 403 (a wrong token:
+	// another key, or a name that a server without the key bound to
+	// another owner; or, from a server with the key, a descriptor not
+	// signed with it: wrap the store in [Signed]); the server's message
+	// says which, and nothing changed on the server. From
+	// [github.com/moonring/moonring/metadata/etcd.New]: etcd refused the
+	// user and password. A retry does not help until the configuration is
+	// fixed or (HTTP) the other owner's entry goes (see [Server]).
+	ErrDenied = errors.New("metadata: server denied the change")
 	// ErrQuota reports a Put that the metadata server refused (429)
 	// because it holds as many names or bytes of descriptors as it
 	// keeps. A retry can help once others delete theirs or they expire.

@@ -57,9 +57,11 @@ func TestHTTP(t *testing.T) {
 		var url string
 		storetest.RunOptions(t, func(t *testing.T) metadata.Store {
 			_, url = startServer(t, metadata.ServerConfig{Key: []byte("k"), Dir: t.TempDir()})
-			return newHTTPKey(t, url, "k", 0, nil)
+			return signedBy(t, newHTTPKey(t, url, "k", 0, nil), "k")
 		}, storetest.Options{
-			Peer: func(t *testing.T, _ metadata.Store) metadata.Store { return newHTTPKey(t, url, "k", 0, nil) },
+			Peer: func(t *testing.T, _ metadata.Store) metadata.Store {
+				return signedBy(t, newHTTPKey(t, url, "k", 0, nil), "k")
+			},
 		})
 	})
 	t.Run("Peer", func(t *testing.T) {
@@ -434,7 +436,7 @@ func TestHTTPOwner(t *testing.T) {
 			t.Fatalf("Put of a free name without the key: %v, want ErrDenied", err)
 		}
 	}
-	if err := owner.Put(ctx, testDesc("a", 7, "owner")); err != nil {
+	if err := owner.Put(ctx, signedK(testDesc("a", 7, "owner"))); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []*metadata.HTTP{none, other} {

@@ -103,7 +103,9 @@ type ServerConfig struct {
 	// derives for its name, so that nobody without the key can create,
 	// change, renew or delete any name. Without it the server binds each
 	// name to the token of the PUT that created it (trust on first use).
-	// The server keeps a copy.
+	// With the key the server also keeps only descriptors signed with it
+	// (see [Signed]; 403 otherwise), as every engine with the key checks
+	// what it reads. The server keeps a copy.
 	Key []byte
 	// RequireOwner, for a server without Key, refuses (401) a PUT that
 	// creates a name without an owner token, and any change of such a
@@ -276,7 +278,8 @@ type Server struct {
 	cfg          ServerConfig // with defaults filled in
 	dir          string       // "" without a Dir
 	maxTTL       time.Duration
-	ownerKey     []byte // nil without ServerConfig.Key
+	ownerKey     []byte           // nil without ServerConfig.Key
+	signer       *segtable.Signer // nil without ServerConfig.Key: checks descriptors' signatures
 	requireOwner bool
 	maxDesc      int
 	maxNames     int
@@ -372,6 +375,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		dir:          cfg.Dir,
 		maxTTL:       cfg.MaxTTL,
 		ownerKey:     newOwnerKey(cfg.Key),
+		signer:       newSigner(cfg.Key),
 		requireOwner: cfg.RequireOwner,
 		maxDesc:      cfg.MaxDescriptor,
 		maxNames:     cfg.MaxNames,
@@ -682,6 +686,14 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 	if d.Name != name {
 		http.Error(w, fmt.Sprintf("descriptor of segment %q put under %q", d.Name, name), http.StatusBadRequest)
 		return
+	}
+	if s.signer != nil {
+		// With the key the server is a reader that checks too: it keeps
+		// only descriptors an engine with the key signed.
+		if err := s.signer.Verify(d); err != nil {
+			s.refuse(w, r, name, refusal{http.StatusForbidden, "the descriptor is not signed with the segment key: " + err.Error()})
+			return
+		}
 	}
 
 	s.mu.Lock()

@@ -7,6 +7,8 @@ import (
 	"encoding/base64"
 	"net/http"
 	"strconv"
+
+	"github.com/moonring/moonring/segtable"
 )
 
 // Owner tokens: the proof that a change of a name on a metadata server
@@ -38,6 +40,16 @@ func newOwnerKey(key []byte) []byte {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte(ownerContext))
 	return m.Sum(nil)
+}
+
+// newSigner returns the checker of descriptors' signatures under key, nil
+// without a key.
+func newSigner(key []byte) *segtable.Signer {
+	if len(key) == 0 {
+		return nil
+	}
+	s, _ := segtable.NewSigner(key) // fails only on an empty key
+	return s
 }
 
 // ownerToken returns the owner token of name under ownerKey.

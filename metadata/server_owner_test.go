@@ -44,7 +44,7 @@ func served(t *testing.T, s http.Handler, name string) (*segtable.SegmentDesc, s
 // and a delete followed by a PUT of another epoch.
 func attack(t *testing.T, s http.Handler, header []string, code int) {
 	t.Helper()
-	forged := marshal(t, testDesc("a", 7, "relay"))
+	forged := marshalSigned(t, testDesc("a", 7, "relay"))
 	for _, tc := range []struct {
 		what, method, path string
 		body               []byte
@@ -54,7 +54,7 @@ func attack(t *testing.T, s http.Handler, header []string, code int) {
 		{"renew", "PUT", seg + "a", forged, append([]string{"Moonring-Renew", "1", "Moonring-TTL", "600"}, header...)},
 		{"delete", "DELETE", seg + "a", nil, header},
 		{"delete epoch", "DELETE", seg + "a?epoch=7", nil, header},
-		{"take over", "PUT", seg + "a", marshal(t, testDesc("a", 8, "relay")), header},
+		{"take over", "PUT", seg + "a", marshalSigned(t, testDesc("a", 8, "relay")), header},
 	} {
 		before, etag := served(t, s, "a")
 		w := request(t, s, tc.method, tc.path, tc.body, tc.header...)
@@ -76,18 +76,18 @@ func attack(t *testing.T, s http.Handler, header []string, code int) {
 // malformed one (403); nothing changes, nobody can squat a free name, and
 // the owner's own changes go through.
 func TestServerOwnerKey(t *testing.T) {
-	s := newServer(t, metadata.ServerConfig{Key: []byte("deployment key")})
-	good := token("deployment key", "a")
+	s := newServer(t, metadata.ServerConfig{Key: []byte("k")})
+	good := token("k", "a")
 	// Squatting a free name.
 	for _, h := range [][]string{nil, {"Moonring-Owner", token("other key", "a")}} {
-		if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 1, "squat")), h...); w.Code == 204 {
+		if w := request(t, s, "PUT", seg+"a", marshalSigned(t, testDesc("a", 1, "squat")), h...); w.Code == 204 {
 			t.Fatalf("PUT of a free name with %q stored it", h)
 		}
 		if d, _ := served(t, s, "a"); d != nil {
 			t.Fatalf("a refused PUT stored %+v", d)
 		}
 	}
-	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 7, "owner")), "Moonring-Owner", good); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"a", marshalSigned(t, testDesc("a", 7, "owner")), "Moonring-Owner", good); w.Code != 204 {
 		t.Fatalf("owner's PUT: %d %s", w.Code, w.Body)
 	}
 	attack(t, s, nil, 401)
@@ -108,7 +108,7 @@ func TestServerOwnerKey(t *testing.T) {
 		t.Fatalf("DELETE with two tokens: %d", w.Code)
 	}
 	// The owner republishes, renews and deletes.
-	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 7, "owner")), "Moonring-Owner", good, "Moonring-Renew", "1"); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"a", marshalSigned(t, testDesc("a", 7, "owner")), "Moonring-Owner", good, "Moonring-Renew", "1"); w.Code != 204 {
 		t.Fatalf("owner's renewal: %d %s", w.Code, w.Body)
 	}
 	if w := request(t, s, "DELETE", seg+"a?epoch=7", nil, "Moonring-Owner", good); w.Code != 204 {
@@ -127,31 +127,31 @@ func TestServerOwnerKey(t *testing.T) {
 func TestServerOwnerBinding(t *testing.T) {
 	s := newServer(t, metadata.ServerConfig{})
 	owner := token("owner key", "a")
-	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 7, "owner")), "Moonring-Owner", owner); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"a", marshalSigned(t, testDesc("a", 7, "owner")), "Moonring-Owner", owner); w.Code != 204 {
 		t.Fatalf("owner's PUT: %d %s", w.Code, w.Body)
 	}
 	attack(t, s, nil, 401)
 	attack(t, s, []string{"Moonring-Owner", token("attacker key", "a")}, 403)
 	attack(t, s, []string{"Moonring-Owner", "garbage"}, 403)
-	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 7, "owner")), "Moonring-Owner", owner, "Moonring-Renew", "1"); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"a", marshalSigned(t, testDesc("a", 7, "owner")), "Moonring-Owner", owner, "Moonring-Renew", "1"); w.Code != 204 {
 		t.Fatalf("owner's renewal: %d %s", w.Code, w.Body)
 	}
 	if w := request(t, s, "DELETE", seg+"a", nil, "Moonring-Owner", owner); w.Code != 204 {
 		t.Fatalf("owner's DELETE: %d %s", w.Code, w.Body)
 	}
 	// The binding went with the entry: the name is free for anyone.
-	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 9, "next")), "Moonring-Owner", token("next key", "a")); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"a", marshalSigned(t, testDesc("a", 9, "next")), "Moonring-Owner", token("next key", "a")); w.Code != 204 {
 		t.Fatalf("PUT of a deleted name: %d %s", w.Code, w.Body)
 	}
 
 	// Unbound: open to anyone, until a change with a token binds it.
-	if w := request(t, s, "PUT", seg+"u", marshal(t, testDesc("u", 1, "x"))); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"u", marshalSigned(t, testDesc("u", 1, "x"))); w.Code != 204 {
 		t.Fatalf("PUT without a token: %d %s", w.Code, w.Body)
 	}
-	if w := request(t, s, "PUT", seg+"u", marshal(t, testDesc("u", 1, "y"))); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"u", marshalSigned(t, testDesc("u", 1, "y"))); w.Code != 204 {
 		t.Fatalf("replacement of an unbound name: %d %s", w.Code, w.Body)
 	}
-	if w := request(t, s, "PUT", seg+"u", marshal(t, testDesc("u", 1, "y")), "Moonring-Renew", "1", "Moonring-Owner", token("k", "u")); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"u", marshalSigned(t, testDesc("u", 1, "y")), "Moonring-Renew", "1", "Moonring-Owner", token("k", "u")); w.Code != 204 {
 		t.Fatalf("renewal with a token: %d %s", w.Code, w.Body)
 	}
 	if w := request(t, s, "DELETE", seg+"u", nil); w.Code != 401 {
@@ -159,10 +159,10 @@ func TestServerOwnerBinding(t *testing.T) {
 	}
 
 	r := newServer(t, metadata.ServerConfig{RequireOwner: true})
-	if w := request(t, r, "PUT", seg+"u", marshal(t, testDesc("u", 1, "x"))); w.Code != 401 {
+	if w := request(t, r, "PUT", seg+"u", marshalSigned(t, testDesc("u", 1, "x"))); w.Code != 401 {
 		t.Fatalf("RequireOwner: PUT without a token: %d", w.Code)
 	}
-	if w := request(t, r, "PUT", seg+"u", marshal(t, testDesc("u", 1, "x")), "Moonring-Owner", token("k", "u")); w.Code != 204 {
+	if w := request(t, r, "PUT", seg+"u", marshalSigned(t, testDesc("u", 1, "x")), "Moonring-Owner", token("k", "u")); w.Code != 204 {
 		t.Fatalf("RequireOwner: PUT with a token: %d", w.Code)
 	}
 }
@@ -171,7 +171,7 @@ func TestServerOwnerBinding(t *testing.T) {
 // the time to live runs out as if it had not tried.
 func TestServerOwnerRenewalRefused(t *testing.T) {
 	s := newServer(t, metadata.ServerConfig{Key: []byte("k")})
-	body := marshal(t, testDesc("a", 7, "owner"))
+	body := marshalSigned(t, testDesc("a", 7, "owner"))
 	if w := request(t, s, "PUT", seg+"a", body, "Moonring-Owner", token("k", "a"), "Moonring-TTL", "0.2"); w.Code != 204 {
 		t.Fatalf("PUT: %d %s", w.Code, w.Body)
 	}
@@ -191,7 +191,7 @@ func TestServerOwnerRenewalRefused(t *testing.T) {
 func TestServerOwnerPersisted(t *testing.T) {
 	dir := t.TempDir()
 	s := newServer(t, metadata.ServerConfig{Dir: dir})
-	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 7, "owner")), "Moonring-Owner", token("k", "a")); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"a", marshalSigned(t, testDesc("a", 7, "owner")), "Moonring-Owner", token("k", "a")); w.Code != 204 {
 		t.Fatalf("PUT: %d %s", w.Code, w.Body)
 	}
 	s.Close()
@@ -205,12 +205,12 @@ func TestServerOwnerPersisted(t *testing.T) {
 	// A name a stranger bound while the server had no key: once the
 	// server has the key, the key's owner renews it and the binding is
 	// the key's, also after a restart without the key.
-	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 7, "owner")), "Moonring-Owner", token("stranger", "a")); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"a", marshalSigned(t, testDesc("a", 7, "owner")), "Moonring-Owner", token("stranger", "a")); w.Code != 204 {
 		t.Fatalf("stranger's PUT: %d %s", w.Code, w.Body)
 	}
 	s.Close()
 	s = newServer(t, metadata.ServerConfig{Dir: dir, Key: []byte("k")})
-	if w := request(t, s, "PUT", seg+"a", marshal(t, testDesc("a", 7, "owner")), "Moonring-Owner", token("k", "a"), "Moonring-Renew", "1"); w.Code != 204 {
+	if w := request(t, s, "PUT", seg+"a", marshalSigned(t, testDesc("a", 7, "owner")), "Moonring-Owner", token("k", "a"), "Moonring-Renew", "1"); w.Code != 204 {
 		t.Fatalf("the key's renewal: %d %s", w.Code, w.Body)
 	}
 	s.Close()

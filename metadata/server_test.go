@@ -432,3 +432,21 @@ func TestServerUnwritableFile(t *testing.T) {
 		t.Fatalf("directory holds temporary files %v", left)
 	}
 }
+
+// marshalSigned is marshal of d signed with the key "k".
+func marshalSigned(t *testing.T, d *segtable.SegmentDesc) []byte {
+	t.Helper()
+	return marshal(t, signedK(d))
+}
+
+// signedK signs d with the key "k", which the tests' keyed servers hold (a
+// server with a key keeps only descriptors signed with it; one without
+// ignores the signature), and returns it.
+func signedK(d *segtable.SegmentDesc) *segtable.SegmentDesc {
+	s, _ := segtable.NewSigner([]byte("k"))
+	for i := range d.Buffers {
+		d.Buffers[i].MAC = ""
+	}
+	s.Sign(d)
+	return d
+}

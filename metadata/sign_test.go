@@ -20,7 +20,12 @@ var testKey = []byte("the deployment's segment key")
 
 func signed(t *testing.T, s metadata.Store) *metadata.Signed {
 	t.Helper()
-	w, err := metadata.NewSigned(s, testKey, nil)
+	return signedBy(t, s, string(testKey))
+}
+
+func signedBy(t *testing.T, s metadata.Store, key string) *metadata.Signed {
+	t.Helper()
+	w, err := metadata.NewSigned(s, []byte(key), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,6 +250,23 @@ func TestSignedRefusesEtcd(t *testing.T) {
 	w := newEtcd()
 	testRefuses(t, rawStore{
 		reader: newEtcd(),
+		put: func(d *segtable.SegmentDesc) {
+			w.Delete(context.Background(), d.Name, 0)
+			if err := w.Put(context.Background(), d); err != nil {
+				t.Fatal(err)
+			}
+		},
+		name: func(n string) string { return n },
+	})
+}
+
+// TestSignedRefusesHTTP: whoever can write to a metadata server without
+// the key (a name created without an owner token stays open to anyone).
+func TestSignedRefusesHTTP(t *testing.T) {
+	_, url := startServer(t, metadata.ServerConfig{})
+	w := newHTTP(t, url, 0)
+	testRefuses(t, rawStore{
+		reader: newHTTP(t, url, 0),
 		put: func(d *segtable.SegmentDesc) {
 			w.Delete(context.Background(), d.Name, 0)
 			if err := w.Put(context.Background(), d); err != nil {

@@ -195,9 +195,13 @@ func TestMetadataServerKey(t *testing.T) {
 		url, stop := startMetaServer(t, args...)
 		var errs []error
 		for _, key := range []string{"", "other", "secret"} {
-			h, err := metadata.NewHTTP(metadata.HTTPConfig{URL: url, Key: []byte(key)})
+			hs, err := metadata.NewHTTP(metadata.HTTPConfig{URL: url, Key: []byte(key)})
 			if err != nil {
 				t.Fatal(err)
+			}
+			var h metadata.Store = hs
+			if key != "" { // as an engine with the key: it signs (a server with the key keeps only signed descriptors)
+				h, _ = metadata.NewSigned(hs, []byte(key), nil)
 			}
 			errs = append(errs, h.Put(ctx, metaDesc("a", 1)))
 			if key == "secret" {
@@ -270,10 +274,11 @@ func TestMetadataServerTLS(t *testing.T) {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	h, err := metadata.NewHTTP(metadata.HTTPConfig{URL: url, Key: []byte("secret"), TLS: &tls.Config{RootCAs: pool}})
+	hs, err := metadata.NewHTTP(metadata.HTTPConfig{URL: url, Key: []byte("secret"), TLS: &tls.Config{RootCAs: pool}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	h, _ := metadata.NewSigned(hs, []byte("secret"), nil) // as an engine with the key
 	defer h.Close()
 	if err := h.Put(t.Context(), metaDesc("a", 1)); err != nil {
 		t.Fatal(err)
