@@ -1,8 +1,8 @@
 package moonring
 
-// What an engine says of segments: an open segment's descriptor as the
-// caller needs it, and the engine's own segment withdrawn from and
-// published to the metadata store.
+// Segments: the engine's own (its descriptor, published to the metadata
+// store, withdrawn and published again) and its peers' (opened through the
+// store and a transport, watched, closed), and what an open one offers.
 
 import (
 	"context"
@@ -10,6 +10,10 @@ import (
 	"fmt"
 
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/rdma"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/tcp"
+	"github.com/moonring/moonring/transport"
 )
 
 // SegmentInfo is what an open segment offers: its name, the epoch of the
@@ -87,4 +91,243 @@ func (e *Engine) PublishLocalSegment(ctx context.Context) error {
 	}
 	e.withdrawn = false
 	return e.publishCtx(ctx)
+}
+
+// desc builds the engine's descriptor: remote-accessible buffers only for
+// peers, every buffer for the local segment. mu must be held (or the engine
+// not yet shared).
+func (e *Engine) desc(remoteOnly bool) *segtable.SegmentDesc {
+	d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: e.cfg.Name, Epoch: e.epoch, Endpoints: map[string]string{}}
+	for _, t := range e.transports {
+		if t != nil {
+			d.Endpoints[t.Name()] = t.Endpoint()
+		}
+	}
+	for _, b := range e.buffers.All() {
+		if (remoteOnly && !b.Remote) || b == e.arena {
+			continue // the staging arena is no request's to name
+		}
+		bd := segtable.BufferDesc{Addr: uint64(b.Addr), Length: b.Length, Location: string(b.Location), Keys: map[string]string{}}
+		for slot, t := range e.transports {
+			if r := b.Regs[slot].Load(); t != nil && r != nil && r.Key != "" {
+				bd.Keys[t.Name()] = r.Key
+			}
+		}
+		d.Buffers = append(d.Buffers, bd)
+	}
+	return d
+}
+
+// publish refreshes the local segment's descriptor and republishes the
+// engine's segment, unless RemoveLocalSegment withdrew it. mu must be held
+// (or the engine not yet shared).
+func (e *Engine) publish() error {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	return e.publishCtx(ctx)
+}
+
+func (e *Engine) publishCtx(ctx context.Context) error {
+	e.self.SetDesc(e.desc(false))
+	if e.withdrawn {
+		return nil
+	}
+	if err := e.store.Put(ctx, e.desc(true)); err != nil {
+		return fmt.Errorf("moonring: publish segment %q to %s: %w", e.cfg.Name, e.cfg.Metadata, err)
+	}
+	return nil
+}
+
+// OpenSegment looks name up in the metadata store, picks the best
+// transport that reaches it and returns its ID. Opening an open segment
+// returns the same ID; the engine's own name returns LocalSegmentID. The
+// store and the peer are asked without the engine's lock: a slow peer holds
+// up this call only (bounded by ctx), not the engine.
+func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error) {
+	if name == e.cfg.Name {
+		return LocalSegmentID, nil
+	}
+	e.mu.Lock()
+	if e.closed.Load() {
+		e.mu.Unlock()
+		return 0, ErrClosed
+	}
+	if s := e.segments.Find(name); s != nil {
+		e.mu.Unlock()
+		return s.ID, nil
+	}
+	var installed []string
+	for _, t := range e.transports {
+		if t != nil {
+			installed = append(installed, t.Name())
+		}
+	}
+	e.mu.Unlock()
+	desc, err := e.store.Get(ctx, name)
+	if errors.Is(err, metadata.ErrForged) {
+		return 0, fmt.Errorf("moonring: open segment %q: its descriptor does not verify under this engine's segment key (another key, check Config.Key or MOONRING_KEY on both sides, or a forged descriptor): %w: %w", name, ErrDenied, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("moonring: open segment %q: %w", name, err)
+	}
+	var errs []error
+	for _, tname := range transport.Candidates(installed, desc, e.cfg.Transports) {
+		e.mu.Lock()
+		slot := e.slotOf(tname)
+		var t transport.Transport
+		if slot >= 0 {
+			t = e.transports[slot]
+		}
+		e.mu.Unlock()
+		if t == nil {
+			continue // uninstalled meanwhile
+		}
+		ep, err := t.Open(ctx, desc)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		id, done, err := e.addSegment(name, desc, slot, t, ep)
+		if done {
+			return id, err
+		}
+	}
+	if e.closed.Load() {
+		return 0, ErrClosed // its transports closed under the Opens
+	}
+	// A peer that refused this engine's segment key is ErrDenied, not a
+	// missing transport: the fix is the key, on one side or the other.
+	why := ErrNoTransport
+	for _, err := range errs {
+		if errors.Is(err, tcp.ErrPinMismatch) {
+			// Not a key: the certificate is not the one the signed
+			// descriptor pins (a relay, or a target restarted since).
+			return 0, fmt.Errorf("moonring: open segment %q: its TLS certificate is not the one its descriptor pins (a relay on the path, or a descriptor older than the target): %w", name, errors.Join(append([]error{ErrDenied}, errs...)...))
+		}
+		if errors.Is(err, transport.ErrDenied) || errors.Is(err, tcp.ErrAuth) || errors.Is(err, rdma.ErrAuth) {
+			why = ErrDenied
+		}
+	}
+	if why == ErrDenied {
+		return 0, fmt.Errorf("moonring: open segment %q: its engine refused this engine's segment key (check Config.Key, MOONRING_KEY, on both sides): %w", name, errors.Join(append([]error{why}, errs...)...))
+	}
+	return 0, fmt.Errorf("moonring: open segment %q (store %s): %w", name, e.cfg.Metadata, errors.Join(append([]error{why}, errs...)...))
+}
+
+// addSegment adds the segment OpenSegment reached through ep of t in slot,
+// unless the engine closed, t was uninstalled (done false: try the next
+// transport) or another OpenSegment of name added it first (its ID).
+func (e *Engine) addSegment(name string, desc *segtable.SegmentDesc, slot int, t transport.Transport, ep transport.Endpoint) (SegmentID, bool, error) {
+	e.mu.Lock()
+	var unused bool // ep goes unused: closed after the lock (a Close may wait on dials)
+	defer func() {
+		e.mu.Unlock()
+		if unused {
+			ep.Close()
+		}
+	}()
+	switch {
+	case e.closed.Load():
+		unused = true
+		return 0, true, ErrClosed
+	case e.transports[slot] != t:
+		unused = true
+		return 0, false, nil
+	}
+	if s := e.segments.Find(name); s != nil {
+		unused = true
+		return s.ID, true, nil
+	}
+	size := t.SliceSize()
+	staged := e.stageEndpoint(ep, slot, size)
+	s, err := e.segments.Open(desc.Name, desc, slot, size, ep, staged)
+	if err != nil {
+		closeSegment(ep, staged)
+		return 0, true, fmt.Errorf("moonring: open segment %q: %w", desc.Name, err)
+	}
+	e.watch(s)
+	e.cfg.Logger.Info("moonring: segment opened", "segment", desc.Name, "transport", t.Name(), "id", s.ID)
+	return s.ID, true, nil
+}
+
+// closeSegment closes a segment's endpoints: the staged one first, as it
+// posts to the other.
+func closeSegment(ep, staged transport.Endpoint) error {
+	var err error
+	if staged != nil {
+		err = staged.Close()
+	}
+	return errors.Join(err, ep.Close())
+}
+
+// watch follows the segment's descriptor in the store. mu must be held.
+func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
+	ctx, cancel := context.WithCancel(context.Background())
+	e.watches[s.ID] = cancel
+	e.watchWG.Add(1)
+	go func() {
+		defer e.watchWG.Done()
+		// Started here, not under the engine's lock: a store may fetch
+		// the descriptor once before it answers.
+		ch, err := e.store.Watch(ctx, s.Name)
+		if err != nil {
+			return // the cached descriptor stays in use
+		}
+		for ev := range ch {
+			switch old := s.Desc(); {
+			case ev.Deleted || ev.Desc == nil:
+				e.cfg.Logger.Info("moonring: segment withdrawn", "segment", s.Name)
+			case ev.Desc.Epoch != old.Epoch:
+				e.cfg.Logger.Info("moonring: segment restarted", "segment", s.Name, "epoch", ev.Desc.Epoch)
+			default:
+				e.cfg.Logger.Debug("moonring: segment republished", "segment", s.Name, "buffers", len(ev.Desc.Buffers))
+			}
+			if ev.Deleted || ev.Desc == nil {
+				// Gone: requests fail at the endpoint until the peer is back
+				// (a new epoch arrives here) or the caller closes the segment.
+				continue
+			}
+			// The same engine republished, or a restarted one (a new epoch)
+			// took the name: either way the endpoint follows the new
+			// descriptor (a transport redials a new address and keys), and
+			// the SegmentID stays valid.
+			s.Endpoint.Update(ev.Desc)
+			s.SetDesc(ev.Desc)
+		}
+	}()
+}
+
+// SegmentTransport returns the name of the transport that reaches the open
+// segment id ("shm", "tcp", ...). Safe for concurrent use.
+func (e *Engine) SegmentTransport(id SegmentID) (string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed.Load() {
+		return "", ErrClosed // its transports are gone
+	}
+	s := e.segments.Get(id)
+	if s == nil || e.transports[s.Transport] == nil {
+		return "", fmt.Errorf("moonring: segment %d: %w", id, ErrBadSegment)
+	}
+	return e.transports[s.Transport].Name(), nil
+}
+
+// CloseSegment closes a segment once no request uses it. If ctx ends first
+// the segment stays open and the error wraps ErrBusy; an OpenSegment of its
+// name made meanwhile opened a second segment, which stays open too.
+func (e *Engine) CloseSegment(ctx context.Context, id SegmentID) error {
+	s, err := e.segments.Close(ctx, id)
+	if errors.Is(err, segtable.ErrNotFound) {
+		return fmt.Errorf("moonring: close segment %d (%v): %w", id, err, ErrBadSegment)
+	}
+	if err != nil {
+		return fmt.Errorf("moonring: close segment: %w", err)
+	}
+	e.mu.Lock()
+	if cancel := e.watches[id]; cancel != nil {
+		cancel()
+		delete(e.watches, id)
+	}
+	e.mu.Unlock()
+	return closeSegment(s.Endpoint, s.Staged)
 }
