@@ -25,23 +25,76 @@ import (
 	"github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
+	"golang.org/x/sys/unix"
 )
 
 // result is one step of the sweep.
 type result struct {
-	Transport string  `json:"transport"`
-	Op        string  `json:"op"`
-	BlockSize int     `json:"block_size"`
-	Batch     int     `json:"batch"`
-	Threads   int     `json:"threads"`
-	API       string  `json:"api"`
-	Requests  int     `json:"requests"`
-	GBps      float64 `json:"gb_per_s"`
-	ReqPerSec float64 `json:"req_per_s"`
-	P50us     float64 `json:"p50_us"`
-	P99us     float64 `json:"p99_us"`
-	P999us    float64 `json:"p999_us"`
-	Verified  bool    `json:"verified"`
+	// Transport is what moved the bytes: tcp, shm (a mapping of the
+	// target's buffer), shm/process_vm (--no-map: process_vm_readv and
+	// process_vm_writev), local.
+	Transport string `json:"transport"`
+	Op        string `json:"op"`
+	BlockSize int    `json:"block_size"`
+	Block     string `json:"block"` // BlockSize as 4K, 64K, 1M, 16M
+	Batch     int    `json:"batch"`
+	// BatchAsked is --batch-size; Batch is less when the buffer holds
+	// fewer blocks per thread, which Note then says.
+	BatchAsked int     `json:"batch_asked"`
+	Threads    int     `json:"threads"`
+	Note       string  `json:"note,omitempty"`
+	API        string  `json:"api"`
+	Requests   int     `json:"requests"`
+	GBps       float64 `json:"gb_per_s"`
+	ReqPerSec  float64 `json:"req_per_s"`
+	P50us      float64 `json:"p50_us"`
+	P99us      float64 `json:"p99_us"`
+	P999us     float64 `json:"p999_us"`
+	Verified   bool    `json:"verified"`
+	// Run is what the sweep measured against, the same in every row.
+	Run *runInfo `json:"run,omitempty"`
+}
+
+// runInfo is the sweep's settings, printed before its rows (and with each
+// of them with --json).
+type runInfo struct {
+	Transport string `json:"transport"`
+	Target    string `json:"target"`
+	// TargetPID is the target's process id when known (a target this
+	// command started; a serve that says it on /healthz), else 0.
+	TargetPID     int    `json:"target_pid,omitempty"`
+	TargetStarted bool   `json:"target_started"` // by this command, on this host
+	Metadata      string `json:"metadata"`
+	Buffer        int    `json:"buffer_size"`
+	Batch         int    `json:"batch_size"`
+	Threads       int    `json:"threads"`
+	API           string `json:"api"`
+	Duration      string `json:"duration"` // per step, after a warm-up of a fifth of it
+	Verify        bool   `json:"verify"`
+	Host          string `json:"host"`
+	Version       string `json:"version"`
+	Date          string `json:"date"` // the sweep's start, RFC 3339, UTC
+}
+
+// header is the lines of settings before the table.
+func (r *runInfo) header() string {
+	target := r.Target
+	switch {
+	case r.TargetStarted:
+		target += fmt.Sprintf(" (pid %d, started by this command)", r.TargetPID)
+	case r.TargetPID != 0:
+		target += fmt.Sprintf(" (pid %d)", r.TargetPID)
+	case r.Transport != "local":
+		target += " (pid unknown)"
+	}
+	verify := "data checked after each step"
+	if !r.Verify {
+		verify = "data not checked (--verify=false)"
+	}
+	return fmt.Sprintf("# moonring bench: %s to %s, metadata %s\n"+
+		"# buffer %s, batch %d, threads %d, %s API, %s per step after a warm-up of a fifth of it, %s\n"+
+		"# host %s, moonring %s, %s\n",
+		r.Transport, target, r.Metadata, fmtSize(r.Buffer), r.Batch, r.Threads, r.API, r.Duration, verify, r.Host, r.Version, r.Date)
 }
 
 func parseSizes(s string) ([]int, error) {
@@ -207,6 +260,20 @@ func bench(args []string, out io.Writer) error {
 	if *asJSON {
 		rep = &jsonReport{w: out}
 	}
+	api := "batch"
+	if *useRing {
+		api = "ring"
+	}
+	hostname, _ := os.Hostname()
+	run := &runInfo{Transport: tg.transport, Target: tg.name, TargetPID: tg.pid, TargetStarted: tg.started, Metadata: *meta,
+		Buffer: bs[0], Batch: *batch, Threads: *threads, API: api, Duration: duration.String(), Verify: *verify,
+		Host: hostname, Version: version(), Date: time.Now().UTC().Format(time.RFC3339)}
+	if *protocol == "local" {
+		run.Metadata = "in this process"
+	}
+	if err := rep.header(run); err != nil {
+		return fmt.Errorf("bench: writing the results: %w", err)
+	}
 	type stepSpec struct {
 		op   moonring.Op
 		size int
@@ -262,6 +329,7 @@ func opName(op moonring.Op) string {
 // reporter prints the sweep's rows as each step ends; end finishes the
 // output (also after a failed step: what was printed stays whole).
 type reporter interface {
+	header(r *runInfo) error
 	row(r result) error
 	end() error
 }
@@ -273,17 +341,26 @@ type tableReport struct {
 	titled bool
 }
 
-const tableRow = "%-9s %-5s %-5s %8s %6s %7s %8s %10s %9s %9s %9s %8s\n"
+const tableRow = "%-14s %-5s %-5s %5s %5s %7s %8s %10s %9s %9s %9s %8s%s\n"
+
+func (t *tableReport) header(r *runInfo) error {
+	_, err := io.WriteString(t.w, r.header())
+	return err
+}
 
 func (t *tableReport) row(r result) error {
 	if !t.titled {
 		t.titled = true
-		if _, err := fmt.Fprintf(t.w, tableRow, "transport", "api", "op", "block", "batch", "threads", "GB/s", "req/s", "p50 µs", "p99 µs", "p999 µs", "verified"); err != nil {
+		if _, err := fmt.Fprintf(t.w, tableRow, "transport", "api", "op", "block", "batch", "threads", "GB/s", "req/s", "p50 µs", "p99 µs", "p999 µs", "verified", "  note"); err != nil {
 			return err
 		}
 	}
-	_, err := fmt.Fprintf(t.w, tableRow, r.Transport, r.API, r.Op, strconv.Itoa(r.BlockSize), strconv.Itoa(r.Batch), strconv.Itoa(r.Threads),
-		fmt.Sprintf("%.2f", r.GBps), fmt.Sprintf("%.0f", r.ReqPerSec), fmt.Sprintf("%.2f", r.P50us), fmt.Sprintf("%.2f", r.P99us), fmt.Sprintf("%.2f", r.P999us), strconv.FormatBool(r.Verified))
+	note := ""
+	if r.Note != "" {
+		note = "  " + r.Note
+	}
+	_, err := fmt.Fprintf(t.w, tableRow, r.Transport, r.API, r.Op, r.Block, strconv.Itoa(r.Batch), strconv.Itoa(r.Threads),
+		fmt.Sprintf("%.2f", r.GBps), fmt.Sprintf("%.0f", r.ReqPerSec), fmt.Sprintf("%.2f", r.P50us), fmt.Sprintf("%.2f", r.P99us), fmt.Sprintf("%.2f", r.P999us), strconv.FormatBool(r.Verified), note)
 	return err
 }
 
@@ -292,11 +369,18 @@ func (t *tableReport) end() error { return nil }
 // jsonReport prints a JSON array, an element per line as each step ends;
 // end closes it, so that the output parses whatever step failed.
 type jsonReport struct {
-	w io.Writer
-	n int
+	w   io.Writer
+	n   int
+	run *runInfo
+}
+
+func (j *jsonReport) header(r *runInfo) error {
+	j.run = r
+	return nil
 }
 
 func (j *jsonReport) row(r result) error {
+	r.Run = j.run
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -326,6 +410,9 @@ type target struct {
 	// function it returns ends it.
 	progress  func(res result, d time.Duration) func()
 	transport string
+	name      string // the target's segment
+	pid       int    // the target's process, when known
+	started   bool   // by this command
 	ini       *moonring.Engine
 	seg       moonring.SegmentID
 	base      uint64 // the remote buffer's address
@@ -372,6 +459,7 @@ func localTarget(ctx context.Context, size int) (*target, error) {
 	}
 	t.base = uint64(moonring.AddressOf(remote))
 	t.model = bytes.Clone(remote)
+	t.name, t.pid = tgt.Name(), os.Getpid()
 	return t, nil
 }
 
@@ -415,6 +503,7 @@ func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, loc
 			return nil, fmt.Errorf("start the target: %w", err)
 		}
 		t.closers = append(t.closers, func() { stdin.Close(); cmd.Wait() })
+		t.pid, t.started = cmd.Process.Pid, true
 		line, err := bufio.NewReader(stdout).ReadString('\n')
 		f := strings.Fields(line)
 		if len(f) < 3 || f[0] != "serving" || f[1] != "segment" {
@@ -480,6 +569,10 @@ func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, loc
 		t.close()
 		return nil, err
 	}
+	if t.transport == "shm" && noMap {
+		t.transport = "shm/process_vm"
+	}
+	t.name = name
 	t.base = desc.Buffers[0].Addr
 	t.model = make([]byte, size)
 	for i := range t.model {
@@ -498,10 +591,21 @@ const opMix = moonring.Op(0xff)
 // own Ring and depth requests in flight, each request on its own block of
 // both buffers; then it checks the bytes.
 func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads int, d time.Duration, verify, useRing bool) (result, error) {
-	threads = max(1, min(threads, len(t.model)/size))
-	depth = max(1, min(depth, len(t.model)/size/threads))
+	askedThreads, askedDepth := threads, depth
+	blocks := len(t.model) / size
+	threads = max(1, min(threads, blocks))
+	depth = max(1, min(depth, blocks/threads))
 	total := depth * threads
-	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Batch: depth, Threads: threads, API: "batch"}
+	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Block: fmtSize(size), Batch: depth, BatchAsked: askedDepth, Threads: threads, API: "batch"}
+	switch {
+	case threads < askedThreads:
+		res.Note = fmt.Sprintf("threads %d, batch %d (asked %d of %d): the %s buffer holds %d blocks of %s", threads, depth, askedThreads, askedDepth, fmtSize(len(t.model)), blocks, res.Block)
+	case depth < askedDepth:
+		res.Note = fmt.Sprintf("batch %d (asked %d): the %s buffer holds %d blocks of %s", depth, askedDepth, fmtSize(len(t.model)), blocks, res.Block)
+		if threads > 1 {
+			res.Note += fmt.Sprintf(", %d per thread", blocks/threads)
+		}
+	}
 	if useRing {
 		res.API = "ring"
 	}
@@ -751,8 +855,12 @@ func drive(ctx context.Context, r *moonring.Ring, first, depth int, d time.Durat
 }
 
 // progressLine prints, every half second on stderr, the step's bytes and
-// GB/s so far and the time left, then clears the line.
+// GB/s so far and the time left, then clears the line. When stderr is not
+// a terminal it prints plain lines, one a second, without escape codes.
 func progressLine(res result, d time.Duration) func() {
+	if !stderrIsTerminal() {
+		return progressPlain(res, d)
+	}
 	moved.Store(0)
 	done := make(chan struct{})
 	exited := make(chan struct{})
@@ -769,10 +877,50 @@ func progressLine(res result, d time.Duration) func() {
 			case <-tick.C:
 				el := time.Since(t0)
 				b := moved.Load()
-				fmt.Fprintf(os.Stderr, "\r\033[K%s %s %d: %d MiB, %.2f GB/s so far, %.1f s left",
-					res.Transport, res.Op, res.BlockSize, b>>20, float64(b)/el.Seconds()/1e9, max(0, (d+d/5-el).Seconds()))
+				fmt.Fprintf(os.Stderr, "\r\033[K%s", progressText(res, d, el, b))
 			}
 		}
 	}()
 	return func() { close(done); <-exited }
+}
+
+// progressText is the progress of a step d long (after its warm-up of d/5)
+// that has moved b bytes in el.
+func progressText(res result, d, el time.Duration, b int64) string {
+	return fmt.Sprintf("%s %s %s: %d MiB, %.2f GB/s so far, %.1f s left",
+		res.Transport, res.Op, res.Block, b>>20, float64(b)/el.Seconds()/1e9, max(0, (d+d/5-el).Seconds()))
+}
+
+// progressPlain is progressLine for a stderr that is a file or a pipe: a
+// line a second.
+func progressPlain(res result, d time.Duration) func() {
+	moved.Store(0)
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t0 := time.Now()
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				fmt.Fprintln(progressOut, progressText(res, d, time.Since(t0), moved.Load()))
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
+}
+
+// progressOut takes the progress lines when stderr is no terminal; tests
+// replace it.
+var progressOut io.Writer = os.Stderr
+
+// stderrIsTerminal reports whether stderr is a terminal, where escape
+// codes may redraw the progress line. Tests replace it.
+var stderrIsTerminal = func() bool {
+	_, err := unix.IoctlGetTermios(int(os.Stderr.Fd()), unix.TCGETS)
+	return err == nil
 }

@@ -72,10 +72,13 @@ func TestBenchTCP(t *testing.T) {
 // A target in a child process on this host, reached through shm: mapped,
 // and through process_vm calls.
 func TestBenchSHM(t *testing.T) {
-	for _, extra := range [][]string{nil, {"--no-map"}} {
-		for _, r := range benchJSON(t, append([]string{"--protocol", "shm"}, extra...)...) {
-			if r.Transport != "shm" || !r.Verified {
-				t.Errorf("%v: transport %q, verified %v", extra, r.Transport, r.Verified)
+	for _, c := range []struct {
+		extra []string
+		want  string // the transport the rows name
+	}{{nil, "shm"}, {[]string{"--no-map"}, "shm/process_vm"}} {
+		for _, r := range benchJSON(t, append([]string{"--protocol", "shm"}, c.extra...)...) {
+			if r.Transport != c.want || !r.Verified || r.Run == nil || r.Run.Transport != c.want {
+				t.Errorf("%v: transport %q (run %+v), verified %v; want %s", c.extra, r.Transport, r.Run, r.Verified, c.want)
 			}
 		}
 	}
