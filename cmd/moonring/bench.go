@@ -51,6 +51,10 @@ type result struct {
 	P99us      float64 `json:"p99_us"`
 	P999us     float64 `json:"p999_us"`
 	Verified   bool    `json:"verified"`
+	// Mode is "bw" (requests in flight as --batch-size says) or "lat"
+	// (--lat: one in flight).
+	Mode   string  `json:"mode"`
+	MeanUs float64 `json:"mean_us"`
 	// Run is what the sweep measured against, the same in every row.
 	Run *runInfo `json:"run,omitempty"`
 }
@@ -69,6 +73,7 @@ type runInfo struct {
 	Batch         int    `json:"batch_size"`
 	Threads       int    `json:"threads"`
 	API           string `json:"api"`
+	Mode          string `json:"mode"`     // bw or lat
 	Duration      string `json:"duration"` // per step, after a warm-up of a fifth of it
 	Verify        bool   `json:"verify"`
 	Host          string `json:"host"`
@@ -91,10 +96,18 @@ func (r *runInfo) header() string {
 	if !r.Verify {
 		verify = "data not checked (--verify=false)"
 	}
+	mode := fmt.Sprintf("# bandwidth mode: %d requests in flight per thread. A request's latency is the time its batch took", r.Batch)
+	if r.API == "ring" {
+		mode = fmt.Sprintf("# bandwidth mode: %d requests in flight per thread. A request's latency includes its wait behind the others in flight", r.Batch)
+	}
+	mode += fmt.Sprintf(":\n#   the p50 is queueing latency at batch %d, not one request's round trip (moonring bench --lat measures that)\n", r.Batch)
+	if r.Mode == "lat" {
+		mode = "# latency mode: one request in flight on one thread; mean and percentiles of single requests' round trips\n"
+	}
 	return fmt.Sprintf("# moonring bench: %s to %s, metadata %s\n"+
 		"# buffer %s, batch %d, threads %d, %s API, %s per step after a warm-up of a fifth of it, %s\n"+
-		"# host %s, moonring %s, %s\n",
-		r.Transport, target, r.Metadata, fmtSize(r.Buffer), r.Batch, r.Threads, r.API, r.Duration, verify, r.Host, r.Version, r.Date)
+		"# host %s, moonring %s, %s\n%s",
+		r.Transport, target, r.Metadata, fmtSize(r.Buffer), r.Batch, r.Threads, r.API, r.Duration, verify, r.Host, r.Version, r.Date, mode)
 }
 
 func parseSizes(s string) ([]int, error) {
@@ -141,7 +154,20 @@ func pattern(i int) byte { return byte(i*7 ^ i>>9) }
 const benchHelp = `usage: moonring bench [flags]
 
 Sweep WRITE and READ over block sizes against a target and print GB/s,
-req/s and latency. By default the target is a child process this command
+req/s and latency, a row as each step ends (--json: a JSON array, a row
+per line, each with the run's settings under "run").
+
+Two modes, as ucx_perftest's *_bw and *_lat tests:
+  default  bandwidth: --batch-size requests in flight per thread (32),
+           block sizes 4K,64K,1M,16M. A request's latency here is the
+           time its whole batch took (or, with --ring, the time it waited
+           behind the others in flight): its p50 is queueing latency at
+           that depth, not one request's round trip.
+  --lat    latency: one request in flight on one thread (batch 1), block
+           sizes 8,64,512,4K unless --block-size; each row gives the mean
+           and the p50, p99 and p999 of single requests' round trips.
+
+By default the target is a child process this command
 starts on loopback; it gets a random segment key made for the run,
 through its environment (never its command line), and the key ends with
 the run. With --segment the target is another one (moonring serve, or
@@ -163,7 +189,8 @@ func bench(args []string, out io.Writer) error {
 	protocol := fs.String("protocol", "tcp", "tcp or shm (a target process on this host; shm maps its buffer), or local (engines in this process)")
 	noMap := fs.Bool("no-map", false, "with --protocol shm: reach the target through process_vm_readv/writev, not a mapping")
 	operation := fs.String("operation", "write,read", "write, read, mix (half of the requests each), comma separated")
-	blocks := fs.String("block-size", "4K,64K,1M,16M", "block sizes, comma separated (K, M suffixes)")
+	blocks := fs.String("block-size", "4K,64K,1M,16M", "block sizes, comma separated (K, M, G suffixes; with --lat the default is 8,64,512,4K)")
+	latMode := fs.Bool("lat", false, "latency mode: one request in flight (batch 1, one thread), small blocks; mean, p50, p99, p999")
 	batch := fs.Int("batch-size", 32, "requests in flight per thread")
 	threads := fs.Int("threads", 1, "goroutines submitting, each with its own ring or batches")
 	useRing := fs.Bool("ring", false, "drive the io_uring-style Ring API instead of the Mooncake-style batch API")
@@ -201,6 +228,17 @@ func bench(args []string, out io.Writer) error {
 	}
 	if *mode != "initiator" {
 		return fmt.Errorf("bad mode %q (want initiator or target)", *mode)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *latMode {
+		if (set["batch-size"] && *batch != 1) || (set["threads"] && *threads != 1) {
+			return fmt.Errorf("bench: --lat keeps one request in flight: --batch-size %d --threads %d go without it", *batch, *threads)
+		}
+		*batch, *threads = 1, 1
+		if !set["block-size"] {
+			*blocks = "8,64,512,4K"
+		}
 	}
 	sizes, err := parseSizes(*blocks)
 	if err != nil {
@@ -256,7 +294,7 @@ func bench(args []string, out io.Writer) error {
 	if !*asJSON {
 		tg.progress = progressLine
 	}
-	var rep reporter = &tableReport{w: out}
+	var rep reporter = &tableReport{w: out, lat: *latMode}
 	if *asJSON {
 		rep = &jsonReport{w: out}
 	}
@@ -265,8 +303,12 @@ func bench(args []string, out io.Writer) error {
 		api = "ring"
 	}
 	hostname, _ := os.Hostname()
+	runMode := "bw"
+	if *latMode {
+		runMode = "lat"
+	}
 	run := &runInfo{Transport: tg.transport, Target: tg.name, TargetPID: tg.pid, TargetStarted: tg.started, Metadata: *meta,
-		Buffer: bs[0], Batch: *batch, Threads: *threads, API: api, Duration: duration.String(), Verify: *verify,
+		Buffer: bs[0], Batch: *batch, Threads: *threads, API: api, Mode: runMode, Duration: duration.String(), Verify: *verify,
 		Host: hostname, Version: version(), Date: time.Now().UTC().Format(time.RFC3339)}
 	if *protocol == "local" {
 		run.Metadata = "in this process"
@@ -288,6 +330,7 @@ func bench(args []string, out io.Writer) error {
 	var sweepErr error
 	for i, st := range steps {
 		res, err := tg.step(ctx, st.op, st.size, *batch, *threads, *duration, *verify, *useRing)
+		res.Mode = runMode
 		if err != nil {
 			what := fmt.Sprintf("step %d of %d (%s %s)", i+1, len(steps), opName(st.op), fmtSize(st.size))
 			done := fmt.Sprintf("the %d rows above are complete", len(results))
@@ -338,8 +381,11 @@ type reporter interface {
 // (a tabwriter would hold every row until the end).
 type tableReport struct {
 	w      io.Writer
+	lat    bool // --lat: the latency columns
 	titled bool
 }
+
+const latRow = "%-14s %-5s %-5s %5s %9s %10s %9s %9s %9s %9s %8s%s\n"
 
 const tableRow = "%-14s %-5s %-5s %5s %5s %7s %8s %10s %9s %9s %9s %8s%s\n"
 
@@ -349,6 +395,9 @@ func (t *tableReport) header(r *runInfo) error {
 }
 
 func (t *tableReport) row(r result) error {
+	if t.lat {
+		return t.latRow(r)
+	}
 	if !t.titled {
 		t.titled = true
 		if _, err := fmt.Fprintf(t.w, tableRow, "transport", "api", "op", "block", "batch", "threads", "GB/s", "req/s", "p50 µs", "p99 µs", "p999 µs", "verified", "  note"); err != nil {
@@ -361,6 +410,19 @@ func (t *tableReport) row(r result) error {
 	}
 	_, err := fmt.Fprintf(t.w, tableRow, r.Transport, r.API, r.Op, r.Block, strconv.Itoa(r.Batch), strconv.Itoa(r.Threads),
 		fmt.Sprintf("%.2f", r.GBps), fmt.Sprintf("%.0f", r.ReqPerSec), fmt.Sprintf("%.2f", r.P50us), fmt.Sprintf("%.2f", r.P99us), fmt.Sprintf("%.2f", r.P999us), strconv.FormatBool(r.Verified), note)
+	return err
+}
+
+func (t *tableReport) latRow(r result) error {
+	if !t.titled {
+		t.titled = true
+		if _, err := fmt.Fprintf(t.w, latRow, "transport", "api", "op", "block", "requests", "req/s", "mean µs", "p50 µs", "p99 µs", "p999 µs", "verified", ""); err != nil {
+			return err
+		}
+	}
+	f := func(v float64) string { return fmt.Sprintf("%.2f", v) }
+	_, err := fmt.Fprintf(t.w, latRow, r.Transport, r.API, r.Op, r.Block, strconv.Itoa(r.Requests), fmt.Sprintf("%.0f", r.ReqPerSec),
+		f(r.MeanUs), f(r.P50us), f(r.P99us), f(r.P999us), strconv.FormatBool(r.Verified), "")
 	return err
 }
 
@@ -692,6 +754,11 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads 
 		slices.Sort(lat)
 		pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
 		res.P50us, res.P99us, res.P999us = pct(0.50), pct(0.99), pct(0.999)
+		var sum time.Duration
+		for _, l := range lat {
+			sum += l
+		}
+		res.MeanUs = float64(sum.Nanoseconds()) / float64(len(lat)) / 1e3
 	}
 	// Every written block was written with the same bytes each time.
 	written := 0
