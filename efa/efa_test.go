@@ -51,9 +51,12 @@ func newEFA(t testing.TB, cfg efa.Config) *efa.Transport {
 	return tr
 }
 
+// efaWant is what the conformance tests require of the transport.
+var efaWant = []transporttest.Interface{transporttest.Poller}
+
 func conformance(t *testing.T, prov string) {
 	newEFA(t, testConfig(prov)).Close()
-	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
+	transporttest.RunWith(t, transporttest.Options{Want: efaWant}, func(t *testing.T) (transport.Transport, transport.Transport) {
 		return newEFA(t, testConfig(prov)), newEFA(t, testConfig(prov))
 	})
 }
@@ -80,7 +83,7 @@ func TestConformanceSHM(t *testing.T) {
 	// turns that into errors within Config.Timeout, but the suite's next
 	// WRITE to another buffer cannot succeed. The tcp provider passes.
 	skip := map[string]string{"UnregisterTarget": "libfabric 1.17's shm provider wedges the peer after an access with the key of a closed MR"}
-	transporttest.RunWith(t, transporttest.Options{Skip: skip}, func(t *testing.T) (transport.Transport, transport.Transport) {
+	transporttest.RunWith(t, transporttest.Options{Want: efaWant, Skip: skip}, func(t *testing.T) (transport.Transport, transport.Transport) {
 		target := &lateClose{Transport: newEFA(t, testConfig("shm")), regs: map[*segtable.Buffer]segtable.Registration{}}
 		t.Cleanup(func() { target.Transport.Close() })
 		return newEFA(t, testConfig("shm")), target

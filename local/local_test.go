@@ -15,8 +15,11 @@ import (
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
+// TestConformance: Post, Copy and Hold variants; losing Copier,
+// HoldingCopier or Notifier fails it.
 func TestConformance(t *testing.T) {
-	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
+	want := []transporttest.Interface{transporttest.Copier, transporttest.HoldingCopier, transporttest.Notifier}
+	transporttest.RunWith(t, transporttest.Options{Want: want}, func(t *testing.T) (transport.Transport, transport.Transport) {
 		return local.New(), local.New()
 	})
 }

@@ -163,7 +163,9 @@ func pollUntil(t *testing.T, tr *Transport, r *recorder, want int64) {
 }
 
 func TestConformance(t *testing.T) {
-	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
+	want := []transporttest.Interface{transporttest.Poller, transporttest.InFlight, transporttest.Waker,
+		transporttest.DeviceMemory, transporttest.Stager}
+	transporttest.RunWith(t, transporttest.Options{Want: want}, func(t *testing.T) (transport.Transport, transport.Transport) {
 		fake := newFake(1)
 		fake.allDevice = true // the suite registers Go memory: call it GPU 0's
 		it, err := newTransport(Config{}, fake)

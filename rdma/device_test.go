@@ -93,7 +93,8 @@ func newPair(t *testing.T) (transport.Transport, transport.Transport) {
 }
 
 func TestConformance(t *testing.T) {
-	transporttest.Run(t, newPair)
+	want := []transporttest.Interface{transporttest.Poller, transporttest.Notifier}
+	transporttest.RunWith(t, transporttest.Options{Want: want}, newPair)
 }
 
 func TestDevices(t *testing.T) {

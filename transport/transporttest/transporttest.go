@@ -58,23 +58,80 @@ const canary = 0xA5
 
 // Run runs the suite against the transports that newPair returns: the
 // initiator opens endpoints and posts slices, the target registers the
-// memory that the slices address. When the initiator's endpoints implement
-// transport.Copier, the suite runs a second time moving every slice with
-// Copy, which the engine then calls instead of Post; and when they hold
-// references (transport.HoldingCopier, transport.InlineCopier), a third
-// time as the engine's poller copies one-slice requests.
+// memory that the slices address. The subtests run under "Post". When the
+// initiator's endpoints implement transport.Copier, they run a second time
+// under "Copy", moving every slice with Copy, which the engine then calls
+// instead of Post; and when they hold references (transport.HoldingCopier,
+// transport.InlineCopier), a third time under "Hold", as the engine's
+// poller copies one-slice requests. A variant that cannot apply is not run
+// (the run's log says so), rather than skipped: a skip is kept for what the
+// machine cannot give. Declare the interfaces the transport must have with
+// RunWith's Options.Want, so that losing one fails the test instead of
+// quietly running fewer variants.
 func Run(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) {
 	RunWith(t, Options{}, newPair)
 }
 
 // Options adjust a run of the suite.
 type Options struct {
+	// Want lists the optional interfaces the transport must implement
+	// (see Interface). Before the subtests, the suite opens one endpoint
+	// on a pair from newPair and fails the test for each one missing. An
+	// interface it implements and Want does not list is only logged.
+	Want []Interface
+
 	// Skip names subtests (as "UnregisterTarget") that the transport
 	// cannot pass for a reason outside it, with that reason; they are
 	// skipped loudly. A name that is not a subtest of the suite fails the
 	// run, so a renamed subtest cannot be skipped silently.
 	Skip map[string]string
 }
+
+// Interface names an optional interface of package transport, for
+// Options.Want. The endpoint ones are looked for on an endpoint the
+// initiator opened, the transport ones on both transports of the pair.
+type Interface string
+
+// The optional interfaces, by where they are implemented.
+const (
+	// The initiator's endpoints: Copier runs the Copy variant;
+	// HoldingCopier or InlineCopier runs the Hold variant.
+	Copier        Interface = "Copier"
+	BatchCopier   Interface = "BatchCopier"
+	InlineCopier  Interface = "InlineCopier"
+	HoldingCopier Interface = "HoldingCopier"
+
+	// Both transports.
+	Notifier            Interface = "Notifier"
+	ContextUnregisterer Interface = "ContextUnregisterer"
+	Poller              Interface = "Poller"
+	InFlight            Interface = "InFlight"
+	Waker               Interface = "Waker"
+	DeviceMemory        Interface = "DeviceMemory"
+	Stager              Interface = "Stager"
+)
+
+// interfaces says, for each Interface, whether v implements it; the
+// endpoint ones are asked of endpoints, the others of transports.
+var interfaces = []struct {
+	name     Interface
+	endpoint bool
+	is       func(v any) bool
+}{
+	{Copier, true, is[transport.Copier]},
+	{BatchCopier, true, is[transport.BatchCopier]},
+	{InlineCopier, true, is[transport.InlineCopier]},
+	{HoldingCopier, true, is[transport.HoldingCopier]},
+	{Notifier, false, is[transport.Notifier]},
+	{ContextUnregisterer, false, is[transport.ContextUnregisterer]},
+	{Poller, false, is[transport.Poller]},
+	{InFlight, false, is[transport.InFlight]},
+	{Waker, false, is[transport.Waker]},
+	{DeviceMemory, false, is[transport.DeviceMemory]},
+	{Stager, false, is[transport.Stager]},
+}
+
+func is[I any](v any) bool { _, ok := v.(I); return ok }
 
 // RunWith is Run with options.
 func RunWith(t *testing.T, o Options, newPair func(t *testing.T) (initiator, target transport.Transport)) {
@@ -83,9 +140,84 @@ func RunWith(t *testing.T, o Options, newPair func(t *testing.T) (initiator, tar
 			t.Fatalf("transporttest: no subtest %q to skip (have %v)", name, subtests)
 		}
 	}
+	have, name := probe(t, newPair)
+	for _, w := range o.Want {
+		if _, known := have[w]; !known {
+			t.Fatalf("transporttest: Options.Want names %q, which is no interface the suite knows", w)
+		}
+	}
+	for _, w := range o.Want {
+		if !have[w] {
+			t.Errorf("transporttest: %s does not implement transport.%s, which its test wants (Options.Want)", name, w)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	for _, x := range interfaces {
+		if have[x.name] && !slices.Contains(o.Want, x.name) {
+			t.Logf("transporttest: %s implements transport.%s too, which Options.Want does not list: losing it would not fail this test", name, x.name)
+		}
+	}
 	t.Run("Post", func(t *testing.T) { runAll(t, suite{newPair: newPair, skip: o.Skip}) })
-	t.Run("Copy", func(t *testing.T) { runAll(t, suite{newPair: newPair, copy: true, skip: o.Skip}) })
-	t.Run("Hold", func(t *testing.T) { runAll(t, suite{newPair: newPair, copy: true, hold: true, skip: o.Skip}) })
+	if have[Copier] {
+		t.Run("Copy", func(t *testing.T) { runAll(t, suite{newPair: newPair, copy: true, skip: o.Skip}) })
+	} else {
+		t.Logf("transporttest: no Copy variant: the endpoints do not implement transport.Copier")
+	}
+	if have[HoldingCopier] || have[InlineCopier] {
+		t.Run("Hold", func(t *testing.T) { runAll(t, suite{newPair: newPair, copy: true, hold: true, skip: o.Skip}) })
+	} else {
+		t.Logf("transporttest: no Hold variant: the endpoints hold no references (neither transport.HoldingCopier nor transport.InlineCopier)")
+	}
+}
+
+// probe makes a pair with newPair, opens an endpoint to one buffer of the
+// target, and reports which optional interfaces the endpoint and the
+// transports implement, and the initiator's name. It closes everything
+// before it returns.
+func probe(t *testing.T, newPair func(t *testing.T) (initiator, target transport.Transport)) (map[Interface]bool, string) {
+	t.Helper()
+	it, tt := newPair(t)
+	init := &side{tr: it, regs: map[*segtable.Buffer]segtable.Registration{}}
+	targ := &side{tr: tt, regs: map[*segtable.Buffer]segtable.Registration{}}
+	mem := make([]byte, page)
+	defer func() {
+		init.close(t)
+		targ.close(t)
+		ctx, cancel := context.WithTimeout(context.Background(), hang)
+		defer cancel()
+		for _, b := range targ.bufs.All() {
+			if _, err := targ.bufs.Unregister(ctx, b.ID); err != nil {
+				t.Errorf("segtable unregister: %v", err)
+			}
+		}
+	}()
+	b, reg := targ.register(t, mem, true)
+	name := tt.Name()
+	desc := &segtable.SegmentDesc{
+		Version:   segtable.DescVersion,
+		Name:      "transporttest-probe",
+		Epoch:     1,
+		Endpoints: map[string]string{name: tt.Endpoint()},
+		Buffers:   []segtable.BufferDesc{{Addr: uint64(b.Addr), Length: b.Length, Keys: map[string]string{name: reg.Key}}},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hang)
+	defer cancel()
+	ep, err := it.Open(ctx, desc)
+	if err != nil {
+		t.Fatalf("%s: Open (to see which interfaces its endpoints implement): %v", it.Name(), err)
+	}
+	defer ep.Close()
+	have := map[Interface]bool{}
+	for _, x := range interfaces {
+		if x.endpoint {
+			have[x.name] = x.is(ep)
+		} else {
+			have[x.name] = x.is(it) && x.is(tt)
+		}
+	}
+	return have, it.Name()
 }
 
 // subtests are the names runAll gives its subtests.
@@ -334,12 +466,13 @@ func (f *fixture) open(desc *segtable.SegmentDesc) transport.Endpoint {
 		case transport.HoldingCopier, transport.InlineCopier:
 			return holdEndpoint{ep}
 		}
-		f.t.Skipf("%s endpoints hold no references (neither transport.HoldingCopier nor transport.InlineCopier)", f.init.tr.Name())
+		// The probe's endpoint held references; this one does not.
+		f.t.Fatalf("%s: endpoint %T holds no references (neither transport.HoldingCopier nor transport.InlineCopier), though the first one opened did", f.init.tr.Name(), ep)
 	}
 	if f.copy {
 		cp, ok := ep.(transport.Copier)
 		if !ok {
-			f.t.Skipf("%s endpoints do not implement transport.Copier", f.init.tr.Name())
+			f.t.Fatalf("%s: endpoint %T does not implement transport.Copier, though the first one opened did", f.init.tr.Name(), ep)
 		}
 		return copyEndpoint{ep, cp}
 	}
