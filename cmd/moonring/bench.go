@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -480,6 +479,93 @@ type target struct {
 	base      uint64 // the remote buffer's address
 	model     []byte // what the remote buffer holds
 	closers   []func()
+	store     metadata.Store  // the initiator's, for asking after the target
+	exited    <-chan struct{} // closed when the target process this command started exits
+	exit      atomic.Pointer[error]
+}
+
+// firstLine is the stdout of a target process: it hands on the first line
+// (the target's "serving segment ..." line) and drops the rest.
+type firstLine struct {
+	line chan string
+	buf  []byte
+	sent bool
+}
+
+func (w *firstLine) Write(p []byte) (int, error) {
+	if w.sent {
+		return len(p), nil
+	}
+	w.buf = append(w.buf, p...)
+	if i := bytes.IndexByte(w.buf, '\n'); i >= 0 || len(w.buf) > 4096 {
+		if i < 0 {
+			i = len(w.buf)
+		}
+		w.line <- string(w.buf[:i])
+		w.sent, w.buf = true, nil
+	}
+	return len(p), nil
+}
+
+// openError says why the target's segment could not be opened, naming the
+// side that refused and what to check.
+func openError(name string, noKey bool, err error) error {
+	fix := "check that both sides hold the same key (--key-file FILE or " + keyEnv + ")"
+	switch {
+	case errors.Is(err, metadata.ErrForged):
+		if noKey {
+			break
+		}
+		return &explained{fmt.Sprintf("this process refused the descriptor of segment %s: it is not signed with this process's segment key, so the target runs with another key (or the descriptor was changed on its way); %s", name, fix), err}
+	case errors.Is(err, tcp.ErrPinMismatch):
+		return &explained{fmt.Sprintf("the target %s answered with a TLS certificate other than the one its descriptor pins (a relay on the path, or a target restarted since its descriptor was read)", name), err}
+	case noKey && (errors.Is(err, moonring.ErrDenied) || errors.Is(err, tcp.ErrAuth)):
+		return &explained{fmt.Sprintf("the target %s needs the segment key and this process has none: give it with --key-file FILE or %s", name, keyEnv), err}
+	case errors.Is(err, moonring.ErrDenied), errors.Is(err, tcp.ErrAuth):
+		return &explained{fmt.Sprintf("the target %s refused this process's segment key; %s", name, fix), err}
+	}
+	if noKey {
+		return fmt.Errorf("open segment %s (no segment key given: --key-file FILE or %s): %w", name, keyEnv, err)
+	}
+	return fmt.Errorf("open segment %s: %w", name, err)
+}
+
+// explained is an error told in the command's words: its text says what
+// happened and what to do, and it wraps the library's error for errors.Is
+// without printing its chain.
+type explained struct {
+	msg string
+	err error
+}
+
+func (e *explained) Error() string { return e.msg }
+func (e *explained) Unwrap() error { return e.err }
+
+// stepError says what became of the target when a step's requests failed:
+// a connection lost, a process that exited, a buffer withdrawn.
+func (t *target) stepError(err error) error {
+	if t.exited != nil {
+		select {
+		case <-t.exited:
+			return fmt.Errorf("the target process (pid %d) exited (%v), so the connection to it was lost: %w", t.pid, *t.exit.Load(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	gone := ""
+	if t.store != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if _, gerr := t.store.Get(ctx, t.name); gerr != nil {
+			gone = fmt.Sprintf(" (its segment is no longer published: %v)", gerr)
+		}
+		cancel()
+	}
+	switch {
+	case errors.Is(err, moonring.ErrDenied):
+		return fmt.Errorf("the target %s refused the requests: it no longer serves the buffer (stopping, or restarted)%s: %w", t.name, gone, err)
+	case errors.Is(err, moonring.ErrTransport), errors.Is(err, moonring.ErrTimeout):
+		return fmt.Errorf("the connection to the target %s was lost%s: %w", t.name, gone, err)
+	}
+	return err
 }
 
 func (t *target) close() {
@@ -557,23 +643,35 @@ func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, loc
 		if err != nil {
 			return nil, err
 		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return nil, err
-		}
+		first := &firstLine{line: make(chan string, 1)}
+		cmd.Stdout = first
 		if err := cmd.Start(); err != nil {
 			return nil, fmt.Errorf("start the target: %w", err)
 		}
-		t.closers = append(t.closers, func() { stdin.Close(); cmd.Wait() })
+		exited := make(chan struct{})
+		go func() {
+			err := cmd.Wait()
+			t.exit.Store(&err)
+			close(exited)
+		}()
+		t.exited = exited
+		t.closers = append(t.closers, func() { stdin.Close(); <-exited })
 		t.pid, t.started = cmd.Process.Pid, true
-		line, err := bufio.NewReader(stdout).ReadString('\n')
+		var line string
+		select {
+		case line = <-first.line:
+		case <-exited:
+		case <-ctx.Done():
+		}
 		f := strings.Fields(line)
 		if len(f) < 3 || f[0] != "serving" || f[1] != "segment" {
 			t.close()
-			return nil, fmt.Errorf("the target process did not start (%q, %v)", line, err)
+			if e := t.exit.Load(); e != nil {
+				return nil, fmt.Errorf("the target process (pid %d) did not start: it exited (%v)", t.pid, *e)
+			}
+			return nil, fmt.Errorf("the target process (pid %d) did not start (it printed %q)", t.pid, line)
 		}
 		name = strings.TrimSuffix(f[2], ":")
-		go io.Copy(io.Discard, stdout)
 	} else {
 		var err error
 		if key, err = loadKey(keyFile); err != nil {
@@ -598,6 +696,7 @@ func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, loc
 		return nil, err
 	}
 	t.closers = append(t.closers, func() { store.Close() })
+	t.store = store
 	cfg := moonring.Config{Name: localName, Metadata: store, Transports: []string{proto}, TCP: &tcp.Config{Key: key}}
 	if proto == "shm" {
 		cfg.SHM = &shm.Config{NoMap: noMap}
@@ -622,10 +721,7 @@ func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, loc
 	}
 	if t.seg, err = ini.OpenSegment(ctx, name); err != nil {
 		t.close()
-		if key == nil {
-			err = fmt.Errorf("%w (no segment key given: --key-file FILE or %s)", err, keyEnv)
-		}
-		return nil, err
+		return nil, openError(name, key == nil, err)
 	}
 	if t.transport, err = ini.SegmentTransport(t.seg); err != nil {
 		t.close()
@@ -743,7 +839,7 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads 
 	var lat []time.Duration
 	for _, o := range outs {
 		if o.err != nil {
-			return res, fmt.Errorf("%s %d: %w", res.Op, size, o.err)
+			return res, t.stepError(o.err)
 		}
 		res.Requests += o.requests
 		res.GBps += float64(o.requests) * float64(size) / o.elapsed.Seconds() / 1e9
@@ -792,7 +888,7 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads 
 			n := r.PeekBatch(cqes)
 			for _, c := range cqes[:n] {
 				if err := c.Err(); err != nil {
-					return res, fmt.Errorf("read back %d: %w", size, err)
+					return res, fmt.Errorf("reading the written blocks back: %w", t.stepError(err))
 				}
 			}
 			r.Advance(n)
@@ -800,7 +896,7 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads 
 		}
 	}
 	if !bytes.Equal(local, t.model[:span]) {
-		return res, errors.New(res.Op + " " + strconv.Itoa(size) + ": data differs after the step")
+		return res, errors.New("the data differs from what the step wrote or the target held")
 	}
 	res.Verified = true
 	return res, nil

@@ -21,9 +21,15 @@ import (
 func main() {
 	err := run(os.Args[1:], os.Stdout)
 	if err != nil && !errors.Is(err, flag.ErrHelp) { // -h: the usage is printed, as asked
-		fmt.Fprintln(os.Stderr, "moonring:", err)
+		fmt.Fprintln(os.Stderr, errText(err))
 	}
 	os.Exit(exitCode(err))
+}
+
+// errText is err as main prints it: one "moonring:" prefix, whatever the
+// errors wrapped inside it begin with.
+func errText(err error) string {
+	return "moonring: " + strings.ReplaceAll(err.Error(), "moonring: ", "")
 }
 
 func usage(w io.Writer) {

@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && (os.Args[1] == "bench" || os.Args[1] == "serve") {
 		err := run(os.Args[1:], os.Stdout)
 		if err != nil {
-			os.Stderr.WriteString("moonring: " + err.Error() + "\n")
+			os.Stderr.WriteString(errText(err) + "\n")
 		}
 		os.Exit(exitCode(err))
 	}

@@ -163,7 +163,11 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	if *tcpListen == "" {
 		*tcpListen = net.JoinHostPort(host, "0")
 	}
-	cfg := moonring.Config{Name: segName, Metadata: store, Logger: logger, TCP: &tcp.Config{Listen: *tcpListen, Key: key}}
+	// The TCP transport logs the connections it refuses (wrong key, bad
+	// hello, handshake timeout, ...) at info, a line a second per reason
+	// at most: serve shows those beside the warnings.
+	tcpLogger := slog.New(refusalsHandler{slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})})
+	cfg := moonring.Config{Name: segName, Metadata: store, Logger: logger, TCP: &tcp.Config{Listen: *tcpListen, Key: key, Logger: tcpLogger}}
 	if !*noSHM {
 		cfg.SHM = &shm.Config{Logger: logger}
 	}
@@ -253,4 +257,24 @@ func exitCode(err error) int {
 		return ee.code
 	}
 	return 2
+}
+
+// refusalsHandler passes on warnings and errors, and of the records below
+// them only the TCP transport's refusals ("tcp: connection refused",
+// rate-limited by the transport), not its connection events.
+type refusalsHandler struct{ slog.Handler }
+
+func (h refusalsHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level < slog.LevelWarn && !strings.HasPrefix(r.Message, "tcp: connection refused") {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h refusalsHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return refusalsHandler{h.Handler.WithAttrs(as)}
+}
+
+func (h refusalsHandler) WithGroup(name string) slog.Handler {
+	return refusalsHandler{h.Handler.WithGroup(name)}
 }
