@@ -75,4 +75,8 @@
 // inside. A failed operation is not an error of the ring: its CQE carries
 // -errno in res, which [ResultError] turns into a [unix.Errno] without
 // allocating.
+//
+// Since a caller that falls back passes the same tests, [Used] counts the
+// rings set up and the SQEs the kernel took in this process, for tests that
+// must know io_uring did the work.
 package uring

@@ -152,6 +152,7 @@ func New(entries uint32) (*Ring, error) {
 		unix.Close(r.fd)
 		return nil, err
 	}
+	usage.rings.Add(1)
 	return r, nil
 }
 
@@ -508,6 +509,9 @@ func (r *Ring) submit(wait uint32) (int, error) {
 			return submitted, fmt.Errorf("uring: io_uring_enter: %w", errno)
 		}
 		submitted += n
+		if n > 0 {
+			usage.submitted.Add(uint64(n))
+		}
 		if uint32(n) < toSubmit {
 			return submitted, nil
 		}
