@@ -112,21 +112,51 @@ func (r *runInfo) header() string {
 func parseSizes(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		mult := 1
-		switch {
-		case strings.HasSuffix(f, "K"), strings.HasSuffix(f, "KiB"):
-			mult, f = 1<<10, strings.TrimSuffix(strings.TrimSuffix(f, "KiB"), "K")
-		case strings.HasSuffix(f, "M"), strings.HasSuffix(f, "MiB"):
-			mult, f = 1<<20, strings.TrimSuffix(strings.TrimSuffix(f, "MiB"), "M")
+		n, err := parseSize(f)
+		if err != nil {
+			return nil, err
 		}
-		n, err := strconv.Atoi(f)
-		if err != nil || n <= 0 || n > maxSize/mult {
-			return nil, fmt.Errorf("bad size %q (1 byte to 64 GiB)", f)
-		}
-		out = append(out, n*mult)
+		out = append(out, n)
 	}
 	return out, nil
+}
+
+// sizeUnits are the suffixes a size may have, in either case, with or
+// without "iB": K, M, G, T (powers of 1024).
+var sizeUnits = []struct {
+	suffix string
+	shift  uint
+}{{"t", 40}, {"g", 30}, {"m", 20}, {"k", 10}}
+
+// parseSize reads one size: a whole number of bytes, or of KiB, MiB, GiB
+// or TiB with a K, M, G or T suffix in either case (4K, 4k, 4KiB), from 1
+// byte to 64G. Its error quotes the size as given.
+func parseSize(given string) (int, error) {
+	f := strings.TrimSpace(given)
+	num, mult := f, 1
+	low := strings.ToLower(f)
+unit:
+	for _, u := range sizeUnits {
+		for _, form := range []string{u.suffix + "ib", u.suffix} {
+			if strings.HasSuffix(low, form) {
+				num, mult = f[:len(f)-len(form)], 1<<u.shift
+				break unit
+			}
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange):
+		return 0, fmt.Errorf("bad size %q: want a whole number of bytes, or of KiB, MiB, GiB or TiB with a K, M, G or T suffix (either case), from 1 to 64G", given)
+	case n <= 0 && err == nil:
+		return 0, fmt.Errorf("bad size %q: want at least 1 (sizes go from 1 to 64G)", given)
+	case err != nil || n > int64(maxSize/mult):
+		if strings.HasPrefix(num, "-") {
+			return 0, fmt.Errorf("bad size %q: want at least 1 (sizes go from 1 to 64G)", given)
+		}
+		return 0, fmt.Errorf("bad size %q: above the limit of 64G", given)
+	}
+	return int(n) * mult, nil
 }
 
 // fmtSize writes a size as the flags take it: 4K, 64K, 1M, 16M, 2G, or
@@ -188,13 +218,13 @@ func bench(args []string, out io.Writer) error {
 	protocol := fs.String("protocol", "tcp", "tcp or shm (a target process on this host; shm maps its buffer), or local (engines in this process)")
 	noMap := fs.Bool("no-map", false, "with --protocol shm: reach the target through process_vm_readv/writev, not a mapping")
 	operation := fs.String("operation", "write,read", "write, read, mix (half of the requests each), comma separated")
-	blocks := fs.String("block-size", "4K,64K,1M,16M", "block sizes, comma separated (K, M, G suffixes; with --lat the default is 8,64,512,4K)")
+	blocks := fs.String("block-size", "4K,64K,1M,16M", "block sizes, comma separated (bytes, or K, M, G suffixes in either case; with --lat the default is 8,64,512,4K)")
 	latMode := fs.Bool("lat", false, "latency mode: one request in flight (batch 1, one thread), small blocks; mean, p50, p99, p999")
 	batch := fs.Int("batch-size", 32, "requests in flight per thread")
 	threads := fs.Int("threads", 1, "goroutines submitting, each with its own ring or batches")
 	useRing := fs.Bool("ring", false, "drive the io_uring-style Ring API instead of the Mooncake-style batch API")
 	duration := fs.Duration("duration", time.Second, "measured time per step (after a warm-up of a fifth of it)")
-	bufSize := fs.String("buffer-size", "64M", "the target's buffer")
+	bufSize := fs.String("buffer-size", "64M", "the target's buffer (K, M, G suffixes; at most 64G)")
 	segment := fs.String("segment", "", "the target's segment (host:port of its p2p endpoint, or its name with --metadata http://...); default: start one")
 	localName := fs.String("local-name", "", "the initiator's segment name with --metadata http or etcd (with p2p it is its endpoint's address)")
 	meta := fs.String("metadata", "p2p", "p2p, http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,HOST:PORT...]")
@@ -211,8 +241,14 @@ func bench(args []string, out io.Writer) error {
 		return fmt.Errorf("bench: duration %v: want more than 0", *duration)
 	}
 	bs, err := parseSizes(*bufSize)
-	if err != nil || len(bs) != 1 {
-		return fmt.Errorf("bad buffer-size %q", *bufSize)
+	if err == nil && len(bs) != 1 {
+		err = fmt.Errorf("bad size %q: one size, not a list", *bufSize)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: --buffer-size: %w", err)
+	}
+	if *noMap && *protocol != "shm" {
+		return fmt.Errorf("bench: --no-map goes with --protocol shm (it reaches a target on this host through process_vm_readv/writev instead of a mapping); the protocol is %s", *protocol)
 	}
 	if *mode == "target" {
 		// A target for one initiator: serve until stdin closes (the
@@ -241,7 +277,7 @@ func bench(args []string, out io.Writer) error {
 	}
 	sizes, err := parseSizes(*blocks)
 	if err != nil {
-		return err
+		return fmt.Errorf("bench: --block-size: %w", err)
 	}
 	if *batch < 1 || *threads < 1 || *batch**threads > 1024 {
 		return fmt.Errorf("batch-size %d, threads %d: want both at least 1 and their product at most 1024", *batch, *threads)
@@ -260,7 +296,7 @@ func bench(args []string, out io.Writer) error {
 		}
 	}
 	if slices.Max(sizes) > bs[0] {
-		return fmt.Errorf("block size %d above the buffer size %d", slices.Max(sizes), bs[0])
+		return fmt.Errorf("bench: block size %s above the buffer size %s (--buffer-size)", fmtSize(slices.Max(sizes)), fmtSize(bs[0]))
 	}
 	// The plot's file is opened before the sweep: a path that cannot be
 	// written fails now, not after minutes of measuring.

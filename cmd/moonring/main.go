@@ -11,11 +11,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/efa"
 	"github.com/moonring/moonring/rdma"
+	"github.com/moonring/moonring/topology"
 )
 
 func main() {
@@ -41,6 +43,8 @@ commands:
   serve   a standing target: serve a buffer over TCP until signalled
   info    show NUMA nodes, CPU features, NICs, transports and the config
   metadata-server  serve segment descriptors to http metadata stores (--listen, --dir)
+  version print the module version and the VCS revision it was built from
+          (also --version)
 
 serve and bench take the segment key from --key-file FILE or from the
 environment variable MOONRING_KEY; "moonring <command> -h" says more.
@@ -92,6 +96,12 @@ func run(args []string, out io.Writer) error {
 		return metaServer(args[1:], out)
 	case "serve":
 		return serve(args[1:], out, nil)
+	case "version", "-version", "--version":
+		if len(args) > 1 {
+			return fmt.Errorf("version: unexpected arguments %q", args[1:])
+		}
+		fmt.Fprintf(out, "moonring %s\n", version())
+		return nil
 	case "-h", "-help", "--help", "help":
 		usage(out)
 		return nil
@@ -107,7 +117,11 @@ func info(out io.Writer) error {
 	}
 	defer e.Close()
 	t := e.Topology()
-	fmt.Fprintf(out, "cpu: %s (%s), %d logical cores per socket, cache line %d B\n", t.CPU.Brand, t.CPU.Vendor, t.CPU.LogicalCores, t.CPU.CacheLine)
+	ncpu := 0
+	for _, n := range t.Nodes {
+		ncpu += len(n.CPUs)
+	}
+	fmt.Fprintln(out, cpuLine(t.CPU, ncpu))
 	fmt.Fprintf(out, "cpu features: %s\n", strings.Join(t.CPU.Features, " "))
 	for _, n := range t.Nodes {
 		fmt.Fprintf(out, "numa node %d: cpus %v, memory %d MiB\n", n.ID, n.CPUs, n.MemoryBytes>>20)
@@ -117,17 +131,17 @@ func info(out io.Writer) error {
 		fmt.Fprintf(out, "nics: %v\n", err)
 	}
 	for _, n := range nics {
-		fmt.Fprintf(out, "nic %s: numa node %d, speed %d Mb/s\n", n.Name, n.Node, n.Speed)
+		fmt.Fprintln(out, nicLine(n))
 	}
 	devs, err := rdma.Devices()
 	if err != nil {
 		rdevs, _ := t.RDMADevices()
 		for _, d := range rdevs {
-			fmt.Fprintf(out, "rdma device %s: numa node %d\n", d.Name, d.Node)
+			fmt.Fprintf(out, "rdma device %s: numa node %s\n", d.Name, nodeText(d.Node))
 		}
 	}
 	for _, d := range devs {
-		fmt.Fprintf(out, "rdma device %s: numa node %d\n", d.Name, d.NUMANode)
+		fmt.Fprintf(out, "rdma device %s: numa node %s\n", d.Name, nodeText(d.NUMANode))
 		for _, p := range d.Ports {
 			fmt.Fprintf(out, "  port %d: %s, %s, mtu %d, lid %d\n", p.Port, p.State, p.LinkLayer, p.MTU, p.LID)
 			for i, g := range p.GIDs {
@@ -164,6 +178,38 @@ func info(out io.Writer) error {
 	}
 	fmt.Fprintf(out, "config:\n%s", indent(e.Config().String()))
 	return nil
+}
+
+// cpuLine describes the CPU. CPUID's count of logical cores per socket is
+// "unknown" when it is 0 or more than the machine's ncpu CPUs (virtual
+// machines report 254 or 255).
+func cpuLine(c topology.CPUInfo, ncpu int) string {
+	cores := "logical cores per socket unknown"
+	switch {
+	case c.LogicalCores > 0 && (ncpu == 0 || c.LogicalCores <= ncpu):
+		cores = fmt.Sprintf("%d logical cores per socket", c.LogicalCores)
+	case c.LogicalCores > 0:
+		cores = fmt.Sprintf("logical cores per socket unknown (CPUID says %d, more than the %d CPUs of this machine)", c.LogicalCores, ncpu)
+	}
+	return fmt.Sprintf("cpu: %s (%s), %s, cache line %d B", c.Brand, c.Vendor, cores, c.CacheLine)
+}
+
+// nicLine describes a NIC; a NUMA node or speed the kernel does not know
+// (-1: a virtual device, a link down) is "unknown".
+func nicLine(n topology.NIC) string {
+	node, speed := nodeText(n.Node), "unknown"
+	if n.Speed > 0 {
+		speed = strconv.Itoa(n.Speed) + " Mb/s"
+	}
+	return fmt.Sprintf("nic %s: numa node %s, speed %s", n.Name, node, speed)
+}
+
+// nodeText is a device's NUMA node, "unknown" for the kernel's -1.
+func nodeText(node int) string {
+	if node < 0 {
+		return "unknown"
+	}
+	return strconv.Itoa(node)
 }
 
 func indent(s string) string {

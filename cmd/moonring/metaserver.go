@@ -65,9 +65,9 @@ func metaServer(args []string, out io.Writer) error {
 	maxTTL := fs.Duration("max-ttl", metadata.DefaultMaxTTL, "the longest time to live a client may ask for")
 	keyFile := fs.String("key-file", "", "the file holding the segment key (mode 0600; default: $"+keyEnv+", else no key: names bound on first use)")
 	requireOwner := fs.Bool("require-owner", false, "without a key, refuse names created without an owner token")
-	maxDesc := fs.String("max-descriptor", "1M", "the largest descriptor a PUT may send (bytes; K and M suffixes)")
+	maxDesc := fs.String("max-descriptor", "1M", "the largest descriptor a PUT may send (bytes, or K, M, G suffixes in either case)")
 	maxNames := fs.Int("max-names", metadata.DefaultMaxNames, "the most names the server holds")
-	maxBytes := fs.String("max-bytes", "256M", "the most bytes of descriptors the server holds (K and M suffixes)")
+	maxBytes := fs.String("max-bytes", "256M", "the most bytes of descriptors the server holds (K, M, G suffixes in either case)")
 	maxConns := fs.Int("max-conns", metadata.DefaultMaxConns, "the most connections open at once")
 	tlsCert := fs.String("tls-cert", "", "serve https with this certificate (PEM; with --tls-key)")
 	tlsKey := fs.String("tls-key", "", "the private key of --tls-cert (PEM)")
@@ -91,11 +91,11 @@ func metaServer(args []string, out io.Writer) error {
 	}
 	var sizes [2]int
 	for i, s := range []string{*maxDesc, *maxBytes} {
-		v, err := parseSizes(s)
-		if err != nil || len(v) != 1 {
-			return fmt.Errorf("metadata-server: bad size %q", s)
+		v, err := parseSize(s)
+		if err != nil {
+			return fmt.Errorf("metadata-server: %w", err)
 		}
-		sizes[i] = v[0]
+		sizes[i] = v
 	}
 	key, err := loadKey(*keyFile)
 	if err != nil {

@@ -64,7 +64,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	keyFile := fs.String("key-file", "", "read the segment key from this file (mode 0600; default: $"+keyEnv+")")
 	insecure := fs.Bool("insecure", false, "with no key, serve beyond loopback anyway: anyone who reaches --listen can read and write the buffer")
 	tcpListen := fs.String("tcp-listen", "", "the TCP transport's address (default: the endpoint's host, any port)")
-	bufSize := fs.String("buffer-size", "64M", "the buffer to serve")
+	bufSize := fs.String("buffer-size", "64M", "the buffer to serve (K, M, G suffixes in either case; at most 64G)")
 	noSHM := fs.Bool("no-shm", false, "serve over TCP only, without the same-host shm transport")
 	grace := fs.Duration("grace", 5*time.Second, "how long peers' requests in flight get at shutdown (a second signal ends it); then the peers still using the buffer are cut and serve exits with status 3")
 	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
@@ -73,8 +73,14 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		return err
 	}
 	sizes, err := parseSizes(*bufSize)
-	if err != nil || len(sizes) != 1 {
-		return fmt.Errorf("bad buffer-size %q", *bufSize)
+	if err == nil && len(sizes) != 1 {
+		err = fmt.Errorf("bad size %q: one size, not a list", *bufSize)
+	}
+	if err != nil {
+		return fmt.Errorf("serve: --buffer-size: %w", err)
+	}
+	if *grace < 0 {
+		return fmt.Errorf("serve: --grace %v: want 0 or more (0: cut the peers in flight at once)", *grace)
 	}
 	key, err := loadKey(*keyFile)
 	if err != nil {
