@@ -24,20 +24,23 @@ func (r *Ring) Complete(tok uint64, err error) {
 		// Cannot happen: the poller posts at most done.Cap() slices at once.
 		panic("ring: slice completion queue overrun")
 	}
-	r.wake()
+	r.poller.lend()
 }
 
-// wake gets a slice completion seen to. A parked poller lends its rings: the
-// transport goroutine that completed the slice steps them itself rather
-// than wake it, one wakeup less between a response and its CQE. An awake
-// poller costs one atomic load. (Submit does not borrow: measured, a caller
-// stepping the rings, writes included, cost more throughput than the
-// wakeup it saved.)
-func (r *Ring) wake() {
-	p := r.poller
-	if p.bell.Armed() && p.token.CompareAndSwap(false, true) {
+// lend gets new work on the rings seen to: a slice completion (Complete) or
+// new SQ entries (Submit). A parked poller lends its rings: the goroutine
+// that brought the work steps them itself rather than wake it. For a
+// completion that is one wakeup less between a response and its CQE; for a
+// submission, the caller posts its own request (io_uring's mode without a
+// polling thread), one wakeup less between a submit and the request on the
+// wire. An awake poller costs one atomic load; it finds the work itself.
+// The poller is woken only when the borrowed round leaves work, or when the
+// rings are already borrowed (the borrower hands the token to the poller,
+// see giveBack).
+func (p *Poller) lend() {
+	if p.borrow() {
 		more := p.stepLent()
-		p.token.Store(false)
+		p.giveBack()
 		if !more {
 			return
 		}

@@ -17,7 +17,11 @@
 // # Concurrency
 //
 // Everything about a request belongs to its ring's poller goroutine: the
-// in-flight table has no locks and no atomics. Submit, Cancel and the
+// in-flight table has no locks and no atomics. While the poller is parked
+// it lends its rings, token and all, to the goroutine that brings the next
+// work (a submitter, or a transport goroutine completing a slice), which
+// steps them itself rather than wake it; the poller takes the token back
+// when it wakes, handed over by a borrower still stepping. Submit, Cancel and the
 // completion-reading methods are safe for concurrent use as documented on
 // each; the CQ has one reader at a time.
 //

@@ -56,10 +56,10 @@ func (r *Ring) step(t int64) bool {
 }
 
 // stepLent is step for a goroutine borrowing a parked poller's rings (see
-// Ring.wake): a transport goroutine that just completed a slice. It does
-// everything step does but synchronous copies, which could be large: their
-// slices are left for the poller, and stepLent reports that it must wake
-// (as it does for any work left).
+// Poller.lend): a transport goroutine that just completed a slice, or a
+// submitter. It does everything step does but synchronous copies, which
+// could be large: their slices are left for the poller, and stepLent
+// reports that it must wake (as it does for any work left).
 func (r *Ring) stepLent(t int64) (wake bool) {
 	r.lent = true
 	r.step(t)

@@ -363,6 +363,13 @@ func manualPoller() *Poller {
 
 func newHarness(t *testing.T, cfg Config, ep *fakeEP, manual bool) *harness {
 	t.Helper()
+	return newHarnessPoller(t, cfg, ep, manual, PollerConfig{})
+}
+
+// newHarnessPoller is newHarness with a poller of its own configuration
+// (manual false).
+func newHarnessPoller(t *testing.T, cfg Config, ep *fakeEP, manual bool, pcfg PollerConfig) *harness {
+	t.Helper()
 	h := &harness{t: t, ep: ep, manual: manual, clock: 1e9}
 	if ep.rails == 0 {
 		ep.rails = 1
@@ -399,7 +406,7 @@ func newHarness(t *testing.T, cfg Config, ep *fakeEP, manual bool) *harness {
 	if manual {
 		h.p = manualPoller()
 	} else {
-		h.p = NewPoller(PollerConfig{})
+		h.p = NewPoller(pcfg)
 	}
 	h.r, err = New(cfg, &h.tables, h.p)
 	if err != nil {

@@ -222,6 +222,11 @@ func (q *Queue) Push(es []Entry) int {
 	return n
 }
 
+// PushQuiet is Push without ringing the doorbell: the caller sees to a
+// parked poller itself (Ring.Submit steps its rings, or rings the bell).
+// Safe for concurrent use.
+func (q *Queue) PushQuiet(es []Entry) int { return q.q.Push(es) }
+
 // Peek returns how many entries are ready, at most max, and the first's
 // position; Entry(pos+i) reads them in place until Advance. Poller only.
 func (q *Queue) Peek(max int) (pos uint64, n int) { return q.q.Readable(max) }
