@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -566,6 +567,27 @@ func openError(name string, noKey bool, err error) error {
 	return fmt.Errorf("open segment %s: %w", name, err)
 }
 
+// healthPID asks the p2p endpoint addr (a moonring serve) for its
+// process id on /healthz; 0 when it does not say.
+func healthPID(ctx context.Context, addr string) int {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var h healthInfo
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&h) != nil || h.Segment != addr {
+		return 0
+	}
+	return h.PID
+}
+
 // explained is an error told in the command's words: its text says what
 // happened and what to do, and it wraps the library's error for errors.Is
 // without printing its chain.
@@ -762,6 +784,9 @@ func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, loc
 	if t.transport, err = ini.SegmentTransport(t.seg); err != nil {
 		t.close()
 		return nil, err
+	}
+	if !t.started && meta == "p2p" {
+		t.pid = healthPID(ctx, name)
 	}
 	if t.transport == "shm" && noMap {
 		t.transport = "shm/process_vm"

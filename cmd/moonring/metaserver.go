@@ -3,15 +3,21 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/moonring/moonring/metadata"
@@ -49,6 +55,11 @@ Limits: descriptors over --max-descriptor are refused (413); a PUT past
 connections past --max-conns are closed at once. Refusals are logged on
 stderr at most once every ten seconds per kind.
 
+Listing: GET /moonring/v1/segments answers the names the server holds,
+one a line (JSON with Accept: application/json); --list --dir DIR prints
+the segments kept in a directory (name, epoch, time to live, owner,
+buffers), whether a server runs on it or not.
+
 `
 
 // metaServer runs `moonring metadata-server`: it serves a metadata.Server
@@ -71,6 +82,7 @@ func metaServer(args []string, out io.Writer) error {
 	maxConns := fs.Int("max-conns", metadata.DefaultMaxConns, "the most connections open at once")
 	tlsCert := fs.String("tls-cert", "", "serve https with this certificate (PEM; with --tls-key)")
 	tlsKey := fs.String("tls-key", "", "the private key of --tls-cert (PEM)")
+	list := fs.Bool("list", false, "list the segments kept in --dir (name, epoch, time to live, owner, size) and exit; a running server lists its own at GET /moonring/v1/segments")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(out, metaServerHelp)
@@ -82,6 +94,12 @@ func metaServer(args []string, out io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("metadata-server: unexpected argument %q", fs.Arg(0))
+	}
+	if *list {
+		if *dir == "" {
+			return errors.New("metadata-server: --list reads the directory of --dir; a server without one keeps its segments in memory: ask it, GET http://ADDR/moonring/v1/segments")
+		}
+		return listDir(*dir, out)
 	}
 	if (*tlsCert == "") != (*tlsKey == "") {
 		return errors.New("metadata-server: --tls-cert and --tls-key go together")
@@ -122,6 +140,7 @@ func metaServer(args []string, out io.Writer) error {
 		return fmt.Errorf("metadata-server: %w", err)
 	}
 	hs := srv.HTTPServer()
+	hs.Handler = withList(srv, hs.Handler)
 	served := make(chan error, 1)
 	scheme := "http"
 	if *tlsCert != "" {
@@ -160,5 +179,101 @@ func metaServer(args []string, out io.Writer) error {
 		hs.Close()
 	}
 	<-served
+	return nil
+}
+
+// segmentsPath lists the server's segments (GET); the metadata protocol
+// has each one under it, segmentsPath + "/" + name.
+const segmentsPath = "/moonring/v1/segments"
+
+// segmentNames is what a metadata.Server needs to list its segments.
+type segmentNames interface{ Names() []string }
+
+// withList serves GET segmentsPath, the server's names one a line (JSON
+// with Accept: application/json), before the metadata protocol's paths.
+// The names are no secret: anyone may GET a descriptor by name.
+func withList(srv *metadata.Server, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != segmentsPath && r.URL.Path != segmentsPath+"/" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		lister, ok := any(srv).(segmentNames)
+		if !ok {
+			http.Error(w, fmt.Sprintf("this build's metadata server cannot list its names (it holds %d); with --dir, moonring metadata-server --list --dir DIR does", srv.Stats().Names), http.StatusNotImplemented)
+			return
+		}
+		names := lister.Names()
+		slices.Sort(names)
+		if strings.Contains(r.Header.Get("Accept"), "application/json") {
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(map[string]any{"segments": names})
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		for _, n := range names {
+			fmt.Fprintln(w, n)
+		}
+	})
+}
+
+// dirEntry is what --list reads of a file of the server's directory: the
+// fields it prints, ignoring the rest.
+type dirEntry struct {
+	Name  string `json:"name"`
+	Rev   uint64 `json:"rev"`
+	TTL   string `json:"ttl"`
+	Owner string `json:"owner"`
+	Desc  struct {
+		Epoch   uint64            `json:"epoch"`
+		Buffers []json.RawMessage `json:"buffers"`
+	} `json:"desc"`
+}
+
+// listDir prints the segments kept in dir, one a line, sorted by name.
+// It reads the files as they are: a server running on dir writes each
+// change to its file before answering, and removes the file of a name
+// that expired or was deleted.
+func listDir(dir string, out io.Writer) error {
+	files, err := filepath.Glob(filepath.Join(dir, "seg-*.json"))
+	if err != nil {
+		return fmt.Errorf("metadata-server: --list: %w", err)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("metadata-server: --list: %w", err)
+	}
+	var ents []dirEntry
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			fmt.Fprintf(stderr, "metadata-server: --list: %v\n", err)
+			continue
+		}
+		var e dirEntry
+		if err := json.Unmarshal(b, &e); err != nil || e.Name == "" {
+			fmt.Fprintf(stderr, "metadata-server: --list: %s: not an entry of the server (%v)\n", f, err)
+			continue
+		}
+		ents = append(ents, e)
+	}
+	slices.SortFunc(ents, func(a, b dirEntry) int { return strings.Compare(a.Name, b.Name) })
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "segment\tepoch\tttl\towner\tbuffers\t")
+	for _, e := range ents {
+		owner := "none (open to anyone without a key)"
+		if e.Owner != "" {
+			owner = "bound"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t\n", e.Name, e.Desc.Epoch, e.TTL, owner, len(e.Desc.Buffers))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%d segments in %s\n", len(ents), dir)
 	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,6 +22,9 @@ import (
 	"github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // stderr takes serve's and bench's warnings; tests replace it.
@@ -32,6 +36,12 @@ A standing target: serve a buffer over TCP (and shm to peers of this host)
 until SIGINT or SIGTERM. The first line on stdout is
 "serving segment NAME: ...", NAME being what peers open (with p2p, the
 host:port of --listen).
+
+--listen also serves /metrics (Prometheus: the engine's requests, bytes
+and latency per ring and peer, refused connections and descriptors in
+moonring_refused_total, Go runtime and process metrics) and /healthz
+(200 and a JSON object with the segment, pid, host and version while the
+buffer is served; 503 before and after).
 
 ` + keyHelp + `
 Without a key, serve makes a random one for this run when it listens on
@@ -106,9 +116,16 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		keyNote = fmt.Sprintf("key: %s (made for this run, mode 0600, removed at exit); peers: moonring bench --key-file %s, or %s=$(cat %s)\n", file, file, keyEnv, file)
 	}
 	var metrics atomic.Pointer[http.Handler] // set once the engine exists
+	var health atomic.Pointer[healthInfo]    // set once the buffer is served, cleared at shutdown
 	metricsHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if h := metrics.Load(); h != nil && r.URL.Path == "/metrics" {
-			(*h).ServeHTTP(w, r)
+		switch r.URL.Path {
+		case "/metrics":
+			if h := metrics.Load(); h != nil {
+				(*h).ServeHTTP(w, r)
+				return
+			}
+		case "/healthz":
+			serveHealth(w, health.Load())
 			return
 		}
 		http.NotFound(w, r)
@@ -117,6 +134,8 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	// key) go to stderr, each kind a line a second at most.
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var store metadata.Store
+	var p2p *metadata.P2P      // the p2p endpoint, with --metadata p2p
+	var metricsLn *capListener // serve's own /metrics listener, with a metadata server
 	segName := *name
 	host := "127.0.0.1"
 	switch {
@@ -127,6 +146,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		}
 		defer p.Close()
 		store, segName = p, p.Name()
+		p2p = p
 		if host, _, err = net.SplitHostPort(p.Name()); err != nil {
 			return err
 		}
@@ -156,7 +176,8 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		}
 		srv := &http.Server{Handler: metricsHandler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second, MaxHeaderBytes: 16 << 10}
-		go srv.Serve(&capListener{Listener: ln, max: maxMetricsConns, log: logger})
+		metricsLn = &capListener{Listener: ln, max: maxMetricsConns, log: logger}
+		go srv.Serve(metricsLn)
 		defer srv.Close()
 		// A listener on all interfaces gives an unspecified host: the TCP
 		// transport listens there too and advertises an interface's.
@@ -193,7 +214,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 			e.Free(buf)
 		}
 	}()
-	h := e.MetricsHandler()
+	h := metricsFor(e, p2p, metricsLn)
 	metrics.Store(&h)
 	if buf, err = e.Alloc(sizes[0], "cpu:0"); err != nil {
 		return err
@@ -204,6 +225,8 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	if _, err := e.RegisterLocalMemory(buf, "cpu:0", true); err != nil {
 		return err
 	}
+	hostname, _ := os.Hostname()
+	health.Store(&healthInfo{Status: "ok", Segment: e.Name(), PID: os.Getpid(), Host: hostname, Version: version(), Buffer: len(buf)})
 	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x, metadata %s\n", e.Name(), len(buf), moonring.AddressOf(buf), store)
 	fmt.Fprint(out, keyNote)
 	sig := make(chan os.Signal, 1)
@@ -213,6 +236,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	case <-sig:
 	case <-stop:
 	}
+	health.Store(nil) // stopping: /healthz answers 503
 	// Graceful: unregistering waits for the requests that use the buffer,
 	// up to the grace period (or a second signal); peers then find no
 	// buffer and get errors. Past it, the peers still in the buffer are
@@ -283,4 +307,67 @@ func (h refusalsHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h refusalsHandler) WithGroup(name string) slog.Handler {
 	return refusalsHandler{h.Handler.WithGroup(name)}
+}
+
+// healthInfo is what serve's /healthz answers while it serves its buffer.
+type healthInfo struct {
+	Status  string `json:"status"`
+	Segment string `json:"segment"`
+	PID     int    `json:"pid"`
+	Host    string `json:"host"`
+	Version string `json:"version"`
+	Buffer  int    `json:"buffer_size"`
+}
+
+// serveHealth answers /healthz: 200 and h as JSON while the buffer is
+// served, 503 before (starting) and after (stopping).
+func serveHealth(w http.ResponseWriter, h *healthInfo) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if h == nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"status":"unavailable"}`+"\n")
+		return
+	}
+	json.NewEncoder(w).Encode(h)
+}
+
+// metricsFor is serve's /metrics: the engine's collector (requests and
+// bytes per ring and peer, refusals in moonring_refused_total, ...), the
+// Go runtime's and the process's collectors, and the connections of the
+// endpoint that serves it.
+func metricsFor(e *moonring.Engine, p2p *metadata.P2P, ln *capListener) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		endpointCollector{p2p: p2p, ln: ln})
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
+
+var (
+	mEndpointConns   = prometheus.NewDesc("moonring_serve_endpoint_connections", "Connections open to serve's HTTP endpoint (the p2p metadata endpoint, or /metrics alone with a metadata server).", []string{"endpoint"}, nil)
+	mEndpointRefused = prometheus.NewDesc("moonring_serve_endpoint_refused_total", "Connections to serve's HTTP endpoint closed by its bounds, by reason.", []string{"endpoint", "reason"}, nil)
+)
+
+// endpointCollector counts the connections of serve's HTTP endpoint.
+type endpointCollector struct {
+	p2p *metadata.P2P
+	ln  *capListener
+}
+
+func (c endpointCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- mEndpointConns
+	ch <- mEndpointRefused
+}
+
+func (c endpointCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.p2p != nil {
+		st := c.p2p.Stats()
+		ch <- prometheus.MustNewConstMetric(mEndpointConns, prometheus.GaugeValue, float64(st.Conns), "p2p")
+		ch <- prometheus.MustNewConstMetric(mEndpointRefused, prometheus.CounterValue, float64(st.Evicted), "p2p", "evicted")
+		ch <- prometheus.MustNewConstMetric(mEndpointRefused, prometheus.CounterValue, float64(st.Refused), "p2p", "conn_cap")
+	}
+	if c.ln != nil {
+		ch <- prometheus.MustNewConstMetric(mEndpointConns, prometheus.GaugeValue, float64(c.ln.open.Load()), "metrics")
+		ch <- prometheus.MustNewConstMetric(mEndpointRefused, prometheus.CounterValue, float64(c.ln.refused.Load()), "metrics", "conn_cap")
+	}
 }
