@@ -235,8 +235,12 @@ type Ring struct {
 	mu          sync.Mutex    // guards over
 	over        []Completion
 
-	// waiting is set by Wait before it sleeps; Post then signals wake.
+	// waiting is set by Wait before it sleeps; a Post that leaves want
+	// completions ready then signals wake. (A Post that leaves fewer does
+	// not: a Wait for 32 woke once per Post, a round of the poller, and
+	// slept again.)
 	waiting atomic.Bool
+	want    atomic.Int64
 	wake    chan struct{}
 	closed  atomic.Bool
 
@@ -316,7 +320,10 @@ func (r *Ring) PostBatch(cs []Completion) {
 }
 
 func (r *Ring) notify() {
-	if r.waiting.Load() {
+	// The count as a producer sees it: committed and not yet released by
+	// the reader. Commits land in order, so the Post whose commit makes
+	// the count the waiter wants sees all of it.
+	if r.waiting.Load() && r.q.Committed()-r.q.Released() >= uint64(r.want.Load()) {
 		select {
 		case r.wake <- struct{}{}:
 		default:
@@ -448,6 +455,8 @@ func (r *Ring) flushLocked() {
 
 // Wait blocks until at least n completions are ready, ctx is done, or the
 // ring is closed. It returns ctx's error or ErrClosed in the latter cases.
+// It is woken once, by the Post that makes n ready, not by each Post before.
+// One waiter at a time.
 func (r *Ring) Wait(ctx context.Context, n int) error {
 	if n > r.q.Cap() {
 		n = r.q.Cap()
@@ -463,6 +472,7 @@ func (r *Ring) Wait(ctx context.Context, n int) error {
 		if r.closed.Load() {
 			return ErrClosed
 		}
+		r.want.Store(int64(n))
 		r.waiting.Store(true)
 		if r.Ready() >= n || r.closed.Load() {
 			r.waiting.Store(false)
