@@ -386,7 +386,7 @@ func bench(args []string, out io.Writer) error {
 		sweepErr = fmt.Errorf("bench: writing the results: %w", err)
 	}
 	if plot != nil && len(results) > 0 {
-		if err := plot.write(results); err != nil {
+		if err := plot.write(results, run); err != nil {
 			return errors.Join(sweepErr, fmt.Errorf("bench: --plot %s: %w (the rows above are complete)", *plotPath, err))
 		}
 	}
