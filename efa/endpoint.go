@@ -65,9 +65,10 @@ func (e *Endpoint) probe(ctx context.Context) error {
 
 func (e *Endpoint) probeOnce(ctx context.Context) error {
 	var kr *keyRange
-	for i, k := range *e.keys.Load() {
+	kt := e.keys.Load()
+	for i, k := range kt.ks {
 		if k.ok {
-			kr = &(*e.keys.Load())[i]
+			kr = &kt.ks[i]
 			break
 		}
 	}
@@ -127,12 +128,33 @@ func (p *probeCompleter) Complete(_ uint64, err error) { p.done <- err }
 // the keys of its buffers. Safe for concurrent use.
 type Endpoint struct {
 	t        *Transport
-	name     string                     // the endpoint string peer came from, under mu
-	peer     atomic.Pointer[peer]       // a restarted peer's is swapped in by Update
-	keys     atomic.Pointer[[]keyRange] // sorted by addr
+	name     string                   // the endpoint string peer came from, under mu
+	peer     atomic.Pointer[peer]     // a restarted peer's is swapped in by Update
+	keys     atomic.Pointer[keyTable] // replaced whole by Update
 	closed   atomic.Bool
 	inflight atomic.Int64
 	mu       sync.Mutex // serializes Update
+}
+
+// keyTable is the peer's buffers: ranges holds their address ranges
+// sorted, searched with segtable.SegmentDesc.Find, and ks[i] the key of
+// ranges.Buffers[i]. Buffers of no bytes or past the address space are
+// left out.
+type keyTable struct {
+	ranges segtable.SegmentDesc
+	ks     []keyRange
+}
+
+// lookup returns the key range holding [addr, addr+n); none for n == 0.
+func (t *keyTable) lookup(addr, n uint64) (*keyRange, bool) {
+	if n == 0 {
+		return nil, false
+	}
+	i := t.ranges.Find(addr, n)
+	if i < 0 {
+		return nil, false
+	}
+	return &t.ks[i], true
 }
 
 // keyRange is one of the peer's buffers as its descriptor published it.
@@ -190,24 +212,11 @@ func (e *Endpoint) setKeys(desc *segtable.SegmentDesc) {
 		ks = append(ks, kr)
 	}
 	slices.SortFunc(ks, func(x, y keyRange) int { return cmpU64(x.addr, y.addr) })
-	e.keys.Store(&ks)
-}
-
-// lookup returns the key range holding [addr, addr+n).
-func lookup(ks []keyRange, addr, n uint64) (*keyRange, bool) {
-	i, j := 0, len(ks)
-	for i < j {
-		h := int(uint(i+j) >> 1)
-		if ks[h].addr+ks[h].length > addr {
-			j = h
-		} else {
-			i = h + 1
-		}
+	rs := make([]segtable.BufferDesc, len(ks))
+	for i, k := range ks {
+		rs[i] = segtable.BufferDesc{Addr: k.addr, Length: k.length}
 	}
-	if i == len(ks) || addr < ks[i].addr || n == 0 || n > ks[i].length || addr-ks[i].addr > ks[i].length-n {
-		return nil, false
-	}
-	return &ks[i], true
+	e.keys.Store(&keyTable{ranges: segtable.SegmentDesc{Buffers: rs}, ks: ks})
 }
 
 // Close refuses new slices and waits, polling, up to Config.Linger for

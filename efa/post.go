@@ -97,7 +97,6 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 	}
 	regs := t.regList()
 	kp := e.keys.Load()
-	ks := *kp
 	gen := p.gen.Load()
 	dest := C.uint64_t(p.addr.Load())
 	now := time.Now().UnixNano()
@@ -119,7 +118,7 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 		}
 		if err == nil {
 			var ok bool
-			if kr, ok = lookup(ks, sl.Remote, sl.Length); !ok {
+			if kr, ok = kp.lookup(sl.Remote, sl.Length); !ok {
 				err = errRange
 			} else if !kr.ok {
 				err = errDenied

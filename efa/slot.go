@@ -44,13 +44,13 @@ type slot struct {
 	posted atomic.Int64 // UnixNano of the Post
 	c      transport.Completer
 	token  uint64
-	gen    uint64      // the peer's generation at the Post
-	peer   *peer       // the peer posted to; counted in its ops while busy or abandoned
-	keys   *[]keyRange // the endpoint's keys at the Post, which op's rkey and raddr came from
-	op     C.mr_op     // what was posted, for retries
-	tries  int         // retries so far
-	due    int64       // UnixNano when the retry is due
-	failed int64       // UnixNano of the first failure, which started the retries
+	gen    uint64    // the peer's generation at the Post
+	peer   *peer     // the peer posted to; counted in its ops while busy or abandoned
+	keys   *keyTable // the endpoint's keys at the Post, which op's rkey and raddr came from
+	op     C.mr_op   // what was posted, for retries
+	tries  int       // retries so far
+	due    int64     // UnixNano when the retry is due
+	failed int64     // UnixNano of the first failure, which started the retries
 }
 
 // claim is how deliver takes slot s whose operation the provider returned:

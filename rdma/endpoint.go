@@ -26,6 +26,22 @@ import (
 	"github.com/moonring/moonring/transport"
 )
 
+// rbufs is the remote segment's buffers: ranges holds their descriptors
+// sorted by address, searched with segtable.SegmentDesc.Find, and bufs[i]
+// the keys of ranges.Buffers[i].
+type rbufs struct {
+	ranges segtable.SegmentDesc
+	bufs   []rbuf
+}
+
+// find returns the buffer holding [addr, addr+n), or nil.
+func (r *rbufs) find(addr, n uint64) *rbuf {
+	if i := r.ranges.Find(addr, n); i >= 0 {
+		return &r.bufs[i]
+	}
+	return nil
+}
+
 // rbuf is one buffer of the remote segment.
 type rbuf struct {
 	addr, length uint64
@@ -75,7 +91,7 @@ type Endpoint struct {
 	key    []byte     // the segment key, under postMu
 	nrdev  int
 	rails  []rail // under postMu
-	bufs   atomic.Pointer[[]rbuf]
+	bufs   atomic.Pointer[rbufs]
 	bt     batches       // C memory, under postMu
 	closed bool          // under postMu
 	gone   chan struct{} // closed when the first Close has torn everything down
@@ -152,8 +168,10 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 }
 
 func (ep *Endpoint) setBuffers(desc *segtable.SegmentDesc) {
-	bs := make([]rbuf, 0, len(desc.Buffers))
-	for _, b := range desc.Buffers {
+	ds := slices.Clone(desc.Buffers)
+	sort.Slice(ds, func(i, j int) bool { return ds[i].Addr < ds[j].Addr })
+	bs := make([]rbuf, 0, len(ds))
+	for _, b := range ds {
 		rb := rbuf{addr: b.Addr, length: b.Length}
 		rkeys, err := parseKey(b.Keys[Name], ep.nrdev)
 		if err != nil {
@@ -163,21 +181,7 @@ func (ep *Endpoint) setBuffers(desc *segtable.SegmentDesc) {
 		}
 		bs = append(bs, rb)
 	}
-	sort.Slice(bs, func(i, j int) bool { return bs[i].addr < bs[j].addr })
-	ep.bufs.Store(&bs)
-}
-
-// find returns the buffer holding [addr, addr+n), or nil.
-func find(bs []rbuf, addr, n uint64) *rbuf {
-	i := sort.Search(len(bs), func(i int) bool { return bs[i].addr+bs[i].length > addr })
-	if i == len(bs) {
-		return nil
-	}
-	b := &bs[i]
-	if addr < b.addr || n > b.length || addr-b.addr > b.length-n {
-		return nil
-	}
-	return b
+	ep.bufs.Store(&rbufs{ranges: segtable.SegmentDesc{Buffers: ds}, bufs: bs})
 }
 
 // Rails returns the number of queue pairs: devices times QPsPerDevice.
@@ -251,7 +255,7 @@ func (ep *Endpoint) Close() error {
 	for _, q := range qs {
 		q.state.Store(qpClosing)
 		if hw {
-			C.mr_to_err(q.q)
+			toErr(q.q)
 		}
 	}
 	deadline := time.Now().Add(closeTimeout)

@@ -35,7 +35,7 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 	}
 	ep.used.Store(useClock.Add(1))
 	ep.reap()
-	bufs := *ep.bufs.Load()
+	bufs := ep.bufs.Load()
 	regs := *t.regs.Load()
 	var (
 		refused    error
@@ -235,7 +235,7 @@ func (ep *Endpoint) upRail(ri int) int {
 
 // check returns the remote buffer and the local registration of sl, or
 // why it cannot be posted.
-func (ep *Endpoint) check(sl *transport.Slice, bufs []rbuf, regs map[uint64]*region) (*rbuf, *region, error) {
+func (ep *Endpoint) check(sl *transport.Slice, bufs *rbufs, regs map[uint64]*region) (*rbuf, *region, error) {
 	if sl.Op == transport.Notify {
 		if sl.Length > transport.MaxNotifyMessage {
 			return nil, nil, fmt.Errorf("rdma: notification of %d bytes, more than %d: %w", sl.Length, transport.MaxNotifyMessage, transport.ErrRange)
@@ -248,7 +248,7 @@ func (ep *Endpoint) check(sl *transport.Slice, bufs []rbuf, regs map[uint64]*reg
 	if sl.Length > MaxMessage {
 		return nil, nil, fmt.Errorf("rdma: slice of %d bytes, more than %d: %w", sl.Length, MaxMessage, transport.ErrRange)
 	}
-	b := find(bufs, sl.Remote, sl.Length)
+	b := bufs.find(sl.Remote, sl.Length)
 	if b == nil {
 		return nil, nil, fmt.Errorf("rdma: remote range [%#x, +%d) is not inside one buffer of the segment: %w", sl.Remote, sl.Length, transport.ErrRange)
 	}
