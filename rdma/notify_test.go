@@ -138,12 +138,12 @@ func TestNotifyAnswerFails(t *testing.T) {
 	c := newWaiter()
 	msg := []byte("kv ready")
 	s := transport.Slice{Op: transport.Notify, Remote: 7, Length: uint64(len(msg)), Local: unsafePointer(msg), Token: 1}
-	w.targ.failAnswers.Store(true)
+	w.targ.setFailAnswers(true)
 	postAll(t, ep, c, []transport.Slice{s})
 	if err := c.wait(t, 1); !errors.Is(err, transport.ErrPeer) {
 		t.Fatalf("a notification whose answer failed: %v, want ErrPeer", err)
 	}
-	w.targ.failAnswers.Store(false)
+	w.targ.setFailAnswers(false)
 	s.Token = 2
 	postAll(t, ep, c, []transport.Slice{s})
 	if err := c.wait(t, 2); err != nil {

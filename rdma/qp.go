@@ -83,11 +83,15 @@ func (q *qp) idle() bool { return q.ringIdle() && q.noteOut.Load() == 0 }
 
 func (q *qp) free() int { return len(q.slots) - int(q.head.Load()-q.tail.Load()) }
 
+// toErr moves a queue pair to the error state: its work requests flush
+// with errors, and the peer's side hears nothing of it.
+func toErr(q *C.struct_ibv_qp) { C.mr_to_err(q) }
+
 // fail marks the queue pair failed and moves it to the error state, which
 // flushes its work requests; the next Post on its rail connects a new one.
 func (q *qp) fail() {
 	if q.state.CompareAndSwap(qpLive, qpFailed) {
-		C.mr_to_err(q.q)
+		toErr(q.q)
 		q.conn.Close() // the target tears its side down
 	}
 }

@@ -28,9 +28,8 @@ const Available = true
 // Transport is the RDMA transport of one engine. Use New. It is safe for
 // concurrent use.
 type Transport struct {
-	// failAnswers makes the target fail every notification's answer, as
-	// if posting it had: fault injection for the tests.
-	failAnswers atomic.Bool
+	// hooks are the tests' fault injections: nil outside the tests.
+	hooks atomic.Pointer[testHooks]
 
 	cfg      Config
 	devs     []*device
@@ -64,6 +63,15 @@ type Transport struct {
 	wg sync.WaitGroup // the accept loop, peer connections, watchers
 
 	slices, postCalls, pollCalls, emptyPolls, reconnects, evictions atomic.Uint64
+}
+
+// testHooks are fault injections for the tests, which alone set them
+// (hooks_test.go): a Transport's hooks stay nil in every other program, so
+// these paths cost it a nil check and are never taken.
+type testHooks struct {
+	// failAnswers makes the target fail every notification's answer, as
+	// if posting it had.
+	failAnswers atomic.Bool
 }
 
 var (
