@@ -30,7 +30,8 @@ import (
 
 // result is one step of the sweep.
 type result struct {
-	// Transport is what moved the bytes: tcp, shm (a mapping of the
+	// Transport is what moved the bytes: tcp, tcp/tls (a target serving
+	// --tls), shm (a mapping of the
 	// target's buffer), shm/process_vm (--no-map: process_vm_readv and
 	// process_vm_writev), local.
 	Transport string `json:"transport"`
@@ -235,6 +236,7 @@ func bench(args []string, out io.Writer) error {
 	plotPath := fs.String("plot", "", "also draw GB/s and p99 latency against block size into this PNG file")
 	keyFile := fs.String("key-file", "", "--segment, --mode target: read the segment key from this file (mode 0600; default: $"+keyEnv+")")
 	insecure := fs.Bool("insecure", false, "--mode target: as serve --insecure")
+	useTLS := fs.Bool("tls", false, "--protocol tcp: the target serves TLS 1.3 with a certificate its signed descriptor pins (as serve --tls; the target bench starts gets it too); with --segment, a target without it is refused")
 	if err := parseFlags(fs, args, out, benchHelp); err != nil {
 		return err
 	}
@@ -248,6 +250,9 @@ func bench(args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("bench: --buffer-size: %w", err)
 	}
+	if *useTLS && *protocol != "tcp" && *mode != "target" {
+		return fmt.Errorf("bench: --tls goes with --protocol tcp (the protocol is %s)", *protocol)
+	}
 	if *noMap && *protocol != "shm" {
 		return fmt.Errorf("bench: --no-map goes with --protocol shm (it reaches a target on this host through process_vm_readv/writev instead of a mapping); the protocol is %s", *protocol)
 	}
@@ -259,6 +264,9 @@ func bench(args []string, out io.Writer) error {
 		sargs := []string{"--listen", *listen, "--buffer-size", *bufSize, "--metadata", *meta, "--key-file", *keyFile}
 		if *insecure {
 			sargs = append(sargs, "--insecure")
+		}
+		if *useTLS {
+			sargs = append(sargs, "--tls")
 		}
 		return serve(sargs, out, stop)
 	}
@@ -314,7 +322,7 @@ func bench(args []string, out io.Writer) error {
 	var tg *target
 	switch *protocol {
 	case "tcp", "shm":
-		tg, err = remoteTarget(ctx, *protocol, *noMap, *segment, *meta, *localName, *keyFile, bs[0])
+		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, *segment, *meta, *localName, *keyFile, bs[0])
 	case "local":
 		tg, err = localTarget(ctx, bs[0])
 	default:
@@ -673,7 +681,7 @@ func localTarget(ctx context.Context, size int) (*target, error) {
 // starting a target process on loopback when name is empty: that process
 // and this one then share a key made for the run. Otherwise the key comes
 // from keyFile or MOONRING_KEY (loadKey).
-func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, localName, keyFile string, size int) (*target, error) {
+func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, name, meta, localName, keyFile string, size int) (*target, error) {
 	if localName != "" && meta == "p2p" {
 		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
 	}
@@ -686,6 +694,9 @@ func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, loc
 		}
 		key = newKey()
 		cmd := exec.Command(self, "bench", "--mode", "target", "--buffer-size", strconv.Itoa(size), "--metadata", meta)
+		if useTLS {
+			cmd.Args = append(cmd.Args, "--tls")
+		}
 		// The key through the environment, which only this user can read
 		// (/proc/PID/environ), not the command line, which anyone can.
 		cmd.Env = append(slices.DeleteFunc(os.Environ(), func(v string) bool { return strings.HasPrefix(v, keyEnv+"=") }),
@@ -773,6 +784,10 @@ func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, loc
 		t.close()
 		return nil, fmt.Errorf("segment %s: %w", name, err)
 	}
+	if useTLS && !strings.Contains(desc.Endpoints[tcp.Name], "?tls=") {
+		t.close()
+		return nil, fmt.Errorf("bench --tls: the target %s serves plain TCP (its endpoint %q pins no certificate): start it with serve --tls, or leave out --tls", name, desc.Endpoints[tcp.Name])
+	}
 	if len(desc.Buffers) == 0 || desc.Buffers[0].Length < uint64(size) {
 		t.close()
 		return nil, fmt.Errorf("segment %s serves no buffer of %d bytes", name, size)
@@ -787,6 +802,9 @@ func remoteTarget(ctx context.Context, proto string, noMap bool, name, meta, loc
 	}
 	if !t.started && meta == "p2p" {
 		t.pid = healthPID(ctx, name)
+	}
+	if t.transport == tcp.Name && strings.Contains(desc.Endpoints[tcp.Name], "?tls=") {
+		t.transport = "tcp/tls" // the endpoint pins a certificate: the initiator dials TLS
 	}
 	if t.transport == "shm" && noMap {
 		t.transport = "shm/process_vm"

@@ -55,6 +55,17 @@ host's address) needs a key, or --insecure: then the segment has no key,
 the descriptor publishes what opens it, and anyone who can reach
 --listen can read and write the buffer.
 
+--tls: the TCP transport serves TLS 1.3 with a certificate it makes at
+start (ECDSA P-256, in memory only) and refuses plain connections; the
+descriptor, signed under the segment key, pins the certificate's SHA-256,
+so a peer dials TLS and accepts only that certificate. Without it the
+hello still proves the key, but the frames after it (payloads, addresses,
+buffer keys) cross the network in the clear, and a relay on the path can
+read and change them. TLS protects those frames; it needs the key to
+mean anything (an unsigned descriptor's pin can be swapped on its way),
+and it costs CPU per byte (see BENCHMARKS.md). shm peers on this host are
+not affected.
+
 On SIGINT or SIGTERM serve withdraws the buffer, giving the requests of
 peers in flight up to --grace (a second signal ends the grace). Past it,
 it cuts the peers still using the buffer and exits with status 3, within
@@ -79,6 +90,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	grace := fs.Duration("grace", 5*time.Second, "how long peers' requests in flight get at shutdown (a second signal ends it); then the peers still using the buffer are cut and serve exits with status 3")
 	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
 	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
+	useTLS := fs.Bool("tls", false, "serve TCP as TLS 1.3 with a certificate made at start, whose SHA-256 the signed descriptor pins: peers' frames (payloads, addresses, buffer keys) can be neither read nor changed on the path; plain hellos are refused")
 	if err := parseFlags(fs, args, out, serveHelp); err != nil {
 		return err
 	}
@@ -114,6 +126,10 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		}
 		defer os.Remove(file)
 		keyNote = fmt.Sprintf("key: %s (made for this run, mode 0600, removed at exit); peers: moonring bench --key-file %s, or %s=$(cat %s)\n", file, file, keyEnv, file)
+	}
+	if *useTLS && key == nil {
+		// The pin protects only in a descriptor signed under the key.
+		fmt.Fprintf(stderr, "moonring serve: WARNING: --tls without a segment key: the descriptor is not signed, so whoever can change it on its way can change the certificate it pins; TLS then keeps out only passive observers\n")
 	}
 	var metrics atomic.Pointer[http.Handler] // set once the engine exists
 	var health atomic.Pointer[healthInfo]    // set once the buffer is served, cleared at shutdown
@@ -194,7 +210,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	// hello, handshake timeout, ...) at info, a line a second per reason
 	// at most: serve shows those beside the warnings.
 	tcpLogger := slog.New(refusalsHandler{slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})})
-	cfg := moonring.Config{Name: segName, Metadata: store, Logger: logger, TCP: &tcp.Config{Listen: *tcpListen, Key: key, Logger: tcpLogger}}
+	cfg := moonring.Config{Name: segName, Metadata: store, Logger: logger, TCP: &tcp.Config{Listen: *tcpListen, Key: key, Logger: tcpLogger, AutoTLS: *useTLS}}
 	if !*noSHM {
 		cfg.SHM = &shm.Config{Logger: logger}
 	}
@@ -227,7 +243,11 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	}
 	hostname, _ := os.Hostname()
 	health.Store(&healthInfo{Status: "ok", Segment: e.Name(), PID: os.Getpid(), Host: hostname, Version: version(), Buffer: len(buf)})
-	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x, metadata %s\n", e.Name(), len(buf), moonring.AddressOf(buf), store)
+	tlsNote := ""
+	if t, ok := e.Transport(tcp.Name).(*tcp.Transport); ok && t.Fingerprint() != "" {
+		tlsNote = ", tcp TLS 1.3 certificate sha256 " + t.Fingerprint()
+	}
+	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x, metadata %s%s\n", e.Name(), len(buf), moonring.AddressOf(buf), store, tlsNote)
 	fmt.Fprint(out, keyNote)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
