@@ -39,6 +39,16 @@ Serve segment descriptors to the engines' http metadata stores
 unless their owners renew them; --dir keeps them across restarts, a file
 each.
 
+What it holds. A descriptor says where a segment's engine listens and,
+for each of its buffers, the address, length and buffer keys that its
+transports check. The server hands any descriptor to anyone who asks for
+its name: reading one opens nothing by itself, since a peer must still
+prove the segment key in the transport's hello before it reaches any
+buffer (and the engines sign descriptors under that key, so a changed one
+is refused). A segment served --insecure has no segment key: its
+descriptor then publishes what opens it, and anyone who can read it here
+and reach the segment's endpoint can read and write its buffers.
+
 Owners. With the deployment's segment key (--key-file FILE, or the
 environment variable ` + keyEnv + `; never on the command line), every PUT
 and DELETE must carry the owner token that the key derives for its name:

@@ -146,3 +146,18 @@ func TestMetadataServerList(t *testing.T) {
 		t.Errorf("GET of a descriptor: %d", code)
 	}
 }
+
+// metadata-server -h says what the descriptors it holds give away, and
+// what an --insecure segment publishes.
+func TestMetadataServerHelpSaysWhatItHolds(t *testing.T) {
+	var out bytes.Buffer
+	if err := run([]string{"metadata-server", "-h"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(out.String()), " ")
+	for _, want := range []string{"buffer keys", "must still prove the segment key", "--insecure", "publishes what opens it", "/moonring/v1/segments"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metadata-server -h lacks %q:\n%s", want, out.String())
+		}
+	}
+}
