@@ -3,7 +3,6 @@
 package efa_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -202,20 +201,10 @@ func benchRaw(b *testing.B, prov string, op transport.Op, size, window int) {
 		}
 		b.Skipf("SKIP: the raw libfabric baseline cannot be built: %v", fiBW.err)
 	}
-	srvArgv := append(childproc.PinWrapper(), fiBW.path, "server", prov, strconv.Itoa(benchTarget))
-	srv := exec.Command(srvArgv[0], srvArgv[1:]...)
-	srv.Stderr = os.Stderr
-	in, _ := srv.StdinPipe()
-	out, _ := srv.StdoutPipe()
-	if err := srv.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { in.Close(); srv.Wait() }()
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() {
-		b.Fatal("fi_bw server printed nothing")
-	}
-	f := strings.Fields(sc.Text())
+	srv := childproc.Start(b, childproc.Config{Program: fiBW.path, Args: []string{"server", prov, strconv.Itoa(benchTarget)},
+		Name: "fi_bw server", Ready: 30 * time.Second})
+	defer srv.Stop()
+	f := strings.Fields(srv.Line)
 	opName := "write"
 	if op == transport.Read {
 		opName = "read"

@@ -36,6 +36,10 @@ type Config struct {
 	// Args are the test binary's arguments. Default "-test.run=^$": no
 	// test or example runs, so TestMain's role is all the child does.
 	Args []string
+	// Program, when set, is run instead of the test binary (a raw
+	// baseline built for the test), with Args as they are; it speaks the
+	// same protocol.
+	Program string
 	// Wrapper, when set, runs the child through a command that execs its
 	// arguments, such as "ip netns exec NS". The process started is then
 	// the test binary itself, so Kill ends the child and not a shell.
@@ -84,13 +88,14 @@ type Proc struct {
 	waitErr  error
 }
 
-// Start starts the test binary as a child with cfg, registers its Stop
-// with tb.Cleanup and returns once the child printed its first line. It
-// fails tb, the child killed, when the child prints nothing within
-// cfg.Ready or exits first. Call it from the test's goroutine.
+// Start starts the test binary (or cfg.Program) as a child with cfg,
+// registers its Stop with tb.Cleanup and returns once the child printed
+// its first line. It fails tb, the child killed, when the child prints
+// nothing within cfg.Ready or exits first. Call it from the test's
+// goroutine.
 func Start(tb testing.TB, cfg Config) *Proc {
 	tb.Helper()
-	if cfg.Args == nil {
+	if cfg.Args == nil && cfg.Program == "" {
 		cfg.Args = []string{"-test.run=^$"}
 	}
 	if cfg.Name == "" {
@@ -106,7 +111,7 @@ func Start(tb testing.TB, cfg Config) *Proc {
 	if cfg.Wrapper == nil {
 		cfg.Wrapper = PinWrapper()
 	}
-	argv := append(append(append([]string(nil), cfg.Wrapper...), os.Args[0]), cfg.Args...)
+	argv := cfg.argv()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), cfg.Env...)
 	cmd.Stderr = os.Stderr
@@ -141,6 +146,15 @@ func Start(tb testing.TB, cfg Config) *Proc {
 	}
 	p.Line = line
 	return p
+}
+
+// argv is the command line: the wrapper, the program, the arguments.
+func (cfg *Config) argv() []string {
+	prog := cfg.Program
+	if prog == "" {
+		prog = os.Args[0]
+	}
+	return append(append(append([]string(nil), cfg.Wrapper...), prog), cfg.Args...)
 }
 
 func orDefault(d, def time.Duration) time.Duration {
@@ -266,14 +280,14 @@ func oneLine(s string) string {
 	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)
 }
 
-// Run runs the test binary as a child to its end, with cfg's Env, Args
-// (default "-test.run=^$") and Wrapper, and returns what it wrote to
+// Run runs the test binary (or cfg.Program) as a child to its end, with
+// cfg's Env, Args (default "-test.run=^$") and Wrapper, and returns what it wrote to
 // stdout and stderr together and how it exited. A child still running
 // after limit (default 10 minutes) is killed, and the error says so: the
 // bound for a child that runs tests of its own (against a model library,
 // under other settings) rather than a role.
 func Run(cfg Config, limit time.Duration) ([]byte, error) {
-	if cfg.Args == nil {
+	if cfg.Args == nil && cfg.Program == "" {
 		cfg.Args = []string{"-test.run=^$"}
 	}
 	if cfg.Wrapper == nil {
@@ -282,7 +296,7 @@ func Run(cfg Config, limit time.Duration) ([]byte, error) {
 	limit = orDefault(limit, 10*time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	argv := append(append(append([]string(nil), cfg.Wrapper...), os.Args[0]), cfg.Args...)
+	argv := cfg.argv()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), cfg.Env...)
 	// A grandchild holding the output pipe must not keep Run waiting.

@@ -205,3 +205,21 @@ func TestRun(t *testing.T) {
 		t.Fatalf("run of a child that failed: %v", err)
 	}
 }
+
+// A Program other than the test binary speaks the same protocol.
+func TestProgram(t *testing.T) {
+	p := childproc.Start(t, childproc.Config{Program: "/bin/sh", Args: []string{"-c", `echo ready; while read x; do echo "got $x"; done`}, Name: "sh"})
+	if p.Line != "ready" {
+		t.Fatalf("first line %q", p.Line)
+	}
+	if got := p.Ask(t, "one"); got != "got one" {
+		t.Fatalf("answer %q", got)
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	out, err := childproc.Run(childproc.Config{Program: "/bin/echo", Args: []string{"hi"}}, time.Minute)
+	if err != nil || string(out) != "hi\n" {
+		t.Fatalf("run /bin/echo: %q, %v", out, err)
+	}
+}
