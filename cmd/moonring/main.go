@@ -1,7 +1,10 @@
 // Command moonring runs and inspects the moonring transfer engine.
 //
-//	moonring bench [flags]   sweep WRITE/READ over block sizes, print a table
-//	moonring info            machine topology, transports, effective config
+//	moonring bench [flags]            sweep WRITE/READ over block sizes (--lat: one request in flight), a row per step
+//	moonring serve [flags]            a standing target, with /metrics and /healthz
+//	moonring metadata-server [flags]  serve segment descriptors to http metadata stores
+//	moonring info                     machine topology, transports, effective config
+//	moonring version                  the build's module version and VCS revision
 package main
 
 import (
@@ -39,8 +42,10 @@ func usage(w io.Writer) {
 
 commands:
   bench   move bytes to a target (a child process over TCP by default) and
-          report GB/s, req/s and latency; --mode target serves one
-  serve   a standing target: serve a buffer over TCP until signalled
+          report GB/s, req/s and latency (--lat: one request in flight);
+          --mode target serves one
+  serve   a standing target: serve a buffer over TCP (--tls: TLS 1.3) and
+          shm until signalled, with /metrics and /healthz
   info    show NUMA nodes, CPU features, NICs, transports and the config
   metadata-server  serve segment descriptors to http metadata stores (--listen, --dir)
   version print the module version and the VCS revision it was built from
