@@ -20,6 +20,7 @@ import (
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/metadata"
+	etcdstore "github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
@@ -71,7 +72,7 @@ func childTarget() error {
 	var store metadata.Store = metadata.NewMemory()
 	if ep := os.Getenv("MOONRING_ETCD"); ep != "" {
 		ttl, _ := time.ParseDuration(os.Getenv("MOONRING_ETCD_TTL"))
-		es, err := metadata.NewEtcd(metadata.EtcdConfig{Endpoints: []string{ep}, TTL: ttl})
+		es, err := etcdstore.New(etcdstore.Config{Endpoints: []string{ep}, TTL: ttl})
 		if err != nil {
 			return err
 		}
