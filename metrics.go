@@ -62,12 +62,14 @@ var (
 	mLatency   = prometheus.NewDesc("moonring_request_duration_seconds", "Completed requests, from when the poller took them to their last slice.", []string{"ring"}, nil)
 	mPeerReqs  = prometheus.NewDesc("moonring_peer_requests_total", "READ/WRITE requests ended, by peer segment, transport, op and outcome.", []string{"ring", "segment", "transport", "op", "status"}, nil)
 	mRefused   = prometheus.NewDesc("moonring_refused_total", "What the engine refused from others: peers' descriptors that failed their signature check or were of an old epoch (what=descriptor), and its transports' refused connections, by reason.", []string{"what", "reason"}, nil)
+	mServed    = prometheus.NewDesc("moonring_served_requests_total", "READ/WRITE requests this engine served as a target, by transport, peer address, op and outcome (the TCP transport; shm peers copy without the target).", []string{"transport", "peer", "op", "status"}, nil)
+	mServedB   = prometheus.NewDesc("moonring_served_bytes_total", "Bytes this engine served as a target, by transport, peer address and op.", []string{"transport", "peer", "op"}, nil)
 	mPeerBytes = prometheus.NewDesc("moonring_peer_bytes_total", "Bytes moved by completed requests, by peer segment, transport and op.", []string{"ring", "segment", "transport", "op"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors, mRefused} {
+	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors, mRefused, mServed, mServedB} {
 		ch <- d
 	}
 }
@@ -174,6 +176,17 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		} {
 			ch <- prometheus.MustNewConstMetric(mRefused, prometheus.CounterValue, float64(n), "tcp", reason)
 		}
+		t.Served(func(s tcp.Served) {
+			peer := s.Peer.String()
+			if !s.Peer.IsValid() {
+				peer = "other"
+			}
+			send(ch, mServed, float64(s.Reads), "tcp", peer, "read", "completed")
+			send(ch, mServed, float64(s.Writes), "tcp", peer, "write", "completed")
+			send(ch, mServed, float64(s.Denied), "tcp", peer, "any", "refused")
+			send(ch, mServedB, float64(s.ReadBytes), "tcp", peer, "read")
+			send(ch, mServedB, float64(s.WriteBytes), "tcp", peer, "write")
+		})
 	}
 	if t, ok := e.Transport(shm.Name).(*shm.Transport); ok {
 		st := t.Stats()

@@ -162,3 +162,19 @@ func TestRefusalMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestServedMetrics: a target counts what it served each peer.
+func TestServedMetrics(t *testing.T) {
+	p := newTCPPair(t, 1<<16)
+	if err := p.ini.Transfer(t.Context(), p.write()); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(p.tgt.Collector())
+	if n := metricValue(t, reg, "moonring_served_bytes_total", map[string]string{"transport": "tcp", "op": "write"}); n != 1<<16 {
+		t.Fatalf("served write bytes %v, want %d", n, 1<<16)
+	}
+	if n := metricValue(t, reg, "moonring_served_requests_total", map[string]string{"transport": "tcp", "op": "write", "status": "completed"}); n < 1 {
+		t.Fatalf("served writes %v", n)
+	}
+}

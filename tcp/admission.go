@@ -124,6 +124,9 @@ type peerConn struct {
 	src        netip.Addr // the source, an IPv6 one masked to its /64
 	state      connState  // under Transport.mu
 	prev, next *peerConn  // in admission.pending while state is pending
+	// served counts what the connection served: written by its
+	// goroutine, read by Served.
+	served served
 }
 
 type connState uint8
@@ -261,7 +264,7 @@ func (t *Transport) accept() {
 			evict.state = connEvicted
 		}
 		t.adm.push(pc)
-		t.conns[c] = struct{}{}
+		t.conns[c] = pc
 		t.wg.Add(1)
 		t.mu.Unlock()
 		if evict != nil {
@@ -301,6 +304,7 @@ func (t *Transport) serveConn(pc *peerConn) {
 	err := t.serve(pc)
 	t.mu.Lock()
 	delete(t.conns, pc.c)
+	t.retire(pc)
 	state := pc.state
 	switch state {
 	case connPending:

@@ -69,7 +69,7 @@ func (t *Transport) serve(pc *peerConn) error {
 		return err
 	}
 	raw.SetDeadline(time.Time{})
-	return t.frames(conn, br, nb)
+	return t.frames(conn, br, nb, &pc.served)
 }
 
 // nbReader is the connection as the frames' bufio.Reader sees it. With
@@ -183,7 +183,7 @@ func (t *Transport) hello(conn net.Conn, br *bufio.Reader, pc *peerConn) error {
 // frames serves requests until the connection ends. Responses gather in
 // out and go out with the READ payloads in one writev, flushed whenever no
 // further request is already buffered.
-func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error {
+func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *served) error {
 	var (
 		hdr  [reqSize]byte
 		req  request
@@ -340,6 +340,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 				if _, err := br.Discard(int(req.length)); err != nil {
 					return err
 				}
+				sv.denied.Add(1)
 			} else {
 				if br.Buffered() < int(req.length) {
 					setDeadline()
@@ -349,6 +350,8 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 				if err != nil {
 					return err
 				}
+				sv.writes.Add(1)
+				sv.writeBytes.Add(uint64(req.length))
 			}
 			owed += int(req.length)
 			out = out[:len(out)+respSize]
@@ -358,8 +361,11 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader) error 
 		out = out[:len(out)+respSize]
 		encodeResp(out[len(out)-respSize:], req.id, status)
 		if r == nil {
+			sv.denied.Add(1)
 			continue
 		}
+		sv.reads.Add(1)
+		sv.readBytes.Add(uint64(req.length))
 		payload := unsafe.Slice((*byte)(unsafe.Add(r.base, req.addr-r.addr)), req.length)
 		if len(payload) <= cap(out)-len(out) && len(payload) < 16<<10 {
 			out = append(out, payload...) // small: one copy beats an iovec

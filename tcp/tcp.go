@@ -235,7 +235,8 @@ type Transport struct {
 	addr     string
 	mu       sync.Mutex                // guards regs changes, conns, endpoints, the admission state
 	regs     atomic.Pointer[[]*region] // sorted by id, then by registration
-	conns    map[net.Conn]struct{}
+	conns    map[net.Conn]*peerConn
+	retired  map[netip.Addr]*served // what ended connections served, per source; under mu
 	adm      admission // under mu
 	refused  [nReasons]atomic.Uint64
 	logs     [nReasons]rateLog
@@ -278,7 +279,7 @@ func New(cfg Config) (*Transport, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	t := &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, eps: map[*Endpoint]struct{}{}, shutdown: make(chan struct{}), adm: admission{sources: map[netip.Addr]int{}}}
+	t := &Transport{cfg: cfg, conns: map[net.Conn]*peerConn{}, retired: map[netip.Addr]*served{}, eps: map[*Endpoint]struct{}{}, shutdown: make(chan struct{}), adm: admission{sources: map[netip.Addr]int{}}}
 	if len(cfg.Key) > 0 {
 		h := hashKey(cfg.Key)
 		t.key = h[:]
