@@ -237,7 +237,7 @@ type Transport struct {
 	regs     atomic.Pointer[[]*region] // sorted by id, then by registration
 	conns    map[net.Conn]*peerConn
 	retired  map[netip.Addr]*served // what ended connections served, per source; under mu
-	adm      admission // under mu
+	adm      admission              // under mu
 	refused  [nReasons]atomic.Uint64
 	logs     [nReasons]rateLog
 	eps      map[*Endpoint]struct{}
