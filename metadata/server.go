@@ -479,6 +479,20 @@ func (s *Server) expire(name string, e *serverEntry) {
 	}
 }
 
+// Names returns the names the server holds descriptors under, sorted (for
+// an operator's listing; the descriptors themselves are served per name).
+// It is safe for concurrent use; after Close it returns none.
+func (s *Server) Names() []string {
+	s.mu.Lock()
+	names := make([]string, 0, len(s.entries))
+	for n := range s.entries {
+		names = append(names, n)
+	}
+	s.mu.Unlock()
+	slices.Sort(names)
+	return names
+}
+
 // Stats returns the server's counts; see [ServerStats]. It is safe to call
 // at any time, also after Close (Names and Bytes are then 0).
 func (s *Server) Stats() ServerStats {
