@@ -3,7 +3,6 @@
 package shm_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/moonring/moonring/internal/childproc"
 	"github.com/moonring/moonring/internal/mem"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/transport"
@@ -68,7 +68,6 @@ func runChild() {
 	}
 	slicesSortDesc(desc)
 	j, _ := json.Marshal(desc)
-	fmt.Printf("%s\n", j)
 	find := func(addr, n uint64) []byte {
 		for _, m := range mems {
 			a := uint64(uintptr(unsafePointer(m)))
@@ -78,29 +77,34 @@ func runChild() {
 		}
 		return nil
 	}
-	sc := bufio.NewScanner(os.Stdin)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
+	err = childproc.Serve(string(j), func(cmd string) string {
+		f := strings.Fields(cmd)
 		if len(f) < 3 {
-			continue
+			return "bad"
 		}
 		addr, _ := strconv.ParseUint(f[1], 10, 64)
 		n, _ := strconv.ParseUint(f[2], 10, 64)
 		b := find(addr, n)
 		if b == nil {
-			fmt.Println("bad")
-			continue
+			return "bad"
 		}
 		switch f[0] {
 		case "sum":
-			fmt.Println(crc32.ChecksumIEEE(b))
+			return strconv.FormatUint(uint64(crc32.ChecksumIEEE(b)), 10)
 		case "fill":
+			if len(f) < 4 {
+				return "bad"
+			}
 			seed, _ := strconv.ParseUint(f[3], 10, 64)
-			fill(b, seed)
-			fmt.Println("ok")
+			testpattern.Fill(b, seed)
+			return "ok"
 		}
-	}
+		return "bad"
+	})
 	tr.Close()
+	if err != nil {
+		fail(err)
+	}
 }
 
 // child is a running target process.
@@ -153,7 +157,7 @@ func TestTwoProcesses(t *testing.T) {
 				t.Fatalf("child fill: %s", got)
 			}
 		} else {
-			fill(lm[loff:loff+n], seed+uint64(i))
+			testpattern.Fill(lm[loff:loff+n], seed+uint64(i))
 		}
 		for off := uint64(0); off < n; off += 256 << 10 {
 			k := min(256<<10, n-off)

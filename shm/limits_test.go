@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/transport"
@@ -62,7 +63,7 @@ func isTimeout(err error) bool {
 func transferVerified(t *testing.T, w *world, ep *shm.Endpoint, rmem []byte, raddr uint64) {
 	t.Helper()
 	lm := w.local.Bytes()
-	fill(lm[:64<<10], 1)
+	testpattern.Fill(lm[:64<<10], 1)
 	s := w.slice(transport.Write, 0, raddr, 64<<10)
 	if err := ep.Copy(&s); err != nil {
 		t.Fatalf("write: %v", err)
@@ -70,7 +71,7 @@ func transferVerified(t *testing.T, w *world, ep *shm.Endpoint, rmem []byte, rad
 	if !bytes.Equal(rmem[:64<<10], lm[:64<<10]) {
 		t.Fatal("write: the target's bytes differ")
 	}
-	fill(rmem[64<<10:128<<10], 2)
+	testpattern.Fill(rmem[64<<10:128<<10], 2)
 	s = w.slice(transport.Read, 64<<10, raddr+64<<10, 64<<10)
 	if err := ep.Copy(&s); err != nil {
 		t.Fatalf("read: %v", err)

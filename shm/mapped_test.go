@@ -5,7 +5,6 @@ package shm_test
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/internal/mem"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/internal/testwait"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/shm"
@@ -148,9 +148,9 @@ func TestMapped(t *testing.T) {
 		loff := r.Uint64N(uint64(len(lm)) - n + 1)
 		op := transport.Op(1 + i%2)
 		if op == transport.Write {
-			fill(lm[loff:loff+n], uint64(i))
+			testpattern.Fill(lm[loff:loff+n], uint64(i))
 		} else {
-			fill(bmem[roff:roff+n], uint64(i))
+			testpattern.Fill(bmem[roff:roff+n], uint64(i))
 		}
 		s := w.slice(op, loff, uint64(buf.Addr)+roff, n)
 		if i%2 == 0 {
@@ -183,17 +183,6 @@ func TestMapped(t *testing.T) {
 	}
 }
 
-func fill(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, 7))
-	for len(b) >= 8 {
-		binary.LittleEndian.PutUint64(b, r.Uint64())
-		b = b[8:]
-	}
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-}
-
 // TestNotHandedOut: memory that shares its memfd with other memory, and
 // local-only memory, is never mapped by a peer: the first goes through
 // process_vm calls, the second is refused.
@@ -210,7 +199,7 @@ func TestNotHandedOut(t *testing.T) {
 	if mp, v := ep.Granted(); mp != 0 || v != 1 {
 		t.Fatalf("granted %d mapped, %d vm; want the part through process_vm only", mp, v)
 	}
-	fill(w.local.Bytes()[:4096], 3)
+	testpattern.Fill(w.local.Bytes()[:4096], 3)
 	s := w.slice(transport.Write, 0, uint64(part.Addr)+100, 4096)
 	if err := ep.Copy(&s); err != nil {
 		t.Fatal(err)
@@ -233,7 +222,7 @@ func TestForcedVM(t *testing.T) {
 	if mp, v := ep.Granted(); mp != 0 || v != 1 {
 		t.Fatalf("granted %d mapped, %d vm; want 1 vm", mp, v)
 	}
-	fill(am, 9)
+	testpattern.Fill(am, 9)
 	s := w.slice(transport.Read, 0, uint64(a.Addr), a.Length)
 	if err := ep.Copy(&s); err != nil {
 		t.Fatal(err)
@@ -250,7 +239,7 @@ func TestUnregisterMidBatch(t *testing.T) {
 	w := newWorld(t, shm.Config{})
 	a, am := w.shared(1<<20, true)
 	ep := w.open()
-	fill(w.local.Bytes()[:1<<20], 5)
+	testpattern.Fill(w.local.Bytes()[:1<<20], 5)
 	var (
 		wg       sync.WaitGroup
 		done     atomic.Bool
@@ -352,8 +341,8 @@ func TestCopyBatch(t *testing.T) {
 	ep := w.open()
 	lm := w.local.Bytes()
 	for _, op := range []transport.Op{transport.Write, transport.Read} {
-		fill(lm[:1<<20], 11)
-		fill(am, 12)
+		testpattern.Fill(lm[:1<<20], 11)
+		testpattern.Fill(am, 12)
 		var s []transport.Slice
 		for i := range 40 {
 			n := uint64(1 + i*97)
@@ -380,7 +369,7 @@ func TestCopyBatch(t *testing.T) {
 		}
 	}
 	// A process_vm slice is left to batches: CopyNow moves nothing.
-	fill(lm[:4096], 13)
+	testpattern.Fill(lm[:4096], 13)
 	one := w.slice(transport.Read, 0, uint64(a.Addr), 4096)
 	if done, err := ep.CopyNow(&one, nil); done || err != nil || bytes.Equal(lm[:4096], am[:4096]) {
 		t.Fatalf("CopyNow of a process_vm slice = %v, %v (data moved: %v)", done, err, bytes.Equal(lm[:4096], am[:4096]))
@@ -439,7 +428,7 @@ func TestSharedTailNotHandedOut(t *testing.T) {
 		t.Fatalf("granted %d mapped, %d vm; want the buffer through process_vm only", mapped, vm)
 	}
 	lm := w.local.Bytes()
-	fill(m, 9)
+	testpattern.Fill(m, 9)
 	s := w.slice(transport.Read, 0, uint64(a.Addr), a.Length)
 	if err := ep.Copy(&s); err != nil {
 		t.Fatalf("READ: %v", err)

@@ -38,5 +38,6 @@ func newPair(cfg shm.Config) func(t *testing.T) (transport.Transport, transport.
 // TestConformance runs the suite on Go memory, which the target serves
 // through process_vm_readv/writev (its pages are not a memfd).
 func TestConformance(t *testing.T) {
-	transporttest.Run(t, newPair(shm.Config{}))
+	transporttest.RunWith(t, transporttest.Options{Want: []transporttest.Interface{transporttest.Copier, transporttest.BatchCopier,
+		transporttest.InlineCopier, transporttest.Notifier, transporttest.ContextUnregisterer}}, newPair(shm.Config{}))
 }

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -344,7 +345,7 @@ func TestRelayTampering(t *testing.T) {
 		}
 		defer ep.Close()
 		src := init.alloc(t, n, 0)
-		pattern(src, 12)
+		testpattern.Fill(src, 12)
 		comp := make(chanCompleter, 1)
 		if k, err := ep.Post(comp, []transport.Slice{localSlice(transport.Write, src, remote.addr, 1)}); k != 1 || err != nil {
 			t.Fatalf("Post: %d, %v", k, err)
@@ -357,7 +358,7 @@ func TestRelayTampering(t *testing.T) {
 		}
 		want := bytes.Clone(src)
 		want[flipAt] ^= 0xff
-		if i := firstDiff(remote.mem, want); i >= 0 {
+		if i := testpattern.FirstDiff(remote.mem, want); i >= 0 {
 			t.Fatalf("the target's memory differs from the tampered payload at %d", i)
 		}
 		t.Logf("plain: the WRITE completed OK and the target holds %#x at %d where %#x was sent", remote.mem[flipAt], flipAt, src[flipAt])
@@ -374,7 +375,7 @@ func TestRelayTampering(t *testing.T) {
 		}
 		defer ep.Close()
 		src := init.alloc(t, n, 0)
-		pattern(src, 12)
+		testpattern.Fill(src, 12)
 		comp := make(chanCompleter, 1)
 		if k, err := ep.Post(comp, []transport.Slice{localSlice(transport.Write, src, remote.addr, 1)}); k != 1 || err != nil {
 			t.Fatalf("Post: %d, %v", k, err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/internal/testwait"
 	"github.com/moonring/moonring/transport"
 )
@@ -275,7 +276,7 @@ func TestReconnect(t *testing.T) {
 		if e.rails[0].Load() == old {
 			t.Fatal("the WRITE succeeded on the connection the target dropped")
 		}
-		if i := firstDiff(remote.mem[8192:8192+4096], src); i >= 0 {
+		if i := testpattern.FirstDiff(remote.mem[8192:8192+4096], src); i >= 0 {
 			t.Fatalf("round %d: target memory differs at %d after the WRITE", round, i)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -42,7 +43,7 @@ func newFuzzTarget(f *testing.F) *fuzzTarget {
 	ft.remote = s.register(f, s.alloc(f, 2*page, 0), true)
 	ft.local = s.register(f, s.alloc(f, page, canaryByte), false)
 	ft.initial = make([]byte, len(ft.remote.mem))
-	pattern(ft.initial, 5)
+	testpattern.Fill(ft.initial, 5)
 	// No connection exists yet; every connection's first read orders this
 	// write before the server's reads of the region.
 	rs := *s.tr.regs.Load()
@@ -243,7 +244,7 @@ func (ft *fuzzTarget) run(t *testing.T, stream []byte) {
 	if len(r) != 0 {
 		t.Fatalf("%d bytes after the last response the model expects", len(r))
 	}
-	if i := firstDiff(ft.remote.mem, want.mem); i >= 0 {
+	if i := testpattern.FirstDiff(ft.remote.mem, want.mem); i >= 0 {
 		t.Fatalf("remote buffer byte %d is %#x, model says %#x", i, ft.remote.mem[i], want.mem[i])
 	}
 	if i := allEqual(ft.local.mem, canaryByte); i >= 0 {

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring/internal/childproc"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -289,7 +290,7 @@ func TestIdleTimeout(t *testing.T) {
 	// target is still writing it while the initiator does not read.
 	const big = 16 << 20
 	remote := targ.register(t, targ.alloc(t, big, 0), true)
-	pattern(remote.mem, 9)
+	testpattern.Fill(remote.mem, 9)
 	want := bytes.Clone(remote.mem)
 
 	t.Run("idle", func(t *testing.T) {
@@ -318,7 +319,7 @@ func TestIdleTimeout(t *testing.T) {
 			t.Fatalf("response %d status %d", id, st)
 		}
 		if got := rc.payload(big); !bytes.Equal(got, want) {
-			t.Fatalf("READ payload differs at %d", firstDiff(got, want))
+			t.Fatalf("READ payload differs at %d", testpattern.FirstDiff(got, want))
 		}
 		// Still up: the connection was busy, not idle.
 		if st, _ := rc.do(specReq{op: specRead, id: 8, buffer: remote.id, length: 64, key: remote.key, addr: remote.addr}, nil); st != 0 {
@@ -328,7 +329,7 @@ func TestIdleTimeout(t *testing.T) {
 	t.Run("a WRITE whose payload pauses", func(t *testing.T) {
 		rc := targ.raw(t)
 		p := make([]byte, 1<<20)
-		pattern(p, 10)
+		testpattern.Fill(p, 10)
 		f := specReq{op: specWrite, id: 8, buffer: remote.id, length: 1 << 20, key: remote.key, addr: remote.addr}.frame(p)
 		rc.send(f[:len(f)/2])
 		time.Sleep(4 * idle)
@@ -497,7 +498,7 @@ func TestIdleFloodLowFDs(t *testing.T) {
 	const n = 1 << 20
 	src := init.alloc(t, n, 0)
 	dst := init.alloc(t, n, 0)
-	pattern(src, 11)
+	testpattern.Fill(src, 11)
 	remote := desc.Buffers[0].Addr
 	comp := make(chanCompleter, 2)
 	if k, err := ep.Post(comp, []transport.Slice{localSlice(transport.Write, src, remote, 1)}); k != 1 || err != nil {
@@ -516,7 +517,7 @@ func TestIdleFloodLowFDs(t *testing.T) {
 		t.Fatalf("READ: %v", err)
 	}
 	if !bytes.Equal(dst, src) {
-		t.Fatalf("READ brought other bytes (first difference at %d)", firstDiff(dst, src))
+		t.Fatalf("READ brought other bytes (first difference at %d)", testpattern.FirstDiff(dst, src))
 	}
 	var r Refusals
 	line := child.Ask(t, "refusals")

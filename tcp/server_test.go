@@ -27,6 +27,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/internal/mem"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -371,14 +372,6 @@ func expectEOF(t testing.TB, c net.Conn, what string) {
 	}
 }
 
-// pattern fills b with bytes derived from seed.
-func pattern(b []byte, seed uint64) {
-	r := mrand.New(mrand.NewPCG(seed, 0x5eed))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-}
-
 func allEqual(b []byte, v byte) int {
 	for i, x := range b {
 		if x != v {
@@ -401,7 +394,7 @@ func newChecksTarget(t *testing.T) *checksTarget {
 	s := newSide(t, Config{MaxLength: uint32(2 * page), SliceSize: uint64(page)})
 	arena := s.alloc(t, 3*page, canaryByte)
 	ct := &checksTarget{side: s}
-	pattern(arena[:2*page], 1)
+	testpattern.Fill(arena[:2*page], 1)
 	ct.aWant = bytes.Clone(arena[:2*page])
 	ct.a = s.register(t, arena[:2*page], true)
 	ct.b = s.register(t, arena[2*page:], true)
@@ -414,7 +407,7 @@ func newChecksTarget(t *testing.T) *checksTarget {
 // response read after them, or waitServed).
 func (ct *checksTarget) intact(t *testing.T) {
 	t.Helper()
-	if i := firstDiff(ct.a.mem, ct.aWant); i >= 0 {
+	if i := testpattern.FirstDiff(ct.a.mem, ct.aWant); i >= 0 {
 		t.Errorf("A changed at offset %d", i)
 	}
 	if i := allEqual(ct.b.mem, canaryByte); i >= 0 {
@@ -423,18 +416,6 @@ func (ct *checksTarget) intact(t *testing.T) {
 	if i := allEqual(ct.c.mem, canaryByte); i >= 0 {
 		t.Errorf("local-only C changed at offset %d", i)
 	}
-}
-
-func firstDiff(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	if len(a) != len(b) {
-		return min(len(a), len(b))
-	}
-	return -1
 }
 
 // probe checks the connection is still in step: a READ of A answers with
@@ -743,7 +724,7 @@ func TestServerAcksWriteStream(t *testing.T) {
 	buf := s.register(t, s.alloc(t, 2*ackAfter, 0), true)
 	rc := s.raw(t)
 	p := make([]byte, ackAfter)
-	pattern(p, 5)
+	testpattern.Fill(p, 5)
 	first := specReq{op: specWrite, id: 1, buffer: buf.id, length: ackAfter, key: buf.key, addr: buf.addr}
 	second := first
 	second.id, second.addr = 2, buf.addr+ackAfter
@@ -776,7 +757,7 @@ func TestServerPipeline(t *testing.T) {
 	s := newSide(t, Config{})
 	const size = 256 << 10
 	buf := s.register(t, s.alloc(t, size, 0), true)
-	pattern(buf.mem, 2)
+	testpattern.Fill(buf.mem, 2)
 	model := bytes.Clone(buf.mem)
 	rng := mrand.New(mrand.NewPCG(3, 4))
 
@@ -814,7 +795,7 @@ func TestServerPipeline(t *testing.T) {
 		var payload []byte
 		if op == specWrite {
 			payload = make([]byte, n)
-			pattern(payload, rng.Uint64())
+			testpattern.Fill(payload, rng.Uint64())
 			if ok {
 				copy(model[off:], payload)
 			}
@@ -862,11 +843,11 @@ func TestServerPipeline(t *testing.T) {
 		}
 		if w.payload != nil {
 			if got := rc.payload(len(w.payload)); !bytes.Equal(got, w.payload) {
-				t.Fatalf("response %d: READ payload differs at %d", i, firstDiff(got, w.payload))
+				t.Fatalf("response %d: READ payload differs at %d", i, testpattern.FirstDiff(got, w.payload))
 			}
 		}
 	}
-	if i := firstDiff(buf.mem, model); i >= 0 {
+	if i := testpattern.FirstDiff(buf.mem, model); i >= 0 {
 		t.Fatalf("buffer differs from the model at offset %d", i)
 	}
 }
@@ -882,7 +863,7 @@ func TestServerWriteVisibleOnResponse(t *testing.T) {
 	payloads := make([][]byte, n)
 	for i := range n {
 		payloads[i] = make([]byte, chunk)
-		pattern(payloads[i], uint64(i)+10)
+		testpattern.Fill(payloads[i], uint64(i)+10)
 		stream = append(stream, specReq{op: specWrite, id: uint32(i), buffer: buf.id, length: chunk, key: buf.key, addr: buf.addr + uint64(i*chunk)}.frame(payloads[i])...)
 	}
 	rc := s.raw(t)
@@ -898,7 +879,7 @@ func TestServerWriteVisibleOnResponse(t *testing.T) {
 		if id != uint32(i) || st != 0 {
 			t.Fatalf("response %d: id %d status %d", i, id, st)
 		}
-		if j := firstDiff(buf.mem[i*chunk:(i+1)*chunk], payloads[i]); j >= 0 {
+		if j := testpattern.FirstDiff(buf.mem[i*chunk:(i+1)*chunk], payloads[i]); j >= 0 {
 			t.Fatalf("WRITE %d answered before its byte %d was in memory", i, j)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -33,8 +34,8 @@ func BenchmarkTLS(b *testing.B) {
 					}
 					defer ep.Close()
 					local := init.alloc(b, arena, 0)
-					pattern(local, 1)
-					pattern(remote.mem, 2)
+					testpattern.Fill(local, 1)
+					testpattern.Fill(remote.mem, 2)
 					slots := arena / size
 					window := min(slots/2, max(4, (4<<20)/size))
 					comp := make(chanCompleter, window)

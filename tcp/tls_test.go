@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -59,7 +60,7 @@ func roundTrip(t *testing.T, ep transport.Endpoint, init *side, remote testBuf, 
 	t.Helper()
 	src := init.alloc(t, n, 0)
 	dst := init.alloc(t, n, 0)
-	pattern(src, uint64(n))
+	testpattern.Fill(src, uint64(n))
 	comp := make(chanCompleter, 2)
 	if k, err := ep.Post(comp, []transport.Slice{localSlice(transport.Write, src, remote.addr, 1)}); k != 1 || err != nil {
 		t.Fatalf("Post WRITE: %d, %v", k, err)
@@ -67,7 +68,7 @@ func roundTrip(t *testing.T, ep transport.Endpoint, init *side, remote testBuf, 
 	if err := comp.await(t, 1)[1]; err != nil {
 		t.Fatalf("WRITE: %v", err)
 	}
-	if i := firstDiff(remote.mem[:n], src); i >= 0 {
+	if i := testpattern.FirstDiff(remote.mem[:n], src); i >= 0 {
 		t.Fatalf("target memory differs at %d after the WRITE completed", i)
 	}
 	if k, err := ep.Post(comp, []transport.Slice{localSlice(transport.Read, dst, remote.addr, 2)}); k != 1 || err != nil {
@@ -77,7 +78,7 @@ func roundTrip(t *testing.T, ep transport.Endpoint, init *side, remote testBuf, 
 		t.Fatalf("READ: %v", err)
 	}
 	if !bytes.Equal(dst, src) {
-		t.Fatalf("READ brought other bytes (first difference at %d)", firstDiff(dst, src))
+		t.Fatalf("READ brought other bytes (first difference at %d)", testpattern.FirstDiff(dst, src))
 	}
 }
 
@@ -104,7 +105,7 @@ func TestTLSSamePort(t *testing.T) {
 
 	// A plain hello on the same port is served too.
 	rc := targ.raw(t)
-	pattern(remote.mem[:16], 99)
+	testpattern.Fill(remote.mem[:16], 99)
 	st, got := rc.do(specReq{op: specRead, id: 1, buffer: remote.id, length: 16, key: remote.key, addr: remote.addr}, nil)
 	if st != 0 || !bytes.Equal(got, remote.mem[:16]) {
 		t.Fatalf("plain READ on the TLS port: status %d", st)
