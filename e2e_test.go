@@ -603,8 +603,24 @@ func (r *e2eRig) e2eFault(size int, fault func()) {
 		}
 	}
 	t.Logf("wave 1: %d requests, %d COMPLETED before the fault, %d FAILED or TIMEOUT", len(wave), completed, broken)
-	// The second wave starts after the fault: no byte can move, so no
-	// request may complete.
+	// The initiator hears of the fault a moment after it (the target's
+	// socket closing): until then a WRITE into memory it mapped from the
+	// dead target (shm) can still complete. Probes of one byte find when
+	// it has heard, which must be within the limit.
+	heard := time.Now().Add(limit)
+	for probe := 0; ; probe++ {
+		q := e2eReq{op: moonring.Write, off: 0, loc: len(r.local) - e2eProbeTail, n: 1}
+		if x := r.run([]e2eReq{q}, limit, nil)[0]; x.st == moonring.FAILED || x.st == moonring.TIMEOUT {
+			t.Logf("the initiator saw the fault at probe %d", probe)
+			break
+		}
+		if time.Now().After(heard) {
+			t.Fatalf("hang: requests still complete %v after the target was killed", limit)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The second wave starts after the fault was seen: no byte can move,
+	// so no request may complete.
 	wave2 := r.plan(e2ePlan{count: 64, remoteLo: 0, remote: half, readLo: half, read: half,
 		localLo: len(r.local) - e2eFaultTail, local: e2eFaultTail - e2eProbeTail, minN: 1, maxN: 256 << 10, reads: 0.5})
 	res2 := r.run(wave2, limit, nil)
