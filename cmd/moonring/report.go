@@ -1,0 +1,191 @@
+// report.go holds bench's output: a sweep step's result and the run's
+// settings (the header before the rows), and the two reporters that print
+// them as each step ends, a table or JSON.
+
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+// result is one step of the sweep.
+type result struct {
+	// Transport is what moved the bytes: tcp, tcp/tls (a target serving
+	// --tls), shm (a mapping of the
+	// target's buffer), shm/process_vm (--no-map: process_vm_readv and
+	// process_vm_writev), local.
+	Transport string `json:"transport"`
+	Op        string `json:"op"`
+	BlockSize int    `json:"block_size"`
+	Block     string `json:"block"` // BlockSize as 4K, 64K, 1M, 16M
+	Batch     int    `json:"batch"`
+	// BatchAsked is --batch-size; Batch is less when the buffer holds
+	// fewer blocks per thread, which Note then says.
+	BatchAsked int     `json:"batch_asked"`
+	Threads    int     `json:"threads"`
+	Note       string  `json:"note,omitempty"`
+	API        string  `json:"api"`
+	Requests   int     `json:"requests"`
+	GBps       float64 `json:"gb_per_s"`
+	ReqPerSec  float64 `json:"req_per_s"`
+	P50us      float64 `json:"p50_us"`
+	P99us      float64 `json:"p99_us"`
+	P999us     float64 `json:"p999_us"`
+	Verified   bool    `json:"verified"`
+	// Mode is "bw" (requests in flight as --batch-size says) or "lat"
+	// (--lat: one in flight).
+	Mode   string  `json:"mode"`
+	MeanUs float64 `json:"mean_us"`
+	// Run is what the sweep measured against, the same in every row.
+	Run *runInfo `json:"run,omitempty"`
+}
+
+// runInfo is the sweep's settings, printed before its rows (and with each
+// of them with --json).
+type runInfo struct {
+	Transport string `json:"transport"`
+	Target    string `json:"target"`
+	// TargetPID is the target's process id when known (a target this
+	// command started; a serve that says it on /healthz), else 0.
+	TargetPID     int    `json:"target_pid,omitempty"`
+	TargetStarted bool   `json:"target_started"` // by this command, on this host
+	Metadata      string `json:"metadata"`
+	Buffer        int    `json:"buffer_size"`
+	Batch         int    `json:"batch_size"`
+	Threads       int    `json:"threads"`
+	API           string `json:"api"`
+	Mode          string `json:"mode"`     // bw or lat
+	Duration      string `json:"duration"` // per step, after a warm-up of a fifth of it
+	Verify        bool   `json:"verify"`
+	Host          string `json:"host"`
+	Version       string `json:"version"`
+	Date          string `json:"date"` // the sweep's start, RFC 3339, UTC
+}
+
+// header is the lines of settings before the table.
+func (r *runInfo) header() string {
+	target := r.Target
+	switch {
+	case r.TargetStarted:
+		target += fmt.Sprintf(" (pid %d, started by this command)", r.TargetPID)
+	case r.TargetPID != 0:
+		target += fmt.Sprintf(" (pid %d)", r.TargetPID)
+	case r.Transport != "local":
+		target += " (pid unknown)"
+	}
+	verify := "data checked after each step"
+	if !r.Verify {
+		verify = "data not checked (--verify=false)"
+	}
+	mode := fmt.Sprintf("# bandwidth mode: %d requests in flight per thread. A request's latency is the time its batch took", r.Batch)
+	if r.API == "ring" {
+		mode = fmt.Sprintf("# bandwidth mode: %d requests in flight per thread. A request's latency includes its wait behind the others in flight", r.Batch)
+	}
+	mode += fmt.Sprintf(":\n#   the p50 is queueing latency at batch %d, not one request's round trip (moonring bench --lat measures that)\n", r.Batch)
+	if r.Mode == "lat" {
+		mode = "# latency mode: one request in flight on one thread; mean and percentiles of single requests' round trips\n"
+	}
+	return fmt.Sprintf("# moonring bench: %s to %s, metadata %s\n"+
+		"# buffer %s, batch %d, threads %d, %s API, %s per step after a warm-up of a fifth of it, %s\n"+
+		"# host %s, moonring %s, %s\n%s",
+		r.Transport, target, r.Metadata, fmtSize(r.Buffer), r.Batch, r.Threads, r.API, r.Duration, verify, r.Host, r.Version, r.Date, mode)
+}
+
+// reporter prints the sweep's rows as each step ends; end finishes the
+// output (also after a failed step: what was printed stays whole).
+type reporter interface {
+	header(r *runInfo) error
+	row(r result) error
+	end() error
+}
+
+// tableReport prints a table, a line per step, in columns of fixed width
+// (a tabwriter would hold every row until the end).
+type tableReport struct {
+	w      io.Writer
+	lat    bool // --lat: the latency columns
+	titled bool
+}
+
+const latRow = "%-14s %-5s %-5s %5s %9s %10s %9s %9s %9s %9s %8s%s\n"
+
+const tableRow = "%-14s %-5s %-5s %5s %5s %7s %8s %10s %9s %9s %9s %8s%s\n"
+
+func (t *tableReport) header(r *runInfo) error {
+	_, err := io.WriteString(t.w, r.header())
+	return err
+}
+
+func (t *tableReport) row(r result) error {
+	if t.lat {
+		return t.latRow(r)
+	}
+	if !t.titled {
+		t.titled = true
+		if _, err := fmt.Fprintf(t.w, tableRow, "transport", "api", "op", "block", "batch", "threads", "GB/s", "req/s", "p50 µs", "p99 µs", "p999 µs", "verified", "  note"); err != nil {
+			return err
+		}
+	}
+	note := ""
+	if r.Note != "" {
+		note = "  " + r.Note
+	}
+	_, err := fmt.Fprintf(t.w, tableRow, r.Transport, r.API, r.Op, r.Block, strconv.Itoa(r.Batch), strconv.Itoa(r.Threads),
+		fmt.Sprintf("%.2f", r.GBps), fmt.Sprintf("%.0f", r.ReqPerSec), fmt.Sprintf("%.2f", r.P50us), fmt.Sprintf("%.2f", r.P99us), fmt.Sprintf("%.2f", r.P999us), strconv.FormatBool(r.Verified), note)
+	return err
+}
+
+func (t *tableReport) latRow(r result) error {
+	if !t.titled {
+		t.titled = true
+		if _, err := fmt.Fprintf(t.w, latRow, "transport", "api", "op", "block", "requests", "req/s", "mean µs", "p50 µs", "p99 µs", "p999 µs", "verified", ""); err != nil {
+			return err
+		}
+	}
+	f := func(v float64) string { return fmt.Sprintf("%.2f", v) }
+	_, err := fmt.Fprintf(t.w, latRow, r.Transport, r.API, r.Op, r.Block, strconv.Itoa(r.Requests), fmt.Sprintf("%.0f", r.ReqPerSec),
+		f(r.MeanUs), f(r.P50us), f(r.P99us), f(r.P999us), strconv.FormatBool(r.Verified), "")
+	return err
+}
+
+func (t *tableReport) end() error { return nil }
+
+// jsonReport prints a JSON array, an element per line as each step ends;
+// end closes it, so that the output parses whatever step failed.
+type jsonReport struct {
+	w   io.Writer
+	n   int
+	run *runInfo
+}
+
+func (j *jsonReport) header(r *runInfo) error {
+	j.run = r
+	return nil
+}
+
+func (j *jsonReport) row(r result) error {
+	r.Run = j.run
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	sep := ",\n  "
+	if j.n == 0 {
+		sep = "[\n  "
+	}
+	j.n++
+	_, err = fmt.Fprintf(j.w, "%s%s", sep, b)
+	return err
+}
+
+func (j *jsonReport) end() error {
+	if j.n == 0 {
+		_, err := io.WriteString(j.w, "[]\n")
+		return err
+	}
+	_, err := io.WriteString(j.w, "\n]\n")
+	return err
+}

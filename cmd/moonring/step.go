@@ -1,0 +1,292 @@
+// step.go holds one step of a bench sweep (an op and a block size for a
+// duration): the goroutines that drive requests through the batch API or
+// the Ring API, their latencies, and the check of the bytes after.
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/moonring/moonring"
+)
+
+// opMix asks step for WRITEs on even blocks and READs on odd ones.
+const opMix = moonring.Op(0xff)
+
+// step runs one op and block size for d: threads goroutines, each with its
+// own Ring and depth requests in flight, each request on its own block of
+// both buffers; then it checks the bytes.
+func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads int, d time.Duration, verify, useRing bool) (result, error) {
+	askedThreads, askedDepth := threads, depth
+	blocks := len(t.model) / size
+	threads = max(1, min(threads, blocks))
+	depth = max(1, min(depth, blocks/threads))
+	total := depth * threads
+	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Block: fmtSize(size), Batch: depth, BatchAsked: askedDepth, Threads: threads, API: "batch"}
+	switch {
+	case threads < askedThreads:
+		res.Note = fmt.Sprintf("threads %d, batch %d (asked %d of %d): the %s buffer holds %d blocks of %s", threads, depth, askedThreads, askedDepth, fmtSize(len(t.model)), blocks, res.Block)
+	case depth < askedDepth:
+		res.Note = fmt.Sprintf("batch %d (asked %d): the %s buffer holds %d blocks of %s", depth, askedDepth, fmtSize(len(t.model)), blocks, res.Block)
+		if threads > 1 {
+			res.Note += fmt.Sprintf(", %d per thread", blocks/threads)
+		}
+	}
+	if useRing {
+		res.API = "ring"
+	}
+	opOf := func(slot int) moonring.Op {
+		switch {
+		case op != opMix:
+			return op
+		case slot%2 == 0:
+			return moonring.OpWrite
+		}
+		return moonring.OpRead
+	}
+	if op == opMix {
+		res.Op = "mix"
+	}
+	span := size * total
+	local, err := t.ini.Alloc(span, "cpu:0")
+	if err != nil {
+		return res, err
+	}
+	defer t.ini.Free(local)
+	for i := range local {
+		local[i] = byte(i*13 + size) // distinct from pattern: a READ that moves nothing shows
+	}
+	lid, err := t.ini.RegisterLocalMemory(local, "cpu:0", false)
+	if err != nil {
+		return res, err
+	}
+	defer t.ini.UnregisterLocalMemory(context.Background(), local)
+	rings := make([]*moonring.Ring, threads)
+	for k := range rings {
+		if rings[k], err = t.ini.NewRing(moonring.RingConfig{Entries: 1024}); err != nil {
+			return res, err
+		}
+		defer rings[k].Close()
+	}
+	entry := func(slot int, op moonring.Op) *moonring.Entry {
+		off := uint64(slot * size)
+		return &moonring.Entry{Op: op, Segment: t.seg, Buffer: lid, Local: off, Remote: t.base + off, Length: uint64(size), UserData: uint64(slot)}
+	}
+	type outcome struct {
+		requests int
+		elapsed  time.Duration
+		lat      []time.Duration
+		err      error
+	}
+	outs := make([]outcome, threads)
+	if t.progress != nil {
+		stop := t.progress(res, d)
+		defer stop()
+	}
+	var wg sync.WaitGroup
+	for k := range threads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := &outs[k]
+			if useRing {
+				o.requests, o.elapsed, o.lat, o.err = drive(ctx, rings[k], k*depth, depth, d, func(slot int) *moonring.Entry { return entry(slot, opOf(slot)) })
+				return
+			}
+			o.requests, o.elapsed, o.lat, o.err = driveBatches(ctx, t.ini, k*depth, depth, d, func(slot int) moonring.TransferRequest {
+				en := entry(slot, opOf(slot))
+				op := moonring.Read
+				if en.Op == moonring.OpWrite {
+					op = moonring.Write
+				}
+				return moonring.TransferRequest{Opcode: op, Source: moonring.AddressOf(local) + uintptr(en.Local), TargetID: t.seg, TargetOffset: en.Remote, Length: en.Length}
+			})
+		}()
+	}
+	wg.Wait()
+	var lat []time.Duration
+	for _, o := range outs {
+		if o.err != nil {
+			return res, t.stepError(o.err)
+		}
+		res.Requests += o.requests
+		res.GBps += float64(o.requests) * float64(size) / o.elapsed.Seconds() / 1e9
+		res.ReqPerSec += float64(o.requests) / o.elapsed.Seconds()
+		lat = append(lat, o.lat...)
+	}
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
+		res.P50us, res.P99us, res.P999us = pct(0.50), pct(0.99), pct(0.999)
+		var sum time.Duration
+		for _, l := range lat {
+			sum += l
+		}
+		res.MeanUs = float64(sum.Nanoseconds()) / float64(len(lat)) / 1e3
+	}
+	// Every written block was written with the same bytes each time.
+	written := 0
+	for slot := range total {
+		if opOf(slot) == moonring.OpWrite {
+			b := slot * size
+			copy(t.model[b:b+size], local[b:b+size])
+			written++
+		}
+	}
+	if !verify {
+		return res, nil
+	}
+	if written > 0 {
+		// Read the written blocks back into the local buffer, cleared first.
+		r := rings[0]
+		for slot := range total {
+			if opOf(slot) != moonring.OpWrite {
+				continue
+			}
+			clear(local[slot*size : (slot+1)*size])
+			if err := r.SubmitOne(entry(slot, moonring.OpRead)); err != nil {
+				return res, err
+			}
+		}
+		cqes := make([]moonring.Completion, written)
+		for got := 0; got < written; {
+			if err := r.CQ().Wait(ctx, 1); err != nil {
+				return res, err
+			}
+			n := r.PeekBatch(cqes)
+			for _, c := range cqes[:n] {
+				if err := c.Err(); err != nil {
+					return res, fmt.Errorf("reading the written blocks back: %w", t.stepError(err))
+				}
+			}
+			r.Advance(n)
+			got += n
+		}
+	}
+	if !bytes.Equal(local, t.model[:span]) {
+		return res, errors.New("the data differs from what the step wrote or the target held")
+	}
+	res.Verified = true
+	return res, nil
+}
+
+// driveBatches is drive through the batch API, as Mooncake's bench does:
+// rounds of one batch of depth requests (AllocateBatchID, SubmitTransfer,
+// WaitBatch, every status checked, FreeBatchID) for d after a warm-up of
+// d/5. A request's latency is its batch's.
+func driveBatches(ctx context.Context, e *moonring.Engine, first, depth int, d time.Duration, req func(slot int) moonring.TransferRequest) (int, time.Duration, []time.Duration, error) {
+	reqs := make([]moonring.TransferRequest, depth)
+	for i := range reqs {
+		reqs[i] = req(first + i)
+	}
+	st := make([]moonring.TransferStatus, depth)
+	lat := make([]time.Duration, 0, 1<<16)
+	requests := 0
+	t0 := time.Now()
+	warm, warmed := d/5, false
+	for {
+		now := time.Now()
+		if !warmed && now.Sub(t0) >= warm {
+			warmed, t0 = true, now
+			requests, lat = 0, lat[:0]
+		}
+		if warmed && now.Sub(t0) >= d {
+			return requests, time.Since(t0), lat, nil
+		}
+		id, err := e.AllocateBatchID(depth)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		if err := e.SubmitTransfer(id, reqs); err != nil {
+			e.WaitBatch(context.Background(), id) // what was pushed ends within its deadline
+			e.FreeBatchID(id)
+			return 0, 0, nil, err
+		}
+		if err := e.WaitBatch(ctx, id); err != nil {
+			for i := range reqs {
+				e.CancelTransfer(id, i)
+			}
+			e.WaitBatch(context.Background(), id) // canceled tasks end at once
+			e.FreeBatchID(id)
+			return 0, 0, nil, err
+		}
+		took := time.Since(now)
+		n, err := e.GetBatchTransferStatus(id, st)
+		if err == nil {
+			for i := range st[:n] {
+				if err = st[i].Err(); err != nil {
+					break
+				}
+			}
+		}
+		e.FreeBatchID(id)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		requests += depth
+		moved.Add(int64(depth) * int64(reqs[0].Length))
+		for range depth {
+			lat = append(lat, took)
+		}
+	}
+}
+
+// drive keeps depth requests in flight on r over the blocks first ..
+// first+depth-1 for d after a warm-up of d/5 (run and then forgotten: the
+// first requests pay for cold caches and connections). It returns the
+// requests measured, the time they took and their latencies.
+func drive(ctx context.Context, r *moonring.Ring, first, depth int, d time.Duration, entry func(slot int) *moonring.Entry) (int, time.Duration, []time.Duration, error) {
+	started := make([]time.Time, first+depth)
+	lat := make([]time.Duration, 0, 1<<16)
+	cqes := make([]moonring.Completion, depth)
+	submit := func(slot int) error {
+		started[slot] = time.Now()
+		return r.SubmitOne(entry(slot))
+	}
+	requests := 0
+	t0 := time.Now()
+	warm, warmed := d/5, false
+	for slot := first; slot < first+depth; slot++ {
+		if err := submit(slot); err != nil {
+			return 0, 0, nil, err
+		}
+	}
+	for inflight := depth; inflight > 0; {
+		n := r.PeekBatch(cqes)
+		if n == 0 {
+			if err := r.CQ().Wait(ctx, 1); err != nil {
+				return 0, 0, nil, err
+			}
+			continue
+		}
+		now := time.Now()
+		for _, c := range cqes[:n] {
+			if err := c.Err(); err != nil {
+				return 0, 0, nil, err
+			}
+			slot := int(c.UserData)
+			lat = append(lat, now.Sub(started[slot]))
+			requests++
+			moved.Add(int64(c.Bytes))
+			inflight--
+			if !warmed && now.Sub(t0) >= warm {
+				warmed, t0 = true, now
+				requests, lat = 0, lat[:0]
+			}
+			if !warmed || now.Sub(t0) < d {
+				if err := submit(slot); err != nil {
+					return 0, 0, nil, err
+				}
+				inflight++
+			}
+		}
+		r.Advance(n)
+	}
+	return requests, time.Since(t0), lat, nil
+}

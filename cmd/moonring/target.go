@@ -1,0 +1,344 @@
+// target.go holds what a bench sweep runs against: a second engine of this
+// process, or a target process (one bench starts on loopback, or another
+// given with --segment) reached over TCP or shm; opening its segment, what
+// its buffer holds, and the errors that say what became of it.
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/etcd"
+	"github.com/moonring/moonring/shm"
+	"github.com/moonring/moonring/tcp"
+)
+
+// pattern is what a bench target's buffer holds at offset i before any
+// WRITE: the initiator checks READs against it.
+func pattern(i int) byte { return byte(i*7 ^ i>>9) }
+
+// target is what a sweep runs against: an initiator engine, the target's
+// segment and buffer, and what the buffer holds.
+type target struct {
+	// progress, when set, shows a live line while a step runs; the
+	// function it returns ends it.
+	progress  func(res result, d time.Duration) func()
+	transport string
+	name      string // the target's segment
+	pid       int    // the target's process, when known
+	started   bool   // by this command
+	ini       *moonring.Engine
+	seg       moonring.SegmentID
+	base      uint64 // the remote buffer's address
+	model     []byte // what the remote buffer holds
+	closers   []func()
+	store     metadata.Store  // the initiator's, for asking after the target
+	exited    <-chan struct{} // closed when the target process this command started exits
+	exit      atomic.Pointer[error]
+}
+
+// firstLine is the stdout of a target process: it hands on the first line
+// (the target's "serving segment ..." line) and drops the rest.
+type firstLine struct {
+	line chan string
+	buf  []byte
+	sent bool
+}
+
+func (w *firstLine) Write(p []byte) (int, error) {
+	if w.sent {
+		return len(p), nil
+	}
+	w.buf = append(w.buf, p...)
+	if i := bytes.IndexByte(w.buf, '\n'); i >= 0 || len(w.buf) > 4096 {
+		if i < 0 {
+			i = len(w.buf)
+		}
+		w.line <- string(w.buf[:i])
+		w.sent, w.buf = true, nil
+	}
+	return len(p), nil
+}
+
+// openError says why the target's segment could not be opened, naming the
+// side that refused and what to check.
+func openError(name string, noKey bool, err error) error {
+	fix := "check that both sides hold the same key (--key-file FILE or " + keyEnv + ")"
+	switch {
+	case errors.Is(err, metadata.ErrForged):
+		if noKey {
+			break
+		}
+		return &explained{fmt.Sprintf("this process refused the descriptor of segment %s: it is not signed with this process's segment key, so the target runs with another key (or the descriptor was changed on its way); %s", name, fix), err}
+	case errors.Is(err, tcp.ErrPinMismatch):
+		return &explained{fmt.Sprintf("the target %s answered with a TLS certificate other than the one its descriptor pins (a relay on the path, or a target restarted since its descriptor was read)", name), err}
+	case noKey && (errors.Is(err, moonring.ErrDenied) || errors.Is(err, tcp.ErrAuth)):
+		return &explained{fmt.Sprintf("the target %s needs the segment key and this process has none: give it with --key-file FILE or %s", name, keyEnv), err}
+	case errors.Is(err, moonring.ErrDenied), errors.Is(err, tcp.ErrAuth):
+		return &explained{fmt.Sprintf("the target %s refused this process's segment key; %s", name, fix), err}
+	}
+	if noKey {
+		return fmt.Errorf("open segment %s (no segment key given: --key-file FILE or %s): %w", name, keyEnv, err)
+	}
+	return fmt.Errorf("open segment %s: %w", name, err)
+}
+
+// healthPID asks the p2p endpoint addr (a moonring serve) for its
+// process id on /healthz; 0 when it does not say.
+func healthPID(ctx context.Context, addr string) int {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var h healthInfo
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&h) != nil || h.Segment != addr {
+		return 0
+	}
+	return h.PID
+}
+
+// explained is an error told in the command's words: its text says what
+// happened and what to do, and it wraps the library's error for errors.Is
+// without printing its chain.
+type explained struct {
+	msg string
+	err error
+}
+
+func (e *explained) Error() string { return e.msg }
+
+func (e *explained) Unwrap() error { return e.err }
+
+// stepError says what became of the target when a step's requests failed:
+// a connection lost, a process that exited, a buffer withdrawn.
+func (t *target) stepError(err error) error {
+	if t.exited != nil {
+		select {
+		case <-t.exited:
+			return fmt.Errorf("the target process (pid %d) exited (%v), so the connection to it was lost: %w", t.pid, *t.exit.Load(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	gone := ""
+	if t.store != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if _, gerr := t.store.Get(ctx, t.name); gerr != nil {
+			gone = fmt.Sprintf(" (its segment is no longer published: %v)", gerr)
+		}
+		cancel()
+	}
+	switch {
+	case errors.Is(err, moonring.ErrDenied):
+		return fmt.Errorf("the target %s refused the requests: it no longer serves the buffer (stopping, or restarted)%s: %w", t.name, gone, err)
+	case errors.Is(err, moonring.ErrTransport), errors.Is(err, moonring.ErrTimeout):
+		return fmt.Errorf("the connection to the target %s was lost%s: %w", t.name, gone, err)
+	}
+	return err
+}
+
+func (t *target) close() {
+	for i := len(t.closers) - 1; i >= 0; i-- {
+		t.closers[i]()
+	}
+}
+
+// localTarget is a second engine of this process.
+func localTarget(ctx context.Context, size int) (*target, error) {
+	t := &target{transport: "local"}
+	ini, err := moonring.New(moonring.Config{})
+	if err != nil {
+		return nil, err
+	}
+	t.ini = ini
+	t.closers = append(t.closers, func() { ini.Close() })
+	tgt, err := moonring.New(moonring.Config{})
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	t.closers = append(t.closers, func() { tgt.Close() })
+	remote, err := tgt.Alloc(size, "cpu:0")
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	for i := range remote {
+		remote[i] = pattern(i)
+	}
+	if _, err := tgt.RegisterLocalMemory(remote, "cpu:0", true); err != nil {
+		t.close()
+		return nil, err
+	}
+	if t.seg, err = ini.OpenSegment(ctx, tgt.Name()); err != nil {
+		t.close()
+		return nil, err
+	}
+	t.base = uint64(moonring.AddressOf(remote))
+	t.model = bytes.Clone(remote)
+	t.name, t.pid = tgt.Name(), os.Getpid()
+	return t, nil
+}
+
+// remoteTarget opens the segment name over TCP or shm (proto), first
+// starting a target process on loopback when name is empty: that process
+// and this one then share a key made for the run. Otherwise the key comes
+// from keyFile or MOONRING_KEY (loadKey).
+func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, name, meta, localName, keyFile string, size int) (*target, error) {
+	if localName != "" && meta == "p2p" {
+		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
+	}
+	t := &target{transport: proto}
+	var key []byte
+	if name == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		key = newKey()
+		cmd := exec.Command(self, "bench", "--mode", "target", "--buffer-size", strconv.Itoa(size), "--metadata", meta)
+		if useTLS {
+			cmd.Args = append(cmd.Args, "--tls")
+		}
+		// The key through the environment, which only this user can read
+		// (/proc/PID/environ), not the command line, which anyone can.
+		cmd.Env = append(slices.DeleteFunc(os.Environ(), func(v string) bool { return strings.HasPrefix(v, keyEnv+"=") }),
+			keyEnv+"="+string(key))
+		cmd.Stderr = os.Stderr
+		// Its own process group: a Ctrl-C at the terminal ends the sweep,
+		// and the sweep then ends the target (stdin), not the signal.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if targetStarted != nil {
+			targetStarted(cmd, key)
+		}
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return nil, err
+		}
+		first := &firstLine{line: make(chan string, 1)}
+		cmd.Stdout = first
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start the target: %w", err)
+		}
+		exited := make(chan struct{})
+		go func() {
+			err := cmd.Wait()
+			t.exit.Store(&err)
+			close(exited)
+		}()
+		t.exited = exited
+		t.closers = append(t.closers, func() { stdin.Close(); <-exited })
+		t.pid, t.started = cmd.Process.Pid, true
+		var line string
+		select {
+		case line = <-first.line:
+		case <-exited:
+		case <-ctx.Done():
+		}
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "serving" || f[1] != "segment" {
+			t.close()
+			if e := t.exit.Load(); e != nil {
+				return nil, fmt.Errorf("the target process (pid %d) did not start: it exited (%v)", t.pid, *e)
+			}
+			return nil, fmt.Errorf("the target process (pid %d) did not start (it printed %q)", t.pid, line)
+		}
+		name = strings.TrimSuffix(f[2], ":")
+	} else {
+		var err error
+		if key, err = loadKey(keyFile); err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+	}
+	var store metadata.Store
+	var err error
+	switch {
+	case meta == "p2p":
+		store, err = metadata.NewP2P(metadata.P2PConfig{})
+	case strings.HasPrefix(meta, "etcd://"):
+		var ec etcd.Config
+		if ec, err = etcd.ParseURL(meta); err == nil {
+			store, err = etcd.New(ec)
+		}
+	default:
+		store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: meta, Key: key})
+	}
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	t.closers = append(t.closers, func() { store.Close() })
+	t.store = store
+	cfg := moonring.Config{Name: localName, Metadata: store, Transports: []string{proto}, TCP: &tcp.Config{Key: key}}
+	if proto == "shm" {
+		cfg.SHM = &shm.Config{NoMap: noMap}
+	}
+	ini, err := moonring.New(cfg)
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	t.ini = ini
+	t.closers = append(t.closers, func() { ini.Close() })
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	desc, err := store.Get(ctx, name)
+	if err != nil {
+		t.close()
+		return nil, fmt.Errorf("segment %s: %w", name, err)
+	}
+	if useTLS && !strings.Contains(desc.Endpoints[tcp.Name], "?tls=") {
+		t.close()
+		return nil, fmt.Errorf("bench --tls: the target %s serves plain TCP (its endpoint %q pins no certificate): start it with serve --tls, or leave out --tls", name, desc.Endpoints[tcp.Name])
+	}
+	if len(desc.Buffers) == 0 || desc.Buffers[0].Length < uint64(size) {
+		t.close()
+		return nil, fmt.Errorf("segment %s serves no buffer of %d bytes", name, size)
+	}
+	if t.seg, err = ini.OpenSegment(ctx, name); err != nil {
+		t.close()
+		return nil, openError(name, key == nil, err)
+	}
+	if t.transport, err = ini.SegmentTransport(t.seg); err != nil {
+		t.close()
+		return nil, err
+	}
+	if !t.started && meta == "p2p" {
+		t.pid = healthPID(ctx, name)
+	}
+	if t.transport == tcp.Name && strings.Contains(desc.Endpoints[tcp.Name], "?tls=") {
+		t.transport = "tcp/tls" // the endpoint pins a certificate: the initiator dials TLS
+	}
+	if t.transport == "shm" && noMap {
+		t.transport = "shm/process_vm"
+	}
+	t.name = name
+	t.base = desc.Buffers[0].Addr
+	t.model = make([]byte, size)
+	for i := range t.model {
+		t.model[i] = pattern(i)
+	}
+	return t, nil
+}
