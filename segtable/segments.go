@@ -68,6 +68,10 @@ type Segments[E any] struct {
 
 	t     table[Segment[E]]
 	local atomic.Pointer[Segment[E]]
+	// byName indexes the open segments by name, under t.mu: Find was a
+	// scan of every open segment, so opening n segments cost n² (the
+	// thousandth open took 20 times the first).
+	byName map[string][]*Segment[E]
 }
 
 // Open adds a segment and returns it with its new ID. staged is its Staged
@@ -81,6 +85,10 @@ func (ss *Segments[E]) Open(name string, desc *SegmentDesc, transportSlot int, s
 	if _, err := ss.t.insert(s, func(id uint32) { s.ID = SegmentID(id) }); err != nil {
 		return nil, err
 	}
+	if ss.byName == nil {
+		ss.byName = map[string][]*Segment[E]{}
+	}
+	ss.byName[name] = append(ss.byName[name], s)
 	return s, nil
 }
 
@@ -103,12 +111,14 @@ func (ss *Segments[E]) Get(id SegmentID) *Segment[E] {
 // Find returns the open segment with the given name, or nil. A segment
 // being closed is not found: it refuses new requests already.
 func (ss *Segments[E]) Find(name string) *Segment[E] {
+	ss.t.mu.Lock()
+	defer ss.t.mu.Unlock()
 	var found *Segment[E]
-	ss.t.each(func(s *Segment[E]) {
-		if s.Name == name && !s.Closing() {
-			found = s
+	for _, s := range ss.byName[name] {
+		if !s.Closing() {
+			found = s // the newest, as the scan by ID found it
 		}
-	})
+	}
 	return found
 }
 
@@ -140,5 +150,17 @@ func (ss *Segments[E]) Close(ctx context.Context, id SegmentID) (*Segment[E], er
 		return nil, fmt.Errorf("%w: segment %d", ErrNotFound, id)
 	}
 	ss.t.set(uint32(id), nil)
+	same := ss.byName[s.Name]
+	for i, x := range same {
+		if x == s {
+			same = append(same[:i], same[i+1:]...)
+			break
+		}
+	}
+	if len(same) == 0 {
+		delete(ss.byName, s.Name)
+	} else {
+		ss.byName[s.Name] = same
+	}
 	return s, nil
 }

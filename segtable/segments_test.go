@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -219,5 +220,48 @@ func TestFindSkipsClosing(t *testing.T) {
 	s.Release()
 	if err := <-closed; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFindByName: Find answers from the name index through opens and
+// closes, with several segments of one name (the newest open one wins).
+func TestFindByName(t *testing.T) {
+	var ss segtable.Segments[*endpoint]
+	a1, _ := ss.Open("a", desc("a"), 1, 0, &endpoint{"a1"}, nil)
+	b, _ := ss.Open("b", desc("b"), 1, 0, &endpoint{"b"}, nil)
+	a2, _ := ss.Open("a", desc("a"), 1, 0, &endpoint{"a2"}, nil)
+	if ss.Find("a") != a2 || ss.Find("b") != b || ss.Find("c") != nil {
+		t.Fatal("Find after the opens")
+	}
+	if _, err := ss.Close(context.Background(), a2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if ss.Find("a") != a1 {
+		t.Fatal("Find after closing the newer of two")
+	}
+	ss.Close(context.Background(), a1.ID)
+	ss.Close(context.Background(), b.ID)
+	if ss.Find("a") != nil || ss.Find("b") != nil {
+		t.Fatal("Find after closing every segment")
+	}
+}
+
+// BenchmarkFind is Find with n segments open: flat in n (it scanned them
+// all).
+func BenchmarkFind(b *testing.B) {
+	for _, n := range []int{1, 100, 1000, 10000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			var ss segtable.Segments[*endpoint]
+			for i := range n {
+				name := "seg-" + strconv.Itoa(i)
+				ss.Open(name, desc(name), 1, 0, &endpoint{name}, nil)
+			}
+			name := "seg-" + strconv.Itoa(n/2)
+			for b.Loop() {
+				if ss.Find(name) == nil {
+					b.Fatal("not found")
+				}
+			}
+		})
 	}
 }
