@@ -43,25 +43,31 @@ func newTCPPair(t *testing.T, size int) *tcpPair {
 	return p
 }
 
-func (p *tcpPair) write() moonring.TransferRequest {
-	return moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(p.local), TargetID: p.seg,
-		TargetOffset: uint64(moonring.AddressOf(p.remote)), Length: uint64(len(p.local))}
+func (p *tcpPair) write() moonring.TransferRequest { return p.writeAt(0, len(p.local)) }
+
+// writeAt is a WRITE of n bytes at off, from the local buffer to the
+// remote one. A canceled or timed-out WRITE may still have slices landing
+// at the target: tests that go on writing use other ranges.
+func (p *tcpPair) writeAt(off, n int) moonring.TransferRequest {
+	return moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(p.local[off:]), TargetID: p.seg,
+		TargetOffset: uint64(moonring.AddressOf(p.remote[off:])), Length: uint64(n)}
 }
 
 // TestTransferContextErrors: a Transfer whose context ends first fails
 // with an error that matches ErrCanceled and the context's own error, so a
 // caller tells its deadline from a CancelTransfer.
 func TestTransferContextErrors(t *testing.T) {
-	p := newTCPPair(t, 64<<20)
+	const part = 32 << 20
+	p := newTCPPair(t, 3*part)
 	canceled, cancel := context.WithCancel(t.Context())
 	cancel()
-	err := p.ini.Transfer(canceled, p.write())
+	err := p.ini.Transfer(canceled, p.writeAt(0, part))
 	if !errors.Is(err, moonring.ErrCanceled) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("Transfer with a canceled context: %v, want ErrCanceled and context.Canceled", err)
 	}
 	expired, cancel2 := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
 	defer cancel2()
-	err = p.ini.Transfer(expired, p.write())
+	err = p.ini.Transfer(expired, p.writeAt(part, part))
 	if !errors.Is(err, moonring.ErrCanceled) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Transfer past its deadline: %v, want ErrCanceled and context.DeadlineExceeded", err)
 	}
@@ -69,7 +75,7 @@ func TestTransferContextErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.ini.SubmitTransfer(id, []moonring.TransferRequest{p.write()}); err != nil {
+	if err := p.ini.SubmitTransfer(id, []moonring.TransferRequest{p.writeAt(2*part, part)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.ini.WaitBatch(expired, id); !errors.Is(err, context.DeadlineExceeded) {
