@@ -1,7 +1,11 @@
+// p2p.go holds the [P2P] store: its configuration, the endpoint that serves
+// the engine's own descriptor, and the Store methods. How peers are asked
+// is in p2p_fetch.go, how they are watched in pollwatch.go, the endpoint's
+// connection limits in p2p_limit.go.
+
 package metadata
 
 import (
-	"container/list"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -10,11 +14,9 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/moonring/moonring/internal/netaddr"
@@ -294,28 +296,6 @@ func p2pAdvertise(advertise string, addr *net.TCPAddr) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
-func p2pClient(tlsConfig *tls.Config) *http.Client {
-	tr := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          64,
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       time.Minute,
-		TLSHandshakeTimeout:   2 * time.Second,
-		ResponseHeaderTimeout: 5 * time.Second,
-	}
-	if tlsConfig != nil {
-		tr.TLSClientConfig = tlsConfig.Clone()
-	}
-	return &http.Client{
-		Transport: tr,
-		Timeout:   10 * time.Second,
-		CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse // a peer answers itself
-		},
-	}
-}
-
 // Name returns the host:port peers reach this store's endpoint at: the name
 // of the segment it publishes, which the engine uses as its segment name.
 func (p *P2P) Name() string { return p.name }
@@ -564,268 +544,6 @@ func etagMatch(header, etag string) bool {
 		}
 	}
 	return false
-}
-
-// segmentURL returns the address of the descriptor served under name, or
-// an error wrapping ErrNotFound when name is not a host:port: nothing can
-// be published under such a name.
-func (p *P2P) segmentURL(name string) (string, error) {
-	host, port, err := net.SplitHostPort(name)
-	if err == nil {
-		if host == "" {
-			err = errors.New("empty host")
-		} else if n, perr := strconv.ParseUint(port, 10, 16); perr != nil || n == 0 {
-			err = fmt.Errorf("bad port %q", port)
-		} else if i := strings.IndexFunc(host, badHostRune); i >= 0 {
-			err = fmt.Errorf("bad character %q in host", host[i])
-		}
-	}
-	if err != nil {
-		return "", fmt.Errorf("%w: a p2p segment name is a host:port (%v)", ErrNotFound, err)
-	}
-	u := url.URL{Scheme: p.scheme, Host: name, Path: p2pSegmentPath}
-	return u.String(), nil
-}
-
-// badHostRune reports a rune that has no place in a host name or an IP
-// address (with an IPv6 zone), so that a name cannot smuggle a path, user
-// or query into the URL.
-func badHostRune(r rune) bool {
-	switch {
-	case 'a' <= r && r <= 'z', 'A' <= r && r <= 'Z', '0' <= r && r <= '9':
-		return false
-	}
-	return !strings.ContainsRune(".-_:%", r)
-}
-
-// join returns a context done when ctx is or the store closes.
-func (p *P2P) join(ctx context.Context) (context.Context, context.CancelFunc) {
-	c, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(p.ctx, cancel)
-	return c, func() { stop(); cancel() }
-}
-
-// ctxErr returns the error of a fetch under p.join(ctx): ErrClosed when the
-// store closed, ctx's error when ctx is done, else err.
-func (p *P2P) ctxErr(ctx context.Context, err error) error {
-	switch {
-	case p.ctx.Err() != nil:
-		return ErrClosed
-	case ctx.Err() != nil:
-		return ctx.Err()
-	}
-	return err
-}
-
-// peerAnswer is what a fetch learned: a descriptor (desc, its body and
-// ETag), not-modified, or nothing published (desc nil, notModified false).
-type peerAnswer struct {
-	desc        *segtable.SegmentDesc
-	body        []byte
-	etag        string
-	notModified bool
-}
-
-// fetch asks the peer at u for the descriptor of name, sending
-// ifNoneMatch when not empty. It reads at most p2pMaxDesc bytes and
-// returns a validated descriptor of that name or an error.
-func (p *P2P) fetch(ctx context.Context, u, name, ifNoneMatch string) (peerAnswer, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return peerAnswer{}, fmt.Errorf("%w: %w", ErrUnreachable, err)
-	}
-	req.Header.Set("Accept", "application/json")
-	if ifNoneMatch != "" {
-		req.Header.Set("If-None-Match", ifNoneMatch)
-	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return peerAnswer{}, fmt.Errorf("%w: %w", ErrUnreachable, err)
-	}
-	defer resp.Body.Close()
-	switch {
-	case resp.StatusCode == http.StatusOK:
-	case resp.StatusCode == http.StatusNotModified && ifNoneMatch != "":
-		return peerAnswer{notModified: true}, nil
-	case resp.StatusCode == http.StatusNotFound:
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // lets the connection be reused
-		return peerAnswer{}, nil
-	default:
-		return peerAnswer{}, fmt.Errorf("%w: peer answered HTTP %s", ErrUnreachable, resp.Status)
-	}
-	return readDesc(resp, name, p2pMaxDesc, "peer")
-}
-
-// Defaults of the endpoint's limits in [P2PConfig].
-const (
-	// DefaultP2PMaxConns is P2PConfig.MaxConns's default.
-	DefaultP2PMaxConns = 256
-	// DefaultP2PMaxConnsPerHost is P2PConfig.MaxConnsPerHost's default.
-	DefaultP2PMaxConnsPerHost = 64
-)
-
-// P2PStats counts the connections of a [P2P] store's endpoint and what
-// its limits did to them ([P2PConfig.MaxConns]). The counters only grow,
-// from NewP2P on.
-type P2PStats struct {
-	// Conns is the connections open now.
-	Conns int
-	// Evicted counts connections closed between requests (idle, or not
-	// done sending a request's headers) to make room for a new one.
-	Evicted uint64
-	// Refused counts new connections closed at once because every
-	// connection in their way was in the middle of a request.
-	Refused uint64
-}
-
-// Stats returns the endpoint's connection counters. Safe for concurrent
-// use.
-func (p *P2P) Stats() P2PStats {
-	p.lim.mu.Lock()
-	n := p.lim.list.Len()
-	p.lim.mu.Unlock()
-	return P2PStats{Conns: n, Evicted: p.lim.evicted.Load(), Refused: p.lim.refused.Load()}
-}
-
-// connLimiter is the endpoint's listener: it tracks every connection it
-// accepted, in accept order, with its HTTP state (from the server's
-// ConnState hook), and keeps their number within max, and within perHost
-// for each remote IP. A connection past a bound takes the place of the
-// oldest connection in the same bound that is between requests, which is
-// closed (evicted); if all are in a request, the new one is closed
-// (refused). Idle connections held open, or slow headers, cannot lock
-// peers out that way, and nothing grows without bound.
-type connLimiter struct {
-	net.Listener
-	max, perHost int
-	logf         func(format string, args ...any)
-
-	mu     sync.Mutex
-	list   list.List      // of *limitConn, oldest first
-	byHost map[string]int // open connections per remote IP
-
-	evicted, refused atomic.Uint64
-	logMu            sync.Mutex
-	lastLog          [2]time.Time
-	notLogged        [2]int
-}
-
-// limitConn is one connection of a connLimiter.
-type limitConn struct {
-	net.Conn
-	l     *connLimiter
-	host  string
-	el    *list.Element // under l.mu; nil once forgotten
-	state atomic.Int32  // http.ConnState
-	once  sync.Once
-}
-
-// Close closes the connection and forgets it.
-func (c *limitConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(func() { c.l.forget(c) })
-	return err
-}
-
-func (l *connLimiter) forget(c *limitConn) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if c.el == nil {
-		return
-	}
-	l.list.Remove(c.el)
-	c.el = nil
-	if l.byHost[c.host]--; l.byHost[c.host] <= 0 {
-		delete(l.byHost, c.host)
-	}
-}
-
-// Accept returns the next connection within the bounds, evicting or
-// refusing as connLimiter says.
-func (l *connLimiter) Accept() (net.Conn, error) {
-	for {
-		nc, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		host := ""
-		if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
-			host = a.IP.String()
-		}
-		c := &limitConn{Conn: nc, l: l, host: host}
-		c.state.Store(int32(http.StateNew))
-		l.mu.Lock()
-		var victim *limitConn
-		full := false
-		switch {
-		case l.byHost[host] >= l.perHost:
-			victim, full = l.oldestIdle(host), true
-		case l.list.Len() >= l.max:
-			victim, full = l.oldestIdle(""), true
-		}
-		if full && victim == nil {
-			l.mu.Unlock()
-			nc.Close()
-			l.refused.Add(1)
-			l.log(1, "metadata p2p: connection from %s refused: every connection in its way is in a request (MaxConns %d, MaxConnsPerHost %d)", host, l.max, l.perHost)
-			continue
-		}
-		c.el = l.list.PushBack(c)
-		l.byHost[host]++
-		l.mu.Unlock()
-		if victim != nil {
-			victim.Close()
-			l.evicted.Add(1)
-			l.log(0, "metadata p2p: idle connection from %s closed to make room for one from %s (MaxConns %d, MaxConnsPerHost %d)", victim.host, host, l.max, l.perHost)
-		}
-		return c, nil
-	}
-}
-
-// oldestIdle returns the oldest connection (of host, when not empty)
-// that is between requests, or nil. l.mu is held.
-func (l *connLimiter) oldestIdle(host string) *limitConn {
-	for e := l.list.Front(); e != nil; e = e.Next() {
-		c := e.Value.(*limitConn)
-		if host != "" && c.host != host {
-			continue
-		}
-		if st := http.ConnState(c.state.Load()); st == http.StateNew || st == http.StateIdle {
-			return c
-		}
-	}
-	return nil
-}
-
-// connState is the server's ConnState hook: it records each connection's
-// state.
-func (l *connLimiter) connState(nc net.Conn, st http.ConnState) {
-	if u, ok := nc.(interface{ NetConn() net.Conn }); ok { // a TLS connection
-		nc = u.NetConn()
-	}
-	if c, ok := nc.(*limitConn); ok {
-		c.state.Store(int32(st))
-	}
-}
-
-// log logs one line a second at most per kind (0 evicted, 1 refused),
-// saying how many were not logged since.
-func (l *connLimiter) log(kind int, format string, args ...any) {
-	if l.logf == nil {
-		return
-	}
-	l.logMu.Lock()
-	now := time.Now()
-	if now.Sub(l.lastLog[kind]) < time.Second {
-		l.notLogged[kind]++
-		l.logMu.Unlock()
-		return
-	}
-	l.lastLog[kind] = now
-	n := l.notLogged[kind]
-	l.notLogged[kind] = 0
-	l.logMu.Unlock()
-	l.logf(format+" (%d more not logged)", append(args, n)...)
 }
 
 // logfWriter hands each line the HTTP server logs to a Logf.
