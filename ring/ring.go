@@ -285,18 +285,19 @@ func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
 // Submit copies entries into the SQ, in order, and returns how many it took.
 // When fewer than len(es) fit it returns ErrSQFull: reap completions, then
 // submit the rest. It makes no syscall while the poller is awake and does
-// not allocate. When the poller is parked, Submit steps its rings on the
-// caller's goroutine instead of waking it: the entries are checked and
-// posted to their transports (a TCP frame written) before it returns, and
-// only synchronous copies (local, shm) are left to the poller, which it
-// then wakes. Safe for concurrent use.
+// not allocate. When the poller is parked and the ring has no request in
+// flight, Submit steps the rings on the caller's goroutine instead of
+// waking the poller: the entries are checked and posted to their
+// transports (a TCP frame written) before it returns, and only
+// synchronous copies (local, shm) are left to the poller, which it then
+// wakes. Safe for concurrent use.
 func (r *Ring) Submit(es []sq.Entry) (int, error) {
 	if r.closed.Load() {
 		return 0, ErrClosed
 	}
 	n := r.sq.PushQuiet(es)
 	if n > 0 {
-		r.poller.lend() // a parked poller lends its rings: this goroutine posts the entries
+		r.poller.submitted(r) // a parked poller lends its rings: this goroutine may post the entries
 	}
 	if r.closed.Load() {
 		// Close came between the check above and the push, and its
