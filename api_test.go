@@ -8,7 +8,9 @@ import (
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/tcp"
+	"github.com/moonring/moonring/transport"
 )
 
 // tcpPair is an initiator and a target engine over TCP on one store, with
@@ -242,5 +244,59 @@ func TestTransferRequestForms(t *testing.T) {
 	err = p.ini.Transfer(t.Context(), w)
 	if !errors.Is(err, moonring.ErrTimeout) {
 		t.Fatalf("256 MiB with a 1 ms Timeout: %v, want ErrTimeout", err)
+	}
+}
+
+// stuckTransport is a transport whose UnregisterContext waits for its
+// context: a peer that never lets go of a buffer.
+type stuckTransport struct{}
+
+func (stuckTransport) Name() string                                             { return "stuck" }
+func (stuckTransport) Endpoint() string                                         { return "stuck" }
+func (stuckTransport) SliceSize() uint64                                        { return 0 }
+func (stuckTransport) Close() error                                             { return nil }
+func (stuckTransport) Unregister(*segtable.Buffer, segtable.Registration) error { return nil }
+func (stuckTransport) Register(*segtable.Buffer) (segtable.Registration, error) {
+	return segtable.Registration{Key: "k"}, nil
+}
+func (stuckTransport) Open(context.Context, *segtable.SegmentDesc) (transport.Endpoint, error) {
+	return nil, transport.ErrUnreachable
+}
+func (stuckTransport) UnregisterContext(ctx context.Context, _ *segtable.Buffer, _ segtable.Registration) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestFreeAfterStuckUnregister: memory whose unregister gave up while a
+// transport's peers still held it is not freed (unmapped under them) before
+// Close.
+func TestFreeAfterStuckUnregister(t *testing.T) {
+	e, err := moonring.New(moonring.Config{Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.InstallTransport(stuckTransport{}); err != nil {
+		t.Fatal(err)
+	}
+	buf, err := e.Alloc(1<<16, "cpu:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.RegisterLocalMemory(buf, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := e.UnregisterLocalMemory(ctx, buf); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("UnregisterLocalMemory with a stuck peer: %v", err)
+	}
+	if err := e.Free(buf); !errors.Is(err, moonring.ErrBusy) {
+		t.Fatalf("Free while peers may still move its bytes: %v, want ErrBusy", err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Free(buf); err != nil {
+		t.Fatalf("Free after Close: %v", err)
 	}
 }

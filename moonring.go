@@ -303,6 +303,15 @@ type Engine struct {
 	// withdrawn is set by RemoveLocalSegment and cleared by
 	// PublishLocalSegment; guarded by mu.
 	withdrawn bool
+	// retiring holds the memory of buffers whose transport unregister gave
+	// up on its context: Free refuses it until Close. Guarded by mu.
+	retiring []span
+}
+
+// span is a range of memory.
+type span struct {
+	addr   uintptr
+	length uint64
 }
 
 // Notification is what a peer's WRITE with FlagNotify (or a

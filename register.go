@@ -164,6 +164,9 @@ func (e *Engine) UnregisterLocalMemoryBatch(ctx context.Context, bufs [][]byte) 
 		for slot, t := range e.transports {
 			if terr := e.unregisterFromContext(ctx, t, slot, b); terr != nil {
 				err = errors.Join(err, fmt.Errorf("moonring: unregister memory from %s: %w", t.Name(), terr))
+				// Peers may still be moving its bytes: Free must not unmap
+				// the memory under them before Close has cut them off.
+				e.retiring = append(e.retiring, span{b.Addr, b.Length})
 			}
 		}
 		e.mu.Unlock()
@@ -216,7 +219,9 @@ func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 }
 
 // Free releases memory from Alloc. It refuses memory still registered
-// (ErrRegistered).
+// (ErrRegistered), and memory of a buffer whose unregister gave up on its
+// context while peers still moved its bytes (ErrBusy: free it after
+// Close).
 func (e *Engine) Free(b []byte) error {
 	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 	hi := lo + uintptr(cap(b))
@@ -225,6 +230,14 @@ func (e *Engine) Free(b []byte) error {
 			return fmt.Errorf("moonring: free: buffer %d lies in this memory (unregister it first): %w", x.ID, ErrRegistered)
 		}
 	}
+	e.mu.Lock()
+	for _, s := range e.retiring {
+		if s.addr < hi && lo < s.addr+uintptr(s.length) && !e.closed.Load() {
+			e.mu.Unlock()
+			return fmt.Errorf("moonring: free: peers may still move the bytes of a buffer in this memory (its unregister gave up on its context): free it after Close: %w", ErrBusy)
+		}
+	}
+	e.mu.Unlock()
 	for _, t := range e.installed() {
 		d, ok := t.(transport.DeviceMemory)
 		if !ok {

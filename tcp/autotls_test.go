@@ -403,3 +403,17 @@ func TestRelayTampering(t *testing.T) {
 		t.Logf("AutoTLS: the WRITE failed: %v", err)
 	})
 }
+
+// TestAutoTLSRefusesPinless: an AutoTLS initiator does not talk plain to a
+// peer whose endpoint pins nothing, so a replayed older descriptor of a
+// target (from before it ran AutoTLS) cannot strip TLS; and a republished
+// descriptor without the pin does not move an open endpoint to it.
+func TestAutoTLSRefusesPinless(t *testing.T) {
+	plain := newSide(t, Config{})
+	remote := plain.register(t, plain.alloc(t, 4096, 1), true)
+	init := newSide(t, Config{AutoTLS: true, Key: plain.k})
+	_, err := init.tr.Open(context.Background(), plain.desc(plain.tr.Addr(), remote))
+	if !errors.Is(err, ErrNoPin) || !errors.Is(err, ErrPinMismatch) {
+		t.Fatalf("Open of a pinless endpoint from an AutoTLS transport: %v, want ErrNoPin", err)
+	}
+}

@@ -50,6 +50,10 @@ var (
 	// endpoint pins (Config.AutoTLS): someone else answered at its
 	// address, a relay perhaps. It wraps ErrAuth.
 	ErrPinMismatch = fmt.Errorf("%w: the peer's TLS certificate is not the one its endpoint pins", ErrAuth)
+	// ErrNoPin: an AutoTLS initiator refused a peer whose endpoint pins no
+	// certificate (a target without AutoTLS, or an older descriptor of it
+	// replayed). It wraps ErrPinMismatch.
+	ErrNoPin = fmt.Errorf("%w: the endpoint pins no certificate, and this transport speaks only TLS (AutoTLS)", ErrPinMismatch)
 	// ErrProtocol: the peer broke the framing; the connection is closed.
 	ErrProtocol = errors.New("tcp: protocol error")
 )

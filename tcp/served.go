@@ -31,8 +31,13 @@ func (s *served) add(o *served) {
 // apart; past it they are added up under the zero address.
 const maxRetired = 4096
 
-// retire keeps what pc served once it ends. mu must be held.
+// retire keeps what pc served once it ends. A connection that served
+// nothing (one that never proved the key, say) leaves no trace: sources
+// without the key must not fill the table. mu must be held.
 func (t *Transport) retire(pc *peerConn) {
+	if pc.served.reads.Load()+pc.served.writes.Load()+pc.served.denied.Load() == 0 {
+		return
+	}
 	src := pc.src
 	r := t.retired[src]
 	if r == nil {

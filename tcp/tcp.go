@@ -91,8 +91,10 @@ type Config struct {
 	// publishes the SHA-256 of the certificate ("?tls=<hex>", see
 	// Fingerprint). A peer that reads the endpoint from a descriptor the
 	// engine signed dials TLS and accepts only that certificate, so that a
-	// relay on the path can neither read nor change the frames. The
-	// initiator presents the certificate too. Not with TLS.
+	// relay on the path can neither read nor change the frames. An AutoTLS
+	// initiator speaks only TLS: a peer whose endpoint pins no certificate
+	// is refused (ErrNoPin), so that a replayed older descriptor cannot
+	// strip the pin. Not with TLS.
 	AutoTLS bool
 	// DialTimeout bounds a dial and its hello (default 5 s). Open dials
 	// again, with backoff, within DialTimeout when the target closed the
@@ -427,6 +429,11 @@ func (t *Transport) parseEndpoint(ep string) (addr string, key, pin []byte, err 
 	addr, k, open := strings.Cut(rest, "/")
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return "", nil, nil, fmt.Errorf("tcp: bad endpoint %q: %w", ep, err)
+	}
+	if pin == nil && t.cfg.AutoTLS {
+		// Not even in plain to a peer that pins nothing: an older
+		// descriptor of the same name, replayed, would strip the pin.
+		return "", nil, nil, fmt.Errorf("tcp: endpoint %q: %w", ep, ErrNoPin)
 	}
 	if !open {
 		if t.open {

@@ -12,12 +12,11 @@ import (
 var _ transport.ContextUnregisterer = (*Transport)(nil)
 
 // UnregisterContext is Unregister with its wait bounded by ctx: it stops
-// new frames from taking the buffer and waits for those moving its bytes,
-// each of which FrameTimeout bounds, until ctx ends. It then returns an
-// error wrapping ctx's and leaves the buffer registered: peers already
-// inside it may go on until Close, which closes their connections and
-// waits for their goroutines, so the memory may be reused only after
-// Close. Safe for concurrent use.
+// serving the buffer at once (no new frame finds it) and waits for the
+// frames already moving its bytes, each of which FrameTimeout bounds,
+// until ctx ends. It then returns an error wrapping ctx's: those frames
+// may go on until they end or Close closes their connections, so the
+// memory may be reused only after Close. Safe for concurrent use.
 func (t *Transport) UnregisterContext(ctx context.Context, b *segtable.Buffer, reg segtable.Registration) error {
 	if !b.Remote {
 		return nil
@@ -31,12 +30,15 @@ func (t *Transport) UnregisterContext(ctx context.Context, b *segtable.Buffer, r
 	if r == nil {
 		return fmt.Errorf("tcp: unregister buffer %d: %w", b.ID, segtable.ErrNotFound)
 	}
+	// Out of the table first: a drain that gives up reopens the region to
+	// references, and it must not be found by new frames then (they were
+	// served with the old key for as long as the transport lived).
+	t.mu.Lock()
+	rs := slices.DeleteFunc(slices.Clone(*t.regs.Load()), func(x *region) bool { return x == r })
+	t.regs.Store(&rs)
+	t.mu.Unlock()
 	if err := r.ref.Drain(ctx); err != nil {
 		return fmt.Errorf("tcp: unregister buffer %d: %w", b.ID, err)
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	rs := slices.DeleteFunc(slices.Clone(*t.regs.Load()), func(x *region) bool { return x == r })
-	t.regs.Store(&rs)
 	return nil
 }
