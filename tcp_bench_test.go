@@ -174,6 +174,19 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+	// MOONRING_BENCH_TAIL=1 adds the tail: p90, p999 and how many took
+	// over 500 µs (issue 21 traced its millisecond tail with it).
+	if os.Getenv("MOONRING_BENCH_TAIL") != "" {
+		b.ReportMetric(float64(lat[len(lat)*9/10].Nanoseconds())/1e3, "p90-µs")
+		b.ReportMetric(float64(lat[len(lat)*999/1000].Nanoseconds())/1e3, "p999-µs")
+		n := 0
+		for _, d := range lat {
+			if d > 500*time.Microsecond {
+				n++
+			}
+		}
+		b.ReportMetric(float64(n), "over500µs")
+	}
 }
 
 // dialChild connects to a raw baseline child.
@@ -264,3 +277,102 @@ func benchConfig() moonring.Config {
 }
 
 var _ = fmt.Sprint
+
+// BenchmarkTCPBatchVsRing does the same work through both APIs, in one
+// run: rounds of 32 requests of 4 KiB over loopback TCP, each round
+// submitted at once and waited for whole. api=ring submits the 32 entries
+// with Submit and waits with CQ().Wait(32); api=batch submits them with
+// SubmitTransfer to a batch allocated once and waits with WaitBatch (the
+// batch is freed and allocated again every 4096 rounds: a BatchID's tasks
+// cannot be reused). The ratio of the two req/s is the batch API's cost.
+func BenchmarkTCPBatchVsRing(b *testing.B) {
+	const size, depth = 4 << 10, 32
+	for _, op := range []moonring.Op{moonring.OpWrite, moonring.OpRead} {
+		for _, api := range []string{"ring", "batch"} {
+			b.Run(fmt.Sprintf("op=%s/api=%s", op, api), func(b *testing.B) {
+				span := size * depth
+				c := startChild(b, "target", "MOONRING_SIZE="+strconv.Itoa(span))
+				e, seg, d := remoteEngine(b, c, benchConfig())
+				buf, err := e.Alloc(span, "cpu:0")
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer e.Free(buf)
+				id, err := e.RegisterLocalMemory(buf, "cpu:0", false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer e.UnregisterLocalMemory(b.Context(), buf)
+				ctx := b.Context()
+				b.SetBytes(size * depth)
+				if api == "ring" {
+					r, err := e.NewRing(moonring.RingConfig{Entries: 64})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer r.Close()
+					es := make([]moonring.Entry, depth)
+					for i := range es {
+						es[i] = moonring.Entry{Op: op, Segment: seg, Buffer: id, Local: uint64(i * size), Remote: d.Buffers[0].Addr + uint64(i*size), Length: size, UserData: uint64(i)}
+					}
+					cqes := make([]moonring.Completion, depth)
+					b.ReportAllocs()
+					for b.Loop() {
+						if n, err := r.Submit(es); err != nil || n != depth {
+							b.Fatal(n, err)
+						}
+						if err := r.CQ().Wait(ctx, depth); err != nil {
+							b.Fatal(err)
+						}
+						n := r.PeekBatch(cqes)
+						for _, c := range cqes[:n] {
+							if err := c.Err(); err != nil {
+								b.Fatal(err)
+							}
+						}
+						r.Advance(n)
+					}
+				} else {
+					reqs := make([]moonring.TransferRequest, depth)
+					for i := range reqs {
+						reqs[i] = moonring.TransferRequest{Opcode: op, Buffer: id, Local: uint64(i * size), TargetID: seg, TargetOffset: d.Buffers[0].Addr + uint64(i*size), Length: size}
+					}
+					const rounds = 4096
+					bid, err := e.AllocateBatchID(depth * rounds)
+					if err != nil {
+						b.Fatal(err)
+					}
+					round := 0
+					b.ReportAllocs()
+					for b.Loop() {
+						if round == rounds {
+							// Outside the loop's work, but rare: 1 in 4096.
+							if err := e.FreeBatchID(bid); err != nil {
+								b.Fatal(err)
+							}
+							if bid, err = e.AllocateBatchID(depth * rounds); err != nil {
+								b.Fatal(err)
+							}
+							round = 0
+						}
+						if err := e.SubmitTransfer(bid, reqs); err != nil {
+							b.Fatal(err)
+						}
+						if err := e.WaitBatch(ctx, bid); err != nil {
+							b.Fatal(err)
+						}
+						for i := round * depth; i < (round+1)*depth; i++ {
+							s, err := e.GetTransferStatus(bid, i)
+							if err != nil || s.Err() != nil {
+								b.Fatal(i, err, s.Err())
+							}
+						}
+						round++
+					}
+					e.FreeBatchID(bid)
+				}
+				b.ReportMetric(float64(b.N*depth)/b.Elapsed().Seconds(), "req/s")
+			})
+		}
+	}
+}

@@ -4,7 +4,8 @@
 # (nftables), which emulates packet loss on kernels built without netem;
 # the etcd server (etcd-server) that the etcd store's tests
 # (metadata/etcd_test.go) start; and libfabric (libfabric-dev,
-# libfabric-bin) for the efa transport's tests (make test-efa). It
+# libfabric-bin) for the efa transport's tests (make test-efa); sockperf
+# and qperf for scripts/bench-latency.sh. It
 # installs with apt-get and so needs root; it does nothing when every
 # tool is there. netns_test.go and the etcd tests run it themselves when a
 # tool is missing; it may also be run by hand or from CI before the tests.
@@ -32,6 +33,10 @@ command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || add etcd-server
 # software providers (tcp;ofi_rxm, shm): headers, library and fi_info.
 [ -f /usr/include/rdma/fabric.h ] || add libfabric-dev
 command -v fi_info >/dev/null 2>&1 || add libfabric-bin
+# scripts/bench-latency.sh: the raw TCP ping-pongs moonring's latency is
+# measured against.
+command -v sockperf >/dev/null 2>&1 || add sockperf
+command -v qperf >/dev/null 2>&1 || add qperf
 
 if [ -z "$need" ]; then
 	exit 0
