@@ -9,6 +9,7 @@ import (
 	"container/list"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +58,7 @@ type connLimiter struct {
 	net.Listener
 	max, perHost int
 	logf         func(format string, args ...any)
+	what         string // names the listener in log lines ("metadata p2p")
 
 	mu     sync.Mutex
 	list   list.List      // of *limitConn, oldest first
@@ -106,10 +108,7 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		host := ""
-		if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
-			host = a.IP.String()
-		}
+		host := sourceOf(nc.RemoteAddr())
 		c := &limitConn{Conn: nc, l: l, host: host}
 		c.state.Store(int32(http.StateNew))
 		l.mu.Lock()
@@ -125,7 +124,7 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			l.mu.Unlock()
 			nc.Close()
 			l.refused.Add(1)
-			l.log(1, "metadata p2p: connection from %s refused: every connection in its way is in a request (MaxConns %d, MaxConnsPerHost %d)", host, l.max, l.perHost)
+			l.log(1, "%s: connection from %s refused: every connection in its way is in a request (MaxConns %d, MaxConnsPerHost %d)", l.name(), host, l.max, l.perHost)
 			continue
 		}
 		c.el = l.list.PushBack(c)
@@ -134,10 +133,44 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		if victim != nil {
 			victim.Close()
 			l.evicted.Add(1)
-			l.log(0, "metadata p2p: idle connection from %s closed to make room for one from %s (MaxConns %d, MaxConnsPerHost %d)", victim.host, host, l.max, l.perHost)
+			l.log(0, "%s: idle connection from %s closed to make room for one from %s (MaxConns %d, MaxConnsPerHost %d)", l.name(), victim.host, host, l.max, l.perHost)
 		}
 		return c, nil
 	}
+}
+
+func (l *connLimiter) name() string {
+	if l.what == "" {
+		return "metadata p2p"
+	}
+	return l.what
+}
+
+// open returns how many connections are open.
+func (l *connLimiter) open() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.list.Len()
+}
+
+// sourceOf names a connection's source for the per-host bound: its IP, an
+// IPv6 one masked to its /64 (a host has a /64 to pick addresses from).
+func sourceOf(a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	ip, ok := netip.AddrFromSlice(ta.IP)
+	if !ok {
+		return ""
+	}
+	ip = ip.Unmap()
+	if ip.Is6() {
+		if p, err := ip.Prefix(64); err == nil {
+			return p.String()
+		}
+	}
+	return ip.String()
 }
 
 // oldestIdle returns the oldest connection (of host, when not empty)

@@ -73,6 +73,8 @@ const (
 	// DefaultMaxConns is how many connections [Server.LimitListener]
 	// keeps open at once unless ServerConfig.MaxConns says otherwise.
 	DefaultMaxConns = 512
+	// DefaultMaxConnsPerHost is how many of them one source may hold.
+	DefaultMaxConnsPerHost = 64
 	// DefaultMaxHeaderBytes bounds the header of a request to
 	// [Server.HTTPServer] unless ServerConfig.MaxHeaderBytes says
 	// otherwise (net/http allows 4 KiB more; past that it answers 431).
@@ -127,8 +129,13 @@ type ServerConfig struct {
 	// default [DefaultMaxBytes]. It must be at least MaxDescriptor.
 	MaxBytes int64
 	// MaxConns caps the connections a listener from
-	// [Server.LimitListener] keeps open; default [DefaultMaxConns].
-	MaxConns int
+	// [Server.LimitListener] keeps open, and MaxConnsPerHost those from
+	// one source (an IPv6 one counted by its /64); defaults
+	// [DefaultMaxConns] and [DefaultMaxConnsPerHost]. Past either, a new
+	// connection takes the place of the oldest idle one in its way, so
+	// that idle connections cannot lock peers out.
+	MaxConns        int
+	MaxConnsPerHost int
 	// MaxHeaderBytes, ReadHeaderTimeout, ReadTimeout, WriteTimeout and
 	// IdleTimeout are those of the http.Server from [Server.HTTPServer];
 	// defaults [DefaultMaxHeaderBytes], [DefaultReadHeaderTimeout],
@@ -171,8 +178,11 @@ type ServerStats struct {
 	TooManyNames uint64
 	TooManyBytes uint64
 	// ConnsRefused counts connections closed at accept because MaxConns
-	// were open.
+	// (or MaxConnsPerHost) were open and every one in the way was in a
+	// request; ConnsEvicted idle connections closed to make room for a
+	// new one.
 	ConnsRefused uint64
+	ConnsEvicted uint64
 	// Busy counts PUTs refused (503, Retry-After: 1) because the bodies
 	// of others being read at once already added up to 32
 	// MaxDescriptors.
@@ -278,25 +288,27 @@ type ServerStats struct {
 // which stops expiries and makes it answer 503; serving it (an
 // [http.Server], its listener and shutdown) is the caller's.
 type Server struct {
-	cfg          ServerConfig // with defaults filled in
-	dir          string       // "" without a Dir
-	maxTTL       time.Duration
-	ownerKey     []byte           // nil without ServerConfig.Key
-	signer       *segtable.Signer // nil without ServerConfig.Key: checks descriptors' signatures
-	requireOwner bool
-	maxDesc      int
-	maxNames     int
-	maxBytes     int64
-	maxConns     int
-	logf         func(string, ...any)
-	mux          *http.ServeMux
+	cfg             ServerConfig // with defaults filled in
+	dir             string       // "" without a Dir
+	maxTTL          time.Duration
+	ownerKey        []byte           // nil without ServerConfig.Key
+	signer          *segtable.Signer // nil without ServerConfig.Key: checks descriptors' signatures
+	requireOwner    bool
+	maxDesc         int
+	maxNames        int
+	maxBytes        int64
+	maxConns        int
+	maxConnsPerHost int
+	logf            func(string, ...any)
+	mux             *http.ServeMux
 
 	// authLog, sizeLog, namesLog, bytesLog and busyLog log refusals of
 	// credentials, sizes, quotas and reads; connLog connections refused;
 	// httpLog http.Server's errors.
 	authLog, sizeLog, namesLog, bytesLog, busyLog, connLog, httpLog *rateLog
 
-	conns atomic.Int64 // open through LimitListener
+	limMu sync.Mutex
+	lims  []*connLimiter // the listeners from LimitListener
 	stats struct {
 		unauthenticated, forbidden, tooLarge, tooManyNames, tooManyBytes, connsRefused, busy atomic.Uint64
 	}
@@ -361,32 +373,36 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.MaxConns == 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
+	if cfg.MaxConnsPerHost == 0 {
+		cfg.MaxConnsPerHost = min(DefaultMaxConnsPerHost, cfg.MaxConns)
+	}
 	if cfg.MaxHeaderBytes == 0 {
 		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
 	switch {
 	case cfg.MaxTTL < MinTTL:
 		return nil, fmt.Errorf("metadata server: MaxTTL %v is below the minimum time to live, %v", cfg.MaxTTL, MinTTL)
-	case cfg.MaxDescriptor < 0, cfg.MaxNames < 0, cfg.MaxBytes < 0, cfg.MaxConns < 0, cfg.MaxHeaderBytes < 0,
+	case cfg.MaxDescriptor < 0, cfg.MaxNames < 0, cfg.MaxBytes < 0, cfg.MaxConns < 0, cfg.MaxConnsPerHost < 0, cfg.MaxHeaderBytes < 0,
 		cfg.ReadHeaderTimeout < 0, cfg.ReadTimeout < 0, cfg.WriteTimeout < 0, cfg.IdleTimeout < 0:
 		return nil, errors.New("metadata server: negative limit")
 	case cfg.MaxBytes < int64(cfg.MaxDescriptor):
 		return nil, fmt.Errorf("metadata server: MaxBytes %d below MaxDescriptor %d", cfg.MaxBytes, cfg.MaxDescriptor)
 	}
 	s := &Server{
-		cfg:          cfg,
-		dir:          cfg.Dir,
-		maxTTL:       cfg.MaxTTL,
-		ownerKey:     newOwnerKey(cfg.Key),
-		signer:       newSigner(cfg.Key),
-		requireOwner: cfg.RequireOwner,
-		maxDesc:      cfg.MaxDescriptor,
-		maxNames:     cfg.MaxNames,
-		maxBytes:     cfg.MaxBytes,
-		maxConns:     cfg.MaxConns,
-		logf:         cfg.Logf,
-		entries:      make(map[string]*serverEntry),
-		rev:          uint64(max(time.Now().UnixNano(), 0)),
+		cfg:             cfg,
+		dir:             cfg.Dir,
+		maxTTL:          cfg.MaxTTL,
+		ownerKey:        newOwnerKey(cfg.Key),
+		signer:          newSigner(cfg.Key),
+		requireOwner:    cfg.RequireOwner,
+		maxDesc:         cfg.MaxDescriptor,
+		maxNames:        cfg.MaxNames,
+		maxBytes:        cfg.MaxBytes,
+		maxConns:        cfg.MaxConns,
+		maxConnsPerHost: cfg.MaxConnsPerHost,
+		logf:            cfg.Logf,
+		entries:         make(map[string]*serverEntry),
+		rev:             uint64(max(time.Now().UnixNano(), 0)),
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
@@ -502,16 +518,18 @@ func (s *Server) Stats() ServerStats {
 	s.mu.Lock()
 	names, bytes := len(s.entries), s.bytes
 	s.mu.Unlock()
+	conns, refused, evicted := s.connStats()
 	return ServerStats{
 		Names:           names,
 		Bytes:           bytes,
-		Conns:           int(s.conns.Load()),
+		Conns:           conns,
+		ConnsEvicted:    evicted,
 		Unauthenticated: s.stats.unauthenticated.Load(),
 		Forbidden:       s.stats.forbidden.Load(),
 		TooLarge:        s.stats.tooLarge.Load(),
 		TooManyNames:    s.stats.tooManyNames.Load(),
 		TooManyBytes:    s.stats.tooManyBytes.Load(),
-		ConnsRefused:    s.stats.connsRefused.Load(),
+		ConnsRefused:    refused,
 		Busy:            s.stats.busy.Load(),
 	}
 }

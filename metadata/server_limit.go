@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -58,55 +57,39 @@ func (l *rateLog) Write(p []byte) (int, error) {
 }
 
 // LimitListener returns ln limited to ServerConfig.MaxConns connections
-// open at once: a connection accepted past the cap is closed at once,
-// before anything is read from it, counted (ServerStats.ConnsRefused) and
-// logged at most once every ten seconds. Connections count from their
-// accept until their Close; an idle one is closed by the http.Server of
-// [Server.HTTPServer] after its ReadHeaderTimeout (before its first request)
-// or IdleTimeout (between requests), giving its place back.
+// open at once, and MaxConnsPerHost from one source (an IPv6 one counted
+// by its /64). A connection past either bound takes the place of the
+// oldest connection in its way that is between requests, which is closed
+// (ServerStats.ConnsEvicted); if every one is in a request, the new one is
+// closed at once, before anything is read from it (ConnsRefused). Both are
+// logged at most once a second. So idle connections held open, or slow
+// headers, cannot lock peers out, and one source cannot take every place.
+// Serve it with [Server.HTTPServer], whose ConnState hook tells it which
+// connections are between requests.
 //
-// The cap is the server's, shared by every listener it limits. The returned
-// listener is safe for concurrent use; closing it closes ln, and the
-// connections it returned live until they are closed.
+// Each listener it returns keeps its own bounds. It is safe for concurrent
+// use; closing it closes ln, and the connections it returned live until
+// they are closed.
 func (s *Server) LimitListener(ln net.Listener) net.Listener {
-	return &serverListener{Listener: ln, s: s}
+	l := &connLimiter{Listener: ln, max: s.maxConns, perHost: s.maxConnsPerHost, logf: s.cfg.Logf,
+		what: "metadata server", byHost: map[string]int{}}
+	s.limMu.Lock()
+	s.lims = append(s.lims, l)
+	s.limMu.Unlock()
+	return l
 }
 
-type serverListener struct {
-	net.Listener
-	s *Server
-}
-
-func (l *serverListener) Accept() (net.Conn, error) {
-	s := l.s
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if s.conns.Add(1) > int64(s.maxConns) {
-			s.conns.Add(-1)
-			c.Close()
-			s.stats.connsRefused.Add(1)
-			s.connLog.printf("refused a connection from %s: %d connections open, the most this server keeps (MaxConns)", c.RemoteAddr(), s.maxConns)
-			continue
-		}
-		return &serverConn{Conn: c, open: &s.conns}, nil
+// connStats adds up the limiters' counts: connections open, refused and
+// evicted.
+func (s *Server) connStats() (open int, refused, evicted uint64) {
+	s.limMu.Lock()
+	defer s.limMu.Unlock()
+	for _, l := range s.lims {
+		open += l.open()
+		refused += l.refused.Load()
+		evicted += l.evicted.Load()
 	}
-}
-
-// serverConn gives its place back once, at its first Close.
-type serverConn struct {
-	net.Conn
-	open   *atomic.Int64
-	closed atomic.Bool
-}
-
-func (c *serverConn) Close() error {
-	if c.closed.CompareAndSwap(false, true) {
-		c.open.Add(-1)
-	}
-	return c.Conn.Close()
+	return open, refused, evicted
 }
 
 // HTTPServer returns an [http.Server] that serves s with the limits of its
@@ -125,5 +108,8 @@ func (s *Server) HTTPServer() *http.Server {
 		WriteTimeout:      s.cfg.WriteTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
 		ErrorLog:          log.New(s.httpLog, "", 0),
+		// Tells a LimitListener's limiter which connections are between
+		// requests (any limiter can record it: it knows its own).
+		ConnState: (*connLimiter)(nil).connState,
 	}
 }
