@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/moonring/moonring/internal/mem"
@@ -176,7 +177,16 @@ func (e *Engine) UnregisterLocalMemoryBatch(ctx context.Context, bufs [][]byte) 
 	defer e.mu.Unlock()
 	e.self.SetDesc(e.desc(false))
 	if remote && !e.closed.Load() {
-		err = errors.Join(err, e.publish())
+		// Within the caller's deadline too (serve's grace), give or take a
+		// second for the store: a slow store must not hold the caller long
+		// past it, and a deadline just missed still publishes.
+		budget := e.cfg.Timeout
+		if d, ok := ctx.Deadline(); ok {
+			budget = min(budget, max(time.Until(d), time.Second))
+		}
+		pctx, cancel := context.WithTimeout(context.Background(), budget)
+		err = errors.Join(err, e.publishCtx(pctx))
+		cancel()
 	}
 	return err
 }
