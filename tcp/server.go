@@ -22,6 +22,9 @@ import (
 
 const helloTimeout = 10 * time.Second
 
+// errTLSHandshake wraps the error of a TLS handshake that failed.
+var errTLSHandshake = errors.New("tcp: tls")
+
 // serve runs the hello and then the frames of one connection.
 func (t *Transport) serve(pc *peerConn) error {
 	raw := pc.c
@@ -54,7 +57,7 @@ func (t *Transport) serve(pc *peerConn) error {
 	if first[0] == 0x16 && t.cfg.TLS != nil { // a TLS ClientHello
 		tc := tls.Server(conn, t.cfg.TLS)
 		if err := tc.Handshake(); err != nil {
-			return fmt.Errorf("tcp: tls: %w", err)
+			return fmt.Errorf("%w: %w", errTLSHandshake, err)
 		}
 		conn = tc
 		br = bufio.NewReaderSize(tc, 64<<10)
