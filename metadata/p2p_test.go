@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -139,19 +140,153 @@ func TestP2PRemoteLifecycle(t *testing.T) {
 	if !errors.Is(err, metadata.ErrUnreachable) || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), b.String()) {
 		t.Fatalf("Get of a dead peer: %v, want ErrUnreachable naming the store and %s", err, addr)
 	}
+}
 
-	// It restarts at the same address with a new epoch: the watch sees it.
-	a2, err := metadata.NewP2P(metadata.P2PConfig{Listen: addr, PollInterval: testPoll})
-	if err != nil {
-		t.Skipf("cannot listen again on %s: %v", addr, err)
+// TestP2PWatchRestart: a peer dies with its segment published, and the
+// watch sees it go; it restarts under the same name with a new epoch, and
+// the watch sees it back. The name is a front's address that forwards to
+// whichever process serves it, so the restart needs no port of the dead
+// one's: listening again on that port (as this test did) fails whenever
+// the kernel has handed it out meanwhile, a client's ephemeral port say,
+// and the test then skipped.
+func TestP2PWatchRestart(t *testing.T) {
+	fr := newFront(t)
+	a := behind(t, fr)
+	b := newP2P(t, metadata.P2PConfig{})
+	ctx := t.Context()
+	name := a.Name()
+	if name != fr.addr() {
+		t.Fatalf("name %s, want the front's %s", name, fr.addr())
 	}
-	defer a2.Close()
-	if err := a2.Put(ctx, testDesc(addr, 3, "x1")); err != nil {
+	if err := a.Put(ctx, testDesc(name, 2, "w1")); err != nil {
 		t.Fatal(err)
 	}
-	if ev := next(t, ch); ev.Deleted || ev.Desc.Epoch != 3 {
+	ch, err := b.Watch(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(t, ch); ev.Deleted || ev.Desc.Epoch != 2 {
+		t.Fatalf("first event %+v, want epoch 2", ev)
+	}
+	a.Close()
+	if ev := next(t, ch); !ev.Deleted || ev.Desc.Epoch != 2 {
+		t.Fatalf("event after the peer died %+v, want Deleted epoch 2", ev)
+	}
+	if _, err := b.Get(ctx, name); !errors.Is(err, metadata.ErrUnreachable) {
+		t.Fatalf("Get of the dead peer: %v, want ErrUnreachable", err)
+	}
+	a2 := behind(t, fr)
+	if err := a2.Put(ctx, testDesc(name, 3, "x1")); err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(t, ch); ev.Deleted || ev.Desc.Epoch != 3 || ev.Desc.Endpoints["tcp"] != "x1" {
 		t.Fatalf("event after the restart %+v, want epoch 3", ev)
 	}
+}
+
+// behind starts a p2p store named by fr's address on a port of its own,
+// and points fr at it.
+func behind(t *testing.T, fr *front) *metadata.P2P {
+	t.Helper()
+	var err error
+	for range 10 { // a port just freed may be taken again before the store listens
+		addr := deadAddr(t)
+		var p *metadata.P2P
+		if p, err = metadata.NewP2P(metadata.P2PConfig{Listen: addr, Advertise: fr.addr(), PollInterval: testPoll}); err == nil {
+			t.Cleanup(func() { p.Close() })
+			fr.to(addr)
+			return p
+		}
+	}
+	t.Fatalf("no free port for the store behind the front: %v", err)
+	return nil
+}
+
+// front is a stable address before a p2p endpoint that moves: it forwards
+// each connection to the address it is pointed at, and closes it when
+// nothing answers there.
+type front struct {
+	ln      net.Listener
+	backend atomic.Pointer[string]
+	mu      sync.Mutex
+	conns   map[net.Conn]bool // nil once closed
+	wg      sync.WaitGroup
+}
+
+func newFront(t *testing.T) *front {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &front{ln: ln, conns: map[net.Conn]bool{}}
+	f.wg.Add(1)
+	go f.accept()
+	t.Cleanup(f.close)
+	return f
+}
+
+func (f *front) addr() string { return f.ln.Addr().String() }
+
+func (f *front) to(backend string) { f.backend.Store(&backend) }
+
+func (f *front) accept() {
+	defer f.wg.Done()
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		f.wg.Add(1)
+		go f.forward(c)
+	}
+}
+
+// track records c to be closed by close, or closes it and reports false
+// when the front is closed.
+func (f *front) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conns == nil {
+		c.Close()
+		return false
+	}
+	f.conns[c] = true
+	return true
+}
+
+func (f *front) forward(c net.Conn) {
+	defer f.wg.Done()
+	defer c.Close()
+	b := f.backend.Load()
+	if !f.track(c) || b == nil {
+		return
+	}
+	s, err := net.DialTimeout("tcp", *b, hang)
+	if err != nil || !f.track(s) {
+		return
+	}
+	defer s.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		io.Copy(s, c)
+		s.Close()
+	}()
+	io.Copy(c, s)
+	c.Close()
+	<-done
+}
+
+// close stops the front and its connections and waits for its goroutines.
+func (f *front) close() {
+	f.ln.Close()
+	f.mu.Lock()
+	for c := range f.conns {
+		c.Close()
+	}
+	f.conns = nil
+	f.mu.Unlock()
+	f.wg.Wait()
 }
 
 // A peer that never answered a descriptor gets no Deleted, however long it
