@@ -302,6 +302,17 @@ func TestIdleTimeout(t *testing.T) {
 		rc.expectClosed("a connection idle past IdleTimeout")
 		waitFor(t, "the idle close counted", func() bool { return targ.tr.Refusals().Idle == before+1 })
 	})
+	t.Run("a header begun and left", func(t *testing.T) {
+		// A few bytes of a request header, then nothing: closed within
+		// two IdleTimeouts (it was re-armed for good while a byte of a
+		// header was in).
+		rc := targ.raw(t)
+		frame := specReq{op: specRead, id: 1, buffer: remote.id, length: 64, key: remote.key, addr: remote.addr}.frame(nil)
+		rc.send(frame[:5])
+		before := targ.tr.Refusals().Idle
+		rc.expectClosed("a connection with a header begun and left past IdleTimeout")
+		waitFor(t, "the idle close counted", func() bool { return targ.tr.Refusals().Idle == before+1 })
+	})
 	t.Run("requests keep coming", func(t *testing.T) {
 		rc := targ.raw(t)
 		for i := range 12 { // 12 × 75 ms: three IdleTimeouts, never idle for one

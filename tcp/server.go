@@ -286,7 +286,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 				armIdle()
 			}
 		}
-		for got := 0; ; {
+		for got, gotAtArm := 0, 0; ; {
 			n, err := io.ReadFull(br, hdr[got:])
 			got += n
 			if err == nil {
@@ -295,9 +295,13 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 			if !idleArmed || !errors.Is(err, os.ErrDeadlineExceeded) {
 				return err
 			}
-			if got == 0 && served == servedAtArm {
-				return errIdle // nothing came since it was armed, IdleTimeout ago
+			if got == gotAtArm && served == servedAtArm {
+				// Nothing came since it was armed, IdleTimeout ago: no
+				// request, or no byte more of a header begun (which
+				// held the connection for good when re-armed regardless).
+				return errIdle
 			}
+			gotAtArm = got
 			armIdle()
 		}
 		served++
