@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/tcp"
@@ -298,5 +299,35 @@ func TestFreeAfterStuckUnregister(t *testing.T) {
 	}
 	if err := e.Free(buf); err != nil {
 		t.Fatalf("Free after Close: %v", err)
+	}
+}
+
+// TestTargetBuffer: a request names its remote side by buffer and offset
+// as well as by address; a buffer or range it does not have is refused.
+func TestTargetBuffer(t *testing.T) {
+	p := newTCPPair(t, 1<<16)
+	testpattern.Fill(p.local, 5)
+	req := moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(p.local), TargetID: p.seg,
+		TargetBuffer: 1, TargetOffset: 4096, Length: 8192}
+	if err := p.ini.Transfer(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	if i := testpattern.FirstDiff(p.remote[4096:4096+8192], p.local[:8192]); i >= 0 {
+		t.Fatalf("remote buffer 1 at offset 4096: differs at %d", i)
+	}
+	for _, c := range []struct {
+		name   string
+		change func(r *moonring.TransferRequest)
+	}{
+		{"no such buffer", func(r *moonring.TransferRequest) { r.TargetBuffer = 2 }},
+		{"negative", func(r *moonring.TransferRequest) { r.TargetBuffer = -1 }},
+		{"past the end", func(r *moonring.TransferRequest) { r.TargetOffset = 1<<16 - 100 }},
+		{"offset overflows", func(r *moonring.TransferRequest) { r.TargetOffset = ^uint64(0) - 10 }},
+	} {
+		r := req
+		c.change(&r)
+		if err := p.ini.Transfer(t.Context(), r); !errors.Is(err, moonring.ErrRemoteRange) {
+			t.Errorf("%s: %v, want ErrRemoteRange", c.name, err)
+		}
 	}
 }

@@ -52,8 +52,16 @@ type TransferRequest struct {
 	Local  uint64
 	// TargetID is the segment (LocalSegmentID for the engine's own memory).
 	TargetID SegmentID
-	// TargetOffset is the address in the target segment.
+	// TargetOffset is the address in the target segment, as Mooncake
+	// has it, or with TargetBuffer the offset in that buffer.
 	TargetOffset uint64
+	// TargetBuffer, when not 0, names the remote buffer by its place in
+	// the segment's buffers (Engine.Segment(TargetID).Buffers), counted
+	// from 1: TargetBuffer 1 is Buffers[0]. The buffers are as the engine
+	// last saw the segment's descriptor; a peer that registers or
+	// unregisters buffers changes their places, so an address is the
+	// steadier name across republishes.
+	TargetBuffer int
 	// Length is the number of bytes to move.
 	Length uint64
 	// Timeout bounds the task from SubmitTransfer (not from when a poller
@@ -424,8 +432,14 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 			if deadline < submitted {
 				deadline = 1<<63 - 1
 			}
+			remote, err := e.remote(req)
+			if err != nil { // checked above; the peer republished since
+				e.failTasks(b, task, 1, cq.CodeOf(err))
+				next++
+				continue
+			}
 			es[n] = sq.Entry{Op: req.Opcode, Flags: sq.FlagDeadline, Segment: req.TargetID, Buffer: buf.ID, Local: local,
-				Remote: req.TargetOffset, Length: req.Length, UserData: userData(slot, gen, task), Timeout: uint64(deadline)}
+				Remote: remote, Length: req.Length, UserData: userData(slot, gen, task), Timeout: uint64(deadline)}
 			t.msg = nil
 			if req.Notify != nil {
 				es[n].Flags, es[n].Tag = es[n].Flags|sq.FlagNotify, req.Notify.Tag
@@ -493,7 +507,31 @@ func (e *Engine) check(req *TransferRequest) (*segtable.Buffer, error) {
 	if e.segments.Get(req.TargetID) == nil {
 		return nil, fmt.Errorf("segment %d: %w", req.TargetID, ErrBadSegment)
 	}
+	if _, err := e.remote(req); err != nil {
+		return nil, err
+	}
 	return buf, nil
+}
+
+// remote returns a request's remote address: TargetOffset, or the offset
+// TargetOffset in the remote buffer TargetBuffer names.
+func (e *Engine) remote(req *TransferRequest) (uint64, error) {
+	if req.TargetBuffer == 0 {
+		return req.TargetOffset, nil
+	}
+	s := e.segments.Get(req.TargetID)
+	if s == nil {
+		return 0, fmt.Errorf("segment %d: %w", req.TargetID, ErrBadSegment)
+	}
+	d := s.Desc()
+	if req.TargetBuffer < 0 || req.TargetBuffer > len(d.Buffers) {
+		return 0, fmt.Errorf("remote buffer %d of the %d segment %q offers: %w", req.TargetBuffer, len(d.Buffers), d.Name, ErrRemoteRange)
+	}
+	b := d.Buffers[req.TargetBuffer-1]
+	if req.TargetOffset > b.Length || req.Length > b.Length-req.TargetOffset {
+		return 0, fmt.Errorf("remote buffer %d [%d, +%d) of %d bytes: %w", req.TargetBuffer, req.TargetOffset, req.Length, b.Length, ErrRemoteRange)
+	}
+	return b.Addr + req.TargetOffset, nil
 }
 
 // push submits es, waiting for room up to the engine's timeout, and
