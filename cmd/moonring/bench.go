@@ -5,6 +5,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -74,6 +75,16 @@ func bench(args []string, out io.Writer) error {
 	plotPath := fs.String("plot", "", "also draw GB/s and p99 latency against block size into this PNG file")
 	keyFile := fs.String("key-file", "", "--segment, --mode target: read the segment key from this file (mode 0600; default: $"+keyEnv+")")
 	insecure := fs.Bool("insecure", false, "--mode target: as serve --insecure")
+	pat := fs.String("pattern", "blocks", "blocks (the sweep of equal blocks), or kv: a KV cache's paged pool on each side, requests of scattered blocks (see --layers, --tokens, --pool)")
+	layers := fs.Int("layers", 32, "--pattern kv: layers in the pool, each with a K and a V tensor of blocks")
+	blockTokens := fs.Int("block-tokens", 16, "--pattern kv: tokens per block (a label: the block's bytes are --block-size, default 32K)")
+	tokens := fs.Int("tokens", 4096, "--pattern kv: tokens per request; a request moves tokens/block-tokens blocks of every layer's K and V")
+	poolSize := fs.String("pool", "2G", "--pattern kv: the paged pool on each side (this process, and each target)")
+	inflight := fs.Int("inflight", 2, "--pattern kv: requests in flight (each a batch of its transfers, or with --ring its entries through a ring of its own)")
+	targets := fs.Int("targets", 1, "--pattern kv: targets; requests go to them in turn (the processes this command starts, or the engines in this process; with --segment, the segments given)")
+	kvSample := fs.Int("kv-sample", 0, "--pattern kv: check 1 in N transfers of each request at its destination (0: every READ's; a WRITE's, read back from a target process, 1 in 64; every WRITE's in-process); with WRITEs every target's whole pool is also read back and checked after the step")
+	baseline := fs.Bool("baseline", true, "--pattern kv: before each kv row, move the same bytes per request as contiguous 1 MiB transfers (the contig row) and give the ratio")
+	cpuFlag := fs.Bool("cpu", false, "report CPU seconds per GB moved on each side: this process (getrusage) and the target processes it started (/proc/PID/stat)")
 	useTLS := fs.Bool("tls", false, "--protocol tcp: the target serves TLS 1.3 with a certificate its signed descriptor pins (as serve --tls; the target bench starts gets it too); with --segment, a target without it is refused")
 	if err := parseFlags(fs, args, out, benchHelp); err != nil {
 		return err
@@ -122,9 +133,55 @@ func bench(args []string, out io.Writer) error {
 			*blocks = "8,64,512,4K"
 		}
 	}
+	kvMode := false
+	switch *pat {
+	case "blocks":
+		for _, f := range []string{"layers", "block-tokens", "tokens", "pool", "inflight", "targets", "kv-sample", "baseline"} {
+			if set[f] {
+				return fmt.Errorf("bench: --%s goes with --pattern kv", f)
+			}
+		}
+	case "kv":
+		kvMode = true
+		for _, f := range []string{"lat", "batch-size", "threads", "buffer-size"} {
+			if set[f] {
+				return fmt.Errorf("bench: --%s does not go with --pattern kv (its pools are --pool, its depth --inflight)", f)
+			}
+		}
+		if !set["block-size"] {
+			*blocks = "32K"
+		}
+	default:
+		return fmt.Errorf("bench: --pattern %q: want blocks or kv", *pat)
+	}
 	sizes, err := parseSizes(*blocks)
 	if err != nil {
 		return fmt.Errorf("bench: --block-size: %w", err)
+	}
+	var layout kvLayout
+	if kvMode {
+		if len(sizes) != 1 {
+			return fmt.Errorf("bench: --pattern kv takes one --block-size (the bytes of a block of one layer's K or V), not %q", *blocks)
+		}
+		ps, err := parseSize(*poolSize)
+		if err != nil {
+			return fmt.Errorf("bench: --pool: %w", err)
+		}
+		if *targets < 1 || *targets > 64 {
+			return fmt.Errorf("bench: --targets %d: want 1 to 64", *targets)
+		}
+		if *kvSample < 0 {
+			return fmt.Errorf("bench: --kv-sample %d: want 0 (the default) or at least 1", *kvSample)
+		}
+		if layout, err = newKVLayout(*layers, sizes[0], *blockTokens, *tokens, ps, *inflight); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		bs[0] = layout.bytes()
+		if *segment != "" && set["targets"] && *targets != len(strings.Split(*segment, ",")) {
+			return fmt.Errorf("bench: --targets %d but --segment names %d", *targets, len(strings.Split(*segment, ",")))
+		}
+	} else if strings.Contains(*segment, ",") {
+		return errors.New("bench: several segments (--segment a,b) go with --pattern kv")
 	}
 	if *batch < 1 || *threads < 1 || *batch**threads > 1024 {
 		return fmt.Errorf("batch-size %d, threads %d: want both at least 1 and their product at most 1024", *batch, *threads)
@@ -142,7 +199,7 @@ func bench(args []string, out io.Writer) error {
 			return fmt.Errorf("bad operation %q (want write, read or mix)", o)
 		}
 	}
-	if slices.Max(sizes) > bs[0] {
+	if !kvMode && slices.Max(sizes) > bs[0] {
 		return fmt.Errorf("bench: block size %s above the buffer size %s (--buffer-size)", fmtSize(slices.Max(sizes)), fmtSize(bs[0]))
 	}
 	// The plot's file is opened before the sweep: a path that cannot be
@@ -158,11 +215,15 @@ func bench(args []string, out io.Writer) error {
 	ctx, stopSignals := signal.NotifyContext(ctxMain, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 	var tg *target
+	var names []string
+	if *segment != "" {
+		names = strings.Split(*segment, ",")
+	}
 	switch *protocol {
 	case "tcp", "shm":
-		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, *segment, *meta, *localName, *keyFile, bs[0])
+		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, bs[0], !kvMode)
 	case "local":
-		tg, err = localTarget(ctx, bs[0])
+		tg, err = localTarget(ctx, bs[0], *targets, !kvMode)
 	default:
 		return fmt.Errorf("protocol %q is not in this build (have: tcp, shm, local)", *protocol)
 	}
@@ -176,7 +237,7 @@ func bench(args []string, out io.Writer) error {
 	if !*asJSON {
 		tg.progress = progressLine
 	}
-	var rep reporter = &tableReport{w: out, lat: *latMode}
+	var rep reporter = &tableReport{w: out, lat: *latMode, kv: kvMode, cpu: *cpuFlag}
 	if *asJSON {
 		rep = &jsonReport{w: out}
 	}
@@ -195,6 +256,22 @@ func bench(args []string, out io.Writer) error {
 	if *protocol == "local" {
 		run.Metadata = "in this process"
 	}
+	run.CPU = *cpuFlag
+	if kvMode {
+		run.Pattern, run.Layout, run.Inflight, run.Targets = "kv", layout.String(), layout.inflight, len(tg.peers)
+		run.Batch, run.Threads = layout.inflight, layout.inflight
+		var kb *kvBench
+		if !*asJSON {
+			fmt.Fprintf(os.Stderr, "filling the pools (%s on each side, %d target(s))\n", fmtSize(layout.bytes()), len(tg.peers))
+		}
+		if kb, err = newKVBench(ctx, tg, layout, *kvSample, *useRing, *cpuFlag); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		if err := rep.header(run); err != nil {
+			return fmt.Errorf("bench: writing the results: %w", err)
+		}
+		return kvSweep(ctx, kb, rep, ops, *baseline, *duration)
+	}
 	if err := rep.header(run); err != nil {
 		return fmt.Errorf("bench: writing the results: %w", err)
 	}
@@ -211,7 +288,7 @@ func bench(args []string, out io.Writer) error {
 	var results []result
 	var sweepErr error
 	for i, st := range steps {
-		res, err := tg.step(ctx, st.op, st.size, *batch, *threads, *duration, *verify, *useRing)
+		res, err := tg.step(ctx, st.op, st.size, *batch, *threads, *duration, *verify, *useRing, *cpuFlag)
 		res.Mode = runMode
 		if err != nil {
 			what := fmt.Sprintf("step %d of %d (%s %s)", i+1, len(steps), opName(st.op), fmtSize(st.size))
@@ -249,4 +326,48 @@ func opName(op moonring.Op) string {
 		return "mix"
 	}
 	return op.String()
+}
+
+// kvSweep runs, for each op, the contiguous baseline (unless told not to)
+// and then the KV pattern, a row each.
+func kvSweep(ctx context.Context, kb *kvBench, rep reporter, ops []moonring.Op, baseline bool, d time.Duration) error {
+	var sweepErr error
+	rows := 0
+steps:
+	for _, op := range ops {
+		if op == opMix {
+			sweepErr = errors.New("bench: --pattern kv takes write and read, not mix")
+			break
+		}
+		contig := -1.0
+		for _, c := range []bool{true, false} {
+			if c && !baseline {
+				continue
+			}
+			res, err := kb.step(ctx, op, c, d)
+			if err != nil {
+				what := fmt.Sprintf("%s %s", opName(op), map[bool]string{true: "contig", false: "kv"}[c])
+				if ctx.Err() != nil {
+					sweepErr = &exitError{code: exitInterrupted, err: fmt.Errorf("bench: interrupted during %s; the %d rows above are complete", what, rows)}
+				} else {
+					sweepErr = fmt.Errorf("bench: %s failed: %w; the %d rows above are complete", what, err, rows)
+				}
+				break steps
+			}
+			res.Mode = "kv"
+			if c {
+				contig = res.GBps
+			} else if contig > 0 {
+				res.Ratio = res.GBps / contig
+			}
+			if err := rep.row(res); err != nil {
+				return fmt.Errorf("bench: writing the results: %w", err)
+			}
+			rows++
+		}
+	}
+	if err := rep.end(); err != nil && sweepErr == nil {
+		sweepErr = fmt.Errorf("bench: writing the results: %w", err)
+	}
+	return sweepErr
 }

@@ -39,6 +39,27 @@ type result struct {
 	// (--lat: one in flight).
 	Mode   string  `json:"mode"`
 	MeanUs float64 `json:"mean_us"`
+	// Pattern is "kv" (--pattern kv: scattered blocks of a paged pool),
+	// "contig" (the same bytes per request as contiguous transfers of
+	// BlockSize, the KV run's baseline) or empty (the block sweep).
+	Pattern string `json:"pattern,omitempty"`
+	// Transfers and RequestBytes are one KV request's transfers and bytes;
+	// a KV row's latencies are whole requests'.
+	Transfers    int `json:"transfers_per_request,omitempty"`
+	RequestBytes int `json:"request_bytes,omitempty"`
+	// Ratio is a kv row's GB/s over its contig row's, of the same op.
+	Ratio float64 `json:"kv_over_contig,omitempty"`
+	// Check says which bytes of a KV step were checked and where.
+	Check string `json:"check,omitempty"`
+	// CPUIni and CPUTgt (--cpu) are CPU seconds (user + system) per GB
+	// moved in the measured window: this process (getrusage), and the
+	// target processes it started (/proc/PID/stat); -1 when unknown (a
+	// target in this process or not started by it). CPUIniUtil and
+	// CPUTgtUtil are the same as a share of one CPU over the window.
+	CPUIni     float64 `json:"cpu_s_per_gb_initiator,omitempty"`
+	CPUTgt     float64 `json:"cpu_s_per_gb_target,omitempty"`
+	CPUIniUtil float64 `json:"cpu_util_initiator,omitempty"`
+	CPUTgtUtil float64 `json:"cpu_util_target,omitempty"`
 	// Run is what the sweep measured against, the same in every row.
 	Run *runInfo `json:"run,omitempty"`
 }
@@ -63,6 +84,13 @@ type runInfo struct {
 	Host          string `json:"host"`
 	Version       string `json:"version"`
 	Date          string `json:"date"` // the sweep's start, RFC 3339, UTC
+	// Pattern is "kv" with --pattern kv, Layout its pools and requests,
+	// Inflight its requests in flight and Targets its targets.
+	Pattern  string `json:"pattern,omitempty"`
+	Layout   string `json:"layout,omitempty"`
+	Inflight int    `json:"inflight,omitempty"`
+	Targets  int    `json:"targets,omitempty"`
+	CPU      bool   `json:"cpu,omitempty"`
 }
 
 // header is the lines of settings before the table.
@@ -88,6 +116,13 @@ func (r *runInfo) header() string {
 	if r.Mode == "lat" {
 		mode = "# latency mode: one request in flight on one thread; mean and percentiles of single requests' round trips\n"
 	}
+	if r.Pattern == "kv" {
+		mode = fmt.Sprintf("# KV pattern: %s\n# %d requests in flight over %d target(s); a row's latencies are whole requests' (submit to the last transfer's end);\n#   each kv row follows a contig row: the same bytes per request as contiguous transfers, same pools, same run\n", r.Layout, r.Inflight, r.Targets)
+		verify = "data checked as each row says"
+	}
+	if r.CPU {
+		mode += "# --cpu: CPU seconds (user+system) per GB moved in the measured window: this process (getrusage) and the target processes it started (/proc/PID/stat); checks' CPU left out\n"
+	}
 	return fmt.Sprintf("# moonring bench: %s to %s, metadata %s\n"+
 		"# buffer %s, batch %d, threads %d, %s API, %s per step after a warm-up of a fifth of it, %s\n"+
 		"# host %s, moonring %s, %s\n%s",
@@ -107,7 +142,49 @@ type reporter interface {
 type tableReport struct {
 	w      io.Writer
 	lat    bool // --lat: the latency columns
+	kv     bool // --pattern kv: the KV columns
+	cpu    bool // --cpu: the CPU columns
 	titled bool
+}
+
+const kvRowFmt = "%-14s %-5s %-5s %-6s %6s %6s %8s %7s %9s %9s %9s %8s%s%s\n"
+
+// cpuCols are the --cpu columns: CPU seconds per GB on each side.
+func (t *tableReport) cpuCols(r *result, title bool) string {
+	if !t.cpu {
+		return ""
+	}
+	if title {
+		return fmt.Sprintf(" %9s %9s", "cpu s/GB", "tgt s/GB")
+	}
+	f := func(v float64) string {
+		if v < 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.3f", v)
+	}
+	return fmt.Sprintf(" %9s %9s", f(r.CPUIni), f(r.CPUTgt))
+}
+
+func (t *tableReport) kvRow(r result) error {
+	if !t.titled {
+		t.titled = true
+		if _, err := fmt.Fprintf(t.w, kvRowFmt, "transport", "api", "op", "pattern", "xfer", "reqs", "GB/s", "kv/ctg", "p50 ms", "p99 ms", "p999 ms", "verified", t.cpuCols(nil, true), "  check"); err != nil {
+			return err
+		}
+	}
+	ratio := ""
+	if r.Ratio > 0 {
+		ratio = fmt.Sprintf("%.2f", r.Ratio)
+	}
+	note := "  " + r.Check
+	if r.Note != "" {
+		note += "; " + r.Note
+	}
+	ms := func(us float64) string { return fmt.Sprintf("%.1f", us/1e3) }
+	_, err := fmt.Fprintf(t.w, kvRowFmt, r.Transport, r.API, r.Op, r.Pattern, r.Block, strconv.Itoa(r.Requests), fmt.Sprintf("%.2f", r.GBps), ratio,
+		ms(r.P50us), ms(r.P99us), ms(r.P999us), strconv.FormatBool(r.Verified), t.cpuCols(&r, false), note)
+	return err
 }
 
 const latRow = "%-14s %-5s %-5s %5s %9s %10s %9s %9s %9s %9s %8s%s\n"
@@ -123,9 +200,12 @@ func (t *tableReport) row(r result) error {
 	if t.lat {
 		return t.latRow(r)
 	}
+	if t.kv {
+		return t.kvRow(r)
+	}
 	if !t.titled {
 		t.titled = true
-		if _, err := fmt.Fprintf(t.w, tableRow, "transport", "api", "op", "block", "batch", "threads", "GB/s", "req/s", "p50 µs", "p99 µs", "p999 µs", "verified", "  note"); err != nil {
+		if _, err := fmt.Fprintf(t.w, tableRow, "transport", "api", "op", "block", "batch", "threads", "GB/s", "req/s", "p50 µs", "p99 µs", "p999 µs", "verified", t.cpuCols(nil, true)+"  note"); err != nil {
 			return err
 		}
 	}
@@ -134,7 +214,7 @@ func (t *tableReport) row(r result) error {
 		note = "  " + r.Note
 	}
 	_, err := fmt.Fprintf(t.w, tableRow, r.Transport, r.API, r.Op, r.Block, strconv.Itoa(r.Batch), strconv.Itoa(r.Threads),
-		fmt.Sprintf("%.2f", r.GBps), fmt.Sprintf("%.0f", r.ReqPerSec), fmt.Sprintf("%.2f", r.P50us), fmt.Sprintf("%.2f", r.P99us), fmt.Sprintf("%.2f", r.P999us), strconv.FormatBool(r.Verified), note)
+		fmt.Sprintf("%.2f", r.GBps), fmt.Sprintf("%.0f", r.ReqPerSec), fmt.Sprintf("%.2f", r.P50us), fmt.Sprintf("%.2f", r.P99us), fmt.Sprintf("%.2f", r.P999us), strconv.FormatBool(r.Verified), t.cpuCols(&r, false)+note)
 	return err
 }
 

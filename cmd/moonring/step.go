@@ -22,7 +22,7 @@ const opMix = moonring.Op(0xff)
 // step runs one op and block size for d: threads goroutines, each with its
 // own Ring and depth requests in flight, each request on its own block of
 // both buffers; then it checks the bytes.
-func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads int, d time.Duration, verify, useRing bool) (result, error) {
+func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads int, d time.Duration, verify, useRing, cpu bool) (result, error) {
 	askedThreads, askedDepth := threads, depth
 	blocks := len(t.model) / size
 	threads = max(1, min(threads, blocks))
@@ -89,6 +89,12 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads 
 		stop := t.progress(res, d)
 		defer stop()
 	}
+	var win *cpuWindow
+	if cpu {
+		// The window each thread measures: after its warm-up of d/5, d long.
+		t0 := time.Now()
+		win = startCPUWindow(t, t0.Add(d/5), t0.Add(d/5+d))
+	}
 	var wg sync.WaitGroup
 	for k := range threads {
 		wg.Add(1)
@@ -110,6 +116,10 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads 
 		}()
 	}
 	wg.Wait()
+	if win != nil {
+		win.wait()
+		win.fill(&res, 0, 0)
+	}
 	var lat []time.Duration
 	for _, o := range outs {
 		if o.err != nil {

@@ -51,6 +51,19 @@ type target struct {
 	store     metadata.Store  // the initiator's, for asking after the target
 	exited    <-chan struct{} // closed when the target process this command started exits
 	exit      atomic.Pointer[error]
+	// peers are every target (the first is the one above): --targets N.
+	peers []peer
+	pids  []int // of the target processes this command started
+}
+
+// peer is one target of a sweep.
+type peer struct {
+	name    string
+	pid     int
+	started bool
+	seg     moonring.SegmentID
+	base    uint64
+	mem     []byte // the target's buffer, when it is in this process
 }
 
 // firstLine is the stdout of a target process: it hands on the first line
@@ -165,8 +178,9 @@ func (t *target) close() {
 	}
 }
 
-// localTarget is a second engine of this process.
-func localTarget(ctx context.Context, size int) (*target, error) {
+// localTarget is a second engine of this process (n of them for --targets
+// n). Without a model (kv) the buffers are left as Alloc made them.
+func localTarget(ctx context.Context, size, n int, model bool) (*target, error) {
 	t := &target{transport: "local"}
 	ini, err := moonring.New(moonring.Config{})
 	if err != nil {
@@ -174,98 +188,64 @@ func localTarget(ctx context.Context, size int) (*target, error) {
 	}
 	t.ini = ini
 	t.closers = append(t.closers, func() { ini.Close() })
-	tgt, err := moonring.New(moonring.Config{})
-	if err != nil {
-		t.close()
-		return nil, err
+	for range max(1, n) {
+		tgt, err := moonring.New(moonring.Config{})
+		if err != nil {
+			t.close()
+			return nil, err
+		}
+		t.closers = append(t.closers, func() { tgt.Close() })
+		remote, err := tgt.Alloc(size, "cpu:0")
+		if err != nil {
+			t.close()
+			return nil, err
+		}
+		if model {
+			for i := range remote {
+				remote[i] = pattern(i)
+			}
+		}
+		if _, err := tgt.RegisterLocalMemory(remote, "cpu:0", true); err != nil {
+			t.close()
+			return nil, err
+		}
+		seg, err := ini.OpenSegment(ctx, tgt.Name())
+		if err != nil {
+			t.close()
+			return nil, err
+		}
+		t.peers = append(t.peers, peer{name: tgt.Name(), pid: os.Getpid(), seg: seg, base: uint64(moonring.AddressOf(remote)), mem: remote})
 	}
-	t.closers = append(t.closers, func() { tgt.Close() })
-	remote, err := tgt.Alloc(size, "cpu:0")
-	if err != nil {
-		t.close()
-		return nil, err
+	p := t.peers[0]
+	t.seg, t.base, t.name, t.pid = p.seg, p.base, p.name, p.pid
+	if model {
+		t.model = bytes.Clone(p.mem)
 	}
-	for i := range remote {
-		remote[i] = pattern(i)
-	}
-	if _, err := tgt.RegisterLocalMemory(remote, "cpu:0", true); err != nil {
-		t.close()
-		return nil, err
-	}
-	if t.seg, err = ini.OpenSegment(ctx, tgt.Name()); err != nil {
-		t.close()
-		return nil, err
-	}
-	t.base = uint64(moonring.AddressOf(remote))
-	t.model = bytes.Clone(remote)
-	t.name, t.pid = tgt.Name(), os.Getpid()
 	return t, nil
 }
 
-// remoteTarget opens the segment name over TCP or shm (proto), first
-// starting a target process on loopback when name is empty: that process
-// and this one then share a key made for the run. Otherwise the key comes
-// from keyFile or MOONRING_KEY (loadKey).
-func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, name, meta, localName, keyFile string, size int) (*target, error) {
+// remoteTarget opens the segments names over TCP or shm (proto), first
+// starting n target processes on loopback when names is empty: those
+// processes and this one then share a key made for the run. Otherwise the
+// key comes from keyFile or MOONRING_KEY (loadKey). Without a model (kv)
+// the first target's contents are not modelled.
+func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names []string, n int, meta, localName, keyFile string, size int, model bool) (*target, error) {
 	if localName != "" && meta == "p2p" {
 		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
 	}
 	t := &target{transport: proto}
 	var key []byte
-	if name == "" {
-		self, err := os.Executable()
-		if err != nil {
-			return nil, err
-		}
+	started := len(names) == 0
+	if started {
 		key = newKey()
-		cmd := exec.Command(self, "bench", "--mode", "target", "--buffer-size", strconv.Itoa(size), "--metadata", meta)
-		if useTLS {
-			cmd.Args = append(cmd.Args, "--tls")
-		}
-		// The key through the environment, which only this user can read
-		// (/proc/PID/environ), not the command line, which anyone can.
-		cmd.Env = append(slices.DeleteFunc(os.Environ(), func(v string) bool { return strings.HasPrefix(v, keyEnv+"=") }),
-			keyEnv+"="+string(key))
-		cmd.Stderr = os.Stderr
-		// Its own process group: a Ctrl-C at the terminal ends the sweep,
-		// and the sweep then ends the target (stdin), not the signal.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if targetStarted != nil {
-			targetStarted(cmd, key)
-		}
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			return nil, err
-		}
-		first := &firstLine{line: make(chan string, 1)}
-		cmd.Stdout = first
-		if err := cmd.Start(); err != nil {
-			return nil, fmt.Errorf("start the target: %w", err)
-		}
-		exited := make(chan struct{})
-		go func() {
-			err := cmd.Wait()
-			t.exit.Store(&err)
-			close(exited)
-		}()
-		t.exited = exited
-		t.closers = append(t.closers, func() { stdin.Close(); <-exited })
-		t.pid, t.started = cmd.Process.Pid, true
-		var line string
-		select {
-		case line = <-first.line:
-		case <-exited:
-		case <-ctx.Done():
-		}
-		f := strings.Fields(line)
-		if len(f) < 3 || f[0] != "serving" || f[1] != "segment" {
-			t.close()
-			if e := t.exit.Load(); e != nil {
-				return nil, fmt.Errorf("the target process (pid %d) did not start: it exited (%v)", t.pid, *e)
+		for i := range max(1, n) {
+			name, err := t.start(ctx, key, size, meta, useTLS, i == 0)
+			if err != nil {
+				t.close()
+				return nil, err
 			}
-			return nil, fmt.Errorf("the target process (pid %d) did not start (it printed %q)", t.pid, line)
+			names = append(names, name)
 		}
-		name = strings.TrimSuffix(f[2], ":")
 	} else {
 		var err error
 		if key, err = loadKey(keyFile); err != nil {
@@ -304,41 +284,117 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, name, m
 	t.closers = append(t.closers, func() { ini.Close() })
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	desc, err := store.Get(ctx, name)
-	if err != nil {
-		t.close()
-		return nil, fmt.Errorf("segment %s: %w", name, err)
+	for i, name := range names {
+		desc, err := store.Get(ctx, name)
+		if err != nil {
+			t.close()
+			return nil, fmt.Errorf("segment %s: %w", name, err)
+		}
+		if useTLS && !strings.Contains(desc.Endpoints[tcp.Name], "?tls=") {
+			t.close()
+			return nil, fmt.Errorf("bench --tls: the target %s serves plain TCP (its endpoint %q pins no certificate): start it with serve --tls, or leave out --tls", name, desc.Endpoints[tcp.Name])
+		}
+		if len(desc.Buffers) == 0 || desc.Buffers[0].Length < uint64(size) {
+			t.close()
+			return nil, fmt.Errorf("segment %s serves no buffer of %d bytes", name, size)
+		}
+		p := peer{name: name, base: desc.Buffers[0].Addr, started: started}
+		if p.seg, err = ini.OpenSegment(ctx, name); err != nil {
+			t.close()
+			return nil, openError(name, key == nil, err)
+		}
+		if i == 0 {
+			if t.transport, err = ini.SegmentTransport(p.seg); err != nil {
+				t.close()
+				return nil, err
+			}
+			if t.transport == tcp.Name && strings.Contains(desc.Endpoints[tcp.Name], "?tls=") {
+				t.transport = "tcp/tls" // the endpoint pins a certificate: the initiator dials TLS
+			}
+			if t.transport == "shm" && noMap {
+				t.transport = "shm/process_vm"
+			}
+		}
+		switch {
+		case started:
+			p.pid = t.pids[i]
+		case meta == "p2p":
+			p.pid = healthPID(ctx, name)
+		}
+		t.peers = append(t.peers, p)
 	}
-	if useTLS && !strings.Contains(desc.Endpoints[tcp.Name], "?tls=") {
-		t.close()
-		return nil, fmt.Errorf("bench --tls: the target %s serves plain TCP (its endpoint %q pins no certificate): start it with serve --tls, or leave out --tls", name, desc.Endpoints[tcp.Name])
-	}
-	if len(desc.Buffers) == 0 || desc.Buffers[0].Length < uint64(size) {
-		t.close()
-		return nil, fmt.Errorf("segment %s serves no buffer of %d bytes", name, size)
-	}
-	if t.seg, err = ini.OpenSegment(ctx, name); err != nil {
-		t.close()
-		return nil, openError(name, key == nil, err)
-	}
-	if t.transport, err = ini.SegmentTransport(t.seg); err != nil {
-		t.close()
-		return nil, err
-	}
-	if !t.started && meta == "p2p" {
-		t.pid = healthPID(ctx, name)
-	}
-	if t.transport == tcp.Name && strings.Contains(desc.Endpoints[tcp.Name], "?tls=") {
-		t.transport = "tcp/tls" // the endpoint pins a certificate: the initiator dials TLS
-	}
-	if t.transport == "shm" && noMap {
-		t.transport = "shm/process_vm"
-	}
-	t.name = name
-	t.base = desc.Buffers[0].Addr
-	t.model = make([]byte, size)
-	for i := range t.model {
-		t.model[i] = pattern(i)
+	p := t.peers[0]
+	t.name, t.seg, t.base, t.pid = p.name, p.seg, p.base, p.pid
+	if model {
+		t.model = make([]byte, size)
+		for i := range t.model {
+			t.model[i] = pattern(i)
+		}
 	}
 	return t, nil
+}
+
+// start starts a target process on loopback with key and returns its
+// segment's name; the first one's exit is what stepError reports.
+func (t *target) start(ctx context.Context, key []byte, size int, meta string, useTLS, first bool) (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command(self, "bench", "--mode", "target", "--buffer-size", strconv.Itoa(size), "--metadata", meta)
+	if useTLS {
+		cmd.Args = append(cmd.Args, "--tls")
+	}
+	// The key through the environment, which only this user can read
+	// (/proc/PID/environ), not the command line, which anyone can.
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(v string) bool { return strings.HasPrefix(v, keyEnv+"=") }),
+		keyEnv+"="+string(key))
+	cmd.Stderr = os.Stderr
+	// Its own process group: a Ctrl-C at the terminal ends the sweep,
+	// and the sweep then ends the target (stdin), not the signal.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if targetStarted != nil {
+		targetStarted(cmd, key)
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return "", err
+	}
+	line1 := &firstLine{line: make(chan string, 1)}
+	cmd.Stdout = line1
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("start the target: %w", err)
+	}
+	exited := make(chan struct{})
+	var exit atomic.Pointer[error]
+	go func() {
+		err := cmd.Wait()
+		exit.Store(&err)
+		if first {
+			t.exit.Store(&err)
+		}
+		close(exited)
+	}()
+	if first {
+		t.exited = exited
+		t.pid, t.started = cmd.Process.Pid, true
+	}
+	t.pids = append(t.pids, cmd.Process.Pid)
+	t.closers = append(t.closers, func() { stdin.Close(); <-exited })
+	var line string
+	select {
+	case line = <-line1.line:
+	case <-exited:
+	case <-ctx.Done():
+	}
+	f := strings.Fields(line)
+	if len(f) < 3 || f[0] != "serving" || f[1] != "segment" {
+		stdin.Close()
+		<-exited
+		if e := exit.Load(); e != nil {
+			return "", fmt.Errorf("the target process (pid %d) did not start: it exited (%v)", cmd.Process.Pid, *e)
+		}
+		return "", fmt.Errorf("the target process (pid %d) did not start (it printed %q)", cmd.Process.Pid, line)
+	}
+	return strings.TrimSuffix(f[2], ":"), nil
 }
