@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"unsafe"
@@ -108,7 +107,8 @@ func (b *Buffer) Contains(off, n uint64) bool {
 
 // Buffers is the table of registered local buffers: lookups by ID in O(1)
 // and by address in O(log n) take no lock; registration takes a mutex and
-// publishes a new snapshot. The zero value is an empty table ready for use.
+// publishes new copies of the parts it changes, O(sqrt n) for n buffers
+// (see Sorted and table). The zero value is an empty table ready for use.
 // Safe for concurrent use.
 type Buffers struct {
 	// Busy, when set before the table is shared, reports whether users
@@ -117,7 +117,7 @@ type Buffers struct {
 	Busy func(*Buffer) bool
 
 	t      table[Buffer]
-	sorted atomic.Pointer[[]*Buffer] // by Addr; written under t.mu
+	sorted Sorted[*Buffer] // by Addr; changed under t.mu
 }
 
 // Register adds the memory of buf. It refuses an empty slice and a range
@@ -132,10 +132,10 @@ func (bs *Buffers) Register(buf []byte, loc Location, remote bool) (*Buffer, err
 	b := &Buffer{base: unsafe.Pointer(unsafe.SliceData(buf)), Addr: uintptr(unsafe.Pointer(unsafe.SliceData(buf))), Length: uint64(len(buf)), Location: loc, Remote: remote}
 	bs.t.mu.Lock()
 	defer bs.t.mu.Unlock()
-	sorted := bs.sortedList()
-	i := sort.Search(len(sorted), func(i int) bool { return sorted[i].Addr+uintptr(sorted[i].Length) > b.Addr })
-	if i < len(sorted) && sorted[i].Addr < b.Addr+uintptr(b.Length) {
-		return nil, fmt.Errorf("%w: [%#x, +%d) meets buffer %d", ErrOverlap, b.Addr, b.Length, sorted[i].ID)
+	// Buffers do not overlap, so the last one that starts before b's end
+	// is the only one that may meet b.
+	if x, _, _, ok := bs.sorted.Floor(uint64(b.Addr) + b.Length - 1); ok && uint64(x.Addr)+x.Length > uint64(b.Addr) {
+		return nil, fmt.Errorf("%w: [%#x, +%d) meets buffer %d", ErrOverlap, b.Addr, b.Length, x.ID)
 	}
 	if _, err := bs.t.insert(b, func(id uint32) { b.ID = BufferID(id) }); err != nil {
 		return nil, err
@@ -143,17 +143,8 @@ func (bs *Buffers) Register(buf []byte, loc Location, remote bool) (*Buffer, err
 	// Pin keeps Go memory alive (and, by contract, in place) while peers and
 	// devices hold its address; for non-Go memory it does nothing.
 	b.pinner.Pin(unsafe.SliceData(buf))
-	s := make([]*Buffer, 0, len(sorted)+1)
-	s = append(append(append(s, sorted[:i]...), b), sorted[i:]...)
-	bs.sorted.Store(&s)
+	bs.sorted.Insert(uint64(b.Addr), b)
 	return b, nil
-}
-
-func (bs *Buffers) sortedList() []*Buffer {
-	if p := bs.sorted.Load(); p != nil {
-		return *p
-	}
-	return nil
 }
 
 // Get returns the live buffer named id, or nil. Lock-free.
@@ -161,12 +152,37 @@ func (bs *Buffers) Get(id BufferID) *Buffer { return bs.t.get(uint32(id)) }
 
 // Find returns the buffer that holds [addr, addr+n), or nil. Lock-free.
 func (bs *Buffers) Find(addr uintptr, n uint64) *Buffer {
-	s := bs.sortedList()
-	i := sort.Search(len(s), func(i int) bool { return s[i].Addr+uintptr(s[i].Length) > addr })
-	if i == len(s) || addr < s[i].Addr || !s[i].Contains(uint64(addr-s[i].Addr), n) {
+	b, _, _, ok := bs.sorted.Floor(uint64(addr))
+	if !ok || !b.Contains(uint64(addr-b.Addr), n) {
 		return nil
 	}
-	return s[i]
+	return b
+}
+
+// Overlapping returns a buffer that meets [addr, addr+n), or nil.
+// Lock-free.
+func (bs *Buffers) Overlapping(addr uintptr, n uint64) *Buffer {
+	if n == 0 {
+		return nil
+	}
+	end := uint64(addr) + n - 1
+	if end < uint64(addr) {
+		end = ^uint64(0)
+	}
+	b, _, _, ok := bs.sorted.Floor(end)
+	if !ok || uint64(b.Addr)+b.Length <= uint64(addr) {
+		return nil
+	}
+	return b
+}
+
+// Len returns how many buffers are registered. Lock-free.
+func (bs *Buffers) Len() int { return bs.sorted.Len() }
+
+// Each calls fn for every registered buffer in the order of their
+// addresses, until fn returns false. Lock-free: it walks one snapshot.
+func (bs *Buffers) Each(fn func(*Buffer) bool) {
+	bs.sorted.Ascend(func(_ uint64, b *Buffer) bool { return fn(b) })
 }
 
 // Unregister removes the buffer named id once no request holds it. New
@@ -186,21 +202,60 @@ func (bs *Buffers) Unregister(ctx context.Context, id BufferID) (*Buffer, error)
 		return nil, fmt.Errorf("%w: buffer %d", ErrNotFound, id)
 	}
 	bs.t.set(uint32(id), nil)
-	old := bs.sortedList()
-	s := make([]*Buffer, 0, len(old))
-	for _, x := range old {
-		if x != b {
-			s = append(s, x)
-		}
-	}
-	bs.sorted.Store(&s)
+	bs.sorted.Delete(uint64(b.Addr), func(x *Buffer) bool { return x == b })
 	b.pinner.Unpin()
 	return b, nil
 }
 
-// All returns the registered buffers sorted by address: a snapshot that the
-// caller must not modify.
-func (bs *Buffers) All() []*Buffer { return bs.sortedList() }
+// UnregisterAll removes every buffer, each once no request holds it, and
+// returns them. It is Unregister of each, but changes the table once: for
+// an owner that is closing, whose n Unregisters would copy the table's
+// chunks n times. If ctx ends first, the buffers not yet drained stay
+// registered and the error wraps ErrBusy.
+func (bs *Buffers) UnregisterAll(ctx context.Context) ([]*Buffer, error) {
+	all := bs.All()
+	var err error
+	done := all[:0:0]
+	for _, b := range all {
+		if derr := b.ref.DrainWhile(ctx, bs.busy(b)); derr != nil {
+			err = fmt.Errorf("buffer %d: %w", b.ID, derr)
+			break
+		}
+		done = append(done, b)
+	}
+	bs.t.mu.Lock()
+	defer bs.t.mu.Unlock()
+	gone := make(map[*Buffer]bool, len(done))
+	ids := make([]uint32, 0, len(done))
+	for _, b := range done {
+		if bs.t.get(uint32(b.ID)) == b {
+			gone[b] = true
+			ids = append(ids, uint32(b.ID))
+		}
+	}
+	bs.t.removeAll(ids)
+	var keys []uint64
+	var keep []*Buffer
+	bs.sorted.Ascend(func(k uint64, b *Buffer) bool {
+		if !gone[b] {
+			keys, keep = append(keys, k), append(keep, b)
+		}
+		return true
+	})
+	bs.sorted.Reset(keys, keep)
+	out := done[:0]
+	for _, b := range done {
+		if gone[b] {
+			b.pinner.Unpin()
+			out = append(out, b)
+		}
+	}
+	return out, err
+}
+
+// All returns the registered buffers sorted by address: a new slice,
+// built in O(n).
+func (bs *Buffers) All() []*Buffer { return bs.sorted.Values() }
 
 func (bs *Buffers) busy(b *Buffer) func() bool {
 	if bs.Busy == nil {

@@ -746,3 +746,114 @@ func TestBuffersConcurrent(t *testing.T) {
 		t.Fatal(msg)
 	}
 }
+
+// TestBuffersMany registers more buffers than a chunk of the ID table or
+// of the address index holds, in random order, unregisters a random half
+// one by one and the rest with UnregisterAll, checking Get, Find,
+// Overlapping, Len and All against the model all along.
+func TestBuffersMany(t *testing.T) {
+	const n, size = 3000, 64
+	mem := make([]byte, n*2*size) // buffer i at [2i*size, 2i*size+size): gaps between
+	var bs segtable.Buffers
+	live := map[int]*segtable.Buffer{}
+	rng := rand.New(rand.NewPCG(19, 2))
+	check := func(step string) {
+		t.Helper()
+		if bs.Len() != len(live) || len(bs.All()) != len(live) {
+			t.Fatalf("%s: Len %d, All %d, want %d", step, bs.Len(), len(bs.All()), len(live))
+		}
+		all := bs.All()
+		for i := 1; i < len(all); i++ {
+			if all[i-1].Addr >= all[i].Addr {
+				t.Fatalf("%s: All out of order at %d", step, i)
+			}
+		}
+		for range 300 {
+			i := rng.IntN(n)
+			b := live[i]
+			at := mem[2*i*size:]
+			addr := uintptr(unsafe.Pointer(&at[0]))
+			if got := bs.Find(addr+3, 8); got != b {
+				t.Fatalf("%s: Find in buffer %d = %v, want %v", step, i, got, b)
+			}
+			if got := bs.Find(addr+size, 1); got != nil {
+				t.Fatalf("%s: Find in the gap after %d = %v", step, i, got)
+			}
+			if got := bs.Overlapping(addr-5, 10); got != b {
+				t.Fatalf("%s: Overlapping the start of %d = %v, want %v", step, i, got, b)
+			}
+			if got := bs.Overlapping(addr+size, size); got != nil {
+				t.Fatalf("%s: Overlapping the gap after %d = %v", step, i, got)
+			}
+			if b != nil && bs.Get(b.ID) != b {
+				t.Fatalf("%s: Get(%#x) != buffer %d", step, b.ID, i)
+			}
+		}
+	}
+	var ids []segtable.BufferID
+	for _, i := range rng.Perm(n) {
+		b, err := bs.Register(mem[2*i*size:2*i*size+size], "", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := bs.Register(mem[2*i*size+size/2:2*i*size+size+1], "", true); !errors.Is(err, segtable.ErrOverlap) {
+			t.Fatalf("overlapping the end of buffer %d: %v", i, err)
+		}
+		live[i] = b
+		ids = append(ids, b.ID)
+	}
+	check("registered")
+	for _, i := range rng.Perm(n)[:n/2] {
+		if _, err := bs.Unregister(context.Background(), live[i].ID); err != nil {
+			t.Fatal(err)
+		}
+		delete(live, i)
+	}
+	check("half unregistered")
+	gone, err := bs.UnregisterAll(context.Background())
+	if err != nil || len(gone) != n-n/2 {
+		t.Fatalf("UnregisterAll: %d buffers, %v", len(gone), err)
+	}
+	clear(live)
+	check("all unregistered")
+	for _, id := range ids {
+		if bs.Get(id) != nil {
+			t.Fatalf("Get(%#x) after UnregisterAll", id)
+		}
+	}
+	b, err := bs.Register(mem[:size], "", true)
+	if err != nil || slices.Contains(ids, b.ID) {
+		t.Fatalf("registered again: %v, ID reused %v", err, b != nil && slices.Contains(ids, b.ID))
+	}
+	if _, err := bs.Unregister(context.Background(), b.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkBuffersRegister registers n buffers one by one into an empty
+// table, then unregisters them one by one: the table's own share of
+// registration and of an engine's Close.
+func BenchmarkBuffersRegister(b *testing.B) {
+	for _, n := range []int{1000, 10000, 100000} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			mem := make([]byte, n*64)
+			ids := make([]segtable.BufferID, n)
+			for b.Loop() {
+				var bs segtable.Buffers
+				for i := range n {
+					x, err := bs.Register(mem[i*64:(i+1)*64], "", true)
+					if err != nil {
+						b.Fatal(err)
+					}
+					ids[i] = x.ID
+				}
+				for _, id := range ids {
+					if _, err := bs.Unregister(context.Background(), id); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/buffer")
+		})
+	}
+}

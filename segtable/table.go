@@ -107,93 +107,146 @@ func (r *Ref) DrainWhile(ctx context.Context, busy func() bool) error {
 	return nil
 }
 
-// table is a copy-on-write index of entries: lookups load one pointer and
-// index an array; changes take mu and publish a new snapshot.
+// table is an index of entries by ID in chunks of tableChunk slots, each
+// chunk copy-on-write: a lookup loads the chunk's pointer from a fixed
+// array and reads the slot (two loads, no lock); a change takes mu and
+// publishes a new copy of one chunk, so it costs O(tableChunk) however many
+// entries there are (a single array copied whole made n registrations cost
+// n²).
 type table[E any] struct {
-	mu   sync.Mutex
-	snap atomic.Pointer[[]slot[E]]
-	gens []uint32 // per index, guarded by mu; bumped on removal
-	free []int    // free indexes, guarded by mu
+	mu     sync.Mutex
+	chunks [tableChunks]atomic.Pointer[[tableChunk]slot[E]]
+	size   int      // indexes ever handed out, guarded by mu
+	gens   []uint32 // per index, guarded by mu; bumped on removal
+	free   []int    // free indexes, guarded by mu
 	// first is the lowest index handed out (LocalSegmentID reserves 0).
 	first int
 }
+
+const (
+	tableChunkBits = 9
+	tableChunk     = 1 << tableChunkBits
+	tableChunks    = (MaxEntries + tableChunk - 1) / tableChunk
+)
 
 type slot[E any] struct {
 	id uint32
 	e  *E
 }
 
-func (t *table[E]) load() []slot[E] {
-	if p := t.snap.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
-
 // get returns the live entry named id, or nil. Lock-free.
 func (t *table[E]) get(id uint32) *E {
-	idx, _ := splitID(id)
-	s := t.load()
-	if idx >= len(s) || s[idx].id != id {
+	idx := int(id & idIndexMask)
+	if idx>>tableChunkBits >= tableChunks {
 		return nil
 	}
-	return s[idx].e
+	c := t.chunks[idx>>tableChunkBits].Load()
+	if c == nil {
+		return nil
+	}
+	s := &c[idx&(tableChunk-1)]
+	if s.id != id {
+		return nil
+	}
+	return s.e
 }
 
 // insert places e and returns its ID; mu must be held. build is called with
 // the ID before the entry is published.
 func (t *table[E]) insert(e *E, build func(id uint32)) (uint32, error) {
-	old := t.load()
 	var idx int
 	if n := len(t.free); n > 0 {
 		idx, t.free = t.free[n-1], t.free[:n-1]
 	} else {
-		idx = max(len(old), t.first)
+		idx = max(t.size, t.first)
 		if idx >= MaxEntries {
 			return 0, ErrFull
 		}
+		t.size = idx + 1
 	}
-	size := max(len(old), idx+1)
-	for len(t.gens) < size {
+	for len(t.gens) < t.size {
 		t.gens = append(t.gens, 1)
 	}
 	id := makeID(idx, t.gens[idx])
 	build(id)
-	s := make([]slot[E], size)
-	copy(s, old)
-	s[idx] = slot[E]{id: id, e: e}
-	t.snap.Store(&s)
+	t.store(idx, slot[E]{id: id, e: e})
 	return id, nil
+}
+
+// store publishes a copy of idx's chunk with s in idx's slot; mu must be
+// held.
+func (t *table[E]) store(idx int, s slot[E]) {
+	p := &t.chunks[idx>>tableChunkBits]
+	c := new([tableChunk]slot[E])
+	if old := p.Load(); old != nil {
+		*c = *old
+	}
+	c[idx&(tableChunk-1)] = s
+	p.Store(c)
 }
 
 // set publishes e (or nil) at a live ID; mu must be held.
 func (t *table[E]) set(id uint32, e *E) {
 	idx, _ := splitID(id)
-	old := t.load()
-	s := make([]slot[E], len(old))
-	copy(s, old)
-	if e == nil {
-		s[idx] = slot[E]{}
-		// Generation 0 never names a live entry. When the generations of
-		// an index run out, retire the index rather than wrap: wrapped,
-		// an ID kept from the index's first entry would name a later one
-		// (after 4095 reuses, which a loop that registers and unregisters
-		// one buffer reaches in milliseconds, since free is LIFO).
-		if gen := (t.gens[idx] + 1) & (1<<(32-idIndexBits) - 1); gen != 0 {
-			t.gens[idx] = gen
-			t.free = append(t.free, idx)
-		}
-	} else {
-		s[idx] = slot[E]{id: id, e: e}
+	if e != nil {
+		t.store(idx, slot[E]{id: id, e: e})
+		return
 	}
-	t.snap.Store(&s)
+	t.store(idx, slot[E]{})
+	t.retire(idx)
 }
 
-// each calls fn for every live entry of the current snapshot.
+// retire bumps the generation of a freed index and frees it; mu must be
+// held.
+func (t *table[E]) retire(idx int) {
+	// Generation 0 never names a live entry. When the generations of an
+	// index run out, retire the index rather than wrap: wrapped, an ID kept
+	// from the index's first entry would name a later one (after 4095
+	// reuses, which a loop that registers and unregisters one buffer
+	// reaches in milliseconds, since free is LIFO).
+	if gen := (t.gens[idx] + 1) & (1<<(32-idIndexBits) - 1); gen != 0 {
+		t.gens[idx] = gen
+		t.free = append(t.free, idx)
+	}
+}
+
+// removeAll clears the live IDs ids at once, copying each chunk they touch
+// once; mu must be held.
+func (t *table[E]) removeAll(ids []uint32) {
+	copies := map[int]*[tableChunk]slot[E]{}
+	for _, id := range ids {
+		idx, _ := splitID(id)
+		ci := idx >> tableChunkBits
+		c := copies[ci]
+		if c == nil {
+			c = new([tableChunk]slot[E])
+			if old := t.chunks[ci].Load(); old != nil {
+				*c = *old
+			}
+			copies[ci] = c
+		}
+		c[idx&(tableChunk-1)] = slot[E]{}
+		t.retire(idx)
+	}
+	for ci, c := range copies {
+		t.chunks[ci].Store(c)
+	}
+}
+
+// each calls fn for every live entry, in the order of their indexes.
 func (t *table[E]) each(fn func(*E)) {
-	for _, s := range t.load() {
-		if s.e != nil {
-			fn(s.e)
+	t.mu.Lock()
+	n := t.size
+	t.mu.Unlock()
+	for ci := 0; ci<<tableChunkBits < n; ci++ {
+		c := t.chunks[ci].Load()
+		if c == nil {
+			continue
+		}
+		for i := range c {
+			if c[i].e != nil {
+				fn(c[i].e)
+			}
 		}
 	}
 }
