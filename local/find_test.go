@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/moonring/moonring/segtable"
 )
 
 // TestFindNested: while an old registration drains under a new one of the
@@ -12,7 +14,7 @@ import (
 func TestFindNested(t *testing.T) {
 	outer := &region{addr: 0x1000, length: 0x3000} // [0x1000, 0x4000), new
 	inner := &region{addr: 0x2000, length: 0x100}  // [0x2000, 0x2100), draining
-	rs := []*region{outer, inner}
+	rs := sorted(outer, inner)
 	for _, c := range []struct {
 		addr, n uint64
 		want    *region
@@ -43,11 +45,20 @@ func TestFindNested(t *testing.T) {
 	// The same memory registered again before the old one starts to
 	// drain: the newer one, last among equal starts, is found.
 	again := &region{addr: 0x1000, length: 0x3000}
-	if got := find([]*region{outer, again, inner}, 0x3000, 16); got != again {
+	if got := find(sorted(outer, again, inner), 0x3000, 16); got != again {
 		t.Errorf("find with the same memory registered twice = %+v; want the newer", got)
 	}
 	inner.ref.Release()
 	if err := <-drained; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// sorted returns the regions rs, in that order, as a Transport holds them.
+func sorted(rs ...*region) *segtable.Sorted[*region] {
+	s := new(segtable.Sorted[*region])
+	for _, r := range rs {
+		s.Insert(uint64(r.addr), r)
+	}
+	return s
 }
