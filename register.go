@@ -70,17 +70,19 @@ func (e *Engine) RegisterLocalMemoryBatch(specs []BufferSpec) ([]BufferID, error
 			b.Regs[slot].Store(&reg)
 		}
 		e.stage(b)
+		e.described(b)
 		remote = remote || s.Remote
 	}
 	ids := make([]BufferID, len(done))
 	for i, b := range done {
 		ids[i] = b.ID
 	}
-	e.self.SetDesc(e.desc(false))
 	if remote {
-		if err := e.publish(); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+		err := e.publishCtx(ctx)
+		cancel()
+		if err != nil {
 			undo()
-			e.self.SetDesc(e.desc(false))
 			return nil, err
 		}
 	}
@@ -95,6 +97,7 @@ func (e *Engine) unregisterLocked(b *segtable.Buffer) error {
 	if _, uerr := e.buffers.Unregister(context.Background(), b.ID); uerr != nil {
 		err = uerr
 	}
+	e.undescribed(b)
 	for slot, t := range e.transports {
 		err = errors.Join(err, e.unregisterFrom(t, slot, b))
 	}
@@ -170,12 +173,12 @@ func (e *Engine) UnregisterLocalMemoryBatch(ctx context.Context, bufs [][]byte) 
 				e.retiring = append(e.retiring, span{b.Addr, b.Length})
 			}
 		}
+		e.undescribed(b)
 		e.mu.Unlock()
 		remote = remote || b.Remote
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.self.SetDesc(e.desc(false))
 	if remote && !e.closed.Load() {
 		// Within the caller's deadline too (serve's grace), give or take a
 		// second for the store: a slow store must not hold the caller long
@@ -235,10 +238,8 @@ func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 func (e *Engine) Free(b []byte) error {
 	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 	hi := lo + uintptr(cap(b))
-	for _, x := range e.buffers.All() {
-		if x.Addr < hi && lo < x.Addr+uintptr(x.Length) {
-			return fmt.Errorf("moonring: free: buffer %d lies in this memory (unregister it first): %w", x.ID, ErrRegistered)
-		}
+	if x := e.buffers.Overlapping(lo, uint64(hi-lo)); x != nil {
+		return fmt.Errorf("moonring: free: buffer %d lies in this memory (unregister it first): %w", x.ID, ErrRegistered)
 	}
 	e.mu.Lock()
 	for _, s := range e.retiring {

@@ -93,46 +93,115 @@ func (e *Engine) PublishLocalSegment(ctx context.Context) error {
 	return e.publishCtx(ctx)
 }
 
-// desc builds the engine's descriptor: remote-accessible buffers only for
-// peers, every buffer for the local segment. mu must be held (or the engine
-// not yet shared).
-func (e *Engine) desc(remoteOnly bool) *segtable.SegmentDesc {
+// The engine's descriptor is kept one registration at a time: the local
+// segment holds a segtable.DescList of every buffer but the staging arena,
+// each entry's BufferDesc (its keys) built once, when the buffer is
+// registered. A registration or unregistration changes one entry, and the
+// local segment's flat descriptor is built only when asked for (Segment,
+// a request naming TargetBuffer). Rebuilding it from every buffer and
+// every transport's registrations on each call made n registrations cost
+// n² (10k buffers one by one took 12.8 s). A publish hands the store the
+// remote-accessible entries, copied (the store's own copy is O(n) in any
+// case); only a change of transports rebuilds the list.
+
+// header returns the engine's descriptor without buffers: name, epoch,
+// endpoints. mu must be held (or the engine not yet shared).
+func (e *Engine) header() *segtable.SegmentDesc {
 	d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: e.cfg.Name, Epoch: e.epoch, Endpoints: map[string]string{}}
 	for _, t := range e.transports {
 		if t != nil {
 			d.Endpoints[t.Name()] = t.Endpoint()
 		}
 	}
-	for _, b := range e.buffers.All() {
-		if (remoteOnly && !b.Remote) || b == e.arena {
-			continue // the staging arena is no request's to name
-		}
-		bd := segtable.BufferDesc{Addr: uint64(b.Addr), Length: b.Length, Location: string(b.Location), Keys: map[string]string{}}
-		for slot, t := range e.transports {
-			if r := b.Regs[slot].Load(); t != nil && r != nil && r.Key != "" {
-				bd.Keys[t.Name()] = r.Key
-			}
-		}
-		d.Buffers = append(d.Buffers, bd)
-	}
 	return d
 }
 
-// publish refreshes the local segment's descriptor and republishes the
-// engine's segment, unless RemoveLocalSegment withdrew it. mu must be held
-// (or the engine not yet shared).
+// bufferDesc returns b's entry in the descriptor: its range, location and
+// the key each transport attached. mu must be held.
+func (e *Engine) bufferDesc(b *segtable.Buffer) segtable.BufferDesc {
+	bd := segtable.BufferDesc{Addr: uint64(b.Addr), Length: b.Length, Location: string(b.Location), Keys: map[string]string{}}
+	for slot, t := range e.transports {
+		if r := b.Regs[slot].Load(); t != nil && r != nil && r.Key != "" {
+			bd.Keys[t.Name()] = r.Key
+		}
+	}
+	return bd
+}
+
+// desc builds the engine's descriptor from every buffer: remote-accessible
+// buffers only for peers, every buffer for the local segment. mu must be
+// held (or the engine not yet shared).
+func (e *Engine) desc(remoteOnly bool) *segtable.SegmentDesc {
+	d := e.header()
+	e.buffers.Each(func(b *segtable.Buffer) bool {
+		if (!remoteOnly || b.Remote) && b != e.arena { // the staging arena is no request's to name
+			d.Buffers = append(d.Buffers, e.bufferDesc(b))
+		}
+		return true
+	})
+	return d
+}
+
+// descList returns the local segment's list, made on first use. mu must
+// be held (or the engine not yet shared).
+func (e *Engine) descList() *segtable.DescList {
+	if l := e.self.List(); l != nil {
+		return l
+	}
+	l := new(segtable.DescList)
+	e.refreshList(l)
+	e.self.SetList(l)
+	return l
+}
+
+// refreshList rebuilds l from every buffer: after the transports changed
+// (new keys, keys gone). mu must be held (or the engine not yet shared).
+func (e *Engine) refreshList(l *segtable.DescList) {
+	var ids []segtable.BufferID
+	var ds []segtable.BufferDesc
+	var remote []bool
+	e.buffers.Each(func(b *segtable.Buffer) bool {
+		if b != e.arena {
+			ids, ds, remote = append(ids, b.ID), append(ds, e.bufferDesc(b)), append(remote, b.Remote)
+		}
+		return true
+	})
+	l.Reset(ids, ds, remote)
+}
+
+// described adds b to the local segment's descriptor. mu must be held.
+func (e *Engine) described(b *segtable.Buffer) {
+	e.descList().Put(b.ID, e.bufferDesc(b), b.Remote)
+}
+
+// undescribed drops b from the local segment's descriptor. mu must be
+// held.
+func (e *Engine) undescribed(b *segtable.Buffer) {
+	e.descList().Delete(b.ID, uint64(b.Addr))
+}
+
+// publish rebuilds the engine's descriptor from every buffer and every
+// transport and republishes the engine's segment, unless
+// RemoveLocalSegment withdrew it: for a change of transports. mu must be
+// held (or the engine not yet shared).
 func (e *Engine) publish() error {
+	l := e.descList()
+	e.refreshList(l)
+	e.self.SetDesc(e.header())
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
 	return e.publishCtx(ctx)
 }
 
+// publishCtx republishes the engine's segment as the local segment's list
+// has it, unless RemoveLocalSegment withdrew it. mu must be held.
 func (e *Engine) publishCtx(ctx context.Context) error {
-	e.self.SetDesc(e.desc(false))
 	if e.withdrawn {
 		return nil
 	}
-	if err := e.store.Put(ctx, e.desc(true)); err != nil {
+	d := e.header()
+	d.Buffers = e.descList().Buffers(true)
+	if err := e.store.Put(ctx, d); err != nil {
 		return fmt.Errorf("moonring: publish segment %q to %s: %w", e.cfg.Name, e.cfg.Metadata, err)
 	}
 	return nil

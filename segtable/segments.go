@@ -24,14 +24,33 @@ type Segment[E any] struct {
 	SliceSize uint64
 
 	desc atomic.Pointer[SegmentDesc]
+	list atomic.Pointer[DescList]
 	ref  ref
 }
 
-// Desc returns the current descriptor. Callers must not modify it.
-func (s *Segment[E]) Desc() *SegmentDesc { return s.desc.Load() }
+// Desc returns the current descriptor. Callers must not modify it. For a
+// segment with a DescList it is the descriptor set with SetDesc with the
+// list's buffers, built when the list has changed since the last Desc.
+func (s *Segment[E]) Desc() *SegmentDesc {
+	d := s.desc.Load()
+	if l := s.list.Load(); l != nil {
+		return l.desc(d)
+	}
+	return d
+}
 
-// SetDesc replaces the descriptor (the peer republished it).
+// SetDesc replaces the descriptor (the peer republished it). For a
+// segment with a DescList only its header counts (its Buffers are the
+// list's).
 func (s *Segment[E]) SetDesc(d *SegmentDesc) { s.desc.Store(d) }
+
+// SetList gives the segment its buffers from l from now on: Resolve
+// searches l and Desc builds from it. For the engine's own segment, whose
+// buffers change with every registration.
+func (s *Segment[E]) SetList(l *DescList) { s.list.Store(l) }
+
+// List returns the segment's DescList, or nil.
+func (s *Segment[E]) List() *DescList { return s.list.Load() }
 
 // Acquire takes a reference that keeps the segment open; it fails once
 // closing has begun. Every successful Acquire needs one Release.
@@ -52,6 +71,9 @@ func (s *Segment[E]) InUse() int { return s.ref.InUse() }
 func (s *Segment[E]) Resolve(addr, n uint64) int {
 	if n == 0 {
 		return -1
+	}
+	if l := s.list.Load(); l != nil {
+		return l.Find(addr, n)
 	}
 	return s.desc.Load().Find(addr, n)
 }

@@ -105,8 +105,13 @@ func (s *Sorted[T]) Descend(key uint64, fn func(k uint64, v T) bool) {
 }
 
 // Ascend calls fn for every value in order, until fn returns false.
-func (s *Sorted[T]) Ascend(fn func(k uint64, v T) bool) {
-	for _, ch := range s.load().chunks {
+func (s *Sorted[T]) Ascend(fn func(k uint64, v T) bool) { s.load().ascend(fn) }
+
+func (sn *sortedSnap[T]) ascend(fn func(k uint64, v T) bool) {
+	if sn == nil {
+		return
+	}
+	for _, ch := range sn.chunks {
 		for i, k := range ch.keys {
 			if !fn(k, ch.vals[i]) {
 				return

@@ -1,0 +1,116 @@
+package segtable
+
+import "sync/atomic"
+
+// DescList holds the buffers of an engine's own descriptor, kept up to
+// date one registration at a time: a Put or Delete copies O(sqrt n) of
+// them (see Sorted), where rebuilding the descriptor from every buffer
+// made each registration O(n) and n of them n². Find is lock-free. A
+// Segment given a DescList (Segment.SetList) resolves requests with it
+// and builds its flat descriptor only when asked for one, once per change.
+//
+// Find, Len and Buffers are safe for concurrent use with each other and
+// with one changer; changes (Put, Delete, Reset) must be serialized by the
+// caller. The zero value is empty and ready for use.
+type DescList struct {
+	s     Sorted[descEntry]
+	cache atomic.Pointer[descCache] // the last flat descriptor built
+}
+
+type descEntry struct {
+	d      *BufferDesc // not modified once in the list
+	id     BufferID
+	remote bool
+}
+
+type descCache struct {
+	header *SegmentDesc
+	snap   *sortedSnap[descEntry]
+	desc   *SegmentDesc
+}
+
+// Put adds d, the descriptor of buffer id (remote: whether peers see it).
+// Entries whose ranges d meets are dropped first: their buffers left the
+// owner's table already (it refuses overlaps), only their Deletes are
+// still to come.
+func (l *DescList) Put(id BufferID, d BufferDesc, remote bool) {
+	end := d.Addr + d.Length - 1
+	for {
+		x, _, _, ok := l.s.Floor(end)
+		if !ok || x.d.Addr+x.d.Length <= d.Addr {
+			break
+		}
+		l.s.Delete(x.d.Addr, func(y descEntry) bool { return y.id == x.id })
+	}
+	l.s.Insert(d.Addr, descEntry{d: &d, id: id, remote: remote})
+}
+
+// Delete drops the entry of buffer id, which starts at addr, if it is
+// there.
+func (l *DescList) Delete(id BufferID, addr uint64) {
+	l.s.Delete(addr, func(x descEntry) bool { return x.id == id })
+}
+
+// Reset replaces the entries with ds, the descriptors of the buffers ids,
+// sorted by address and not overlapping; remote says which of them peers
+// see.
+func (l *DescList) Reset(ids []BufferID, ds []BufferDesc, remote []bool) {
+	keys := make([]uint64, len(ds))
+	es := make([]descEntry, len(ds))
+	for i := range ds {
+		keys[i] = ds[i].Addr
+		es[i] = descEntry{d: &ds[i], id: ids[i], remote: remote[i]}
+	}
+	l.s.Reset(keys, es)
+}
+
+// Len returns the number of entries.
+func (l *DescList) Len() int { return l.s.Len() }
+
+// Find returns the index, among all entries in address order, of the one
+// that holds [addr, addr+n), or -1.
+func (l *DescList) Find(addr, n uint64) int {
+	x, _, i, ok := l.s.Floor(addr)
+	if !ok || n == 0 || n > x.d.Length || addr-x.d.Addr > x.d.Length-n {
+		return -1
+	}
+	return i
+}
+
+// Buffers returns the entries' descriptors in address order, only those
+// peers see when remoteOnly: a new slice whose Keys maps are shared and
+// must not be modified.
+func (l *DescList) Buffers(remoteOnly bool) []BufferDesc {
+	n := l.s.Len()
+	if remoteOnly {
+		n = 0
+	}
+	out := make([]BufferDesc, 0, n)
+	l.s.Ascend(func(_ uint64, x descEntry) bool {
+		if x.remote || !remoteOnly {
+			out = append(out, *x.d)
+		}
+		return true
+	})
+	return out
+}
+
+// desc returns header with the buffers of every entry, built once per
+// change of either.
+func (l *DescList) desc(header *SegmentDesc) *SegmentDesc {
+	snap := l.s.snap.Load()
+	if c := l.cache.Load(); c != nil && c.header == header && c.snap == snap {
+		return c.desc
+	}
+	d := *header
+	d.Buffers = []BufferDesc{}
+	if snap != nil {
+		d.Buffers = make([]BufferDesc, 0, snap.n)
+	}
+	snap.ascend(func(_ uint64, x descEntry) bool {
+		d.Buffers = append(d.Buffers, *x.d)
+		return true
+	})
+	l.cache.Store(&descCache{header: header, snap: snap, desc: &d})
+	return &d
+}
