@@ -37,6 +37,20 @@ Two modes, as ucx_perftest's *_bw and *_lat tests:
            sizes 8,64,512,4K unless --block-size; each row gives the mean
            and the p50, p99 and p999 of single requests' round trips.
 
+--pattern kv moves a KV cache: a paged pool on each side (--pool, 2G),
+--layers (32) of K and V blocks of --block-size (32K) bytes, requests of
+--tokens (4096) tokens in --block-tokens (16) token blocks: by default
+16,384 scattered 32 KiB transfers of 512 MiB, random source blocks,
+--inflight (2) requests in flight to --targets (1) targets, one batch per
+request (or with --ring its entries through a ring). Each op gives a
+contig row (the same bytes per request as 1 MiB transfers) and a kv row
+(with kv/contig), per-request p50/p99/p999 in ms. The bytes are checked
+by a stamp per block; each row says which and where (--kv-sample).
+
+--cpu adds CPU seconds per GB moved on each side: this process
+(getrusage, less the checks) and the target processes it started
+(/proc/PID/stat), over each step's measured window.
+
 By default the target is a child process this command
 starts on loopback; it gets a random segment key made for the run,
 through its environment (never its command line), and the key ends with
