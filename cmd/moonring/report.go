@@ -123,10 +123,14 @@ func (r *runInfo) header() string {
 	if r.CPU {
 		mode += "# --cpu: CPU seconds (user+system) per GB moved in the measured window: this process (getrusage) and the target processes it started (/proc/PID/stat); checks' CPU left out\n"
 	}
+	sizes := fmt.Sprintf("buffer %s, batch %d, threads %d", fmtSize(r.Buffer), r.Batch, r.Threads)
+	if r.Pattern == "kv" {
+		sizes = fmt.Sprintf("pool %s per side, %d requests in flight", fmtSize(r.Buffer), r.Inflight)
+	}
 	return fmt.Sprintf("# moonring bench: %s to %s, metadata %s\n"+
-		"# buffer %s, batch %d, threads %d, %s API, %s per step after a warm-up of a fifth of it, %s\n"+
+		"# %s, %s API, %s per step after a warm-up of a fifth of it, %s\n"+
 		"# host %s, moonring %s, %s\n%s",
-		r.Transport, target, r.Metadata, fmtSize(r.Buffer), r.Batch, r.Threads, r.API, r.Duration, verify, r.Host, r.Version, r.Date, mode)
+		r.Transport, target, r.Metadata, sizes, r.API, r.Duration, verify, r.Host, r.Version, r.Date, mode)
 }
 
 // reporter prints the sweep's rows as each step ends; end finishes the
