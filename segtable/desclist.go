@@ -19,6 +19,7 @@ type DescList struct {
 
 type descEntry struct {
 	d      *BufferDesc // not modified once in the list
+	length uint64      // d.Length, beside the key: Find reads no BufferDesc
 	id     BufferID
 	remote bool
 }
@@ -42,7 +43,7 @@ func (l *DescList) Put(id BufferID, d BufferDesc, remote bool) {
 		}
 		l.s.Delete(x.d.Addr, func(y descEntry) bool { return y.id == x.id })
 	}
-	l.s.Insert(d.Addr, descEntry{d: &d, id: id, remote: remote})
+	l.s.Insert(d.Addr, descEntry{d: &d, length: d.Length, id: id, remote: remote})
 }
 
 // Delete drops the entry of buffer id, which starts at addr, if it is
@@ -59,7 +60,7 @@ func (l *DescList) Reset(ids []BufferID, ds []BufferDesc, remote []bool) {
 	es := make([]descEntry, len(ds))
 	for i := range ds {
 		keys[i] = ds[i].Addr
-		es[i] = descEntry{d: &ds[i], id: ids[i], remote: remote[i]}
+		es[i] = descEntry{d: &ds[i], length: ds[i].Length, id: ids[i], remote: remote[i]}
 	}
 	l.s.Reset(keys, es)
 }
@@ -70,8 +71,8 @@ func (l *DescList) Len() int { return l.s.Len() }
 // Find returns the index, among all entries in address order, of the one
 // that holds [addr, addr+n), or -1.
 func (l *DescList) Find(addr, n uint64) int {
-	x, _, i, ok := l.s.Floor(addr)
-	if !ok || n == 0 || n > x.d.Length || addr-x.d.Addr > x.d.Length-n {
+	x, start, i, ok := l.s.Floor(addr)
+	if !ok || n == 0 || n > x.length || addr-start > x.length-n {
 		return -1
 	}
 	return i

@@ -1,7 +1,11 @@
 package segtable_test
 
 import (
+	"context"
+	"fmt"
+	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/moonring/moonring/segtable"
 )
@@ -65,5 +69,98 @@ func TestDescList(t *testing.T) {
 	l.Reset(nil, nil, nil)
 	if d := s.Desc(); len(d.Buffers) != 0 || d.Buffers == nil || s.Resolve(0x3000, 1) != -1 {
 		t.Fatalf("after Reset: %+v", d)
+	}
+}
+
+// TestResolveMatchesFind: a segment's Resolve, on its packed copy of the
+// descriptor's ranges, answers as the descriptor's own Find.
+func TestResolveMatchesFind(t *testing.T) {
+	rng := rand.New(rand.NewPCG(19, 3))
+	var ss segtable.Segments[int]
+	for round := range 50 {
+		d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "peer"}
+		addr := uint64(rng.IntN(64))
+		for range rng.IntN(40) {
+			n := uint64(1 + rng.IntN(64))
+			d.Buffers = append(d.Buffers, segtable.BufferDesc{Addr: addr, Length: n})
+			addr += n + uint64(rng.IntN(3))*uint64(rng.IntN(64))
+		}
+		if err := d.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		s, err := ss.Open(fmt.Sprint("peer", round), d, 0, 0, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 500 {
+			a, n := uint64(rng.IntN(int(addr)+70)), uint64(rng.IntN(80))
+			want := d.Find(a, n)
+			if n == 0 {
+				want = -1
+			}
+			if got := s.Resolve(a, n); got != want {
+				t.Fatalf("round %d: Resolve(%d, %d) = %d, Find %d (%+v)", round, a, n, got, want, d.Buffers)
+			}
+		}
+	}
+}
+
+// BenchmarkResolve is one lookup of a random address among n buffers of 4
+// KiB, each way a request's range is looked up: the peer's descriptor
+// searched as it was (SegmentDesc.Find over 56-byte BufferDescs, the
+// baseline), a segment's Resolve (packed starts), the engine's own
+// segment's (a DescList) and Buffers.Find (Sorted).
+func BenchmarkResolve(b *testing.B) {
+	for _, n := range []int{1, 100, 10000, 100000} {
+		d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "peer"}
+		var l segtable.DescList
+		var bs segtable.Buffers
+		mem := make([]byte, n*4096)
+		base := uint64(uintptr(unsafe.Pointer(&mem[0])))
+		for i := range n {
+			bd := segtable.BufferDesc{Addr: base + uint64(i)*4096, Length: 4096, Location: "cpu:0", Keys: map[string]string{"local": "1"}}
+			d.Buffers = append(d.Buffers, bd)
+			l.Put(segtable.BufferID(i+1), bd, true)
+			if _, err := bs.Register(mem[i*4096:(i+1)*4096], "cpu:0", true); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var ss segtable.Segments[int]
+		s, _ := ss.Open("peer", d, 0, 0, 0, 0)
+		self := ss.SetLocal("self", d, 0, 0, 0)
+		self.SetList(&l)
+		addrs := make([]uint64, 1<<16)
+		rng := rand.New(rand.NewPCG(1, 2))
+		for i := range addrs {
+			addrs[i] = base + uint64(rng.IntN(n))*4096 + 64
+		}
+		for _, c := range []struct {
+			name string
+			find func(addr uint64) int
+		}{
+			{"desc.Find", func(a uint64) int { return d.Find(a, 64) }},
+			{"Segment.Resolve", func(a uint64) int { return s.Resolve(a, 64) }},
+			{"self.Resolve", func(a uint64) int { return self.Resolve(a, 64) }},
+			{"Buffers.Find", func(a uint64) int {
+				if bs.Find(uintptr(a), 64) == nil {
+					return -1
+				}
+				return 0
+			}},
+		} {
+			b.Run(fmt.Sprintf("buffers=%d/%s", n, c.name), func(b *testing.B) {
+				i := 0
+				for b.Loop() {
+					if c.find(addrs[i&(len(addrs)-1)]) < 0 {
+						b.Fatal("not found")
+					}
+					i++
+				}
+			})
+		}
+		all, _ := bs.UnregisterAll(context.Background())
+		if len(all) != n {
+			b.Fatal(len(all))
+		}
 	}
 }

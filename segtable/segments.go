@@ -23,7 +23,7 @@ type Segment[E any] struct {
 	// SliceSize is the slice size of that transport; 0 means the default.
 	SliceSize uint64
 
-	desc atomic.Pointer[SegmentDesc]
+	desc atomic.Pointer[segView]
 	list atomic.Pointer[DescList]
 	ref  ref
 }
@@ -32,7 +32,7 @@ type Segment[E any] struct {
 // segment with a DescList it is the descriptor set with SetDesc with the
 // list's buffers, built when the list has changed since the last Desc.
 func (s *Segment[E]) Desc() *SegmentDesc {
-	d := s.desc.Load()
+	d := s.desc.Load().d
 	if l := s.list.Load(); l != nil {
 		return l.desc(d)
 	}
@@ -42,7 +42,35 @@ func (s *Segment[E]) Desc() *SegmentDesc {
 // SetDesc replaces the descriptor (the peer republished it). For a
 // segment with a DescList only its header counts (its Buffers are the
 // list's).
-func (s *Segment[E]) SetDesc(d *SegmentDesc) { s.desc.Store(d) }
+func (s *Segment[E]) SetDesc(d *SegmentDesc) { s.desc.Store(newSegView(d)) }
+
+// segView is a descriptor with its buffers' starts and lengths packed in
+// arrays of their own: Resolve, once per request, searches 8-byte keys
+// rather than 56-byte BufferDescs, a cache line for every probe among
+// many buffers.
+type segView struct {
+	d       *SegmentDesc
+	starts  []uint64
+	lengths []uint64
+}
+
+func newSegView(d *SegmentDesc) *segView {
+	v := &segView{d: d, starts: make([]uint64, len(d.Buffers)), lengths: make([]uint64, len(d.Buffers))}
+	for i := range d.Buffers {
+		v.starts[i], v.lengths[i] = d.Buffers[i].Addr, d.Buffers[i].Length
+	}
+	return v
+}
+
+// find returns the index of the buffer that holds [addr, addr+n), or -1:
+// Desc.Find on the packed arrays.
+func (v *segView) find(addr, n uint64) int {
+	i := floorIndex(v.starts, addr)
+	if i < 0 || n > v.lengths[i] || addr-v.starts[i] > v.lengths[i]-n {
+		return -1
+	}
+	return i
+}
 
 // SetList gives the segment its buffers from l from now on: Resolve
 // searches l and Desc builds from it. For the engine's own segment, whose
@@ -75,7 +103,7 @@ func (s *Segment[E]) Resolve(addr, n uint64) int {
 	if l := s.list.Load(); l != nil {
 		return l.Find(addr, n)
 	}
-	return s.desc.Load().Find(addr, n)
+	return s.desc.Load().find(addr, n)
 }
 
 // Segments is the table of opened segments, with O(1) lock-free lookup by
@@ -100,7 +128,7 @@ type Segments[E any] struct {
 // endpoint, the zero E for none.
 func (ss *Segments[E]) Open(name string, desc *SegmentDesc, transportSlot int, sliceSize uint64, ep, staged E) (*Segment[E], error) {
 	s := &Segment[E]{Name: name, Endpoint: ep, Staged: staged, Transport: transportSlot, SliceSize: sliceSize}
-	s.desc.Store(desc)
+	s.SetDesc(desc)
 	ss.t.mu.Lock()
 	defer ss.t.mu.Unlock()
 	ss.t.first = 1
@@ -117,7 +145,7 @@ func (ss *Segments[E]) Open(name string, desc *SegmentDesc, transportSlot int, s
 // SetLocal installs the engine's own segment under LocalSegmentID.
 func (ss *Segments[E]) SetLocal(name string, desc *SegmentDesc, transportSlot int, sliceSize uint64, ep E) *Segment[E] {
 	s := &Segment[E]{ID: LocalSegmentID, Name: name, Endpoint: ep, Transport: transportSlot, SliceSize: sliceSize}
-	s.desc.Store(desc)
+	s.SetDesc(desc)
 	ss.local.Store(s)
 	return s
 }

@@ -1,6 +1,9 @@
 package segtable
 
-import "sync/atomic"
+import (
+	"math/bits"
+	"sync/atomic"
+)
 
 // Sorted is a copy-on-write sequence of values ordered by a uint64 key (an
 // address), kept in chunks of at most maxChunk: lookups load one snapshot
@@ -24,7 +27,7 @@ const (
 
 type sortedSnap[T any] struct {
 	firsts []uint64 // firsts[c] is chunks[c].keys[0]
-	chunks []*sortedChunk[T]
+	chunks []sortedChunk[T]
 	offs   []int // offs[c]: how many values lie before chunk c
 	n      int
 }
@@ -47,31 +50,34 @@ func (s *Sorted[T]) Len() int { return s.load().n }
 // floor returns the chunk and offset of the last value whose key is at
 // most key, or c = -1.
 func (sn *sortedSnap[T]) floor(key uint64) (c, i int) {
-	// sort.Search by hand, twice: this runs for every request.
-	lo, hi := 0, len(sn.firsts)
-	for lo < hi {
-		h := int(uint(lo+hi) >> 1)
-		if sn.firsts[h] > key {
-			hi = h
-		} else {
-			lo = h + 1
-		}
-	}
-	if lo == 0 {
+	if c = floorIndex(sn.firsts, key); c < 0 {
 		return -1, 0
 	}
-	c = lo - 1
-	ks := sn.chunks[c].keys
-	lo, hi = 1, len(ks) // ks[0] <= key
-	for lo < hi {
-		h := int(uint(lo+hi) >> 1)
-		if ks[h] > key {
-			hi = h
-		} else {
-			lo = h + 1
-		}
+	return c, floorIndex(sn.chunks[c].keys, key)
+}
+
+// floorIndex returns the index of the last element of a, which is sorted,
+// that is at most key, or -1. The search has no branch on the data (the
+// halving compiles to a conditional move): a lookup of a random address
+// otherwise mispredicts about half its steps, which cost more than the
+// loads.
+func floorIndex(a []uint64, key uint64) int {
+	n := len(a)
+	if n == 0 {
+		return -1
 	}
-	return c, lo - 1
+	base := 0
+	for n > 1 {
+		half := n >> 1
+		// borrow is 1 when key < a[base+half]: step over half unless so.
+		_, borrow := bits.Sub64(key, a[base+half], 0)
+		base += half & int(borrow-1)
+		n -= half
+	}
+	if a[base] > key {
+		return -1
+	}
+	return base
 }
 
 // Floor returns the last value whose key is at most key, that key, and the
@@ -82,7 +88,7 @@ func (s *Sorted[T]) Floor(key uint64) (v T, k uint64, index int, ok bool) {
 	if c < 0 {
 		return v, 0, -1, false
 	}
-	ch := sn.chunks[c]
+	ch := &sn.chunks[c]
 	return ch.vals[i], ch.keys[i], sn.offs[c] + i, true
 }
 
@@ -134,7 +140,7 @@ func (s *Sorted[T]) Values() []T {
 func (s *Sorted[T]) Insert(key uint64, v T) {
 	sn := s.load()
 	if len(sn.chunks) == 0 {
-		s.publish(sn, 0, 0, []*sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}})
+		s.publish(sn, 0, 0, []sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}})
 		return
 	}
 	c, i := sn.floor(key)
@@ -148,11 +154,11 @@ func (s *Sorted[T]) Insert(key uint64, v T) {
 	vals := make([]T, 0, len(old.vals)+1)
 	vals = append(append(append(vals, old.vals[:at]...), v), old.vals[at:]...)
 	if len(keys) <= maxChunk {
-		s.publish(sn, c, c+1, []*sortedChunk[T]{{keys, vals}})
+		s.publish(sn, c, c+1, []sortedChunk[T]{{keys, vals}})
 		return
 	}
 	h := len(keys) / 2
-	s.publish(sn, c, c+1, []*sortedChunk[T]{
+	s.publish(sn, c, c+1, []sortedChunk[T]{
 		{keys: keys[:h:h], vals: vals[:h:h]},
 		{keys: keys[h:], vals: vals[h:]},
 	})
@@ -215,25 +221,25 @@ func (s *Sorted[T]) deleteAt(sn *sortedSnap[T], c, i int) {
 			}
 		}
 	}
-	s.publish(sn, lo, hi, []*sortedChunk[T]{{keys, vals}})
+	s.publish(sn, lo, hi, []sortedChunk[T]{{keys, vals}})
 }
 
 // Reset replaces the sequence with keys and vals, which must be sorted by
 // key and of one length.
 func (s *Sorted[T]) Reset(keys []uint64, vals []T) {
-	var chunks []*sortedChunk[T]
+	var chunks []sortedChunk[T]
 	for lo := 0; lo < len(keys); lo += maxChunk / 2 {
 		hi := min(lo+maxChunk/2, len(keys))
-		chunks = append(chunks, &sortedChunk[T]{keys: keys[lo:hi:hi], vals: vals[lo:hi:hi]})
+		chunks = append(chunks, sortedChunk[T]{keys: keys[lo:hi:hi], vals: vals[lo:hi:hi]})
 	}
 	s.publish(&sortedSnap[T]{}, 0, 0, chunks)
 }
 
 // publish stores a snapshot that is sn with chunks [lo, hi) replaced by
 // with.
-func (s *Sorted[T]) publish(sn *sortedSnap[T], lo, hi int, with []*sortedChunk[T]) {
+func (s *Sorted[T]) publish(sn *sortedSnap[T], lo, hi int, with []sortedChunk[T]) {
 	n := len(sn.chunks) - (hi - lo) + len(with)
-	ns := &sortedSnap[T]{firsts: make([]uint64, 0, n), chunks: make([]*sortedChunk[T], 0, n), offs: make([]int, n)}
+	ns := &sortedSnap[T]{firsts: make([]uint64, 0, n), chunks: make([]sortedChunk[T], 0, n), offs: make([]int, n)}
 	ns.chunks = append(append(append(ns.chunks, sn.chunks[:lo]...), with...), sn.chunks[hi:]...)
 	ns.firsts = append(ns.firsts, sn.firsts[:lo]...)
 	for _, ch := range ns.chunks[lo:] {
