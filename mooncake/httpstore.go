@@ -238,6 +238,12 @@ func (s *HTTPStore) read(ctx context.Context, name string) (*segtable.SegmentDes
 		if rpc, _, err = s.fetchRPC(ctx, name); err != nil {
 			return nil, nil, err
 		}
+		if rpc == nil {
+			// Outside P2PHANDSHAKE the name's port (if any) is not the RPC
+			// port: without an entry, the host alone is known.
+			host, _, _ := SplitServerName(name)
+			rpc = &RPCMeta{IPOrHostName: host}
+		}
 	}
 	sd, err := ToSegtable(d, rpc)
 	if err != nil {

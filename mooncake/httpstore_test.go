@@ -165,3 +165,17 @@ func TestHTTPStoreBadServer(t *testing.T) {
 		t.Error(s.String())
 	}
 }
+
+// TestHTTPStoreNoRPCMeta: without an rpc_meta entry a segment name's port
+// is not taken for the RPC port (outside P2PHANDSHAKE it is not one).
+func TestHTTPStoreNoRPCMeta(t *testing.T) {
+	f := newFakeServer(t, true)
+	f.set("mooncake/ram/10.1.0.7:15001", readGolden(t, "tcp.json"))
+	d, err := newStore(t, f, Keys{}).Get(t.Context(), "10.1.0.7:15001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := d.Endpoints[EndpointRPC]; ok || d.Endpoints[TransportTCP] != "10.1.0.7:16734" {
+		t.Fatalf("endpoints %v", d.Endpoints)
+	}
+}
