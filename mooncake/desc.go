@@ -333,10 +333,9 @@ func decodeProtocol(raw json.RawMessage) ([]string, error) {
 	if err := json.Unmarshal(raw, &many); err != nil {
 		return nil, bad("protocol is neither a string nor a list of strings")
 	}
-	switch {
-	case len(many) == 1 && slices.Contains(knownProtocols, many[0]):
-		return many, nil
-	case len(many) < 2 || len(many) > len(multiProtocols):
+	// Mooncake reads a list only of two or more (one alone is not taken
+	// as a string).
+	if len(many) < 2 || len(many) > len(multiProtocols) {
 		return nil, bad("protocol list of %d", len(many))
 	}
 	for i, p := range many {

@@ -138,6 +138,7 @@ func TestDecodeRefuses(t *testing.T) {
 		"protocol number":    `{"name":"n","protocol":7}`,
 		"bad protocol list":  `{"name":"n","protocol":["tcp","nvlink"]}`,
 		"repeated protocols": `{"name":"n","protocol":["tcp","tcp"]}`,
+		"list of one":        `{"name":"n","protocol":["tcp"]}`,
 		"port":               `{"name":"n","protocol":"tcp","tcp_data_port":70000}`,
 		"negative port":      `{"name":"n","protocol":"tcp","tcp_data_port":-1}`,
 		"string addr":        `{"name":"n","protocol":"tcp","buffers":[{"name":"n","addr":"1","length":1}]}`,

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -302,6 +303,10 @@ func (s *HTTPStore) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if err := s.check(ctx, d.Name); err != nil {
 		return err
 	}
+	if strings.Contains(d.Name, "/") {
+		// Mooncake would take it for a key path (into rpc_meta/, say).
+		return fmt.Errorf("%s: segment %q: %w: a name with a slash", s.str, d.Name, segtable.ErrBadDesc)
+	}
 	md, rpc, err := FromSegtable(d)
 	if err != nil {
 		return fmt.Errorf("%s: %w", s.str, err)
@@ -410,8 +415,8 @@ func (s *HTTPStore) Delete(ctx context.Context, name string, epoch uint64) error
 		switch {
 		case err != nil:
 			return err
-		case !found || name == "":
-			return metadata.ErrNotFound
+		case !found || name == "" || strings.Contains(name, "/"):
+			return metadata.ErrNotFound // a slash: never ours to delete
 		case epoch != 0 && (!ours || cur != epoch):
 			return fmt.Errorf("%w: the name holds epoch %d (ours: %v)", metadata.ErrEpoch, cur, ours)
 		}

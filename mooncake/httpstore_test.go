@@ -179,3 +179,21 @@ func TestHTTPStoreNoRPCMeta(t *testing.T) {
 		t.Fatalf("endpoints %v", d.Endpoints)
 	}
 }
+
+// TestHTTPStoreSlashNames: a name with a slash, which Mooncake takes for a
+// key path, is neither published nor deleted.
+func TestHTTPStoreSlashNames(t *testing.T) {
+	f := newFakeServer(t, true)
+	s := newStore(t, f, Keys{})
+	d := &segtable.SegmentDesc{Version: 1, Name: "rpc_meta/victim", Endpoints: map[string]string{}}
+	if err := s.Put(t.Context(), d); !errors.Is(err, segtable.ErrBadDesc) {
+		t.Fatalf("Put: %v", err)
+	}
+	f.set("mooncake/rpc_meta/victim", readGolden(t, "rpc_meta.json"))
+	if err := s.Delete(t.Context(), "rpc_meta/victim", 0); !errors.Is(err, metadata.ErrNotFound) {
+		t.Fatalf("Delete: %v", err)
+	}
+	if _, ok := f.get("mooncake/rpc_meta/victim"); !ok {
+		t.Fatal("deleted through a slash name")
+	}
+}
