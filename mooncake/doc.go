@@ -15,8 +15,10 @@
 //   - [Keys]: the key names Mooncake uses in its metadata stores
 //     (mooncake/ram/<name>, mooncake/rpc_meta/<name>, the cluster prefix).
 //   - [RPCMeta]: the document under mooncake/rpc_meta/<name>.
-//   - [HTTPStore]: a [metadata.Store] over Mooncake's HTTP metadata server
-//     protocol (GET/PUT/DELETE <url>?key=<key>).
+//   - [Store]: a [metadata.Store] over any [KV] that holds Mooncake's
+//     keys; [HTTPKV] speaks Mooncake's HTTP metadata server protocol
+//     (GET/PUT/DELETE <url>?key=<key>) and [NewHTTPStore] puts the two
+//     together. An etcd or redis KV is an adapter away.
 //   - [ReadFrame], [AppendFrame] and the documents of the P2PHANDSHAKE RPC
 //     port ([HandshakeDesc], [NotifyDesc], [ProbeReply]): types and bounded
 //     decoding only, no daemon.
@@ -34,5 +36,6 @@
 //
 // # Concurrency
 //
-// The types are plain values. [HTTPStore] is safe for concurrent use.
+// The types are plain values. [Store] and [HTTPKV] are safe for
+// concurrent use.
 package mooncake

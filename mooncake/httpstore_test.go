@@ -12,7 +12,7 @@ import (
 	"github.com/moonring/moonring/segtable"
 )
 
-func newStore(t testing.TB, f *fakeServer, keys Keys) *HTTPStore {
+func newStore(t testing.TB, f *fakeServer, keys Keys) *Store {
 	s, err := NewHTTPStore(HTTPConfig{URL: f.url(), Keys: keys, PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -21,11 +21,11 @@ func newStore(t testing.TB, f *fakeServer, keys Keys) *HTTPStore {
 	return s
 }
 
-// TestHTTPStoreConformance runs the Store suite against both flavours of
+// TestStoreConformance runs the Store suite against both flavours of
 // the fake server. What differs from the contract (no atomic epoch checks,
 // polling watches) is not exercised by the suite, which has one writer
 // per name.
-func TestHTTPStoreConformance(t *testing.T) {
+func TestStoreConformance(t *testing.T) {
 	for _, strict := range []bool{true, false} {
 		name := "example"
 		if strict {
@@ -39,9 +39,9 @@ func TestHTTPStoreConformance(t *testing.T) {
 	}
 }
 
-// TestHTTPStoreReadsMooncake: documents a Mooncake engine wrote are read
+// TestStoreReadsMooncake: documents a Mooncake engine wrote are read
 // and converted, its rpc_meta entry giving the host.
-func TestHTTPStoreReadsMooncake(t *testing.T) {
+func TestStoreReadsMooncake(t *testing.T) {
 	f := newFakeServer(t, true)
 	k := Keys{ClusterID: "prod"}
 	doc, _ := os.ReadFile("testdata/tcp.json")
@@ -88,9 +88,9 @@ func TestHTTPStoreReadsMooncake(t *testing.T) {
 	}
 }
 
-// TestHTTPStorePublishesMooncake: what Put writes is a descriptor and an
+// TestStorePublishesMooncake: what Put writes is a descriptor and an
 // rpc_meta entry a Mooncake engine reads.
-func TestHTTPStorePublishesMooncake(t *testing.T) {
+func TestStorePublishesMooncake(t *testing.T) {
 	f := newFakeServer(t, true)
 	s := newStore(t, f, Keys{})
 	d := publishable()
@@ -137,9 +137,9 @@ func TestHTTPStorePublishesMooncake(t *testing.T) {
 	}
 }
 
-// TestHTTPStoreBadServer: garbage from the server is an error, never a
+// TestStoreBadServer: garbage from the server is an error, never a
 // descriptor, and an oversized answer is refused.
-func TestHTTPStoreBadServer(t *testing.T) {
+func TestStoreBadServer(t *testing.T) {
 	f := newFakeServer(t, false)
 	s := newStore(t, f, Keys{})
 	for _, body := range []string{"", "null", "[]", `{"name":"x"}`, `{"name":"x","protocol":"tcp","buffers":[{"name":"x","addr":0,"length":1}]}`,
@@ -166,9 +166,9 @@ func TestHTTPStoreBadServer(t *testing.T) {
 	}
 }
 
-// TestHTTPStoreNoRPCMeta: without an rpc_meta entry a segment name's port
+// TestStoreNoRPCMeta: without an rpc_meta entry a segment name's port
 // is not taken for the RPC port (outside P2PHANDSHAKE it is not one).
-func TestHTTPStoreNoRPCMeta(t *testing.T) {
+func TestStoreNoRPCMeta(t *testing.T) {
 	f := newFakeServer(t, true)
 	f.set("mooncake/ram/10.1.0.7:15001", readGolden(t, "tcp.json"))
 	d, err := newStore(t, f, Keys{}).Get(t.Context(), "10.1.0.7:15001")
@@ -180,9 +180,9 @@ func TestHTTPStoreNoRPCMeta(t *testing.T) {
 	}
 }
 
-// TestHTTPStoreSlashNames: a name with a slash, which Mooncake takes for a
+// TestStoreSlashNames: a name with a slash, which Mooncake takes for a
 // key path, is neither published nor deleted.
-func TestHTTPStoreSlashNames(t *testing.T) {
+func TestStoreSlashNames(t *testing.T) {
 	f := newFakeServer(t, true)
 	s := newStore(t, f, Keys{})
 	d := &segtable.SegmentDesc{Version: 1, Name: "rpc_meta/victim", Endpoints: map[string]string{}}
