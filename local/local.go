@@ -26,7 +26,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
-	"math/bits"
 	"os"
 	"strconv"
 	"sync"
@@ -255,24 +254,19 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 
 func (e *Endpoint) keyFor(addr, n uint64) (uint64, bool) {
 	kt := e.keys.Load()
-	// The last start at or below addr (ranges do not overlap), searched
-	// without a branch on the data, as segtable's lookups: a random
-	// address mispredicts about half the steps of a plain binary search.
-	n0 := len(kt.starts)
-	if n0 == 0 {
+	i, j := 0, len(kt.starts) // the last start at or below addr; ranges do not overlap
+	for i < j {
+		h := int(uint(i+j) >> 1)
+		if kt.starts[h] > addr {
+			j = h
+		} else {
+			i = h + 1
+		}
+	}
+	if i == 0 {
 		return 0, false
 	}
-	base := 0
-	for n0 > 1 {
-		half := n0 >> 1
-		_, borrow := bits.Sub64(addr, kt.starts[base+half], 0) // 1 when addr < start
-		base += half & int(borrow-1)
-		n0 -= half
-	}
-	if kt.starts[base] > addr {
-		return 0, false
-	}
-	r := &kt.ranges[base]
+	r := &kt.ranges[i-1]
 	if n > r.length || addr-r.addr > r.length-n {
 		return 0, false
 	}
