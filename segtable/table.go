@@ -124,7 +124,7 @@ type table[E any] struct {
 }
 
 const (
-	tableChunkBits = 9
+	tableChunkBits = 7
 	tableChunk     = 1 << tableChunkBits
 	tableChunks    = (MaxEntries + tableChunk - 1) / tableChunk
 )
