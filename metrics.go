@@ -164,7 +164,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	segs := 0
 	e.segments.Each(func(*segtable.Segment[transport.Endpoint]) { segs++ })
-	ch <- prometheus.MustNewConstMetric(mBuffers, prometheus.GaugeValue, float64(len(e.buffers.All())))
+	ch <- prometheus.MustNewConstMetric(mBuffers, prometheus.GaugeValue, float64(e.buffers.Len()))
 	ch <- prometheus.MustNewConstMetric(mSegments, prometheus.GaugeValue, float64(segs))
 	ch <- prometheus.MustNewConstMetric(mNotesWait, prometheus.GaugeValue, float64(len(e.notes)))
 	if t, ok := e.Transport(tcp.Name).(*tcp.Transport); ok {
