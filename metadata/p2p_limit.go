@@ -12,7 +12,8 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"time"
+
+	"github.com/moonring/moonring/internal/ratelog"
 )
 
 // Defaults of the endpoint's limits in [P2PConfig].
@@ -65,9 +66,7 @@ type connLimiter struct {
 	byHost map[string]int // open connections per remote IP
 
 	evicted, refused atomic.Uint64
-	logMu            sync.Mutex
-	lastLog          [2]time.Time
-	notLogged        [2]int
+	logs             [2]ratelog.Limit // evicted, refused
 }
 
 // limitConn is one connection of a connLimiter.
@@ -205,16 +204,7 @@ func (l *connLimiter) log(kind int, format string, args ...any) {
 	if l.logf == nil {
 		return
 	}
-	l.logMu.Lock()
-	now := time.Now()
-	if now.Sub(l.lastLog[kind]) < time.Second {
-		l.notLogged[kind]++
-		l.logMu.Unlock()
-		return
+	if ok, n := l.logs[kind].Allow(); ok {
+		l.logf(format+" (%d more not logged)", append(args, n)...)
 	}
-	l.lastLog[kind] = now
-	n := l.notLogged[kind]
-	l.notLogged[kind] = 0
-	l.logMu.Unlock()
-	l.logf(format+" (%d more not logged)", append(args, n)...)
 }

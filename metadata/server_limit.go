@@ -4,40 +4,32 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"sync"
 	"time"
+
+	"github.com/moonring/moonring/internal/ratelog"
 )
 
 // rateLog passes on at most one line per interval, and says how many it
 // dropped meanwhile with the next one it passes. It is safe for concurrent
 // use.
 type rateLog struct {
-	logf     func(string, ...any)
-	interval time.Duration
-
-	mu      sync.Mutex
-	last    time.Time
-	dropped int
+	logf  func(string, ...any)
+	limit ratelog.Limit
 }
 
 func newRateLog(logf func(string, ...any), interval time.Duration) *rateLog {
-	return &rateLog{logf: logf, interval: interval}
+	l := &rateLog{logf: logf}
+	l.limit.Every = interval
+	return l
 }
 
 // printf logs the line unless another was logged less than an interval
 // ago.
 func (l *rateLog) printf(format string, args ...any) {
-	l.mu.Lock()
-	now := time.Now()
-	if !l.last.IsZero() && now.Sub(l.last) < l.interval {
-		l.dropped++
-		l.mu.Unlock()
+	ok, dropped := l.limit.Allow()
+	if !ok {
 		return
 	}
-	l.last = now
-	dropped := l.dropped
-	l.dropped = 0
-	l.mu.Unlock()
 	if dropped > 0 {
 		format += " (and %d more like it since the last such line)"
 		args = append(args, dropped)

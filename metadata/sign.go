@@ -9,8 +9,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/moonring/moonring/internal/ratelog"
 	"github.com/moonring/moonring/segtable"
 )
 
@@ -56,8 +56,7 @@ type Signed struct {
 	seen   map[string]uint64     // the newest epoch accepted, per name
 
 	forged, stale atomic.Uint64
-	lastLog       atomic.Int64 // unix nanoseconds of the last refusal logged
-	quiet         atomic.Uint64
+	logLimit      ratelog.Limit
 }
 
 var _ Store = (*Signed)(nil)
@@ -212,13 +211,9 @@ func (s *Signed) check(name string, d *segtable.SegmentDesc) error {
 // refused logs a refusal, at most once a second, with the number of those
 // not logged since.
 func (s *Signed) refused(name string, err error) {
-	now := time.Now().UnixNano()
-	last := s.lastLog.Load()
-	if now-last < int64(time.Second) || !s.lastLog.CompareAndSwap(last, now) {
-		s.quiet.Add(1)
-		return
+	if ok, suppressed := s.logLimit.Allow(); ok {
+		s.log.Warn("metadata: descriptor refused", "store", s.inner.String(), "segment", name, "err", err, "suppressed", suppressed)
 	}
-	s.log.Warn("metadata: descriptor refused", "store", s.inner.String(), "segment", name, "err", err, "suppressed", s.quiet.Swap(0))
 }
 
 // Watch follows name in the wrapped store, handing on only descriptors whose

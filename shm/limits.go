@@ -3,11 +3,8 @@
 package shm
 
 import (
-	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -81,29 +78,9 @@ var refMessages = [refReasons]string{
 // most for each reason (with the count of those not logged since).
 func (t *Transport) refused(reason int, uid int) {
 	t.refusals[reason].Add(1)
-	t.rlog.log(t.cfg.Logger, reason, refMessages[reason], "uid", uid)
-}
-
-// rateLog logs at most one line a second per reason.
-type rateLog struct {
-	mu      sync.Mutex
-	last    [refReasons]time.Time
-	dropped [refReasons]int
-}
-
-func (r *rateLog) log(l *slog.Logger, reason int, msg string, args ...any) {
-	r.mu.Lock()
-	now := time.Now()
-	if now.Sub(r.last[reason]) < time.Second {
-		r.dropped[reason]++
-		r.mu.Unlock()
-		return
+	if ok, n := t.rlog[reason].Allow(); ok {
+		t.cfg.Logger.Warn(refMessages[reason], "uid", uid, "not_logged_since_last", n)
 	}
-	r.last[reason] = now
-	n := r.dropped[reason]
-	r.dropped[reason] = 0
-	r.mu.Unlock()
-	l.Warn(msg, append(args, "not_logged_since_last", n)...)
 }
 
 // refusalCounters is the counters behind Stats.

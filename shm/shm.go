@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moonring/moonring/internal/mem"
+	"github.com/moonring/moonring/internal/ratelog"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -118,7 +119,7 @@ type Transport struct {
 	wg      sync.WaitGroup
 
 	refusals refusalCounters
-	rlog     rateLog
+	rlog     [refReasons]ratelog.Limit
 }
 
 // region is one registered buffer on the target side.

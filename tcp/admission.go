@@ -85,21 +85,12 @@ func (t *Transport) Refusals() Refusals {
 	}
 }
 
-// rateLog bounds the log lines of one reason to one a second.
-type rateLog struct {
-	last       atomic.Int64 // UnixNano of the last line
-	suppressed atomic.Uint64
-}
-
 // refuse counts a refusal and logs it, at most once a second per reason
 // with the count of those not logged since. peer and err may be nil.
 func (t *Transport) refuse(why reason, peer net.Addr, err error) {
 	t.refused[why].Add(1)
-	l := &t.logs[why]
-	now := time.Now().UnixNano()
-	last := l.last.Load()
-	if (last != 0 && now-last < int64(time.Second)) || !l.last.CompareAndSwap(last, now) {
-		l.suppressed.Add(1)
+	ok, suppressed := t.logs[why].Allow()
+	if !ok {
 		return
 	}
 	attrs := []any{"reason", reasonNames[why]}
@@ -109,7 +100,7 @@ func (t *Transport) refuse(why reason, peer net.Addr, err error) {
 	if err != nil {
 		attrs = append(attrs, "err", err)
 	}
-	attrs = append(attrs, "suppressed", l.suppressed.Swap(0))
+	attrs = append(attrs, "suppressed", suppressed)
 	level := slog.LevelInfo
 	switch why {
 	case rHandshakeCap, rSourceCap, rDescriptors, rAcceptError, rConnCap:

@@ -28,6 +28,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/internal/netaddr"
+	"github.com/moonring/moonring/internal/ratelog"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -241,7 +242,7 @@ type Transport struct {
 	retired  map[netip.Addr]*served // what ended connections served, per source; under mu
 	adm      admission              // under mu
 	refused  [nReasons]atomic.Uint64
-	logs     [nReasons]rateLog
+	logs     [nReasons]ratelog.Limit
 	eps      map[*Endpoint]struct{}
 	closed   atomic.Bool
 	wg       sync.WaitGroup

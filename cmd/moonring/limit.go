@@ -5,7 +5,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
+
+	"github.com/moonring/moonring/internal/ratelog"
 )
 
 // maxMetricsConns bounds the connections of serve's own /metrics endpoint
@@ -23,7 +24,7 @@ type capListener struct {
 	log     *slog.Logger
 	open    atomic.Int64
 	refused atomic.Uint64
-	lastLog atomic.Int64 // unix nanoseconds of the last line
+	logs    ratelog.Limit
 }
 
 // Accept returns the next connection under the cap.
@@ -37,8 +38,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 			l.open.Add(-1)
 			c.Close()
 			n := l.refused.Add(1)
-			if now := time.Now().UnixNano(); now-l.lastLog.Load() >= int64(time.Second) {
-				l.lastLog.Store(now)
+			if ok, _ := l.logs.Allow(); ok {
 				l.log.Warn("metrics endpoint: connection refused: too many open", "max", l.max, "refused_in_all", n)
 			}
 			continue
