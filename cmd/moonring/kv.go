@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -393,14 +392,7 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 	res.Requests = len(lat)
 	res.ReqPerSec = inWin / float64(l.reqBytes()) / d.Seconds()
 	if len(lat) > 0 {
-		slices.Sort(lat)
-		pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
-		res.P50us, res.P99us, res.P999us = pct(0.50), pct(0.99), pct(0.999)
-		var sum time.Duration
-		for _, x := range lat {
-			sum += x
-		}
-		res.MeanUs = float64(sum.Nanoseconds()) / float64(len(lat)) / 1e3
+		res.setLatency(lat)
 	} else {
 		res.Note = "no request began inside the measured window: lengthen --duration"
 	}
@@ -455,40 +447,7 @@ func (k *kvBench) move(ctx context.Context, ring *moonring.Ring, op moonring.Op,
 		}
 		reqs[i] = moonring.TransferRequest{Opcode: op, Source: moonring.AddressOf(k.local.mem) + uintptr(lo*l.block), TargetID: r.rp.seg, TargetOffset: r.rp.base + uint64(ro*l.block), Length: uint64(run.count * l.block)}
 	}
-	return batchMove(ctx, e, reqs)
-}
-
-// batchMove is one batch: allocated, submitted, waited for, every status
-// checked, freed.
-func batchMove(ctx context.Context, e *moonring.Engine, reqs []moonring.TransferRequest) error {
-	id, err := e.AllocateBatchID(len(reqs))
-	if err != nil {
-		return err
-	}
-	if err := e.SubmitTransfer(id, reqs); err != nil {
-		e.WaitBatch(context.Background(), id)
-		e.FreeBatchID(id)
-		return err
-	}
-	if err := e.WaitBatch(ctx, id); err != nil {
-		for i := range reqs {
-			e.CancelTransfer(id, i)
-		}
-		e.WaitBatch(context.Background(), id)
-		e.FreeBatchID(id)
-		return err
-	}
-	st := make([]moonring.TransferStatus, len(reqs))
-	n, err := e.GetBatchTransferStatus(id, st)
-	if err == nil {
-		for i := range st[:n] {
-			if err = st[i].Err(); err != nil {
-				break
-			}
-		}
-	}
-	e.FreeBatchID(id)
-	return err
+	return e.Transfer(ctx, reqs...) // one batch, every status checked
 }
 
 // ringMove keeps up to 4,096 of es in flight on ring until all complete.
@@ -621,7 +580,7 @@ func (k *kvBench) check(ctx context.Context, w int, op moonring.Op, r *kvRequest
 			at[run] = pos
 			pos += run.count * l.block
 		}
-		if err := batchMove(ctx, k.t.ini, reqs); err != nil {
+		if err := k.t.ini.Transfer(ctx, reqs...); err != nil {
 			return fmt.Errorf("reading back what a request wrote: %w", k.t.stepError(err))
 		}
 		off = func(run kvRun) int { return at[run] }

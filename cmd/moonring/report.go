@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
+	"time"
 )
 
 // result is one step of the sweep.
@@ -272,4 +274,17 @@ func (j *jsonReport) end() error {
 	}
 	_, err := io.WriteString(j.w, "\n]\n")
 	return err
+}
+
+// setLatency sets the row's percentiles and mean from lat (not empty),
+// which it sorts.
+func (res *result) setLatency(lat []time.Duration) {
+	slices.Sort(lat)
+	pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
+	res.P50us, res.P99us, res.P999us = pct(0.50), pct(0.99), pct(0.999)
+	var sum time.Duration
+	for _, l := range lat {
+		sum += l
+	}
+	res.MeanUs = float64(sum.Nanoseconds()) / float64(len(lat)) / 1e3
 }

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -131,14 +130,7 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads 
 		lat = append(lat, o.lat...)
 	}
 	if len(lat) > 0 {
-		slices.Sort(lat)
-		pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
-		res.P50us, res.P99us, res.P999us = pct(0.50), pct(0.99), pct(0.999)
-		var sum time.Duration
-		for _, l := range lat {
-			sum += l
-		}
-		res.MeanUs = float64(sum.Nanoseconds()) / float64(len(lat)) / 1e3
+		res.setLatency(lat)
 	}
 	// Every written block was written with the same bytes each time.
 	written := 0
