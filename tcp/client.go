@@ -704,7 +704,7 @@ func (c *conn) advance(n int) {
 // non-blocking writes when the socket takes them (no hand-off, no wakeup),
 // else through the sender goroutine.
 func (c *conn) kick() {
-	if c.rc == nil || !c.sending.CompareAndSwap(false, true) {
+	if c.rc == nil || c.e.t.cfg.senderOnly || !c.sending.CompareAndSwap(false, true) {
 		c.bell.Ring()
 		return
 	}

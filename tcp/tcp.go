@@ -160,6 +160,12 @@ type Config struct {
 	// logged at most once a second per reason, with the count of those
 	// not logged since.
 	Logger *slog.Logger
+
+	// senderOnly, set only by tests, leaves every write to the sender
+	// goroutine: the poller's non-blocking kick writes nothing, so a test
+	// of the sender's path (io_uring) does not depend on how fast the
+	// target drains the socket on the machine it runs on.
+	senderOnly bool
 }
 
 // Effective returns c with the defaults filled in, and whether it is valid.
