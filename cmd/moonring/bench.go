@@ -28,7 +28,8 @@ req/s and latency, a row as each step ends (--json: a JSON array, a row
 per line, each with the run's settings under "run").
 
 Two modes, as ucx_perftest's *_bw and *_lat tests:
-  default  bandwidth: --batch-size requests in flight per thread (32),
+  default  bandwidth: --batches (4) batches of --batch-size (32)
+           requests in flight per thread (--ring: as many entries),
            block sizes 4K,64K,1M,16M. A request's latency here is the
            time its whole batch took (or, with --ring, the time it waited
            behind the others in flight): its p50 is queueing latency at
@@ -75,7 +76,8 @@ func bench(args []string, out io.Writer) error {
 	operation := fs.String("operation", "write,read", "write, read, mix (half of the requests each), comma separated")
 	blocks := fs.String("block-size", "4K,64K,1M,16M", "block sizes, comma separated (bytes, or K, M, G suffixes in either case; with --lat the default is 8,64,512,4K)")
 	latMode := fs.Bool("lat", false, "latency mode: one request in flight (batch 1, one thread), small blocks; mean, p50, p99, p999")
-	batch := fs.Int("batch-size", 32, "requests in flight per thread")
+	batch := fs.Int("batch-size", 32, "requests per batch (with --ring: requests in flight per thread are --batch-size times --batches)")
+	batches := fs.Int("batches", 4, "batches in flight per thread, each on blocks of its own: while one is checked the others keep the pipeline full (the default, 4 of 32, is the 128 in flight per thread of Mooncake's transfer_engine_bench, whose threads submit a batch of 128 and wait for it; 1: that too)")
 	threads := fs.Int("threads", 1, "goroutines submitting, each with its own ring or batches")
 	useRing := fs.Bool("ring", false, "drive the io_uring-style Ring API instead of the Mooncake-style batch API")
 	duration := fs.Duration("duration", time.Second, "measured time per step (after a warm-up of a fifth of it)")
@@ -139,10 +141,10 @@ func bench(args []string, out io.Writer) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *latMode {
-		if (set["batch-size"] && *batch != 1) || (set["threads"] && *threads != 1) {
-			return fmt.Errorf("bench: --lat keeps one request in flight: --batch-size %d --threads %d go without it", *batch, *threads)
+		if (set["batch-size"] && *batch != 1) || (set["threads"] && *threads != 1) || (set["batches"] && *batches != 1) {
+			return fmt.Errorf("bench: --lat keeps one request in flight: --batch-size %d --batches %d --threads %d go without it", *batch, *batches, *threads)
 		}
-		*batch, *threads = 1, 1
+		*batch, *batches, *threads = 1, 1, 1
 		if !set["block-size"] {
 			*blocks = "8,64,512,4K"
 		}
@@ -157,7 +159,7 @@ func bench(args []string, out io.Writer) error {
 		}
 	case "kv":
 		kvMode = true
-		for _, f := range []string{"lat", "batch-size", "threads", "buffer-size"} {
+		for _, f := range []string{"lat", "batch-size", "batches", "threads", "buffer-size"} {
 			if set[f] {
 				return fmt.Errorf("bench: --%s does not go with --pattern kv (its pools are --pool, its depth --inflight)", f)
 			}
@@ -197,8 +199,8 @@ func bench(args []string, out io.Writer) error {
 	} else if strings.Contains(*segment, ",") {
 		return errors.New("bench: several segments (--segment a,b) go with --pattern kv")
 	}
-	if *batch < 1 || *threads < 1 || *batch**threads > 1024 {
-		return fmt.Errorf("batch-size %d, threads %d: want both at least 1 and their product at most 1024", *batch, *threads)
+	if *batch < 1 || *batches < 1 || *threads < 1 || *batch**batches**threads > 1024 {
+		return fmt.Errorf("batch-size %d, batches %d, threads %d: want each at least 1 and their product at most 1024", *batch, *batches, *threads)
 	}
 	var ops []moonring.Op
 	for _, o := range strings.Split(*operation, ",") {
@@ -265,7 +267,7 @@ func bench(args []string, out io.Writer) error {
 		runMode = "lat"
 	}
 	run := &runInfo{Transport: tg.transport, Target: tg.name, TargetPID: tg.pid, TargetStarted: tg.started, Metadata: *meta,
-		Buffer: bs[0], Batch: *batch, Threads: *threads, API: api, Mode: runMode, Duration: duration.String(), Verify: *verify,
+		Buffer: bs[0], Batch: *batch, Batches: *batches, Threads: *threads, API: api, Mode: runMode, Duration: duration.String(), Verify: *verify,
 		Host: hostname, Version: version(), Date: time.Now().UTC().Format(time.RFC3339)}
 	if *protocol == "local" {
 		run.Metadata = "in this process"
@@ -273,7 +275,7 @@ func bench(args []string, out io.Writer) error {
 	run.CPU = *cpuFlag
 	if kvMode {
 		run.Pattern, run.Layout, run.Inflight, run.Targets = "kv", layout.String(), layout.inflight, len(tg.peers)
-		run.Batch, run.Threads = layout.inflight, layout.inflight
+		run.Batch, run.Batches, run.Threads = layout.inflight, 0, layout.inflight
 		var kb *kvBench
 		if !*asJSON {
 			fmt.Fprintf(os.Stderr, "filling the pools (%s on each side, %d target(s))\n", fmtSize(layout.bytes()), len(tg.peers))
@@ -302,7 +304,7 @@ func bench(args []string, out io.Writer) error {
 	var results []result
 	var sweepErr error
 	for i, st := range steps {
-		res, err := tg.step(ctx, st.op, st.size, *batch, *threads, *duration, *verify, *useRing, *cpuFlag)
+		res, err := tg.step(ctx, st.op, st.size, *batch, *batches, *threads, *duration, *verify, *useRing, *cpuFlag)
 		res.Mode = runMode
 		if err != nil {
 			what := fmt.Sprintf("step %d of %d (%s %s)", i+1, len(steps), opName(st.op), fmtSize(st.size))

@@ -46,15 +46,17 @@ func TestBenchLatency(t *testing.T) {
 	}
 }
 
-// The default mode says that its latency is queueing at its batch, and
+// The default mode says that its latency is queueing at its depth, and
 // -h documents both modes.
 func TestBenchLatencyExplained(t *testing.T) {
 	var out bytes.Buffer
 	if err := run([]string{"bench", "--protocol", "local", "--duration", "20ms", "--block-size", "4K", "--buffer-size", "1M", "--operation", "read"}, &out); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "the p50 is queueing latency at batch 32") {
-		t.Errorf("bandwidth table:\n%s\nwant it to say its p50 is queueing at batch 32", out.String())
+	for _, want := range []string{"the p50 is queueing latency at 128 in flight", "4 batch(es) of 32 requests in flight per thread"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("bandwidth table:\n%s\nwant %q: its p50 is queueing at the default depth, which it names", out.String(), want)
+		}
 	}
 	out.Reset()
 	run([]string{"bench", "-h"}, &out)

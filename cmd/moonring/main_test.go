@@ -212,6 +212,32 @@ func TestBenchThreads(t *testing.T) {
 	}
 }
 
+// --batches keeps that many batches in flight per thread, each on blocks
+// of its own (the data still checks out, mixed ops included), and is
+// reduced, with a note, where the buffer holds too few blocks.
+func TestBenchBatches(t *testing.T) {
+	for _, api := range []string{"--ring=false", "--ring"} {
+		for _, r := range benchJSON(t, "--protocol", "local", "--threads", "2", "--batch-size", "4", "--batches", "3", "--operation", "mix,write", api) {
+			if r.Batches != 3 || r.Batch != 4 || r.Threads != 2 {
+				t.Errorf("%s: step %+v: want 2 threads of 3 batches of 4", api, r)
+			}
+		}
+	}
+	rs := benchJSON(t, "--protocol", "local", "--block-size", "4K,1M", "--batch-size", "2", "--batches", "4")
+	if r := rs[1]; r.Batches != 2 || r.Batch != 2 || !strings.Contains(r.Note, "2 batch(es) in flight (asked 4)") {
+		t.Errorf("1M step %+v: want 2 batches of 2 (4 blocks in the 4M buffer) and why", r)
+	}
+	if rs[0].Run == nil || rs[0].Run.Batches != 4 {
+		t.Errorf("run %+v: want --batches 4", rs[0].Run)
+	}
+	var out bytes.Buffer
+	for _, args := range [][]string{{"--batches", "0"}, {"--lat", "--batches", "2"}, {"--batch-size", "64", "--batches", "17"}} {
+		if err := run(append([]string{"bench", "--protocol", "local"}, args...), &out); err == nil {
+			t.Errorf("bench %v: no error", args)
+		}
+	}
+}
+
 // The ring API, and a named initiator on a metadata server.
 func TestBenchRingAPIAndLocalName(t *testing.T) {
 	for _, r := range benchJSON(t, "--protocol", "local", "--ring") {

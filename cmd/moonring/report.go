@@ -26,17 +26,20 @@ type result struct {
 	Batch     int    `json:"batch"`
 	// BatchAsked is --batch-size; Batch is less when the buffer holds
 	// fewer blocks per thread, which Note then says.
-	BatchAsked int     `json:"batch_asked"`
-	Threads    int     `json:"threads"`
-	Note       string  `json:"note,omitempty"`
-	API        string  `json:"api"`
-	Requests   int     `json:"requests"`
-	GBps       float64 `json:"gb_per_s"`
-	ReqPerSec  float64 `json:"req_per_s"`
-	P50us      float64 `json:"p50_us"`
-	P99us      float64 `json:"p99_us"`
-	P999us     float64 `json:"p999_us"`
-	Verified   bool    `json:"verified"`
+	BatchAsked int `json:"batch_asked"`
+	// Batches is the batches of Batch requests each thread keeps in
+	// flight (with the Ring API: Batch*Batches entries in flight).
+	Batches   int     `json:"batches"`
+	Threads   int     `json:"threads"`
+	Note      string  `json:"note,omitempty"`
+	API       string  `json:"api"`
+	Requests  int     `json:"requests"`
+	GBps      float64 `json:"gb_per_s"`
+	ReqPerSec float64 `json:"req_per_s"`
+	P50us     float64 `json:"p50_us"`
+	P99us     float64 `json:"p99_us"`
+	P999us    float64 `json:"p999_us"`
+	Verified  bool    `json:"verified"`
 	// Mode is "bw" (requests in flight as --batch-size says) or "lat"
 	// (--lat: one in flight).
 	Mode   string  `json:"mode"`
@@ -78,6 +81,7 @@ type runInfo struct {
 	Metadata      string `json:"metadata"`
 	Buffer        int    `json:"buffer_size"`
 	Batch         int    `json:"batch_size"`
+	Batches       int    `json:"batches,omitempty"` // in flight per thread
 	Threads       int    `json:"threads"`
 	API           string `json:"api"`
 	Mode          string `json:"mode"`     // bw or lat
@@ -110,11 +114,11 @@ func (r *runInfo) header() string {
 	if !r.Verify {
 		verify = "data not checked (--verify=false)"
 	}
-	mode := fmt.Sprintf("# bandwidth mode: %d requests in flight per thread. A request's latency is the time its batch took", r.Batch)
+	mode := fmt.Sprintf("# bandwidth mode: %d batch(es) of %d requests in flight per thread (--batches, --batch-size). A request's latency is the time its batch took", r.Batches, r.Batch)
 	if r.API == "ring" {
-		mode = fmt.Sprintf("# bandwidth mode: %d requests in flight per thread. A request's latency includes its wait behind the others in flight", r.Batch)
+		mode = fmt.Sprintf("# bandwidth mode: %d requests in flight per thread (--batch-size x --batches). A request's latency includes its wait behind the others in flight", r.Batch*r.Batches)
 	}
-	mode += fmt.Sprintf(":\n#   the p50 is queueing latency at batch %d, not one request's round trip (moonring bench --lat measures that)\n", r.Batch)
+	mode += fmt.Sprintf(":\n#   the p50 is queueing latency at %d in flight, not one request's round trip (moonring bench --lat measures that)\n", r.Batch*r.Batches)
 	if r.Mode == "lat" {
 		mode = "# latency mode: one request in flight on one thread; mean and percentiles of single requests' round trips\n"
 	}
@@ -125,7 +129,7 @@ func (r *runInfo) header() string {
 	if r.CPU {
 		mode += "# --cpu: CPU seconds (user+system) per GB moved in the measured window: this process (getrusage) and the target processes it started (/proc/PID/stat); checks' CPU left out\n"
 	}
-	sizes := fmt.Sprintf("buffer %s, batch %d, threads %d", fmtSize(r.Buffer), r.Batch, r.Threads)
+	sizes := fmt.Sprintf("buffer %s, batch %d, batches in flight %d, threads %d", fmtSize(r.Buffer), r.Batch, r.Batches, r.Threads)
 	if r.Pattern == "kv" {
 		sizes = fmt.Sprintf("pool %s per side, %d requests in flight", fmtSize(r.Buffer), r.Inflight)
 	}

@@ -18,17 +18,22 @@ import (
 // opMix asks step for WRITEs on even blocks and READs on odd ones.
 const opMix = moonring.Op(0xff)
 
-// step runs one op and block size for d: threads goroutines, each with its
-// own Ring and depth requests in flight, each request on its own block of
-// both buffers; then it checks the bytes.
-func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads int, d time.Duration, verify, useRing, cpu bool) (result, error) {
-	askedThreads, askedDepth := threads, depth
+// step runs one op and block size for d: threads goroutines, each with
+// batches batches of depth requests in flight (with the Ring API, its own
+// Ring and depth*batches entries in flight), each request on its own block
+// of both buffers; then it checks the bytes.
+func (t *target) step(ctx context.Context, op moonring.Op, size, depth, batches, threads int, d time.Duration, verify, useRing, cpu bool) (result, error) {
+	askedThreads, askedDepth, askedBatches := threads, depth, batches
 	blocks := len(t.model) / size
 	threads = max(1, min(threads, blocks))
 	depth = max(1, min(depth, blocks/threads))
-	total := depth * threads
-	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Block: fmtSize(size), Batch: depth, BatchAsked: askedDepth, Threads: threads, API: "batch"}
+	batches = max(1, min(batches, blocks/(threads*depth)))
+	perThread := depth * batches // blocks of each thread's own
+	total := perThread * threads
+	res := result{Transport: t.transport, Op: op.String(), BlockSize: size, Block: fmtSize(size), Batch: depth, BatchAsked: askedDepth, Batches: batches, Threads: threads, API: "batch"}
 	switch {
+	case batches < askedBatches && depth == askedDepth && threads == askedThreads:
+		res.Note = fmt.Sprintf("%d batch(es) in flight (asked %d): the %s buffer holds %d blocks of %s", batches, askedBatches, fmtSize(len(t.model)), blocks, res.Block)
 	case threads < askedThreads:
 		res.Note = fmt.Sprintf("threads %d, batch %d (asked %d of %d): the %s buffer holds %d blocks of %s", threads, depth, askedThreads, askedDepth, fmtSize(len(t.model)), blocks, res.Block)
 	case depth < askedDepth:
@@ -101,10 +106,10 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads 
 			defer wg.Done()
 			o := &outs[k]
 			if useRing {
-				o.requests, o.elapsed, o.lat, o.err = drive(ctx, rings[k], k*depth, depth, d, func(slot int) *moonring.Entry { return entry(slot, opOf(slot)) })
+				o.requests, o.elapsed, o.lat, o.err = drive(ctx, rings[k], k*perThread, perThread, d, func(slot int) *moonring.Entry { return entry(slot, opOf(slot)) })
 				return
 			}
-			o.requests, o.elapsed, o.lat, o.err = driveBatches(ctx, t.ini, k*depth, depth, d, func(slot int) moonring.TransferRequest {
+			o.requests, o.elapsed, o.lat, o.err = driveBatches(ctx, t.ini, k*perThread, depth, batches, d, func(slot int) moonring.TransferRequest {
 				en := entry(slot, opOf(slot))
 				op := moonring.Read
 				if en.Op == moonring.OpWrite {
@@ -178,48 +183,73 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, threads 
 	return res, nil
 }
 
-// driveBatches is drive through the batch API, as Mooncake's bench does:
-// rounds of one batch of depth requests (AllocateBatchID, SubmitTransfer,
-// WaitBatch, every status checked, FreeBatchID) for d after a warm-up of
-// d/5. A request's latency is its batch's.
-func driveBatches(ctx context.Context, e *moonring.Engine, first, depth int, d time.Duration, req func(slot int) moonring.TransferRequest) (int, time.Duration, []time.Duration, error) {
-	reqs := make([]moonring.TransferRequest, depth)
-	for i := range reqs {
-		reqs[i] = req(first + i)
+// driveBatches is drive through the batch API, as Mooncake's bench does
+// with one batch: rounds of a batch of depth requests (AllocateBatchID,
+// SubmitTransfer, WaitBatch, every status checked, FreeBatchID) for d after
+// a warm-up of d/5, with batches such rounds in flight, each over depth
+// blocks of its own from first: while the caller checks one batch the
+// others keep the pipeline full. A request's latency is its batch's.
+func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches int, d time.Duration, req func(slot int) moonring.TransferRequest) (int, time.Duration, []time.Duration, error) {
+	type round struct {
+		reqs    []moonring.TransferRequest
+		id      moonring.BatchID
+		started time.Time
+		live    bool // submitted, not yet freed
+	}
+	rounds := make([]round, batches)
+	for b := range rounds {
+		rounds[b].reqs = make([]moonring.TransferRequest, depth)
+		for i := range depth {
+			rounds[b].reqs[i] = req(first + b*depth + i)
+		}
+	}
+	// abandon ends what is in flight after an error: canceled tasks end
+	// at once, and the batches are freed.
+	abandon := func() {
+		for b := range rounds {
+			r := &rounds[b]
+			if !r.live {
+				continue
+			}
+			for i := range r.reqs {
+				e.CancelTransfer(r.id, i)
+			}
+			e.WaitBatch(context.Background(), r.id)
+			e.FreeBatchID(r.id)
+			r.live = false
+		}
+	}
+	submit := func(r *round) error {
+		id, err := e.AllocateBatchID(depth)
+		if err != nil {
+			return err
+		}
+		r.id, r.started, r.live = id, time.Now(), true
+		return e.SubmitTransfer(id, r.reqs) // on error, abandon waits out what was pushed
 	}
 	st := make([]moonring.TransferStatus, depth)
 	lat := make([]time.Duration, 0, 1<<16)
 	requests := 0
 	t0 := time.Now()
 	warm, warmed := d/5, false
-	for {
+	for b := range rounds {
+		if err := submit(&rounds[b]); err != nil {
+			abandon()
+			return 0, 0, nil, err
+		}
+	}
+	for b, live := 0, batches; live > 0; b = (b + 1) % batches {
+		r := &rounds[b]
+		if !r.live {
+			continue
+		}
+		if err := e.WaitBatch(ctx, r.id); err != nil {
+			abandon()
+			return 0, 0, nil, err
+		}
 		now := time.Now()
-		if !warmed && now.Sub(t0) >= warm {
-			warmed, t0 = true, now
-			requests, lat = 0, lat[:0]
-		}
-		if warmed && now.Sub(t0) >= d {
-			return requests, time.Since(t0), lat, nil
-		}
-		id, err := e.AllocateBatchID(depth)
-		if err != nil {
-			return 0, 0, nil, err
-		}
-		if err := e.SubmitTransfer(id, reqs); err != nil {
-			e.WaitBatch(context.Background(), id) // what was pushed ends within its deadline
-			e.FreeBatchID(id)
-			return 0, 0, nil, err
-		}
-		if err := e.WaitBatch(ctx, id); err != nil {
-			for i := range reqs {
-				e.CancelTransfer(id, i)
-			}
-			e.WaitBatch(context.Background(), id) // canceled tasks end at once
-			e.FreeBatchID(id)
-			return 0, 0, nil, err
-		}
-		took := time.Since(now)
-		n, err := e.GetBatchTransferStatus(id, st)
+		took := now.Sub(r.started)
+		n, err := e.GetBatchTransferStatus(r.id, st)
 		if err == nil {
 			for i := range st[:n] {
 				if err = st[i].Err(); err != nil {
@@ -227,16 +257,31 @@ func driveBatches(ctx context.Context, e *moonring.Engine, first, depth int, d t
 				}
 			}
 		}
-		e.FreeBatchID(id)
+		e.FreeBatchID(r.id)
+		r.live = false
 		if err != nil {
+			abandon()
 			return 0, 0, nil, err
 		}
 		requests += depth
-		moved.Add(int64(depth) * int64(reqs[0].Length))
+		moved.Add(int64(depth) * int64(r.reqs[0].Length))
 		for range depth {
 			lat = append(lat, took)
 		}
+		if !warmed && now.Sub(t0) >= warm {
+			warmed, t0 = true, now
+			requests, lat = 0, lat[:0]
+		}
+		if warmed && now.Sub(t0) >= d {
+			live-- // this round ends; the others drain
+			continue
+		}
+		if err := submit(r); err != nil {
+			abandon()
+			return 0, 0, nil, err
+		}
 	}
+	return requests, time.Since(t0), lat, nil
 }
 
 // drive keeps depth requests in flight on r over the blocks first ..
