@@ -1,0 +1,198 @@
+package mctcp
+
+// admission.go: what the target does about connections it did not ask
+// for. Mooncake's protocol authenticates nothing, so whoever reaches the
+// port may connect: the target bounds the connections (MaxConns, closing
+// the one idle longest to make room), closes idle ones (IdleTimeout),
+// counts every refusal by reason and logs it at most once a second.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Refusals counts, by reason, the connections and requests the target
+// refused or closed. Each counter only grows, from New on.
+type Refusals struct {
+	// ConnCap: connections closed to stay within MaxConns (the one idle
+	// longest, or the new one when none was idle).
+	ConnCap uint64
+	// AcceptErrors: accepts that failed (out of descriptors, mostly); the
+	// listener backs off and goes on.
+	AcceptErrors uint64
+	// Idle: connections closed after IdleTimeout without a whole header.
+	Idle uint64
+	// BadHeader: connections closed for an opcode other than READ and
+	// WRITE.
+	BadHeader uint64
+	// Range: requests refused because their range is not wholly inside
+	// one registered, remote-accessible buffer, or is longer than
+	// MaxLength (answered with the refusal status in version 2; the
+	// connection is closed either way).
+	Range uint64
+	// Stalled: connections closed because a payload did not move within
+	// FrameTimeout plus its length at MinRate.
+	Stalled uint64
+}
+
+type reason int
+
+const (
+	rConnCap reason = iota
+	rAcceptError
+	rIdle
+	rBadHeader
+	rRange
+	rStalled
+	nReasons
+)
+
+var reasonNames = [nReasons]string{"connection cap", "accept failed", "idle", "bad header", "range refused", "payload stalled"}
+
+// Refusals returns the counts of refusals so far. Safe for concurrent use;
+// the counters are read one by one, not as one snapshot.
+func (t *Transport) Refusals() Refusals {
+	r := func(x reason) uint64 { return t.refused[x].Load() }
+	return Refusals{ConnCap: r(rConnCap), AcceptErrors: r(rAcceptError), Idle: r(rIdle), BadHeader: r(rBadHeader), Range: r(rRange), Stalled: r(rStalled)}
+}
+
+// refuse counts a refusal and logs it, at most once a second per reason
+// with the count of those not logged since. peer and err may be nil.
+func (t *Transport) refuse(why reason, peer net.Addr, err error, attrs ...any) {
+	t.refused[why].Add(1)
+	ok, suppressed := t.logs[why].Allow()
+	if !ok {
+		return
+	}
+	attrs = append(attrs, "reason", reasonNames[why], "suppressed", suppressed)
+	if peer != nil {
+		attrs = append(attrs, "peer", peer.String())
+	}
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	level := slog.LevelInfo
+	if why == rConnCap || why == rAcceptError {
+		level = slog.LevelWarn
+	}
+	t.cfg.Logger.Log(context.Background(), level, "mctcp: refused", attrs...)
+}
+
+// srvConn is one connection the target serves. idle is the unix
+// nanoseconds since which it has waited for a request header, 0 while it
+// serves a request, and evicted once admission closed it: the connection
+// and the evictor settle who wins with a CAS, so that a request the
+// connection has begun is never cut by an eviction.
+type srvConn struct {
+	c    net.Conn
+	idle atomic.Int64
+}
+
+const evicted = -1
+
+// accept serves the listener until Close.
+func (t *Transport) accept() {
+	defer t.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			if t.closed.Load() {
+				return
+			}
+			t.refuse(rAcceptError, nil, err)
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(backoff):
+			case <-t.shutdown:
+				return
+			}
+			continue
+		}
+		backoff = 0
+		sc := &srvConn{c: c}
+		sc.idle.Store(time.Now().UnixNano())
+		t.mu.Lock()
+		if t.closed.Load() {
+			t.mu.Unlock()
+			c.Close()
+			return
+		}
+		var victim *srvConn
+		if t.cfg.MaxConns > 0 && len(t.conns) >= t.cfg.MaxConns {
+			victim = t.evictLocked()
+			if victim == nil {
+				t.mu.Unlock()
+				c.Close()
+				t.refuse(rConnCap, c.RemoteAddr(), nil, "conns", t.cfg.MaxConns)
+				continue
+			}
+		}
+		t.conns[sc] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		if victim != nil {
+			victim.c.Close()
+			t.refuse(rConnCap, victim.c.RemoteAddr(), nil, "conns", t.cfg.MaxConns, "closed", "oldest idle")
+		}
+		go t.serveConn(sc)
+	}
+}
+
+// evictLocked picks the connection idle longest and marks it evicted, so
+// that it serves no further request; nil when every connection is busy.
+// It scans every connection, which happens only at MaxConns. mu must be
+// held; the caller closes the victim after unlocking.
+func (t *Transport) evictLocked() *srvConn {
+	for {
+		var oldest *srvConn
+		var since int64
+		for sc := range t.conns {
+			if s := sc.idle.Load(); s > 0 && (oldest == nil || s < since) {
+				oldest, since = sc, s
+			}
+		}
+		if oldest == nil {
+			return nil
+		}
+		if oldest.idle.CompareAndSwap(since, evicted) {
+			delete(t.conns, oldest) // its goroutine finds it gone
+			return oldest
+		}
+		// It began a request meanwhile: look again.
+	}
+}
+
+// serveConn serves one connection until it ends, and accounts for its end.
+func (t *Transport) serveConn(sc *srvConn) {
+	defer t.wg.Done()
+	err := t.serve(sc)
+	t.mu.Lock()
+	delete(t.conns, sc)
+	t.mu.Unlock()
+	sc.c.Close()
+	if err == nil || t.closed.Load() || sc.idle.Load() == evicted {
+		return
+	}
+	peer := sc.c.RemoteAddr()
+	switch {
+	case errors.Is(err, errIdle):
+		t.refuse(rIdle, peer, nil)
+	case errors.Is(err, errBadHeader):
+		t.refuse(rBadHeader, peer, err)
+	case errors.Is(err, errStalled):
+		t.refuse(rStalled, peer, err)
+	case errors.Is(err, errRefusedRange):
+		// Counted and logged where it was refused.
+	case errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+	default:
+		if !isEOF(err) {
+			t.cfg.Logger.Debug("mctcp: connection closed", "peer", peer, "err", err)
+		}
+	}
+}

@@ -1,0 +1,311 @@
+package mctcp
+
+// conn.go: one initiator connection (a rail). Slices queue in q; a sender
+// goroutine writes their requests, gathered into one writev, and hands
+// those the target answers (READs, version 2 WRITEs) to pending in
+// order; a receiver goroutine reads the answers in that order. Mooncake's
+// target serves one request after another, so requests sent ahead wait in
+// its socket, and the answers come back in the order they were sent.
+//
+// Every item is in exactly one place: q, the sender's batch, pending, or
+// the receiver's hand; whoever holds it completes it. When the connection
+// dies (kill), Post stops pushing (under mu), both goroutines end, and the
+// receiver completes what is left in q and pending with the cause, then
+// has the rail redialed.
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/transport"
+)
+
+// maxGather bounds the requests of one writev; gatherBytes the payload
+// bytes gathered before it is written.
+const (
+	maxGather   = 32
+	gatherBytes = 1 << 20
+)
+
+type conn struct {
+	e       *Endpoint
+	rail    int
+	nc      net.Conn
+	mu      sync.Mutex // guards dead and pushes to q
+	dead    bool
+	cause   error // why it died; set once, under mu
+	done    chan struct{}
+	q       chan item
+	pending chan item
+	sent    chan struct{} // closed when the sender has ended
+
+	// The sender's own.
+	hdrs  [maxGather][headerSize]byte
+	iov   [2 * maxGather][]byte
+	bufs  net.Buffers
+	batch [maxGather]item
+	// The receiver's own.
+	br *bufio.Reader
+	st [statusSize]byte
+}
+
+func newConn(e *Endpoint, rail int, nc net.Conn) *conn {
+	d := e.t.cfg.Depth
+	return &conn{e: e, rail: rail, nc: nc, done: make(chan struct{}), q: make(chan item, d), pending: make(chan item, d),
+		sent: make(chan struct{}), br: bufio.NewReaderSize(nc, 64<<10)}
+}
+
+type pushResult int
+
+const (
+	pushOK pushResult = iota
+	pushFull
+	pushDead
+)
+
+// push queues it without blocking.
+func (cn *conn) push(it item) pushResult {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.dead {
+		return pushDead
+	}
+	select {
+	case cn.q <- it:
+		return pushOK
+	default:
+		return pushFull
+	}
+}
+
+// kill marks the connection dead with its cause and closes the socket;
+// the first cause stays. Safe for concurrent use.
+func (cn *conn) kill(cause error) {
+	cn.mu.Lock()
+	if cn.dead {
+		cn.mu.Unlock()
+		return
+	}
+	cn.dead, cn.cause = true, cause
+	close(cn.done)
+	cn.mu.Unlock()
+	cn.nc.Close()
+}
+
+// failure is the error of a broken connection, for the slices it fails:
+// transport.ErrPeer (the engine retries them on another rail) wrapping
+// what broke it.
+func (cn *conn) failure(err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = ErrTimeout
+	}
+	return fmt.Errorf("mctcp: %s rail %d: %w: %w", cn.e.dest.Load().addr, cn.rail, transport.ErrPeer, err)
+}
+
+// send writes the queued requests until the connection dies.
+func (cn *conn) send() {
+	defer cn.e.wg.Done()
+	defer close(cn.sent)
+	n := 0 // items in batch
+	for {
+		var it item
+		select {
+		case it = <-cn.q:
+		case <-cn.done:
+			return
+		}
+		n = 0
+		iov, bytes := 0, uint64(0)
+		for {
+			cn.batch[n] = it
+			h := &cn.hdrs[n]
+			op := uint8(opRead)
+			if it.write {
+				op = opWrite
+			}
+			putHeader(h[:], header{length: it.length, addr: it.remote, op: op, v2: it.v2})
+			cn.iov[iov] = h[:]
+			iov++
+			if it.write {
+				cn.iov[iov] = unsafe.Slice((*byte)(it.local), it.length)
+				iov++
+				bytes += it.length
+			}
+			n++
+			if it.answered() {
+				select {
+				case cn.pending <- it:
+				default:
+					// pending is full: what is gathered goes out first
+					// (its answers are what the receiver waits for).
+					if !cn.flush(iov, n) {
+						it.c.Complete(it.token, cn.causeErr())
+						return
+					}
+					iov, n, bytes = 0, 0, 0
+					select {
+					case cn.pending <- it:
+					case <-cn.done:
+						it.c.Complete(it.token, cn.causeErr())
+						return
+					}
+				}
+			}
+			if n == maxGather || bytes >= gatherBytes {
+				break
+			}
+			select {
+			case it = <-cn.q:
+				continue
+			default:
+			}
+			break
+		}
+		if !cn.flush(iov, n) {
+			return
+		}
+	}
+}
+
+// flush writes the gathered requests and completes the version 1 WRITEs
+// among the n items of the batch (their bytes are in the socket, which is
+// all version 1 can say); false when the connection died.
+func (cn *conn) flush(iov, n int) bool {
+	if iov > 0 {
+		cn.bufs = cn.iov[:iov]
+		cn.nc.SetWriteDeadline(time.Now().Add(cn.e.t.cfg.StatusTimeout))
+		raceRelease()
+		_, err := cn.bufs.WriteTo(cn.nc)
+		clear(cn.iov[:iov])
+		if err != nil {
+			cn.kill(cn.failure(err))
+			cause := cn.causeErr()
+			for i := range n {
+				if it := &cn.batch[i]; !it.answered() {
+					it.c.Complete(it.token, cause)
+				}
+			}
+			clear(cn.batch[:n])
+			return false
+		}
+	}
+	for i := range n {
+		if it := &cn.batch[i]; !it.answered() {
+			it.c.Complete(it.token, nil)
+		}
+	}
+	clear(cn.batch[:n])
+	return true
+}
+
+// receive reads the answers until the connection dies, then completes
+// what is left and has the rail redialed.
+func (cn *conn) receive() {
+	defer cn.e.wg.Done()
+	for {
+		var it item
+		select {
+		case it = <-cn.pending:
+		case <-cn.done:
+			cn.end()
+			return
+		}
+		if err := cn.answer(&it); err != nil {
+			refused := errors.Is(err, ErrRefused)
+			if refused {
+				cn.kill(cn.failure(errClosedAfterRefusal))
+			} else {
+				cn.kill(err)
+			}
+			// The sender may still be writing its payload (a refusal
+			// comes before it): the slice completes, and its memory goes
+			// back to the engine, only once the sender has stopped.
+			<-cn.sent
+			if !refused {
+				err = cn.causeErr()
+			}
+			it.c.Complete(it.token, err)
+			cn.end()
+			return
+		}
+		it.c.Complete(it.token, nil)
+	}
+}
+
+// answer reads the item's answer: the status word (version 2), then a READ's
+// data. A refusal fails it with ErrRefused (transport.ErrDenied); the
+// connection dies with any error, as the target closes it after a refusal.
+func (cn *conn) answer(it *item) error {
+	cn.nc.SetReadDeadline(time.Now().Add(cn.e.t.cfg.StatusTimeout))
+	if it.v2 {
+		if _, err := io.ReadFull(cn.br, cn.st[:]); err != nil {
+			return cn.failure(err)
+		}
+		code, ok := parseStatus(cn.st[:])
+		switch {
+		case !ok:
+			return cn.failure(fmt.Errorf("%w: %#016x", ErrBadStatus, uint64(code)|uint64(cn.st[4])<<32|uint64(cn.st[5])<<40|uint64(cn.st[6])<<48|uint64(cn.st[7])<<56))
+		case code == statusRefused:
+			return fmt.Errorf("mctcp: %s: %d bytes at %#x: %w: %w", cn.e.dest.Load().addr, it.length, it.remote, ErrRefused, transport.ErrDenied)
+		case code != statusOK:
+			return cn.failure(fmt.Errorf("%w: code %d", ErrBadStatus, code))
+		}
+	}
+	if !it.write {
+		if _, err := io.ReadFull(cn.br, unsafe.Slice((*byte)(it.local), it.length)); err != nil {
+			return cn.failure(err)
+		}
+	}
+	return nil
+}
+
+// errClosedAfterRefusal is why the slices sent on a connection after a
+// request the target refused fail: it closes the connection.
+var errClosedAfterRefusal = errors.New("mctcp: the target closed the connection after refusing a request")
+
+// causeErr is the error slices of the dead connection complete with: its
+// cause, or transport.ErrClosed once the endpoint is closing.
+func (cn *conn) causeErr() error {
+	cn.mu.Lock()
+	cause := cn.cause
+	cn.mu.Unlock()
+	if cn.e.closed.Load() && !errors.Is(cause, transport.ErrClosed) {
+		return fmt.Errorf("mctcp: endpoint %s: %w", cn.e.name, transport.ErrClosed)
+	}
+	return cause
+}
+
+// end waits for the sender, completes every slice still queued or
+// awaiting its answer with the connection's cause, and, unless the
+// endpoint is closing, has the rail redialed.
+func (cn *conn) end() {
+	<-cn.sent
+	cause := cn.causeErr()
+	for {
+		select {
+		case it := <-cn.pending:
+			it.c.Complete(it.token, cause)
+			continue
+		case it := <-cn.q:
+			it.c.Complete(it.token, cause)
+			continue
+		default:
+		}
+		break
+	}
+	cn.e.mu.Lock()
+	defer cn.e.mu.Unlock()
+	if cn.e.closed.Load() {
+		return
+	}
+	cn.e.rails[cn.rail].CompareAndSwap(cn, nil)
+	cn.e.wg.Add(1)
+	go cn.e.redial(cn.rail)
+}

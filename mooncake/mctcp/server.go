@@ -1,0 +1,165 @@
+package mctcp
+
+// server.go: the target's request loop. One goroutine per connection reads
+// a header, checks its range against the registered buffers, moves the
+// payload straight between the socket and the buffer, and (version 2)
+// answers with a status word: before a READ's data, after a WRITE's last
+// byte is in the buffer, and instead of anything else for a refused range,
+// after which the connection closes. Nothing is allocated per request, and
+// nothing in proportion to a length the peer sends.
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+)
+
+var (
+	errIdle         = errors.New("mctcp: idle for IdleTimeout")
+	errBadHeader    = errors.New("mctcp: bad request header")
+	errStalled      = errors.New("mctcp: payload did not move within FrameTimeout")
+	errRefusedRange = errors.New("mctcp: range refused")
+)
+
+// readBufSize is the target's read buffer per connection: headers of
+// pipelined requests are read together; a payload larger than what is
+// buffered is read straight into the registered buffer.
+const readBufSize = 16 << 10
+
+// lingerMax and lingerTime bound what the target reads and throws away
+// after refusing a WRITE in version 2: closing a socket with unread bytes
+// sends a reset, which may destroy the refusal before the initiator has
+// read it.
+const (
+	lingerMax  = 4 << 20
+	lingerTime = time.Second
+)
+
+// serve runs the requests of one connection until it ends or fails.
+func (t *Transport) serve(sc *srvConn) error {
+	c := sc.c
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	br := bufio.NewReaderSize(c, readBufSize)
+	var (
+		hdr  [headerSize]byte
+		st   [statusSize]byte
+		iov  [2][]byte
+		bufs net.Buffers
+	)
+	readDeadline := false // a read deadline is set on c
+	for {
+		// Idle from here until a whole header has come.
+		now := time.Now()
+		for {
+			old := sc.idle.Load()
+			if old == evicted {
+				return nil
+			}
+			if sc.idle.CompareAndSwap(old, now.UnixNano()) {
+				break
+			}
+		}
+		mark := now.UnixNano()
+		switch {
+		case br.Buffered() >= headerSize:
+			// The header is here: no wait to bound.
+		case t.cfg.IdleTimeout > 0:
+			c.SetReadDeadline(now.Add(t.cfg.IdleTimeout))
+			readDeadline = true
+		case readDeadline:
+			c.SetReadDeadline(time.Time{})
+			readDeadline = false
+		}
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return errIdle
+			}
+			return err
+		}
+		if !sc.idle.CompareAndSwap(mark, 0) {
+			return nil // evicted while it waited: serve nothing more
+		}
+		h, ok := parseHeader(hdr[:])
+		if !ok {
+			return fmt.Errorf("%w: opcode %#x", errBadHeader, hdr[16])
+		}
+		var r *region
+		if h.length <= t.cfg.MaxLength {
+			r = t.hold(h.addr, h.length)
+		}
+		if r == nil {
+			return t.refuseRange(c, br, h)
+		}
+		// The payload's deadline, for reads and writes alike.
+		c.SetDeadline(time.Now().Add(t.payloadTime(h.length)))
+		readDeadline = true
+		p := r.bytes(h.addr, h.length)
+		var err error
+		if h.op == opWrite {
+			_, err = io.ReadFull(br, p)
+			r.ref.Release()
+			if err == nil && h.v2 {
+				putStatus(st[:], statusOK)
+				_, err = c.Write(st[:])
+			}
+		} else {
+			n := 0
+			if h.v2 {
+				putStatus(st[:], statusOK)
+				iov[n] = st[:]
+				n++
+			}
+			iov[n] = p
+			bufs = iov[:n+1]
+			raceRelease()
+			_, err = bufs.WriteTo(c)
+			r.ref.Release()
+			iov = [2][]byte{}
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return fmt.Errorf("%w: %d bytes at %#x", errStalled, h.length, h.addr)
+			}
+			return err
+		}
+	}
+}
+
+// payloadTime is how long the target gives a payload of n bytes to move.
+func (t *Transport) payloadTime(n uint64) time.Duration {
+	return t.cfg.FrameTimeout + time.Duration(float64(n)/float64(t.cfg.MinRate)*float64(time.Second))
+}
+
+// refuseRange ends a connection whose request names a range the target
+// does not serve: version 2 gets the refusal status first, and a WRITE's
+// payload is read (a bounded amount, for a bounded time) and dropped, so
+// that the close does not reset the connection before the initiator has
+// read the status. Version 1 has no refusal: the connection just closes.
+func (t *Transport) refuseRange(c net.Conn, br *bufio.Reader, h header) error {
+	t.refuse(rRange, c.RemoteAddr(), nil, "addr", h.addr, "length", h.length, "write", h.op == opWrite, "v2", h.v2)
+	if !h.v2 {
+		return errRefusedRange
+	}
+	c.SetDeadline(time.Now().Add(lingerTime))
+	var st [statusSize]byte
+	putStatus(st[:], statusRefused)
+	if _, err := c.Write(st[:]); err != nil {
+		return errRefusedRange
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	if h.op == opWrite {
+		io.CopyN(io.Discard, br, int64(min(h.length, lingerMax)))
+	}
+	return errRefusedRange
+}
+
+// isEOF reports a peer that closed its side cleanly.
+func isEOF(err error) bool { return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) }
