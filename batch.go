@@ -76,6 +76,16 @@ type TransferRequest struct {
 	// once the bytes are in its memory; the task completes only after.
 	// Msg (at most 4096 bytes) must stay unchanged until the task ends.
 	Notify *Notify
+	// Transport, when set, names the transport the task prefers ("tcp",
+	// "shm", ...): it takes the segment's path through it while that path
+	// is up, else the segment's current path (and fails over as any
+	// task). A name no installed transport has is refused
+	// (ErrNoSuchTransport).
+	Transport string
+	// TransportOnly makes Transport the only transport the task may take:
+	// it FAILs at once with ErrTransportDown when the segment's path
+	// through it is down or not open, and never fails over.
+	TransportOnly bool
 }
 
 // Notify is the notification a TransferRequest delivers.
@@ -440,6 +450,18 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 			}
 			es[n] = sq.Entry{Op: req.Opcode, Flags: sq.FlagDeadline, Segment: req.TargetID, Buffer: buf.ID, Local: local,
 				Remote: remote, Length: req.Length, UserData: userData(slot, gen, task), Timeout: uint64(deadline)}
+			if req.Transport != "" {
+				ts, err := e.TransportSlot(req.Transport)
+				if err != nil { // checked above; uninstalled since
+					e.failTasks(b, task, 1, cq.CodeTransportDown)
+					next++
+					continue
+				}
+				es[n].Transport, es[n].Flags = ts, es[n].Flags|sq.FlagTransportPrefer
+				if req.TransportOnly {
+					es[n].Flags ^= sq.FlagTransportPrefer | sq.FlagTransportOnly
+				}
+			}
 			t.msg = nil
 			if req.Notify != nil {
 				es[n].Flags, es[n].Tag = es[n].Flags|sq.FlagNotify, req.Notify.Tag
@@ -506,6 +528,13 @@ func (e *Engine) check(req *TransferRequest) (*segtable.Buffer, error) {
 	}
 	if e.segments.Get(req.TargetID) == nil {
 		return nil, fmt.Errorf("segment %d: %w", req.TargetID, ErrBadSegment)
+	}
+	if req.Transport != "" {
+		if _, err := e.TransportSlot(req.Transport); err != nil {
+			return nil, fmt.Errorf("transport %q: %w", req.Transport, err)
+		}
+	} else if req.TransportOnly {
+		return nil, fmt.Errorf("TransportOnly without a Transport: %w", ErrInvalid)
 	}
 	if _, err := e.remote(req); err != nil {
 		return nil, err

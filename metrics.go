@@ -30,8 +30,13 @@ import (
 // moonring_errors_total{ring,error},
 // moonring_poller_up_seconds_total{node},
 // moonring_poller_parked_seconds_total{node}, moonring_poller_parks_total{node},
-// moonring_buffers_registered, moonring_segments_open and
-// moonring_notifications_queued. A ring is "batch/<node>" for the batch
+// moonring_buffers_registered, moonring_segments_open,
+// moonring_notifications_queued,
+// moonring_path_failovers_total{segment,transport} (requests left the
+// segment's path through the transport after it failed),
+// moonring_path_failbacks_total{segment,transport} (new requests moved
+// back to it) and moonring_segment_path{segment,transport} (1 for the
+// path new requests take, 0 for the segment's other open paths). A ring is "batch/<node>" for the batch
 // API's rings and "ring/<n>" for NewRing's, numbered in creation order.
 func (e *Engine) Collector() prometheus.Collector { return (*collector)(e) }
 
@@ -64,12 +69,15 @@ var (
 	mRefused   = prometheus.NewDesc("moonring_refused_total", "What the engine refused from others: peers' descriptors that failed their signature check or were of an old epoch (what=descriptor), and its transports' refused connections, by reason.", []string{"what", "reason"}, nil)
 	mServed    = prometheus.NewDesc("moonring_served_requests_total", "READ/WRITE requests this engine served as a target, by transport, peer address, op and outcome (the TCP transport; shm peers copy without the target).", []string{"transport", "peer", "op", "status"}, nil)
 	mServedB   = prometheus.NewDesc("moonring_served_bytes_total", "Bytes this engine served as a target, by transport, peer address and op.", []string{"transport", "peer", "op"}, nil)
+	mFailovers = prometheus.NewDesc("moonring_path_failovers_total", "Times requests left a segment's path through a transport after it failed.", []string{"segment", "transport"}, nil)
+	mFailbacks = prometheus.NewDesc("moonring_path_failbacks_total", "Times new requests moved back to a segment's path through a transport after a probe found it working.", []string{"segment", "transport"}, nil)
+	mSegPath   = prometheus.NewDesc("moonring_segment_path", "A segment's open paths: 1 for the one new requests take, 0 for the others.", []string{"segment", "transport"}, nil)
 	mPeerBytes = prometheus.NewDesc("moonring_peer_bytes_total", "Bytes moved by completed requests, by peer segment, transport and op.", []string{"ring", "segment", "transport", "op"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors, mRefused, mServed, mServedB} {
+	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors, mRefused, mServed, mServedB, mFailovers, mFailbacks, mSegPath} {
 		ch <- d
 	}
 }
@@ -140,7 +148,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			if ss.Op == transport.Write {
 				op = "write"
 			}
-			k := peerKey{ss.Segment.Name, tnames[ss.Segment.Transport], op}
+			k := peerKey{ss.Segment.Name, tnames[ss.Transport], op}
 			sum := peers[k]
 			sum.Completed += ss.Completed
 			sum.Failed += ss.Failed
@@ -163,7 +171,30 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(mPollerNo, prometheus.CounterValue, float64(st.Parks), n)
 	}
 	segs := 0
-	e.segments.Each(func(*segtable.Segment[transport.Endpoint]) { segs++ })
+	type segPath struct{ seg, tn string }
+	paths := map[segPath]float64{}
+	e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) {
+		segs++
+		cur := s.Path()
+		for _, p := range s.Paths() {
+			if tn := e.slotName(p.Transport); tn != "" {
+				v := 0.0
+				if p == cur {
+					v = 1
+				}
+				paths[segPath{s.Name, tn}] = max(paths[segPath{s.Name, tn}], v)
+			}
+		}
+	})
+	for k, v := range paths {
+		if m, err := prometheus.NewConstMetric(mSegPath, prometheus.GaugeValue, v, k.seg, k.tn); err == nil {
+			ch <- m
+		}
+	}
+	for _, ps := range e.PathStats() {
+		send(ch, mFailovers, float64(ps.Failovers), ps.Segment, ps.Transport)
+		send(ch, mFailbacks, float64(ps.Failbacks), ps.Segment, ps.Transport)
+	}
 	ch <- prometheus.MustNewConstMetric(mBuffers, prometheus.GaugeValue, float64(e.buffers.Len()))
 	ch <- prometheus.MustNewConstMetric(mSegments, prometheus.GaugeValue, float64(segs))
 	ch <- prometheus.MustNewConstMetric(mNotesWait, prometheus.GaugeValue, float64(len(e.notes)))

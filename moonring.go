@@ -56,6 +56,17 @@ type (
 // target engine once the bytes are in its memory.
 const FlagNotify = sq.FlagNotify
 
+// Transport hints of an Entry: Entry.Transport is then the slot of the
+// transport (Engine.TransportSlot). With FlagTransportOnly the request
+// takes the segment's path through that transport or FAILs at once with
+// ErrTransportDown (down, not open), and never fails over; with
+// FlagTransportPrefer it takes that path while it is up, else the
+// segment's current one.
+const (
+	FlagTransportOnly   = sq.FlagTransportOnly
+	FlagTransportPrefer = sq.FlagTransportPrefer
+)
+
 // Entry ops.
 const (
 	OpNop    = sq.Nop
@@ -91,6 +102,9 @@ var (
 	ErrDenied      = cq.ErrDenied
 	ErrNoTransport = cq.ErrNoTransport
 	ErrQueueFull   = cq.ErrQueueFull
+	// ErrTransportDown: a request that must take one transport found the
+	// segment's path through it down or not open.
+	ErrTransportDown = cq.ErrTransportDown
 	// ErrClosed: the engine (or ring) is closed. Equals os.ErrClosed.
 	ErrClosed = cq.ErrClosed
 	// ErrSQFull: a submission queue is full; reap, then retry. It is
@@ -282,6 +296,12 @@ type Engine struct {
 	segments   segtable.Segments[transport.Endpoint]
 	tables     ring.Tables
 	transports [segtable.MaxTransports]transport.Transport
+	// tnames are the installed transports' names by slot, for readers
+	// without mu (TransportSlot, the health manager's log lines).
+	tnames atomic.Pointer[[segtable.MaxTransports]string]
+	// health opens segments' standby paths, probes paths gone down and
+	// fails back (failover.go).
+	health     health
 	local      *local.Transport
 	self       *segtable.Segment[transport.Endpoint]
 	pollers    map[int]*ring.Poller
@@ -367,12 +387,15 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Logger.Warn("moonring: no segment key: descriptors are neither signed nor checked (set Config.Key or TCP.Key)", "segment", cfg.Name)
 	}
 	e.local.SetNotify(cfg.Name, e.deliver)
-	e.tables = ring.Tables{Buffers: &e.buffers, Segments: &e.segments}
+	e.health.init(e)
+	e.tables = ring.Tables{Buffers: &e.buffers, Segments: &e.segments, PathDown: e.health.pathDown}
 	e.buffers.Busy = func(b *segtable.Buffer) bool { return e.inFlight(b, nil) }
 	e.segments.Busy = func(s *segtable.Segment[transport.Endpoint]) bool { return e.inFlight(nil, s) }
 	e.transports[0] = e.local
+	e.refreshNames()
 	e.self = e.segments.SetLocal(cfg.Name, e.desc(false), 0, 0, e.local.Self())
 	if err := e.publish(); err != nil {
+		e.health.stop()
 		e.local.Close()
 		return nil, err
 	}
@@ -449,14 +472,13 @@ func (e *Engine) Close() error {
 		r.Close()
 	}
 	e.batches.close()
+	e.health.stop() // no probe adds or replaces a path from here on
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, cancel := range e.watches {
 		cancel()
 	}
-	e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) {
-		closeSegment(s.Endpoint, s.Staged)
-	})
+	e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) { closePaths(s) })
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
 	if derr := e.store.Delete(ctx, e.cfg.Name, e.epoch); derr != nil && !errors.Is(derr, metadata.ErrNotFound) {
@@ -468,6 +490,7 @@ func (e *Engine) Close() error {
 			e.transports[i] = nil
 		}
 	}
+	e.refreshNames()
 	for _, p := range e.pollers {
 		p.Stop()
 	}

@@ -17,17 +17,28 @@ import (
 )
 
 // SegmentInfo is what an open segment offers: its name, the epoch of the
-// engine instance that published it, the transport that reaches it, and
+// engine instance that published it, the transports that reach it, and
 // its remote-accessible buffers. It is a copy the caller owns.
 type SegmentInfo struct {
 	Name  string
 	Epoch uint64
-	// Transport is the transport's name ("tcp", "shm", ...); "local" for
-	// LocalSegmentID.
+	// Transport is the name of the transport new requests take now
+	// ("tcp", "shm", ...); "local" for LocalSegmentID.
 	Transport string
+	// Paths are the transports whose endpoints to the segment are open,
+	// in order of preference, each with whether it is up.
+	Paths []PathInfo
 	// Buffers are the segment's remote-accessible buffers, sorted by
 	// address: a request's remote range lies inside one of them.
 	Buffers []RemoteBuffer
+}
+
+// PathInfo is one of a segment's paths: a transport's endpoint to it.
+type PathInfo struct {
+	Transport string
+	// Up is false while the path is down: a request failed on it for a
+	// reason of the path, and no probe has found it working since.
+	Up bool
 }
 
 // RemoteBuffer is one buffer of a segment: TransferRequest.TargetOffset
@@ -49,11 +60,16 @@ func (e *Engine) Segment(id SegmentID) (SegmentInfo, error) {
 		return SegmentInfo{}, ErrClosed
 	}
 	s := e.segments.Get(id)
-	if s == nil || e.transports[s.Transport] == nil {
+	if s == nil || e.transports[s.Path().Transport] == nil {
 		return SegmentInfo{}, fmt.Errorf("moonring: segment %d: %w", id, ErrBadSegment)
 	}
 	d := s.Desc()
-	info := SegmentInfo{Name: d.Name, Epoch: d.Epoch, Transport: e.transports[s.Transport].Name(), Buffers: make([]RemoteBuffer, len(d.Buffers))}
+	info := SegmentInfo{Name: d.Name, Epoch: d.Epoch, Transport: e.transports[s.Path().Transport].Name(), Buffers: make([]RemoteBuffer, len(d.Buffers))}
+	for _, p := range s.Paths() {
+		if t := e.transports[p.Transport]; t != nil {
+			info.Paths = append(info.Paths, PathInfo{Transport: t.Name(), Up: !p.Down()})
+		}
+	}
 	for i, b := range d.Buffers {
 		info.Buffers[i] = RemoteBuffer{Addr: b.Addr, Length: b.Length, Location: Location(b.Location)}
 	}
@@ -207,11 +223,19 @@ func (e *Engine) publishCtx(ctx context.Context) error {
 	return nil
 }
 
-// OpenSegment looks name up in the metadata store, picks the best
+// OpenSegment looks name up in the metadata store, opens the best
 // transport that reaches it and returns its ID. Opening an open segment
 // returns the same ID; the engine's own name returns LocalSegmentID. The
 // store and the peer are asked without the engine's lock: a slow peer holds
 // up this call only (bounded by ctx), not the engine.
+//
+// The other transports that may reach the segment (transport.Candidates:
+// Config.Transports, else transport.Priority) are opened after it returns,
+// in the background, as standby paths; none when the segment is reached
+// in-process. Requests whose path fails (the connection broke, the
+// endpoint closed) move to the next path that is up, and new requests
+// move back once a probe finds the preferred path working again (see
+// SegmentTransport and PathStats).
 func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error) {
 	if name == e.cfg.Name {
 		return LocalSegmentID, nil
@@ -240,7 +264,9 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 		return 0, fmt.Errorf("moonring: open segment %q: %w", name, err)
 	}
 	var errs []error
-	for _, tname := range transport.Candidates(installed, desc, e.cfg.Transports) {
+	names := transport.Candidates(installed, desc, e.cfg.Transports)
+	cands := make([]candidate, len(names))
+	for i, tname := range names {
 		e.mu.Lock()
 		slot := e.slotOf(tname)
 		var t transport.Transport
@@ -248,15 +274,17 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 			t = e.transports[slot]
 		}
 		e.mu.Unlock()
+		cands[i] = candidate{slot: slot, name: tname, dropped: t == nil}
 		if t == nil {
 			continue // uninstalled meanwhile
 		}
 		ep, err := t.Open(ctx, desc)
 		if err != nil {
 			errs = append(errs, err)
+			cands[i].dropped = errors.Is(err, transport.ErrUnreachable)
 			continue
 		}
-		id, done, err := e.addSegment(name, desc, slot, t, ep)
+		id, done, err := e.addSegment(name, desc, slot, t, ep, cands, i)
 		if done {
 			return id, err
 		}
@@ -285,8 +313,10 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 
 // addSegment adds the segment OpenSegment reached through ep of t in slot,
 // unless the engine closed, t was uninstalled (done false: try the next
-// transport) or another OpenSegment of name added it first (its ID).
-func (e *Engine) addSegment(name string, desc *segtable.SegmentDesc, slot int, t transport.Transport, ep transport.Endpoint) (SegmentID, bool, error) {
+// transport) or another OpenSegment of name added it first (its ID). The
+// health manager opens the other candidates (cands; ep is the one at
+// index first) in the background.
+func (e *Engine) addSegment(name string, desc *segtable.SegmentDesc, slot int, t transport.Transport, ep transport.Endpoint, cands []candidate, first int) (SegmentID, bool, error) {
 	e.mu.Lock()
 	var unused bool // ep goes unused: closed after the lock (a Close may wait on dials)
 	defer func() {
@@ -315,6 +345,7 @@ func (e *Engine) addSegment(name string, desc *segtable.SegmentDesc, slot int, t
 		return 0, true, fmt.Errorf("moonring: open segment %q: %w", desc.Name, err)
 	}
 	e.watch(s)
+	e.health.add(s, cands, first)
 	e.cfg.Logger.Info("moonring: segment opened", "segment", desc.Name, "transport", t.Name(), "id", s.ID)
 	return s.ID, true, nil
 }
@@ -360,14 +391,19 @@ func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 			// took the name: either way the endpoint follows the new
 			// descriptor (a transport redials a new address and keys), and
 			// the SegmentID stays valid.
-			s.Endpoint.Update(ev.Desc)
+			for _, p := range s.Paths() {
+				p.Endpoint.Update(ev.Desc)
+			}
 			s.SetDesc(ev.Desc)
+			e.health.updated(s) // paths down are probed again now
 		}
 	}()
 }
 
-// SegmentTransport returns the name of the transport that reaches the open
-// segment id ("shm", "tcp", ...). Safe for concurrent use.
+// SegmentTransport returns the name of the transport that new requests to
+// the open segment id take now ("shm", "tcp", ...): the first of its
+// paths, in order of preference, that is up. It changes on a failover
+// and a failback (the log says so). Safe for concurrent use.
 func (e *Engine) SegmentTransport(id SegmentID) (string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -375,10 +411,10 @@ func (e *Engine) SegmentTransport(id SegmentID) (string, error) {
 		return "", ErrClosed // its transports are gone
 	}
 	s := e.segments.Get(id)
-	if s == nil || e.transports[s.Transport] == nil {
+	if s == nil || e.transports[s.Path().Transport] == nil {
 		return "", fmt.Errorf("moonring: segment %d: %w", id, ErrBadSegment)
 	}
-	return e.transports[s.Transport].Name(), nil
+	return e.transports[s.Path().Transport].Name(), nil
 }
 
 // CloseSegment closes a segment once no request uses it. If ctx ends first
@@ -398,5 +434,15 @@ func (e *Engine) CloseSegment(ctx context.Context, id SegmentID) error {
 		delete(e.watches, id)
 	}
 	e.mu.Unlock()
-	return closeSegment(s.Endpoint, s.Staged)
+	e.health.remove(s)
+	return closePaths(s)
+}
+
+// closePaths closes every path's endpoints of a segment no request uses.
+func closePaths(s *segment) error {
+	var err error
+	for _, p := range s.Paths() {
+		err = errors.Join(err, closeSegment(p.Endpoint, p.Staged))
+	}
+	return err
 }

@@ -89,6 +89,7 @@ func (e *Engine) InstallTransport(t transport.Transport) error {
 		b.Regs[slot].Store(&reg)
 	}
 	e.transports[slot] = t
+	e.refreshNames()
 	if st, ok := t.(transport.Stager); ok && e.stager == nil {
 		e.startStaging(st, slot)
 	}
@@ -137,14 +138,18 @@ func (e *Engine) UninstallTransport(name string) error {
 		return fmt.Errorf("moonring: uninstall %s: the in-process transport stays", name)
 	}
 	busy := false
-	e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) { busy = busy || s.Transport == slot })
+	e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) { busy = busy || s.PathOf(slot) != nil })
 	if busy {
-		return fmt.Errorf("moonring: uninstall %s: segments are open through it: %w", name, ErrBusy)
+		return fmt.Errorf("moonring: uninstall %s: segments are open through it (their paths, standby ones included): %w", name, ErrBusy)
 	}
 	t := e.transports[slot]
 	if slot == e.stagerSlot && e.stager != nil {
 		staged := false
-		e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) { staged = staged || s.Staged != nil })
+		e.segments.Each(func(s *segtable.Segment[transport.Endpoint]) {
+			for _, p := range s.Paths() {
+				staged = staged || p.Staged != nil
+			}
+		})
 		if staged {
 			return fmt.Errorf("moonring: uninstall %s: segments stage GPU memory through it: %w", name, ErrBusy)
 		}
@@ -154,6 +159,7 @@ func (e *Engine) UninstallTransport(name string) error {
 		e.unregisterFrom(t, slot, b)
 	}
 	e.transports[slot] = nil
+	e.refreshNames()
 	if h, ok := t.(transport.Poller); ok {
 		for _, p := range e.pollers {
 			p.RemoveHook(h)

@@ -86,6 +86,9 @@ const (
 	CodeClosed
 	CodeNoTransport
 	CodeQueueFull
+	// CodeTransportDown: the request named a transport it must go through
+	// (sq.FlagTransportOnly) and the segment has no healthy path through it.
+	CodeTransportDown
 	codeCount
 )
 
@@ -122,6 +125,11 @@ var (
 	// ErrQueueFull: the submission queue stayed full; the request was not
 	// submitted. Reap completions, then retry.
 	ErrQueueFull = errors.New("moonring: submission queue full")
+	// ErrTransportDown: the request must go through one transport
+	// (sq.FlagTransportOnly, TransferRequest.Transport with
+	// TransportOnly), and the segment's path through it is down or was
+	// never opened. Retry once that path is back, or without the hint.
+	ErrTransportDown = errors.New("moonring: required transport down or not open for segment")
 )
 
 var codeErrs = [codeCount]error{
@@ -130,6 +138,7 @@ var codeErrs = [codeCount]error{
 	CodeRemoteRange: ErrRemoteRange, CodeLength: ErrLength, CodeTimeout: ErrTimeout,
 	CodeCanceled: ErrCanceled, CodeTransport: ErrTransport, CodeDenied: ErrDenied,
 	CodeClosed: ErrClosed, CodeNoTransport: ErrNoTransport, CodeQueueFull: ErrQueueFull,
+	CodeTransportDown: ErrTransportDown,
 }
 
 var errUnknownCode = errors.New("moonring: unknown error code")

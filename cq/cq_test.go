@@ -46,6 +46,7 @@ var allCodes = []struct {
 	{cq.CodeClosed, cq.ErrClosed, cq.Failed},
 	{cq.CodeNoTransport, cq.ErrNoTransport, cq.Failed},
 	{cq.CodeQueueFull, cq.ErrQueueFull, cq.Failed},
+	{cq.CodeTransportDown, cq.ErrTransportDown, cq.Failed},
 }
 
 func TestCodes(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 // Complete implements transport.Completer: it queues the slice's result for
 // the poller. Safe for concurrent use; it never blocks.
 func (r *Ring) Complete(tok uint64, err error) {
-	d := sliceDone{token: tok, code: codeOf(err)}
+	d := sliceDone{token: tok, code: codeOf(err), path: err != nil && isPath(err)}
 	if !r.done.PushOne(&d) {
 		// Cannot happen: the poller posts at most done.Cap() slices at once.
 		panic("ring: slice completion queue overrun")
@@ -88,18 +88,27 @@ func codeOf(err error) cq.Code {
 	return cq.CodeTransport
 }
 
+// isPath reports whether err is a failure of the path rather than of the
+// request: the connection to the peer broke (transport.ErrPeer) or the
+// endpoint closed under the slice (transport.ErrClosed). Another path to
+// the segment may carry the slice; a denied or out-of-range request would
+// fail on any path.
+func isPath(err error) bool {
+	return errors.Is(err, transport.ErrPeer) || errors.Is(err, transport.ErrClosed)
+}
+
 // reap applies slice completions.
 func (r *Ring) reap() bool {
 	pos, n := r.done.Readable(256)
 	for i := 0; i < n; i++ {
 		d := r.done.Slot(pos + uint64(i))
-		r.applySlice(d.token, d.code)
+		r.applySlice(d.token, d.code, d.path)
 	}
 	r.done.Release(n)
 	return n > 0
 }
 
-func (r *Ring) applySlice(tok uint64, code cq.Code) {
+func (r *Ring) applySlice(tok uint64, code cq.Code, path bool) {
 	idx, gen, i := splitToken(tok)
 	if int(idx) >= len(r.reqs) || r.reqs[idx].gen != gen || r.reqs[idx].state == stFree {
 		r.stats.Stale++
@@ -127,13 +136,10 @@ func (r *Ring) applySlice(tok uint64, code cq.Code) {
 				r.finish(idx, cq.CodeOK)
 			}
 		}
-	case code == cq.CodeTransport && int(q.retries) < r.cfg.RetryLimit:
-		q.retries++
-		r.stats.Retries++
-		r.logRetry(q, code)
-		r.redo = append(r.redo, tok+attemptOne)
+	case path && (code == cq.CodeTransport || code == cq.CodeClosed):
+		r.pathFailed(idx, tok, code)
 	default:
-		r.finish(idx, code)
+		r.retryOrFinish(idx, tok, code)
 	}
 }
 
@@ -147,7 +153,7 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 	if code != cq.CodeOK {
 		bytes = 0 // a request that did not complete moved no bytes it can rely on
 	}
-	r.ended(q.seg, q.op, q.userData, code, bytes, max(r.now-q.started, 0))
+	r.ended(q.seg, q.path.Transport, q.op, q.userData, code, bytes, max(r.now-q.started, 0))
 	q.state = stZombie
 	if q.outstanding == 0 {
 		r.release(idx)
@@ -156,11 +162,11 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 
 // ended counts a finished request (took d ns, on the poller's clock) and
 // queues its completion.
-func (r *Ring) ended(seg *segtable.Segment[transport.Endpoint], op transport.Op, userData uint64, code cq.Code, bytes uint64, d int64) {
+func (r *Ring) ended(seg *segtable.Segment[transport.Endpoint], slot int, op transport.Op, userData uint64, code cq.Code, bytes uint64, d int64) {
 	if code != cq.CodeOK && r.cfg.Logger != nil {
 		r.cfg.Logger.Info("moonring: request ended", "segment", seg.Name, "userdata", userData, "status", code.Status(), "err", code.Err())
 	}
-	r.countSegment(seg, op, code, bytes)
+	r.countSegment(seg, slot, op, code, bytes)
 	if code == cq.CodeOK {
 		// The poller's clock of this round: no clock read per request.
 		r.latency[min(bits.Len64(uint64(d)>>10), len(r.latency)-1)]++
@@ -175,9 +181,9 @@ func (r *Ring) release(idx int32) {
 	if gen == 0 {
 		gen = 1
 	}
-	q.buf, q.seg = nil, nil
-	q.bytes, q.posted, q.done, q.outstanding, q.retries = 0, 0, 0, 0, 0
-	q.notify, q.tag = false, 0
+	q.buf, q.seg, q.path = nil, nil, nil
+	q.bytes, q.posted, q.done, q.outstanding, q.retries, q.forgive = 0, 0, 0, 0, 0, 0
+	q.notify, q.tag, q.pinned = false, 0, false
 	q.gen, q.state = gen, stFree
 	r.free = append(r.free, idx)
 	r.active--

@@ -28,8 +28,8 @@ const (
 // InlineCopier). An endpoint that can (HoldingCopier, InlineCopier) leaves
 // its reference on the target's memory in r.holds, which step gives back
 // at the end of the round and flush before it calls into any endpoint.
-func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint], handle uint64) int {
-	ep := seg.Endpoint
+func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint], path *segtable.Path[transport.Endpoint], handle uint64) int {
+	ep := path.Endpoint
 	if len(r.batch) > 0 && r.batchEP == ep {
 		// Slices of earlier requests to this endpoint wait in the batch:
 		// this one goes after them, as it would have.
@@ -71,6 +71,10 @@ func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segme
 	}
 	s.Local = nil // no pointer into the buffer outlives the copy
 	code := codeOf(err)
+	if r.cfg.RetryLimit > 0 && (code == cq.CodeTransport || code == cq.CodeClosed) && isPath(err) && r.markFailed(seg, path) != path {
+		r.inlineMoved, r.inlineCode = true, code // another path is up: start moves the request there
+		return inlineRetry
+	}
 	if code == cq.CodeTransport && r.cfg.RetryLimit > 0 {
 		return inlineRetry
 	}
@@ -83,7 +87,7 @@ func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segme
 	if code != cq.CodeOK {
 		bytes = 0
 	}
-	r.ended(seg, op, e.UserData, code, bytes, 0)
+	r.ended(seg, path.Transport, op, e.UserData, code, bytes, 0)
 	return inlineDone
 }
 
@@ -108,7 +112,7 @@ func (r *Ring) copyBatch(cp transport.Copier) {
 		errs := r.errs[:k]
 		bc.CopyBatch(r.batch[:k], errs)
 		for i := range k {
-			r.applySlice(r.batch[i].Token, codeOf(errs[i]))
+			r.applySlice(r.batch[i].Token, codeOf(errs[i]), errs[i] != nil && isPath(errs[i]))
 			copied += r.batch[i].Length
 		}
 		clear(errs)
@@ -134,7 +138,8 @@ func (r *Ring) copyEach(cp transport.Copier, copied *uint64) {
 		}
 		q.outstanding++
 		r.outstanding++
-		r.applySlice(s.Token, codeOf(cp.Copy(s)))
+		err := cp.Copy(s)
+		r.applySlice(s.Token, codeOf(err), err != nil && isPath(err))
 		*copied += s.Length
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/sq"
 	"github.com/moonring/moonring/transport"
 )
@@ -161,11 +162,18 @@ func reserved(e *sq.Entry) bool {
 	// Entry is 64 bytes of 8-byte-aligned fields, so viewing it as eight
 	// words is sound; the words hold the reserved bytes at fixed places.
 	w := (*[8]uint64)(unsafe.Pointer(e))
-	return w[0]>>16&0xffff != 0 || w[1]>>32 != 0
+	return w[0]>>24&0xff != 0 || w[1]>>32 != 0
+}
+
+// badHint reports whether e's transport hint is malformed: both hint
+// flags, a Transport without a hint flag, or a slot out of range.
+func badHint(e *sq.Entry) bool {
+	h := e.Flags & sq.FlagsTransport
+	return h == sq.FlagsTransport || (h == 0 && e.Transport != 0) || int(e.Transport) >= segtable.MaxTransports
 }
 
 func (r *Ring) start(e *sq.Entry, t int64) {
-	if e.Flags&^sq.FlagsMask != 0 || reserved(e) || !e.Op.Valid() || (e.Flags&sq.FlagNotify != 0 && e.Op != sq.Write) {
+	if e.Flags&^sq.FlagsMask != 0 || reserved(e) || badHint(e) || !e.Op.Valid() || (e.Flags&sq.FlagNotify != 0 && e.Op != sq.Write) {
 		r.complete(e.UserData, cq.CodeInvalid, 0)
 		return
 	}
@@ -203,8 +211,21 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		r.complete(e.UserData, cq.CodeRemoteRange, 0)
 		return
 	}
-	reg := buf.Regs[seg.Transport].Load()
-	if reg == nil || (reg.Staged && seg.Staged == nil) {
+	path := seg.Path()
+	if e.Flags&sq.FlagsTransport != 0 {
+		// A hint: a scan of the segment's few paths, only for requests
+		// that carry one.
+		hp := seg.PathOf(int(e.Transport))
+		switch {
+		case e.Flags&sq.FlagTransportOnly != 0 && (hp == nil || hp.Down()):
+			r.complete(e.UserData, cq.CodeTransportDown, 0)
+			return
+		case hp != nil && !hp.Down():
+			path = hp
+		}
+	}
+	reg := buf.Regs[path.Transport].Load()
+	if reg == nil || (reg.Staged && path.Staged == nil) {
 		r.complete(e.UserData, cq.CodeNoTransport, 0)
 		return
 	}
@@ -220,13 +241,13 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		r.complete(e.UserData, cq.CodeBadSegment, 0)
 		return
 	}
-	size := seg.SliceSize
+	size := path.SliceSize
 	if size == 0 {
 		size = r.cfg.SliceSize
 	}
 	first := uint64(0) // the token of the first slice's first post
 	if e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size && !reg.Staged {
-		switch r.copyInline(e, buf, seg, reg.Handle) {
+		switch r.copyInline(e, buf, seg, path, reg.Handle) {
 		case inlineDone:
 			return
 		case inlineRetry:
@@ -239,7 +260,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	deadline := e.DeadlineAt(t, r.cfg.Timeout)
 	// Field by field: a composite literal with pointers would be built
 	// aside and copied with write barriers.
-	q.userData, q.buf, q.seg = e.UserData, buf, seg
+	q.userData, q.buf, q.seg, q.path = e.UserData, buf, seg, path
 	q.local, q.remote, q.length = e.Local, e.Remote, e.Length
 	q.sliceSize, q.deadline, q.handle = size, deadline, reg.Handle
 	q.started = t
@@ -248,6 +269,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		q.op = transport.Write
 	}
 	q.notify, q.tag, q.staged = e.Flags&sq.FlagNotify != 0, e.Tag, reg.Staged
+	q.pinned = e.Flags&sq.FlagTransportOnly != 0
 	r.rail++
 	r.active++
 	if deadline < r.nextCheck || r.active == 1 {
@@ -255,6 +277,14 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	}
 	if r.cfg.Sink != nil {
 		r.cfg.Sink.Started(e.UserData)
+	}
+	if first != 0 && r.inlineMoved {
+		// The inline copy failed for a reason of its path, and another
+		// path is up: the request moves there (or, pinned, ends).
+		r.inlineMoved = false
+		q.posted = 1
+		r.pathFailed(idx, token(idx, q.gen, 0), r.inlineCode)
+		return
 	}
 	if first != 0 {
 		// The inline copy failed: its retry goes to the next rail.

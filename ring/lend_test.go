@@ -39,7 +39,7 @@ func newLendHarness(t *testing.T, pcfg PollerConfig) (*harness, *lendEP) {
 	ep := &fakeEP{hold: true}
 	h := newHarnessPoller(t, Config{}, ep, false, pcfg)
 	l := &lendEP{fakeEP: ep, r: h.r}
-	h.seg.Endpoint = l
+	h.seg.Path().Endpoint = l
 	return h, l
 }
 

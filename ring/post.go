@@ -99,9 +99,9 @@ func (r *Ring) postPending() bool {
 // (a synchronous copy failed): then tok is dropped, and add reports true;
 // callers check r.live(tok) before touching q again.
 func (r *Ring) add(q *request, tok uint64) bool {
-	ep := q.seg.Endpoint
+	ep := q.path.Endpoint
 	if q.staged {
-		ep = q.seg.Staged
+		ep = q.path.Staged
 	}
 	if len(r.batch) == cap(r.batch) || (len(r.batch) > 0 && r.batchEP != ep) {
 		if !r.flush() {

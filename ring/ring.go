@@ -120,6 +120,13 @@ func (c *Config) fill() error {
 type Tables struct {
 	Buffers  *segtable.Buffers
 	Segments *segtable.Segments[transport.Endpoint]
+	// PathDown, when set before rings use the tables, hears of each path
+	// a ring marked down (segtable.Segment.Fail): a request failed on it
+	// for a reason of the path while another path of the segment was up,
+	// and new requests take that one now. It runs on a poller (or a
+	// goroutine it lent its rings to), once per path marked down, and
+	// must not block (the engine queues it for its health manager).
+	PathDown func(*segtable.Segment[transport.Endpoint], *segtable.Path[transport.Endpoint])
 }
 
 // Ring is one submission queue, completion queue and in-flight table,
@@ -157,6 +164,8 @@ type Ring struct {
 	cqes        []cq.Completion
 	sinkCQE     cq.Completion
 	inline      transport.Slice // copyInline's slice (a field: it would escape)
+	inlineMoved bool            // copyInline failed for a reason of its path, and another path is up
+	inlineCode  cq.Code         // the code it failed with then
 	inlineBytes uint64          // bytes copyInline moved this round
 	holds       transport.Holds // references copyInline's copies hold until the round ends or a flush
 	more        bool            // take has more entries this round after the one it starts
@@ -188,6 +197,7 @@ type Ring struct {
 type sliceDone struct {
 	token uint64
 	code  cq.Code
+	path  bool // the error was one of the path (isPath): another path may carry the slice
 }
 
 const (
@@ -224,6 +234,7 @@ type request struct {
 	userData    uint64
 	buf         *segtable.Buffer
 	seg         *segtable.Segment[transport.Endpoint]
+	path        *segtable.Path[transport.Endpoint] // the path its slices go to now
 	local       uint64
 	remote      uint64
 	length      uint64
@@ -242,7 +253,9 @@ type request struct {
 	state       reqState
 	started     int64  // the poller's clock when it took the request
 	notify      bool   // post a Notify slice (index nslices) after the data
-	staged      bool   // the local buffer goes through seg.Staged (a staged registration)
+	staged      bool   // the local buffer goes through path.Staged (a staged registration)
+	pinned      bool   // sq.FlagTransportOnly: it never leaves path
+	forgive     uint32 // slices that were out on a path it left: their failures cost no retry
 	tag         uint64 // the notification's tag
 }
 

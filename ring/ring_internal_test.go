@@ -1421,7 +1421,7 @@ func TestBatchCopier(t *testing.T) {
 	f := &fakeEP{rails: 2, fail: map[uint16]error{1: transport.ErrPeer}}
 	ep := &batchEP{fakeEP: f}
 	h := newHarness(t, Config{SliceSize: 4096, RetryLimit: 8}, f, true)
-	h.seg.Endpoint = ep
+	h.seg.Path().Endpoint = ep
 	fillPattern(h.local, 3)
 	var es []sq.Entry
 	for i := range 16 {
@@ -1465,7 +1465,7 @@ func TestCopyInline(t *testing.T) {
 	f := &fakeEP{rails: 2}
 	ep := &copyEP{fakeEP: f, rails: map[uint16]int{}}
 	h := newHarness(t, Config{SliceSize: 4096, RetryLimit: 1}, f, true)
-	h.seg.Endpoint = ep
+	h.seg.Path().Endpoint = ep
 	ep.r = h.r
 	fillPattern(h.local, 5)
 
@@ -1558,7 +1558,7 @@ func TestHoldingCopier(t *testing.T) {
 	f := &fakeEP{rails: 1}
 	ep := &holdEP{fakeEP: f}
 	h := newHarness(t, Config{SliceSize: 4096}, f, true)
-	h.seg.Endpoint = ep
+	h.seg.Path().Endpoint = ep
 	fillPattern(h.local, 9)
 	var es []sq.Entry
 	for i := range 8 {
@@ -1607,7 +1607,7 @@ func TestInlineCopier(t *testing.T) {
 	f := &fakeEP{rails: 1}
 	ep := &inlineEP{batchEP: &batchEP{fakeEP: f}}
 	h := newHarness(t, Config{SliceSize: 4096}, f, true)
-	h.seg.Endpoint = ep
+	h.seg.Path().Endpoint = ep
 	fillPattern(h.local, 7)
 	write := func(i int) sq.Entry {
 		roff := uint64(i) * 4096
@@ -1672,7 +1672,7 @@ func TestCompletionFreesSQ(t *testing.T) {
 		t.Fatalf("%d completions after the first round; the test needs them reaped in the second", n)
 	}
 	ep := &sqCheckEP{copyEP: &copyEP{fakeEP: f, rails: map[uint16]int{}, r: h.r}, submitted: 10}
-	h.seg.Endpoint = ep
+	h.seg.Path().Endpoint = ep
 	for i := range uint64(64) {
 		h.submit(h.write(100+i, i*100, i*100, 100))
 	}

@@ -22,7 +22,10 @@ type Stats struct {
 	Canceled uint64
 	Failed   uint64 // entries that ended FAILED, bad entries included
 	Stale    uint64 // slice completions for a slot's earlier use
-	InFlight uint64 // requests in the in-flight table now (a gauge)
+	// Failovers counts requests moved to another path of their segment
+	// after a failure of the path (each also counts as a retry).
+	Failovers uint64
+	InFlight  uint64 // requests in the in-flight table now (a gauge)
 	// Codes counts every ended entry by its completion code (index: the
 	// cq.Code), so errors can be told apart by kind.
 	Codes [32]uint64
@@ -55,27 +58,32 @@ func (r *Ring) Latency() (buckets [LatencyBuckets]uint64, sum time.Duration) {
 	return buckets, sum
 }
 
-// SegmentStats are a ring's counters for one segment and op.
+// SegmentStats are a ring's counters for one segment, path and op.
 type SegmentStats struct {
-	Segment   *segtable.Segment[transport.Endpoint]
+	Segment *segtable.Segment[transport.Endpoint]
+	// Transport is the engine's slot of the transport whose path the
+	// requests ended on.
+	Transport int
 	Op        transport.Op
 	Completed uint64 // requests COMPLETED
 	Failed    uint64 // requests that ended otherwise (FAILED, TIMEOUT, CANCELED)
 	Bytes     uint64 // bytes moved by completed requests
 }
 
-// countSegment adds a finished request to its segment's counters: a slice
-// indexed by the segment's table index, grown when a new index first
-// appears and reset when another segment takes the index (no allocation
-// in the steady state, no atomics).
-func (r *Ring) countSegment(seg *segtable.Segment[transport.Endpoint], op transport.Op, code cq.Code, bytes uint64) {
-	i := 2*int(uint32(seg.ID)&segtable.MaxEntries) + int(op-transport.Read)&1
+// countSegment adds a finished request to its segment's counters for the
+// transport in slot: a slice indexed by the segment's table index, the
+// slot and the op, grown when a new index first appears and reset when
+// another segment takes the index (no allocation in the steady state, no
+// atomics).
+func (r *Ring) countSegment(seg *segtable.Segment[transport.Endpoint], slot int, op transport.Op, code cq.Code, bytes uint64) {
+	slot &= segtable.MaxTransports - 1
+	i := 2*(int(uint32(seg.ID)&segtable.MaxEntries)*segtable.MaxTransports+slot) + int(op-transport.Read)&1
 	if i >= len(r.perSeg) {
 		r.perSeg = append(r.perSeg, make([]SegmentStats, i+1-len(r.perSeg))...)
 	}
 	st := &r.perSeg[i]
 	if st.Segment != seg {
-		*st = SegmentStats{Segment: seg, Op: op}
+		*st = SegmentStats{Segment: seg, Transport: slot, Op: op}
 	}
 	if code == cq.CodeOK {
 		st.Completed++

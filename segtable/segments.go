@@ -6,26 +6,20 @@ import (
 	"sync/atomic"
 )
 
-// Segment is one opened remote segment: its descriptor and the endpoint
-// (of type E, the transport's) that reaches it. The descriptor may be
-// replaced when the peer republishes; the endpoint is fixed. Safe for
-// concurrent use.
+// Segment is one opened remote segment: its descriptor and the paths
+// (endpoints of type E, the transports') that reach it, one of them
+// current (see Path). The descriptor may be replaced when the peer
+// republishes; paths are added, replaced and switched by the engine's
+// health manager. Safe for concurrent use.
 type Segment[E any] struct {
-	ID       SegmentID
-	Name     string
-	Endpoint E
-	// Staged, when set, is the endpoint for requests whose local buffer's
-	// registration is Staged (see Registration): it moves them over
-	// Endpoint through host buffers.
-	Staged E
-	// Transport is the slot of the transport that owns Endpoint.
-	Transport int
-	// SliceSize is the slice size of that transport; 0 means the default.
-	SliceSize uint64
+	ID   SegmentID
+	Name string
 
-	desc atomic.Pointer[segView]
-	list atomic.Pointer[DescList]
-	ref  ref
+	paths atomic.Pointer[[]*Path[E]]
+	cur   atomic.Pointer[Path[E]]
+	desc  atomic.Pointer[segView]
+	list  atomic.Pointer[DescList]
+	ref   ref
 }
 
 // Desc returns the current descriptor. Callers must not modify it. For a
@@ -124,10 +118,12 @@ type Segments[E any] struct {
 	byName map[string][]*Segment[E]
 }
 
-// Open adds a segment and returns it with its new ID. staged is its Staged
-// endpoint, the zero E for none.
+// Open adds a segment with one path, ep of the transport in
+// transportSlot, and returns it with its new ID. staged is the path's
+// Staged endpoint, the zero E for none. More paths come with SetPaths.
 func (ss *Segments[E]) Open(name string, desc *SegmentDesc, transportSlot int, sliceSize uint64, ep, staged E) (*Segment[E], error) {
-	s := &Segment[E]{Name: name, Endpoint: ep, Staged: staged, Transport: transportSlot, SliceSize: sliceSize}
+	s := &Segment[E]{Name: name}
+	s.SetPaths([]*Path[E]{{Endpoint: ep, Staged: staged, Transport: transportSlot, SliceSize: sliceSize}})
 	s.SetDesc(desc)
 	ss.t.mu.Lock()
 	defer ss.t.mu.Unlock()
@@ -144,7 +140,8 @@ func (ss *Segments[E]) Open(name string, desc *SegmentDesc, transportSlot int, s
 
 // SetLocal installs the engine's own segment under LocalSegmentID.
 func (ss *Segments[E]) SetLocal(name string, desc *SegmentDesc, transportSlot int, sliceSize uint64, ep E) *Segment[E] {
-	s := &Segment[E]{ID: LocalSegmentID, Name: name, Endpoint: ep, Transport: transportSlot, SliceSize: sliceSize}
+	s := &Segment[E]{ID: LocalSegmentID, Name: name}
+	s.SetPaths([]*Path[E]{{Endpoint: ep, Transport: transportSlot, SliceSize: sliceSize}})
 	s.SetDesc(desc)
 	ss.local.Store(s)
 	return s

@@ -45,7 +45,7 @@ func TestSegments(t *testing.T) {
 	if a.ID == segtable.LocalSegmentID || b.ID == segtable.LocalSegmentID || a.ID == b.ID {
 		t.Fatalf("Open gave IDs %#x and %#x", a.ID, b.ID)
 	}
-	if a.Name != "a" || a.Endpoint.addr != "a:1" || a.Transport != 1 || b.SliceSize != 1<<20 || a.Desc().Name != "a" {
+	if a.Name != "a" || a.Path().Endpoint.addr != "a:1" || a.Path().Transport != 1 || b.Path().SliceSize != 1<<20 || a.Desc().Name != "a" {
 		t.Fatalf("Open stored %+v", a)
 	}
 	if ss.Get(a.ID) != a || ss.Get(b.ID) != b || ss.Find("a") != a || ss.Find("b") != b || ss.Find("me") != nil {

@@ -79,21 +79,39 @@ const (
 	// poller takes the entry: the time the entry waits in the SQ, or for
 	// a free slot, counts too. 0 with the flag is a deadline already past.
 	FlagDeadline
+	// FlagTransportOnly makes the request go through the transport whose
+	// engine slot is Transport and no other: it FAILs at once with
+	// CodeTransportDown when the segment's path through that transport
+	// is down or was never opened, and it does not fail over.
+	FlagTransportOnly
+	// FlagTransportPrefer makes the request go through the transport
+	// whose engine slot is Transport while the segment's path through it
+	// is up; otherwise (down, not open) it takes the segment's current
+	// path, and fails over as any request does.
+	FlagTransportPrefer
 )
 
-// FlagsMask holds the flags this version knows; others are refused.
-const FlagsMask = FlagNotify | FlagDeadline
+// FlagsMask holds the flags this version knows; others are refused, and
+// so is an entry with both FlagTransportOnly and FlagTransportPrefer.
+const FlagsMask = FlagNotify | FlagDeadline | FlagTransportOnly | FlagTransportPrefer
+
+// FlagsTransport are the flags that make Entry.Transport a hint.
+const FlagsTransport = FlagTransportOnly | FlagTransportPrefer
 
 // Entry is one submission slot: 64 bytes, one cache line, no pointers.
 // Reserved bytes must be zero; an entry with non-zero reserved bytes, an
 // unknown op or unknown flags completes with an error code.
 type Entry struct {
-	Op      Op                 // 1B
-	Flags   Flags              // 1B
-	_       [2]byte            // reserved, zero
-	Segment segtable.SegmentID // 4B target segment
-	Buffer  segtable.BufferID  // 4B registered local buffer
-	_       [4]byte            // reserved, zero
+	Op    Op    // 1B
+	Flags Flags // 1B
+	// Transport is the engine's slot of the transport that
+	// FlagTransportOnly or FlagTransportPrefer names (see
+	// moonring.Engine.TransportSlot); it must be 0 without them.
+	Transport uint8              // 1B
+	_         byte               // reserved, zero
+	Segment   segtable.SegmentID // 4B target segment
+	Buffer    segtable.BufferID  // 4B registered local buffer
+	_         [4]byte            // reserved, zero
 	// Local is the offset inside Buffer.
 	Local uint64
 	// Remote is the address inside Segment (for Cancel: the UserData to cancel).
@@ -153,6 +171,7 @@ func (e *Entry) MarshalTo(b []byte) error {
 	clear(b)
 	b[0] = byte(e.Op)
 	b[1] = byte(e.Flags)
+	b[2] = e.Transport
 	binary.LittleEndian.PutUint32(b[4:], uint32(e.Segment))
 	binary.LittleEndian.PutUint32(b[8:], uint32(e.Buffer))
 	binary.LittleEndian.PutUint64(b[16:], e.Local)
@@ -164,26 +183,27 @@ func (e *Entry) MarshalTo(b []byte) error {
 	return nil
 }
 
-// UnmarshalFrom decodes b into e. Bytes 2-3 and 12-15 are reserved and
+// UnmarshalFrom decodes b into e. Bytes 3 and 12-15 are reserved and
 // must be zero.
 func (e *Entry) UnmarshalFrom(b []byte) error {
 	if len(b) != EntrySize {
 		return ErrShort
 	}
-	if b[2]|b[3]|b[12]|b[13]|b[14]|b[15] != 0 {
+	if b[3]|b[12]|b[13]|b[14]|b[15] != 0 {
 		return ErrReserved
 	}
 	*e = Entry{
-		Op:       Op(b[0]),
-		Flags:    Flags(b[1]),
-		Segment:  segtable.SegmentID(binary.LittleEndian.Uint32(b[4:])),
-		Buffer:   segtable.BufferID(binary.LittleEndian.Uint32(b[8:])),
-		Local:    binary.LittleEndian.Uint64(b[16:]),
-		Remote:   binary.LittleEndian.Uint64(b[24:]),
-		Length:   binary.LittleEndian.Uint64(b[32:]),
-		UserData: binary.LittleEndian.Uint64(b[40:]),
-		Timeout:  binary.LittleEndian.Uint64(b[48:]),
-		Tag:      binary.LittleEndian.Uint64(b[56:]),
+		Op:        Op(b[0]),
+		Flags:     Flags(b[1]),
+		Transport: b[2],
+		Segment:   segtable.SegmentID(binary.LittleEndian.Uint32(b[4:])),
+		Buffer:    segtable.BufferID(binary.LittleEndian.Uint32(b[8:])),
+		Local:     binary.LittleEndian.Uint64(b[16:]),
+		Remote:    binary.LittleEndian.Uint64(b[24:]),
+		Length:    binary.LittleEndian.Uint64(b[32:]),
+		UserData:  binary.LittleEndian.Uint64(b[40:]),
+		Timeout:   binary.LittleEndian.Uint64(b[48:]),
+		Tag:       binary.LittleEndian.Uint64(b[56:]),
 	}
 	return nil
 }

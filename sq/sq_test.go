@@ -103,7 +103,7 @@ func TestMarshalClearsBuffer(t *testing.T) {
 	}
 }
 
-var reservedBytes = []int{2, 3, 12, 13, 14, 15}
+var reservedBytes = []int{3, 12, 13, 14, 15}
 
 func TestEntryReservedRefused(t *testing.T) {
 	e := sq.Entry{Op: sq.Read, Segment: 3, Buffer: 4, Local: 5, Remote: 6, Length: 7, UserData: 8, Timeout: 9}
@@ -119,6 +119,28 @@ func TestEntryReservedRefused(t *testing.T) {
 		}
 		if d.UserData != 42 {
 			t.Errorf("byte %d set: a refused decode changed the entry to %+v", i, d)
+		}
+	}
+}
+
+// TestEntryTransportHint: byte 2 carries the transport slot of a hint,
+// and round-trips with its flags.
+func TestEntryTransportHint(t *testing.T) {
+	for _, fl := range []sq.Flags{sq.FlagTransportOnly, sq.FlagTransportPrefer} {
+		e := sq.Entry{Op: sq.Read, Flags: fl, Transport: 5, Segment: 3, Buffer: 4, Length: 7}
+		b := make([]byte, sq.EntrySize)
+		if err := e.MarshalTo(b); err != nil {
+			t.Fatal(err)
+		}
+		if b[2] != 5 || b[1] != byte(fl) {
+			t.Fatalf("hint encoded as flags %#x transport %d", b[1], b[2])
+		}
+		var d sq.Entry
+		if err := d.UnmarshalFrom(b); err != nil || d != e {
+			t.Fatalf("round trip: %+v, %v; want %+v", d, err, e)
+		}
+		if fl&sq.FlagsTransport == 0 || fl&^sq.FlagsMask != 0 {
+			t.Fatalf("flag %#x is not a known transport flag", fl)
 		}
 	}
 }
