@@ -54,7 +54,7 @@ func newHelloTarget(f *testing.F, cfg Config) *helloTarget {
 	copy(ht.remote.mem, ht.initial)
 	// No connection exists yet; every connection's first read orders this
 	// write before the server's reads of the region.
-	rs := *ht.s.tr.regs.Load()
+	rs := ht.s.tr.regs.Values()
 	rs[0].addr, rs[0].key = fuzzAddr, fuzzKey
 	ht.remote.addr, ht.remote.key = fuzzAddr, fuzzKey
 	return ht

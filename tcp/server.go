@@ -127,6 +127,22 @@ func more(br *bufio.Reader, nb *nbReader) bool {
 	return err == nil
 }
 
+// arrived reports whether bytes wait in the socket after an idle deadline
+// fired with nothing read: this goroutine may have run late (a loaded
+// machine), and the deadline then ends a read whose bytes are there. It
+// clears the read deadline and peeks without waiting; the bytes stay in br.
+// Without the non-blocking read (TLS) it reports false.
+func arrived(conn net.Conn, br *bufio.Reader, nb *nbReader) bool {
+	if nb == nil || nb.rc == nil {
+		return false
+	}
+	conn.SetReadDeadline(time.Time{})
+	nb.nonblock = true
+	_, err := br.Peek(1)
+	nb.nonblock = false
+	return err == nil
+}
+
 func (t *Transport) challenge(w io.Writer, status uint16, snonce []byte) error {
 	var b [32]byte
 	copy(b[:], magic)
@@ -295,7 +311,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 			if !idleArmed || !errors.Is(err, os.ErrDeadlineExceeded) {
 				return err
 			}
-			if got == gotAtArm && served == servedAtArm {
+			if got == gotAtArm && served == servedAtArm && !arrived(conn, br, nb) {
 				// Nothing came since it was armed, IdleTimeout ago: no
 				// request, or no byte more of a header begun (which
 				// held the connection for good when re-armed regardless).
@@ -433,26 +449,20 @@ func (t *Transport) notify(p []byte) (uint8, error) {
 // cannot tell a registered address from another by the status
 // (PROTOCOL.md, Checks).
 func (t *Transport) check(req *request) (*region, uint8) {
-	rs := *t.regs.Load()
-	i, j := 0, len(rs) // the first region with id >= req.buffer
-	for i < j {
-		h := int(uint(i+j) >> 1)
-		if rs[h].id < req.buffer {
-			i = h + 1
-		} else {
-			j = h
-		}
-	}
 	// A key of another buffer grants nothing here. One BufferID may be
 	// registered twice while the first registration drains: the key tells
 	// them apart.
 	var r *region
-	for ; i < len(rs) && rs[i].id == req.buffer; i++ {
-		if rs[i].key == req.key {
-			r = rs[i]
-			break
+	t.regs.Descend(uint64(req.buffer), func(id uint64, x *region) bool {
+		if id != uint64(req.buffer) {
+			return false
 		}
-	}
+		if x.key == req.key {
+			r = x
+			return false
+		}
+		return true
+	})
 	// The buffer's key grants its own bytes only: an address outside it is
 	// denied too (a key of another buffer grants nothing at this one's
 	// address), and a request that starts inside it and runs past its end

@@ -18,8 +18,6 @@ import (
 	"math/big"
 	"net"
 	"net/netip"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -237,13 +235,17 @@ func (c *Config) fill() error {
 
 // Transport is the TCP transport of one engine. Use New.
 type Transport struct {
-	cfg      Config
-	key      []byte
-	open     bool // the key is published in the descriptor
-	ln       net.Listener
-	addr     string
-	mu       sync.Mutex                // guards regs changes, conns, endpoints, the admission state
-	regs     atomic.Pointer[[]*region] // sorted by id, then by registration
+	cfg  Config
+	key  []byte
+	open bool // the key is published in the descriptor
+	ln   net.Listener
+	addr string
+	mu   sync.Mutex // guards regs changes, conns, endpoints, the admission state
+	// regs holds the remote-accessible regions by buffer id, in
+	// registration order within one id (a buffer registered again while
+	// its old registration drains): a lookup takes no lock, and a
+	// registration copies one chunk, not the whole list.
+	regs     segtable.Sorted[*region]
 	conns    map[net.Conn]*peerConn
 	retired  map[netip.Addr]*served // what ended connections served, per source; under mu
 	adm      admission              // under mu
@@ -321,7 +323,6 @@ func New(cfg Config) (*Transport, error) {
 			t.addr = net.JoinHostPort(netaddr.InterfaceIP(a.IP.To4() == nil).String(), strconv.Itoa(a.Port))
 		}
 	}
-	t.regs.Store(new([]*region))
 	t.wg.Add(1)
 	go t.accept()
 	return t, nil
@@ -371,10 +372,7 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	r := &region{id: uint32(b.ID), addr: uint64(b.Addr), base: unsafe.Pointer(unsafe.SliceData(mem)), length: b.Length, key: binary.LittleEndian.Uint64(k[:])}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	rs := slices.Clone(*t.regs.Load())
-	i := sort.Search(len(rs), func(i int) bool { return rs[i].id > r.id })
-	rs = slices.Insert(rs, i, r)
-	t.regs.Store(&rs)
+	t.regs.Insert(uint64(r.id), r)
 	return segtable.Registration{Key: strconv.FormatUint(uint64(b.ID), 16) + "." + strconv.FormatUint(r.key, 16)}, nil
 }
 

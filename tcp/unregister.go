@@ -3,7 +3,6 @@ package tcp
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
@@ -21,21 +20,16 @@ func (t *Transport) UnregisterContext(ctx context.Context, b *segtable.Buffer, r
 	if !b.Remote {
 		return nil
 	}
-	var r *region
-	for _, x := range *t.regs.Load() {
-		if x.id == uint32(b.ID) {
-			r = x
-		}
-	}
-	if r == nil {
+	// The newest registration of the buffer is the one b holds.
+	r, id, _, ok := t.regs.Floor(uint64(b.ID))
+	if !ok || id != uint64(b.ID) {
 		return fmt.Errorf("tcp: unregister buffer %d: %w", b.ID, segtable.ErrNotFound)
 	}
 	// Out of the table first: a drain that gives up reopens the region to
 	// references, and it must not be found by new frames then (they were
 	// served with the old key for as long as the transport lived).
 	t.mu.Lock()
-	rs := slices.DeleteFunc(slices.Clone(*t.regs.Load()), func(x *region) bool { return x == r })
-	t.regs.Store(&rs)
+	t.regs.Delete(uint64(r.id), func(x *region) bool { return x == r })
 	t.mu.Unlock()
 	if err := r.ref.Drain(ctx); err != nil {
 		return fmt.Errorf("tcp: unregister buffer %d: %w", b.ID, err)

@@ -29,7 +29,7 @@ func TestUnregisterContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := (*tr.regs.Load())[0]
+	r := tr.regs.Values()[0]
 	if !r.ref.Acquire() {
 		t.Fatal("a fresh region refuses a reference")
 	}
@@ -45,7 +45,7 @@ func TestUnregisterContext(t *testing.T) {
 	}
 	// No new frame finds the buffer, though the drain gave up (it was
 	// served again with its old key until Close: the review's finding).
-	if len(*tr.regs.Load()) != 0 {
+	if tr.regs.Len() != 0 {
 		t.Fatal("the buffer is still served after an unregister that gave up")
 	}
 	r.ref.Release() // the frame in flight ends
