@@ -175,7 +175,9 @@ func (t *Transport) serveConn(sc *srvConn) {
 	t.mu.Lock()
 	delete(t.conns, sc)
 	t.mu.Unlock()
-	sc.c.Close()
+	// A refusal is counted before the close, so that a peer (or a test)
+	// that sees the close finds it in Refusals.
+	defer sc.c.Close()
 	if err == nil || t.closed.Load() || sc.idle.Load() == evicted {
 		return
 	}
