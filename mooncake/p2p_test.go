@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/leakcheck"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/metadata/storetest"
 	"github.com/moonring/moonring/segtable"
@@ -217,4 +218,39 @@ func TestP2PWatchTimestamps(t *testing.T) {
 	cancel()
 	for range ch {
 	}
+}
+
+// TestP2PCloseLeavesNothing: two stores that fetched, watched and served
+// each other leave no descriptor open after Close (goroutines: TestMain).
+func TestP2PCloseLeavesNothing(t *testing.T) {
+	before := len(leakcheck.FDs())
+	if before == 0 {
+		t.Skip("no /proc/self/fd")
+	}
+	func() {
+		a, err := NewP2PStore(P2PConfig{PollInterval: 2 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		b, err := NewP2PStore(P2PConfig{PollInterval: 2 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		if err := b.Put(t.Context(), p2pDesc(b.Name(), 1, "b")); err != nil {
+			t.Fatal(err)
+		}
+		ch, err := a.Watch(t.Context(), b.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		recvEvent(t, ch)
+		for range 20 {
+			if _, err := a.Get(t.Context(), b.Name()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}()
+	waitStat(t, func() bool { return len(leakcheck.FDs()) <= before })
 }
