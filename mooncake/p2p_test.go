@@ -131,7 +131,10 @@ func fakeMooncakePeer(t *testing.T, doc func(name string) []byte) (name string, 
 			c.SetDeadline(time.Now().Add(5 * time.Second))
 			f, err := ReadFrame(c, 0)
 			if err == nil {
-				got <- Frame{Type: f.Type, Body: append([]byte(nil), f.Body...)}
+				select {
+				case got <- Frame{Type: f.Type, Body: append([]byte(nil), f.Body...)}:
+				default: // nobody looks at this many
+				}
 				WriteFrame(c, f.Type, doc(name))
 				c.(*net.TCPConn).CloseWrite()
 				c.Read(make([]byte, 1))
