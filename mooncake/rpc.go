@@ -31,9 +31,6 @@ const (
 	DefaultRPCMaxConnsPerHost = 16
 )
 
-// ErrServerClosed reports a call on a closed [RPCServer].
-var ErrServerClosed = fmt.Errorf("mooncake rpc: %w", net.ErrClosed)
-
 // HandshakeFunc answers a Connection frame (Mooncake's transport
 // handshake: RDMA queue pairs) with the document to send back; an error
 // becomes a refusal (its text in reply_msg). It is called on the

@@ -70,7 +70,9 @@ func Endpoints(conn string) []string {
 // Endpoints, TLS, Username, Password and DialTimeout, as [etcd.New] does
 // (so [etcd.ParseURL] makes it too); Prefix and TTL are not used: the keys
 // are Mooncake's, and Mooncake writes no lease. Without a Username it sends
-// no request, so an etcd that is down shows in the first call.
+// no request, so an etcd that is down shows in the first call; with one it
+// authenticates at once, and credentials etcd refuses are
+// [metadata.ErrDenied].
 func NewKV(cfg etcd.Config) (*KV, error) {
 	switch {
 	case len(cfg.Endpoints) == 0:
@@ -105,6 +107,10 @@ func NewKV(cfg etcd.Config) (*KV, error) {
 		Logger:               zap.NewNop(),
 	})
 	if err != nil {
+		if errors.Is(err, rpctypes.ErrAuthFailed) || errors.Is(err, rpctypes.ErrPermissionDenied) ||
+			status.Code(err) == codes.Unauthenticated || status.Code(err) == codes.PermissionDenied {
+			return nil, fmt.Errorf("%s: %w: %v", str, metadata.ErrDenied, err)
+		}
 		if cfg.Username != "" {
 			return nil, fmt.Errorf("%s: %w: authenticating: %v", str, metadata.ErrUnreachable, err)
 		}
