@@ -3,6 +3,8 @@ package metadata
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 
 	"github.com/moonring/moonring/segtable"
@@ -74,15 +76,16 @@ func (m *Memory) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if err := d.Validate(); err != nil {
 		return m.errorf("put", d.Name, err)
 	}
-	d = d.Clone()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(ctx, "put", d.Name); err != nil {
 		return err
 	}
-	if old, ok := m.descs[d.Name]; ok && old.Epoch != d.Epoch {
+	old, ok := m.descs[d.Name]
+	if ok && old.Epoch != d.Epoch {
 		return m.errorf("put", d.Name, fmt.Errorf("%w: held by epoch %d, not %d", ErrExists, old.Epoch, d.Epoch))
 	}
+	d = cloneSharing(d, old)
 	if m.descs == nil {
 		m.descs = make(map[string]*segtable.SegmentDesc)
 	}
@@ -187,4 +190,33 @@ func (m *Memory) Close() error {
 	m.watches = nil
 	m.descs = nil
 	return nil
+}
+
+// cloneSharing copies d for the store, sharing with old, the copy it
+// replaces, the key maps of the buffers that did not change: a segment
+// that republishes after one registration among n buffers then costs n
+// comparisons of small maps, not n new ones. The store never changes a map
+// it holds, and hands out copies, so the sharing is invisible. Both
+// descriptors' buffers are sorted by address (Validate).
+func cloneSharing(d, old *segtable.SegmentDesc) *segtable.SegmentDesc {
+	if old == nil {
+		return d.Clone()
+	}
+	c := *d
+	c.Endpoints = maps.Clone(d.Endpoints)
+	c.Devices = slices.Clone(d.Devices)
+	c.Buffers = make([]segtable.BufferDesc, len(d.Buffers))
+	j := 0
+	for i, b := range d.Buffers {
+		for j < len(old.Buffers) && old.Buffers[j].Addr < b.Addr {
+			j++
+		}
+		if j < len(old.Buffers) && old.Buffers[j].Addr == b.Addr && maps.Equal(old.Buffers[j].Keys, b.Keys) && (b.Keys == nil) == (old.Buffers[j].Keys == nil) {
+			b.Keys = old.Buffers[j].Keys
+		} else {
+			b.Keys = maps.Clone(b.Keys)
+		}
+		c.Buffers[i] = b
+	}
+	return &c
 }
