@@ -244,6 +244,11 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 		case sl.Op != transport.Read && sl.Op != transport.Write:
 			c.Complete(sl.Token, fmt.Errorf("mctcp: op %d: %w", sl.Op, transport.ErrDenied))
 			continue
+		case sl.Length == 0:
+			// Done by definition, as Mooncake's initiator has it (its
+			// target would refuse the request).
+			c.Complete(sl.Token, nil)
+			continue
 		case !e.inside(sl.Remote, sl.Length):
 			c.Complete(sl.Token, transport.ErrRange)
 			continue
