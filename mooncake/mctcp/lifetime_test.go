@@ -1,0 +1,117 @@
+package mctcp_test
+
+// lifetime_test.go: Unregister waits for the requests moving the buffer's
+// bytes, and Close leaves no descriptor open.
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/internal/leakcheck"
+	"github.com/moonring/moonring/mooncake/mctcp"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// A WRITE whose payload is arriving holds the buffer: Unregister returns
+// only once its last byte has landed (and the status word is sent), and
+// requests after it are refused.
+func TestUnregisterWaitsForPayload(t *testing.T) {
+	tg := newTarget(t, mctcp.Config{})
+	c := tg.dial(t)
+	addr := uint64(tg.remote.Addr)
+	c.Write(append(mcHeader(64, addr, 0x81), bytes.Repeat([]byte{7}, 32)...))
+	time.Sleep(50 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() { done <- tg.tr.Unregister(tg.remote, segtable.Registration{}) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Unregister returned (%v) while a WRITE's payload was still coming", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	c.Write(bytes.Repeat([]byte{7}, 32))
+	if st := readN(t, c, 8); !bytes.Equal(st, goldenOK) {
+		t.Fatalf("status % x", st)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Unregister did not return after the WRITE ended")
+	}
+	if !bytes.Equal(tg.remote.Bytes()[:64], bytes.Repeat([]byte{7}, 64)) {
+		t.Fatal("the WRITE's bytes did not land")
+	}
+	c.Write(mcHeader(8, addr, 0x80))
+	if st := readN(t, c, 8); !bytes.Equal(st, goldenRefused) {
+		t.Fatalf("READ after Unregister: status % x, want the refusal", st)
+	}
+}
+
+// After traffic both ways, with raw peers connected too, closing every
+// endpoint and transport leaves the process's descriptors as they were
+// (goroutines are checked by leakcheck in TestMain).
+func TestCloseLeavesNoDescriptors(t *testing.T) {
+	fds := func() []string {
+		return slices.DeleteFunc(leakcheck.FDs(), func(s string) bool { return !strings.Contains(s, "socket:") })
+	}
+	before := fds()
+	if before == nil {
+		t.Skip("no /proc/self/fd here")
+	}
+	func() {
+		it, tt := newT(t, mctcp.Config{Version: 2}), newT(t, mctcp.Config{})
+		var bufs segtable.Buffers
+		mem := make([]byte, 1<<20)
+		b, err := bufs.Register(mem, "", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bufs.Unregister(context.Background(), b.ID)
+		tt.Register(b)
+		ep, err := it.Open(context.Background(), &segtable.SegmentDesc{Name: "x", Endpoints: map[string]string{mctcp.Name: tt.Endpoint()},
+			Buffers: []segtable.BufferDesc{{Addr: uint64(b.Addr), Length: b.Length}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		local := make([]byte, 1<<20)
+		c := make(tokenCh, 64)
+		for i := range 32 {
+			op := transport.Op(1 + i%2)
+			ep.Post(c, []transport.Slice{{Op: op, Rail: uint16(i), Local: unsafe.Pointer(&local[i<<15]), Remote: uint64(b.Addr) + uint64(i<<15), Length: 1 << 15, Token: uint64(i)}})
+		}
+		for range 32 {
+			<-c
+		}
+		raw, err := net.Dial("tcp", tt.Endpoint())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		raw.Write(mcHeader(8, uint64(b.Addr), 0x80))
+		io.ReadFull(raw, make([]byte, 16))
+		ep.Close()
+		it.Close()
+		tt.Close()
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		after := fds()
+		if len(after) <= len(before) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sockets open before, %d after Close:\n%s", len(before), len(after), strings.Join(after, "\n"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
