@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -55,8 +56,12 @@ type Signed struct {
 	signed map[string]*signedSet // what the last Put of each name signed
 	seen   map[string]uint64     // the newest epoch accepted, per name
 
-	forged, stale atomic.Uint64
-	logLimit      ratelog.Limit
+	forged, stale, unsigned atomic.Uint64
+	logLimit                ratelog.Limit
+
+	// allow names the transports an unsigned descriptor may be reached
+	// through (AllowUnsigned); nil: none, unsigned is forged.
+	allow map[string]bool
 }
 
 var _ Store = (*Signed)(nil)
@@ -98,11 +103,60 @@ type SignedStats struct {
 	Forged uint64
 	// Stale counts descriptors of an epoch older than one already seen.
 	Stale uint64
+	// Unsigned counts descriptors without any signature handed on, cut
+	// down to the transports AllowUnsigned names (not a refusal).
+	Unsigned uint64
 }
 
-// Refused returns the counts of descriptors refused so far.
+// Refused returns the counts of descriptors refused so far, and of the
+// unsigned ones let through cut down.
 func (s *Signed) Refused() SignedStats {
-	return SignedStats{Forged: s.forged.Load(), Stale: s.stale.Load()}
+	return SignedStats{Forged: s.forged.Load(), Stale: s.stale.Load(), Unsigned: s.unsigned.Load()}
+}
+
+// AllowUnsigned lets through descriptors that carry no signature at all
+// (no MAC on the descriptor: a Mooncake engine's, whose protocols have
+// none), cut down to the endpoints and buffer keys of the transports
+// named: an endpoint or key named t or starting "t." stays, every other
+// goes, so an unsigned descriptor can never point moonring's authenticated
+// transports (tcp, shm, rdma, efa) anywhere. One left with no endpoint is
+// refused as forged. A descriptor with a MAC that does not verify is
+// refused as before. Call it before the store is used; it is not safe
+// for concurrent use with the store's methods.
+func (s *Signed) AllowUnsigned(transports ...string) {
+	s.allow = make(map[string]bool, len(transports))
+	for _, t := range transports {
+		s.allow[t] = true
+	}
+}
+
+// allowed reports whether an endpoint or key name belongs to a transport
+// AllowUnsigned named.
+func (s *Signed) allowed(name string) bool {
+	if i := strings.IndexByte(name, '.'); i >= 0 {
+		name = name[:i]
+	}
+	return s.allow[name]
+}
+
+// cutUnsigned cuts d, which has no signature, down to the allowed
+// transports, in place (d is the caller's own copy); false when nothing
+// reachable is left.
+func (s *Signed) cutUnsigned(d *segtable.SegmentDesc) bool {
+	for k := range d.Endpoints {
+		if !s.allowed(k) {
+			delete(d.Endpoints, k)
+		}
+	}
+	for i := range d.Buffers {
+		for k := range d.Buffers[i].Keys {
+			if !s.allowed(k) {
+				delete(d.Buffers[i].Keys, k)
+			}
+		}
+		d.Buffers[i].MAC = ""
+	}
+	return len(d.Endpoints) > 0
 }
 
 // Put signs a copy of d and stores it; see [Store].
@@ -183,6 +237,14 @@ func (s *Signed) Get(ctx context.Context, name string) (*segtable.SegmentDesc, e
 // check verifies d, read under name, and remembers its epoch.
 func (s *Signed) check(name string, d *segtable.SegmentDesc) error {
 	err := s.signer.Verify(d)
+	if err != nil && d.MAC == "" && s.allow != nil {
+		if !s.cutUnsigned(d) {
+			err = fmt.Errorf("%w: unsigned, and no endpoint of a transport that may be reached unsigned", ErrForged)
+		} else {
+			err = nil
+			s.unsigned.Add(1)
+		}
+	}
 	if err == nil && d.Name != name {
 		err = fmt.Errorf("%w: %q served under %q", ErrForged, d.Name, name)
 	}

@@ -276,3 +276,78 @@ func TestSignedRefusesHTTP(t *testing.T) {
 		name: func(n string) string { return n },
 	})
 }
+
+// AllowUnsigned lets a descriptor with no signature through (a Mooncake
+// engine's), cut down to the transports it names, so that it can never
+// point an authenticated transport anywhere; a descriptor whose signature
+// is there but wrong is still refused, as is an unsigned one left with no
+// endpoint, and without AllowUnsigned every unsigned one.
+func TestSignedAllowUnsigned(t *testing.T) {
+	ctx := context.Background()
+	inner := metadata.NewMemory()
+	defer inner.Close()
+	unsigned := func(name string, endpoints ...string) *segtable.SegmentDesc {
+		d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: name, Endpoints: map[string]string{}}
+		keys := map[string]string{}
+		for _, e := range endpoints {
+			d.Endpoints[e] = "127.0.0.1:9"
+			keys[e] = "k"
+		}
+		d.Buffers = []segtable.BufferDesc{{Addr: 1 << 20, Length: 4096, Location: "cpu:0", Keys: keys}}
+		if err := inner.Put(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	unsigned("mooncake", "mooncake-tcp", "mooncake-tcp.version", "mooncake-rpc", "tcp", "shm")
+	unsigned("relay", "tcp", "shm")
+	bad := unsigned("badmac", "mooncake-tcp")
+	bad.MAC = "AAAAAAAAAAAAAAAAAAAAAA"
+	if err := inner.Put(ctx, bad); err != nil {
+		t.Fatal(err)
+	}
+
+	strict := signed(t, inner)
+	if _, err := strict.Get(ctx, "mooncake"); !errors.Is(err, metadata.ErrForged) {
+		t.Fatalf("without AllowUnsigned: %v, want ErrForged", err)
+	}
+
+	s := signed(t, inner)
+	s.AllowUnsigned("mooncake-tcp", "mooncake-rpc")
+	d, err := s.Get(ctx, "mooncake")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Endpoints) != 3 || d.Endpoints["mooncake-tcp"] == "" || d.Endpoints["mooncake-tcp.version"] == "" || d.Endpoints["mooncake-rpc"] == "" {
+		t.Errorf("endpoints %v: want the mooncake ones alone", d.Endpoints)
+	}
+	if k := d.Buffers[0].Keys; len(k) != 3 || k["tcp"] != "" || k["shm"] != "" {
+		t.Errorf("buffer keys %v: want the mooncake ones alone", k)
+	}
+	if got := s.Refused(); got.Unsigned != 1 || got.Forged != 0 {
+		t.Errorf("counts %+v: want one unsigned, none forged", got)
+	}
+	for _, name := range []string{"relay", "badmac"} {
+		if _, err := s.Get(ctx, name); !errors.Is(err, metadata.ErrForged) {
+			t.Errorf("%s: %v, want ErrForged", name, err)
+		}
+	}
+	// A watch hands on the cut descriptor too.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := s.Watch(wctx, "mooncake")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-ch:
+		if ev.Deleted || ev.Desc.Endpoints["tcp"] != "" || ev.Desc.Endpoints["mooncake-tcp"] == "" {
+			t.Errorf("watch event %+v: want the cut descriptor", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no watch event")
+	}
+	cancel()
+	for range ch {
+	}
+}
