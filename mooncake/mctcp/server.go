@@ -30,6 +30,13 @@ var (
 // buffered is read straight into the registered buffer.
 const readBufSize = 16 << 10
 
+// outSize is the target's buffer of answers per connection; READs of at
+// most smallRead bytes are copied into it.
+const (
+	outSize   = 16 << 10
+	smallRead = 4 << 10
+)
+
 // lingerMax and lingerTime bound what the target reads and throws away
 // after refusing a WRITE in version 2: closing a socket with unread bytes
 // sends a reset, which may destroy the refusal before the initiator has
@@ -48,12 +55,31 @@ func (t *Transport) serve(sc *srvConn) error {
 	br := bufio.NewReaderSize(c, readBufSize)
 	var (
 		hdr  [headerSize]byte
-		st   [statusSize]byte
 		iov  [2][]byte
 		bufs net.Buffers
+		// Status words and small READs' bytes gather in out while the
+		// next request is already buffered, and go out in one write
+		// before anything that may wait on the peer.
+		out = make([]byte, 0, outSize)
 	)
+	flush := func() error {
+		if len(out) == 0 {
+			return nil
+		}
+		raceRelease()
+		_, err := c.Write(out)
+		out = out[:0]
+		return err
+	}
 	readDeadline := false // a read deadline is set on c
 	for {
+		if br.Buffered() < headerSize {
+			// The next header may keep us waiting: answer first. The last
+			// payload's deadline bounds the write.
+			if err := flush(); err != nil {
+				return err
+			}
+		}
 		// Idle from here until a whole header has come.
 		now := time.Now()
 		for {
@@ -87,6 +113,7 @@ func (t *Transport) serve(sc *srvConn) error {
 		}
 		h, ok := parseHeader(hdr[:])
 		if !ok {
+			flush() // the answers to the requests before it
 			return fmt.Errorf("%w: opcode %#x", errBadHeader, hdr[16])
 		}
 		var r *region
@@ -94,6 +121,9 @@ func (t *Transport) serve(sc *srvConn) error {
 			r = t.hold(h.addr, h.length)
 		}
 		if r == nil {
+			if err := flush(); err != nil {
+				return err
+			}
 			return t.refuseRange(c, br, h)
 		}
 		// The payload's deadline, for reads and writes alike.
@@ -101,26 +131,39 @@ func (t *Transport) serve(sc *srvConn) error {
 		readDeadline = true
 		p := r.bytes(h.addr, h.length)
 		var err error
-		if h.op == opWrite {
-			_, err = io.ReadFull(br, p)
+		if cap(out)-len(out) < statusSize {
+			err = flush()
+		}
+		switch {
+		case err != nil:
+			r.ref.Release()
+		case h.op == opWrite:
+			if uint64(br.Buffered()) < h.length {
+				err = flush() // the payload may keep us waiting
+			}
+			if err == nil {
+				_, err = io.ReadFull(br, p)
+			}
 			r.ref.Release()
 			if err == nil && h.v2 {
-				putStatus(st[:], statusOK)
-				_, err = c.Write(st[:])
+				out = appendStatus(out, statusOK)
 			}
-		} else {
-			n := 0
+		default:
 			if h.v2 {
-				putStatus(st[:], statusOK)
-				iov[n] = st[:]
-				n++
+				out = appendStatus(out, statusOK)
 			}
-			iov[n] = p
-			bufs = iov[:n+1]
+			if len(p) <= smallRead && len(p) <= cap(out)-len(out) {
+				out = append(out, p...) // a copy beats an iovec
+				r.ref.Release()
+				break
+			}
+			iov[0], iov[1] = out, p
+			bufs = iov[:]
 			raceRelease()
 			_, err = bufs.WriteTo(c)
 			r.ref.Release()
 			iov = [2][]byte{}
+			out = out[:0]
 		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {

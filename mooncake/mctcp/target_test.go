@@ -282,3 +282,27 @@ func TestTargetMaxConns(t *testing.T) {
 		t.Fatalf("Refusals().ConnCap = %d, want 1", r.ConnCap)
 	}
 }
+
+// Answers gathered for the requests before a refused one (or a bad
+// header) still go out, before the refusal and the close.
+func TestTargetAnswersBeforeRefusal(t *testing.T) {
+	tg := newTarget(t, mctcp.Config{})
+	addr := uint64(tg.remote.Addr)
+	mem := tg.remote.Bytes()
+	for _, last := range [][]byte{mcHeader(8, addr-8, 0x80), mcHeader(8, addr, 0x05)} {
+		c := tg.dial(t)
+		var burst []byte
+		burst = append(burst, append(mcHeader(4, addr+8, 0x81), "abcd"...)...)
+		burst = append(burst, mcHeader(16, addr, 0x80)...)
+		burst = append(burst, last...)
+		c.Write(burst)
+		got, _ := io.ReadAll(c)
+		want := append(append(bytes.Clone(goldenOK), goldenOK...), mem[:16]...)
+		if last[16] == 0x80 {
+			want = append(want, goldenRefused...)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("got % x\nwant % x", got, want)
+		}
+	}
+}

@@ -67,6 +67,11 @@ func statusWord(code uint32) uint64 { return statusMagic<<32 | uint64(code) }
 // putStatus encodes the status word of code into b[:statusSize].
 func putStatus(b []byte, code uint32) { binary.LittleEndian.PutUint64(b, statusWord(code)) }
 
+// appendStatus appends the status word of code to b.
+func appendStatus(b []byte, code uint32) []byte {
+	return binary.LittleEndian.AppendUint64(b, statusWord(code))
+}
+
 // parseStatus decodes a status word: its code, and false when the top 32
 // bits are not the magic (a peer that speaks version 1, or a stream out of
 // step).
