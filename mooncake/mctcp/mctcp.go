@@ -112,12 +112,14 @@ type Config struct {
 	// IdleTimeout closes a target connection that has not sent a whole
 	// request header for this long (default 5 minutes; negative: never).
 	IdleTimeout time.Duration
-	// FrameTimeout and MinRate bound the moving of one request's payload
-	// on the target: FrameTimeout plus its length at MinRate bytes per
-	// second (defaults 30 s and 100 MiB/s), so that a stalled peer
-	// cannot hold a buffer, and its Unregister, longer.
+	// FrameTimeout bounds the moving of one request's payload on the
+	// target, together with MinRate: it may take FrameTimeout plus its
+	// length at MinRate (default 30 s), so that a stalled peer cannot
+	// hold a buffer, and its Unregister, longer.
 	FrameTimeout time.Duration
-	MinRate      uint64
+	// MinRate is the slowest payload rate the target waits for, in bytes
+	// per second (default 100 MiB/s; see FrameTimeout).
+	MinRate uint64
 
 	// Logger receives connection events (default: discard). Refusals are
 	// logged at most once a second per reason, with the count of those

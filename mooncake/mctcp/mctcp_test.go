@@ -66,3 +66,16 @@ func TestNames(t *testing.T) {
 		t.Fatalf("ExtraEndpoints()[%q] = %q, want 2", mctcp.VersionEndpoint, got)
 	}
 }
+
+// Bad configurations are refused; zero fields take the defaults.
+func TestConfig(t *testing.T) {
+	for _, c := range []mctcp.Config{{Rails: 65}, {Rails: -1}, {Depth: 1 << 17}, {Version: 3}, {StatusTimeout: -1}, {FrameTimeout: -1}, {DialTimeout: -1}} {
+		if _, err := c.Effective(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+	c, err := mctcp.Config{}.Effective()
+	if err != nil || c.Rails != mctcp.DefaultRails || c.Depth != mctcp.DefaultDepth || c.StatusTimeout != mctcp.DefaultStatusTimeout || c.MaxConns != mctcp.DefaultMaxConns {
+		t.Fatalf("defaults: %+v, %v", c, err)
+	}
+}
