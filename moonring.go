@@ -203,6 +203,11 @@ type Config struct {
 	// looks only every millisecond once idle; set Progress (with a
 	// ProgressSleep) on such targets for prompt answers.
 	EFA *efa.Config
+	// Mooncake, when set, makes the engine speak the Mooncake Transfer
+	// Engine's wire beside its own (Mooncake's TCP data protocol, its RPC
+	// port, its descriptors; with Metadata nil, its P2PHANDSHAKE mode):
+	// see MooncakeConfig, and its warning. Off by default.
+	Mooncake *MooncakeConfig
 	// BatchEntries sizes the SQ and in-flight table of the ring that serves
 	// the batch API, per NUMA node (default 4096).
 	BatchEntries int
@@ -290,6 +295,9 @@ type Engine struct {
 	// store is cfg.Metadata, wrapped in a metadata.Signed with a key.
 	store  metadata.Store
 	signed *metadata.Signed
+	// mooncake is Mooncake mode's RPC port and store (Config.Mooncake),
+	// or nil; set once by New, guarded by mu.
+	mooncake *mooncakeState
 
 	mu         sync.Mutex // serializes registration, transports, segments, rings
 	buffers    segtable.Buffers
@@ -359,12 +367,18 @@ func (e *Engine) deliver(n *transport.Notification) error {
 // New starts an engine with the in-process transport installed and
 // publishes its (empty) segment.
 func New(cfg Config) (*Engine, error) {
+	p2p, err := cfg.mooncakeStore() // before fill, which names the engine after it
+	if err != nil {
+		return nil, err
+	}
 	cfg.fill()
 	if cfg.MaxBatches < 1 || cfg.MaxBatches > 1<<16-1 || cfg.BatchEntries < 2 || cfg.NotifyQueue < 1 {
+		closeStore(p2p)
 		return nil, fmt.Errorf("moonring: bad config: MaxBatches %d (1..65535), BatchEntries %d, NotifyQueue %d", cfg.MaxBatches, cfg.BatchEntries, cfg.NotifyQueue)
 	}
 	topo, err := topology.Discover()
 	if err != nil {
+		closeStore(p2p)
 		return nil, fmt.Errorf("moonring: %w", err)
 	}
 	e := &Engine{
@@ -377,10 +391,17 @@ func New(cfg Config) (*Engine, error) {
 		local:   local.New(),
 		notes:   make(chan Notification, cfg.NotifyQueue),
 	}
+	if cfg.Mooncake != nil {
+		e.mooncake = &mooncakeState{p2p: p2p} // Close closes the store from here on
+	}
 	e.store = cfg.Metadata
 	if len(cfg.Key) > 0 {
 		if e.signed, err = metadata.NewSigned(cfg.Metadata, cfg.Key, cfg.Logger); err != nil {
+			closeStore(p2p)
 			return nil, fmt.Errorf("moonring: %w", err)
+		}
+		if cfg.Mooncake != nil {
+			mooncakeSigned(e.signed)
 		}
 		e.store = e.signed
 	} else {
@@ -397,6 +418,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := e.publish(); err != nil {
 		e.health.stop()
 		e.local.Close()
+		closeStore(p2p)
 		return nil, err
 	}
 	e.batches.init(e, cfg.MaxBatches)
@@ -438,6 +460,12 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.EFA != nil {
 		t, err := efa.New(*cfg.EFA)
 		if err := e.install(efa.Name, t, err, true); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
+	if cfg.Mooncake != nil {
+		if err := e.startMooncake(p2p); err != nil {
 			e.Close()
 			return nil, err
 		}
@@ -490,6 +518,7 @@ func (e *Engine) Close() error {
 			e.transports[i] = nil
 		}
 	}
+	err = errors.Join(err, e.stopMooncake())
 	e.refreshNames()
 	for _, p := range e.pollers {
 		p.Stop()

@@ -129,6 +129,7 @@ func (e *Engine) header() *segtable.SegmentDesc {
 			d.Endpoints[t.Name()] = t.Endpoint()
 		}
 	}
+	e.mooncakeEndpoints(d.Endpoints)
 	return d
 }
 
