@@ -29,12 +29,15 @@ const faultName = "fault"
 // Config.Transports names faultName so OpenSegment chooses it.
 type faultTransport struct {
 	inner *local.Transport
+	name  string // faultName unless set
 
-	mu     sync.Mutex
-	hold   bool
-	held   []heldSlice
-	fail   error
-	posted int
+	mu      sync.Mutex
+	hold    bool
+	held    []heldSlice
+	fail    error
+	openErr error // Open fails with it when set
+	opens   int
+	posted  int
 }
 
 type heldSlice struct {
@@ -47,7 +50,12 @@ var _ transport.Transport = (*faultTransport)(nil)
 
 func newFaultTransport() *faultTransport { return &faultTransport{inner: local.New()} }
 
-func (f *faultTransport) Name() string      { return faultName }
+func (f *faultTransport) Name() string {
+	if f.name != "" {
+		return f.name
+	}
+	return faultName
+}
 func (f *faultTransport) Endpoint() string  { return f.inner.Endpoint() }
 func (f *faultTransport) SliceSize() uint64 { return 0 }
 
@@ -59,19 +67,26 @@ func (f *faultTransport) Unregister(b *segtable.Buffer, r segtable.Registration)
 	return f.inner.Unregister(b, r)
 }
 
-// asLocal rewrites desc so that the inner local transport reads this
-// transport's endpoint and keys as its own.
-func asLocal(d *segtable.SegmentDesc) *segtable.SegmentDesc {
+// asLocal rewrites desc so that the inner local transport reads the
+// endpoint and keys of the transport named name as its own.
+func asLocal(d *segtable.SegmentDesc, name string) *segtable.SegmentDesc {
 	c := d.Clone()
-	c.Endpoints = map[string]string{local.Name: d.Endpoints[faultName]}
+	c.Endpoints = map[string]string{local.Name: d.Endpoints[name]}
 	for i := range c.Buffers {
-		c.Buffers[i].Keys = map[string]string{local.Name: d.Buffers[i].Keys[faultName]}
+		c.Buffers[i].Keys = map[string]string{local.Name: d.Buffers[i].Keys[name]}
 	}
 	return c
 }
 
 func (f *faultTransport) Open(ctx context.Context, desc *segtable.SegmentDesc) (transport.Endpoint, error) {
-	ep, err := f.inner.Open(ctx, asLocal(desc))
+	f.mu.Lock()
+	f.opens++
+	openErr := f.openErr
+	f.mu.Unlock()
+	if openErr != nil {
+		return nil, openErr
+	}
+	ep, err := f.inner.Open(ctx, asLocal(desc, f.Name()))
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +185,7 @@ func (e *faultEndpoint) Post(c transport.Completer, s []transport.Slice) (int, e
 	return e.inner.Post(c, s)
 }
 
-func (e *faultEndpoint) Update(d *segtable.SegmentDesc) { e.inner.Update(asLocal(d)) }
+func (e *faultEndpoint) Update(d *segtable.SegmentDesc) { e.inner.Update(asLocal(d, e.t.Name())) }
 
 func (e *faultEndpoint) Close() error {
 	e.t.releaseWith(-1, transport.ErrClosed, e)

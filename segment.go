@@ -266,19 +266,22 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 	}
 	var errs []error
 	names := transport.Candidates(installed, desc, e.cfg.Transports)
-	cands := make([]candidate, len(names))
+	cands := make([]candidate, len(names)) // every one, for the health manager
+	ts := make([]transport.Transport, len(names))
+	e.mu.Lock()
 	for i, tname := range names {
-		e.mu.Lock()
-		slot := e.slotOf(tname)
-		var t transport.Transport
-		if slot >= 0 {
-			t = e.transports[slot]
+		cands[i] = candidate{slot: e.slotOf(tname), name: tname}
+		if cands[i].slot >= 0 {
+			ts[i] = e.transports[cands[i].slot]
 		}
-		e.mu.Unlock()
-		cands[i] = candidate{slot: slot, name: tname, dropped: t == nil}
+		cands[i].dropped = ts[i] == nil // uninstalled meanwhile
+	}
+	e.mu.Unlock()
+	for i, t := range ts {
 		if t == nil {
-			continue // uninstalled meanwhile
+			continue
 		}
+		slot := cands[i].slot
 		ep, err := t.Open(ctx, desc)
 		if err != nil {
 			errs = append(errs, err)

@@ -123,7 +123,7 @@ func (r *Ring) failover(q *request) int {
 	r.stats.Retries++
 	r.stats.Failovers++
 	if r.cfg.Logger != nil {
-		r.cfg.Logger.Info("moonring: request moved to another path", "segment", q.seg.Name, "userdata", q.userData, "from", from.Transport, "to", next.Transport, "retry", q.retries)
+		r.cfg.Logger.Info("moonring: request moved to another path", "segment", q.seg.Name, "userdata", q.userData, "from_slot", from.Transport, "to_slot", next.Transport, "retry", q.retries)
 	}
 	return pathMoved
 }

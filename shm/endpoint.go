@@ -751,6 +751,15 @@ func (c *client) step(pk *packets) bool {
 	case msgNotifyAck:
 		c.answer(m.seq, reply{status: m.status})
 	case msgRevoke:
+		if m.handle == allHandles {
+			// The target's transport closes: the path goes away, and
+			// slices that find their mapping gone fail as the peer's
+			// (ErrPeer, which another transport may carry), not as
+			// denied. Marked before the mappings go.
+			c.mu.Lock()
+			c.dead.Store(true)
+			c.mu.Unlock()
+		}
 		c.e.drop(m.handle, m.handle == allHandles)
 		var b [frameSize]byte
 		ack := msg{typ: msgRevokeAck, handle: m.handle}

@@ -1,0 +1,492 @@
+package moonring_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/shm"
+	"github.com/moonring/moonring/sq"
+	"github.com/moonring/moonring/tcp"
+	"github.com/moonring/moonring/transport"
+)
+
+// fakeClock is a clock that moves only when the test advances it.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []fakeTimer
+}
+
+type fakeTimer struct {
+	at time.Time
+	ch chan time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	if d <= 0 {
+		ch <- c.now
+		return ch
+	}
+	c.timers = append(c.timers, fakeTimer{c.now.Add(d), ch})
+	return ch
+}
+
+// Advance moves the clock by d and fires the timers due.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	c.timers = slices.DeleteFunc(c.timers, func(t fakeTimer) bool {
+		if t.at.After(c.now) {
+			return false
+		}
+		t.ch <- c.now
+		return true
+	})
+}
+
+// waitTimer waits until a timer due at at is set.
+func (c *fakeClock) waitTimer(t testing.TB, at time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(hangLimit)
+	for {
+		c.mu.Lock()
+		found := slices.ContainsFunc(c.timers, func(x fakeTimer) bool { return x.at.Equal(at) })
+		var ats []time.Duration
+		for _, x := range c.timers {
+			ats = append(ats, x.at.Sub(c.now))
+		}
+		c.mu.Unlock()
+		if found {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hang: no timer at %v from now (timers in %v)", at.Sub(c.Now()), ats)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+func (f *faultTransport) openCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.opens
+}
+
+func (f *faultTransport) postCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.posted
+}
+
+// setDown makes the transport's path fail as a dead connection does:
+// slices with ErrPeer, Opens (the probes) too.
+func (f *faultTransport) setDown(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail, f.openErr = nil, nil
+	if down {
+		f.fail, f.openErr = transport.ErrPeer, transport.ErrPeer
+	}
+}
+
+// waitFor waits until cond holds.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(hangLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("hang: %s", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// pathStats returns e's failover counters of segment seg and transport tn.
+func pathStats(e *moonring.Engine, seg, tn string) moonring.PathStats {
+	for _, ps := range e.PathStats() {
+		if ps.Segment == seg && ps.Transport == tn {
+			return ps
+		}
+	}
+	return moonring.PathStats{Segment: seg, Transport: tn}
+}
+
+// failoverPair is an initiator and a target joined by two fault
+// transports, "fault" preferred to "fault2".
+type failoverPair struct {
+	*faultPair
+	f2a, f2b *faultTransport
+}
+
+func newFailoverPair(t *testing.T, clk *fakeClock, size int) *failoverPair {
+	t.Helper()
+	p := &failoverPair{faultPair: &faultPair{fa: newFaultTransport(), fb: newFaultTransport()},
+		f2a: &faultTransport{inner: newFaultTransport().inner, name: "fault2"}, f2b: &faultTransport{inner: newFaultTransport().inner, name: "fault2"}}
+	p.a = startEngine(t, moonring.Config{Transports: []string{faultName, "fault2"}})
+	p.b = startEngine(t, moonring.Config{})
+	if clk != nil {
+		moonring.SetHealthClock(p.a, clk)
+	}
+	for _, x := range []struct {
+		e *moonring.Engine
+		t transport.Transport
+	}{{p.a, p.fa}, {p.a, p.f2a}, {p.b, p.fb}, {p.b, p.f2b}} {
+		if err := x.e.InstallTransport(x.t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.src, p.dst = make([]byte, size), make([]byte, size)
+	var err error
+	if p.srcID, err = p.a.RegisterLocalMemory(p.src, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.b.RegisterLocalMemory(p.dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+	defer cancel()
+	if p.seg, err = p.a.OpenSegment(ctx, p.b.Name()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the standby path opens", func() bool {
+		info, err := p.a.Segment(p.seg)
+		return err == nil && len(info.Paths) == 2
+	})
+	return p
+}
+
+// transfer WRITEs n bytes of a fresh pattern to dst at off and checks
+// they landed.
+func (p *failoverPair) transfer(t *testing.T, req moonring.TransferRequest, seed uint64) error {
+	t.Helper()
+	fill(p.src, seed)
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+	defer cancel()
+	if err := p.a.Transfer(ctx, req); err != nil {
+		return err
+	}
+	if !bytes.Equal(p.src[:req.Length], p.dst[:req.Length]) {
+		t.Fatalf("transfer with seed %d: bytes differ", seed)
+	}
+	return nil
+}
+
+func segTransport(t testing.TB, e *moonring.Engine, id moonring.SegmentID) string {
+	t.Helper()
+	name, err := e.SegmentTransport(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// TestFailoverCooldownProbe: the preferred path dies; a transfer
+// completes over the other one with its bytes; the dead path is probed
+// after 100 ms, then 200 ms more, then 400 ms more (a fake clock: not a
+// probe before its time); once a probe finds it working, new requests
+// move back to it. A request that must take the dead transport fails at
+// once with ErrTransportDown; one that prefers it takes the other.
+func TestFailoverCooldownProbe(t *testing.T) {
+	clk := newFakeClock()
+	p := newFailoverPair(t, clk, 256<<10)
+	segName := p.b.Name()
+	if got := segTransport(t, p.a, p.seg); got != faultName {
+		t.Fatalf("segment opened over %q, want %q", got, faultName)
+	}
+	if err := p.transfer(t, p.write(0, 256<<10), 1); err != nil {
+		t.Fatal(err)
+	}
+
+	p.fa.setDown(true)
+	posted2 := p.f2a.postCount()
+	if err := p.transfer(t, p.write(0, 256<<10), 2); err != nil {
+		t.Fatalf("transfer as the path dies: %v", err)
+	}
+	if got := segTransport(t, p.a, p.seg); got != "fault2" {
+		t.Fatalf("after the failure the segment goes over %q, want fault2", got)
+	}
+	if p.f2a.postCount() == posted2 {
+		t.Fatal("nothing went over fault2")
+	}
+	waitFor(t, "the failover is counted", func() bool { return pathStats(p.a, segName, faultName).Failovers == 1 })
+
+	// Hints while the preferred path is down.
+	only := p.write(0, 4096)
+	only.Transport, only.TransportOnly = faultName, true
+	if err := p.transfer(t, only, 3); !errors.Is(err, moonring.ErrTransportDown) {
+		t.Fatalf("a request that must take the dead transport: %v, want ErrTransportDown", err)
+	}
+	prefer := p.write(0, 4096)
+	prefer.Transport = faultName
+	if err := p.transfer(t, prefer, 4); err != nil {
+		t.Fatalf("a request that prefers the dead transport: %v", err)
+	}
+
+	// Cooldown and probes, on the fake clock.
+	down := clk.Now()
+	opens := p.fa.openCount()
+	for i, wait := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond} {
+		clk.waitTimer(t, down.Add(wait))
+		clk.Advance(wait - time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // a probe started early would show by now
+		if n := p.fa.openCount(); n != opens+i {
+			t.Fatalf("probe %d: %d probes %v after the last event, want %d", i+1, n-opens, wait-time.Millisecond, i)
+		}
+		clk.Advance(time.Millisecond)
+		waitFor(t, "probe "+strconv.Itoa(i+1), func() bool { return p.fa.openCount() == opens+i+1 })
+		down = clk.Now()
+	}
+	if got := segTransport(t, p.a, p.seg); got != "fault2" {
+		t.Fatalf("a failed probe moved the segment to %q", got)
+	}
+	p.fa.setDown(false)
+	clk.waitTimer(t, down.Add(400*time.Millisecond))
+	clk.Advance(400 * time.Millisecond)
+	waitFor(t, "failback", func() bool { return segTransport(t, p.a, p.seg) == faultName })
+	if ps := pathStats(p.a, segName, faultName); ps.Failovers != 1 || ps.Failbacks != 1 {
+		t.Fatalf("counters %+v, want 1 failover and 1 failback", ps)
+	}
+	posted := p.fa.postCount()
+	if err := p.transfer(t, p.write(0, 256<<10), 5); err != nil {
+		t.Fatal(err)
+	}
+	if p.fa.postCount() == posted {
+		t.Fatal("after the failback nothing went over fault")
+	}
+	// A request that prefers the standby takes it.
+	posted2 = p.f2a.postCount()
+	prefer.Transport = "fault2"
+	if err := p.transfer(t, prefer, 6); err != nil || p.f2a.postCount() == posted2 {
+		t.Fatalf("a request that prefers fault2: %v, %d posts there", err, p.f2a.postCount()-posted2)
+	}
+}
+
+// TestTransportHint: hints through the ring API and the batch API's
+// refusals.
+func TestTransportHint(t *testing.T) {
+	p := newFailoverPair(t, nil, 64<<10)
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+	defer cancel()
+	bad := p.write(0, 4096)
+	bad.Transport = "nosuch"
+	if err := p.a.Transfer(ctx, bad); !errors.Is(err, moonring.ErrNoSuchTransport) {
+		t.Fatalf("a hint naming no transport: %v, want ErrNoSuchTransport", err)
+	}
+	bad.Transport = ""
+	bad.TransportOnly = true
+	if err := p.a.Transfer(ctx, bad); !errors.Is(err, moonring.ErrInvalid) {
+		t.Fatalf("TransportOnly without a transport: %v, want ErrInvalid", err)
+	}
+	// "local" is installed, but the segment has no path through it.
+	r, err := p.a.NewRing(moonring.RingConfig{Entries: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	slot, err := p.a.TransportSlot("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := p.a.TransportSlot("fault2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := moonring.Entry{Op: moonring.OpWrite, Segment: p.seg, Buffer: p.srcID, Remote: uint64(moonring.AddressOf(p.dst)), Length: 4096}
+	cases := []struct {
+		flags     sq.Flags
+		transport uint8
+		want      error
+	}{
+		{moonring.FlagTransportOnly, slot, moonring.ErrTransportDown}, // not open for the segment
+		{moonring.FlagTransportPrefer, slot, nil},                     // takes the current path
+		{moonring.FlagTransportOnly, f2, nil},
+		{moonring.FlagTransportOnly | moonring.FlagTransportPrefer, f2, moonring.ErrInvalid},
+		{0, f2, moonring.ErrInvalid},                           // a transport without a hint
+		{moonring.FlagTransportOnly, 200, moonring.ErrInvalid}, // no such slot
+	}
+	for i, c := range cases {
+		e := base
+		e.Flags, e.Transport, e.UserData = c.flags, c.transport, uint64(i+1)
+		posted := p.f2a.postCount()
+		if err := r.SubmitOne(&e); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.CQ().Wait(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		cqe := r.Peek()
+		if cqe.UserData != uint64(i+1) || !errors.Is(cqe.Err(), c.want) {
+			t.Errorf("case %d (flags %#x, transport %d): %+v (%v), want %v", i, c.flags, c.transport, *cqe, cqe.Err(), c.want)
+		}
+		r.Advance(1)
+		if i == 2 && p.f2a.postCount() == posted {
+			t.Errorf("FlagTransportOnly fault2 did not go over fault2")
+		}
+	}
+}
+
+// TestFailoverSHMToTCP: batches of WRITEs stream over shm to a target in
+// this process; the target's shm transport goes away mid-stream (its
+// socket closes); every task completes with its bytes, over TCP from the
+// failure on; once the target has shm again, new requests move back. The
+// time from the path's end to the first request completed on TCP is
+// logged; MOONRING_FAILOVER_ROUNDS repeats the cycle and prints the
+// median (BENCHMARKS.md).
+func TestFailoverSHMToTCP(t *testing.T) {
+	rounds := 1
+	if n, err := strconv.Atoi(os.Getenv("MOONRING_FAILOVER_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	const size = 8 << 20
+	key := []byte("failover-test-key")
+	a := startEngine(t, moonring.Config{Key: key, Transports: []string{shm.Name, tcp.Name}, TCP: &tcp.Config{}, SHM: &shm.Config{}})
+	b := startEngine(t, moonring.Config{Key: key, TCP: &tcp.Config{}, SHM: &shm.Config{}})
+	src, err := a.Alloc(size, "cpu:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := b.Alloc(size, "cpu:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RegisterLocalMemory(src, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.RegisterLocalMemory(dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*hangLimit)
+	defer cancel()
+	seg, err := a.OpenSegment(ctx, b.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := segTransport(t, a, seg); got != shm.Name {
+		t.Fatalf("segment opened over %q, want shm", got)
+	}
+	waitFor(t, "the TCP standby opens", func() bool {
+		info, err := a.Segment(seg)
+		return err == nil && len(info.Paths) == 2
+	})
+
+	// stream WRITEs batches of 16 x 64 KiB, each task a fresh pattern at
+	// its own place, until stop; every task must complete. It reports
+	// when the first batch found the segment on TCP.
+	const tasks, n = 16, 64 << 10
+	stream := func(stop <-chan struct{}, seed uint64, onTCP chan<- time.Time) error {
+		id, err := a.AllocateBatchID(tasks)
+		if err != nil {
+			return err
+		}
+		defer func() { a.FreeBatchID(id) }()
+		reported := false
+		for round := uint64(0); ; round++ {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
+			reqs := make([]moonring.TransferRequest, tasks)
+			for i := range reqs {
+				off := (int(round)*tasks + i) % (size / n) * n
+				fill(src[off:off+n], seed+round*tasks+uint64(i))
+				reqs[i] = moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src[off:]), TargetID: seg,
+					TargetOffset: uint64(moonring.AddressOf(dst[off:])), Length: n}
+			}
+			if err := a.SubmitTransfer(id, reqs); err != nil {
+				return err
+			}
+			if err := a.WaitBatch(ctx, id); err != nil {
+				return err
+			}
+			for i := range reqs {
+				st, err := a.GetTransferStatus(id, i)
+				if err != nil || st.Status != moonring.COMPLETED {
+					return errors.Join(err, st.Err(), errors.New("task "+strconv.Itoa(i)+" of round "+strconv.FormatUint(round, 10)+" did not complete"))
+				}
+				off := (int(round)*tasks + i) % (size / n) * n
+				if !bytes.Equal(src[off:off+n], dst[off:off+n]) {
+					return errors.New("bytes of task " + strconv.Itoa(i) + " differ")
+				}
+			}
+			if !reported {
+				if name, _ := a.SegmentTransport(seg); name == tcp.Name {
+					onTCP <- time.Now()
+					reported = true
+				}
+			}
+			if err := a.FreeBatchID(id); err != nil {
+				return err
+			}
+			if id, err = a.AllocateBatchID(tasks); err != nil {
+				return err
+			}
+		}
+	}
+
+	var times []time.Duration
+	for round := range rounds {
+		stop := make(chan struct{})
+		onTCP := make(chan time.Time, 1)
+		errc := make(chan error, 1)
+		go func() { errc <- stream(stop, uint64(round)<<32, onTCP) }()
+		time.Sleep(20 * time.Millisecond) // a stream in flight
+		killed := time.Now()
+		if err := b.UninstallTransport(shm.Name); err != nil {
+			t.Fatal(err)
+		}
+		var switched time.Time
+		select {
+		case switched = <-onTCP:
+		case err := <-errc:
+			t.Fatalf("round %d: stream ended before the failover: %v", round, err)
+		case <-time.After(hangLimit):
+			t.Fatalf("round %d: hang: no batch completed over TCP", round)
+		}
+		times = append(times, switched.Sub(killed))
+		time.Sleep(10 * time.Millisecond) // more batches over TCP
+		// shm comes back; the probe finds it and new requests move back.
+		st, err := shm.New(shm.Config{Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.InstallTransport(st); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "failback to shm", func() bool { return segTransport(t, a, seg) == shm.Name })
+		time.Sleep(10 * time.Millisecond) // more batches over shm
+		close(stop)
+		if err := <-errc; err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		ps := pathStats(a, b.Name(), shm.Name)
+		if ps.Failovers != uint64(round+1) || ps.Failbacks != uint64(round+1) {
+			t.Fatalf("round %d: counters %+v", round, ps)
+		}
+	}
+	sorted := slices.Clone(times)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+	t.Logf("failover shm -> tcp, from the target's shm going away to a batch (16 x 64 KiB WRITEs) completed over TCP: median %v of %d (all: %v)",
+		sorted[len(sorted)/2], len(sorted), times)
+}
