@@ -216,6 +216,19 @@ func (cn *conn) receive() {
 		case <-cn.done:
 			cn.end()
 			return
+		default:
+			// Nothing awaits an answer: watch the socket, so that a
+			// target that closes an idle connection (its IdleTimeout, a
+			// restart) is seen now, and the rail redialed, rather than by
+			// the next slice sent into it. An answer's first byte ends
+			// the wait too: its item is in pending before the request
+			// was sent.
+			if err := cn.idle(); err != nil {
+				cn.kill(err)
+				cn.end()
+				return
+			}
+			continue
 		}
 		if err := cn.answer(&it); err != nil {
 			refused := errors.Is(err, ErrRefused)
@@ -237,6 +250,32 @@ func (cn *conn) receive() {
 		}
 		it.c.Complete(it.token, nil)
 	}
+}
+
+// idleProbe is how long the receiver waits on an idle socket before it
+// looks at pending again: it bounds how late StatusTimeout may start for
+// a request sent while the receiver waited.
+const idleProbe = 2 * time.Second
+
+// errUnsolicited: the target sent bytes no request asked for.
+var errUnsolicited = errors.New("mctcp: the target sent bytes no request asked for")
+
+// idle waits, up to idleProbe, for the socket to have something to read
+// while nothing is pending; nil when the caller should look at pending
+// again, else why the connection is dead.
+func (cn *conn) idle() error {
+	cn.nc.SetReadDeadline(time.Now().Add(idleProbe))
+	_, err := cn.br.Peek(1)
+	switch {
+	case err == nil:
+		if len(cn.pending) == 0 {
+			return cn.failure(errUnsolicited)
+		}
+		return nil
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil
+	}
+	return cn.failure(err)
 }
 
 // answer reads the item's answer: the status word (version 2), then a READ's

@@ -115,3 +115,22 @@ func TestCloseLeavesNoDescriptors(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A target that closes idle connections (its IdleTimeout) does not fail
+// the next slices: the initiator sees the close while idle and redials.
+func TestIdleCloseRedials(t *testing.T) {
+	p := newPair(t, mctcp.Config{Rails: 2}, mctcp.Config{IdleTimeout: 100 * time.Millisecond}, 64<<10)
+	c := make(tokenCh, 4)
+	for round := range 3 {
+		for rail := range 2 {
+			s := []transport.Slice{{Op: transport.Write, Rail: uint16(rail), Local: unsafe.Pointer(&p.local[0]), Remote: p.remote, Length: 4096, Token: 1}}
+			if n, err := p.ep.Post(c, s); n != 1 || err != nil {
+				t.Fatalf("round %d: Post = %d, %v", round, n, err)
+			}
+			if tok := <-c; tok != 1 {
+				t.Fatalf("round %d, rail %d: the WRITE failed after the target closed the idle connection", round, rail)
+			}
+		}
+		time.Sleep(400 * time.Millisecond)
+	}
+}
