@@ -620,6 +620,108 @@ def analyze(run):
     return 0
 
 
+# --- soak analysis ----------------------------------------------------------
+
+# Soak growth: the median over the last third against the median over the
+# first third (after a warm-up of a tenth): at most SOAK_SHARE times it
+# plus the slack.
+SOAK_SHARE = 1.2
+SOAK_SLACK = {"gor": 10, "fds": 10, "rss": 32 << 20}
+
+
+def soak(run):
+    events = load_jsonl(os.path.join(run, "events.jsonl"))
+    samples = load_jsonl(os.path.join(run, "samples.jsonl"))
+    runs = load_jsonl(os.path.join(run, "bench", "runs.jsonl"))
+    st = next(e for e in events if e["ev"] == "start")
+    t_end = next((e["t"] for e in events if e["ev"] == "end"), samples[-1]["t"])
+    t0 = st["t"]
+    span = t_end - t0
+    restarts = [e for e in events if e["ev"] == "restart"]
+    restarted = [e for e in events if e["ev"] == "restarted"]
+    fail = []
+    out = []
+
+    def expected(r):
+        segs = set(r["segments"].split(","))
+        for e in restarts:
+            done = next((x["t"] for x in restarted if x["t"] >= e["t"] and x.get("old") == e["name"]), e["t"] + 30)
+            if e["name"] in segs and not (r["t0"] > done + 2 or r["t1"] < e["t"]):
+                return True
+        return False
+
+    by = {}
+    for r in runs:
+        r.setdefault("host", -1)
+        cls = classify(r, [])
+        if cls == "unexpected" and expected(r):
+            cls = "expected"
+        r["class"] = cls
+        by.setdefault(r["kind"], []).append(r)
+        if cls in ("hang", "corrupt", "crash", "unexpected"):
+            fail.append("bench run %s #%d (%s, %.0fs in, rc %d): %s: %s" % (r["kind"], r["seq"], r["segments"], r["t0"] - t0, r["rc"], cls, r.get("err") or "(no message)"))
+    rows = []
+    for kind, rs in sorted(by.items()):
+        cnt = {}
+        for r in rs:
+            cnt[r["class"]] = cnt.get(r["class"], 0) + 1
+        steps = [row for r in rs if r["class"] == "ok" for row in r["rows"]]
+        gb = {}
+        for row in steps:
+            key = "%s %s" % (row.get("op"), row.get("block") if row.get("pattern") != "kv" else "kv")
+            gb.setdefault(key, []).append(row.get("gb_per_s", 0))
+        gbs = "; ".join("%s %.2f" % (k, statistics.median(v)) for k, v in sorted(gb.items()))
+        rows.append([kind, len(rs), " ".join("%s %d" % (k, cnt[k]) for k in ("ok", "expected", "unexpected", "hang", "corrupt", "crash") if cnt.get(k)),
+                     len(steps), gbs])
+        if not cnt.get("ok"):
+            fail.append("initiator loop %s: no run ended well" % kind)
+    out.append("Soak: %.0fs, %d peer restarts (%s), %d bench runs" % (span, len(restarts),
+               ", ".join("%s %d" % (s, sum(1 for e in restarts if e["signal"] == s)) for s in ("TERM", "KILL")), len(runs)))
+    out.append("")
+    out.append("Initiators (runs: ok, expected = failed across a restart of its peer; step GB/s medians, every step's bytes checked):")
+    out.append(table(["loop", "runs", "by class", "steps ok", "GB/s by op and block"], rows))
+
+    ll = [l for l in long_lived(samples, "") if l.startswith("metadata") or l.startswith("serve-L")]
+    a0, a1 = t0 + span / 10, t0 + span / 3
+    b0, b1 = t_end - span / 3, t_end
+    grow = []
+    for label in ll:
+        first = {k: median_fig(samples, label, k, a0, a1) for k in SOAK_SLACK}
+        last = {k: median_fig(samples, label, k, b0, b1) for k in SOAK_SLACK}
+        peak = {k: max([figures(s, label).get(k) or 0 for s in samples] or [0]) for k in SOAK_SLACK}
+        grow.append([label, fmtv("gor", first["gor"]), fmtv("gor", last["gor"]), fmtv("fds", first["fds"]), fmtv("fds", last["fds"]),
+                     fmtv("rss", first["rss"]), fmtv("rss", last["rss"]), fmtv("rss", peak["rss"])])
+        for k, slack in SOAK_SLACK.items():
+            if first[k] is not None and last[k] is not None and last[k] > first[k] * SOAK_SHARE + slack:
+                fail.append("%s: %s grew: median %s over the first third, %s over the last (rule: at most %.1fx + %s)" % (
+                    label, {"gor": "goroutines", "fds": "descriptors", "rss": "RSS"}[k], fmtv(k, first[k]), fmtv(k, last[k]), SOAK_SHARE, fmtv(k, slack)))
+    out.append("")
+    out.append("Long-lived processes, medians over the first third (after a tenth of warm-up) and the last third:")
+    out.append(table(["process", "goroutines first", "last", "fds first", "last", "RSS first", "last", "RSS peak"], grow))
+    text = "\n".join(out)
+    with open(os.path.join(run, "tables.txt"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+
+    panels = []
+    for key, name, scale in (("rss", "RSS MiB", 1 << 20), ("fds", "descriptors", 1), ("gor", "goroutines", 1)):
+        series = []
+        for label in ll:
+            pts = [(s["t"], figures(s, label).get(key) / scale) for s in samples if figures(s, label).get(key) is not None]
+            if pts:
+                series.append((label, pts))
+        panels.append((name, series))
+    bands = [(e["t"], e["t"] + max(0.5, span / 400), "") for e in restarts]
+    svg_plot(os.path.join(run, "soak.svg"), "moonring soak: long-lived processes while peers restart (marks)", t0, t_end, panels, bands)
+    if fail:
+        print("\nFAIL:", file=sys.stderr)
+        for f in fail:
+            print("  " + f, file=sys.stderr)
+        return 1
+    print("\nPASS: no hang, crash or wrong byte; failures only across a peer's restart; no growth (last third's median <= %.1fx the first's + slack)" % SOAK_SHARE)
+    return 0
+
+
 def main(argv):
     cmd = argv[1] if len(argv) > 1 else ""
     if cmd == "wait-http":
@@ -633,8 +735,7 @@ def main(argv):
     if cmd == "analyze":
         return analyze(argv[2])
     if cmd == "soak":
-        import soak_lib  # noqa: PLC0415 - soak.sh's half
-        return soak_lib.analyze(argv[2])
+        return soak(argv[2])
     print(__doc__, file=sys.stderr)
     return 2
 

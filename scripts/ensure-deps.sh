@@ -3,7 +3,8 @@
 # (netns_test.go) use, when they are missing: ip and tc (iproute2), and nft
 # (nftables), which emulates packet loss on kernels built without netem;
 # the etcd server (etcd-server) that the etcd store's tests
-# (metadata/etcd_test.go) start; and libfabric (libfabric-dev,
+# (metadata/etcd_test.go) and scripts/cluster.sh start; python3, which
+# scripts/cluster.sh and scripts/soak.sh sample and analyze with; and libfabric (libfabric-dev,
 # libfabric-bin) for the efa transport's tests (make test-efa); sockperf
 # and qperf for scripts/bench-latency.sh. It
 # installs with apt-get and so needs root; it does nothing when every
@@ -37,6 +38,9 @@ command -v fi_info >/dev/null 2>&1 || add libfabric-bin
 # measured against.
 command -v sockperf >/dev/null 2>&1 || add sockperf
 command -v qperf >/dev/null 2>&1 || add qperf
+# scripts/cluster.sh and scripts/soak.sh (make test-cluster, test-soak):
+# their sampler, tables, checks and plots (the standard library only).
+command -v python3 >/dev/null 2>&1 || add python3
 
 if [ -z "$need" ]; then
 	exit 0
