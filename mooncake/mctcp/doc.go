@@ -51,7 +51,9 @@
 // queued requests into one writev and sends up to Config.Depth of them
 // ahead of their answers, and a receiver goroutine, which reads the
 // answers in order: a version 2 status word (bounded by StatusTimeout), a
-// READ's bytes. A slice whose range lies in no buffer of the descriptor
+// READ's bytes. While nothing awaits an answer the receiver watches the
+// socket, so a target that closes an idle connection is seen at once and
+// the rail redialed. A slice whose range lies in no buffer of the descriptor
 // completes at once with transport.ErrRange. A peer that speaks version 1
 // gets a warning logged once per address: its WRITEs complete when their
 // last byte is in the socket, before it lands, and a range it refuses
