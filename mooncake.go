@@ -173,3 +173,15 @@ func closeStore(p *mooncake.P2PStore) {
 func mooncakeSigned(s *metadata.Signed) {
 	s.AllowUnsigned(mctcp.Name, mooncake.EndpointRPC)
 }
+
+// MooncakeRPC returns the address of the engine's Mooncake RPC port (with
+// P2PHANDSHAKE metadata, also its segment's name), or "" outside Mooncake
+// mode or after Close. Safe for concurrent use.
+func (e *Engine) MooncakeRPC() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mooncake == nil || e.mooncake.rpc == nil {
+		return ""
+	}
+	return e.mooncake.rpc.Name()
+}

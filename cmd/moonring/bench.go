@@ -61,6 +61,11 @@ bench --mode target), whose key this command must hold:
 ` + keyHelp + `
 With no key, bench --segment reaches only a target serving --insecure.
 
+` + mooncakeHelp + `bench --mooncake starts a target in Mooncake mode (serve --mooncake),
+or with --segment reaches a Mooncake engine (or serve --mooncake): its
+segment name (with p2p, its RPC port's ip:port) and its first buffer,
+into which it first writes the pattern that READs are checked against.
+
 flags:
 `
 
@@ -101,6 +106,7 @@ func bench(args []string, out io.Writer) error {
 	kvSample := fs.Int("kv-sample", 0, "--pattern kv: check 1 in N transfers of each request at its destination (0: every READ's; a WRITE's, read back from a target process, 1 in 64; every WRITE's in-process); with WRITEs every target's whole pool is also read back and checked after the step")
 	baseline := fs.Bool("baseline", true, "--pattern kv: before each kv row, move the same bytes per request as contiguous 1 MiB transfers (the contig row) and give the ratio")
 	cpuFlag := fs.Bool("cpu", false, "report CPU seconds per GB moved on each side: this process (getrusage) and the target processes it started (/proc/PID/stat)")
+	mc := addMooncakeFlags(fs, false)
 	useTLS := fs.Bool("tls", false, "--protocol tcp: the target serves TLS 1.3 with a certificate its signed descriptor pins (as serve --tls; the target bench starts gets it too); with --segment, a target without it is refused")
 	if err := parseFlags(fs, args, out, benchHelp); err != nil {
 		return err
@@ -126,7 +132,12 @@ func bench(args []string, out io.Writer) error {
 		// initiator that started this process ends it so) or a signal.
 		stop := make(chan struct{})
 		go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
-		sargs := []string{"--listen", *listen, "--buffer-size", *bufSize, "--metadata", *meta, "--key-file", *keyFile}
+		sargs := []string{"--listen", *listen, "--buffer-size", *bufSize, "--key-file", *keyFile}
+		if *mc.on {
+			sargs = append(sargs, "--mooncake", "--mooncake-metadata", *mc.metadata, "--mooncake-rpc", *mc.rpc)
+		} else {
+			sargs = append(sargs, "--metadata", *meta)
+		}
 		if *insecure {
 			sargs = append(sargs, "--insecure")
 		}
@@ -140,6 +151,16 @@ func bench(args []string, out io.Writer) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := mc.check(set); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	var mcOn *mooncakeFlags
+	if *mc.on {
+		if *protocol != "tcp" || set["metadata"] || *useTLS || set["local-name"] {
+			return errors.New("bench --mooncake: the bytes go over Mooncake's TCP and the metadata through --mooncake-metadata; --protocol, --metadata, --tls and --local-name do not go with it")
+		}
+		mcOn = mc
+	}
 	if *latMode {
 		if (set["batch-size"] && *batch != 1) || (set["threads"] && *threads != 1) || (set["batches"] && *batches != 1) {
 			return fmt.Errorf("bench: --lat keeps one request in flight: --batch-size %d --batches %d --threads %d go without it", *batch, *batches, *threads)
@@ -237,7 +258,7 @@ func bench(args []string, out io.Writer) error {
 	}
 	switch *protocol {
 	case "tcp", "shm":
-		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, bs[0], !kvMode)
+		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, bs[0], !kvMode, mcOn)
 	case "local":
 		tg, err = localTarget(ctx, bs[0], *targets, !kvMode)
 	default:

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/metadata/etcd"
+	"github.com/moonring/moonring/mooncake/mctcp"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +73,12 @@ peers in flight up to --grace (a second signal ends the grace). Past it,
 it cuts the peers still using the buffer and exits with status 3, within
 a few seconds whatever the peers do; status 2 is any other failure.
 
+` + mooncakeHelp + `With --mooncake the segment is published through --mooncake-metadata
+(not --metadata), --listen serves /metrics and /healthz alone, and the
+first line of stdout names the Mooncake RPC and TCP data ports too.
+Moonring peers still reach the buffer over moonring's TCP and shm, with
+the key; Mooncake peers over Mooncake's TCP, without one.
+
 flags:
 `
 
@@ -91,8 +99,17 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
 	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
 	useTLS := fs.Bool("tls", false, "serve TCP as TLS 1.3 with a certificate made at start, whose SHA-256 the signed descriptor pins: peers' frames (payloads, addresses, buffer keys) can be neither read nor changed on the path; plain hellos are refused")
+	mc := addMooncakeFlags(fs, true)
 	if err := parseFlags(fs, args, out, serveHelp); err != nil {
 		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := mc.check(set); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if *mc.on && set["metadata"] {
+		return errors.New("serve: --metadata is moonring's store; with --mooncake the segment is published through --mooncake-metadata")
 	}
 	sizes, err := parseSizes(*bufSize)
 	if err == nil && len(sizes) != 1 {
@@ -154,7 +171,45 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	var metricsLn *capListener // serve's own /metrics listener, with a metadata server
 	segName := *name
 	host := "127.0.0.1"
+	var closers []func() // run at return, last first
+	defer func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+	}()
+	// metricsOnListen serves /metrics and /healthz on --listen alone, when
+	// no p2p endpoint hosts them, and takes the host for the transports.
+	metricsOnListen := func() error {
+		ln, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return fmt.Errorf("metrics endpoint: %w", err)
+		}
+		srv := &http.Server{Handler: metricsHandler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second, MaxHeaderBytes: 16 << 10}
+		metricsLn = &capListener{Listener: ln, max: maxMetricsConns, log: logger}
+		go srv.Serve(metricsLn)
+		closers = append(closers, func() { srv.Close() })
+		// A listener on all interfaces gives an unspecified host: the TCP
+		// transport listens there too and advertises an interface's.
+		host, _, err = net.SplitHostPort(ln.Addr().String())
+		return err
+	}
 	switch {
+	case *mc.on:
+		var err error
+		if store, err = mc.store(); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		if store != nil {
+			closers = append(closers, func() { store.Close() })
+			if segName == "" {
+				hn, _ := os.Hostname()
+				segName = fmt.Sprintf("%s-%d", hn, os.Getpid())
+			}
+		}
+		if err := metricsOnListen(); err != nil {
+			return err
+		}
 	case *meta == "p2p":
 		p, err := metadata.NewP2P(metadata.P2PConfig{Listen: *listen, Handler: metricsHandler, Logf: func(f string, a ...any) { logger.Warn(fmt.Sprintf(f, a...)) }})
 		if err != nil {
@@ -186,18 +241,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 			segName = fmt.Sprintf("%s-%d", hn, os.Getpid())
 		}
 		// No p2p endpoint to host /metrics: serve it on --listen alone.
-		ln, err := net.Listen("tcp", *listen)
-		if err != nil {
-			return fmt.Errorf("metrics endpoint: %w", err)
-		}
-		srv := &http.Server{Handler: metricsHandler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-			WriteTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second, MaxHeaderBytes: 16 << 10}
-		metricsLn = &capListener{Listener: ln, max: maxMetricsConns, log: logger}
-		go srv.Serve(metricsLn)
-		defer srv.Close()
-		// A listener on all interfaces gives an unspecified host: the TCP
-		// transport listens there too and advertises an interface's.
-		if host, _, err = net.SplitHostPort(ln.Addr().String()); err != nil {
+		if err := metricsOnListen(); err != nil {
 			return err
 		}
 	default:
@@ -213,6 +257,9 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	cfg := moonring.Config{Name: segName, Metadata: store, Logger: logger, TCP: &tcp.Config{Listen: *tcpListen, Key: key, Logger: tcpLogger, AutoTLS: *useTLS}}
 	if !*noSHM {
 		cfg.SHM = &shm.Config{Logger: logger}
+	}
+	if *mc.on {
+		cfg.Mooncake = mc.config()
 	}
 	e, err := moonring.New(cfg)
 	if err != nil {
@@ -247,7 +294,10 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	if t, ok := e.Transport(tcp.Name).(*tcp.Transport); ok && t.Fingerprint() != "" {
 		tlsNote = ", tcp TLS 1.3 certificate sha256 " + t.Fingerprint()
 	}
-	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x, metadata %s%s\n", e.Name(), len(buf), moonring.AddressOf(buf), store, tlsNote)
+	if *mc.on {
+		tlsNote += fmt.Sprintf(", mooncake rpc %s tcp %s (no authentication)", e.MooncakeRPC(), e.Transport(mctcp.Name).Endpoint())
+	}
+	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x, metadata %s%s\n", e.Name(), len(buf), moonring.AddressOf(buf), e.Config().Metadata, tlsNote)
 	fmt.Fprint(out, keyNote)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)

@@ -25,6 +25,7 @@ import (
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/metadata/etcd"
+	"github.com/moonring/moonring/mooncake/mctcp"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 )
@@ -53,7 +54,10 @@ type target struct {
 	exit      atomic.Pointer[error]
 	// peers are every target (the first is the one above): --targets N.
 	peers []peer
-	pids  []int // of the target processes this command started
+	// mcArgs are the Mooncake flags of the target processes this command
+	// starts (bench --mooncake), or nil.
+	mcArgs []string
+	pids   []int // of the target processes this command started
 }
 
 // peer is one target of a sweep.
@@ -229,11 +233,14 @@ func localTarget(ctx context.Context, size, n int, model bool) (*target, error) 
 // processes and this one then share a key made for the run. Otherwise the
 // key comes from keyFile or MOONRING_KEY (loadKey). Without a model (kv)
 // the first target's contents are not modelled.
-func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names []string, n int, meta, localName, keyFile string, size int, model bool) (*target, error) {
+func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names []string, n int, meta, localName, keyFile string, size int, model bool, mc *mooncakeFlags) (*target, error) {
 	if localName != "" && meta == "p2p" {
 		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
 	}
 	t := &target{transport: proto}
+	if mc != nil {
+		t.mcArgs = []string{"--mooncake", "--mooncake-metadata", *mc.metadata}
+	}
 	var key []byte
 	started := len(names) == 0
 	if started {
@@ -255,6 +262,8 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 	var store metadata.Store
 	var err error
 	switch {
+	case mc != nil:
+		store, err = mc.store() // nil with p2p: the engine makes its P2PHANDSHAKE store
 	case meta == "p2p":
 		store, err = metadata.NewP2P(metadata.P2PConfig{})
 	case strings.HasPrefix(meta, "etcd://"):
@@ -269,11 +278,15 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 		t.close()
 		return nil, err
 	}
-	t.closers = append(t.closers, func() { store.Close() })
-	t.store = store
+	if store != nil {
+		t.closers = append(t.closers, func() { store.Close() })
+	}
 	cfg := moonring.Config{Name: localName, Metadata: store, Transports: []string{proto}, TCP: &tcp.Config{Key: key}}
 	if proto == "shm" {
 		cfg.SHM = &shm.Config{NoMap: noMap}
+	}
+	if mc != nil {
+		cfg.Mooncake, cfg.Transports = mc.config(), []string{mctcp.Name}
 	}
 	ini, err := moonring.New(cfg)
 	if err != nil {
@@ -282,10 +295,11 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 	}
 	t.ini = ini
 	t.closers = append(t.closers, func() { ini.Close() })
+	t.store = ini.Config().Metadata // the P2PHANDSHAKE store the engine made, with --mooncake
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	for i, name := range names {
-		desc, err := store.Get(ctx, name)
+		desc, err := t.store.Get(ctx, name)
 		if err != nil {
 			t.close()
 			return nil, fmt.Errorf("segment %s: %w", name, err)
@@ -318,7 +332,7 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 		switch {
 		case started:
 			p.pid = t.pids[i]
-		case meta == "p2p":
+		case meta == "p2p" && mc == nil:
 			p.pid = healthPID(ctx, name)
 		}
 		t.peers = append(t.peers, p)
@@ -329,6 +343,14 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 		t.model = make([]byte, size)
 		for i := range t.model {
 			t.model[i] = pattern(i)
+		}
+		if mc != nil && !started {
+			// A Mooncake engine's buffer holds what it holds: write the
+			// model into it first, so that READs can be checked.
+			if err := t.seed(ctx); err != nil {
+				t.close()
+				return nil, fmt.Errorf("bench --mooncake: writing the pattern into %s's buffer first: %w", t.name, err)
+			}
 		}
 	}
 	return t, nil
@@ -341,7 +363,12 @@ func (t *target) start(ctx context.Context, key []byte, size int, meta string, u
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.Command(self, "bench", "--mode", "target", "--buffer-size", strconv.Itoa(size), "--metadata", meta)
+	cmd := exec.Command(self, "bench", "--mode", "target", "--buffer-size", strconv.Itoa(size))
+	if t.mcArgs != nil {
+		cmd.Args = append(cmd.Args, t.mcArgs...)
+	} else {
+		cmd.Args = append(cmd.Args, "--metadata", meta)
+	}
 	if useTLS {
 		cmd.Args = append(cmd.Args, "--tls")
 	}
@@ -397,4 +424,21 @@ func (t *target) start(ctx context.Context, key []byte, size int, meta string, u
 		return "", fmt.Errorf("the target process (pid %d) did not start (it printed %q)", cmd.Process.Pid, line)
 	}
 	return strings.TrimSuffix(f[2], ":"), nil
+}
+
+// seed writes the model into the target's buffer, through the engine.
+func (t *target) seed(ctx context.Context) error {
+	buf, err := t.ini.Alloc(len(t.model), "cpu:0")
+	if err != nil {
+		return err
+	}
+	defer t.ini.Free(buf)
+	copy(buf, t.model)
+	if _, err := t.ini.RegisterLocalMemory(buf, "cpu:0", false); err != nil {
+		return err
+	}
+	defer t.ini.UnregisterLocalMemory(context.Background(), buf)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return t.ini.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(buf), TargetID: t.seg, TargetOffset: t.base, Length: uint64(len(buf))})
 }

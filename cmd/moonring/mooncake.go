@@ -1,0 +1,92 @@
+// mooncake.go holds the command's Mooncake mode (serve --mooncake, bench
+// --mooncake): the flags, the Mooncake metadata store they name, and the
+// engine configuration.
+
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/etcd"
+	"github.com/moonring/moonring/mooncake"
+	"github.com/moonring/moonring/mooncake/mcetcd"
+	"github.com/moonring/moonring/mooncake/mctcp"
+)
+
+// mooncakeHelp is the flags' story, for serve's and bench's -h.
+const mooncakeHelp = `--mooncake speaks the Mooncake Transfer Engine's wire, so that Mooncake
+engines (SGLang, vLLM, LMCache, transfer_engine_bench) and this one reach
+each other unchanged: Mooncake's TCP data protocol (version 2, and 1 for
+peers that publish none), its RPC port (metadata, notifications, probes)
+and its descriptors, with --mooncake-metadata:
+  p2p                       P2PHANDSHAKE: the segment is named by its RPC
+                            port's ip:port (--mooncake-rpc), and peers are
+                            asked on theirs
+  http://HOST:PORT/metadata Mooncake's HTTP metadata server
+  etcd://HOST:PORT[;...]    etcd, with Mooncake's keys
+MC_METADATA_CLUSTER_ID sets the keys' cluster prefix, as for Mooncake.
+Mooncake's protocols carry NO authentication: whoever reaches the RPC or
+data port can read and write the served buffer.
+`
+
+// mooncakeFlags are the flags of Mooncake mode.
+type mooncakeFlags struct {
+	on       *bool
+	metadata *string
+	rpc      *string
+	tcp      *string
+}
+
+func addMooncakeFlags(fs *flag.FlagSet, target bool) *mooncakeFlags {
+	f := &mooncakeFlags{
+		on:       fs.Bool("mooncake", false, "speak Mooncake's wire (see below); off by default: its protocols carry no authentication"),
+		metadata: fs.String("mooncake-metadata", "p2p", "--mooncake: p2p (P2PHANDSHAKE), http://HOST:PORT/metadata (Mooncake's HTTP metadata server) or etcd://HOST:PORT[;HOST:PORT...]"),
+		rpc:      fs.String("mooncake-rpc", "127.0.0.1:0", "--mooncake: the RPC port's address (with p2p, the segment's name)"),
+	}
+	if target {
+		f.tcp = fs.String("mooncake-tcp", "", "--mooncake: Mooncake's TCP data port (default: the RPC port's host, any port)")
+	}
+	return f
+}
+
+// check refuses the Mooncake flags without --mooncake.
+func (f *mooncakeFlags) check(set map[string]bool) error {
+	if *f.on {
+		return nil
+	}
+	for _, n := range []string{"mooncake-metadata", "mooncake-rpc", "mooncake-tcp"} {
+		if set[n] {
+			return fmt.Errorf("--%s goes with --mooncake", n)
+		}
+	}
+	return nil
+}
+
+// store returns the Mooncake metadata store --mooncake-metadata names, or
+// nil for p2p (the engine makes its P2PHANDSHAKE store).
+func (f *mooncakeFlags) store() (metadata.Store, error) {
+	m := *f.metadata
+	keys := mooncake.KeysFromEnv()
+	switch {
+	case m == "p2p":
+		return nil, nil
+	case strings.HasPrefix(m, "http://") || strings.HasPrefix(m, "https://"):
+		return mooncake.NewHTTPStore(mooncake.HTTPConfig{URL: m, Keys: keys})
+	case strings.HasPrefix(m, "etcd://"):
+		return mcetcd.NewStore(etcd.Config{Endpoints: mcetcd.Endpoints(strings.TrimPrefix(m, "etcd://"))}, mooncake.StoreConfig{Keys: keys})
+	}
+	return nil, fmt.Errorf("--mooncake-metadata %q: want p2p, http://HOST:PORT/metadata or etcd://HOST:PORT", m)
+}
+
+// config is the engine's Mooncake configuration.
+func (f *mooncakeFlags) config() *moonring.MooncakeConfig {
+	c := &moonring.MooncakeConfig{RPC: mooncake.RPCConfig{Listen: *f.rpc}}
+	if f.tcp != nil {
+		c.TCP = mctcp.Config{Listen: *f.tcp}
+	}
+	return c
+}
