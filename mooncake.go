@@ -185,3 +185,10 @@ func (e *Engine) MooncakeRPC() string {
 	}
 	return e.mooncake.rpc.Name()
 }
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

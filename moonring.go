@@ -277,6 +277,11 @@ func (c Config) String() string {
 	if c.RDMA != nil {
 		ts += fmt.Sprintf("\nrdma: listen %s, devices %v (in this build: %v)", c.RDMA.Listen, c.RDMA.Devices, rdma.Available)
 	}
+	if c.Mooncake != nil {
+		ts += fmt.Sprintf("\nmooncake: ON, NO AUTHENTICATION on its ports: rpc %s, tcp data %s", orDefault(c.Mooncake.RPC.Listen, "127.0.0.1:0"), orDefault(c.Mooncake.TCP.Listen, "the rpc port's host, any port"))
+	} else {
+		ts += "\nmooncake: off (Config.Mooncake speaks Mooncake's wire, without authentication)"
+	}
 	return fmt.Sprintf("name: %s\nmetadata: %s (descriptors signed: %v)\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
 		c.Name, c.Metadata, len(c.Key) > 0, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
 }
