@@ -66,7 +66,10 @@ func runChild() bool {
 // MOONRING_CHILD_CPUPROFILE=FILE writes a CPU profile to FILE.<pid>.
 // With MOONRING_SHM set it also installs the shm transport; with
 // MOONRING_HEAP set its buffer is Go memory rather than from Alloc (which
-// shm then reaches through process_vm calls, not a mapping).
+// shm then reaches through process_vm calls, not a mapping). It takes two
+// commands: "shm-off" uninstalls its shm transport (peers' shm paths
+// die, TCP stays) and answers "ok"; "shm-on" installs a new one and
+// answers its descriptor, republished.
 func childTarget() error {
 	size, _ := strconv.Atoi(os.Getenv("MOONRING_SIZE"))
 	var store metadata.Store = metadata.NewMemory()
@@ -120,7 +123,35 @@ func childTarget() error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	return childproc.Serve(string(j), nil)
+	return childproc.Serve(string(j), func(cmd string) string {
+		switch cmd {
+		case "shm-off":
+			if err := e.UninstallTransport(shm.Name); err != nil {
+				return "error: " + err.Error()
+			}
+			return "ok"
+		case "shm-on":
+			t, err := shm.New(shm.Config{Key: childKey})
+			if err == nil {
+				if err = e.InstallTransport(t); err != nil && e.Transport(shm.Name) == nil {
+					t.Close() // refused (one installed whose publish failed is the engine's)
+				}
+			}
+			if err != nil {
+				return "error: " + err.Error()
+			}
+			d, err := store.Get(context.Background(), e.Name())
+			if err != nil {
+				return "error: " + err.Error()
+			}
+			j, err := json.Marshal(d)
+			if err != nil {
+				return "error: " + err.Error()
+			}
+			return string(j)
+		}
+		return "error: unknown command " + cmd
+	})
 }
 
 // childRaw is the raw TCP baseline's far end: a sink that reads and drops,

@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/sq"
 	"github.com/moonring/moonring/tcp"
@@ -370,6 +374,10 @@ func TestFailoverSHMToTCP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { // after the engines' Close (cleanups run last first)
+		a.Free(src)
+		b.Free(dst)
+	})
 	if _, err := a.RegisterLocalMemory(src, "cpu:0", false); err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +453,7 @@ func TestFailoverSHMToTCP(t *testing.T) {
 		}
 	}
 
-	var times []time.Duration
+	var times, teardown []time.Duration
 	for round := range rounds {
 		stop := make(chan struct{})
 		onTCP := make(chan time.Time, 1)
@@ -456,6 +464,7 @@ func TestFailoverSHMToTCP(t *testing.T) {
 		if err := b.UninstallTransport(shm.Name); err != nil {
 			t.Fatal(err)
 		}
+		teardown = append(teardown, time.Since(killed))
 		var switched time.Time
 		select {
 		case switched = <-onTCP:
@@ -485,8 +494,253 @@ func TestFailoverSHMToTCP(t *testing.T) {
 			t.Fatalf("round %d: counters %+v", round, ps)
 		}
 	}
-	sorted := slices.Clone(times)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
-	t.Logf("failover shm -> tcp, from the target's shm going away to a batch (16 x 64 KiB WRITEs) completed over TCP: median %v of %d (all: %v)",
-		sorted[len(sorted)/2], len(sorted), times)
+	t.Logf("failover shm -> tcp, from the target's shm going away (UninstallTransport called) to a batch (16 x 64 KiB WRITEs) completed over TCP: median %v of %d (all: %v); the target's UninstallTransport itself took median %v (all: %v)",
+		median(times), len(times), times, median(teardown), teardown)
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// TestFailoverTime: the engine's own failover cost. A path that fails
+// every slice at once (a fault transport: no detection time) dies, and
+// a 4 KiB WRITE is submitted: the time from the path's death to that
+// request's completion over the standby path, on a fresh pair each round
+// (MOONRING_FAILOVER_ROUNDS, default 3), and the same WRITE on a healthy
+// path for comparison.
+func TestFailoverTime(t *testing.T) {
+	rounds := 3
+	if n, err := strconv.Atoi(os.Getenv("MOONRING_FAILOVER_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	var fo, healthy []time.Duration
+	for range rounds {
+		p := newFailoverPair(t, nil, 4096)
+		ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+		req := p.write(0, 4096)
+		for range 100 { // warm
+			if err := p.a.Transfer(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		if err := p.a.Transfer(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		healthy = append(healthy, time.Since(start))
+		start = time.Now()
+		p.fa.setDown(true)
+		err := p.a.Transfer(ctx, req)
+		fo = append(fo, time.Since(start))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := segTransport(t, p.a, p.seg); got != "fault2" {
+			t.Fatalf("segment on %q after the failover", got)
+		}
+	}
+	t.Logf("failover of a 4 KiB WRITE (path dies -> request completed on the standby): median %v of %d (all: %v); the same WRITE on a healthy path: median %v",
+		median(fo), len(fo), fo, median(healthy))
+}
+
+// TestFailoverNoAlloc: a request to a segment with two paths, plain and
+// with a transport hint, costs no allocation from Submit to reap.
+func TestFailoverNoAlloc(t *testing.T) {
+	p := newFailoverPair(t, nil, 4096)
+	fill(p.src, 3)
+	r, err := p.a.NewRing(moonring.RingConfig{Entries: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := p.a.TransportSlot("fault2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		flags sq.Flags
+	}{{"current path", 0}, {"prefer the standby", moonring.FlagTransportPrefer}, {"only the standby", moonring.FlagTransportOnly}} {
+		es := []moonring.Entry{{Op: moonring.OpWrite, Flags: c.flags, Segment: p.seg, Buffer: p.srcID, Remote: uint64(moonring.AddressOf(p.dst)), Length: 4096, UserData: 1}}
+		if c.flags != 0 {
+			es[0].Transport = f2
+		}
+		for i := 0; i < 100; i++ { // warm up
+			if cqe, ok := ringRoundTrip(r, es); !ok {
+				t.Fatalf("%s: warm-up write: %v", c.name, cqe.Err())
+			}
+		}
+		var failed error
+		allocs := testing.AllocsPerRun(500, func() {
+			if cqe, ok := ringRoundTrip(r, es); !ok && failed == nil {
+				failed = cqe.Err()
+			}
+		})
+		if failed != nil || allocs != 0 {
+			t.Fatalf("%s: %v allocations per request (%v), want 0", c.name, allocs, failed)
+		}
+	}
+	if !bytes.Equal(p.src, p.dst) {
+		t.Fatal("data differs")
+	}
+}
+
+// TestFailoverSHMToTCPTwoProcesses: a target child serves its memory
+// over shm and TCP; batches of WRITEs, each read back and compared,
+// stream to it over shm; the child's shm transport goes away mid-stream
+// (its sockets close), and every task completes, over TCP from then on;
+// once the child has shm again (a new socket, a republished descriptor),
+// new requests move back to shm.
+func TestFailoverSHMToTCPTwoProcesses(t *testing.T) {
+	e2eLeaks(t)
+	const size = 4 << 20
+	c := startChild(t, "target", "MOONRING_SIZE="+strconv.Itoa(size), "MOONRING_SHM=1")
+	d := c.targetDesc(t)
+	store := metadata.NewMemory()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*hangLimit)
+	defer cancel()
+	if err := store.Put(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	e, err := moonring.New(moonring.Config{Metadata: store, TCP: &tcp.Config{Key: childKey}, SHM: &shm.Config{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var local []byte
+	t.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			t.Errorf("Engine.Close: %v", err)
+		}
+		if local != nil {
+			if err := e.Free(local); err != nil {
+				t.Errorf("Free: %v", err)
+			}
+		}
+	})
+	seg, err := e.OpenSegment(ctx, d.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := segTransport(t, e, seg); got != shm.Name {
+		t.Fatalf("segment opened over %q, want shm", got)
+	}
+	waitFor(t, "the TCP standby opens", func() bool {
+		info, err := e.Segment(seg)
+		return err == nil && len(info.Paths) == 2
+	})
+	if local, err = e.Alloc(2*size, "cpu:0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.RegisterLocalMemory(local, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	remote := d.Buffers[0].Addr
+	out, back := local[:size], local[size:]
+
+	// run moves one batch of tasks 64 KiB requests of op between out (or
+	// back) and the target at round's place.
+	const tasks, n = 16, 64 << 10
+	run := func(op moonring.Op, round uint64) error {
+		id, err := e.AllocateBatchID(tasks)
+		if err != nil {
+			return err
+		}
+		defer e.FreeBatchID(id)
+		reqs := make([]moonring.TransferRequest, tasks)
+		for i := range reqs {
+			off := (int(round)*tasks + i) % (size / n) * n
+			src := out
+			if op == moonring.Read {
+				src = back
+			}
+			reqs[i] = moonring.TransferRequest{Opcode: op, Source: moonring.AddressOf(src[off:]), TargetID: seg, TargetOffset: remote + uint64(off), Length: n}
+		}
+		if err := e.SubmitTransfer(id, reqs); err != nil {
+			return err
+		}
+		if err := e.WaitBatch(ctx, id); err != nil {
+			return err
+		}
+		for i := range reqs {
+			st, err := e.GetTransferStatus(id, i)
+			if err != nil || st.Status != moonring.COMPLETED {
+				return fmt.Errorf("round %d, %v task %d: %v %v %v", round, op, i, st.Status, st.Err(), err)
+			}
+		}
+		return nil
+	}
+	stop := make(chan struct{})
+	var rounds, tcpRounds atomic.Uint64
+	errc := make(chan error, 1)
+	go func() {
+		errc <- func() error {
+			for round := uint64(0); ; round++ {
+				select {
+				case <-stop:
+					return nil
+				default:
+				}
+				for i := range tasks {
+					off := (int(round)*tasks + i) % (size / n) * n
+					fill(out[off:off+n], round<<8|uint64(i))
+				}
+				if err := run(moonring.Write, round); err != nil {
+					return err
+				}
+				if err := run(moonring.Read, round); err != nil {
+					return err
+				}
+				lo := int(round) * tasks % (size / n) * n
+				if !bytes.Equal(out[lo:lo+tasks*n], back[lo:lo+tasks*n]) {
+					return fmt.Errorf("round %d: the bytes read back differ from those written", round)
+				}
+				rounds.Add(1)
+				if name, _ := e.SegmentTransport(seg); name == tcp.Name {
+					tcpRounds.Add(1)
+				}
+			}
+		}()
+	}()
+	waitRounds := func(what string, counter *atomic.Uint64, k uint64) {
+		t.Helper()
+		start := counter.Load()
+		deadline := time.Now().Add(hangLimit)
+		for counter.Load() < start+k {
+			select {
+			case err := <-errc:
+				t.Fatalf("%s: the stream ended: %v", what, err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("hang: %s", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitRounds("rounds over shm", &rounds, 5)
+	if a := c.Ask(t, "shm-off"); a != "ok" {
+		t.Fatalf("shm-off: %s", a)
+	}
+	waitRounds("rounds over TCP", &tcpRounds, 5)
+	desc := c.Ask(t, "shm-on")
+	d2, err := segtable.UnmarshalDesc([]byte(desc))
+	if err != nil {
+		t.Fatalf("shm-on: %s (%v)", desc, err)
+	}
+	if err := store.Put(ctx, d2); err != nil { // the child's republish, as a shared store would carry it
+		t.Fatal(err)
+	}
+	waitFor(t, "failback to shm", func() bool { return segTransport(t, e, seg) == shm.Name })
+	waitRounds("rounds over shm again", &rounds, 5)
+	close(stop)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	ps := pathStats(e, d.Name, shm.Name)
+	if ps.Failovers != 1 || ps.Failbacks != 1 {
+		t.Fatalf("counters %+v, want 1 failover and 1 failback", ps)
+	}
+	t.Logf("%d rounds of 16 WRITEs and 16 READs of 64 KiB, %d on TCP", rounds.Load(), tcpRounds.Load())
 }

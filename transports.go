@@ -155,9 +155,6 @@ func (e *Engine) UninstallTransport(name string) error {
 		}
 		e.stopStaging()
 	}
-	for _, b := range e.buffers.All() {
-		e.unregisterFrom(t, slot, b)
-	}
 	e.transports[slot] = nil
 	e.refreshNames()
 	if h, ok := t.(transport.Poller); ok {
@@ -165,7 +162,15 @@ func (e *Engine) UninstallTransport(name string) error {
 			p.RemoveHook(h)
 		}
 	}
+	// Closed before its registrations are dropped, as Engine.Close does:
+	// Close withdraws every buffer from the peers at once and hangs up,
+	// so a peer sees its path go away (and fails over: ErrPeer, the
+	// path's) rather than one buffer after another withdrawn while the
+	// path still stands (ErrDenied, the request's).
 	err := t.Close()
+	for _, b := range e.buffers.All() {
+		b.Regs[slot].Store(nil) // the transport released them with Close
+	}
 	if perr := e.publish(); perr != nil {
 		err = errors.Join(err, perr)
 	}
