@@ -1,0 +1,222 @@
+// receive.go holds the receiving side of a rail: the receiver goroutine
+// that completes slices in the order of their responses, its bounded
+// reads, and the failing and draining of a broken connection.
+
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"github.com/moonring/moonring/transport"
+	"golang.org/x/sys/unix"
+)
+
+// receive completes slices in the order of their responses.
+func (c *conn) receive() {
+	defer close(c.recvDone)
+	var hdr [respSize]byte
+	r := reader{c: c, last: time.Now().UnixNano(), timeout: int64(c.e.t.cfg.ResponseTimeout)}
+	for {
+		// The next response answers the oldest frame posted: when that is
+		// a large READ and nothing is buffered, its header and payload
+		// come straight from the socket (see reader.payload).
+		src := io.Reader(c.br)
+		if c.br.Buffered() == 0 && c.directNext() {
+			src = c.nc
+		}
+		if err := r.read(src, hdr[:], true); err != nil {
+			c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
+			return
+		}
+		r.last = time.Now().UnixNano()
+		id, status, err := decodeResp(hdr[:])
+		pos := c.q.Head()
+		// A response answers the oldest frame posted. On loopback it often
+		// arrives while the writev that carried its frame is still copying
+		// later frames, so "written" cannot be asked of the sender here; a
+		// target that answers a frame it has not wholly received (broken or
+		// hostile) is caught by the sender instead (see frame).
+		if err == nil && (pos >= c.gathered.Load() || id != uint32(pos)) {
+			// Not even gathered, so not sent: the target made it up.
+			err = fmt.Errorf("%w: response %d not expected (next is %d)", ErrProtocol, id, uint32(pos))
+		}
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		p := c.q.Slot(pos)
+		var result error
+		switch status {
+		case stDenied:
+			result = transport.ErrDenied
+		case stRange:
+			result = transport.ErrRange
+		case stBusy:
+			result = transport.ErrNotifyFull
+		}
+		if status == stOK && p.s.Op == transport.Read {
+			if err := r.payload(unsafe.Slice((*byte)(p.s.Local), p.s.Length)); err != nil {
+				c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
+				return
+			}
+		}
+		comp, tok := p.c, p.s.Token
+		p.c, p.s.Local = nil, nil
+		c.q.Release(1)
+		comp.Complete(tok, result)
+	}
+}
+
+// directNext reports whether the next response answers a READ of at least
+// directMin bytes. Only the receiver calls it.
+func (c *conn) directNext() bool {
+	pos := c.q.Head()
+	if pos >= c.q.Committed() {
+		return false
+	}
+	p := c.q.Slot(pos)
+	return p.s.Op == transport.Read && p.s.Length >= directMin
+}
+
+// reader is the receiver's reading of the stream, which keeps the
+// response deadline. A response must come within ResponseTimeout of the
+// last one, or of the moment requests went out on an idle connection, and
+// a payload must keep arriving within it (each read that brings bytes
+// counts): a target that keeps the connection up but stops answering must
+// not hold slices (and their ring slots) for ever. The read deadline is a
+// wake-up, moved only when it lags by half a timeout: when it fires early
+// (the connection was idle, or bytes came since), the read goes on.
+type reader struct {
+	c        *conn
+	last     int64 // UnixNano of the last response, or payload bytes (or the start)
+	deadline int64 // the read deadline set, UnixNano
+	timeout  int64
+}
+
+// read fills dst from src, a response header (header) or payload bytes.
+func (r *reader) read(src io.Reader, dst []byte, header bool) error {
+	c := r.c
+	for got := 0; got < len(dst); {
+		owed := r.last
+		if header {
+			owed = max(r.last, c.busySince.Load())
+		}
+		if r.timeout > 0 && owed+r.timeout-r.deadline > r.timeout/2 {
+			r.deadline = owed + r.timeout
+			c.nc.SetReadDeadline(time.Unix(0, r.deadline))
+		}
+		k, err := src.Read(dst[got:])
+		got += k
+		if k > 0 && !header {
+			r.last = time.Now().UnixNano()
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			now := time.Now().UnixNano()
+			if header {
+				idle := c.q.Head() == c.q.Committed()
+				if idle {
+					r.last = now
+				}
+				if idle || now-max(r.last, c.busySince.Load()) < r.timeout {
+					r.deadline = 0 // set a fresh one
+					continue
+				}
+			} else if now-r.last < r.timeout {
+				r.deadline = 0
+				continue
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+// payload fills dst with the next bytes of the stream: what the buffer
+// holds first, and the rest straight from the socket when it is at least
+// directMin (the buffer is empty then, so the order of bytes holds).
+func (r *reader) payload(dst []byte) error {
+	c := r.c
+	n := 0
+	if k := c.br.Buffered(); k > 0 {
+		n, _ = c.br.Read(dst[:min(k, len(dst))])
+	}
+	if rest := dst[n:]; len(rest) >= directMin {
+		return r.read(c.nc, rest, false)
+	} else if len(rest) > 0 {
+		return r.read(c.br, rest, false)
+	}
+	return nil
+}
+
+// fail breaks the connection: both goroutines stop, and the receiver (or
+// the closer) completes every queued slice with err.
+func (c *conn) fail(err error) { c.close(err) }
+
+func (c *conn) close(err error) {
+	c.once.Do(func() {
+		c.err = err
+		if !errors.Is(err, transport.ErrClosed) {
+			c.e.t.cfg.Logger.Info("tcp: rail lost", "segment", c.e.name, "err", err)
+		}
+		c.failed.Store(true)
+		close(c.quit)
+		if c.ur != nil {
+			// An io_uring write holds the socket open past Close, and
+			// the ring names the descriptor by number: shut the socket
+			// down so that the write ends and the sender can leave, and
+			// close it only once the sender has (drain), so that its
+			// next submission cannot reach a descriptor reused since.
+			c.rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+		} else {
+			c.nc.Close()
+		}
+		go c.drain()
+	})
+}
+
+// drain completes what is queued once no Post is adding to the queue and
+// the receiver has stopped, then marks the connection dead.
+func (c *conn) drain() {
+	for c.posting.Load() != 0 {
+		time.Sleep(time.Microsecond)
+	}
+	<-c.sendDone
+	<-c.recvDone
+	if c.ur != nil {
+		c.nc.Close()
+		c.ur.Close()
+	}
+	// Take the sending flag for good: a kick on a poller may be gathering
+	// frames from the slots about to be cleared.
+	for !c.sending.CompareAndSwap(false, true) {
+		runtime.Gosched()
+	}
+	for {
+		pos, n := c.q.Readable(c.q.Cap())
+		if n == 0 {
+			break
+		}
+		for i := 0; i < n; i++ {
+			p := c.q.Slot(pos + uint64(i))
+			comp, tok := p.c, p.s.Token
+			p.c, p.s.Local = nil, nil
+			comp.Complete(tok, c.err)
+		}
+		c.q.Release(n)
+	}
+	close(c.dead)
+}
+
+// directMin is the READ payload from which the receiver reads from the
+// socket into the destination itself rather than through its 64 KiB
+// buffer: a copy less per byte for one more read call per response.
+const directMin = 16 << 10
