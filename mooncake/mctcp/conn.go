@@ -124,21 +124,8 @@ func (cn *conn) send() {
 		n = 0
 		iov, bytes := 0, uint64(0)
 		for {
-			cn.batch[n] = it
-			h := &cn.hdrs[n]
-			op := uint8(opRead)
-			if it.write {
-				op = opWrite
-			}
-			putHeader(h[:], header{length: it.length, addr: it.remote, op: op, v2: it.v2})
-			cn.iov[iov] = h[:]
-			iov++
-			if it.write {
-				cn.iov[iov] = unsafe.Slice((*byte)(it.local), it.length)
-				iov++
-				bytes += it.length
-			}
-			n++
+			// Into pending before its request is sent: its answer may
+			// come as soon as the request has gone.
 			if it.answered() {
 				select {
 				case cn.pending <- it:
@@ -158,6 +145,21 @@ func (cn *conn) send() {
 					}
 				}
 			}
+			cn.batch[n] = it
+			h := &cn.hdrs[n]
+			op := uint8(opRead)
+			if it.write {
+				op = opWrite
+			}
+			putHeader(h[:], header{length: it.length, addr: it.remote, op: op, v2: it.v2})
+			cn.iov[iov] = h[:]
+			iov++
+			if it.write {
+				cn.iov[iov] = unsafe.Slice((*byte)(it.local), it.length)
+				iov++
+				bytes += it.length
+			}
+			n++
 			if n == maxGather || bytes >= gatherBytes {
 				break
 			}

@@ -134,3 +134,32 @@ func TestIdleCloseRedials(t *testing.T) {
 		time.Sleep(400 * time.Millisecond)
 	}
 }
+
+// Many small slices through shallow pipelines (pending full most of the
+// time): every one completes without error, in both versions.
+func TestPipelineStress(t *testing.T) {
+	for _, cfg := range []mctcp.Config{{Rails: 1, Depth: 1, Version: 2}, {Rails: 2, Depth: 2, Version: 2}, {Rails: 1, Depth: 3, Version: 1}, {Rails: 4, Depth: 64, Version: 2}} {
+		p := newPair(t, cfg, mctcp.Config{}, 1<<20)
+		c := make(completer, 256)
+		const total, size = 3000, 4096
+		posted, done := 0, 0
+		for done < total {
+			for posted < total && posted-done < 200 {
+				off := (posted * size) % (1 << 20)
+				s := []transport.Slice{{Op: transport.Op(1 + posted%2), Rail: uint16(posted), Local: unsafe.Pointer(&p.local[off]), Remote: p.remote + uint64(off), Length: size, Token: uint64(posted)}}
+				n, err := p.ep.Post(c, s)
+				if err != nil {
+					t.Fatalf("%+v: Post: %v", cfg, err)
+				}
+				if n == 0 {
+					break
+				}
+				posted++
+			}
+			if r := c.wait(t); r.err != nil {
+				t.Fatalf("%+v: slice %d: %v", cfg, r.token, r.err)
+			}
+			done++
+		}
+	}
+}
