@@ -424,7 +424,7 @@ def svg_plot(path, title, t0, t1, panels, bands):
     pw = W - L - R
     for k, (ylabel, series) in enumerate(panels):
         y0 = T + k * (H + GAP)
-        vmax = max([v for _, pts in series for _, v in pts] + [1e-9]) * 1.1
+        vmax = max([v for _, pts in series for t, v in pts if t0 <= t <= t1] + [1e-9]) * 1.1
         x = lambda t: L + (t - t0) / span * pw  # noqa: E731
         y = lambda v: y0 + H - v / vmax * H  # noqa: E731
         for a, b, lab in bands:
@@ -438,6 +438,7 @@ def svg_plot(path, title, t0, t1, panels, bands):
             o.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>' % (L, L + pw, y(v), y(v)))
         o.append('<text transform="translate(14,%d) rotate(-90)" text-anchor="middle">%s</text>' % (y0 + H // 2, esc(ylabel)))
         for i, (name, pts) in enumerate(series):
+            pts = [(t, v) for t, v in pts if t0 <= t <= t1]
             c = COLORS[i % len(COLORS)]
             if pts:
                 o.append('<polyline fill="none" stroke="%s" stroke-width="1.3" points="%s"/>' % (c, " ".join("%.1f,%.1f" % (x(t), y(v)) for t, v in pts)))
