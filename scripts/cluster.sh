@@ -175,8 +175,6 @@ mkns() { # name ip
 }
 for j in 0 1 2; do mkns "$(nsname e$j)" "$(etcdip $j)"; done
 for i in $(seq 0 $((HOSTS - 1))); do mkns "$(nsname h$i)" "$(hostip $i)"; done
-# bridge-nf may send bridged frames through the root's iptables: keep it out.
-sysctl -qw net.bridge.bridge-nf-call-iptables=0 2>/dev/null || true
 log "net $net.0/24, bridge $BR, $HOSTS hosts ${pfx}h0..h$((HOSTS - 1)), etcd ${pfx}e0..e2; results in $RUN"
 
 # --- etcd ----------------------------------------------------------------
