@@ -34,7 +34,13 @@ type pair struct {
 
 func newPair(t testing.TB, icfg, tcfg mctcp.Config, size int) *pair {
 	t.Helper()
-	it, tt := newT(t, icfg), newT(t, tcfg)
+	return newPairWith(t, icfg, newT(t, tcfg), size)
+}
+
+// newPairWith is newPair with the target made already; it closes it.
+func newPairWith(t testing.TB, icfg mctcp.Config, tt *mctcp.Transport, size int) *pair {
+	t.Helper()
+	it := newT(t, icfg)
 	var bufs segtable.Buffers
 	mem := make([]byte, size)
 	b, err := bufs.Register(mem, "", true)

@@ -119,7 +119,9 @@ func TestCloseLeavesNoDescriptors(t *testing.T) {
 // A target that closes idle connections (its IdleTimeout) does not fail
 // the next slices: the initiator sees the close while idle and redials.
 func TestIdleCloseRedials(t *testing.T) {
-	p := newPair(t, mctcp.Config{Rails: 2}, mctcp.Config{IdleTimeout: 100 * time.Millisecond}, 64<<10)
+	const idle = 300 * time.Millisecond
+	tg := newT(t, mctcp.Config{IdleTimeout: idle})
+	p := newPairWith(t, mctcp.Config{Rails: 2}, tg, 64<<10)
 	c := make(tokenCh, 4)
 	for round := range 3 {
 		for rail := range 2 {
@@ -131,7 +133,16 @@ func TestIdleCloseRedials(t *testing.T) {
 				t.Fatalf("round %d, rail %d: the WRITE failed after the target closed the idle connection", round, rail)
 			}
 		}
-		time.Sleep(400 * time.Millisecond)
+		// Both connections idle out; the redialed ones are fresh for
+		// another IdleTimeout.
+		deadline := time.Now().Add(10 * time.Second)
+		for tg.Refusals().Idle < uint64(2*(round+1)) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the target closed %d idle connections, want %d", round, tg.Refusals().Idle, 2*(round+1))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(idle / 4)
 	}
 }
 
