@@ -41,6 +41,9 @@ const (
 type path = segtable.Path[transport.Endpoint]
 type segment = segtable.Segment[transport.Endpoint]
 
+// errUninstalled: the candidate's transport is no longer installed.
+var errUninstalled = errors.New("moonring: transport uninstalled")
+
 // clock is what the health manager reads the time and waits with; a test
 // gives it a fake one.
 type clock interface {
@@ -299,7 +302,7 @@ func (h *health) probe(st *segHealth, c *candidate) {
 	e.mu.Unlock()
 	var ep, staged transport.Endpoint
 	var size uint64
-	err := transport.ErrClosed // the transport was uninstalled (or the engine closed)
+	err := errUninstalled
 	if t != nil && t.Name() == c.name {
 		ctx, cancel := context.WithTimeout(h.ctx, probeTimeout)
 		ep, err = t.Open(ctx, st.seg.Desc())
@@ -310,7 +313,7 @@ func (h *health) probe(st *segHealth, c *candidate) {
 	e.mu.Lock()
 	var unused transport.Endpoint // closed after the lock: a Close may wait on dials
 	if err == nil && (e.closed.Load() || e.transports[c.slot] != t) {
-		unused, ep, err = ep, nil, transport.ErrClosed
+		unused, ep, err = ep, nil, errUninstalled
 	}
 	if err == nil {
 		size = t.SliceSize()
@@ -342,7 +345,7 @@ func (h *health) probed(st *segHealth, c *candidate, ep, staged transport.Endpoi
 	if err != nil {
 		switch {
 		case st.closed || h.stopped:
-		case !c.opened && errors.Is(err, transport.ErrUnreachable):
+		case errors.Is(err, errUninstalled) || (!c.opened && errors.Is(err, transport.ErrUnreachable)):
 			c.dropped, c.next = true, time.Time{} // this transport cannot reach the segment
 			h.e.cfg.Logger.Debug("moonring: segment not reachable through transport", "segment", st.seg.Name, "transport", c.name, "reason", err)
 		default:

@@ -673,6 +673,7 @@ func TestFailoverSHMToTCPTwoProcesses(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var rounds, tcpRounds atomic.Uint64
+	var firstTCP atomic.Int64 // when the first round found the segment on TCP
 	errc := make(chan error, 1)
 	go func() {
 		errc <- func() error {
@@ -698,7 +699,9 @@ func TestFailoverSHMToTCPTwoProcesses(t *testing.T) {
 				}
 				rounds.Add(1)
 				if name, _ := e.SegmentTransport(seg); name == tcp.Name {
-					tcpRounds.Add(1)
+					if tcpRounds.Add(1) == 1 {
+						firstTCP.Store(time.Now().UnixNano())
+					}
 				}
 			}
 		}()
@@ -720,9 +723,11 @@ func TestFailoverSHMToTCPTwoProcesses(t *testing.T) {
 		}
 	}
 	waitRounds("rounds over shm", &rounds, 5)
+	killed := time.Now()
 	if a := c.Ask(t, "shm-off"); a != "ok" {
 		t.Fatalf("shm-off: %s", a)
 	}
+	answered := time.Since(killed)
 	waitRounds("rounds over TCP", &tcpRounds, 5)
 	desc := c.Ask(t, "shm-on")
 	d2, err := segtable.UnmarshalDesc([]byte(desc))
@@ -742,5 +747,6 @@ func TestFailoverSHMToTCPTwoProcesses(t *testing.T) {
 	if ps.Failovers != 1 || ps.Failbacks != 1 {
 		t.Fatalf("counters %+v, want 1 failover and 1 failback", ps)
 	}
-	t.Logf("%d rounds of 16 WRITEs and 16 READs of 64 KiB, %d on TCP", rounds.Load(), tcpRounds.Load())
+	t.Logf("%d rounds of 16 WRITEs and 16 READs of 64 KiB, %d on TCP; from shm-off sent to the first round (WRITEs and READs) completed on TCP: %v (the child's uninstall answered after %v)",
+		rounds.Load(), tcpRounds.Load(), time.Unix(0, firstTCP.Load()).Sub(killed), answered)
 }
