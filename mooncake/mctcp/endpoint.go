@@ -283,8 +283,10 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 	return len(s), nil
 }
 
-// Update takes the segment's new descriptor: its buffers at once, its
-// address and version for the connections dialed from now on.
+// Update takes the segment's new descriptor: its buffers and protocol
+// version for the slices posted from now on, its address for the
+// connections dialed from now on (a restarted peer breaks the old ones,
+// which are then redialed).
 func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	if d, err := e.t.destOf(desc); err == nil {
 		e.t.warnV1(d)

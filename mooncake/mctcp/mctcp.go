@@ -95,7 +95,9 @@ type Config struct {
 	// StatusTimeout bounds the initiator's wait for each answer: a status
 	// word, or a READ's data (default 30 s, Mooncake's
 	// MC_TCP_STATUS_TIMEOUT_SEC). A peer that says nothing for this long
-	// fails the connection's slices with ErrPeer.
+	// (plus up to 2 s when the request went out while the connection was
+	// idle) fails the connection's slices with ErrPeer. It bounds each
+	// write of requests too.
 	StatusTimeout time.Duration
 	// DialTimeout bounds each dial (default 5 s).
 	DialTimeout time.Duration
