@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -145,9 +147,16 @@ type failoverPair struct {
 
 func newFailoverPair(t *testing.T, clk *fakeClock, size int) *failoverPair {
 	t.Helper()
+	return newFailoverPairCfg(t, clk, size, moonring.Config{})
+}
+
+// newFailoverPairCfg is newFailoverPair with cfg for the initiator.
+func newFailoverPairCfg(t *testing.T, clk *fakeClock, size int, cfg moonring.Config) *failoverPair {
+	t.Helper()
 	p := &failoverPair{faultPair: &faultPair{fa: newFaultTransport(), fb: newFaultTransport()},
 		f2a: &faultTransport{inner: newFaultTransport().inner, name: "fault2"}, f2b: &faultTransport{inner: newFaultTransport().inner, name: "fault2"}}
-	p.a = startEngine(t, moonring.Config{Transports: []string{faultName, "fault2"}})
+	cfg.Transports = []string{faultName, "fault2"}
+	p.a = startEngine(t, cfg)
 	p.b = startEngine(t, moonring.Config{})
 	if clk != nil {
 		moonring.SetHealthClock(p.a, clk)
@@ -749,4 +758,89 @@ func TestFailoverSHMToTCPTwoProcesses(t *testing.T) {
 	}
 	t.Logf("%d rounds of 16 WRITEs and 16 READs of 64 KiB, %d on TCP; from shm-off sent to the first round (WRITEs and READs) completed on TCP: %v (the child's uninstall answered after %v)",
 		rounds.Load(), tcpRounds.Load(), time.Unix(0, firstTCP.Load()).Sub(killed), answered)
+}
+
+// TestFailoverInFlight: the path dies with every slice of a request out
+// on it (held by the fault transport, then failed together); the request
+// moves to the standby at the cost of one retry (RetryLimit 1 suffices:
+// the other slices failed with the same path) and completes with its
+// bytes. A request pinned to the path (TransportOnly) fails
+// ErrTransportDown in the same situation; with no retries at all
+// (RetryLimit -1) a request does not move.
+func TestFailoverInFlight(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		limit int
+		only  bool
+		want  error
+	}{{"moves", 1, false, nil}, {"pinned", 3, true, moonring.ErrTransportDown}, {"no retries", -1, false, moonring.ErrTransport}} {
+		t.Run(c.name, func(t *testing.T) {
+			p := newFailoverPairCfg(t, nil, 256<<10, moonring.Config{RetryLimit: c.limit})
+			fill(p.src, 9)
+			req := p.write(0, 256<<10) // 4 slices of 64 KiB
+			if c.only {
+				req.Transport, req.TransportOnly = faultName, true
+			}
+			id, err := p.a.AllocateBatchID(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.fa.setHold(true)
+			if err := p.a.SubmitTransfer(id, []moonring.TransferRequest{req}); err != nil {
+				t.Fatal(err)
+			}
+			p.fa.waitHeld(t, 4)
+			p.fa.setHold(false)
+			p.fa.setDown(true)
+			p.fa.releaseWith(-1, transport.ErrPeer, nil)
+			waitBatch(t, p.a, id)
+			st := statusOf(t, p.a, id, 0)
+			if !errors.Is(st.Err(), c.want) {
+				t.Fatalf("status %v (%v), want %v", st.Status, st.Err(), c.want)
+			}
+			if c.want == nil && !bytes.Equal(p.src, p.dst) {
+				t.Fatal("bytes differ")
+			}
+			if c.want != nil && c.limit < 0 {
+				if got := segTransport(t, p.a, p.seg); got != "fault2" {
+					// The path is down all the same: new requests take the other.
+					t.Fatalf("segment on %q", got)
+				}
+			}
+		})
+	}
+}
+
+// TestFailoverMetrics: the collector reports the failover, the failback
+// and the path in use.
+func TestFailoverMetrics(t *testing.T) {
+	clk := newFakeClock()
+	p := newFailoverPair(t, clk, 64<<10)
+	p.fa.setDown(true)
+	if err := p.transfer(t, p.write(0, 64<<10), 1); err != nil {
+		t.Fatal(err)
+	}
+	p.fa.setDown(false)
+	waitFor(t, "the failover is counted", func() bool { return pathStats(p.a, p.b.Name(), faultName).Failovers == 1 })
+	clk.waitTimer(t, clk.Now().Add(100*time.Millisecond))
+	clk.Advance(100 * time.Millisecond)
+	waitFor(t, "failback", func() bool { return segTransport(t, p.a, p.seg) == faultName })
+	rec := httptest.NewRecorder()
+	p.a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	seg := p.b.Name()
+	for _, want := range []string{
+		`moonring_path_failovers_total{segment="` + seg + `",transport="fault"} 1`,
+		`moonring_path_failbacks_total{segment="` + seg + `",transport="fault"} 1`,
+		`moonring_segment_path{segment="` + seg + `",transport="fault"} 1`,
+		`moonring_segment_path{segment="` + seg + `",transport="fault2"} 0`,
+		`moonring_request_failovers_total{ring="batch/0"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(body)
+	}
 }

@@ -22,7 +22,8 @@ import (
 // concurrent use; it reports nothing once the engine is closed.
 //
 // Metrics: moonring_requests_total{ring,status}, moonring_bytes_total{ring},
-// moonring_slice_retries_total{ring}, moonring_stale_completions_total{ring},
+// moonring_slice_retries_total{ring}, moonring_request_failovers_total{ring}
+// (requests moved to another path), moonring_stale_completions_total{ring},
 // moonring_requests_in_flight{ring},
 // moonring_peer_requests_total{ring,segment,transport,op,status},
 // moonring_peer_bytes_total{ring,segment,transport,op},
@@ -55,6 +56,7 @@ var (
 	mRequests  = prometheus.NewDesc("moonring_requests_total", "Requests ended, by terminal status.", []string{"ring", "status"}, nil)
 	mBytes     = prometheus.NewDesc("moonring_bytes_total", "Bytes moved by completed requests.", []string{"ring"}, nil)
 	mRetries   = prometheus.NewDesc("moonring_slice_retries_total", "Slices posted again after a failure.", []string{"ring"}, nil)
+	mReqFO     = prometheus.NewDesc("moonring_request_failovers_total", "Requests moved to another path of their segment after a failure of the path.", []string{"ring"}, nil)
 	mStale     = prometheus.NewDesc("moonring_stale_completions_total", "Slice completions that arrived for a slot's earlier use.", []string{"ring"}, nil)
 	mInFlight  = prometheus.NewDesc("moonring_requests_in_flight", "Requests in the in-flight table, including ended ones whose slices are still out.", []string{"ring"}, nil)
 	mPollerUp  = prometheus.NewDesc("moonring_poller_up_seconds_total", "Time the poller of a NUMA node has run.", []string{"node"}, nil)
@@ -77,7 +79,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors, mRefused, mServed, mServedB, mFailovers, mFailbacks, mSegPath} {
+	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mReqFO, mStale, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors, mRefused, mServed, mServedB, mFailovers, mFailbacks, mSegPath} {
 		ch <- d
 	}
 }
@@ -122,6 +124,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(mBytes, prometheus.CounterValue, float64(st.Bytes), x.name)
 		ch <- prometheus.MustNewConstMetric(mRetries, prometheus.CounterValue, float64(st.Retries), x.name)
+		ch <- prometheus.MustNewConstMetric(mReqFO, prometheus.CounterValue, float64(st.Failovers), x.name)
 		ch <- prometheus.MustNewConstMetric(mStale, prometheus.CounterValue, float64(st.Stale), x.name)
 		ch <- prometheus.MustNewConstMetric(mInFlight, prometheus.GaugeValue, float64(st.InFlight), x.name)
 		for code, n := range st.Codes {

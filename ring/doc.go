@@ -7,7 +7,8 @@
 // The caller pushes 64-byte entries into the ring's SQ. The ring's poller
 // takes them in order, checks the local range against the buffer table and
 // the remote range against the segment's descriptor (a bad entry completes at
-// once with its error code), records the request in a slot of the in-flight
+// once with its error code), takes the segment's current path (or the one
+// its transport hint names), records the request in a slot of the in-flight
 // table, cuts it into slices (the transport's slice size, 64 KiB by default,
 // a short tail merged into the slice before it), spreads the slices over the
 // endpoint's rails and posts them. Transports report each slice through the
@@ -29,6 +30,13 @@
 //
 // A slice that fails with a retryable error is posted again on the next
 // rail, up to RetryLimit times per request; then the request FAILs. A
+// slice that fails for a reason of its path (transport.ErrPeer,
+// ErrClosed) moves its request to the segment's next path that is up
+// (segtable.Segment.Fail marks the failed one down and tells the engine
+// through Tables.PathDown), for one retry; slices of it still out on the
+// path it left then cost none. A request with sq.FlagTransportOnly does
+// not move: it FAILs with CodeTransportDown. With no other path up, a
+// path failure is retried on the next rail as any other. A
 // request that passes its deadline completes with TIMEOUT, and a Cancel
 // entry completes it with CANCELED. Slices of such a request may still be in
 // flight: its slot stays reserved, and its buffer and segment referenced,
