@@ -157,7 +157,9 @@ type Config struct {
 	Key []byte
 	// Transports, when not empty, lists the transport names OpenSegment may
 	// use, in order of preference; by default any installed transport, in
-	// transport.Priority order.
+	// transport.Priority order. A segment keeps a path through each that
+	// reaches it (the first that opens, the others opened behind as
+	// standbys) and new requests take the first that is up.
 	Transports []string
 	// Timeout is the default deadline of a request (default 30 s).
 	Timeout time.Duration

@@ -123,8 +123,10 @@ func (e *Engine) wakePollers() {
 	}
 }
 
-// UninstallTransport removes the transport named name and closes it. It
-// fails with ErrBusy while segments are open through it, or, for the
+// UninstallTransport removes the transport named name and closes it
+// (peers see their paths through it go away, and fail over). It fails
+// with ErrBusy while segments are open through it (any of their paths,
+// standby ones included), or, for the
 // transport that stages device memory (transport.Stager), while segments
 // stage through it. The in-process transport cannot be removed.
 func (e *Engine) UninstallTransport(name string) error {
