@@ -844,3 +844,26 @@ func TestFailoverMetrics(t *testing.T) {
 		t.Log(body)
 	}
 }
+
+// TestFailoverNotForRequestErrors: a failure of the request itself (the
+// peer denies it, the range is not its) is not a failure of the path:
+// the request fails, on the path it took, and the path stays current.
+func TestFailoverNotForRequestErrors(t *testing.T) {
+	p := newFailoverPair(t, nil, 64<<10)
+	for _, c := range []struct {
+		err  error
+		want error
+	}{{transport.ErrDenied, moonring.ErrDenied}, {transport.ErrRange, moonring.ErrRemoteRange}} {
+		p.fa.setFail(c.err)
+		posted := p.f2a.postCount()
+		if err := p.transfer(t, p.write(0, 4096), 1); !errors.Is(err, c.want) {
+			t.Fatalf("%v: %v, want %v", c.err, err, c.want)
+		}
+		if p.f2a.postCount() != posted || segTransport(t, p.a, p.seg) != faultName {
+			t.Fatalf("%v moved the request or the segment to the other path", c.err)
+		}
+		if ps := pathStats(p.a, p.b.Name(), faultName); ps.Failovers != 0 {
+			t.Fatalf("%v counted as a failover: %+v", c.err, ps)
+		}
+	}
+}
