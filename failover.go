@@ -22,6 +22,7 @@ package moonring
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,9 +82,12 @@ type candidate struct {
 
 // segHealth is what the manager keeps of one open segment.
 type segHealth struct {
-	seg    *segment
-	cands  []*candidate // in order of preference
-	closed bool
+	seg   *segment
+	cands []*candidate // in order of preference
+	// inProcess: the segment is reached in-process (local), and has no
+	// other path.
+	inProcess bool
+	closed    bool
 }
 
 // pathKey names a counter: a segment and a transport.
@@ -161,7 +165,7 @@ func (h *health) add(seg *segment, cands []candidate, first int) {
 	if h.stopped {
 		return
 	}
-	st := &segHealth{seg: seg}
+	st := &segHealth{seg: seg, inProcess: cands[first].slot == 0}
 	now := h.clock.Now()
 	for i := range cands {
 		c := cands[i]
@@ -196,13 +200,24 @@ func (h *health) remove(seg *segment) {
 }
 
 // updated hears that seg's descriptor changed (the peer republished or
-// restarted): paths down or not open are probed now, from the first
-// backoff again.
+// restarted): a transport it lists now that the segment had no candidate
+// for becomes one (a peer that installed shm since), and paths down or
+// not open are probed now, from the first backoff again.
 func (h *health) updated(seg *segment) {
+	var installed []string
+	if ns := h.e.tnames.Load(); ns != nil {
+		for _, n := range ns {
+			if n != "" {
+				installed = append(installed, n)
+			}
+		}
+	}
+	listed := transport.Candidates(installed, seg.Desc(), h.e.cfg.Transports)
 	h.mu.Lock()
 	st := h.segs[seg]
-	if st != nil {
+	if st != nil && !st.inProcess {
 		now := h.clock.Now()
+		h.merge(st, installed, listed)
 		for _, c := range st.cands {
 			if !c.probing && (c.path == nil || c.path.Down()) {
 				c.dropped, c.backoff, c.next = false, 0, now
@@ -213,6 +228,49 @@ func (h *health) updated(seg *segment) {
 	if st != nil {
 		h.wake()
 	}
+}
+
+// merge adds to st the candidates listed (names in order of preference)
+// that it lacks, keeping every candidate in order of preference. Those it
+// has keep their state. h.mu must be held.
+func (h *health) merge(st *segHealth, installed, listed []string) {
+	have := map[string]*candidate{}
+	all := &segtable.SegmentDesc{Endpoints: map[string]string{}}
+	for _, c := range st.cands {
+		have[c.name] = c
+		all.Endpoints[c.name] = ""
+	}
+	added := false
+	for _, n := range listed {
+		if have[n] == nil {
+			added = true
+			all.Endpoints[n] = ""
+			slot := -1
+			if ns := h.e.tnames.Load(); ns != nil {
+				for i, x := range ns {
+					if x == n {
+						slot = i
+					}
+				}
+			}
+			have[n] = &candidate{slot: slot, name: n, dropped: slot < 0}
+		}
+	}
+	if !added {
+		return
+	}
+	// Candidates' order is one total order, so the old candidates keep
+	// theirs among themselves (and their paths, the segment's order).
+	var cands []*candidate
+	for _, n := range transport.Candidates(installed, all, h.e.cfg.Transports) {
+		cands = append(cands, have[n])
+	}
+	for _, c := range st.cands { // one whose transport went meanwhile: kept while it has a path
+		if !slices.Contains(cands, c) && c.path != nil {
+			cands = append(cands, c)
+		}
+	}
+	st.cands = cands
 }
 
 // run is the manager's goroutine: it notes paths gone down, starts the

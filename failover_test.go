@@ -867,3 +867,51 @@ func TestFailoverNotForRequestErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestFailoverPeerAddsTransport: a transport the peer installs after the
+// segment was opened (its descriptor republished) becomes a path of the
+// segment, and a failover takes it.
+func TestFailoverPeerAddsTransport(t *testing.T) {
+	p := &failoverPair{faultPair: &faultPair{fa: newFaultTransport(), fb: newFaultTransport()},
+		f2a: &faultTransport{inner: newFaultTransport().inner, name: "fault2"}, f2b: &faultTransport{inner: newFaultTransport().inner, name: "fault2"}}
+	p.a = startEngine(t, moonring.Config{Transports: []string{faultName, "fault2"}})
+	p.b = startEngine(t, moonring.Config{})
+	for _, x := range []struct {
+		e *moonring.Engine
+		t transport.Transport
+	}{{p.a, p.fa}, {p.a, p.f2a}, {p.b, p.fb}} {
+		if err := x.e.InstallTransport(x.t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.src, p.dst = make([]byte, 64<<10), make([]byte, 64<<10)
+	var err error
+	if p.srcID, err = p.a.RegisterLocalMemory(p.src, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.b.RegisterLocalMemory(p.dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+	defer cancel()
+	if p.seg, err = p.a.OpenSegment(ctx, p.b.Name()); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := p.a.Segment(p.seg); err != nil || len(info.Paths) != 1 {
+		t.Fatalf("paths %+v (%v), want fault alone", info.Paths, err)
+	}
+	if err := p.b.InstallTransport(p.f2b); err != nil { // republishes b's segment
+		t.Fatal(err)
+	}
+	waitFor(t, "the new transport's path opens", func() bool {
+		info, err := p.a.Segment(p.seg)
+		return err == nil && len(info.Paths) == 2 && info.Paths[1].Transport == "fault2"
+	})
+	p.fa.setDown(true)
+	if err := p.transfer(t, p.write(0, 64<<10), 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := segTransport(t, p.a, p.seg); got != "fault2" {
+		t.Fatalf("segment on %q after the failover", got)
+	}
+}
