@@ -21,8 +21,11 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/moonring/moonring/transport"
 )
@@ -52,14 +55,25 @@ type conn struct {
 	bufs  net.Buffers
 	batch [maxGather]item
 	// The receiver's own.
-	br *bufio.Reader
-	st [statusSize]byte
+	br      *bufio.Reader
+	st      [statusSize]byte
+	rc      syscall.RawConn // nil: the idle watch peeks through br
+	peekFn  func(fd uintptr) bool
+	peekN   int
+	peekErr error
+	pbuf    [1]byte
 }
 
 func newConn(e *Endpoint, rail int, nc net.Conn) *conn {
 	d := e.t.cfg.Depth
-	return &conn{e: e, rail: rail, nc: nc, done: make(chan struct{}), q: make(chan item, d), pending: make(chan item, d),
+	cn := &conn{e: e, rail: rail, nc: nc, done: make(chan struct{}), q: make(chan item, d), pending: make(chan item, d),
 		sent: make(chan struct{}), br: bufio.NewReaderSize(nc, 64<<10)}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			cn.rc, cn.peekFn = rc, cn.peek
+		}
+	}
+	return cn
 }
 
 type pushResult int
@@ -266,18 +280,69 @@ var errUnsolicited = errors.New("mctcp: the target sent bytes no request asked f
 // while nothing is pending; nil when the caller should look at pending
 // again, else why the connection is dead.
 func (cn *conn) idle() error {
-	cn.nc.SetReadDeadline(time.Now().Add(idleProbe))
-	_, err := cn.br.Peek(1)
-	switch {
-	case err == nil:
-		if len(cn.pending) == 0 {
-			return cn.failure(errUnsolicited)
+	if cn.br.Buffered() == 0 {
+		cn.nc.SetReadDeadline(time.Now().Add(idleProbe))
+		var err error
+		if cn.rc != nil {
+			cn.peekN, cn.peekErr = 0, nil
+			if err = cn.rc.Read(cn.peekFn); err == nil {
+				switch {
+				case cn.peekErr != nil:
+					err = cn.peekErr
+				case cn.peekN == 0:
+					err = io.EOF
+				}
+			}
+		} else {
+			_, err = cn.br.Peek(1)
 		}
-		return nil
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return nil
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil
+		}
+		if err != nil {
+			return cn.failure(err)
+		}
 	}
-	return cn.failure(err)
+	if len(cn.pending) == 0 {
+		return cn.failure(errUnsolicited)
+	}
+	return nil
+}
+
+// peek is the idle watch's look at the socket, in the RawConn's Read: a
+// byte peeked (left in the socket, so that a large READ's bytes go
+// straight to their memory, not through the bufio.Reader), the end of the
+// stream, or nothing yet (wait for the socket to be readable).
+func (cn *conn) peek(fd uintptr) bool {
+	n, err := peekByte(int(fd), &cn.pbuf[0])
+	if err == unix.EAGAIN || err == unix.EINTR {
+		return false
+	}
+	cn.peekN, cn.peekErr = n, err
+	return true
+}
+
+// directRead is the size from which a READ's bytes (and the status word
+// before them) are read from the socket straight into their memory rather
+// than through the bufio.Reader, which would copy what it read ahead.
+const directRead = 16 << 10
+
+// read fills p with the next bytes of the stream: through the
+// bufio.Reader, or with direct, what it holds and then the socket itself.
+func (cn *conn) read(p []byte, direct bool) error {
+	if !direct {
+		_, err := io.ReadFull(cn.br, p)
+		return err
+	}
+	n := 0
+	if b := cn.br.Buffered(); b > 0 {
+		n, _ = cn.br.Read(p[:min(b, len(p))])
+	}
+	if n < len(p) {
+		_, err := io.ReadFull(cn.nc, p[n:])
+		return err
+	}
+	return nil
 }
 
 // answer reads the item's answer: the status word (version 2), then a READ's
@@ -285,14 +350,15 @@ func (cn *conn) idle() error {
 // connection dies with any error, as the target closes it after a refusal.
 func (cn *conn) answer(it *item) error {
 	cn.nc.SetReadDeadline(time.Now().Add(cn.e.t.cfg.StatusTimeout))
+	direct := !it.write && it.length >= directRead
 	if it.v2 {
-		if _, err := io.ReadFull(cn.br, cn.st[:]); err != nil {
+		if err := cn.read(cn.st[:], direct); err != nil {
 			return cn.failure(err)
 		}
 		code, ok := parseStatus(cn.st[:])
 		switch {
 		case !ok:
-			return cn.failure(fmt.Errorf("%w: %#016x", ErrBadStatus, uint64(code)|uint64(cn.st[4])<<32|uint64(cn.st[5])<<40|uint64(cn.st[6])<<48|uint64(cn.st[7])<<56))
+			return cn.failure(fmt.Errorf("%w: % x", ErrBadStatus, cn.st[:]))
 		case code == statusRefused:
 			return fmt.Errorf("mctcp: %s: %d bytes at %#x: %w: %w", cn.e.dest.Load().addr, it.length, it.remote, ErrRefused, transport.ErrDenied)
 		case code != statusOK:
@@ -300,7 +366,7 @@ func (cn *conn) answer(it *item) error {
 		}
 	}
 	if !it.write {
-		if _, err := io.ReadFull(cn.br, unsafe.Slice((*byte)(it.local), it.length)); err != nil {
+		if err := cn.read(unsafe.Slice((*byte)(it.local), it.length), direct); err != nil {
 			return cn.failure(err)
 		}
 	}
