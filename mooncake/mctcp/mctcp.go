@@ -42,7 +42,7 @@ const (
 	DefaultSliceSize     = 1 << 20
 	DefaultMaxLength     = 1 << 30
 	DefaultMaxConns      = 1024
-	DefaultIdleTimeout   = 5 * time.Minute
+	DefaultIdleTimeout   = time.Hour
 	DefaultFrameTimeout  = 30 * time.Second
 	DefaultMinRate       = 100 << 20
 	DefaultStatusTimeout = 30 * time.Second
@@ -112,7 +112,12 @@ type Config struct {
 	// connection is closed instead.
 	MaxConns int
 	// IdleTimeout closes a target connection that has not sent a whole
-	// request header for this long (default 5 minutes; negative: never).
+	// request header for this long (default an hour; negative: never).
+	// Mooncake's initiator keeps its connections (lanes) and reuses one
+	// without checking it, so a close fails its next request on it (in
+	// version 1 a WRITE may even be reported done and lost): the default
+	// is long, MaxConns bounds the idle connections a stranger can hold,
+	// and TCP keepalive (on by default) ends those of vanished peers.
 	IdleTimeout time.Duration
 	// FrameTimeout bounds the moving of one request's payload on the
 	// target, together with MinRate: it may take FrameTimeout plus its
