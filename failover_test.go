@@ -153,8 +153,18 @@ func newFailoverPair(t *testing.T, clk *fakeClock, size int) *failoverPair {
 // newFailoverPairCfg is newFailoverPair with cfg for the initiator.
 func newFailoverPairCfg(t *testing.T, clk *fakeClock, size int, cfg moonring.Config) *failoverPair {
 	t.Helper()
+	return newFailoverPairWith(t, clk, size, cfg, nil)
+}
+
+// newFailoverPairWith is newFailoverPairCfg with set applied to the
+// initiator's preferred fault transport before it is installed.
+func newFailoverPairWith(t *testing.T, clk *fakeClock, size int, cfg moonring.Config, set func(*faultTransport)) *failoverPair {
+	t.Helper()
 	p := &failoverPair{faultPair: &faultPair{fa: newFaultTransport(), fb: newFaultTransport()},
 		f2a: &faultTransport{inner: newFaultTransport().inner, name: "fault2"}, f2b: &faultTransport{inner: newFaultTransport().inner, name: "fault2"}}
+	if set != nil {
+		set(p.fa)
+	}
 	cfg.Transports = []string{faultName, "fault2"}
 	p.a = startEngine(t, cfg)
 	p.b = startEngine(t, moonring.Config{})
@@ -913,5 +923,33 @@ func TestFailoverPeerAddsTransport(t *testing.T) {
 	}
 	if got := segTransport(t, p.a, p.seg); got != "fault2" {
 		t.Fatalf("segment on %q after the failover", got)
+	}
+}
+
+// TestFailoverInlineCopy: the same over a synchronous path (a Copier, as
+// shm is), whose one-slice requests the ring copies as it takes them:
+// the copy fails for a reason of the path (ErrPeer, or ErrClosed: the
+// endpoint closed under it), and the request moves to the standby; one
+// pinned to the path fails ErrTransportDown.
+func TestFailoverInlineCopy(t *testing.T) {
+	for _, perr := range []error{transport.ErrPeer, transport.ErrClosed} {
+		t.Run(perr.Error(), func(t *testing.T) {
+			// BusyPoll: a poller that never parks never lends its rings,
+			// and takes each entry itself, copying it inline.
+			p := newFailoverPairWith(t, nil, 64<<10, moonring.Config{BusyPoll: true}, func(fa *faultTransport) { fa.copier = true })
+			p.fa.setFail(perr)
+			posted2 := p.f2a.postCount()
+			if err := p.transfer(t, p.write(0, 4096), 1); err != nil {
+				t.Fatalf("one-slice request as the path dies: %v", err)
+			}
+			if p.f2a.postCount() == posted2 || segTransport(t, p.a, p.seg) != "fault2" {
+				t.Fatal("the request did not move to fault2")
+			}
+			only := p.write(0, 4096)
+			only.Transport, only.TransportOnly = faultName, true
+			if err := p.transfer(t, only, 2); !errors.Is(err, moonring.ErrTransportDown) {
+				t.Fatalf("pinned to the dead path: %v, want ErrTransportDown", err)
+			}
+		})
 	}
 }

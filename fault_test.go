@@ -36,6 +36,7 @@ type faultTransport struct {
 	held    []heldSlice
 	fail    error
 	openErr error // Open fails with it when set
+	copier  bool  // endpoints are transport.Copiers (set before Open)
 	opens   int
 	posted  int
 }
@@ -90,7 +91,27 @@ func (f *faultTransport) Open(ctx context.Context, desc *segtable.SegmentDesc) (
 	if err != nil {
 		return nil, err
 	}
+	if f.copier {
+		return &faultCopyEndpoint{faultEndpoint{t: f, inner: ep}}, nil
+	}
 	return &faultEndpoint{t: f, inner: ep}, nil
+}
+
+// faultCopyEndpoint is a faultEndpoint that the ring copies through
+// synchronously (a transport.Copier, as shm and local are), failing with
+// the transport's fail error when set.
+type faultCopyEndpoint struct{ faultEndpoint }
+
+func (e *faultCopyEndpoint) Copy(s *transport.Slice) error {
+	f := e.t
+	f.mu.Lock()
+	f.posted++
+	fail := f.fail
+	f.mu.Unlock()
+	if fail != nil {
+		return fail
+	}
+	return e.inner.(transport.Copier).Copy(s)
 }
 
 func (f *faultTransport) Close() error {
