@@ -101,7 +101,9 @@ bench-efa:
 # The cluster in a box (scripts/cluster.sh, issue 19), short: 4
 # network-namespace hosts, a three-member etcd, serves and KV initiators
 # with every byte checked, one fault of each kind (kill -9, partition,
-# delay and loss, etcd leader killed); about 100 s. It needs root, ip, nft,
+# delay and loss, etcd leader killed); about 2 minutes, half a minute of it
+# the killed serves waiting for their names' etcd leases to expire (30 s,
+# metadata.DefaultTTL) before they can publish again. It needs root, ip, nft,
 # tc and etcd: without them it says SKIP loudly, and fails under
 # MOONRING_CI=1. Its results stay in the directory it names.
 test-cluster:

@@ -303,7 +303,7 @@ wait_recovered() { # phase
 }
 
 log "warming up"
-sleep 8 # the first runs fill their pools
+sleep 5 # the first runs fill their pools
 event '"ev":"phase","phase":"baseline"'
 log "phase baseline: ${PHASE}s"
 sleep $PHASE
@@ -311,7 +311,7 @@ sleep $PHASE
 victim=1
 # kill: every serve of the victim host, kill -9; restarted after the hold.
 event '"ev":"phase","phase":"kill"'
-sleep 2
+sleep 1
 log "phase kill: kill -9 the serves of h$victim"
 event "\"ev\":\"fault\",\"phase\":\"kill\",\"victim\":$victim,\"affected\":$(json_list $(drivers_of $victim))"
 for i in $(drivers_of $victim); do kill -9 "$(cat "$RUN/logs/serve-$(serve_name $victim "$i").pid")" 2>/dev/null; done
@@ -335,7 +335,7 @@ wait_recovered kill
 
 victim=$((2 % HOSTS))
 event '"ev":"phase","phase":"partition"'
-sleep 2
+sleep 1
 log "phase partition: h$victim cut off"
 event "\"ev\":\"fault\",\"phase\":\"partition\",\"victim\":$victim,\"affected\":$(json_list $(drivers_of $victim) $victim)"
 # Held at least past tcp.DefaultPeerTimeout (10 s), so that the rails to
@@ -355,7 +355,7 @@ wait_recovered partition
 
 victim=$((3 % HOSTS))
 event '"ev":"phase","phase":"netem"'
-sleep 2
+sleep 1
 v="$(nsname h$victim)"
 if tc qdisc add dev "$v" root netem delay 20ms loss 2% 2>/dev/null; then
 	ip netns exec "$v" tc qdisc add dev eth0 root netem delay 20ms loss 2%
@@ -387,7 +387,7 @@ log "phase netem: healed"
 wait_recovered netem
 
 event '"ev":"phase","phase":"etcd"'
-sleep 2
+sleep 1
 leader=$(python3 "$lib" etcd-leader "http://$(etcdip 0):2379" "http://$(etcdip 1):2379" "http://$(etcdip 2):2379")
 log "phase etcd: kill -9 the leader e$leader"
 event "\"ev\":\"fault\",\"phase\":\"etcd\",\"victim\":\"e$leader\",\"affected\":[]"
