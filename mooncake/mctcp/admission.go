@@ -2,8 +2,9 @@ package mctcp
 
 // admission.go: what the target does about connections it did not ask
 // for. Mooncake's protocol authenticates nothing, so whoever reaches the
-// port may connect: the target bounds the connections (MaxConns, closing
-// the one idle longest to make room), closes idle ones (IdleTimeout),
+// port may connect: the target bounds the connections, per source and in
+// all (MaxConnsPerSource, MaxConns, closing the one idle longest to make
+// room), closes idle ones (IdleTimeout),
 // counts every refusal by reason and logs it at most once a second.
 
 import (
@@ -11,6 +12,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -22,6 +24,9 @@ type Refusals struct {
 	// ConnCap: connections closed to stay within MaxConns (the one idle
 	// longest, or the new one when none was idle).
 	ConnCap uint64
+	// SourceCap: connections closed to keep their source within
+	// MaxConnsPerSource (its connection idle longest, or the new one).
+	SourceCap uint64
 	// AcceptErrors: accepts that failed (out of descriptors, mostly); the
 	// listener backs off and goes on.
 	AcceptErrors uint64
@@ -44,6 +49,7 @@ type reason int
 
 const (
 	rConnCap reason = iota
+	rSourceCap
 	rAcceptError
 	rIdle
 	rBadHeader
@@ -52,13 +58,13 @@ const (
 	nReasons
 )
 
-var reasonNames = [nReasons]string{"connection cap", "accept failed", "idle", "bad header", "range refused", "payload stalled"}
+var reasonNames = [nReasons]string{"connection cap", "per-source connection cap", "accept failed", "idle", "bad header", "range refused", "payload stalled"}
 
 // Refusals returns the counts of refusals so far. Safe for concurrent use;
 // the counters are read one by one, not as one snapshot.
 func (t *Transport) Refusals() Refusals {
 	r := func(x reason) uint64 { return t.refused[x].Load() }
-	return Refusals{ConnCap: r(rConnCap), AcceptErrors: r(rAcceptError), Idle: r(rIdle), BadHeader: r(rBadHeader), Range: r(rRange), Stalled: r(rStalled)}
+	return Refusals{ConnCap: r(rConnCap), SourceCap: r(rSourceCap), AcceptErrors: r(rAcceptError), Idle: r(rIdle), BadHeader: r(rBadHeader), Range: r(rRange), Stalled: r(rStalled)}
 }
 
 // refuse counts a refusal and logs it, at most once a second per reason
@@ -77,7 +83,7 @@ func (t *Transport) refuse(why reason, peer net.Addr, err error, attrs ...any) {
 		attrs = append(attrs, "err", err)
 	}
 	level := slog.LevelInfo
-	if why == rConnCap || why == rAcceptError {
+	if why == rConnCap || why == rSourceCap || why == rAcceptError {
 		level = slog.LevelWarn
 	}
 	t.cfg.Logger.Log(context.Background(), level, "mctcp: refused", attrs...)
@@ -90,6 +96,7 @@ func (t *Transport) refuse(why reason, peer net.Addr, err error, attrs ...any) {
 // connection has begun is never cut by an eviction.
 type srvConn struct {
 	c    net.Conn
+	src  netip.Addr // the source, an IPv6 one masked to its /64
 	idle atomic.Int64
 }
 
@@ -115,7 +122,7 @@ func (t *Transport) accept() {
 			continue
 		}
 		backoff = 0
-		sc := &srvConn{c: c}
+		sc := &srvConn{c: c, src: sourceOf(c)}
 		sc.idle.Store(time.Now().UnixNano())
 		t.mu.Lock()
 		if t.closed.Load() {
@@ -123,36 +130,48 @@ func (t *Transport) accept() {
 			c.Close()
 			return
 		}
+		// Per source first, so that one host at its bound makes room
+		// among its own connections, not among everyone's.
 		var victim *srvConn
-		if t.cfg.MaxConns > 0 && len(t.conns) >= t.cfg.MaxConns {
-			victim = t.evictLocked()
-			if victim == nil {
-				t.mu.Unlock()
-				c.Close()
-				t.refuse(rConnCap, c.RemoteAddr(), nil, "conns", t.cfg.MaxConns)
-				continue
-			}
+		why, bound := rSourceCap, t.cfg.MaxConnsPerSource
+		if bound > 0 && t.sources[sc.src] >= bound {
+			victim = t.evictLocked(sc.src, false)
+		} else if why, bound = rConnCap, t.cfg.MaxConns; bound > 0 && len(t.conns) >= bound {
+			victim = t.evictLocked(netip.Addr{}, true)
+		} else {
+			bound = 0
+		}
+		if bound > 0 && victim == nil {
+			t.mu.Unlock()
+			c.Close()
+			t.refuse(why, c.RemoteAddr(), nil, "bound", bound, "closed", "the new connection (none idle)")
+			continue
 		}
 		t.conns[sc] = struct{}{}
+		t.sources[sc.src]++
 		t.wg.Add(1)
 		t.mu.Unlock()
 		if victim != nil {
 			victim.c.Close()
-			t.refuse(rConnCap, victim.c.RemoteAddr(), nil, "conns", t.cfg.MaxConns, "closed", "oldest idle")
+			t.refuse(why, victim.c.RemoteAddr(), nil, "bound", bound, "closed", "the one idle longest")
 		}
 		go t.serveConn(sc)
 	}
 }
 
-// evictLocked picks the connection idle longest and marks it evicted, so
-// that it serves no further request; nil when every connection is busy.
-// It scans every connection, which happens only at MaxConns. mu must be
-// held; the caller closes the victim after unlocking.
-func (t *Transport) evictLocked() *srvConn {
+// evictLocked picks the connection idle longest (of src, unless any) and
+// marks it evicted, so that it serves no further request; nil when every
+// such connection is busy. It scans every connection, which happens only
+// at a bound. mu must be held; the caller closes the victim after
+// unlocking.
+func (t *Transport) evictLocked(src netip.Addr, any bool) *srvConn {
 	for {
 		var oldest *srvConn
 		var since int64
 		for sc := range t.conns {
+			if !any && sc.src != src {
+				continue
+			}
 			if s := sc.idle.Load(); s > 0 && (oldest == nil || s < since) {
 				oldest, since = sc, s
 			}
@@ -161,11 +180,39 @@ func (t *Transport) evictLocked() *srvConn {
 			return nil
 		}
 		if oldest.idle.CompareAndSwap(since, evicted) {
-			delete(t.conns, oldest) // its goroutine finds it gone
+			t.forgetLocked(oldest) // its goroutine finds it gone
 			return oldest
 		}
 		// It began a request meanwhile: look again.
 	}
+}
+
+// forgetLocked takes sc out of the connection table; mu must be held.
+func (t *Transport) forgetLocked(sc *srvConn) {
+	if _, ok := t.conns[sc]; !ok {
+		return
+	}
+	delete(t.conns, sc)
+	if t.sources[sc.src]--; t.sources[sc.src] <= 0 {
+		delete(t.sources, sc.src)
+	}
+}
+
+// sourceOf is the address a connection counts under for
+// MaxConnsPerSource: IPv4 by address, IPv6 by /64 (one host commonly
+// holds a whole /64).
+func sourceOf(c net.Conn) netip.Addr {
+	a, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return netip.Addr{}
+	}
+	ip := a.AddrPort().Addr().Unmap()
+	if ip.Is6() {
+		if p, err := ip.Prefix(64); err == nil {
+			return p.Addr()
+		}
+	}
+	return ip
 }
 
 // serveConn serves one connection until it ends, and accounts for its end.
@@ -173,7 +220,7 @@ func (t *Transport) serveConn(sc *srvConn) {
 	defer t.wg.Done()
 	err := t.serve(sc)
 	t.mu.Lock()
-	delete(t.conns, sc)
+	t.forgetLocked(sc)
 	t.mu.Unlock()
 	// A refusal is counted before the close, so that a peer (or a test)
 	// that sees the close finds it in Refusals.

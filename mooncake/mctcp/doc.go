@@ -30,8 +30,9 @@
 // straight between the socket and the buffer, and answers. It speaks both
 // versions, each request as its opcode asks. The protocol authenticates
 // nothing, so everything a peer can make the target do is bounded: the
-// connections (Config.MaxConns; at the bound the connection idle longest
-// is closed, or the new one when every connection is busy), the time a
+// connections, per source and in all (Config.MaxConnsPerSource,
+// MaxConns; at a bound the connection idle longest is closed, or the new
+// one when every connection is busy), the time a
 // connection may wait between requests (IdleTimeout), the length of a
 // request (MaxLength, and the buffer), the time a payload may take
 // (FrameTimeout plus the length at MinRate: a stalled peer cannot hold a

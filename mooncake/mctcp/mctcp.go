@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -37,16 +38,19 @@ const (
 
 // Defaults of Config.
 const (
-	DefaultRails         = 4
-	DefaultDepth         = 64
-	DefaultSliceSize     = 1 << 20
-	DefaultMaxLength     = 1 << 30
-	DefaultMaxConns      = 1024
-	DefaultIdleTimeout   = time.Hour
-	DefaultFrameTimeout  = 30 * time.Second
-	DefaultMinRate       = 100 << 20
-	DefaultStatusTimeout = 30 * time.Second
-	DefaultDialTimeout   = 5 * time.Second
+	DefaultRails     = 4
+	DefaultDepth     = 64
+	DefaultSliceSize = 1 << 20
+	DefaultMaxLength = 1 << 30
+	DefaultMaxConns  = 1024
+	// DefaultMaxConnsPerSource is Config.MaxConnsPerSource's default: a
+	// Mooncake initiator opens 4 connections per peer (up to 16).
+	DefaultMaxConnsPerSource = 64
+	DefaultIdleTimeout       = time.Hour
+	DefaultFrameTimeout      = 30 * time.Second
+	DefaultMinRate           = 100 << 20
+	DefaultStatusTimeout     = 30 * time.Second
+	DefaultDialTimeout       = 5 * time.Second
 )
 
 // Errors of this package. Each is wrapped together with the transport
@@ -111,6 +115,11 @@ type Config struct {
 	// longest (waiting for a request header); when none is idle, the new
 	// connection is closed instead.
 	MaxConns int
+	// MaxConnsPerSource bounds the target's connections from one source
+	// address (an IPv6 source counts by its /64; default 64; negative: no
+	// bound), so that one host cannot take every connection: at the bound
+	// its own connection idle longest is closed, or the new one.
+	MaxConnsPerSource int
 	// IdleTimeout closes a target connection that has not sent a whole
 	// request header for this long (default an hour; negative: never).
 	// Mooncake's initiator keeps its connections (lanes) and reuses one
@@ -149,6 +158,7 @@ func (c *Config) fill() error {
 	setDefault(&c.SliceSize, DefaultSliceSize)
 	setDefault(&c.MaxLength, DefaultMaxLength)
 	setDefault(&c.MaxConns, DefaultMaxConns)
+	setDefault(&c.MaxConnsPerSource, DefaultMaxConnsPerSource)
 	setDefault(&c.IdleTimeout, DefaultIdleTimeout)
 	setDefault(&c.FrameTimeout, DefaultFrameTimeout)
 	setDefault(&c.MinRate, DefaultMinRate)
@@ -188,6 +198,7 @@ type Transport struct {
 	regs     atomic.Pointer[[]*region] // sorted by address; replaced under mu
 	mu       sync.Mutex                // guards regs changes, conns, eps
 	conns    map[*srvConn]struct{}
+	sources  map[netip.Addr]int // connections per source, under mu
 	eps      map[*Endpoint]struct{}
 	closed   atomic.Bool
 	shutdown chan struct{}
@@ -212,7 +223,7 @@ func New(cfg Config) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mctcp: listen: %w", err)
 	}
-	t := &Transport{cfg: cfg, ln: ln, addr: cfg.Advertise, conns: map[*srvConn]struct{}{}, eps: map[*Endpoint]struct{}{}, shutdown: make(chan struct{})}
+	t := &Transport{cfg: cfg, ln: ln, addr: cfg.Advertise, conns: map[*srvConn]struct{}{}, sources: map[netip.Addr]int{}, eps: map[*Endpoint]struct{}{}, shutdown: make(chan struct{})}
 	if t.addr == "" {
 		t.addr = ln.Addr().String()
 		if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {

@@ -306,3 +306,21 @@ func TestTargetAnswersBeforeRefusal(t *testing.T) {
 		}
 	}
 }
+
+// One source at MaxConnsPerSource makes room among its own connections.
+func TestTargetMaxConnsPerSource(t *testing.T) {
+	tg := newTarget(t, mctcp.Config{MaxConnsPerSource: 2})
+	a := tg.dial(t)
+	time.Sleep(20 * time.Millisecond)
+	b := tg.dial(t)
+	time.Sleep(20 * time.Millisecond)
+	c := tg.dial(t) // evicts a, its source's idle longest
+	expectClosed(t, a)
+	for _, x := range []net.Conn{b, c} {
+		x.Write(mcHeader(4, uint64(tg.remote.Addr), 0x80))
+		readN(t, x, 12)
+	}
+	if r := tg.tr.Refusals(); r.SourceCap != 1 || r.ConnCap != 0 {
+		t.Fatalf("Refusals() = %+v, want one SourceCap", r)
+	}
+}
