@@ -30,19 +30,18 @@
 // straight between the socket and the buffer, and answers. It speaks both
 // versions, each request as its opcode asks. The protocol authenticates
 // nothing, so everything a peer can make the target do is bounded: the
-// connections, per source and in all (Config.MaxConnsPerSource,
-// MaxConns; at a bound the connection idle longest is closed, or the new
-// one when every connection is busy), the time a
-// connection may wait between requests (IdleTimeout), the length of a
-// request (MaxLength, and the buffer), the time a payload may take
-// (FrameTimeout plus the length at MinRate: a stalled peer cannot hold a
-// buffer's Unregister longer), and nothing is allocated per request or in
-// proportion to a length the peer sent. An opcode other than READ and
-// WRITE closes the connection (Mooncake's target would take it for a
-// READ). Refusals are counted (Refusals) and logged at most once a second
-// per reason. A refused version 2 WRITE has a bounded part of its payload
-// read and dropped before the close, so that the refusal is not lost to a
-// connection reset.
+// connections, per source and in all (Config.MaxConnsPerSource, MaxConns;
+// at a bound the connection idle longest is closed, or the new one when
+// every connection is busy), the time a connection may wait between
+// requests (IdleTimeout), the length of a request (MaxLength, and the
+// buffer), the time a payload may take (FrameTimeout plus the length at
+// MinRate: a stalled peer cannot hold a buffer's Unregister longer), and
+// nothing is allocated per request or in proportion to a length the peer
+// sent. An opcode other than READ and WRITE closes the connection
+// (Mooncake's target would take it for a READ). Refusals are counted
+// (Refusals) and logged at most once a second per reason. A refused version
+// 2 WRITE has a bounded part of its payload read and dropped before the
+// close, so that the refusal is not lost to a connection reset.
 //
 // # The initiator
 //
