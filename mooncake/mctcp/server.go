@@ -5,8 +5,10 @@ package mctcp
 // payload straight between the socket and the buffer, and (version 2)
 // answers with a status word: before a READ's data, after a WRITE's last
 // byte is in the buffer, and instead of anything else for a refused range,
-// after which the connection closes. Nothing is allocated per request, and
-// nothing in proportion to a length the peer sends.
+// after which the connection closes. While the next request is already
+// buffered, status words and small READs gather and go out in one write,
+// before anything that may wait on the peer. Nothing is allocated per
+// request, and nothing in proportion to a length the peer sends.
 
 import (
 	"bufio"
