@@ -14,10 +14,18 @@ package moonring
 // # Concurrency
 //
 // One goroutine per engine (run) plus one per probe in progress, all
-// tracked by health.wg and ended by Engine.Close. health.mu guards the
-// segments' candidate lists and the counters; it is a leaf: taken after
-// e.mu, never with it released into e.mu. Paths are replaced only under
-// health.mu (segtable.Segment.SetPaths); rings read them lock-free.
+// tracked by health.wg and ended by Engine.Close (health.stop). health.mu
+// guards the segments' candidate lists and the counters; it is a leaf: it
+// may be taken while e.mu is held, and no lock is taken while it is held.
+// Paths are replaced only under health.mu (segtable.Segment.SetPaths);
+// rings read them lock-free.
+//
+// # Lifetimes
+//
+// A segment's state lives from OpenSegment (add) to CloseSegment
+// (remove); an endpoint a probe opens belongs to the segment once its
+// path is set, and is closed by the probe when the segment closed
+// meanwhile. A replaced endpoint is closed once its fresh path is set.
 
 import (
 	"context"
