@@ -327,8 +327,9 @@ def classify(run_rec, phs, grace=2.0):
         run_rec["err"] = "; ".join(crash[:2] + ([frame] if frame else []))
     else:
         run_rec["err"] = lines[-1] if lines else ""
-    run_rec["statuses"] = STATUS.findall(err) or (["open"] if OPEN.search(err) else [])
+    run_rec["statuses"] = sorted(set(STATUS.findall(err))) or (["open"] if OPEN.search(err) else ["metadata"] if METADATA.search(err) else [])
     if crash:
+        run_rec["statuses"] = ["crash"]
         return "crash"
     if any(r.get("verified") is False for r in rows):
         return "corrupt"
@@ -439,6 +440,7 @@ def svg_plot(path, title, t0, t1, panels, bands):
         o.append('<text transform="translate(14,%d) rotate(-90)" text-anchor="middle">%s</text>' % (y0 + H // 2, esc(ylabel)))
         for i, (name, pts) in enumerate(series):
             pts = [(t, v) for t, v in pts if t0 <= t <= t1]
+            pts = pts[::max(1, -(-len(pts) // 500))]  # a point a pixel or so is enough
             c = COLORS[i % len(COLORS)]
             if pts:
                 o.append('<polyline fill="none" stroke="%s" stroke-width="1.3" points="%s"/>' % (c, " ".join("%.1f,%.1f" % (x(t), y(v)) for t, v in pts)))
@@ -535,6 +537,12 @@ def analyze(run):
             what = {"kill": "kill -9 serves of h%s" % victim, "partition": "h%s partitioned" % victim,
                     "netem": "h%s link delay+loss" % victim, "etcd": "etcd leader %s killed" % victim}.get(ph["name"], ph["name"])
             extra = ""
+            if ph["name"] == "netem":
+                try:
+                    n = sum(int(x) for x in re.findall(r"counter packets (\d+)", open(os.path.join(run, "logs", "netem-drops.txt")).read()))
+                    extra = " (%d packets dropped)" % n
+                except FileNotFoundError:
+                    pass
             if ph["name"] == "kill" and "heal_ev" in ph:
                 extra = " (restart took %.1fs)" % ph["heal_ev"].get("restart_s", 0)
             rows.append([ph["name"], what + extra, "%.1f" % (ph["heal"] - ph["fault"]) if "heal" in ph else "-",
