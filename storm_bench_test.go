@@ -46,70 +46,107 @@ func BenchmarkOpenStorm(b *testing.B) {
 	}
 }
 
-func stormOnce(b *testing.B, n int) {
+// stormSide is a target and n peer engines of this process, each peer
+// with a buffer of 4 KiB and a ring of ringEntries.
+type stormSide struct {
+	target *moonring.Engine
+	base   uint64
+	peers  []*moonring.Engine
+	rings  []*moonring.Ring
+	ids    []moonring.BufferID
+}
+
+func newStorm(b *testing.B, n, ringEntries int) *stormSide {
 	key := []byte("open storm key")
 	store := metadata.NewMemory()
-	defer store.Close()
+	b.Cleanup(func() { store.Close() })
 	target, err := moonring.New(moonring.Config{Name: "storm-target", Metadata: store, Key: key, Transports: []string{"tcp"},
 		TCP: &tcp.Config{MaxHandshakesPerSource: -1}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer target.Close()
 	mem, err := target.Alloc(1<<20, "cpu:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer target.Free(mem)
+	b.Cleanup(func() { target.Close(); target.Free(mem) })
 	if _, err := target.RegisterLocalMemory(mem, "cpu:0", true); err != nil {
 		b.Fatal(err)
 	}
-	base := uint64(moonring.AddressOf(mem))
-
-	heap := func() uint64 {
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return ms.HeapAlloc
-	}
-	peers := make([]*moonring.Engine, n)
-	rings := make([]*moonring.Ring, n)
-	bufs := make([][]byte, n)
-	ids := make([]moonring.BufferID, n)
-	defer func() {
-		for _, p := range peers {
+	s := &stormSide{target: target, base: uint64(moonring.AddressOf(mem)),
+		peers: make([]*moonring.Engine, n), rings: make([]*moonring.Ring, n), ids: make([]moonring.BufferID, n)}
+	b.Cleanup(func() {
+		for _, p := range s.peers {
 			if p != nil {
 				p.Close()
 			}
 		}
-	}()
-	for i := range peers {
+	})
+	for i := range s.peers {
 		p, err := moonring.New(moonring.Config{Name: fmt.Sprintf("storm-peer-%d", i), Metadata: store, Key: key, Transports: []string{"tcp"},
 			TCP: &tcp.Config{Rails: 1}})
 		if err != nil {
 			b.Fatalf("peer %d of %d: %v", i, n, err)
 		}
-		peers[i] = p
-		bufs[i] = make([]byte, 4096)
-		if ids[i], err = p.RegisterLocalMemory(bufs[i], "cpu:0", false); err != nil {
+		s.peers[i] = p
+		if s.ids[i], err = p.RegisterLocalMemory(make([]byte, 4096), "cpu:0", false); err != nil {
 			b.Fatal(err)
 		}
 		// A small ring of its own: the batch API's rings are sized for
 		// thousands of tasks, which is the peer's own cost, not the
 		// connection's.
-		if rings[i], err = p.NewRing(moonring.RingConfig{Entries: 4}); err != nil {
+		if s.rings[i], err = p.NewRing(moonring.RingConfig{Entries: ringEntries}); err != nil {
 			b.Fatal(err)
 		}
 	}
-	h0, g0 := heap(), runtime.NumGoroutine()
+	return s
+}
 
+// read is one 4 KiB READ of the target's buffer from peer i, waited for.
+func (s *stormSide) read(ctx context.Context, i int, seg moonring.SegmentID) error {
+	r := s.rings[i]
+	if err := r.SubmitOne(&moonring.Entry{Op: moonring.OpRead, Segment: seg, Buffer: s.ids[i], Remote: s.base, Length: 4096}); err != nil {
+		return err
+	}
+	return reap(ctx, r, 1)
+}
+
+// reap waits for n completions on r and checks them.
+func reap(ctx context.Context, r *moonring.Ring, n int) error {
+	var c [64]moonring.Completion
+	for n > 0 {
+		if err := r.CQ().Wait(ctx, 1); err != nil {
+			return err
+		}
+		got := r.PeekBatch(c[:min(n, len(c))])
+		for _, x := range c[:got] {
+			if err := x.Err(); err != nil {
+				return err
+			}
+		}
+		r.Advance(got)
+		n -= got
+	}
+	return nil
+}
+
+func heapNow() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+func stormOnce(b *testing.B, n int) {
+	s := newStorm(b, n, 4)
+	h0, g0 := heapNow(), runtime.NumGoroutine()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	took := make([]time.Duration, n)
 	errs := make([]error, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
-	for i, p := range peers {
+	for i, p := range s.peers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -117,18 +154,7 @@ func stormOnce(b *testing.B, n int) {
 			t0 := time.Now()
 			seg, err := p.OpenSegment(ctx, "storm-target")
 			if err == nil {
-				err = rings[i].SubmitOne(&moonring.Entry{Op: moonring.OpRead, Segment: seg, Buffer: ids[i], Remote: base, Length: 4096})
-			}
-			if err == nil {
-				err = rings[i].CQ().Wait(ctx, 1)
-			}
-			if err == nil {
-				var c [1]moonring.Completion
-				if rings[i].PeekBatch(c[:]) != 1 {
-					err = fmt.Errorf("no completion after Wait")
-				} else {
-					err = c[0].Err()
-				}
+				err = s.read(ctx, i, seg)
 			}
 			took[i], errs[i] = time.Since(t0), err
 		}()
@@ -142,7 +168,7 @@ func stormOnce(b *testing.B, n int) {
 			b.Fatalf("peer %d: %v", i, err)
 		}
 	}
-	h1, g1 := heap(), runtime.NumGoroutine()
+	h1, g1 := heapNow(), runtime.NumGoroutine()
 	slices.Sort(took)
 	b.ReportMetric(all.Seconds(), "s-all-open")
 	b.ReportMetric(float64(took[n/2].Microseconds())/1e3, "ms-open-p50")
@@ -150,4 +176,59 @@ func stormOnce(b *testing.B, n int) {
 	b.ReportMetric(float64(h1-min(h0, h1))/float64(n)/1024, "KiB-heap/peer")
 	b.ReportMetric(float64(g1-g0)/float64(n), "goroutines/peer")
 	b.ReportMetric(float64(n), "peers")
+}
+
+// BenchmarkScalePeers is the per-request cost as the target's distinct
+// peers grow (1, 10, 100, 1000 engines of this process over loopback TCP,
+// MOONRING_SCALE_MAX bounding the count): rounds of 64 READs of 4 KiB in
+// flight, each round spread over the next 64 peers in turn (so with 1000
+// peers every connection is used, 64 at a time), every completion
+// checked. ns/op is per request, both sides' work.
+func BenchmarkScalePeers(b *testing.B) {
+	for _, n := range scaleCounts(b, 1, 10, 100, 1000) {
+		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
+			per := max(1, 64/n) // requests per peer per round
+			entries := 2
+			for entries < per {
+				entries <<= 1
+			}
+			s := newStorm(b, n, entries)
+			ctx := context.Background()
+			segs := make([]moonring.SegmentID, n)
+			for i, p := range s.peers {
+				var err error
+				if segs[i], err = p.OpenSegment(ctx, "storm-target"); err != nil {
+					b.Fatal(err)
+				}
+				if err := s.read(ctx, i, segs[i]); err != nil { // connected, warm
+					b.Fatal(err)
+				}
+			}
+			used := make([]int, 0, 64)
+			next := 0
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				used = used[:0]
+				k := min(per*min(n, 64), b.N-done) // no peer twice in a round
+				for j := 0; j < k; {
+					i := next % n
+					next++
+					m := min(per, k-j)
+					for range m {
+						if err := s.rings[i].SubmitOne(&moonring.Entry{Op: moonring.OpRead, Segment: segs[i], Buffer: s.ids[i], Remote: s.base, Length: 4096}); err != nil {
+							b.Fatal(err)
+						}
+					}
+					used = append(used, i, m)
+					j += m
+				}
+				for u := 0; u < len(used); u += 2 {
+					if err := reap(ctx, s.rings[used[u]], used[u+1]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				done += k
+			}
+		})
+	}
 }
