@@ -291,6 +291,7 @@ drivers_of() { # the initiators that drive host t
 	local i; for i in $(seq 0 $((HOSTS - 1))); do targets_of "$i" | grep -qx "$1" && echo "$i"; done
 }
 fanjson=""
+# shellcheck disable=SC2046 # host numbers, a word each
 for i in $(seq 0 $((HOSTS - 1))); do fanjson="${fanjson:+$fanjson,}\"$i\":$(json_list $(targets_of "$i"))"; done
 event "\"ev\":\"setup\",\"hosts\":$HOSTS,\"targets\":{$fanjson},\"recover\":$RECOVER,\"hang\":$HANG,\"bin\":\"$BIN\""
 
@@ -313,6 +314,7 @@ victim=1
 event '"ev":"phase","phase":"kill"'
 sleep 1
 log "phase kill: kill -9 the serves of h$victim"
+# shellcheck disable=SC2046 # host numbers, a word each
 event "\"ev\":\"fault\",\"phase\":\"kill\",\"victim\":$victim,\"affected\":$(json_list $(drivers_of $victim))"
 for i in $(drivers_of $victim); do kill -9 "$(cat "$RUN/logs/serve-$(serve_name $victim "$i").pid")" 2>/dev/null; done
 sleep $HOLD
@@ -337,6 +339,7 @@ victim=$((2 % HOSTS))
 event '"ev":"phase","phase":"partition"'
 sleep 1
 log "phase partition: h$victim cut off"
+# shellcheck disable=SC2046 # host numbers, a word each
 event "\"ev\":\"fault\",\"phase\":\"partition\",\"victim\":$victim,\"affected\":$(json_list $(drivers_of $victim) $victim)"
 # Held at least past tcp.DefaultPeerTimeout (10 s), so that the rails to
 # and from the host give up on it rather than wait out a short cut.
@@ -379,6 +382,7 @@ EOF
 	}
 fi
 log "phase netem: $how"
+# shellcheck disable=SC2046 # host numbers, a word each
 event "\"ev\":\"fault\",\"phase\":\"netem\",\"victim\":$victim,\"affected\":$(json_list $(drivers_of $victim) $victim),\"how\":\"$how\""
 sleep $HOLD
 heal_netem
