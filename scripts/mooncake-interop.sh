@@ -61,7 +61,7 @@
 #     when --check-seed finds a difference).
 #   moonring bench --mooncake --mooncake-metadata ... --segment SEG
 #       --block-size B --operation read|write --threads T --batch-size 32
-#       --batches 4 --duration Ds --json [--local-name NAME (http)]
+#       --batches 4 --duration Ds --json
 #       [--expect-seed S --write-seed S]
 #
 # Environment (defaults in brackets):
@@ -75,10 +75,16 @@
 #   MC_THREADS      submitting threads on each initiator [2]
 #   MC_BATCH        Mooncake bench's batch (requests in flight per thread) [128]
 #   MC_DURATION     seconds per row [5]
+#   MC_TCP_POOL     Mooncake initiators' MC_TCP_ENABLE_CONNECTION_POOL values
+#                   to run (a) and (b) with: 0 is Mooncake's default, a new
+#                   TCP connection per request (slice); 1, 4 lanes per peer,
+#                   rows labelled METADATA+pool [0 1]
 #   MC_REPEAT       runs per row; the table gives the median [1]
 #   MC_VERIFY_SECS  seconds per validator run [2]
 #   MOONRING        the moonring binary [built from this repository]
 #   MR_BENCH_ARGS   replaces "--batch-size 32 --batches 4" for moonring bench
+#   MC_HTTP_SERVER  go: Mooncake's own HTTP metadata server when it builds;
+#                   python: scripts/mooncake-interop/http_metadata_server.py [go]
 #
 # It installs the build's Debian packages when missing (root and apt-get
 # needed, as scripts/ensure-deps.sh), and needs the Go toolchain (moonring;
@@ -117,6 +123,7 @@ METAS=${MC_META:-p2p http}
 THREADS=${MC_THREADS:-2}
 BATCH=${MC_BATCH:-128}
 DUR=${MC_DURATION:-5}
+POOLS=${MC_TCP_POOL:-0 1}
 REPEAT=${MC_REPEAT:-1}
 VSECS=${MC_VERIFY_SECS:-2}
 MR_BENCH_ARGS=${MR_BENCH_ARGS:---batch-size 32 --batches 4}
@@ -245,7 +252,7 @@ if [ -f "$mds_src/main.go" ]; then
 			log "Mooncake's Go http-metadata-server did not build ($BUILD/logs/http-metadata-server-build.log): using scripts/mooncake-interop/http_metadata_server.py"
 	fi
 fi
-if [ -x "$BUILD/bin/http-metadata-server" ]; then
+if [ -x "$BUILD/bin/http-metadata-server" ] && [ "${MC_HTTP_SERVER:-go}" = go ]; then
 	mds_kind="Mooncake's example/http-metadata-server (Go)"
 	mds_cmd=("$BUILD/bin/http-metadata-server" -addr)
 else
@@ -454,7 +461,7 @@ mr_init() {
 	if [ "$1" = p2p ]; then
 		a+=(--mooncake-metadata p2p)
 	else
-		a+=(--mooncake-metadata "$MDS_URL" --local-name "mr-init-$u")
+		a+=(--mooncake-metadata "$MDS_URL")
 	fi
 	timeout $((DUR * 3 + 60)) "$MR" "${a[@]}" >"$log" 2>"$log.err" || { tail -3 "$log.err" >&2; return 1; }
 	"$PY" - "$log" <<-'EOF'
@@ -512,20 +519,36 @@ for meta in $METAS; do
 		fi
 	fi
 
+	res() { # GBPS-LIST CHECK: pass unless either says FAIL
+		case "$1 $2" in
+		*FAIL*) echo FAIL ;;
+		*) echo pass ;;
+		esac
+	}
 	for size in $SIZES; do
-		# Round trips of the data, once per size, for (a) and (b).
-		if mc_validate "$meta" "$MC_TSEG" "$size"; then va="validator ok"; else va="validator FAIL"; fi
-		vb="-"
-		if [ -n "$MR_TPID" ]; then
-			if mc_validate "$meta" "$MR_TSEG" "$size"; then vb="validator ok"; else vb="validator FAIL"; fi
-		fi
+		# Round trips of the data, once per size and pool setting, for (a)
+		# and (b).
+		declare -A va vb
+		for pool in $POOLS; do
+			if MC_TCP_ENABLE_CONNECTION_POOL=$pool mc_validate "$meta" "$MC_TSEG" "$size"; then va[$pool]="validator ok"; else va[$pool]="validator FAIL"; fi
+			vb[$pool]="-"
+			if [ -n "$MR_TPID" ]; then
+				if MC_TCP_ENABLE_CONNECTION_POOL=$pool mc_validate "$meta" "$MR_TSEG" "$size"; then vb[$pool]="validator ok"; else vb[$pool]="validator FAIL"; fi
+			fi
+		done
 		for op in $OPS; do
-			ga="" gb="" gc="" okc=1 vc=verified
+			declare -A ga gb
+			for pool in $POOLS; do ga[$pool]="" gb[$pool]=""; done
+			gc="" okc=1 vc=verified
 			for _ in $(seq "$REPEAT"); do
-				g=$(mc_init "$meta" "$MC_TSEG" "$op" "$size") && ga="$ga $g" || ga="$ga FAIL"
-				if [ -n "$MR_TPID" ]; then
-					g=$(mc_init "$meta" "$MR_TSEG" "$op" "$size") && gb="$gb $g" || gb="$gb FAIL"
-				fi
+				for pool in $POOLS; do
+					export MC_TCP_ENABLE_CONNECTION_POOL=$pool
+					g=$(mc_init "$meta" "$MC_TSEG" "$op" "$size") && ga[$pool]="${ga[$pool]} $g" || ga[$pool]="${ga[$pool]} FAIL"
+					if [ -n "$MR_TPID" ]; then
+						g=$(mc_init "$meta" "$MR_TSEG" "$op" "$size") && gb[$pool]="${gb[$pool]} $g" || gb[$pool]="${gb[$pool]} FAIL"
+					fi
+					unset MC_TCP_ENABLE_CONNECTION_POOL
+				done
 				if [ $have_mr = 1 ]; then
 					if out=$(mr_init "$meta" "$MC_TSEG" "$op" "$size"); then
 						gc="$gc ${out% *}"
@@ -536,19 +559,19 @@ for meta in $METAS; do
 					fi
 				fi
 			done
-			res() { # GBPS-LIST CHECK
-				case "$1 $2" in
-				*FAIL*) echo FAIL ;;
-				*) echo pass ;;
-				esac
-			}
-			row mooncake-\>mooncake "$meta" "$op" "$size" "$(echo "$ga" | median)" "$(res "$ga" "$va")" "$va"
-			if [ $have_mr = 1 ]; then
-				if [ -n "$MR_TPID" ]; then
-					row mooncake-\>moonring "$meta" "$op" "$size" "$(echo "$gb" | median)" "$(res "$gb" "$vb")" "$vb"
-				else
-					row mooncake-\>moonring "$meta" "$op" "$size" - FAIL "serve did not start"
+			for pool in $POOLS; do
+				m=$meta
+				[ "$pool" = 1 ] && m=$meta+pool
+				row mooncake-\>mooncake "$m" "$op" "$size" "$(echo "${ga[$pool]}" | median)" "$(res "${ga[$pool]}" "${va[$pool]}")" "${va[$pool]}"
+				if [ $have_mr = 1 ]; then
+					if [ -n "$MR_TPID" ]; then
+						row mooncake-\>moonring "$m" "$op" "$size" "$(echo "${gb[$pool]}" | median)" "$(res "${gb[$pool]}" "${vb[$pool]}")" "${vb[$pool]}"
+					else
+						row mooncake-\>moonring "$m" "$op" "$size" - FAIL "serve did not start"
+					fi
 				fi
+			done
+			if [ $have_mr = 1 ]; then
 				c="bench-verify $vc"
 				[ $okc = 0 ] && c="bench failed"
 				r=$(res "$gc" "")
@@ -597,7 +620,7 @@ for meta in $METAS; do
 			if start_mc_check_target "$meta" $S1 $S2; then
 				next
 				a=(bench --mooncake --segment "$TSEG" --expect-seed $S1 --write-seed $S2)
-				if [ "$meta" = p2p ]; then a+=(--mooncake-metadata p2p); else a+=(--mooncake-metadata "$MDS_URL" --local-name "mr-chk-$u"); fi
+				if [ "$meta" = p2p ]; then a+=(--mooncake-metadata p2p); else a+=(--mooncake-metadata "$MDS_URL"); fi
 				if timeout 120 "$MR" "${a[@]}" >"$RUNLOGS/mr-check-$meta-$u.log" 2>&1; then c1=ok; else c1=FAIL; fi
 				if stop "$TPID" && grep -q "holds pattern .*: ok" "$TLOG"; then c2=ok; else c2=FAIL; fi
 				r=pass
@@ -616,7 +639,7 @@ echo
 echo "Mooncake commit: $commit"
 echo "Mooncake build: transfer engine alone (TCP; HTTP and P2PHANDSHAKE metadata), $BUILD"
 echo "HTTP metadata server: $mds_kind"
-echo "Mooncake bench: --threads=$THREADS --batch_size=$BATCH --duration=$DUR, buffer $BUF bytes each side; moonring bench: --threads $THREADS $MR_BENCH_ARGS; median of $REPEAT run(s) per row"
+echo "Mooncake bench: --threads=$THREADS --batch_size=$BATCH --duration=$DUR, buffer $BUF bytes each side, MC_TCP_ENABLE_CONNECTION_POOL in ($POOLS) (METADATA+pool: 1); moonring bench: --threads $THREADS $MR_BENCH_ARGS; median of $REPEAT run(s) per row"
 echo "Host: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 [ $have_mr = 1 ] || echo "(b) mooncake->moonring and (c) moonring->mooncake: SKIPPED, moonring serve has no --mooncake"
 printf '%-18s %-8s %-6s %-5s %8s  %-6s %s\n' direction metadata op size GB/s result check
