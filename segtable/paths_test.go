@@ -1,6 +1,8 @@
 package segtable_test
 
 import (
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/moonring/moonring/segtable"
@@ -38,5 +40,36 @@ func TestPathFail(t *testing.T) {
 	one.MarkUp()
 	if s.Repick() != one || s.Path() != one {
 		t.Fatal("Repick after MarkUp does not fail back")
+	}
+}
+
+// TestPathFailConcurrent: rings of several pollers failing the same path
+// at once mark it down once, and all find the other path.
+func TestPathFailConcurrent(t *testing.T) {
+	var ss segtable.Segments[endpoint]
+	s, err := ss.Open("a", desc("a"), 1, 0, endpoint{"shm"}, endpoint{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := s.Path()
+	two := &segtable.Path[endpoint]{Endpoint: endpoint{"tcp"}, Transport: 2}
+	s.SetPaths([]*segtable.Path[endpoint]{one, two})
+	const n = 8
+	var wg sync.WaitGroup
+	var marks atomic.Int32
+	for range n {
+		wg.Go(func() {
+			next, marked := s.Fail(one)
+			if marked {
+				marks.Add(1)
+			}
+			if next != two {
+				t.Errorf("Fail returned %v, want the other path", next)
+			}
+		})
+	}
+	wg.Wait()
+	if marks.Load() != 1 || s.Path() != two {
+		t.Fatalf("%d marks, current %v; want one mark and the other path", marks.Load(), s.Path())
 	}
 }
