@@ -11,7 +11,10 @@ package mctcp
 // the receiver's hand; whoever holds it completes it. When the connection
 // dies (kill), Post stops pushing (under mu), both goroutines end, and the
 // receiver completes what is left in q and pending with the cause, then
-// has the rail redialed.
+// has the rail redialed. A write that fails only stops the sending
+// (stopSending): the answers already on their way, a READ's data or a
+// refusal sent before a WRITE's payload was read, are still read, and the
+// slices they answer complete as the target said.
 
 import (
 	"bufio"
@@ -41,9 +44,10 @@ type conn struct {
 	e       *Endpoint
 	rail    int
 	nc      net.Conn
-	mu      sync.Mutex // guards dead and pushes to q
-	dead    bool
-	cause   error // why it died; set once, under mu
+	mu      sync.Mutex // guards dead, closed, cause and pushes to q
+	dead    bool       // takes no more slices
+	closed  bool       // done and the socket are closed
+	cause   error      // why it died; set once, under mu
 	done    chan struct{}
 	q       chan item
 	pending chan item
@@ -103,14 +107,36 @@ func (cn *conn) push(it item) pushResult {
 // the first cause stays. Safe for concurrent use.
 func (cn *conn) kill(cause error) {
 	cn.mu.Lock()
-	if cn.dead {
+	if !cn.dead {
+		cn.dead, cn.cause = true, cause
+	}
+	if cn.closed {
 		cn.mu.Unlock()
 		return
 	}
-	cn.dead, cn.cause = true, cause
+	cn.closed = true
 	close(cn.done)
 	cn.mu.Unlock()
 	cn.nc.Close()
+}
+
+// stopSending marks the connection dead after a write failed, without
+// closing it: the answers already on their way (a READ's data, a refusal
+// that came before a WRITE's payload) are still read, and the receiver
+// closes the connection once nothing awaits an answer or a read fails.
+func (cn *conn) stopSending(cause error) {
+	cn.mu.Lock()
+	if !cn.dead {
+		cn.dead, cn.cause = true, cause
+	}
+	cn.mu.Unlock()
+}
+
+// isDead reports whether the connection takes no more slices.
+func (cn *conn) isDead() bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.dead
 }
 
 // failure is the error of a broken connection, for the slices it fails:
@@ -201,7 +227,7 @@ func (cn *conn) flush(iov, n int) bool {
 		_, err := cn.bufs.WriteTo(cn.nc)
 		clear(cn.iov[:iov])
 		if err != nil {
-			cn.kill(cn.failure(err))
+			cn.stopSending(cn.failure(err))
 			cause := cn.causeErr()
 			for i := range n {
 				if it := &cn.batch[i]; !it.answered() {
@@ -233,6 +259,17 @@ func (cn *conn) receive() {
 			cn.end()
 			return
 		default:
+			if cn.isDead() {
+				// The sender stopped (a write failed): once it has, and
+				// every answer it waits for has been read, close.
+				<-cn.sent
+				if len(cn.pending) > 0 {
+					continue
+				}
+				cn.kill(nil)
+				cn.end()
+				return
+			}
 			// Nothing awaits an answer: watch the socket, so that a
 			// target that closes an idle connection (its IdleTimeout, a
 			// restart) is seen now, and the rail redialed, rather than by
