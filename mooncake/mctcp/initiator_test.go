@@ -342,3 +342,31 @@ func TestInitiatorOpenErrors(t *testing.T) {
 		t.Fatalf("Open without the endpoint: %v, want ErrUnreachable", err)
 	}
 }
+
+// Mooncake's target refuses a WRITE before its payload and closes without
+// reading it: the initiator's write fails, and the refusal, already
+// received, still decides the slice (final, not a path failure).
+func TestInitiatorRefusedWriteClosedUnread(t *testing.T) {
+	ft := newFakeTarget(t, func(c net.Conn) { readHeader(c); c.Write(goldenRefused); time.Sleep(10 * time.Millisecond) })
+	ep := initiator(t, mctcp.Config{Rails: 1}, ft, "2")
+	defer ep.Close()
+	c := make(completer, 4)
+	local := make([]byte, fakeLen)
+	for i := range 5 {
+		// Each refusal closes the connection; wait for the redial.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			n, err := ep.Post(c, []transport.Slice{{Op: transport.Write, Local: unsafe.Pointer(&local[0]), Remote: fakeAddr, Length: fakeLen, Token: uint64(i)}})
+			if n == 1 {
+				break
+			}
+			if !errors.Is(err, transport.ErrPeer) || time.Now().After(deadline) {
+				t.Fatalf("Post = %d, %v", n, err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if r := c.wait(t); !errors.Is(r.err, transport.ErrDenied) || !errors.Is(r.err, mctcp.ErrRefused) {
+			t.Fatalf("%v: want the refusal (ErrDenied)", r.err)
+		}
+	}
+}
