@@ -175,6 +175,15 @@ mkns() { # name ip
 }
 for j in 0 1 2; do mkns "$(nsname e$j)" "$(etcdip $j)"; done
 for i in $(seq 0 $((HOSTS - 1))); do mkns "$(nsname h$i)" "$(hostip $i)"; done
+# The faults need nftables in a namespace and a tbf qdisc: find out now.
+probe="$(nsname h0)"
+ip netns exec "$probe" nft add table inet mrcprobe 2>/dev/null && ip netns exec "$probe" nft delete table inet mrcprobe ||
+	unavailable "the kernel refuses nftables tables in a namespace (the partition and loss faults need them)"
+ip netns exec "$probe" tc qdisc add dev eth0 root tbf rate 200mbit burst 64kb latency 10ms 2>/dev/null &&
+	ip netns exec "$probe" tc qdisc del dev eth0 root || unavailable "the kernel refuses a tbf qdisc"
+# fault_failed: a fault that could not be injected fails the run: a phase
+# without its fault would pass for nothing.
+fault_failed() { echo "cluster.sh: FAIL: could not inject the fault: $*" >&2; exit 1; }
 log "net $net.0/24, bridge $BR, $HOSTS hosts ${pfx}h0..h$((HOSTS - 1)), etcd ${pfx}e0..e2; results in $RUN"
 
 # --- etcd ----------------------------------------------------------------
@@ -316,7 +325,7 @@ sleep 1
 log "phase kill: kill -9 the serves of h$victim"
 # shellcheck disable=SC2046 # host numbers, a word each
 event "\"ev\":\"fault\",\"phase\":\"kill\",\"victim\":$victim,\"affected\":$(json_list $(drivers_of $victim))"
-for i in $(drivers_of $victim); do kill -9 "$(cat "$RUN/logs/serve-$(serve_name $victim "$i").pid")" 2>/dev/null; done
+for i in $(drivers_of $victim); do kill -9 "$(cat "$RUN/logs/serve-$(serve_name $victim "$i").pid")" || fault_failed "kill -9 of serve $(serve_name $victim "$i")"; done
 sleep $HOLD
 rs0=$(date +%s.%N)
 for i in $(drivers_of $victim); do serve_start $victim "$i"; done
@@ -344,7 +353,7 @@ event "\"ev\":\"fault\",\"phase\":\"partition\",\"victim\":$victim,\"affected\":
 # Held at least past tcp.DefaultPeerTimeout (10 s), so that the rails to
 # and from the host give up on it rather than wait out a short cut.
 PHOLD=$((HOLD > 12 ? HOLD : 12))
-ip netns exec "$(nsname h$victim)" nft -f - <<'EOF'
+ip netns exec "$(nsname h$victim)" nft -f - <<'EOF' || fault_failed "nftables partition of h$victim"
 table inet mrcpart {
 	chain in { type filter hook input priority 0; policy drop; iifname "lo" accept; }
 	chain out { type filter hook output priority 0; policy drop; oifname "lo" accept; }
@@ -361,19 +370,19 @@ event '"ev":"phase","phase":"netem"'
 sleep 1
 v="$(nsname h$victim)"
 if tc qdisc add dev "$v" root netem delay 20ms loss 2% 2>/dev/null; then
-	ip netns exec "$v" tc qdisc add dev eth0 root netem delay 20ms loss 2%
+	ip netns exec "$v" tc qdisc add dev eth0 root netem delay 20ms loss 2% || fault_failed "netem in h$victim"
 	how="netem delay 20ms loss 2% on both ends of h$victim's link"
 	heal_netem() { tc qdisc del dev "$v" root; ip netns exec "$v" tc qdisc del dev eth0 root; }
 else
 	# Debian's cloud kernels, among others, have no sch_netem.
-	ip netns exec "$v" nft -f - <<'EOF'
+	ip netns exec "$v" nft -f - <<'EOF' || fault_failed "nftables loss in h$victim"
 table inet mrcloss {
 	chain in { type filter hook input priority 0; policy accept; iifname "lo" accept; numgen random mod 100 < 2 counter drop; }
 	chain out { type filter hook output priority 0; policy accept; oifname "lo" accept; numgen random mod 100 < 2 counter drop; }
 }
 EOF
-	tc qdisc add dev "$v" root tbf rate 200mbit burst 64kb latency 10ms
-	ip netns exec "$v" tc qdisc add dev eth0 root tbf rate 200mbit burst 64kb latency 10ms
+	tc qdisc add dev "$v" root tbf rate 200mbit burst 64kb latency 10ms || fault_failed "tbf on h$victim's link"
+	ip netns exec "$v" tc qdisc add dev eth0 root tbf rate 200mbit burst 64kb latency 10ms || fault_failed "tbf in h$victim"
 	how="no netem in this kernel: nftables loss 2% each way in h$victim, tbf 200mbit with up to 10ms of queue on both ends of its link"
 	heal_netem() {
 		ip netns exec "$v" nft list table inet mrcloss >"$RUN/logs/netem-drops.txt" 2>&1
@@ -393,9 +402,10 @@ wait_recovered netem
 event '"ev":"phase","phase":"etcd"'
 sleep 1
 leader=$(python3 "$lib" etcd-leader "http://$(etcdip 0):2379" "http://$(etcdip 1):2379" "http://$(etcdip 2):2379")
+[ "$leader" != none ] || fault_failed "no etcd member says it leads"
 log "phase etcd: kill -9 the leader e$leader"
 event "\"ev\":\"fault\",\"phase\":\"etcd\",\"victim\":\"e$leader\",\"affected\":[]"
-kill -9 "$(cat "$RUN/etcd/e$leader.pid")"
+kill -9 "$(cat "$RUN/etcd/e$leader.pid")" || fault_failed "kill -9 of etcd e$leader"
 sleep $HOLD
 etcd_start "$leader"
 python3 "$lib" wait-http "http://$(etcdip "$leader"):2379/health" 60 '"health":"true"' || log "etcd e$leader did not come back healthy"
