@@ -311,6 +311,16 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 			rng := rand.New(rand.NewPCG(uint64(w)+1, uint64(t0.UnixNano())))
 			crng := rand.New(rand.NewPCG(uint64(w)+1<<32, uint64(t0.UnixNano())))
 			var pending chan error
+			// Every way out waits for the check still running on the
+			// request before: it reads the pools and the scratch memory,
+			// which the step's caller frees once the workers are done.
+			defer func() {
+				if pending != nil {
+					if err := <-pending; errs[w] == nil {
+						errs[w] = err
+					}
+				}
+			}()
 			for time.Now().Before(we) {
 				if ctx.Err() != nil {
 					errs[w] = ctx.Err()
@@ -333,11 +343,12 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 				// The check of the request before this one ends first: a
 				// worker holds at most two requests' destinations.
 				if pending != nil {
-					if err := <-pending; err != nil {
+					err := <-pending
+					pending = nil
+					if err != nil {
 						errs[w] = err
 						return
 					}
-					pending = nil
 				}
 				ch := make(chan error, 1)
 				check := func() {
@@ -363,9 +374,6 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 						return
 					}
 				}
-			}
-			if pending != nil {
-				errs[w] = <-pending
 			}
 		}()
 	}
