@@ -227,7 +227,8 @@ func (e *Endpoint) Rails() int { return len(e.rails) }
 // Post queues the slices on their rails' connections and returns how many
 // it took. A slice whose range lies in no buffer of the descriptor
 // completes at once with transport.ErrRange, a Notify slice with
-// transport.ErrDenied. It returns early (nil error) when the rail's queue
+// transport.ErrDenied, an empty slice with success (as Mooncake's
+// initiator completes one, unsent). It returns early (nil error) when the rail's queue
 // is full, and with an error wrapping transport.ErrPeer when no rail is
 // connected. It does not block and, in steady state, does not allocate.
 func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
