@@ -82,6 +82,22 @@ func TestMooncakeModeP2P(t *testing.T) {
 	if err := a.Transfer(ctx, req); err == nil {
 		t.Fatal("a READ past the target's buffer succeeded")
 	}
+	// A WRITE with a notification: the bytes, then Mooncake's notify
+	// frame on b's RPC port, delivered as a Notification (no tag:
+	// Mooncake's notifications have none).
+	req = moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src), TargetID: seg, TargetOffset: uint64(moonring.AddressOf(dst)), Length: 4096,
+		Notify: &moonring.Notify{Tag: 9, Msg: []byte("kv ready")}}
+	if err := a.Transfer(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-b.Notifications():
+		if n.From != a.Name() || string(n.Msg) != "kv ready" {
+			t.Fatalf("notification %+v: want from %s, \"kv ready\"", n, a.Name())
+		}
+	case <-ctx.Done():
+		t.Fatal("no notification")
+	}
 	// What b publishes is what a Mooncake requester reads off its RPC
 	// port: Mooncake's schema, with the TCP data port and version.
 	d, err := new(mooncake.RPCClient).FetchDesc(ctx, b.Name(), nil)

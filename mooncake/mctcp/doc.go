@@ -59,6 +59,11 @@
 // last byte is in the socket, before it lands, and a range it refuses
 // shows only as a closed connection.
 //
+// A Notify slice goes to the segment's RPC port as Mooncake's notify frame
+// (notify.go, on a goroutine of its own, bounded by 5 s): Mooncake carries
+// notifications there, not on the data port, and without a tag. A refusal
+// completes it with transport.ErrNotifyFull (retried as a full queue).
+//
 // # Concurrency
 //
 // Transport and Endpoint are safe for concurrent use. Post does not block

@@ -17,6 +17,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/mooncake"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -40,6 +41,7 @@ type Endpoint struct {
 type dest struct {
 	addr string
 	v2   bool
+	rpc  string // the segment's RPC port (notifications), or ""
 }
 
 // span is a buffer of the segment's descriptor.
@@ -118,7 +120,7 @@ func (t *Transport) destOf(desc *segtable.SegmentDesc) (*dest, error) {
 	if t.cfg.Version != 0 {
 		v = t.cfg.Version
 	}
-	return &dest{addr: addr, v2: v >= 2}, nil
+	return &dest{addr: addr, v2: v >= 2, rpc: desc.Endpoints[mooncake.EndpointRPC]}, nil
 }
 
 // warnV1 logs, once per peer address, that a version 1 peer's WRITEs are
@@ -217,17 +219,13 @@ func (e *Endpoint) inside(addr, n uint64) bool {
 	return i > 0 && addr-s[i-1].addr < s[i-1].length && n <= s[i-1].length-(addr-s[i-1].addr)
 }
 
-// errNotify completes Notify slices: Mooncake's notifications go over its
-// RPC port, not the data port.
-var errNotify = fmt.Errorf("mctcp: notifications do not travel on Mooncake's data port: %w", transport.ErrDenied)
-
 // Rails returns Config.Rails.
 func (e *Endpoint) Rails() int { return len(e.rails) }
 
 // Post queues the slices on their rails' connections and returns how many
 // it took. A slice whose range lies in no buffer of the descriptor
-// completes at once with transport.ErrRange, a Notify slice with
-// transport.ErrDenied, an empty slice with success (as Mooncake's
+// completes at once with transport.ErrRange, a Notify slice goes to the
+// segment's RPC port (notify.go), an empty slice completes with success (as Mooncake's
 // initiator completes one, unsent). It returns early (nil error) when the rail's queue
 // is full, and with an error wrapping transport.ErrPeer when no rail is
 // connected. It does not block and, in steady state, does not allocate.
@@ -240,7 +238,7 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 		sl := &s[i]
 		switch {
 		case sl.Op == transport.Notify:
-			c.Complete(sl.Token, errNotify)
+			e.notify(c, sl)
 			continue
 		case sl.Op != transport.Read && sl.Op != transport.Write:
 			c.Complete(sl.Token, fmt.Errorf("mctcp: op %d: %w", sl.Op, transport.ErrDenied))

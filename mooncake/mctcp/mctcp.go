@@ -16,6 +16,7 @@ import (
 
 	"github.com/moonring/moonring/internal/netaddr"
 	"github.com/moonring/moonring/internal/ratelog"
+	"github.com/moonring/moonring/mooncake"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -205,7 +206,9 @@ type Transport struct {
 	wg       sync.WaitGroup
 	refused  [nReasons]atomic.Uint64
 	logs     [nReasons]ratelog.Limit
-	warnedV1 sync.Map // peer address -> struct{}: the version 1 warning was logged
+	warnedV1 sync.Map               // peer address -> struct{}: the version 1 warning was logged
+	self     atomic.Pointer[string] // the engine's segment name (SetNotify), sent with notifications
+	rpc      mooncake.RPCClient     // sends notifications to peers' RPC ports
 }
 
 var (
