@@ -267,6 +267,13 @@ else
 	MR=$BUILD/bin/moonring
 	(cd "$repo" && go build -o "$MR" ./cmd/moonring) || die "go build ./cmd/moonring failed"
 fi
+if [ -n "${MOONRING:-}" ]; then
+	mr_desc=$MR
+else
+	mr_desc="$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+	[ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && mr_desc="$mr_desc with uncommitted changes"
+	mr_desc="$mr_desc (built from $repo)"
+fi
 have_mr=1
 if ! "$MR" serve -h 2>&1 | grep -q -- "-mooncake"; then
 	have_mr=0
@@ -325,7 +332,9 @@ human() {
 	*) if [ $(($1 % 1048576)) = 0 ]; then echo "$(($1 / 1048576))M"; elif [ $(($1 % 1024)) = 0 ]; then echo "$(($1 / 1024))K"; else echo "$1"; fi ;;
 	esac
 }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {if (NR==0) print "-"; else if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+# median: of the numbers among its words (FAIL and the like left out); "-"
+# when there are none.
+median() { tr ' ' '\n' | { grep -E '^[0-9.]+$' || true; } | sort -g | awk '{a[NR]=$1} END {if (NR==0) print "-"; else if (NR%2) printf "%.3f\n", a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2}'; }
 
 maxsize=0
 for s in $SIZES; do [ "$s" -gt $maxsize ] && maxsize=$s; done
@@ -639,6 +648,7 @@ echo
 echo "Mooncake commit: $commit"
 echo "Mooncake build: transfer engine alone (TCP; HTTP and P2PHANDSHAKE metadata), $BUILD"
 echo "HTTP metadata server: $mds_kind"
+echo "moonring: $mr_desc"
 echo "Mooncake bench: --threads=$THREADS --batch_size=$BATCH --duration=$DUR, buffer $BUF bytes each side, MC_TCP_ENABLE_CONNECTION_POOL in ($POOLS) (METADATA+pool: 1); moonring bench: --threads $THREADS $MR_BENCH_ARGS; median of $REPEAT run(s) per row"
 echo "Host: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 [ $have_mr = 1 ] || echo "(b) mooncake->moonring and (c) moonring->mooncake: SKIPPED, moonring serve has no --mooncake"
