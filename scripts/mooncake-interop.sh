@@ -628,7 +628,7 @@ for meta in $METAS; do
 		if [ $bench_seeds = 1 ]; then
 			if start_mc_check_target "$meta" $S1 $S2; then
 				next
-				a=(bench --mooncake --segment "$TSEG" --expect-seed $S1 --write-seed $S2)
+				a=(bench --mooncake --segment "$TSEG" --expect-seed "$S1" --write-seed "$S2")
 				if [ "$meta" = p2p ]; then a+=(--mooncake-metadata p2p); else a+=(--mooncake-metadata "$MDS_URL"); fi
 				if timeout 120 "$MR" "${a[@]}" >"$RUNLOGS/mr-check-$meta-$u.log" 2>&1; then c1=ok; else c1=FAIL; fi
 				if stop "$TPID" && grep -q "holds pattern .*: ok" "$TLOG"; then c2=ok; else c2=FAIL; fi
