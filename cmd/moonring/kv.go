@@ -149,6 +149,9 @@ type kvBench struct {
 	localID moonring.BufferID
 	scratch [][]byte // per worker: read-back space
 	next    atomic.Uint64
+	// closersMu orders the workers' checks adding the release of their
+	// read-back space to t.closers (two may grow theirs at once).
+	closersMu sync.Mutex
 }
 
 // kvSampleRemoteWrite is the share of a remote WRITE's transfers read back
@@ -573,10 +576,12 @@ func (k *kvBench) check(ctx context.Context, w int, op moonring.Op, r *kvRequest
 			}
 			k.scratch[w] = b
 			buf := b
+			k.closersMu.Lock()
 			k.t.closers = append(k.t.closers, func() {
 				k.t.ini.UnregisterLocalMemory(context.Background(), buf)
 				k.t.ini.Free(buf)
 			})
+			k.closersMu.Unlock()
 		}
 		mem = k.scratch[w]
 		clear(mem[:need])
