@@ -83,6 +83,8 @@
 #   MC_VERIFY_SECS  seconds per validator run [2]
 #   MOONRING        the moonring binary [built from this repository]
 #   MR_BENCH_ARGS   replaces "--batch-size 32 --batches 4" for moonring bench
+#   MC_RDMA         1: also Mooncake->Mooncake over RDMA (P2PHANDSHAKE) inside
+#                   scripts/rdma-vm.sh's Soft-RoCE guest (rdma-guest.sh) [0]
 #   MC_HTTP_SERVER  go: Mooncake's own HTTP metadata server when it builds;
 #                   python: scripts/mooncake-interop/http_metadata_server.py [go]
 #
@@ -642,6 +644,25 @@ for meta in $METAS; do
 	fi
 	if [ "$meta" = http ]; then stop "$MDS_PID" || true; fi
 done
+
+# --- RDMA, Mooncake to Mooncake, in the Soft-RoCE guest (MC_RDMA=1) ---------------
+if [ "${MC_RDMA:-0}" = 1 ]; then
+	log "RDMA: Mooncake->Mooncake in scripts/rdma-vm.sh's Soft-RoCE guest (log: $RUNLOGS/rdma-vm.log)"
+	"$here/rdma-vm.sh" --timeout 600 --selftest basic \
+		--add "$BUILD/te-build/mooncake-common/libasio.so=/usr/lib/x86_64-linux-gnu/libasio.so" \
+		--add "$MCB=/opt/rdma-vm/bin/transfer_engine_bench" \
+		"$here/mooncake-interop/rdma-guest.sh" $SIZES >"$RUNLOGS/rdma-vm.log" 2>&1 || true
+	got=0
+	while read -r _ _ op size rcf _ gbps _; do
+		got=1
+		if [ "$rcf" = rc=0 ]; then
+			row mooncake-\>mooncake rdma-guest "$op" "$size" "$gbps" pass "none (bench); emulated guest CPUs"
+		else
+			row mooncake-\>mooncake rdma-guest "$op" "$size" - FAIL "$rcf"
+		fi
+	done < <(grep '^RESULT rdma ' "$RUNLOGS/rdma-vm.log")
+	[ $got = 1 ] || row mooncake-\>mooncake rdma-guest - - - FAIL "the guest gave no result ($RUNLOGS/rdma-vm.log)"
+fi
 
 # --- the table -------------------------------------------------------------------
 echo
