@@ -146,7 +146,7 @@ libnuma-dev libibverbs-dev libcurl4-openssl-dev libasio-dev libyaml-cpp-dev
 pybind11-dev python3-dev curl"
 need=""
 for p in $pkgs; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need="$need $p"
+	[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] || need="$need $p"
 done
 if [ -n "$need" ]; then
 	[ "$(id -u)" = 0 ] || die "need Debian packages$need; installing them needs root"
@@ -239,8 +239,11 @@ nice -n 19 cmake --build "$BUILD/te-build" -j"$JOBS" \
 MCB=$BUILD/te-build/example/transfer_engine_bench
 MCV=$BUILD/te-build/example/transfer_engine_validator
 MCC=$BUILD/te-build/example/moonring_mc_check
+# (Help texts are read whole before grep: with pipefail a grep -q that
+# stops reading early can fail the pipeline through the writer's SIGPIPE.)
 vram=""
-"$MCB" --help 2>&1 | grep -q -- "-use_vram" && vram="--use_vram=false"
+mcb_help=$("$MCB" --help 2>&1 || true)
+grep -q -- "-use_vram" <<<"$mcb_help" && vram="--use_vram=false"
 
 # --- HTTP metadata server ------------------------------------------------------
 mds_cmd=()
@@ -276,16 +279,18 @@ else
 	[ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && mr_desc="$mr_desc with uncommitted changes"
 	mr_desc="$mr_desc (built from $repo)"
 fi
+serve_help=$("$MR" serve -h 2>&1 || true)
+bench_help=$("$MR" bench -h 2>&1 || true)
 have_mr=1
-if ! "$MR" serve -h 2>&1 | grep -q -- "-mooncake"; then
+if ! grep -q -- "-mooncake" <<<"$serve_help"; then
 	have_mr=0
 	log "SKIP (b) and (c): this moonring's serve -h has no --mooncake (issue 18 not in yet); only (a) runs"
 fi
 serve_seeds=0
 bench_seeds=0
 if [ $have_mr = 1 ]; then
-	"$MR" serve -h 2>&1 | grep -q -- "-check-seed" && serve_seeds=1
-	"$MR" bench -h 2>&1 | grep -q -- "-expect-seed" && bench_seeds=1
+	grep -q -- "-check-seed" <<<"$serve_help" && serve_seeds=1
+	grep -q -- "-expect-seed" <<<"$bench_help" && bench_seeds=1
 fi
 
 RUNLOGS=$BUILD/logs/run-$(date -u +%Y%m%d-%H%M%S)
@@ -380,7 +385,7 @@ start_mc_target() {
 		local i=0
 		# Its descriptor lists the buffer once registered (over TCP a
 		# buffer's "name" is the segment's, not the location "cpu:0").
-		until curl -sf "$MDS_URL?key=mooncake/ram/$TSEG" | grep -q '"buffers" *: *\[ *{'; do
+		until grep -q '"buffers" *: *\[ *{' <<<"$(curl -sf "$MDS_URL?key=mooncake/ram/$TSEG" || true)"; do
 			i=$((i + 1))
 			[ $i -gt 100 ] && { log "the target's descriptor never showed its buffer"; return 1; }
 			sleep 0.1
@@ -606,26 +611,33 @@ for meta in $METAS; do
 		row mooncake-\>mooncake "$meta" check 65536 - FAIL "mc_check target did not start"
 	fi
 	if [ $have_mr = 1 ]; then
-		# (b): moonring serve holds pattern S1 and checks for S2 at exit.
-		if [ $serve_seeds = 1 ]; then
-			if start_mr_target "$meta" --fill-seed $S1 --check-seed $S2; then
-				if mc_checker "$meta" "$TSEG" $S1 $S2; then c1=ok; else c1=FAIL; fi
-				if stop "$TPID"; then c2=ok; else c2=FAIL; fi
-				r=pass
-				[ "$c1$c2" = okok ] || r=FAIL
-				row mooncake-\>moonring "$meta" check 65536 - $r "mc_check: READ 1-way + round trip $c1, WRITE 1-way (serve --check-seed) $c2"
+		# (b): moonring serve holds pattern S1 and checks for S2 at exit;
+		# mc_check with each of Mooncake's TCP client settings.
+		for pool in $POOLS; do
+			m=$meta
+			[ "$pool" = 1 ] && m=$meta+pool
+			export MC_TCP_ENABLE_CONNECTION_POOL=$pool
+			if [ $serve_seeds = 1 ]; then
+				if start_mr_target "$meta" --fill-seed $S1 --check-seed $S2; then
+					if mc_checker "$meta" "$TSEG" $S1 $S2; then c1=ok; else c1=FAIL; fi
+					if stop "$TPID"; then c2=ok; else c2=FAIL; fi
+					r=pass
+					[ "$c1$c2" = okok ] || r=FAIL
+					row mooncake-\>moonring "$m" check 65536 - $r "mc_check: READ 1-way + round trip $c1, WRITE 1-way (serve --check-seed) $c2"
+				else
+					row mooncake-\>moonring "$m" check 65536 - FAIL "serve --fill-seed did not start"
+				fi
 			else
-				row mooncake-\>moonring "$meta" check 65536 - FAIL "serve --fill-seed did not start"
+				if start_mr_target "$meta"; then
+					if mc_checker "$meta" "$TSEG" "" $S2; then r=pass; else r=FAIL; fi
+					stop "$TPID" || true
+					row mooncake-\>moonring "$m" check 65536 - $r "mc_check round trip only (serve lacks --fill-seed/--check-seed: no 1-way checks)"
+				else
+					row mooncake-\>moonring "$m" check 65536 - FAIL "serve did not start"
+				fi
 			fi
-		else
-			if start_mr_target "$meta"; then
-				if mc_checker "$meta" "$TSEG" "" $S2; then r=pass; else r=FAIL; fi
-				stop "$TPID" || true
-				row mooncake-\>moonring "$meta" check 65536 - $r "mc_check round trip only (serve lacks --fill-seed/--check-seed: no 1-way checks)"
-			else
-				row mooncake-\>moonring "$meta" check 65536 - FAIL "serve did not start"
-			fi
-		fi
+			unset MC_TCP_ENABLE_CONNECTION_POOL
+		done
 		# (c): mc_check's target holds S1 and checks for S2 at exit.
 		if [ $bench_seeds = 1 ]; then
 			if start_mc_check_target "$meta" $S1 $S2; then
