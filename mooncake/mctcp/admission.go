@@ -159,12 +159,15 @@ func (t *Transport) accept() {
 	}
 }
 
-// evictLocked picks the connection idle longest (of src, unless any) and
-// marks it evicted, so that it serves no further request; nil when every
-// such connection is busy. It scans every connection, which happens only
+// evictLocked picks the connection idle longest (of src, unless any),
+// if it has waited for a request for evictAfter at least, and marks it
+// evicted, so that it serves no further request; nil when every such
+// connection is busy or idle only a moment (its request may be unread in
+// the socket). It scans every connection, which happens only
 // at a bound. mu must be held; the caller closes the victim after
 // unlocking.
 func (t *Transport) evictLocked(src netip.Addr, any bool) *srvConn {
+	latest := time.Now().Add(-evictAfter).UnixNano() // idle since before this, or not a candidate
 	for {
 		var oldest *srvConn
 		var since int64
@@ -172,7 +175,7 @@ func (t *Transport) evictLocked(src netip.Addr, any bool) *srvConn {
 			if !any && sc.src != src {
 				continue
 			}
-			if s := sc.idle.Load(); s > 0 && (oldest == nil || s < since) {
+			if s := sc.idle.Load(); s > 0 && s <= latest && (oldest == nil || s < since) {
 				oldest, since = sc, s
 			}
 		}

@@ -43,15 +43,27 @@ const (
 	DefaultDepth     = 64
 	DefaultSliceSize = 1 << 20
 	DefaultMaxLength = 1 << 30
-	DefaultMaxConns  = 1024
-	// DefaultMaxConnsPerSource is Config.MaxConnsPerSource's default: a
-	// Mooncake initiator opens 4 connections per peer (up to 16).
-	DefaultMaxConnsPerSource = 64
-	DefaultIdleTimeout       = time.Hour
-	DefaultFrameTimeout      = 30 * time.Second
-	DefaultMinRate           = 100 << 20
-	DefaultStatusTimeout     = 30 * time.Second
-	DefaultDialTimeout       = 5 * time.Second
+	// DefaultMaxConns is Config.MaxConns's default. Mooncake's TCP
+	// client opens a connection per request unless its pool is on
+	// (MC_TCP_ENABLE_CONNECTION_POOL), so one initiator host holds as
+	// many connections as it has requests in flight: transfer_engine_bench
+	// with its defaults, 12 threads of 128, holds 1,536. A connection
+	// costs the target about 32 KiB and a descriptor.
+	DefaultMaxConns = 8192
+	// DefaultMaxConnsPerSource is Config.MaxConnsPerSource's default (see
+	// DefaultMaxConns: one Mooncake host may need thousands).
+	DefaultMaxConnsPerSource = 4096
+	// evictAfter is how long a connection must have waited for a request
+	// before admission may close it to make room: one accepted a moment
+	// ago, or answered a moment ago, may have its next request in the
+	// socket unread (Mooncake's client sends it at once on a new
+	// connection), and closing it would fail that request.
+	evictAfter           = time.Second
+	DefaultIdleTimeout   = time.Hour
+	DefaultFrameTimeout  = 30 * time.Second
+	DefaultMinRate       = 100 << 20
+	DefaultStatusTimeout = 30 * time.Second
+	DefaultDialTimeout   = 5 * time.Second
 )
 
 // Errors of this package. Each is wrapped together with the transport
@@ -111,13 +123,13 @@ type Config struct {
 	// a registered buffer bounds it too). Mooncake's initiator sends each
 	// transfer request whole, unsliced.
 	MaxLength uint64
-	// MaxConns bounds the target's connections (default 1024; negative:
+	// MaxConns bounds the target's connections (default 8192; negative:
 	// no bound). A connection accepted at the bound closes the one idle
-	// longest (waiting for a request header); when none is idle, the new
-	// connection is closed instead.
+	// longest (waiting for a request header for at least a second); when
+	// none is, the new connection is closed instead.
 	MaxConns int
 	// MaxConnsPerSource bounds the target's connections from one source
-	// address (an IPv6 source counts by its /64; default 64; negative: no
+	// address (an IPv6 source counts by its /64; default 4096; negative: no
 	// bound), so that one host cannot take every connection: at the bound
 	// its own connection idle longest is closed, or the new one.
 	MaxConnsPerSource int

@@ -257,12 +257,12 @@ func TestTargetTimeouts(t *testing.T) {
 	}
 }
 
-// At MaxConns the connection idle longest makes room; when every one is
-// busy, the new one is closed.
+// At MaxConns the connection idle longest makes room, if it has waited for
+// a request for a second; when every one is busy, the new one is closed.
 func TestTargetMaxConns(t *testing.T) {
 	tg := newTarget(t, mctcp.Config{MaxConns: 2, FrameTimeout: 5 * time.Second})
 	a := tg.dial(t)
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // idle long enough to be closed for room
 	b := tg.dial(t)
 	time.Sleep(20 * time.Millisecond)
 	// b is busy: a WRITE waits for its payload.
@@ -311,7 +311,7 @@ func TestTargetAnswersBeforeRefusal(t *testing.T) {
 func TestTargetMaxConnsPerSource(t *testing.T) {
 	tg := newTarget(t, mctcp.Config{MaxConnsPerSource: 2})
 	a := tg.dial(t)
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // idle long enough to be closed for room
 	b := tg.dial(t)
 	time.Sleep(20 * time.Millisecond)
 	c := tg.dial(t) // evicts a, its source's idle longest
@@ -321,6 +321,23 @@ func TestTargetMaxConnsPerSource(t *testing.T) {
 		readN(t, x, 12)
 	}
 	if r := tg.tr.Refusals(); r.SourceCap != 1 || r.ConnCap != 0 {
+		t.Fatalf("Refusals() = %+v, want one SourceCap", r)
+	}
+}
+
+// A connection idle only a moment is not closed to make room: Mooncake's
+// client writes its request as soon as it has connected (a connection per
+// request by default), so a fresh connection's request may be unread in
+// the socket. The new connection is closed instead, and the one before it
+// is served.
+func TestTargetKeepsFreshConnections(t *testing.T) {
+	tg := newTarget(t, mctcp.Config{MaxConnsPerSource: 1})
+	a := tg.dial(t)
+	b := tg.dial(t) // a is fresh: b is the one closed
+	expectClosed(t, b)
+	a.Write(mcHeader(4, uint64(tg.remote.Addr), 0x80))
+	readN(t, a, 12)
+	if r := tg.tr.Refusals(); r.SourceCap != 1 {
 		t.Fatalf("Refusals() = %+v, want one SourceCap", r)
 	}
 }
