@@ -107,6 +107,8 @@ func bench(args []string, out io.Writer) error {
 	baseline := fs.Bool("baseline", true, "--pattern kv: before each kv row, move the same bytes per request as contiguous 1 MiB transfers (the contig row) and give the ratio")
 	cpuFlag := fs.Bool("cpu", false, "report CPU seconds per GB moved on each side: this process (getrusage) and the target processes it started (/proc/PID/stat)")
 	mc := addMooncakeFlags(fs, false)
+	expectSeed := fs.Uint64("expect-seed", 0, "with --segment: instead of a sweep, READ the target's first buffer (--buffer-size bytes) and check that it holds the seeded pattern S (as serve --fill-seed)")
+	writeSeed := fs.Uint64("write-seed", 0, "with --segment: instead of a sweep (after --expect-seed's check), WRITE the seeded pattern S over the target's first buffer (for serve --check-seed)")
 	useTLS := fs.Bool("tls", false, "--protocol tcp: the target serves TLS 1.3 with a certificate its signed descriptor pins (as serve --tls; the target bench starts gets it too); with --segment, a target without it is refused")
 	if err := parseFlags(fs, args, out, benchHelp); err != nil {
 		return err
@@ -169,6 +171,10 @@ func bench(args []string, out io.Writer) error {
 		if !set["block-size"] {
 			*blocks = "8,64,512,4K"
 		}
+	}
+	seedMode := set["expect-seed"] || set["write-seed"]
+	if seedMode && (*segment == "" || strings.Contains(*segment, ",")) {
+		return errors.New("bench: --expect-seed and --write-seed check one target given with --segment")
 	}
 	kvMode := false
 	switch *pat {
@@ -236,7 +242,7 @@ func bench(args []string, out io.Writer) error {
 			return fmt.Errorf("bad operation %q (want write, read or mix)", o)
 		}
 	}
-	if !kvMode && slices.Max(sizes) > bs[0] {
+	if !kvMode && !seedMode && slices.Max(sizes) > bs[0] {
 		return fmt.Errorf("bench: block size %s above the buffer size %s (--buffer-size)", fmtSize(slices.Max(sizes)), fmtSize(bs[0]))
 	}
 	// The plot's file is opened before the sweep: a path that cannot be
@@ -258,7 +264,7 @@ func bench(args []string, out io.Writer) error {
 	}
 	switch *protocol {
 	case "tcp", "shm":
-		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, bs[0], !kvMode, mcOn)
+		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, bs[0], !kvMode && !seedMode, mcOn)
 	case "local":
 		tg, err = localTarget(ctx, bs[0], *targets, !kvMode)
 	default:
@@ -271,6 +277,16 @@ func bench(args []string, out io.Writer) error {
 		return err
 	}
 	defer tg.close()
+	if seedMode {
+		var expect, write *uint64
+		if set["expect-seed"] {
+			expect = expectSeed
+		}
+		if set["write-seed"] {
+			write = writeSeed
+		}
+		return seedCheck(ctx, tg, bs[0], expect, write, out)
+	}
 	if !*asJSON {
 		tg.progress = progressLine
 	}

@@ -5,9 +5,13 @@
 package main
 
 import (
+	"context"
+	"encoding/binary"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
+	"time"
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
@@ -89,4 +93,73 @@ func (f *mooncakeFlags) config() *moonring.MooncakeConfig {
 		c.TCP = mctcp.Config{Listen: *f.tcp}
 	}
 	return c
+}
+
+// The seeded pattern of serve --fill-seed/--check-seed and bench
+// --expect-seed/--write-seed, for one-way checks with other programs
+// (scripts/mooncake-interop.sh's mc_check): the little-endian 64-bit word
+// at byte offset 8*i is (i+1)*0x9E3779B97F4A7C15 XOR seed; a tail shorter
+// than a word holds that word's first bytes.
+
+func seedWord(i int, seed uint64) uint64 { return uint64(i+1)*0x9E3779B97F4A7C15 ^ seed }
+
+// seedPattern fills b with the pattern of seed.
+func seedPattern(b []byte, seed uint64) {
+	var w [8]byte
+	for i := 0; i*8 < len(b); i++ {
+		binary.LittleEndian.PutUint64(w[:], seedWord(i, seed))
+		copy(b[i*8:], w[:])
+	}
+}
+
+// seedDiff returns the offset of the first byte of b that differs from the
+// pattern of seed, or -1.
+func seedDiff(b []byte, seed uint64) int {
+	var w [8]byte
+	for i := 0; i*8 < len(b); i++ {
+		binary.LittleEndian.PutUint64(w[:], seedWord(i, seed))
+		chunk := b[i*8 : min(len(b), i*8+8)]
+		for j := range chunk {
+			if chunk[j] != w[j] {
+				return i*8 + j
+			}
+		}
+	}
+	return -1
+}
+
+// seedCheck is bench --expect-seed/--write-seed: READ the target's first
+// size bytes and check them against expect's pattern, then WRITE write's
+// pattern over them; each step says its result on out.
+func seedCheck(ctx context.Context, t *target, size int, expect, write *uint64, out io.Writer) error {
+	buf, err := t.ini.Alloc(size, "cpu:0")
+	if err != nil {
+		return err
+	}
+	defer t.ini.Free(buf)
+	if _, err := t.ini.RegisterLocalMemory(buf, "cpu:0", false); err != nil {
+		return err
+	}
+	defer t.ini.UnregisterLocalMemory(context.Background(), buf)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	req := moonring.TransferRequest{Opcode: moonring.Read, Source: moonring.AddressOf(buf), TargetID: t.seg, TargetOffset: t.base, Length: uint64(size)}
+	if expect != nil {
+		if err := t.ini.Transfer(ctx, req); err != nil {
+			return fmt.Errorf("bench --expect-seed: READ of %s: %w", t.name, err)
+		}
+		if off := seedDiff(buf, *expect); off >= 0 {
+			return fmt.Errorf("bench --expect-seed: %s's buffer differs from pattern %d at byte %d", t.name, *expect, off)
+		}
+		fmt.Fprintf(out, "READ %s of %s: holds pattern %d: ok\n", fmtSize(size), t.name, *expect)
+	}
+	if write != nil {
+		seedPattern(buf, *write)
+		req.Opcode = moonring.Write
+		if err := t.ini.Transfer(ctx, req); err != nil {
+			return fmt.Errorf("bench --write-seed: WRITE to %s: %w", t.name, err)
+		}
+		fmt.Fprintf(out, "WRITE %s of pattern %d to %s: done\n", fmtSize(size), *write, t.name)
+	}
+	return nil
 }

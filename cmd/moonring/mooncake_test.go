@@ -113,3 +113,42 @@ func TestMooncakeFlags(t *testing.T) {
 		t.Errorf("serve -h does not explain --mooncake:\n%s", out.String())
 	}
 }
+
+// The one-way checks with another program: serve --fill-seed holds a
+// seeded pattern that bench --expect-seed READs and checks, bench
+// --write-seed WRITEs another that serve --check-seed finds at shutdown;
+// a wrong seed fails either side.
+func TestSeedChecks(t *testing.T) {
+	noKey(t)
+	b := make([]byte, 21)
+	seedPattern(b, 3)
+	if seedDiff(b, 3) != -1 || seedDiff(b, 4) != 0 {
+		t.Fatal("seedDiff does not tell the pattern from another")
+	}
+	b[19] ^= 1
+	if got := seedDiff(b, 3); got != 19 {
+		t.Fatalf("seedDiff = %d, want 19", got)
+	}
+	lines, stop := startServe(t, 2, "--mooncake", "--listen", "127.0.0.1:0", "--buffer-size", "4M", "--fill-seed", "5", "--check-seed", "6")
+	name := segmentOf(t, lines[0])
+	var out bytes.Buffer
+	check := func(args ...string) error {
+		return run(append([]string{"bench", "--mooncake", "--segment", name, "--buffer-size", "4M"}, args...), &out)
+	}
+	if err := check("--expect-seed", "7"); err == nil || !strings.Contains(err.Error(), "differs from pattern 7 at byte 0") {
+		t.Fatalf("--expect-seed of the wrong seed: %v", err)
+	}
+	if err := check("--expect-seed", "5", "--write-seed", "6"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "holds pattern 5: ok") {
+		t.Errorf("bench printed %q", out.String())
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("serve --check-seed 6 after the WRITE of pattern 6: %v", err)
+	}
+	_, stop = startServe(t, 1, "--mooncake", "--listen", "127.0.0.1:0", "--buffer-size", "1M", "--check-seed", "6")
+	if err := stop(); err == nil || !strings.Contains(err.Error(), "differs from pattern 6") {
+		t.Fatalf("serve --check-seed with nothing written: %v", err)
+	}
+}

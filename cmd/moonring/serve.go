@@ -100,6 +100,8 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
 	useTLS := fs.Bool("tls", false, "serve TCP as TLS 1.3 with a certificate made at start, whose SHA-256 the signed descriptor pins: peers' frames (payloads, addresses, buffer keys) can be neither read nor changed on the path; plain hellos are refused")
 	mc := addMooncakeFlags(fs, true)
+	fillSeed := fs.Uint64("fill-seed", 0, "fill the buffer with the seeded pattern S instead of the default one (the 64-bit word at byte 8i is (i+1)*0x9E3779B97F4A7C15 XOR S), for a peer that checks what it READs")
+	checkSeed := fs.Uint64("check-seed", 0, "at shutdown, check that the buffer holds the seeded pattern S (what a peer WROTE); exit 2 when it does not")
 	if err := parseFlags(fs, args, out, serveHelp); err != nil {
 		return err
 	}
@@ -282,8 +284,12 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	if buf, err = e.Alloc(sizes[0], "cpu:0"); err != nil {
 		return err
 	}
-	for i := range buf {
-		buf[i] = pattern(i)
+	if set["fill-seed"] {
+		seedPattern(buf, *fillSeed)
+	} else {
+		for i := range buf {
+			buf[i] = pattern(i)
+		}
 	}
 	if _, err := e.RegisterLocalMemory(buf, "cpu:0", true); err != nil {
 		return err
@@ -326,6 +332,12 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 			return &exitError{code: exitGraceOut, err: fmt.Errorf("shutdown: %w: peers still used the buffer after %v, so they were cut: %w", errGraceOut, *grace, err)}
 		}
 		return fmt.Errorf("shutdown: %w", err)
+	}
+	if set["check-seed"] {
+		if off := seedDiff(buf, *checkSeed); off >= 0 {
+			return fmt.Errorf("serve --check-seed: the buffer differs from pattern %d at byte %d", *checkSeed, off)
+		}
+		fmt.Fprintf(out, "the buffer holds pattern %d: ok\n", *checkSeed)
 	}
 	return nil
 }
