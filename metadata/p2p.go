@@ -276,24 +276,11 @@ func NewP2P(cfg P2PConfig) (*P2P, error) {
 // p2pAdvertise returns the name peers reach a listener at; see
 // P2PConfig.Advertise.
 func p2pAdvertise(advertise string, addr *net.TCPAddr) (string, error) {
-	host, port := "", ""
-	if advertise != "" {
-		var err error
-		if host, port, err = net.SplitHostPort(advertise); err != nil {
-			return "", fmt.Errorf("metadata p2p: advertise %q: %w", advertise, err)
-		}
+	name, err := netaddr.Advertise(advertise, addr)
+	if err != nil {
+		return "", fmt.Errorf("metadata p2p: %w", err)
 	}
-	if port == "" || port == "0" {
-		port = strconv.Itoa(addr.Port)
-	}
-	if host == "" {
-		ip := addr.IP
-		if ip == nil || ip.IsUnspecified() {
-			ip = netaddr.InterfaceIP(ip == nil || ip.To4() == nil)
-		}
-		host = ip.String()
-	}
-	return net.JoinHostPort(host, port), nil
+	return name, nil
 }
 
 // Name returns the host:port peers reach this store's endpoint at: the name

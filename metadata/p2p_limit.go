@@ -9,10 +9,10 @@ import (
 	"container/list"
 	"net"
 	"net/http"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 
+	"github.com/moonring/moonring/internal/netaddr"
 	"github.com/moonring/moonring/internal/ratelog"
 )
 
@@ -155,21 +155,10 @@ func (l *connLimiter) open() int {
 // sourceOf names a connection's source for the per-host bound: its IP, an
 // IPv6 one masked to its /64 (a host has a /64 to pick addresses from).
 func sourceOf(a net.Addr) string {
-	ta, ok := a.(*net.TCPAddr)
-	if !ok {
-		return ""
+	if ip := netaddr.Source(a); ip.IsValid() {
+		return ip.String()
 	}
-	ip, ok := netip.AddrFromSlice(ta.IP)
-	if !ok {
-		return ""
-	}
-	ip = ip.Unmap()
-	if ip.Is6() {
-		if p, err := ip.Prefix(64); err == nil {
-			return p.String()
-		}
-	}
-	return ip.String()
+	return ""
 }
 
 // oldestIdle returns the oldest connection (of host, when not empty)

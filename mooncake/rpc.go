@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -194,24 +193,11 @@ func ListenRPC(cfg RPCConfig) (*RPCServer, error) {
 // advertise returns the name peers reach a listener at; see
 // RPCConfig.Advertise.
 func advertise(adv string, addr *net.TCPAddr) (string, error) {
-	host, port := "", ""
-	if adv != "" {
-		var err error
-		if host, port, err = net.SplitHostPort(adv); err != nil {
-			return "", fmt.Errorf("mooncake rpc: advertise %q: %w", adv, err)
-		}
+	name, err := netaddr.Advertise(adv, addr)
+	if err != nil {
+		return "", fmt.Errorf("mooncake rpc: %w", err)
 	}
-	if port == "" || port == "0" {
-		port = strconv.Itoa(addr.Port)
-	}
-	if host == "" {
-		ip := addr.IP
-		if ip == nil || ip.IsUnspecified() {
-			ip = netaddr.InterfaceIP(ip == nil || ip.To4() == nil)
-		}
-		host = ip.String()
-	}
-	return net.JoinHostPort(host, port), nil
+	return name, nil
 }
 
 // Name returns "ip:rpc_port" (or "[ip6]:rpc_port"), the address peers
@@ -324,16 +310,13 @@ func (s *RPCServer) accept() {
 	}
 }
 
-// sourceHost is the IP address of a connection's peer.
+// sourceHost is what a connection's peer counts under for
+// MaxConnsPerHost: its IP, an IPv6 one by its /64 (netaddr.Source).
 func sourceHost(a net.Addr) string {
-	if t, ok := a.(*net.TCPAddr); ok {
-		return t.IP.String()
+	if ip := netaddr.Source(a); ip.IsValid() {
+		return ip.String()
 	}
-	h, _, err := net.SplitHostPort(a.String())
-	if err != nil {
-		return a.String()
-	}
-	return h
+	return a.String()
 }
 
 // serve runs one connection's exchange and forgets it.

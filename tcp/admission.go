@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/moonring/moonring/internal/netaddr"
 )
 
 // Refusals counts, by reason, the connections the target refused or
@@ -180,21 +182,8 @@ func (a *admission) oldest(src netip.Addr, any bool) *peerConn {
 }
 
 // sourceOf is the address a connection counts under for
-// MaxHandshakesPerSource: IPv4 by address, IPv6 by /64 (one host commonly
-// holds a whole /64).
-func sourceOf(c net.Conn) netip.Addr {
-	a, ok := c.RemoteAddr().(*net.TCPAddr)
-	if !ok {
-		return netip.Addr{}
-	}
-	ip := a.AddrPort().Addr().Unmap()
-	if ip.Is6() {
-		if p, err := ip.Prefix(64); err == nil {
-			return p.Addr()
-		}
-	}
-	return ip
-}
+// MaxHandshakesPerSource (netaddr.Source).
+func sourceOf(c net.Conn) netip.Addr { return netaddr.Source(c.RemoteAddr()) }
 
 // accept serves the listener until Close. Past MaxHandshakes (overall or
 // per source) a new connection closes the oldest not yet logged in; when

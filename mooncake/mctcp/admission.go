@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/moonring/moonring/internal/netaddr"
 )
 
 // Refusals counts, by reason, the connections and requests the target
@@ -202,21 +204,8 @@ func (t *Transport) forgetLocked(sc *srvConn) {
 }
 
 // sourceOf is the address a connection counts under for
-// MaxConnsPerSource: IPv4 by address, IPv6 by /64 (one host commonly
-// holds a whole /64).
-func sourceOf(c net.Conn) netip.Addr {
-	a, ok := c.RemoteAddr().(*net.TCPAddr)
-	if !ok {
-		return netip.Addr{}
-	}
-	ip := a.AddrPort().Addr().Unmap()
-	if ip.Is6() {
-		if p, err := ip.Prefix(64); err == nil {
-			return p.Addr()
-		}
-	}
-	return ip
-}
+// MaxConnsPerSource (netaddr.Source).
+func sourceOf(c net.Conn) netip.Addr { return netaddr.Source(c.RemoteAddr()) }
 
 // serveConn serves one connection until it ends, and accounts for its end.
 func (t *Transport) serveConn(sc *srvConn) {
