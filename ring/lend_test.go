@@ -134,7 +134,7 @@ func ptr[T any](v T) *T { return &v }
 // completes exactly once, whoever stepped the rings.
 func TestSubmitRacesPollerWaking(t *testing.T) {
 	ep := &fakeEP{async: true, rails: 2}
-	h := newHarnessPoller(t, Config{Entries: 64, SliceSize: 1024}, ep, false, PollerConfig{Spin: time.Nanosecond})
+	h := newHarnessPoller(t, Config{Entries: 64, SliceSize: 512}, ep, false, PollerConfig{Spin: time.Nanosecond})
 	const workers, each = 4, 300
 	fillPattern(h.local, 3)
 	stop := make(chan struct{})
@@ -165,8 +165,13 @@ func TestSubmitRacesPollerWaking(t *testing.T) {
 				ud := uint64(w<<16 | i)
 				e := sq.Entry{Op: sq.Nop, UserData: ud}
 				if i%3 != 0 {
-					off := uint64(w*(hR1/workers) + (i%64)*2048)
-					e = h.write(ud, off, off, uint64(1+i%2000))
+					// A worker's blocks come round again every 128
+					// requests: the SQ (64) and the in-flight table (64)
+					// hold at most 128, so a block is never written by
+					// two requests at once (the fake endpoint completes
+					// asynchronously, and -race sees overlapping copies).
+					off := uint64(w*(hR1/workers) + (i%128)*1024)
+					e = h.write(ud, off, off, uint64(1+i%1000))
 				}
 				for {
 					if _, err := h.r.Submit([]sq.Entry{e}); err == nil {
