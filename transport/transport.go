@@ -31,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"unsafe"
 
 	"github.com/moonring/moonring/segtable"
@@ -94,8 +95,13 @@ var ErrNotifyFull = errors.New("transport: target's notification queue is full")
 // Slice is one piece of a request that a transport moves in one operation on
 // one rail.
 type Slice struct {
-	Op   Op
-	Rail uint16
+	Op Op
+	// Class is the priority class of the slice's request. Transports with
+	// queues of their own keep a ClassLow stream from delaying a ClassHigh
+	// slice by more than one slice (tcp sends it on a lane of its own);
+	// others may ignore it.
+	Class Class
+	Rail  uint16
 	// LocalHandle is the transport's handle for the local buffer (the
 	// Handle of its Registration).
 	LocalHandle uint64
@@ -107,6 +113,48 @@ type Slice struct {
 	Length uint64
 	// Token is the engine's; the transport hands it back to the Completer.
 	Token uint64
+}
+
+// Class is a request's priority class: a ring has one, and its slices
+// carry it. The zero value is ClassNormal.
+type Class uint8
+
+const (
+	// ClassNormal is the default class.
+	ClassNormal Class = iota
+	// ClassHigh is for small latency-critical requests: pollers take it
+	// first, and transports keep bulk streams out of its way.
+	ClassHigh
+	// ClassLow is for bulk streams that may wait behind the other classes
+	// (never for good: waiting low-class work is promoted).
+	ClassLow
+	// NumClasses counts the classes.
+	NumClasses = 3
+)
+
+// Rank orders classes for scheduling: 0 for ClassHigh, 1 for ClassNormal,
+// 2 for ClassLow (and for any value out of range).
+func (c Class) Rank() int {
+	switch c {
+	case ClassHigh:
+		return 0
+	case ClassNormal:
+		return 1
+	}
+	return 2
+}
+
+// String returns "high", "normal" or "low".
+func (c Class) String() string {
+	switch c {
+	case ClassHigh:
+		return "high"
+	case ClassNormal:
+		return "normal"
+	case ClassLow:
+		return "low"
+	}
+	return "class(" + strconv.Itoa(int(c)) + ")"
 }
 
 // Completer hears of every posted slice exactly once. Implementations are
