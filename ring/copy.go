@@ -41,7 +41,7 @@ func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segme
 	}
 	s := &r.inline
 	fill := func() {
-		s.Op, s.Rail, s.LocalHandle, s.Token = op, uint16(uint64(r.rail)%uint64(ep.Rails())), handle, 0
+		s.Op, s.Class, s.Rail, s.LocalHandle, s.Token = op, r.cfg.Class, uint16(uint64(r.rail)%uint64(ep.Rails())), handle, 0
 		s.Local, s.Remote, s.Length = buf.Pointer(e.Local), e.Remote, e.Length
 	}
 	var err error

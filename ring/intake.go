@@ -33,16 +33,19 @@ func (r *Ring) headDeadline(e *sq.Entry, blocked int64) int64 {
 }
 
 // step does one round of work and reports whether it did any. Poller only.
-func (r *Ring) step(t int64) bool {
+func (r *Ring) step(t int64, held bool) bool {
 	r.now = t
 	work := r.reap()
-	if len(r.redo) > 0 {
-		work = r.postRedo() || work
+	r.took = false
+	if limit := r.hold(t, held); limit > 0 {
+		if len(r.redo) > 0 {
+			work = r.postRedo() || work
+		}
+		if r.postHead < len(r.postq) {
+			work = r.postPending() || work
+		}
+		work = r.take(t, limit) || work
 	}
-	if r.postHead < len(r.postq) {
-		work = r.postPending() || work
-	}
-	work = r.take(t) || work
 	r.flush()
 	if r.active > 0 && t >= r.nextCheck {
 		r.expire(t)
@@ -61,9 +64,9 @@ func (r *Ring) step(t int64) bool {
 // submitter. It does everything step does but synchronous copies, which
 // could be large: their slices are left for the poller, and stepLent
 // reports that it must wake (as it does for any work left).
-func (r *Ring) stepLent(t int64) (wake bool) {
+func (r *Ring) stepLent(t int64, held bool) (wake bool) {
 	r.lent = true
-	r.step(t)
+	r.step(t, held)
 	r.lent = false
 	deferred := r.deferred
 	r.deferred = false
@@ -118,7 +121,7 @@ func (r *Ring) wakeAt(t int64) int64 {
 // the SQ then times out once the ring has been blocked for longer than the
 // request's timeout, without a slot, so that no request waits past its
 // deadline for one (slots come back only when transports return slices).
-func (r *Ring) take(t int64) bool {
+func (r *Ring) take(t int64, limit int) bool {
 	// Completions from before go out first: the copies below may take a
 	// while. From here to Advance no completion is published to the CQ
 	// (see complete): the caller must not see one for an entry still in
@@ -130,7 +133,7 @@ func (r *Ring) take(t int64) bool {
 	if len(r.free) > 0 {
 		r.blockedSince = 0 // a slot came back: blocked again, the clock starts again
 	}
-	max := min(64, len(r.free)+1) // +1: Nops and Cancels need no slot
+	max := min(limit, len(r.free)+1) // +1: Nops and Cancels need no slot
 	pos, n := r.sq.Peek(max)
 	i := 0
 	for ; i < n; i++ {
@@ -154,6 +157,7 @@ func (r *Ring) take(t int64) bool {
 	}
 	r.sq.Advance(i)
 	r.taking = false
+	r.took = i > 0
 	return i > 0
 }
 

@@ -29,6 +29,10 @@ type PollerConfig struct {
 	// Pin is called on the poller's locked OS thread with CPUs when CPUs is
 	// not empty; the engine passes topology.PinThread.
 	Pin func(cpus []int) error
+	// Promote is how long a ring waits, with work pending, behind rings of
+	// a higher class that keep taking new entries, before it is promoted
+	// for a round (default 1 ms). See Config.Class.
+	Promote time.Duration
 }
 
 // DefaultSpin is PollerConfig.Spin's default.
@@ -82,6 +86,9 @@ type Poller struct {
 func NewPoller(cfg PollerConfig) *Poller {
 	if cfg.Spin == 0 {
 		cfg.Spin = DefaultSpin
+	}
+	if cfg.Promote <= 0 {
+		cfg.Promote = DefaultPromote
 	}
 	p := &Poller{
 		cfg:      cfg,
@@ -137,7 +144,7 @@ func (p *Poller) attach(r *Ring) error {
 		return fmt.Errorf("ring: poller stopped: %w", ErrClosed)
 	default:
 	}
-	p.update(func(rs []*Ring) []*Ring { return append(slices.Clone(rs), r) })
+	p.update(func(rs []*Ring) []*Ring { return insertByClass(rs, r) })
 	return nil
 }
 
@@ -251,17 +258,8 @@ func (p *Poller) run() {
 			t = now()
 			p.slow = false
 		}
-		work := false
 		rings := p.list()
-		prune := false
-		for _, r := range rings {
-			if r.detached {
-				work = r.reap() || work
-				prune = prune || !r.draining()
-			} else if r.step(t) {
-				work = true
-			}
-		}
+		work, prune := p.round(rings, t)
 		if prune {
 			p.prune()
 		}
@@ -355,6 +353,29 @@ func (p *Poller) run() {
 	}
 }
 
+// round steps each ring once, in the order of their classes (see
+// Config.Class): a ring of a lower class than one that took new entries
+// this round is held. It reports whether any ring did work, and whether a
+// detached ring is done and can be pruned.
+func (p *Poller) round(rings []*Ring, t int64) (work, prune bool) {
+	top := transport.NumClasses // the highest class (lowest rank) that took entries
+	for _, r := range rings {
+		if r.detached {
+			work = r.reap() || work
+			prune = prune || !r.draining()
+			continue
+		}
+		rank := r.cfg.Class.Rank()
+		if r.step(t, top < rank) {
+			work = true
+		}
+		if r.took && rank < top {
+			top = rank
+		}
+	}
+	return work, prune
+}
+
 // hooksInFlight reports whether a hook has work in flight that only its
 // Poll sees finish (transport.InFlight): the poller does not park then.
 func (p *Poller) hooksInFlight() bool {
@@ -440,13 +461,18 @@ const maxPark = 100 * time.Millisecond
 func (p *Poller) stepLent() bool {
 	t := now()
 	wake := false
+	top := transport.NumClasses
 	for _, r := range p.list() {
 		if r.detached {
 			// A closed ring's last slices are the poller's to reap.
 			wake = wake || !r.done.Empty()
 			continue
 		}
-		wake = r.stepLent(t) || wake
+		rank := r.cfg.Class.Rank()
+		wake = r.stepLent(t, top < rank) || wake
+		if r.took && rank < top {
+			top = rank
+		}
 		wake = wake || r.wakeAt(t) < p.parkUntil
 	}
 	return wake || len(p.requests) > 0

@@ -117,6 +117,7 @@ func (r *Ring) add(q *request, tok uint64) bool {
 	r.batch = r.batch[:len(r.batch)+1]
 	sl := &r.batch[len(r.batch)-1]
 	sl.Rail = uint16((uint64(q.rail) + uint64(i) + attempt(tok)) % uint64(rails))
+	sl.Class = r.cfg.Class
 	sl.LocalHandle = q.handle
 	sl.Token = tok
 	if i == q.nslices { // the notification, after every data slice

@@ -61,6 +61,13 @@ type Config struct {
 	Timeout time.Duration
 	// MaxLength is the longest request accepted (default 1 TiB).
 	MaxLength uint64
+	// Class is the ring's priority class; its slices carry it to the
+	// transports. Its poller steps rings of a higher class first, and in a
+	// round in which one of them took new entries, rings of a lower class
+	// start nothing new (they still reap completions and time requests
+	// out) until they have waited PollerConfig.Promote, when they take a
+	// few entries. The default is transport.ClassNormal.
+	Class transport.Class
 	// Sink, when set, receives completions instead of the CQ.
 	Sink Sink
 	// Logger, when set, hears of slice retries and of requests that time
@@ -109,8 +116,8 @@ func (c *Config) fill() error {
 	if c.MaxLength == 0 {
 		c.MaxLength = DefaultMaxLength
 	}
-	if c.MaxInFlight < 1 || c.MaxInFlight > 1<<idxBits || c.RetryLimit < 0 || c.Timeout < 0 {
-		return fmt.Errorf("ring: bad config: MaxInFlight %d, RetryLimit %d, Timeout %v", c.MaxInFlight, c.RetryLimit, c.Timeout)
+	if c.MaxInFlight < 1 || c.MaxInFlight > 1<<idxBits || c.RetryLimit < 0 || c.Timeout < 0 || c.Class >= transport.NumClasses {
+		return fmt.Errorf("ring: bad config: MaxInFlight %d, RetryLimit %d, Timeout %v, Class %v", c.MaxInFlight, c.RetryLimit, c.Timeout, c.Class)
 	}
 	return nil
 }
@@ -189,6 +196,12 @@ type Ring struct {
 	blockedSince int64
 	rail         uint16
 	detached     bool
+	// took: the ring's last take started entries (the poller holds lower
+	// classes back for the rest of the round); heldSince: when the ring
+	// started waiting behind a higher class with work pending (0: it is
+	// not waiting). See hold.
+	took      bool
+	heldSince int64
 
 	stats Stats
 	_     cpu.CacheLinePad

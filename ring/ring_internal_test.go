@@ -357,6 +357,7 @@ type harness struct {
 // goroutine, as for a stopped poller.
 func manualPoller() *Poller {
 	p := &Poller{bell: sq.NewDoorbell(), requests: make(chan func(), 1), stop: make(chan struct{}), done: make(chan struct{})}
+	p.cfg.Promote = DefaultPromote
 	close(p.done)
 	return p
 }
@@ -460,7 +461,7 @@ func (h *harness) submit(es ...sq.Entry) {
 	}
 }
 
-func (h *harness) step() { h.r.step(h.clock) }
+func (h *harness) step() { h.r.step(h.clock, false) }
 
 // poll returns the completions ready now (after one step when manual).
 func (h *harness) poll() []cq.Completion {

@@ -26,6 +26,10 @@ type Stats struct {
 	// after a failure of the path (each also counts as a retry).
 	Failovers uint64
 	InFlight  uint64 // requests in the in-flight table now (a gauge)
+	// Held counts rounds in which the ring started nothing new because a
+	// ring of a higher class took entries (Config.Class); Promoted the
+	// rounds in which it was promoted after waiting PollerConfig.Promote.
+	Held, Promoted uint64
 	// Codes counts every ended entry by its completion code (index: the
 	// cq.Code), so errors can be told apart by kind.
 	Codes [32]uint64

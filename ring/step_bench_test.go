@@ -49,7 +49,7 @@ func BenchmarkStepWrite4KiB(b *testing.B) {
 		if _, err := r.Submit(es[:1]); err != nil {
 			b.Fatal(err)
 		}
-		r.step(t)
+		r.step(t, false)
 		if n := r.PeekBatch(cqes); n != 1 || cqes[0].Err() != nil {
 			b.Fatalf("%d completions, %v", n, cqes[0].Err())
 		}

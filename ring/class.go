@@ -1,0 +1,61 @@
+// class.go holds the priority classes of rings: the order a poller steps
+// its rings in, the rounds in which a lower class waits for a higher one,
+// and the promotion that keeps waiting lower-class work from starving.
+
+package ring
+
+import (
+	"slices"
+	"time"
+
+	"github.com/moonring/moonring/transport"
+)
+
+// DefaultPromote is PollerConfig.Promote's default.
+const DefaultPromote = time.Millisecond
+
+// promoteTake bounds the entries a promoted ring takes in the round it is
+// promoted: enough to keep it moving, few enough that a high-class ring
+// waits for no more than a few of its requests.
+const promoteTake = 8
+
+// Class returns the ring's priority class. Safe for concurrent use.
+func (r *Ring) Class() transport.Class { return r.cfg.Class }
+
+// hold decides, at the start of a ring's step, whether the ring waits this
+// round because a ring of a higher class took new entries in it (held).
+// A waiting ring reaps its completions and expires its deadlines but
+// starts nothing new: no entry taken, no slice posted. Once it has waited
+// Promote with work pending, it is promoted for one round and takes up to
+// promoteTake entries (and posts its pending slices); its wait starts over.
+// It returns the most entries the ring may take now: 0 to wait.
+func (r *Ring) hold(t int64, held bool) int {
+	if !held || (r.sq.Empty() && len(r.redo) == 0 && r.postHead >= len(r.postq)) {
+		r.heldSince = 0
+		return maxTake
+	}
+	if r.heldSince == 0 {
+		r.heldSince = t
+	}
+	if t-r.heldSince < int64(r.poller.cfg.Promote) {
+		r.stats.Held++
+		return 0
+	}
+	r.heldSince = t
+	r.stats.Promoted++
+	return promoteTake
+}
+
+// maxTake bounds the entries a ring takes in one round.
+const maxTake = 64
+
+// insertByClass returns rs with r inserted after every ring of its class
+// or a higher one: a poller steps its rings high class first, each class
+// in the order its rings were made.
+func insertByClass(rs []*Ring, r *Ring) []*Ring {
+	i := len(rs)
+	for i > 0 && rs[i-1].cfg.Class.Rank() > r.cfg.Class.Rank() {
+		i--
+	}
+	return slices.Insert(slices.Clone(rs), i, r)
+}

@@ -1,0 +1,231 @@
+package ring
+
+import (
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/sq"
+	"github.com/moonring/moonring/transport"
+)
+
+// classRing makes another ring of class c on the harness's tables and
+// poller, closed at the end of the test.
+func (h *harness) classRing(c transport.Class) *Ring {
+	h.t.Helper()
+	r, err := New(Config{Class: c}, &h.tables, h.p)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// drain reads r's completions and returns how many were COMPLETED; it
+// fails on any other code.
+func drain(t *testing.T, r *Ring) int {
+	t.Helper()
+	var cqes [64]cq.Completion
+	total := 0
+	for {
+		n := r.PeekBatch(cqes[:])
+		if n == 0 {
+			return total
+		}
+		for _, c := range cqes[:n] {
+			if c.Err() != nil {
+				t.Fatalf("completion %+v: %v", c, c.Err())
+			}
+		}
+		r.Advance(n)
+		total += n
+	}
+}
+
+// postedClasses returns the classes of the slices the endpoint took since
+// the last call.
+func postedClasses(f *fakeEP, from *int) []transport.Class {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var cs []transport.Class
+	for _, s := range f.posts[*from:] {
+		cs = append(cs, s.Class)
+	}
+	*from = len(f.posts)
+	return cs
+}
+
+func TestClassOrder(t *testing.T) {
+	h := newHarness(t, Config{}, &fakeEP{}, true) // h.r: normal
+	lo := h.classRing(transport.ClassLow)
+	hi := h.classRing(transport.ClassHigh)
+	n2 := h.classRing(transport.ClassNormal)
+	got := h.p.list()
+	want := []*Ring{hi, h.r, n2, lo}
+	if len(got) != len(want) {
+		t.Fatalf("%d rings listed, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("ring %d is of class %v, want %v (high first, then each class in the order made)", i, got[i].Class(), want[i].Class())
+		}
+	}
+	if _, err := New(Config{Class: transport.NumClasses}, &h.tables, h.p); err == nil {
+		t.Fatal("New took a class out of range")
+	}
+}
+
+// In a round in which the high-class ring takes entries, the normal and
+// low ones post nothing; in the next, without high-class work, they do.
+func TestHeldBehindHigherClass(t *testing.T) {
+	ep := &fakeEP{}
+	h := newHarness(t, Config{}, ep, true)
+	lo := h.classRing(transport.ClassLow)
+	hi := h.classRing(transport.ClassHigh)
+	from := 0
+	for _, r := range []*Ring{lo, h.r, hi} {
+		if _, err := r.Submit([]sq.Entry{h.write(1, 0, 0, 4096), h.write(2, 4096, 4096, 4096)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.p.round(h.p.list(), h.clock)
+	for _, c := range postedClasses(ep, &from) {
+		if c != transport.ClassHigh {
+			t.Fatalf("a %v slice was posted in the round the high-class ring took entries", c)
+		}
+	}
+	// Next the normal ring takes its entries, and holds the low one back.
+	h.p.round(h.p.list(), h.clock)
+	if got := postedClasses(ep, &from); len(got) != 2 || got[0] != transport.ClassNormal || got[1] != transport.ClassNormal {
+		t.Fatalf("second round posted %v; want the normal ring's two slices", got)
+	}
+	h.p.round(h.p.list(), h.clock)
+	if got := postedClasses(ep, &from); len(got) != 2 || got[0] != transport.ClassLow || got[1] != transport.ClassLow {
+		t.Fatalf("third round posted %v; want the low ring's two slices", got)
+	}
+	h.p.round(h.p.list(), h.clock) // reap
+	for _, r := range []*Ring{lo, h.r, hi} {
+		if n := drain(t, r); n != 2 {
+			t.Fatalf("%v ring: %d completions, want 2", r.Class(), n)
+		}
+	}
+	if st := lo.Stats(); st.Held != 2 || st.Promoted != 0 {
+		t.Fatalf("low ring held %d rounds, promoted %d; want 2 and 0", st.Held, st.Promoted)
+	}
+}
+
+// Under a high-class ring that takes entries every round, a low-class
+// ring is promoted every Promote of the poller's clock and takes a few
+// entries then: it makes progress and all its work completes.
+func TestPromotionUnderConstantHighLoad(t *testing.T) {
+	ep := &fakeEP{}
+	h := newHarness(t, Config{}, ep, true)
+	lo := h.classRing(transport.ClassLow)
+	hi := h.classRing(transport.ClassHigh)
+	const lowN = 64
+	var es []sq.Entry
+	for i := range lowN {
+		es = append(es, h.write(uint64(i), 0, uint64(i)*64, 64))
+	}
+	if n, err := lo.Submit(es); n != lowN || err != nil {
+		t.Fatalf("Submit: %d, %v", n, err)
+	}
+	const tick = 100 * time.Microsecond // the poller's clock per round here
+	done, rounds := 0, 0
+	from := 0
+	for ; done < lowN; rounds++ {
+		if rounds > 10000 {
+			t.Fatalf("low-class ring starved: %d of %d done after %d rounds", done, lowN, rounds)
+		}
+		if _, err := hi.Submit([]sq.Entry{h.read(9, 0, 0, 64)}); err != nil {
+			t.Fatal(err)
+		}
+		h.clock += int64(tick)
+		h.p.round(h.p.list(), h.clock)
+		low := 0
+		for _, c := range postedClasses(ep, &from) {
+			if c == transport.ClassLow {
+				low++
+			}
+		}
+		if low > promoteTake {
+			t.Fatalf("round %d: the low-class ring posted %d slices while held (at most %d when promoted)", rounds, low, promoteTake)
+		}
+		drain(t, hi)
+		done += drain(t, lo)
+	}
+	st := lo.Stats()
+	if st.Promoted < lowN/promoteTake || st.Held == 0 {
+		t.Fatalf("low ring: held %d rounds, promoted %d; want held, and promoted at least %d times", st.Held, st.Promoted, lowN/promoteTake)
+	}
+	// Promoted every Promote (1 ms = 10 ticks) of waiting, so about ten
+	// rounds per promotion.
+	if per := float64(rounds) / float64(st.Promoted); per < 8 || per > 12 {
+		t.Fatalf("a promotion every %.1f rounds of %v; want about %v", per, tick, DefaultPromote/tick)
+	}
+}
+
+// The same on a running poller: a goroutine keeps a high-class ring busy
+// while a low-class ring's requests all complete.
+func TestLowCompletesUnderHighLoad(t *testing.T) {
+	ep := &fakeEP{}
+	h := newHarness(t, Config{}, ep, false)
+	lo := h.classRing(transport.ClassLow)
+	hi := h.classRing(transport.ClassHigh)
+	stop := make(chan struct{})
+	highDone := make(chan int)
+	go func() {
+		n := 0
+		var cqes [64]cq.Completion
+		for {
+			select {
+			case <-stop:
+				highDone <- n
+				return
+			default:
+			}
+			if k, _ := hi.Submit([]sq.Entry{h.read(1, 0, 0, 64), h.read(2, 64, 64, 64)}); k == 0 {
+				runtime.Gosched()
+			}
+			k := hi.PeekBatch(cqes[:])
+			hi.Advance(k)
+			n += k
+		}
+	}()
+	const lowN = 500
+	got := 0
+	for i := range lowN {
+		for {
+			n, err := lo.Submit([]sq.Entry{h.write(uint64(i), 0, uint64(i%64)*64, 64)})
+			if n == 1 {
+				break
+			}
+			if err != ErrSQFull {
+				t.Fatal(err)
+			}
+			got += drainWait(t, lo, 1)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for got < lowN {
+		if time.Now().After(deadline) {
+			t.Fatalf("hang: %d of %d low-class requests completed under high-class load (%+v)", got, lowN, lo.Stats())
+		}
+		got += drainWait(t, lo, 1)
+	}
+	close(stop)
+	if n := <-highDone; n == 0 {
+		t.Fatal("the high-class ring completed nothing")
+	}
+}
+
+// drainWait waits up to 10 ms for n completions of r and reads those
+// there are; it fails on an error.
+func drainWait(t *testing.T, r *Ring, n int) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	r.CQ().Wait(ctx, n)
+	cancel()
+	return drain(t, r)
+}
