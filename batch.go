@@ -86,6 +86,9 @@ type TransferRequest struct {
 	// it FAILs at once with ErrTransportDown when the segment's path
 	// through it is down or not open, and never fails over.
 	TransportOnly bool
+	// Class is the task's priority class (default ClassNormal): the batch
+	// API keeps a ring per NUMA node and class. See Class.
+	Class Class
 }
 
 // Notify is the notification a TransferRequest delivers.
@@ -119,7 +122,7 @@ type task struct {
 	status atomic.Uint32 // cq.Status; stored last, so a terminal status publishes code and bytes
 	code   atomic.Uint32
 	bytes  atomic.Uint64
-	node   atomic.Int32 // the node of the ring that runs it; stored before submit
+	ring   atomic.Int32 // the ring that runs it, node<<2 | class; stored before submit
 	msg    []byte       // the notification's message; written before submit
 }
 
@@ -169,10 +172,16 @@ type batchTable struct {
 	mu    sync.Mutex // guards free, rings and the allocation of slots
 	slots []batch
 	free  []int
-	rings map[int]*ring.Ring // per NUMA node, made on first use
+	rings map[ringKey]*ring.Ring // per NUMA node and class, made on first use
 	// fast mirrors rings for nodes below 64, read without the lock on
 	// every SubmitTransfer.
-	fast [64]atomic.Pointer[ring.Ring]
+	fast [transport.NumClasses][64]atomic.Pointer[ring.Ring]
+}
+
+// ringKey names a batch ring.
+type ringKey struct {
+	node  int
+	class Class
 }
 
 func (bt *batchTable) init(e *Engine, n int) {
@@ -183,7 +192,7 @@ func (bt *batchTable) init(e *Engine, n int) {
 		bt.free[i] = n - 1 - i
 		bt.slots[i].done = make(chan struct{}, 1)
 	}
-	bt.rings = map[int]*ring.Ring{}
+	bt.rings = map[ringKey]*ring.Ring{}
 }
 
 func (bt *batchTable) close() {
@@ -196,16 +205,19 @@ func (bt *batchTable) close() {
 	}
 }
 
-// ring returns the batch ring of a node.
-func (bt *batchTable) ring(node int) (*ring.Ring, error) {
-	if node >= 0 && node < len(bt.fast) {
-		if r := bt.fast[node].Load(); r != nil && !r.Closed() {
+// ring returns the batch ring of a node and class.
+func (bt *batchTable) ring(node int, class Class) (*ring.Ring, error) {
+	if class >= transport.NumClasses {
+		return nil, fmt.Errorf("class %d: %w", class, ErrInvalid)
+	}
+	if node >= 0 && node < len(bt.fast[class]) {
+		if r := bt.fast[class][node].Load(); r != nil && !r.Closed() {
 			return r, nil
 		}
 	}
 	bt.mu.Lock()
 	defer bt.mu.Unlock()
-	if r := bt.rings[node]; r != nil {
+	if r := bt.rings[ringKey{node, class}]; r != nil {
 		return r, nil
 	}
 	if bt.rings == nil {
@@ -220,14 +232,14 @@ func (bt *batchTable) ring(node int) (*ring.Ring, error) {
 	n := e.cfg.BatchEntries
 	r, err := ring.New(ring.Config{
 		Entries: n, MaxInFlight: n, SliceSize: e.cfg.SliceSize, RetryLimit: e.cfg.RetryLimit,
-		Timeout: e.cfg.Timeout, Sink: (*batchSink)(bt), Logger: e.cfg.Logger,
+		Timeout: e.cfg.Timeout, Sink: (*batchSink)(bt), Logger: e.cfg.Logger, Class: class,
 	}, &e.tables, e.poller(node))
 	if err != nil {
 		return nil, fmt.Errorf("moonring: batch ring: %w", err)
 	}
-	bt.rings[node] = r
-	if node >= 0 && node < len(bt.fast) {
-		bt.fast[node].Store(r)
+	bt.rings[ringKey{node, class}] = r
+	if node >= 0 && node < len(bt.fast[class]) {
+		bt.fast[class][node].Store(r)
 	}
 	return r, nil
 }
@@ -411,7 +423,7 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 	var es [32]sq.Entry
 	submitted := ring.Now() // tasks' deadlines count from here
 	for next := 0; next < len(reqs); {
-		node, n := -1, 0
+		node, class, n := -1, Class(0), 0
 		for next < len(reqs) && n < len(es) {
 			req := &reqs[next]
 			task := base + next
@@ -424,12 +436,12 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 				continue
 			}
 			tn := nodeOf(buf.Location)
-			if node >= 0 && tn != node {
+			if node >= 0 && (tn != node || req.Class != class) {
 				break // one ring per push
 			}
-			node = tn
+			node, class = tn, req.Class
 			t := b.task(task)
-			t.node.Store(int32(node))
+			t.ring.Store(int32(node)<<2 | int32(class))
 			local := req.Local
 			if req.Buffer == 0 {
 				local = uint64(req.Source - buf.Addr)
@@ -473,7 +485,7 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 		if n == 0 {
 			continue
 		}
-		r, err := e.batches.ring(node)
+		r, err := e.batches.ring(node, class)
 		if err == nil {
 			b.unfinished.Add(int64(n))
 			var pushed int
@@ -506,6 +518,9 @@ func (e *Engine) check(req *TransferRequest) (*segtable.Buffer, error) {
 	}
 	if req.Length == 0 {
 		return nil, ErrLength
+	}
+	if req.Class >= transport.NumClasses {
+		return nil, fmt.Errorf("class %d: %w", req.Class, ErrInvalid)
 	}
 	if req.Notify != nil && (req.Opcode != Write || len(req.Notify.Msg) > transport.MaxNotifyMessage) {
 		return nil, fmt.Errorf("notify on a %s of %d message bytes: %w", req.Opcode, len(req.Notify.Msg), ErrInvalid)
@@ -678,7 +693,8 @@ func (e *Engine) CancelTransfer(id BatchID, taskID int) error {
 	if Status(t.status.Load()).Terminal() {
 		return nil
 	}
-	r, err := e.batches.ring(int(t.node.Load()))
+	k := t.ring.Load()
+	r, err := e.batches.ring(int(k>>2), Class(k&3))
 	if err != nil {
 		return err
 	}

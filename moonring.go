@@ -67,6 +67,23 @@ const (
 	FlagTransportPrefer = sq.FlagTransportPrefer
 )
 
+// Class is the priority class of a ring (RingConfig.Class) or of a batch
+// task (TransferRequest.Class). A poller steps rings of a higher class
+// first; in a round in which a higher-class ring takes new requests, rings
+// of lower classes start nothing new, until they have waited a millisecond
+// with work pending, when they take a few requests (so they are never
+// starved). Transports with queues of their own keep low-class streams out
+// of a high-class request's way: tcp sends ClassHigh on a connection of its
+// own. The zero value is ClassNormal.
+type Class = transport.Class
+
+// The classes.
+const (
+	ClassNormal = transport.ClassNormal
+	ClassHigh   = transport.ClassHigh
+	ClassLow    = transport.ClassLow
+)
+
 // Entry ops.
 const (
 	OpNop    = sq.Nop

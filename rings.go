@@ -75,6 +75,10 @@ type RingConfig struct {
 	MaxInFlight int
 	// Node is the NUMA node whose poller drains the ring (default 0).
 	Node int
+	// Class is the ring's priority class (default ClassNormal): small
+	// latency-critical requests on a ClassHigh ring, bulk streams on a
+	// ClassLow one. See Class.
+	Class Class
 }
 
 // NewRing returns a ring drained by the poller of cfg.Node. The caller owns
@@ -86,7 +90,7 @@ func (e *Engine) NewRing(cfg RingConfig) (*Ring, error) {
 		return nil, ErrClosed
 	}
 	r, err := ring.New(ring.Config{
-		Entries: cfg.Entries, CQEntries: cfg.CQEntries, MaxInFlight: cfg.MaxInFlight,
+		Entries: cfg.Entries, CQEntries: cfg.CQEntries, MaxInFlight: cfg.MaxInFlight, Class: cfg.Class,
 		SliceSize: e.cfg.SliceSize, RetryLimit: e.cfg.RetryLimit, Timeout: e.cfg.Timeout, Logger: e.cfg.Logger,
 	}, &e.tables, e.poller(cfg.Node))
 	if err != nil {
