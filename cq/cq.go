@@ -251,6 +251,8 @@ type Ring struct {
 	waiting atomic.Bool
 	want    atomic.Int64
 	wake    chan struct{}
+	// woke is set when a Post woke a waiter; Woke reads and clears it.
+	woke atomic.Bool
 	closed  atomic.Bool
 
 	// efd is the eventfd, -1 until EventFD is first called. signal says
@@ -328,6 +330,12 @@ func (r *Ring) PostBatch(cs []Completion) {
 	r.notify()
 }
 
+// Woke reports whether a Post woke a goroutine in Wait since the last
+// call, and clears the mark. A producer that keeps its thread busy (a
+// poller) yields it after waking one, so that the waiter runs at once
+// rather than when another thread steals it. Safe for concurrent use.
+func (r *Ring) Woke() bool { return r.woke.Load() && r.woke.Swap(false) }
+
 func (r *Ring) notify() {
 	// The count as a producer sees it: committed and not yet released by
 	// the reader. Commits land in order, so the Post whose commit makes
@@ -335,6 +343,7 @@ func (r *Ring) notify() {
 	if r.waiting.Load() && r.q.Committed()-r.q.Released() >= uint64(r.want.Load()) {
 		select {
 		case r.wake <- struct{}{}:
+			r.woke.Store(true)
 		default:
 		}
 	}

@@ -49,6 +49,16 @@ func (r *Ring) hold(t int64, held bool) int {
 // maxTake bounds the entries a ring takes in one round.
 const maxTake = 64
 
+// yieldBytes bounds the inline copies (local, shm: done on the poller) a
+// ring makes in one round while its poller also drains a ring of a higher
+// class: a request of that class waits for at most this much copying (and
+// one request's) before the poller looks at it. noYield is the bound of a
+// ring of the highest class listed.
+const (
+	yieldBytes = 64 << 10
+	noYield    = ^uint64(0)
+)
+
 // insertByClass returns rs with r inserted after every ring of its class
 // or a higher one: a poller steps its rings high class first, each class
 // in the order its rings were made.

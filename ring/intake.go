@@ -150,6 +150,10 @@ func (r *Ring) take(t int64, limit int) bool {
 		}
 		r.more = i < n-1
 		r.start(e, t)
+		if r.inlineBytes >= r.yieldAt {
+			i++
+			break // a higher class may be waiting: see yieldBytes
+		}
 	}
 	r.more = false
 	if len(r.free) > 0 {

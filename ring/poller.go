@@ -248,6 +248,7 @@ func (p *Poller) run() {
 	spin := p.spin()
 	last := now()
 	t := last
+	lastYield := t
 	busy := false // whether the last round did work
 	for iter := 0; ; iter++ {
 		// Reading the clock costs as much as a small request (20-25 ns
@@ -259,7 +260,7 @@ func (p *Poller) run() {
 			p.slow = false
 		}
 		rings := p.list()
-		work, prune := p.round(rings, t)
+		work, prune, woke := p.round(rings, t)
 		if prune {
 			p.prune()
 		}
@@ -287,6 +288,14 @@ func (p *Poller) run() {
 		}
 		if work {
 			busy = true
+			if woke || t-lastYield > int64(yieldEvery) {
+				// A goroutine this round readied (a waiter of a CQ, of a
+				// batch) sits on this thread's run queue until another
+				// thread steals it, tens of µs on a busy machine: let it
+				// run now.
+				runtime.Gosched()
+				lastYield = t
+			}
 			continue
 		}
 		if busy { // the first idle round: the spin starts now
@@ -357,7 +366,7 @@ func (p *Poller) run() {
 // Config.Class): a ring of a lower class than one that took new entries
 // this round is held. It reports whether any ring did work, and whether a
 // detached ring is done and can be pruned.
-func (p *Poller) round(rings []*Ring, t int64) (work, prune bool) {
+func (p *Poller) round(rings []*Ring, t int64) (work, prune, woke bool) {
 	top := transport.NumClasses // the highest class (lowest rank) that took entries
 	for _, r := range rings {
 		if r.detached {
@@ -366,15 +375,25 @@ func (p *Poller) round(rings []*Ring, t int64) (work, prune bool) {
 			continue
 		}
 		rank := r.cfg.Class.Rank()
+		r.yieldAt = noYield
+		if rings[0].cfg.Class.Rank() < rank {
+			r.yieldAt = yieldBytes // a ring of a higher class is listed first
+		}
 		if r.step(t, top < rank) {
 			work = true
 		}
 		if r.took && rank < top {
 			top = rank
 		}
+		woke = r.cq.Woke() || woke
 	}
-	return work, prune
+	return work, prune, woke
 }
+
+// yieldEvery is how often a busy poller yields its thread even when it
+// woke no CQ waiter: goroutines that a Sink readied (a batch's waiter) or
+// that a transport's completion readied run within about this long.
+const yieldEvery = 20 * time.Microsecond
 
 // hooksInFlight reports whether a hook has work in flight that only its
 // Poll sees finish (transport.InFlight): the poller does not park then.

@@ -202,6 +202,10 @@ type Ring struct {
 	// not waiting). See hold.
 	took      bool
 	heldSince int64
+	// yieldAt: the bytes of inline copies after which take stops for the
+	// round (yieldBytes while the poller has a ring of a higher class;
+	// else noYield).
+	yieldAt uint64
 
 	stats Stats
 	_     cpu.CacheLinePad
@@ -291,12 +295,13 @@ func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
 	}
 	r := &Ring{
 		sq: s, cq: c, done: d, poller: p, cfg: cfg, tables: tables, shut: make(chan struct{}),
-		reqs:  make([]request, cfg.MaxInFlight),
-		free:  make([]int32, cfg.MaxInFlight),
-		postq: make([]uint64, 0, cfg.MaxInFlight),
-		batch: make([]transport.Slice, 0, 64),
-		errs:  make([]error, 64),
-		cqes:  make([]cq.Completion, 0, 64),
+		reqs:    make([]request, cfg.MaxInFlight),
+		free:    make([]int32, cfg.MaxInFlight),
+		postq:   make([]uint64, 0, cfg.MaxInFlight),
+		batch:   make([]transport.Slice, 0, 64),
+		errs:    make([]error, 64),
+		cqes:    make([]cq.Completion, 0, 64),
+		yieldAt: noYield,
 	}
 	for i := range r.free {
 		r.free[i] = int32(cfg.MaxInFlight - 1 - i)
