@@ -252,8 +252,8 @@ type Ring struct {
 	want    atomic.Int64
 	wake    chan struct{}
 	// woke is set when a Post woke a waiter; Woke reads and clears it.
-	woke atomic.Bool
-	closed  atomic.Bool
+	woke   atomic.Bool
+	closed atomic.Bool
 
 	// efd is the eventfd, -1 until EventFD is first called. signal says
 	// whether a count is pending on it: sigClear, then sigWriting while the
