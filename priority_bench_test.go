@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/shm"
 )
 
 // BenchmarkPriority times one 4 KiB READ at a time from a target process
@@ -17,10 +18,31 @@ import (
 // classes) for comparison. Issue 20's target: high-class under the stream
 // within 2x of idle. Run the three in one go, they share the target.
 func BenchmarkPriority(b *testing.B) {
+	b.Run("transport=tcp", func(b *testing.B) { benchPriority(b, false) })
+	b.Run("transport=shm", func(b *testing.B) { benchPriority(b, true) })
+}
+
+// benchPriority is BenchmarkPriority over TCP or, with shm set, over shm:
+// there the poller copies, so what counts is how much of the stream it
+// copies before it takes the READ.
+func benchPriority(b *testing.B, shmPath bool) {
 	const bulk, depth = 1 << 20, 8
 	span := bulk*depth + 4096
-	c := startChild(b, "target", "MOONRING_SIZE="+strconv.Itoa(span))
-	e, seg, d := remoteEngine(b, c, benchConfig())
+	env := []string{"MOONRING_SIZE=" + strconv.Itoa(span)}
+	cfg := benchConfig()
+	if shmPath {
+		env = append(env, "MOONRING_SHM=1")
+		cfg.SHM = &shm.Config{}
+	}
+	c := startChild(b, "target", env...)
+	e, seg, d := remoteEngine(b, c, cfg)
+	want := "tcp"
+	if shmPath {
+		want = "shm"
+	}
+	if got, err := e.SegmentTransport(seg); err != nil || got != want {
+		b.Fatalf("segment on %q (%v), want %q", got, err, want)
+	}
 	buf, err := e.Alloc(span, "cpu:0")
 	if err != nil {
 		b.Fatal(err)
