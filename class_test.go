@@ -134,3 +134,48 @@ func TestCancelHighClassTask(t *testing.T) {
 		t.Fatalf("status %v", st.Status)
 	}
 }
+
+// Requests of every class allocate nothing, also while rings of the other
+// classes share their poller (holding and promotion are plain fields).
+func TestClassAllocs(t *testing.T) {
+	a := newEngine(t, t.Name())
+	src := make([]byte, 4096)
+	dst := make([]byte, 4096)
+	srcID, err := a.RegisterLocalMemory(src, "cpu:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RegisterLocalMemory(dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	var rings []*moonring.Ring
+	for _, c := range []moonring.Class{moonring.ClassLow, moonring.ClassHigh, moonring.ClassNormal} {
+		r, err := a.NewRing(moonring.RingConfig{Entries: 8, Class: c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rings = append(rings, r)
+	}
+	es := []moonring.Entry{{Op: moonring.OpWrite, Segment: moonring.LocalSegmentID, Buffer: srcID, Remote: uint64(moonring.AddressOf(dst)), Length: 4096, UserData: 1}}
+	for _, r := range rings {
+		for range 100 {
+			if c, ok := ringRoundTrip(r, es); !ok {
+				t.Fatalf("warm-up: %v", c.Err())
+			}
+		}
+	}
+	var bad error
+	allocs := testing.AllocsPerRun(500, func() {
+		for _, r := range rings {
+			if c, ok := ringRoundTrip(r, es); !ok && bad == nil {
+				bad = c.Err()
+			}
+		}
+	})
+	if bad != nil {
+		t.Fatal(bad)
+	}
+	if allocs != 0 {
+		t.Fatalf("%v allocations per three requests of three classes, want 0", allocs)
+	}
+}
