@@ -16,7 +16,10 @@
 // It leaves again once no endpoint uses it (Close, or Update with a
 // restarted peer's new address) and the provider holds no operation to
 // it: libfabric leaves operations to a removed address undefined, and
-// reuses its index for the next address inserted.
+// reuses its index for the next address inserted. An Update whose
+// descriptor lists no efa endpoint (the peer uninstalled the transport)
+// leaves the endpoint failing slices with ErrPeer, a failure of the path
+// that the engine fails over, until one lists it again.
 // Register registers a buffer with fi_mr_reg, following the provider's
 // mr_mode bits (FI_MR_LOCAL descriptors, FI_MR_PROV_KEY or keys of our
 // own, FI_MR_VIRT_ADDR or offsets, FI_MR_ENDPOINT binding); a

@@ -134,6 +134,10 @@ type Endpoint struct {
 	closed   atomic.Bool
 	inflight atomic.Int64
 	mu       sync.Mutex // serializes Update
+	// withdrawn is set while the peer's descriptor lists no efa endpoint
+	// (its engine uninstalled the transport): Post fails slices with
+	// errWithdrawn, a failure of the path, until an Update lists one.
+	withdrawn atomic.Bool
 }
 
 // keyTable is the peer's buffers: ranges holds their address ranges
@@ -173,11 +177,21 @@ func (e *Endpoint) Rails() int { return 1 }
 
 // Update takes the buffers and keys of desc, and the peer's new address
 // when it restarted; the old address leaves the address vector once no
-// endpoint uses it and its operations in flight are over. Safe for
-// concurrent use.
+// endpoint uses it and its operations in flight are over. A desc that
+// lists no efa endpoint (the peer no longer offers the transport) leaves
+// keys and address as they were, and Post fails slices with an error
+// wrapping ErrPeer until an Update lists one again: the path is gone, the
+// requests are not at fault (its buffers' keys went with the transport,
+// and a slice refused for want of one would end with ErrDenied, which
+// the engine does not fail over). Safe for concurrent use.
 func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if desc.Endpoints[Name] == "" {
+		e.withdrawn.Store(true)
+		return
+	}
+	defer e.withdrawn.Store(false) // once keys and peer are the new ones
 	// The keys first, then the peer: Post loads the peer, then the keys,
 	// so it never pairs the new peer with the old keys (a restarted peer,
 	// its Go heap at the same addresses and provider-chosen keys the

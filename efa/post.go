@@ -23,6 +23,8 @@ var errPeerGone = fmt.Errorf("efa: the peer's address could not be inserted agai
 
 var errStalled = fmt.Errorf("efa: the provider took no operation for the peer within the timeout: %w", transport.ErrPeer)
 
+var errWithdrawn = fmt.Errorf("efa: the peer's descriptor no longer lists an efa endpoint: %w", transport.ErrPeer)
+
 var (
 	errNotify   = fmt.Errorf("efa: notifications are not carried: %w", errors.Join(transport.ErrDenied, transport.ErrNotSupported))
 	errRange    = fmt.Errorf("efa: %w", transport.ErrRange)
@@ -35,7 +37,9 @@ var (
 // slices. Slices that cannot be valid (range in no published buffer, no
 // valid key, unknown local handle) are completed at once with an error. It
 // accepts fewer slices when every slot is in flight or the provider's
-// queue is full (-FI_EAGAIN): Poll frees both.
+// queue is full (-FI_EAGAIN): Poll frees both. While the peer's
+// descriptor lists no efa endpoint (see Update) it takes none, and fails
+// with an error wrapping ErrPeer.
 func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
 	t := e.t
 	if len(s) == 0 {
@@ -43,6 +47,9 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 	}
 	if t.closing.Load() || e.closed.Load() {
 		return 0, errClosed
+	}
+	if e.withdrawn.Load() {
+		return 0, errWithdrawn
 	}
 	if f := e.peer.Load().full.Load(); f != 0 && f == t.polls.Load()+1 {
 		return 0, nil // the provider's queue is full until the next Poll

@@ -88,11 +88,12 @@ func (t *Transport) retryDue() int {
 			s := &t.slots[i]
 			// The endpoint's peer now (Update may have replaced the one
 			// that failed), loaded under the guard: see drop. A gone one
-			// (its address left the AV) gets nothing: the slot fails
+			// (its address left the AV), or one whose descriptor no
+			// longer lists efa (withdrawn), gets nothing: the slot fails
 			// below, with ErrClosed when the endpoint closed.
 			e := s.ep.Load()
 			p := e.peer.Load()
-			if p.gone.Load() || e.closed.Load() {
+			if p.gone.Load() || e.closed.Load() || e.withdrawn.Load() {
 				continue
 			}
 			// Its rkey and remote address came from the keys of the
