@@ -953,3 +953,73 @@ func TestFailoverInlineCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestFailoverPeerWithdrawsTransport: a peer that uninstalls a transport
+// republishes its descriptor without it; the path through it goes down at
+// once (no request has to fail on it first, and none is denied for the
+// keys the new descriptor lacks), new requests take the next path, and
+// when the peer installs the transport again the segment fails back.
+func TestFailoverPeerWithdrawsTransport(t *testing.T) {
+	p := &failoverPair{faultPair: &faultPair{fa: newFaultTransport(), fb: newFaultTransport()},
+		f2a: &faultTransport{inner: newFaultTransport().inner, name: "fault2"}, f2b: &faultTransport{inner: newFaultTransport().inner, name: "fault2"}}
+	p.a = startEngine(t, moonring.Config{Transports: []string{faultName, "fault2"}})
+	p.b = startEngine(t, moonring.Config{})
+	for _, x := range []struct {
+		e *moonring.Engine
+		t transport.Transport
+	}{{p.a, p.fa}, {p.a, p.f2a}, {p.b, p.fb}, {p.b, p.f2b}} {
+		if err := x.e.InstallTransport(x.t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.src, p.dst = make([]byte, 64<<10), make([]byte, 64<<10)
+	var err error
+	if p.srcID, err = p.a.RegisterLocalMemory(p.src, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.b.RegisterLocalMemory(p.dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+	defer cancel()
+	if p.seg, err = p.a.OpenSegment(ctx, p.b.Name()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both paths open", func() bool {
+		info, err := p.a.Segment(p.seg)
+		return err == nil && len(info.Paths) == 2
+	})
+	if got := segTransport(t, p.a, p.seg); got != faultName {
+		t.Fatalf("segment on %q, want %q", got, faultName)
+	}
+	if err := p.b.UninstallTransport(faultName); err != nil { // republishes b's segment without it
+		t.Fatal(err)
+	}
+	waitFor(t, "the segment leaves the withdrawn transport", func() bool { return segTransport(t, p.a, p.seg) == "fault2" })
+	if err := p.transfer(t, p.write(0, 64<<10), 3); err != nil {
+		t.Fatal(err)
+	}
+	posted := p.fa.postCount()
+	if err := p.transfer(t, p.write(0, 64<<10), 4); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.fa.postCount(); n != posted {
+		t.Fatalf("%d slices posted to the withdrawn transport's path", n-posted)
+	}
+	waitFor(t, "one failover counted", func() bool {
+		for _, ps := range p.a.PathStats() {
+			if ps.Segment == p.b.Name() && ps.Transport == faultName {
+				return ps.Failovers == 1
+			}
+		}
+		return false
+	})
+	fb := newFaultTransport()
+	if err := p.b.InstallTransport(fb); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the segment fails back", func() bool { return segTransport(t, p.a, p.seg) == faultName })
+	if err := p.transfer(t, p.write(0, 64<<10), 5); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -395,10 +395,27 @@ func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 			// took the name: either way the endpoint follows the new
 			// descriptor (a transport redials a new address and keys), and
 			// the SegmentID stays valid.
+			withdrawn := false
 			for _, p := range s.Paths() {
+				if _, listed := ev.Desc.Endpoints[e.slotName(p.Transport)]; !listed {
+					// The peer no longer offers this transport (it
+					// uninstalled it): the path goes down while another is
+					// up, as if it had failed, and keeps the keys it had
+					// (the new descriptor has none for it, so requests
+					// still on it would be denied, not failed over). Its
+					// probes find it again once the peer lists it.
+					if _, marked := s.Fail(p); marked {
+						withdrawn = true
+						e.cfg.Logger.Info("moonring: segment withdrew a transport", "segment", s.Name, "transport", e.slotName(p.Transport))
+					}
+					continue
+				}
 				p.Endpoint.Update(ev.Desc)
 			}
 			s.SetDesc(ev.Desc)
+			if withdrawn {
+				e.health.pathDown(s, nil)
+			}
 			e.health.updated(s) // paths down are probed again now
 		}
 	}()
