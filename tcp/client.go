@@ -1,7 +1,7 @@
 // client.go holds the initiator's Endpoint: Open, the descriptor's
-// buffers it may address, Post's choice of rail, and the rails kept
-// (redialed with backoff when one breaks). A rail's frames are conn.go's,
-// its dial and hello dial.go's, its responses receive.go's.
+// buffers it may address, Post's choice of rail (by measured speed), and
+// the rails kept (redialed with backoff when one breaks). A rail's frames
+// are conn.go's, its dial and hello dial.go's, its responses receive.go's.
 
 package tcp
 
@@ -16,12 +16,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/moonring/moonring/internal/rails"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
 
 // Endpoint is the way to one remote segment: Rails connections, each
-// redialed with backoff when it breaks.
+// redialed with backoff when it breaks, over which slices are spread by
+// measured speed.
 type Endpoint struct {
 	t      *Transport
 	name   string
@@ -29,6 +31,7 @@ type Endpoint struct {
 	maxLen atomic.Uint32
 	bufs   atomic.Pointer[[]remoteBuf]
 	rails  []atomic.Pointer[conn]
+	pick   *rails.Picker // which rail takes the next slice (see Post)
 	closed atomic.Bool
 	stop   chan struct{}
 	done   chan struct{} // closed when the first Close has finished
@@ -64,10 +67,14 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	if err != nil {
 		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, err)
 	}
-	e := &Endpoint{t: t, name: desc.Name, rails: make([]atomic.Pointer[conn], t.cfg.Rails), stop: make(chan struct{}), done: make(chan struct{})}
+	pick, err := rails.New(t.cfg.Rails, t.cfg.railConfig) // TCP rails: no NUMA penalty
+	if err != nil {
+		return nil, fmt.Errorf("tcp: open %s: %w", desc.Name, err)
+	}
+	e := &Endpoint{t: t, name: desc.Name, rails: make([]atomic.Pointer[conn], t.cfg.Rails), pick: pick, stop: make(chan struct{}), done: make(chan struct{})}
 	e.dest.Store(&dest{addr, key, pin})
 	e.Update(desc)
-	first, err := e.dial(ctx)
+	first, err := e.dial(ctx, 0)
 	// A target that cut the hello short (its bounds on handshakes, a burst
 	// of dials from one host) or is busy is dialed again, with backoff,
 	// for up to DialTimeout.
@@ -77,7 +84,7 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 		case <-ctx.Done():
 			return nil, fmt.Errorf("tcp: open %s at %s: %w (%v)", desc.Name, addr, err, context.Cause(ctx))
 		}
-		first, err = e.dial(ctx)
+		first, err = e.dial(ctx, 0)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("tcp: open %s at %s: %w", desc.Name, addr, err)
@@ -94,9 +101,9 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	t.eps[e] = struct{}{}
 	e.rails[0].Store(first)
 	e.wg.Add(len(e.rails))
-	go e.keep(0, first)
+	go e.keep(&e.rails[0], 0, first)
 	for i := 1; i < len(e.rails); i++ {
-		go e.keep(i, nil)
+		go e.keep(&e.rails[i], i, nil)
 	}
 	t.mu.Unlock()
 	t.cfg.Logger.Info("tcp: rail connected", "segment", desc.Name, "addr", addr, "rail", 0)
@@ -152,8 +159,13 @@ func (e *Endpoint) find(addr, n uint64) *remoteBuf {
 }
 
 // Post queues the slices on their rails. It accepts slices in order until
-// a rail is full (the rest are for later) or down (ErrPeer for the rest, so
-// the engine retries them on another rail).
+// a rail is full (the rest are for later) or none is up (ErrPeer for the
+// rest, so the engine retries them).
+//
+// A slice's rail is the one the endpoint's Picker chooses, in proportion
+// to each rail's measured speed (the slice's Rail, the engine's round
+// robin, is not needed: see rails.Picker.Pick), or, while that rail is
+// down, the next one up.
 func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (n int, err error) {
 	if e.closed.Load() {
 		return 0, transport.ErrClosed
@@ -178,8 +190,11 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (n int, err 
 		}
 		cn.kick() // more rails than slots: kick at once
 	}
+	var none remoteBuf // a NOTIFY's: it names no buffer
+	now := int64(-1)   // the picker's clock, read once, at the first slice posted
 	for i := range s {
 		sl := &s[i]
+		b := &none
 		if sl.Op == transport.Notify {
 			// The frame's payload (tag, name, message) must be within the
 			// target's MaxLength, or it would fail the connection.
@@ -187,34 +202,24 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (n int, err 
 				c.Complete(sl.Token, transport.ErrRange)
 				continue
 			}
-			cn := e.rail(int(sl.Rail))
-			if cn == nil {
-				return i, transport.ErrPeer
+		} else {
+			if sl.Length > uint64(e.maxLen.Load()) {
+				c.Complete(sl.Token, fmt.Errorf("tcp: slice of %d bytes above the peer's limit: %w", sl.Length, transport.ErrRange))
+				continue
 			}
-			ok, err := cn.post(c, sl, &remoteBuf{})
-			if err != nil {
-				return i, err
+			if b = e.find(sl.Remote, sl.Length); b == nil {
+				c.Complete(sl.Token, transport.ErrDenied)
+				continue
 			}
-			if !ok {
-				return i, nil
-			}
-			touch(cn)
-			continue
 		}
-		if sl.Length > uint64(e.maxLen.Load()) {
-			c.Complete(sl.Token, fmt.Errorf("tcp: slice of %d bytes above the peer's limit: %w", sl.Length, transport.ErrRange))
-			continue
-		}
-		b := e.find(sl.Remote, sl.Length)
-		if b == nil {
-			c.Complete(sl.Token, transport.ErrDenied)
-			continue
-		}
-		cn := e.rail(int(sl.Rail))
+		cn := e.rail(e.pick.Pick())
 		if cn == nil {
 			return i, transport.ErrPeer
 		}
-		ok, err := cn.post(c, sl, b)
+		if now < 0 {
+			now = e.pick.Now()
+		}
+		ok, err := cn.post(c, sl, b, now)
 		if err != nil {
 			return i, err
 		}
@@ -258,9 +263,10 @@ func (e *Endpoint) Close() error {
 	return nil
 }
 
-// keep owns rail i: it waits for its connection to die and redials with
-// backoff until the endpoint closes.
-func (e *Endpoint) keep(i int, c *conn) {
+// keep owns rail's connection, in slot: it waits for the connection to
+// die and redials with backoff until the endpoint closes. A failed dial is
+// the rail's failure to the picker, as a broken connection is (conn.fail).
+func (e *Endpoint) keep(slot *atomic.Pointer[conn], rail int, c *conn) {
 	defer e.wg.Done()
 	backoff := 10 * time.Millisecond
 	for {
@@ -272,7 +278,7 @@ func (e *Endpoint) keep(i int, c *conn) {
 				<-c.dead
 				return
 			}
-			e.rails[i].CompareAndSwap(c, nil)
+			slot.CompareAndSwap(c, nil)
 			c = nil
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), e.t.cfg.DialTimeout)
@@ -283,10 +289,13 @@ func (e *Endpoint) keep(i int, c *conn) {
 			}
 			cancel()
 		}()
-		nc, err := e.dial(ctx)
+		nc, err := e.dial(ctx, rail)
 		cancel()
 		if err != nil {
-			e.t.cfg.Logger.Info("tcp: dial", "segment", e.name, "addr", e.dest.Load().addr, "err", err, "retry in", backoff)
+			e.t.cfg.Logger.Info("tcp: dial", "segment", e.name, "addr", e.dest.Load().addr, "rail", rail, "err", err, "retry in", backoff)
+			if rail >= 0 {
+				e.pick.Failed(rail)
+			}
 			select {
 			case <-time.After(backoff):
 			case <-e.stop:
@@ -302,14 +311,15 @@ func (e *Endpoint) keep(i int, c *conn) {
 		}
 		backoff = 10 * time.Millisecond
 		c = nc
-		e.rails[i].Store(c)
+		slot.Store(c)
 		if to := e.dest.Load(); c.to != to {
 			// An Update moved the peer while this dialed the old address
-			// (its close of the rails came before this one was stored).
+			// (its close of the connections came before this one was
+			// stored).
 			c.close(fmt.Errorf("%w: the peer moved to %s", transport.ErrPeer, to.addr))
 			continue
 		}
 		e.maxLen.Store(c.maxLen) // the current peer's: not one an old address answered
-		e.t.cfg.Logger.Info("tcp: rail connected", "segment", e.name, "addr", c.to.addr, "rail", i)
+		e.t.cfg.Logger.Info("tcp: rail connected", "segment", e.name, "addr", c.to.addr, "rail", rail)
 	}
 }

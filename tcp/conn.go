@@ -18,6 +18,7 @@ import (
 
 	"github.com/moonring/moonring/internal/bell"
 	"github.com/moonring/moonring/internal/mpsc"
+	"github.com/moonring/moonring/internal/rails"
 	"github.com/moonring/moonring/internal/uring"
 	"github.com/moonring/moonring/transport"
 	"golang.org/x/sys/unix"
@@ -30,6 +31,7 @@ type pending struct {
 	buffer uint32
 	key    uint64
 	addr   uint64
+	f      rails.Flight // its post, for the rail's measured speed (receive.go)
 }
 
 // conn is one rail. Post appends to q (any poller); send writes frames for
@@ -37,6 +39,7 @@ type pending struct {
 // responses in order and releases positions from q's head.
 type conn struct {
 	e      *Endpoint
+	rail   int    // its index in e.rails
 	to     *dest  // where it was dialed
 	maxLen uint32 // the target's MaxLength, from the hello
 	nc     net.Conn
@@ -89,8 +92,9 @@ type conn struct {
 	dead     chan struct{} // closed once every queued slice is completed
 }
 
-// post queues one slice: false when the rail is full.
-func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf) (bool, error) {
+// post queues one slice, posted at now on the picker's clock: false when
+// the connection is full.
+func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf, now int64) (bool, error) {
 	c.posting.Add(1)
 	defer c.posting.Add(-1)
 	if c.failed.Load() {
@@ -107,6 +111,9 @@ func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf) 
 	p := c.q.Slot(pos)
 	p.s, p.c = *s, comp
 	p.buffer, p.key, p.addr = b.id, b.key, s.Remote
+	if c.rail >= 0 {
+		p.f = c.e.pick.Start(c.rail, now)
+	}
 	c.q.Commit(pos, 1)
 	return true, nil
 }

@@ -26,8 +26,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dial connects, runs the hello and starts the connection's goroutines.
-func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
+// dial connects, runs the hello and starts the goroutines of a connection
+// for rail (an index in e.rails).
+func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 	d := net.Dialer{Timeout: e.t.cfg.DialTimeout}
 	to := e.dest.Load()
 	raw, err := d.DialContext(ctx, "tcp", to.addr)
@@ -73,7 +74,7 @@ func (e *Endpoint) dial(ctx context.Context) (*conn, error) {
 		return nil, err
 	}
 	raw.SetDeadline(time.Time{})
-	c := &conn{e: e, to: to, maxLen: maxLen, nc: nc, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
+	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, nc: nc, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
 		parts: make([][3][]byte, e.t.cfg.Depth),
 		quit:  make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)

@@ -10,6 +10,14 @@
 // retryable error, so the engine moves them to another rail, and is redialed
 // with backoff.
 //
+// Slices go to the rails in proportion to what each has been measured to
+// move (internal/rails): the receiver times each answer against its
+// slice's post, and a rail that is backed up shows its speed. A rail whose
+// connection broke, or whose redial failed, cools down: it gets no slices
+// (though it is redialed at once) for 100 ms, doubled by each failed probe
+// up to 10 s, then one probe slice, whose success gives the rail its share
+// again.
+//
 // The target serves each connection on one goroutine: it checks every
 // request against its own registrations and moves the payload between the
 // socket and the registered buffer with no intermediate copy and no

@@ -66,6 +66,20 @@ func (c *conn) receive() {
 				return
 			}
 		}
+		if result == nil && c.rail >= 0 {
+			// The rail's measured speed (rails.Picker.Done): the slice's
+			// flight is from its post, when the poller queued it, to now,
+			// when its answer is wholly in (a READ's payload too). A
+			// connection answers in order, so the slice reached the front
+			// of its queue when the answer before it was in, or when it
+			// was posted if that came later: the picker keeps the time of
+			// each rail's last answer, and tells a slice that waited its
+			// turn (the rail was backed up: what it moved over the flight
+			// is what it can move) from one that found the rail with
+			// room. Only answers with status OK count; the failures of a
+			// connection are fail's.
+			c.e.pick.Done(c.rail, p.f, p.s.Length, c.e.pick.Now())
+		}
 		comp, tok := p.c, p.s.Token
 		p.c, p.s.Local = nil, nil
 		c.q.Release(1)
@@ -158,11 +172,21 @@ func (r *reader) payload(dst []byte) error {
 }
 
 // fail breaks the connection: both goroutines stop, and the receiver (or
-// the closer) completes every queued slice with err.
-func (c *conn) fail(err error) { c.close(err) }
+// the closer) completes every queued slice with err. It is the rail's
+// failure to the endpoint's picker, which cools the rail (its slices go
+// to the others) until a probe shows it healthy.
+func (c *conn) fail(err error) {
+	if c.close(err) && c.rail >= 0 {
+		c.e.pick.Failed(c.rail)
+	}
+}
 
-func (c *conn) close(err error) {
+// close breaks the connection for err, as fail does, but is no failure of
+// the rail (Close, a peer that moved); it reports whether this call broke
+// it (false: it was broken already).
+func (c *conn) close(err error) (broke bool) {
 	c.once.Do(func() {
+		broke = true
 		c.err = err
 		if !errors.Is(err, transport.ErrClosed) {
 			c.e.t.cfg.Logger.Info("tcp: rail lost", "segment", c.e.name, "err", err)
@@ -181,6 +205,7 @@ func (c *conn) close(err error) {
 		}
 		go c.drain()
 	})
+	return broke
 }
 
 // drain completes what is queued once no Post is adding to the queue and

@@ -26,6 +26,7 @@ import (
 	"unsafe"
 
 	"github.com/moonring/moonring/internal/netaddr"
+	"github.com/moonring/moonring/internal/rails"
 	"github.com/moonring/moonring/internal/ratelog"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
@@ -164,6 +165,9 @@ type Config struct {
 	// of the sender's path (io_uring) does not depend on how fast the
 	// target drains the socket on the machine it runs on.
 	senderOnly bool
+	// railConfig, set only by tests, configures each endpoint's rail
+	// picker (a half-life, a fake clock).
+	railConfig rails.Config
 }
 
 // Effective returns c with the defaults filled in, and whether it is valid.
