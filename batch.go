@@ -119,12 +119,22 @@ type TransferStatus struct {
 func (s TransferStatus) Err() error { return s.Code.Err() }
 
 type task struct {
-	status atomic.Uint32 // cq.Status; stored last, so a terminal status publishes code and bytes
-	code   atomic.Uint32
-	bytes  atomic.Uint64
-	ring   atomic.Int32 // the ring that runs it, node<<2 | class; stored before submit
-	msg    []byte       // the notification's message; written before submit
+	// state is the cq.Status in its low byte and the cq.Code above it,
+	// one word so that a completion stores it at once. A terminal state is
+	// stored after bytes, and publishes them.
+	state atomic.Uint32
+	// bytes is written by whoever makes the task terminal (and only then:
+	// AllocateBatchID does not reset it), before state.
+	bytes atomic.Uint64
+	ring  atomic.Int32 // the ring that runs it, node<<2 | class; stored before submit
+	msg   []byte       // the notification's message; written before submit
 }
+
+// packState packs a task's state word.
+func packState(s cq.Status, c cq.Code) uint32 { return uint32(s) | uint32(c)<<8 }
+
+// status returns the task's status.
+func (t *task) status() Status { return Status(t.state.Load() & 0xff) }
 
 type batch struct {
 	// mu is held by SubmitTransfer and FreeBatchID (before the table's
@@ -287,7 +297,7 @@ func (s *batchSink) task(ud uint64) (*batch, *task) {
 // Started marks the task PENDING.
 func (s *batchSink) Started(ud uint64) {
 	if _, t := s.task(ud); t != nil {
-		t.status.Store(uint32(cq.Pending))
+		t.state.Store(packState(cq.Pending, 0))
 	}
 }
 
@@ -306,8 +316,7 @@ func (s *batchSink) Complete(c *cq.Completion) {
 		return
 	}
 	t.bytes.Store(c.Bytes)
-	t.code.Store(uint32(c.Code))
-	t.status.Store(uint32(c.Status))
+	t.state.Store(packState(c.Status, c.Code))
 	b.finish(1)
 }
 
@@ -337,9 +346,7 @@ func (e *Engine) AllocateBatchID(n int) (BatchID, error) {
 	}
 	for i := range (*ts)[:n] {
 		t := &(*ts)[i]
-		t.status.Store(uint32(cq.Waiting))
-		t.code.Store(0)
-		t.bytes.Store(0)
+		t.state.Store(packState(cq.Waiting, 0))
 	}
 	b.size.Store(int64(n))
 	b.submitted.Store(0)
@@ -371,7 +378,7 @@ func (e *Engine) FreeBatchID(id BatchID) error {
 	}
 	if n := b.unfinished.Load(); n > 0 {
 		for i := 0; i < int(b.submitted.Load()); i++ {
-			if !Status(b.task(i).status.Load()).Terminal() {
+			if !b.task(i).status().Terminal() {
 				return fmt.Errorf("moonring: free batch %#x: %d tasks unfinished: %w", uint64(id), n, ErrBusy)
 			}
 		}
@@ -617,11 +624,11 @@ func (e *Engine) failTasks(b *batch, first, n int, code cq.Code) {
 		if t == nil {
 			break
 		}
-		if Status(t.status.Load()).Terminal() {
+		if t.status().Terminal() {
 			continue // failed on its own already: its code stays
 		}
-		t.code.Store(uint32(code))
-		t.status.Store(uint32(cq.Failed))
+		t.bytes.Store(0)
+		t.state.Store(packState(cq.Failed, code))
 	}
 }
 
@@ -648,12 +655,13 @@ func (e *Engine) GetTransferStatus(id BatchID, taskID int) (TransferStatus, erro
 }
 
 // read returns the task's status: bytes and code only once it is
-// terminal (they are stored before the status, and a status read before
-// them could pair PENDING with the result of the completion that follows).
+// terminal (bytes are stored before the state word, and read before it
+// they could pair PENDING with the result of the completion that follows).
 func (t *task) read() TransferStatus {
-	st := TransferStatus{Status: Status(t.status.Load())}
+	s := t.state.Load()
+	st := TransferStatus{Status: Status(s & 0xff)}
 	if st.Status.Terminal() {
-		st.Bytes, st.Code = t.bytes.Load(), Code(t.code.Load())
+		st.Bytes, st.Code = t.bytes.Load(), Code(s>>8)
 	}
 	return st
 }
@@ -690,7 +698,7 @@ func (e *Engine) CancelTransfer(id BatchID, taskID int) error {
 	if t == nil || taskID >= int(b.submitted.Load()) {
 		return fmt.Errorf("moonring: cancel task %d: %w", taskID, ErrBadBatch)
 	}
-	if Status(t.status.Load()).Terminal() {
+	if t.status().Terminal() {
 		return nil
 	}
 	k := t.ring.Load()

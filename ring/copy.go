@@ -80,9 +80,6 @@ func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segme
 	}
 	r.rail++
 	r.inlineBytes += e.Length
-	if r.cfg.Sink != nil {
-		r.cfg.Sink.Started(e.UserData)
-	}
 	bytes := e.Length
 	if code != cq.CodeOK {
 		bytes = 0

@@ -83,7 +83,8 @@ type Config struct {
 // goroutine closing the ring) and must not block.
 type Sink interface {
 	// Started says the request with userData passed its checks and its
-	// slices are being posted.
+	// slices are being posted. A request that completes as it is taken (a
+	// one-slice copy on the poller) goes straight to Complete.
 	Started(userData uint64)
 	// Complete delivers the request's completion.
 	Complete(c *cq.Completion)
