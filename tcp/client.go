@@ -1,7 +1,8 @@
 // client.go holds the initiator's Endpoint: Open, the descriptor's
-// buffers it may address, Post's choice of rail (by measured speed), and
-// the rails kept (redialed with backoff when one breaks). A rail's frames
-// are conn.go's, its dial and hello dial.go's, its responses receive.go's.
+// buffers it may address, Post's choice of connection (a rail by measured
+// speed, or the express lane for a high-class slice), and the connections
+// kept (redialed with backoff when one breaks). A connection's frames are
+// conn.go's, its dial and hello dial.go's, its responses receive.go's.
 
 package tcp
 
@@ -23,7 +24,8 @@ import (
 
 // Endpoint is the way to one remote segment: Rails connections, each
 // redialed with backoff when it breaks, over which slices are spread by
-// measured speed.
+// measured speed, and, from the first high-class slice on, an express
+// lane for those.
 type Endpoint struct {
 	t      *Transport
 	name   string
@@ -32,10 +34,16 @@ type Endpoint struct {
 	bufs   atomic.Pointer[[]remoteBuf]
 	rails  []atomic.Pointer[conn]
 	pick   *rails.Picker // which rail takes the next slice (see Post)
-	closed atomic.Bool
-	stop   chan struct{}
-	done   chan struct{} // closed when the first Close has finished
-	wg     sync.WaitGroup
+	// express is the express lane's connection while it is up (express.go);
+	// expressOn says its keeper was started. mu orders that start with
+	// Close.
+	express   atomic.Pointer[conn]
+	expressOn atomic.Bool
+	mu        sync.Mutex
+	closed    atomic.Bool
+	stop      chan struct{}
+	done      chan struct{} // closed when the first Close has finished
+	wg        sync.WaitGroup
 }
 
 type dest struct {
@@ -110,7 +118,8 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	return e, nil
 }
 
-// Rails returns the number of connections.
+// Rails returns the number of rails, Config.Rails: the express lane is
+// not one (the engine's rail hints need not count it).
 func (e *Endpoint) Rails() int { return len(e.rails) }
 
 // Update takes the buffers and keys of a republished descriptor. When the
@@ -125,6 +134,9 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 				if c := e.rails[i].Load(); c != nil {
 					c.close(fmt.Errorf("%w: the peer moved to %s", transport.ErrPeer, addr))
 				}
+			}
+			if c := e.express.Load(); c != nil {
+				c.close(fmt.Errorf("%w: the peer moved to %s", transport.ErrPeer, addr))
 			}
 		}
 	}
@@ -158,19 +170,21 @@ func (e *Endpoint) find(addr, n uint64) *remoteBuf {
 	return &bs[i]
 }
 
-// Post queues the slices on their rails. It accepts slices in order until
-// a rail is full (the rest are for later) or none is up (ErrPeer for the
-// rest, so the engine retries them).
+// Post queues the slices on their connections. It accepts slices in order
+// until a connection is full (the rest are for later) or none is up
+// (ErrPeer for the rest, so the engine retries them).
 //
-// A slice's rail is the one the endpoint's Picker chooses, in proportion
-// to each rail's measured speed (the slice's Rail, the engine's round
-// robin, is not needed: see rails.Picker.Pick), or, while that rail is
-// down, the next one up.
+// A slice's connection is the express lane's when the slice is of
+// transport.ClassHigh and the lane is up (the first such slice starts it;
+// until it is up they take the rails), else the rail the endpoint's
+// Picker chooses, in proportion to each rail's measured speed (the
+// slice's Rail, the engine's round robin, is not needed: see
+// rails.Picker.Pick), or, while that rail is down, the next one up.
 func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (n int, err error) {
 	if e.closed.Load() {
 		return 0, transport.ErrClosed
 	}
-	var touched [4]*conn // the rails posted to, kicked once at the end
+	var touched [4]*conn // the connections posted to, kicked once at the end
 	defer func() {
 		for _, cn := range touched {
 			if cn != nil {
@@ -188,7 +202,7 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (n int, err 
 				return
 			}
 		}
-		cn.kick() // more rails than slots: kick at once
+		cn.kick() // more connections than slots: kick at once
 	}
 	var none remoteBuf // a NOTIFY's: it names no buffer
 	now := int64(-1)   // the picker's clock, read once, at the first slice posted
@@ -212,7 +226,7 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (n int, err 
 				continue
 			}
 		}
-		cn := e.rail(e.pick.Pick())
+		cn := e.conn(sl.Class)
 		if cn == nil {
 			return i, transport.ErrPeer
 		}
@@ -231,6 +245,18 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (n int, err 
 	return len(s), nil
 }
 
+// conn returns the connection for a slice of class cl: the express lane's
+// for a high-class slice while it is up, else a rail's (see Post); nil
+// when none is up.
+func (e *Endpoint) conn(cl transport.Class) *conn {
+	if cl == transport.ClassHigh {
+		if c := e.expressLane(); c != nil {
+			return c
+		}
+	}
+	return e.rail(e.pick.Pick())
+}
+
 // rail returns the connection of rail i or, while it is down, the next one
 // up; nil when none is.
 func (e *Endpoint) rail(i int) *conn {
@@ -242,19 +268,27 @@ func (e *Endpoint) rail(i int) *conn {
 	return nil
 }
 
-// Close closes the rails; their slices complete with ErrClosed. A second
-// call waits for the first to finish.
+// Close closes the rails and the express lane; their slices complete with
+// ErrClosed. A second call waits for the first to finish.
 func (e *Endpoint) Close() error {
 	if e.closed.Swap(true) {
 		<-e.done
 		return nil
 	}
 	defer close(e.done)
+	// Under mu: a start of the express lane (express.go) either came
+	// first, and its keeper is counted in wg, or sees closed and starts
+	// nothing. No wg.Add can come after the Wait below.
+	e.mu.Lock()
 	close(e.stop)
+	e.mu.Unlock()
 	for i := range e.rails {
 		if c := e.rails[i].Load(); c != nil {
 			c.close(transport.ErrClosed)
 		}
+	}
+	if c := e.express.Load(); c != nil {
+		c.close(transport.ErrClosed)
 	}
 	e.wg.Wait()
 	e.t.mu.Lock()
@@ -263,9 +297,10 @@ func (e *Endpoint) Close() error {
 	return nil
 }
 
-// keep owns rail's connection, in slot: it waits for the connection to
-// die and redials with backoff until the endpoint closes. A failed dial is
-// the rail's failure to the picker, as a broken connection is (conn.fail).
+// keep owns a connection's slot, a rail's (rail is its index) or the
+// express lane's (rail is -1): it waits for the connection to die and
+// redials with backoff until the endpoint closes. A rail's failed dial is
+// its failure to the picker, as a broken connection is (conn.fail).
 func (e *Endpoint) keep(slot *atomic.Pointer[conn], rail int, c *conn) {
 	defer e.wg.Done()
 	backoff := 10 * time.Millisecond
@@ -320,6 +355,10 @@ func (e *Endpoint) keep(slot *atomic.Pointer[conn], rail int, c *conn) {
 			continue
 		}
 		e.maxLen.Store(c.maxLen) // the current peer's: not one an old address answered
-		e.t.cfg.Logger.Info("tcp: rail connected", "segment", e.name, "addr", c.to.addr, "rail", rail)
+		if rail < 0 {
+			e.t.cfg.Logger.Info("tcp: express lane connected", "segment", e.name, "addr", c.to.addr)
+		} else {
+			e.t.cfg.Logger.Info("tcp: rail connected", "segment", e.name, "addr", c.to.addr, "rail", rail)
+		}
 	}
 }

@@ -39,7 +39,7 @@ type pending struct {
 // responses in order and releases positions from q's head.
 type conn struct {
 	e      *Endpoint
-	rail   int    // its index in e.rails
+	rail   int    // its index in e.rails; -1 for the express lane
 	to     *dest  // where it was dialed
 	maxLen uint32 // the target's MaxLength, from the hello
 	nc     net.Conn

@@ -27,7 +27,7 @@ import (
 )
 
 // dial connects, runs the hello and starts the goroutines of a connection
-// for rail (an index in e.rails).
+// for rail (an index in e.rails, or -1 for the express lane).
 func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 	d := net.Dialer{Timeout: e.t.cfg.DialTimeout}
 	to := e.dest.Load()

@@ -18,6 +18,15 @@
 // up to 10 s, then one probe slice, whose success gives the rail its share
 // again.
 //
+// A slice of transport.ClassHigh takes the endpoint's express lane, a
+// connection that carries nothing else, so that it never waits behind the
+// bulk frames queued on a rail (a connection answers in order). The first
+// high-class slice dials it, in the background: a peer that never sees one
+// holds no more than its rails. Until it is up, and while it is redialed,
+// high-class slices take the rails. It is not a rail: Rails does not count
+// it, and the target sees one more connection (within MaxConns) and the
+// same protocol.
+//
 // The target serves each connection on one goroutine: it checks every
 // request against its own registrations and moves the payload between the
 // socket and the registered buffer with no intermediate copy and no
@@ -30,7 +39,9 @@
 // # Lifetimes
 //
 // A Transport listens from New until Close; Close ends its connections and
-// completes every slice in flight with an error. Unregister waits for
+// completes every slice in flight with an error. An Endpoint's rails and
+// express lane live until its Close (or the Transport's), which waits for
+// their goroutines, the express lane's dial included. Unregister waits for
 // frames that are moving bytes of the buffer.
 //
 // # Security

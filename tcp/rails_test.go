@@ -90,7 +90,9 @@ func (th *throttle) accept() {
 	}
 }
 
-// pipe copies src to dst, in chunks of 8 KiB paced to th.rate when slow.
+// pipe copies src to dst, in chunks of up to 64 KiB paced to th.rate when
+// slow (chunks that large keep the sleeps few: each costs more than asked
+// on a loaded machine).
 func (th *throttle) pipe(dst, src net.Conn, slow bool) {
 	defer th.wg.Done()
 	defer dst.Close()
@@ -99,7 +101,7 @@ func (th *throttle) pipe(dst, src net.Conn, slow bool) {
 		io.Copy(dst, src)
 		return
 	}
-	buf := make([]byte, 8<<10)
+	buf := make([]byte, 64<<10)
 	pause := time.Duration(len(buf)) * time.Second / time.Duration(th.rate)
 	for {
 		n, err := src.Read(buf)
