@@ -253,6 +253,14 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	if size == 0 {
 		size = r.cfg.SliceSize
 	}
+	if r.yieldAt != noYield && size > yieldBytes {
+		// A ring of a higher class shares the poller: copies on the
+		// poller go in slices of yieldBytes, so that its requests wait
+		// for one such slice, not a whole large one.
+		if _, ok := path.Endpoint.(transport.Copier); ok && path.Staged == nil {
+			size = yieldBytes
+		}
+	}
 	first := uint64(0) // the token of the first slice's first post
 	if e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size && !reg.Staged {
 		switch r.copyInline(e, buf, seg, path, reg.Handle) {

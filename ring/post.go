@@ -84,6 +84,9 @@ func (r *Ring) postPending() bool {
 				break // a flush ended the request: its slot is free, or reused
 			}
 			q.posted++
+			if r.inlineBytes >= r.yieldAt {
+				return true // a higher class may be waiting: see yieldBytes
+			}
 		}
 		r.postHead++
 	}
@@ -127,6 +130,11 @@ func (r *Ring) add(q *request, tok uint64) bool {
 		return true
 	}
 	off, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
+	if r.yieldAt != noYield {
+		if _, ok := ep.(transport.Copier); ok {
+			r.inlineBytes += n // copied on the poller at the flush
+		}
+	}
 	sl.Op = q.op
 	sl.Local = q.buf.Pointer(q.local + off)
 	sl.Remote, sl.Length = q.remote+off, n
