@@ -229,3 +229,64 @@ func drainWait(t *testing.T, r *Ring, n int) int {
 	cancel()
 	return drain(t, r)
 }
+
+// sizeEP is a fakeEP that copies synchronously and records each copy's
+// length and the ring's class.
+type sizeEP struct {
+	*fakeEP
+	copies []transport.Slice
+}
+
+func (c *sizeEP) Copy(s *transport.Slice) error {
+	rec := *s
+	rec.Local = nil
+	c.copies = append(c.copies, rec)
+	return c.move(s)
+}
+
+// While a high-class ring shares the poller, a low-class ring's copies on
+// the poller go in slices of yieldBytes, at most about yieldBytes a round;
+// alone, it copies a request in one slice. The bytes are right either way.
+func TestLowClassCopiesSliced(t *testing.T) {
+	f := &fakeEP{}
+	ep := &sizeEP{fakeEP: f}
+	h := newHarness(t, Config{Class: transport.ClassLow, SliceSize: 1 << 20}, f, true)
+	h.seg.Path().Endpoint = ep
+	fillPattern(h.local, 9)
+	h.submit(h.write(1, 0, 0, 256<<10))
+	h.p.round(h.p.list(), h.clock)
+	if len(ep.copies) != 1 || ep.copies[0].Length != 256<<10 {
+		t.Fatalf("alone: %d copies (first %d bytes); want one of 256 KiB", len(ep.copies), ep.copies[0].Length)
+	}
+	drain(t, h.r)
+
+	h.classRing(transport.ClassHigh)
+	ep.copies = nil
+	clear(h.remote[:hR1])
+	h.submit(h.write(2, 0, 0, 256<<10))
+	rounds := 0
+	for done := 0; done == 0; rounds++ {
+		if rounds > 100 {
+			t.Fatal("the low-class request did not complete")
+		}
+		before := len(ep.copies)
+		h.p.round(h.p.list(), h.clock)
+		var bytes uint64
+		for _, c := range ep.copies[before:] {
+			if c.Length > yieldBytes {
+				t.Fatalf("a copy of %d bytes beside a high-class ring (at most %d)", c.Length, yieldBytes)
+			}
+			bytes += c.Length
+		}
+		if bytes > yieldBytes {
+			t.Fatalf("round %d copied %d bytes beside a high-class ring (at most %d)", rounds, bytes, yieldBytes)
+		}
+		done = drain(t, h.r)
+	}
+	if len(ep.copies) != 4 || rounds < 4 {
+		t.Fatalf("%d copies in %d rounds; want 4 slices of 64 KiB, one a round", len(ep.copies), rounds)
+	}
+	if string(h.remote[:256<<10]) != string(h.local[:256<<10]) {
+		t.Fatal("data differs")
+	}
+}
