@@ -18,7 +18,6 @@ import (
 
 	"github.com/moonring/moonring/internal/bell"
 	"github.com/moonring/moonring/internal/mpsc"
-	"github.com/moonring/moonring/internal/rails"
 	"github.com/moonring/moonring/internal/uring"
 	"github.com/moonring/moonring/transport"
 	"golang.org/x/sys/unix"
@@ -31,7 +30,7 @@ type pending struct {
 	buffer uint32
 	key    uint64
 	addr   uint64
-	f      rails.Flight // its post, for the rail's measured speed (receive.go)
+	posted int64 // when Post queued it, on the picker's clock (receive.go)
 }
 
 // conn is one rail. Post appends to q (any poller); send writes frames for
@@ -111,9 +110,7 @@ func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf, 
 	p := c.q.Slot(pos)
 	p.s, p.c = *s, comp
 	p.buffer, p.key, p.addr = b.id, b.key, s.Remote
-	if c.rail >= 0 {
-		p.f = c.e.pick.Start(c.rail, now)
-	}
+	p.posted = now
 	c.q.Commit(pos, 1)
 	return true, nil
 }

@@ -129,20 +129,26 @@ func posted(e *Endpoint) []uint64 {
 }
 
 // TestRailsByRate: the endpoint's Picker spreads slices over the rails in
-// proportion to their rates. The rates are fed into the picker directly,
-// far above what loopback moves, with a half-life of years, so that what
-// the slices themselves show moves nothing: rails at 4, 2 and 1 get 4/7,
-// 2/7 and 1/7 of the slices, whatever the engine's Rail hint says.
+// proportion to their rates, whatever the engine's Rail hint says. The
+// rates are fed into the picker directly: 20 seconds of completions at 4,
+// 2 and 1 GB/s on a fake clock that then stands still, so that the
+// slices themselves, done in no time by that clock, add nothing (a sample
+// weighs the time it covers). The rails get 4/7, 2/7 and 1/7 of the
+// slices.
 func TestRailsByRate(t *testing.T) {
+	const at = int64(time.Hour)
+	var clock atomic.Int64
+	clock.Store(at)
 	targ := newSide(t, Config{})
 	remote := targ.register(t, targ.alloc(t, 64<<10, 0), true)
-	init := newSide(t, Config{Rails: 3, railConfig: rails.Config{HalfLife: 1e6 * time.Hour}})
+	init := newSide(t, Config{Rails: 3, railConfig: rails.Config{Now: clock.Load}})
 	ep := open(t, init, targ, remote)
 	e := ep.(*Endpoint)
 	waitFor(t, "the rails up", func() bool { return railsUp(e) })
-	now := e.pick.Now()
-	for i, rate := range []uint64{4e15, 2e15, 1e15} { // bytes per second
-		e.pick.Done(i, rails.Flight{Posted: now - int64(time.Second)}, rate, now)
+	for i, rate := range []uint64{4e9, 2e9, 1e9} { // bytes per second
+		for k := range int64(20) {
+			e.pick.Done(i, rate, at-(20-k)*int64(time.Second), at-(19-k)*int64(time.Second))
+		}
 	}
 	before := posted(e)
 	local := init.alloc(t, 4096, 1)

@@ -67,18 +67,18 @@ func (c *conn) receive() {
 			}
 		}
 		if result == nil && c.rail >= 0 {
-			// The rail's measured speed (rails.Picker.Done): the slice's
-			// flight is from its post, when the poller queued it, to now,
-			// when its answer is wholly in (a READ's payload too). A
+			// The rail's measured speed (rails.Picker.Done): the slice
+			// was posted when the poller queued it, and is done now, when
+			// its answer is wholly in (a READ's payload too). A
 			// connection answers in order, so the slice reached the front
 			// of its queue when the answer before it was in, or when it
 			// was posted if that came later: the picker keeps the time of
-			// each rail's last answer, and tells a slice that waited its
-			// turn (the rail was backed up: what it moved over the flight
-			// is what it can move) from one that found the rail with
-			// room. Only answers with status OK count; the failures of a
-			// connection are fail's.
-			c.e.pick.Done(c.rail, p.f, p.s.Length, c.e.pick.Now())
+			// each rail's last answer, so it tells a slice that waited its
+			// turn (the rail is backed up: what it completes is what it
+			// can move) from one that found room, and counts what the rail
+			// completes per second of wall time. Only answers with status
+			// OK count; the failures of a connection are fail's.
+			c.e.pick.Done(c.rail, p.s.Length, p.posted, c.e.pick.Now())
 		}
 		comp, tok := p.c, p.s.Token
 		p.c, p.s.Local = nil, nil

@@ -19,7 +19,7 @@ func only(t *testing.T, p *Picker, n, rail int, what string) {
 
 // ok completes a slice on rail at the clock's time: a success.
 func ok(p *Picker, c *clock, rail int) {
-	p.Done(rail, p.Start(rail, c.now()), 4096, c.now())
+	p.Done(rail, 4096, c.now(), c.now())
 }
 
 // TestCooldownProbe: a failed rail gets no slice until MinCooldown has
@@ -120,9 +120,9 @@ func TestStaleSuccess(t *testing.T) {
 	var c clock
 	c.set(int64(time.Hour))
 	p := newPicker(t, 2, c.config())
-	f := p.Start(1, c.now())
+	posted := c.now()
 	p.Failed(1)
-	p.Done(1, f, 4096, c.now()+1)
+	p.Done(1, 4096, posted, c.now()+1)
 	if !p.Cooling(1) {
 		t.Fatal("a slice out before the failure healed the rail")
 	}

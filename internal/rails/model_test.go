@@ -11,8 +11,7 @@ import (
 // transport feeds it: each rail is a pipelined link (a slice posted at t
 // completes at max(t + latency + size/speed, the previous completion +
 // size/speed)) with a closed loop of depth slices in flight, a new slice
-// picked at each completion. Posts and completions feed Start and Done
-// as tcp's do.
+// picked at each completion. Completions feed Done as tcp's do.
 type model struct {
 	p      *Picker
 	now    int64
@@ -25,9 +24,8 @@ type model struct {
 }
 
 type event struct {
-	done int64
-	f    Flight
-	rail int
+	done, posted int64
+	rail         int
 }
 
 type events []event
@@ -45,8 +43,7 @@ func (e *events) Pop() any {
 
 func newModel(t *testing.T, depth int, lat time.Duration, size uint64, speed ...float64) *model {
 	m := &model{speed: speed, lat: int64(lat), size: size, last: make([]int64, len(speed)), picks: make([]int, len(speed))}
-	// A half-life of 10 ms of service time: 2500 of the 4 KiB slices of
-	// the fast rail.
+	// A half-life of 10 ms: 2500 of the 4 KiB slices of the fast rail.
 	m.p = newPicker(t, len(speed), Config{HalfLife: 10 * time.Millisecond, Now: func() int64 { return m.now }})
 	for range depth {
 		m.post()
@@ -60,7 +57,7 @@ func (m *model) post() {
 	m.picks[r]++
 	service := int64(float64(m.size) / m.speed[r])
 	done := max(m.now+m.lat+service, m.last[r]+service)
-	heap.Push(&m.events, event{done: done, f: m.p.Start(r, m.now), rail: r})
+	heap.Push(&m.events, event{done: done, posted: m.now, rail: r})
 	m.last[r] = done
 }
 
@@ -69,7 +66,7 @@ func (m *model) run(n int) {
 	for range n {
 		e := heap.Pop(&m.events).(event)
 		m.now = e.done
-		m.p.Done(e.rail, e.f, m.size, e.done)
+		m.p.Done(e.rail, m.size, e.posted, e.done)
 		m.post()
 	}
 }
@@ -132,14 +129,14 @@ func TestModelWrongStart(t *testing.T) {
 }
 
 // TestModelSlowsDown: a rail that slows from 1x to 0.25x mid-run loses
-// its slices to the other within some half-lives of its service time, and
-// wins them back when it is fast again.
+// its slices to the other within some half-lives, and wins them back when
+// it is fast again.
 func TestModelSlowsDown(t *testing.T) {
 	m := newModel(t, 64, 50*time.Microsecond, 1<<20, 1, 1)
 	m.run(20000)
 	near(t, "alike", m.share(), []float64{0.5, 0.5}, 0.01)
 	m.speed[1] = 0.25
-	m.run(20000) // 20 s of service time: two thousand half-lives
+	m.run(20000) // seconds: many half-lives
 	m.share()
 	m.run(20000)
 	near(t, "rail 1 slowed", m.share(), []float64{0.8, 0.2}, 0.01)
@@ -151,9 +148,8 @@ func TestModelSlowsDown(t *testing.T) {
 }
 
 // TestModelLightLoad: with two slices in flight over two alike rails,
-// most slices find their rail idle; their times, which hold the latency,
-// must not make the rail that got fewer slices look slower and get fewer
-// still (such samples only raise a rate): the rails keep about half each.
+// most slices find their rail idle, so both have room and weigh what they
+// complete, times roomGain alike: the rails keep about half each.
 func TestModelLightLoad(t *testing.T) {
 	m := newModel(t, 2, 200*time.Microsecond, 4<<10, 1, 1)
 	m.run(20000)

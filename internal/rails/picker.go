@@ -5,16 +5,21 @@
 // failed until their cooldown ends.
 //
 // A Picker is embedded by an endpoint. Pick is its hot path: one atomic
-// add on a shared counter and one load per rail, no lock, no allocation.
-// The transport tells it when a slice starts on a rail (Start) and when it
-// is done (Done), and of its rails' failures (Failed).
+// add on a shared counter and a few loads per rail, no lock, no
+// allocation.
+// The transport tells it of each slice done on a rail, with the time it
+// was posted (Done), and of its rails' failures (Failed).
 //
 // # Weights
 //
-// A rail's weight is its rate, the moving average of the bytes per second
-// it delivers while it is backed up (rate.go), times its Penalty. A
-// rail not yet measured weighs the mean of the measured ones (all weigh
-// alike before any measurement), so it gets slices and is measured.
+// A rail's weight is its rate, the moving average over wall time of the
+// bytes per second it completes, raised by a quarter in the measure that
+// its slices find room on it rather than wait their turn (rate.go), times
+// its Penalty. What a rail has shown counts as far as it has been seen (a
+// half-life of it, half), the mean of the rails' weights for the rest: a
+// rail not yet measured weighs the mean (all weigh alike before any
+// measurement). None weighs less than an eighth of the mean: every
+// healthy rail gets slices and is measured.
 //
 // # Cooldown
 //
@@ -28,8 +33,7 @@
 // # Concurrency
 //
 // Every method is safe for concurrent use: Pick by several pollers at once,
-// Start, Done and Failed from any goroutine (pollers, receivers,
-// redialers).
+// Done and Failed from any goroutine (receivers, redialers).
 //
 // # Lifetimes
 //
@@ -68,10 +72,11 @@ type Config struct {
 	// FarNUMA (or less) for one on another NUMA node. Nil: 1 for every
 	// rail; otherwise one value in (0, 1] per rail.
 	Penalty []float64
-	// HalfLife is the time a rail has work over which its average forgets
-	// half of what it knew (default 100 ms): each sample weighs its
-	// slice's service time, so a rail's average spans about the same
-	// stretch of its busy time whatever the size of its slices.
+	// HalfLife is the wall time over which a rail's averages forget half
+	// of what they knew (default 100 ms): each completion weighs the time
+	// since the rail's completion before, so a rail's averages span about
+	// the same stretch of time whatever its traffic and the size of its
+	// slices.
 	HalfLife time.Duration
 	// MinCooldown and MaxCooldown bound how long a failed rail is skipped
 	// before a probe (defaults 100 ms and 10 s): the first failure cools it
@@ -88,6 +93,7 @@ type Config struct {
 type Picker struct {
 	rails   []rail
 	tau     float64 // HalfLife / ln 2, in nanoseconds: the average's time constant
+	idle    int64   // the longest stretch one sample spans: 4 HalfLives, ns
 	min     int64   // MinCooldown, ns
 	max     int64   // MaxCooldown, ns
 	now     func() int64
@@ -101,10 +107,14 @@ type Picker struct {
 // rail is one rail's state, on a cache line of its own: each rail's
 // completions come from its own goroutine.
 type rail struct {
-	rate      atomic.Uint64 // float64 bits: bytes per second; 0 unmeasured
-	delivered atomic.Uint64 // bytes of the rail's slices done, for Flight.Mark
-	last      atomic.Int64  // when the rail's last slice was done
-	lat       atomic.Int64  // the time of a slice that finds the rail idle, ns (rate.go)
+	// rate, room and seen are float64 bits, averages over wall time from
+	// 0 (rate.go): of the bytes per second the rail completes, of 1 for a
+	// slice that found room and 0 for one that waited its turn, and of 1s.
+	rate atomic.Uint64
+	room atomic.Uint64
+	seen atomic.Uint64
+	last atomic.Int64 // when the rail's last slice was done
+	lat  atomic.Int64 // the time of a slice that finds the rail idle, ns
 	// until is 0 while the rail is healthy. Otherwise it is when the
 	// rail's cooldown ends (an even number), or, once a probe was let
 	// through, when another may go (odd: the low bit says a probe went).
@@ -144,7 +154,7 @@ func New(n int, cfg Config) (*Picker, error) {
 	if cfg.Now == nil {
 		cfg.Now = monotonic
 	}
-	p := &Picker{rails: make([]rail, n), tau: float64(cfg.HalfLife) / math.Ln2, min: int64(cfg.MinCooldown), max: int64(cfg.MaxCooldown), now: cfg.Now}
+	p := &Picker{rails: make([]rail, n), tau: float64(cfg.HalfLife) / math.Ln2, idle: 4 * int64(cfg.HalfLife), min: int64(cfg.MinCooldown), max: int64(cfg.MaxCooldown), now: cfg.Now}
 	for i := range p.rails {
 		p.rails[i].penalty = 1
 		if cfg.Penalty != nil {
@@ -160,6 +170,11 @@ func New(n int, cfg Config) (*Picker, error) {
 
 // Len returns the number of rails.
 func (p *Picker) Len() int { return len(p.rails) }
+
+// minWeight is the least weight of a healthy rail, as a share of the mean
+// weight: a rail that gets no slices is not measured again, so however
+// slow it was it gets some, and shows when it is fast again.
+const minWeight = 1.0 / 8
 
 // golden is 2^64 divided by the golden ratio: the points seq*golden/2^64
 // (mod 1) fill [0, 1) more evenly than random ones, at every length of the
@@ -185,9 +200,8 @@ func (p *Picker) Pick() int {
 	if cooling {
 		now = p.now()
 	}
-	var w [MaxRails]float64
-	var measured float64
-	nm := 0
+	var w [MaxRails]float64 // a rail's own weight, then its weight; -1: cooling
+	var measured, evidence float64
 	for i := range p.rails {
 		r := &p.rails[i]
 		if cooling {
@@ -199,26 +213,25 @@ func (p *Picker) Pick() int {
 				continue
 			}
 		}
-		rate := math.Float64frombits(r.rate.Load())
-		w[i] = rate
-		if rate > 0 {
-			measured += rate
-			nm++
-		}
+		wi, seen := r.weight()
+		w[i] = wi
+		measured += wi * seen
+		evidence += seen
 	}
+	// The mean weight, each rail's counted as far as it has been seen;
+	// before any measurement all weigh alike.
 	mean := 1.0
-	if nm > 0 {
-		mean = measured / float64(nm)
+	if evidence > 0 {
+		mean = measured / evidence
 	}
 	var sum float64
 	for i := range p.rails {
-		switch {
-		case w[i] < 0:
+		if w[i] < 0 {
 			continue
-		case w[i] == 0:
-			w[i] = mean
 		}
-		w[i] *= p.rails[i].penalty
+		seen := math.Float64frombits(p.rails[i].seen.Load()) // as weight read it, or a little more
+		wi := seen*w[i] + (1-seen)*mean
+		w[i] = max(wi, mean*minWeight) * p.rails[i].penalty
 		sum += w[i]
 	}
 	if sum == 0 {

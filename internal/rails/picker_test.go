@@ -2,15 +2,23 @@ package rails
 
 import (
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// setRates gives each rail a measured rate in bytes per second.
+// setRates gives each rail a rate in bytes per second, seen whole, with
+// no room.
 func setRates(p *Picker, rates ...float64) {
 	for i, r := range rates {
-		p.rails[i].rate.Store(math.Float64bits(r))
+		setRate(p, i, r)
 	}
+}
+
+func setRate(p *Picker, rail int, rate float64) {
+	p.rails[rail].rate.Store(math.Float64bits(rate))
+	p.rails[rail].room.Store(0)
+	p.rails[rail].seen.Store(math.Float64bits(1))
 }
 
 // TestSharesFollowRates: rails measured at 1, 0.5 and 0.25 GB/s get 4/7,
@@ -43,8 +51,8 @@ func TestSharesFollowRates(t *testing.T) {
 func TestEqualBeforeMeasuring(t *testing.T) {
 	p := newPicker(t, 3, Config{})
 	near(t, "unmeasured", shares(p, 30000), []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}, 0.002)
-	p.rails[0].rate.Store(math.Float64bits(3e9))
-	p.rails[1].rate.Store(math.Float64bits(1e9))
+	setRate(p, 0, 3e9)
+	setRate(p, 1, 1e9)
 	// Rail 2 weighs (3+1)/2 = 2 of 6.
 	near(t, "rail 2 unmeasured", shares(p, 60000), []float64{3.0 / 6, 1.0 / 6, 2.0 / 6}, 0.002)
 }
@@ -61,79 +69,95 @@ func TestNUMAPenalty(t *testing.T) {
 	near(t, "rail 0 twice as fast and far", shares(q, 30000), []float64{0.5, 0.5}, 0.002)
 }
 
-// TestAverage: the first sample is taken whole; samples of a rail backed
-// up move the average by the share of the half-life their service took
-// (one half-life of a new rate halves the distance to it, within the
-// first-order weight's error); a slice that found the rail idle, or waited
-// less than the rail's latency, only raises the average, to roomGain
-// times its rate.
+// TestAverage: a rail's rate follows what it completes over wall time,
+// forgetting half in a half-life, and its first sample is its rate, seen
+// only for the time it covers; a burst of completions adds about its bytes
+// over the time constant, whatever its samples' rates; an idle stretch
+// counts as four half-lives at most; the measure of room follows whether
+// slices found room or waited their turn.
 func TestAverage(t *testing.T) {
 	const ms = int64(time.Millisecond)
-	p := newPicker(t, 1, Config{HalfLife: 100 * time.Millisecond})
+	const half = 100 * ms
+	tau := float64(half) / math.Ln2 // ns
+	p := newPicker(t, 1, Config{HalfLife: time.Duration(half)})
+	r := &p.rails[0]
+	load := func(b *atomic.Uint64) float64 { return math.Float64frombits(b.Load()) }
 	t0 := int64(time.Hour)
-	p.Done(0, p.Start(0, t0), 1e6, t0+ms) // alone, 1 MB in 1 ms: 1 GB/s
-	if got := p.Rate(0); got != 1e9*roomGain {
-		t.Fatalf("rate %v after the first sample, want %v", got, 1e9*roomGain)
+	p.Done(0, 1e6, t0, t0+ms) // alone: 1 MB in 1 ms
+	a1 := float64(ms) / (float64(ms) + tau)
+	if got := p.Rate(0); math.Abs(got-1e9) > 1 {
+		t.Fatalf("rate %v after the first sample, want 1e9", got)
 	}
-	if got := p.rails[0].lat.Load(); got != ms {
+	if w, seen := r.weight(); math.Abs(w-1e9*roomGain) > 1 || seen != a1 {
+		t.Fatalf("weight %v seen %v after a first slice alone, want %v seen %v", w, seen, 1e9*roomGain, a1)
+	}
+	if got := r.lat.Load(); got != ms {
 		t.Fatalf("latency %v after the first slice alone, want 1ms", time.Duration(got))
 	}
-	p.rails[0].rate.Store(math.Float64bits(1e9))
-	// A queue of 1001 slices of 0 bytes posted at once, done every 100 µs:
-	// the first found the rail idle; the others waited their turn, past
-	// the rail's latency, so they are backed up: 100 ms of service at 0
-	// bytes per second.
-	t1 := t0 + int64(time.Second)
-	f := p.Start(0, t1)
-	for k := int64(1); k <= 1001; k++ {
-		p.Done(0, f, 0, t1+k*ms/10)
+	// A queue posted as the first is done, done every 100 µs at 0.25 GB/s
+	// for one half-life: all but its first waited their turn.
+	t1 := t0 + ms
+	for k := int64(1); k <= 1000; k++ {
+		p.Done(0, 25e3, t1, t1+k*ms/10)
 	}
-	if got := p.Rate(0); math.Abs(got-0.5e9) > 0.01e9 {
-		t.Fatalf("after a half-life of service at 0 B/s: rate %v, want about 0.5e9", got)
+	const d = 0.5 // what a half-life leaves
+	want := (0.25e9*(1-d) + 1e9*a1*d) / ((1 - d) + a1*d)
+	if got := p.Rate(0); math.Abs(got-want) > 0.01*want {
+		t.Fatalf("after a half-life at 0.25 GB/s: rate %v, want about %v", got, want)
 	}
-	before := p.Rate(0)
-	// Alone, 1 MB/s: below the average, so it leaves it.
-	t2 := t1 + int64(time.Second)
-	p.Done(0, p.Start(0, t2), 1e3, t2+ms)
-	if got := p.Rate(0); got != before {
-		t.Fatalf("a slice alone, below the average, moved it: %v -> %v", before, got)
+	if got := load(&r.seen); math.Abs(got-(1-d+a1*d)) > 0.01 {
+		t.Fatalf("seen %v after a half-life, want about %v", got, 1-d+a1*d)
 	}
-	// Two slices, the second posted 0.9 ms after the first, which is done
-	// 0.1 ms later: it waited less than the latency, so it had room.
-	// Below the average: left.
-	t3 := t2 + int64(time.Second)
-	a := p.Start(0, t3)
-	b := p.Start(0, t3+9*ms/10)
-	p.Done(0, a, 1e3, t3+ms)
-	p.Done(0, b, 1e3, t3+2*ms)
-	if got := p.Rate(0); got != before {
-		t.Fatalf("a slice with room, below the average, moved it: %v -> %v", before, got)
+	if room := load(&r.room) / load(&r.seen); room > 0.02 {
+		t.Fatalf("room %v after a half-life backed up, want about 0", room)
 	}
-	// The same at 4 GB/s: raised.
-	t4 := t3 + int64(time.Second)
-	a = p.Start(0, t4)
-	b = p.Start(0, t4+9*ms/10)
-	p.Done(0, a, 4e6, t4+ms)
-	p.Done(0, b, 4e6, t4+2*ms)
-	after := p.Rate(0)
-	if after <= before {
-		t.Fatalf("a slice with room, above the average, did not raise it: %v -> %v", before, after)
+	// A burst: ten completions of 1 MB, a nanosecond apart.
+	before, seen := p.Rate(0), load(&r.seen)
+	now := t1 + 1000*ms/10
+	for k := int64(1); k <= 10; k++ {
+		p.Done(0, 1e6, t1, now+k)
 	}
-	// Two slices posted at once, the second done 1 s after the first: it
-	// waited past the latency, backed up, and its slow sample lowers it.
-	t5 := t4 + int64(time.Second)
-	a = p.Start(0, t5)
-	b = p.Start(0, t5)
-	p.Done(0, a, 1e3, t5+int64(time.Second))
-	p.Done(0, b, 1e3, t5+2*int64(time.Second))
-	if got := p.Rate(0); got >= after {
-		t.Fatalf("a slow slice of a backed-up rail did not lower the average: %v -> %v", after, got)
+	if got, bound := p.Rate(0)-before, 10*1e6/(tau/1e9)/seen; got <= 0 || got > 1.01*bound {
+		t.Fatalf("a burst of 10 MB raised the rate by %v, want (0, %v]", got, bound)
+	}
+	// An hour idle, then 1 MB: four half-lives at most, not an hour.
+	raw, seen := load(&r.rate), load(&r.seen)
+	t2 := now + int64(time.Hour)
+	p.Done(0, 1e6, t2, t2+ms)
+	s := 1e6 / (4 * float64(half) / 1e9)
+	a := 4 * float64(half) / (4*float64(half) + tau)
+	if got, want := p.Rate(0), (raw+a*(s-raw))/(seen+a*(1-seen)); math.Abs(got-want) > 1e-6*want {
+		t.Fatalf("after an hour idle: rate %v, want %v", got, want)
 	}
 	// A sample of no time: 1 ns, not a division by zero.
-	p.Done(0, p.Start(0, 0), 1, 0)
+	p.Done(0, 1, t2+ms, t2+ms)
 	if got := p.Rate(0); math.IsInf(got, 0) || math.IsNaN(got) || got <= 0 {
 		t.Fatalf("rate %v after a sample of 0 ns", got)
 	}
+}
+
+// TestSeenInPart: a rail measured on one small slice, whose time is mostly
+// latency, counts what that showed only for the time it covered, the
+// others' mean for the rest: it keeps about its even share.
+func TestSeenInPart(t *testing.T) {
+	p := newPicker(t, 2, Config{})
+	setRate(p, 0, 1e9)
+	now := int64(time.Hour)
+	p.Done(1, 4096, now-100_000, now) // 4 KiB in 100 µs: 41 MB/s, for 100 µs
+	got := shares(p, 10000)
+	if got[1] < 0.45 {
+		t.Fatalf("a rail seen for 100 µs at 41 MB/s beside one at 1 GB/s: shares %.3f, want about even", got)
+	}
+}
+
+// TestFloor: a rail far slower than the others still weighs an eighth of
+// the mean, so it gets slices and is measured again.
+func TestFloor(t *testing.T) {
+	p := newPicker(t, 2, Config{})
+	setRates(p, 1e9, 1e3)
+	mean := (1e9 + 1e3) / 2
+	want := mean / 8 / (1e9 + mean/8)
+	near(t, "a rail a million times slower", shares(p, 100000), []float64{1 - want, want}, 0.002)
 }
 
 // TestNewChecks: New refuses what it cannot serve.

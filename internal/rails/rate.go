@@ -1,96 +1,93 @@
-// rate.go holds a rail's measured speed: the moving average of its
-// delivery rate that Start and Done feed and Pick weighs, and the rail's
-// latency, which tells a sample of what the rail can move from one of
-// what it was offered.
+// rate.go holds a rail's measured speed, which Done feeds and Pick weighs:
+// the moving average of what the rail completes per second, the measure
+// in which its slices find room on it (which tells what it can move from
+// what it was offered), and how much of either has been seen.
 
 package rails
 
 import (
 	"math"
+	"sync/atomic"
 )
 
-// roomGain is how far above what it was offered a rail with room is
-// pushed (see Done): enough to find a faster rail's speed within some
+// roomGain is how far above what it completes a rail with room is
+// weighed (see Done): enough to find a faster rail's speed within some
 // half-lives, little enough to leave a rail that has room what it has.
 const roomGain = 1.25
 
-// Flight is what a transport keeps of a slice from its post on a rail to
-// its completion: Start returns it, Done takes it back. A plain value; it
-// holds nothing that needs releasing.
-type Flight struct {
-	// Posted is when the rail took the slice, on the Picker's clock.
-	Posted int64
-	// Mark is the bytes the rail had delivered by then.
-	Mark uint64
-}
-
 // Now returns the time on the Picker's clock (Config.Now), the clock of
-// Start's and Done's times.
+// Done's times.
 func (p *Picker) Now() int64 { return p.now() }
 
-// Start returns the Flight of a slice that rail takes at now (from Now; a
-// transport posting a batch may read it once for the whole batch).
-func (p *Picker) Start(rail int, now int64) Flight {
-	return Flight{Posted: now, Mark: p.rails[rail].delivered.Load()}
-}
-
-// Done records that the slice of Flight f, of bytes bytes, completed on
-// rail at now, and heals the rail if it was probed (cooldown.go). Only
-// slices that succeeded count: a failure is Failed's.
+// Done records that a slice of bytes bytes, posted on rail at posted,
+// completed at now, both nanoseconds on the Picker's clock (Now; a
+// transport posting a batch may read it once for the whole batch). It
+// heals the rail if it was probed (cooldown.go). Only slices that
+// succeeded count: a failure is Failed's.
 //
-// The sample is the rail's delivery rate over the slice's flight: the
-// bytes the rail delivered from f.Posted to now, this slice's included,
-// over that time. While the rail is backed up (the slice waited its turn
-// at least as long as the rail's latency, the time a slice that finds the
-// rail idle takes), the rail moved bytes the whole time, so the sample is
-// what the rail can move, and it moves the average down as well as up.
-// Otherwise the sample shows what the rail was offered, not what it can
-// move: were it to lower the average, a rail that got fewer slices than it
-// could take would look slower and get fewer still, down to a fixed point
-// at any rate below its speed. Such a sample, times roomGain, only raises
-// the average: a rail with room is offered more until it backs up and its
-// samples say what it moves.
-func (p *Picker) Done(rail int, f Flight, bytes uint64, now int64) {
+// The rail's rate is the moving average, over wall time, of the bytes it
+// completes per second: each completion is a sample of its bytes over the
+// time since the rail's completion before, weighed by that time (see
+// average). Completions that come in a burst weigh little each, and a
+// rail's average follows the clock, not its traffic: a rail that gets few
+// slices is measured as promptly as one that gets many. What one sample
+// says is believed only as far as the time it covers: a rail weighs its
+// own rate in the measure of the time it has been seen (a half-life seen
+// is half), and the mean of the rails' for the rest (see Pick), so that
+// the first small slice on a rail, whose time is mostly latency, does not
+// make it look slow.
+//
+// While a rail is backed up (its slices wait their turn at least as long
+// as its latency, the time a slice that finds it idle takes), what it
+// completes is what it can move. A rail with room completes only what it
+// is offered: weighed by that, a rail that got fewer slices than it could
+// take would stay where it is, however fast it is. So a rail weighs its
+// rate times roomGain in the measure that its recent slices had room: it
+// is offered more until it backs up and its rate says what it moves. When
+// every rail has room (a light load), each weighs what it completes times
+// roomGain, and the split stays where it is: no rail is a bottleneck
+// then, so the split costs nothing.
+func (p *Picker) Done(rail int, bytes uint64, posted, now int64) {
 	r := &p.rails[rail]
-	delivered := r.delivered.Add(bytes)
-	front := max(r.last.Swap(now), f.Posted) // when it reached the front of the rail's queue
-	took := now - f.Posted
-	backed := false
-	if front == f.Posted {
-		r.latency(took) // it found the rail idle
-	} else {
-		backed = front-f.Posted >= r.lat.Load()
+	last := r.last.Swap(now)
+	front := max(last, posted) // when the slice reached the front of the rail's queue
+	room := 1.0
+	if front == posted {
+		r.latency(now - posted) // it found the rail idle
+	} else if front-posted >= r.lat.Load() {
+		room = 0 // it waited its turn: the rail is backed up
 	}
-	if took <= 0 {
-		took = 1
+	gap := now - last // since the completion before, idle time included
+	if last == 0 {
+		gap = now - posted // the first: its own time
 	}
-	s := float64(delivered-f.Mark) * 1e9 / float64(took)
-	if !backed {
-		s *= roomGain
-	}
-	// The weight is the slice's service time (from the front of the
-	// queue to done: over a stretch of work these add up to the stretch)
-	// in the first-order form of 1-exp(-t/tau): the average forgets half
-	// of what it knew in about HalfLife of the rail's work, however that
-	// is cut into slices. The first sample is taken whole.
-	service := float64(max(now-front, 1))
-	a := service / (service + p.tau)
-	for {
-		old := r.rate.Load()
-		v := math.Float64frombits(old)
-		if !backed && v >= s {
-			break
-		}
-		nv := s
-		if v > 0 {
-			nv = v + a*(s-v)
-		}
-		if nv == v || r.rate.CompareAndSwap(old, math.Float64bits(nv)) {
-			break
-		}
-	}
+	// An idle stretch past a few half-lives counts as that: after a pause
+	// of the whole endpoint, each rail's first sample says it was idle,
+	// not how long each happened to be.
+	gap = min(max(gap, 1), p.idle)
+	a := float64(gap) / (float64(gap) + p.tau)
+	average(&r.rate, float64(bytes)*1e9/float64(gap), a)
+	average(&r.room, room, a)
+	average(&r.seen, 1, a)
 	if r.until.Load()&1 != 0 {
 		p.heal(r)
+	}
+}
+
+// average folds sample s into the average in bits (a float64's, from 0)
+// with weight a, the first-order form of 1-exp(-t/tau) for a sample of t:
+// the average forgets half of what it knew in about HalfLife, however the
+// time is cut into samples. The averages start at 0; divided by the
+// average of 1s (seen), they are the averages of what was seen. No lock:
+// a CAS on the bits.
+func average(bits *atomic.Uint64, s, a float64) {
+	for {
+		old := bits.Load()
+		v := math.Float64frombits(old)
+		nv := v + a*(s-v)
+		if nv == v || bits.CompareAndSwap(old, math.Float64bits(nv)) {
+			return
+		}
 	}
 }
 
@@ -112,5 +109,23 @@ func (r *rail) latency(took int64) {
 // Rate returns rail's measured rate in bytes per second, 0 while it is
 // unmeasured.
 func (p *Picker) Rate(rail int) float64 {
-	return math.Float64frombits(p.rails[rail].rate.Load())
+	r := &p.rails[rail]
+	seen := math.Float64frombits(r.seen.Load())
+	if seen == 0 {
+		return 0
+	}
+	return math.Float64frombits(r.rate.Load()) / seen
+}
+
+// weight returns what rail's own measure makes its weight (its rate,
+// raised by roomGain in the measure that it has room) and how far that is
+// to be believed (seen, in [0, 1)); 0, 0 while unmeasured.
+func (r *rail) weight() (w, seen float64) {
+	seen = math.Float64frombits(r.seen.Load())
+	if seen == 0 {
+		return 0, 0
+	}
+	rate := math.Float64frombits(r.rate.Load())
+	room := math.Float64frombits(r.room.Load())
+	return rate / seen * (1 + (roomGain-1)*room/seen), seen
 }

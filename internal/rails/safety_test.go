@@ -38,8 +38,7 @@ func TestConcurrent(t *testing.T) {
 						}
 						return
 					}
-					f := p.Start(r, c.now())
-					p.Done(r, f, 4096, c.now()+1000)
+					p.Done(r, 4096, c.now(), c.now()+1000)
 				}
 			}
 		})
@@ -72,7 +71,7 @@ func TestConcurrent(t *testing.T) {
 	}
 }
 
-// TestAllocs: Pick, Start, Done and Failed allocate nothing, with every
+// TestAllocs: Pick, Done and Failed allocate nothing, with every
 // rail healthy and with one cooling (the clock read, the probe).
 func TestAllocs(t *testing.T) {
 	var c clock
@@ -80,10 +79,10 @@ func TestAllocs(t *testing.T) {
 	p := newPicker(t, 8, c.config())
 	step := func() {
 		r := p.Pick()
-		p.Done(r, p.Start(r, c.now()), 4096, c.now()+1000)
+		p.Done(r, 4096, c.now(), c.now()+1000)
 	}
 	if a := testing.AllocsPerRun(1000, step); a != 0 {
-		t.Errorf("Pick, Start, Done: %v allocations, want 0", a)
+		t.Errorf("Pick, Done: %v allocations, want 0", a)
 	}
 	p.Failed(3)
 	cooling := func() {
@@ -131,7 +130,7 @@ func TestPickInRange(t *testing.T) {
 						return false
 					}
 				case 1:
-					p.Done(r, p.Start(r, c.now()), o.Bytes, c.now()+o.Dt)
+					p.Done(r, o.Bytes, c.now(), c.now()+o.Dt)
 				case 2:
 					p.Failed(r)
 				case 3:
@@ -157,7 +156,7 @@ func TestPickInRange(t *testing.T) {
 	ps.TestingRun(t)
 }
 
-// BenchmarkPick measures Pick, Start and Done over 4 rails from parallel
+// BenchmarkPick measures Pick and Done over 4 rails from parallel
 // goroutines (go test -bench Pick ./internal/rails/).
 func BenchmarkPick(b *testing.B) {
 	p, err := New(4, Config{})
@@ -169,7 +168,7 @@ func BenchmarkPick(b *testing.B) {
 		for pb.Next() {
 			r := p.Pick()
 			now := p.Now()
-			p.Done(r, p.Start(r, now), 4096, now+1000)
+			p.Done(r, 4096, now, now+1000)
 		}
 	})
 }
