@@ -87,7 +87,15 @@ type Config struct {
 	TTL time.Duration
 	// DialTimeout bounds how long each call waits for etcd, to connect
 	// and to answer; a call that takes longer fails with
-	// [ErrUnreachable]. Default [DefaultDialTimeout].
+	// [ErrUnreachable]. Within it a call sends a request again (with
+	// backoff, from 100 ms doubling to 2 s) after an answer that means
+	// try again (no leader, a leader change, a timeout of etcd's own, a
+	// member stopped or unhealthy, a connection unavailable, too many
+	// requests) or no answer within a third of DialTimeout (a write
+	// forwarded to a leader that just died is lost with it, and only a
+	// new attempt reaches the new one); never after a refusal (another
+	// epoch holds the name, auth, a descriptor too large). Default
+	// [DefaultDialTimeout].
 	DialTimeout time.Duration
 }
 
@@ -140,8 +148,15 @@ type Config struct {
 //
 // Errors are those of [Store], and [ErrUnreachable] when etcd does not
 // answer within Config.DialTimeout, or answers with an error (no
-// leader, say); a retry can help then. A descriptor larger than etcd
-// accepts (1.5 MiB by default) is [segtable.ErrBadDesc].
+// leader, say) until then; a retry can help then. Each request of a call
+// is retried within DialTimeout (see Config.DialTimeout): Put and Delete
+// are transactions conditional on what they read, so one sent again
+// after an attempt whose answer was lost writes nothing it did not check
+// (a Delete whose lost attempt took effect finds the name gone and
+// succeeds), and a lease granted by a lost attempt expires on its own.
+// etcd's refusal of the store's credentials or rights is [ErrDenied]. A
+// descriptor larger than etcd accepts (1.5 MiB by default) is
+// [segtable.ErrBadDesc].
 //
 // An Etcd store is safe for concurrent use; its zero value is not usable,
 // and it must not be copied. It holds an etcd client from New until
@@ -154,6 +169,7 @@ type Store struct {
 	prefix  string
 	ttl     int64 // lease TTL in seconds
 	timeout time.Duration
+	attempt time.Duration // the most one attempt of a request waits: timeout/attemptShare
 
 	// ctx is canceled by Close; calls, keepalives and watches run under
 	// it.
@@ -198,6 +214,12 @@ type etcdName struct {
 // with an http:// endpoint, and when authentication fails (see
 // Config.Username).
 func New(cfg Config) (*Store, error) {
+	return newStore(cfg)
+}
+
+// newStore is New, with dial options added to the client's (tests add an
+// interceptor that fails requests as etcd would).
+func newStore(cfg Config, dial ...grpc.DialOption) (*Store, error) {
 	switch {
 	case len(cfg.Endpoints) == 0:
 		return nil, errors.New("metadata etcd: no endpoints")
@@ -235,7 +257,7 @@ func New(cfg Config) (*Store, error) {
 		DialTimeout:          cfg.DialTimeout,
 		DialKeepAliveTime:    etcdPingInterval,
 		DialKeepAliveTimeout: cfg.DialTimeout,
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		DialOptions: append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoff.Config{
 				BaseDelay:  etcdRetryMin,
 				Multiplier: 1.6,
@@ -243,7 +265,7 @@ func New(cfg Config) (*Store, error) {
 				MaxDelay:   etcdRetryMax,
 			},
 			MinConnectTimeout: cfg.DialTimeout,
-		})},
+		})}, dial...),
 		TLS:      cfg.TLS,
 		Username: cfg.Username,
 		Password: cfg.Password,
@@ -268,6 +290,7 @@ func New(cfg Config) (*Store, error) {
 		prefix:  cfg.Prefix,
 		ttl:     int64((cfg.TTL + time.Second - 1) / time.Second),
 		timeout: cfg.DialTimeout,
+		attempt: cfg.DialTimeout / attemptShare,
 		names:   make(map[string]*etcdName),
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
@@ -325,8 +348,11 @@ func (e *Store) ctxErr(ctx context.Context, err error) error {
 		// The call's own timeout: not the caller's deadline, so it is
 		// not wrapped.
 		return fmt.Errorf("%w: no answer from etcd within %v (%v)", metadata.ErrUnreachable, e.timeout, err)
-	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
+	case errors.Is(err, rpctypes.ErrRequestTooLarge),
+		grpcCode(err) == codes.ResourceExhausted && !errors.Is(err, rpctypes.ErrTooManyRequests) && !errors.Is(err, rpctypes.ErrNoSpace):
 		return fmt.Errorf("%w: too large for etcd: %v", segtable.ErrBadDesc, err)
+	case denied(err):
+		return fmt.Errorf("%w: etcd: %w", metadata.ErrDenied, err)
 	}
 	return fmt.Errorf("%w: etcd: %w", metadata.ErrUnreachable, err)
 }
@@ -355,7 +381,11 @@ func (e *Store) Get(ctx context.Context, name string) (*segtable.SegmentDesc, er
 	}
 	cctx, stop := e.call(ctx)
 	defer stop()
-	resp, err := e.cli.Get(cctx, e.key(name))
+	var resp *clientv3.GetResponse
+	_, err = e.do(cctx, func(ctx context.Context) (err error) {
+		resp, err = e.cli.Get(ctx, e.key(name))
+		return err
+	})
 	if err != nil {
 		return nil, e.errorf("get", name, e.ctxErr(ctx, err))
 	}
@@ -446,8 +476,11 @@ func (e *Store) publish(ctx context.Context, n *etcdName, epoch uint64, body []b
 	fresh := false
 	for {
 		if lease == 0 {
-			resp, err := e.cli.Grant(ctx, e.ttl)
-			if err != nil {
+			var resp *clientv3.LeaseGrantResponse
+			if _, err := e.do(ctx, func(ctx context.Context) (err error) {
+				resp, err = e.cli.Grant(ctx, e.ttl)
+				return err
+			}); err != nil {
 				return err
 			}
 			lease, fresh = resp.ID, true
@@ -486,7 +519,7 @@ func (e *Store) casPut(ctx context.Context, name string, epoch uint64, body []by
 	put := clientv3.OpPut(key, string(body), clientv3.WithLease(lease))
 	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0) // the name is free
 	for {
-		resp, err := e.cli.Txn(ctx).If(cmp).Then(put).Else(clientv3.OpGet(key)).Commit()
+		resp, _, err := e.txn(ctx, cmp, put, clientv3.OpGet(key))
 		if err != nil {
 			return 0, err
 		}
@@ -507,6 +540,16 @@ func (e *Store) casPut(ctx context.Context, name string, epoch uint64, body []by
 		}
 		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)
 	}
+}
+
+// txn commits If(cmp).Then(then).Else(els), retried as [Store.do] says;
+// retried reports whether an attempt before the last may have committed.
+func (e *Store) txn(ctx context.Context, cmp clientv3.Cmp, then, els clientv3.Op) (resp *clientv3.TxnResponse, retried bool, err error) {
+	retried, err = e.do(ctx, func(ctx context.Context) (err error) {
+		resp, err = e.cli.Txn(ctx).If(cmp).Then(then).Else(els).Commit()
+		return err
+	})
+	return resp, retried, err
 }
 
 // keep makes lease n's lease and starts its keepalive goroutine, ending
@@ -538,7 +581,11 @@ func (e *Store) forget(n *etcdName) {
 
 // keepAlive keeps lease alive until ctx is done (Delete, a new lease for
 // the name, Close). When etcd loses the lease first, it writes n's
-// descriptor again under a new lease, retrying with backoff.
+// descriptor again under a new lease, retrying with backoff. Starting the
+// keepalive fails only once the client is closing: the client's own loop
+// sends the keepalives, and opens its stream to etcd again, every half
+// second, while it breaks (a leader change, a member down); a lease not
+// renewed for its TTL meanwhile closes the channel.
 func (e *Store) keepAlive(ctx context.Context, n *etcdName, lease clientv3.LeaseID) {
 	defer e.wg.Done()
 	defer e.release(n)
@@ -624,26 +671,39 @@ func (e *Store) Delete(ctx context.Context, name string, epoch uint64) error {
 }
 
 // casDelete deletes the key of name if it holds epoch (any when 0), in a
-// transaction conditional on the revision whose epoch it checked.
+// transaction conditional on the revision whose epoch it checked. When an
+// attempt of the delete whose answer was lost may have deleted the key,
+// finding it gone is success.
 func (e *Store) casDelete(ctx context.Context, name string, epoch uint64) error {
 	key := e.key(name)
 	if epoch == 0 {
-		resp, err := e.cli.Delete(ctx, key)
+		var resp *clientv3.DeleteResponse
+		retried, err := e.do(ctx, func(ctx context.Context) (err error) {
+			resp, err = e.cli.Delete(ctx, key)
+			return err
+		})
 		if err != nil {
 			return err
 		}
-		if resp.Deleted == 0 {
+		if resp.Deleted == 0 && !retried {
 			return metadata.ErrNotFound
 		}
 		return nil
 	}
-	resp, err := e.cli.Get(ctx, key)
-	if err != nil {
+	var resp *clientv3.GetResponse
+	if _, err := e.do(ctx, func(ctx context.Context) (err error) {
+		resp, err = e.cli.Get(ctx, key)
+		return err
+	}); err != nil {
 		return err
 	}
 	kvs := resp.Kvs
+	maybeDeleted := false
 	for {
 		if len(kvs) == 0 {
+			if maybeDeleted {
+				return nil
+			}
 			return metadata.ErrNotFound
 		}
 		held, err := segtable.UnmarshalDesc(kvs[0].Value)
@@ -653,14 +713,12 @@ func (e *Store) casDelete(ctx context.Context, name string, epoch uint64) error 
 		case held.Epoch != epoch:
 			return fmt.Errorf("%w: held by epoch %d, not %d", metadata.ErrEpoch, held.Epoch, epoch)
 		}
-		tresp, err := e.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)).
-			Then(clientv3.OpDelete(key)).
-			Else(clientv3.OpGet(key)).
-			Commit()
+		tresp, retried, err := e.txn(ctx, clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision),
+			clientv3.OpDelete(key), clientv3.OpGet(key))
 		if err != nil {
 			return err
 		}
+		maybeDeleted = maybeDeleted || retried
 		if tresp.Succeeded {
 			return nil
 		}
