@@ -25,7 +25,8 @@ import (
 // Endpoint is the way to one remote segment: Rails connections, each
 // redialed with backoff when it breaks, over which slices are spread by
 // measured speed, and, from the first high-class slice on, an express
-// lane for those.
+// lane for those. Safe for concurrent use. It lives until its Close or
+// its Transport's.
 type Endpoint struct {
 	t      *Transport
 	name   string

@@ -131,7 +131,8 @@ var start = time.Now()
 func monotonic() int64 { return int64(time.Since(start)) }
 
 // New returns a Picker over n rails, 1 <= n <= MaxRails, every rail healthy
-// and unmeasured.
+// and unmeasured. It holds nothing to release: it lives as long as it is
+// referenced.
 func New(n int, cfg Config) (*Picker, error) {
 	if n < 1 || n > MaxRails {
 		return nil, fmt.Errorf("rails: %d rails, want 1..%d", n, MaxRails)

@@ -136,6 +136,32 @@ func TestAverage(t *testing.T) {
 	}
 }
 
+// TestLatency: a rail's latency follows a slice alone that took less
+// within about eight slices, one that took more (a stall of the host)
+// within about sixty-four.
+func TestLatency(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	p := newPicker(t, 1, Config{})
+	at := int64(time.Hour)
+	alone := func(took int64) int64 {
+		at += 10 * ms
+		p.Done(0, 4096, at, at+took)
+		at += took
+		return p.rails[0].lat.Load()
+	}
+	if got := alone(ms); got != ms {
+		t.Fatalf("latency %v after the first slice, want 1ms", time.Duration(got))
+	}
+	if got, want := alone(9*ms), ms+8*ms/64; got != want {
+		t.Fatalf("latency %v after a 9 ms stall, want %v", time.Duration(got), time.Duration(want))
+	}
+	want := ms + 8*ms/64
+	want += (ms/5 - want) / 8
+	if got := alone(ms / 5); got != want {
+		t.Fatalf("latency %v after a 0.2 ms slice, want %v", time.Duration(got), time.Duration(want))
+	}
+}
+
 // TestSeenInPart: a rail measured on one small slice, whose time is mostly
 // latency, counts what that showed only for the time it covered, the
 // others' mean for the rest: it keeps about its even share.

@@ -92,13 +92,17 @@ func average(bits *atomic.Uint64, s, a float64) {
 }
 
 // latency folds the time of a slice that found the rail idle into the
-// rail's latency, an average over the last eight or so such slices.
+// rail's latency: an average that follows a shorter time within eight or
+// so slices, a longer one within sixty-four, so that it stays near the
+// rail's own latency, not the stalls a loaded host adds to some slices.
 func (r *rail) latency(took int64) {
 	for {
 		old := r.lat.Load()
 		nl := took
-		if old > 0 {
+		if old > 0 && took < old {
 			nl = old + (took-old)/8
+		} else if old > 0 {
+			nl = old + (took-old)/64
 		}
 		if nl == old || r.lat.CompareAndSwap(old, nl) {
 			return
