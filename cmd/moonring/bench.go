@@ -66,6 +66,11 @@ or with --segment reaches a Mooncake engine (or serve --mooncake): its
 segment name (with p2p, its RPC port's ip:port) and its first buffer,
 into which it first writes the pattern that READs are checked against.
 
+With --metadata http://... or etcd://..., bench publishes its own segment
+too (--local-name, default <hostname>-<pid>-<n>), and so do the target
+processes it starts: --ttl is their time to live, as serve's:
+
+` + ttlHelp + `
 flags:
 `
 
@@ -90,6 +95,7 @@ func bench(args []string, out io.Writer) error {
 	segment := fs.String("segment", "", "the target's segment (host:port of its p2p endpoint, or its name with --metadata http://...); default: start one")
 	localName := fs.String("local-name", "", "the initiator's segment name with --metadata http or etcd (with p2p it is its endpoint's address)")
 	meta := fs.String("metadata", "p2p", "p2p, http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,HOST:PORT...]")
+	ttl := addTTLFlag(fs)
 	listen := fs.String("listen", "127.0.0.1:0", "target: the p2p metadata endpoint's address (the segment name)")
 	verify := fs.Bool("verify", true, "check the data of every step")
 	asJSON := fs.Bool("json", false, "print results as JSON")
@@ -129,6 +135,11 @@ func bench(args []string, out io.Writer) error {
 	if *noMap && *protocol != "shm" {
 		return fmt.Errorf("bench: --no-map goes with --protocol shm (it reaches a target on this host through process_vm_readv/writev instead of a mapping); the protocol is %s", *protocol)
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := checkTTL(*ttl, set["ttl"], *meta, *mc.on); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
 	if *mode == "target" {
 		// A target for one initiator: serve until stdin closes (the
 		// initiator that started this process ends it so) or a signal.
@@ -139,6 +150,9 @@ func bench(args []string, out io.Writer) error {
 			sargs = append(sargs, "--mooncake", "--mooncake-metadata", *mc.metadata, "--mooncake-rpc", *mc.rpc)
 		} else {
 			sargs = append(sargs, "--metadata", *meta)
+		}
+		if set["ttl"] {
+			sargs = append(sargs, "--ttl", ttl.String())
 		}
 		if *insecure {
 			sargs = append(sargs, "--insecure")
@@ -151,8 +165,6 @@ func bench(args []string, out io.Writer) error {
 	if *mode != "initiator" {
 		return fmt.Errorf("bad mode %q (want initiator or target)", *mode)
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if err := mc.check(set); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
@@ -264,7 +276,11 @@ func bench(args []string, out io.Writer) error {
 	}
 	switch *protocol {
 	case "tcp", "shm":
-		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, bs[0], !kvMode && !seedMode, mcOn)
+		var ttlSet time.Duration // 0: the stores' default
+		if set["ttl"] {
+			ttlSet = *ttl
+		}
+		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, ttlSet, bs[0], !kvMode && !seedMode, mcOn)
 	case "local":
 		tg, err = localTarget(ctx, bs[0], *targets, !kvMode)
 	default:

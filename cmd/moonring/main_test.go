@@ -190,7 +190,7 @@ func TestBenchWithMetadataServer(t *testing.T) {
 func TestBenchWithEtcd(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	spec := "etcd://" + strings.TrimPrefix(etcd.Endpoint(), "http://")
-	for _, r := range benchJSON(t, "--metadata", spec) {
+	for _, r := range benchJSON(t, "--metadata", spec, "--ttl", "3s") { // --ttl: the target processes take it too
 		if r.Transport != "tcp" {
 			t.Errorf("transport %q", r.Transport)
 		}

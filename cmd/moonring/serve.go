@@ -68,6 +68,7 @@ mean anything (an unsigned descriptor's pin can be swapped on its way),
 and it costs CPU per byte (see BENCHMARKS.md). shm peers on this host are
 not affected.
 
+` + ttlHelp + `
 On SIGINT or SIGTERM serve withdraws the buffer, giving the requests of
 peers in flight up to --grace (a second signal ends the grace). Past it,
 it cuts the peers still using the buffer and exits with status 3, within
@@ -98,6 +99,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	grace := fs.Duration("grace", 5*time.Second, "how long peers' requests in flight get at shutdown (a second signal ends it); then the peers still using the buffer are cut and serve exits with status 3")
 	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
 	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
+	ttl := addTTLFlag(fs)
 	useTLS := fs.Bool("tls", false, "serve TCP as TLS 1.3 with a certificate made at start, whose SHA-256 the signed descriptor pins: peers' frames (payloads, addresses, buffer keys) can be neither read nor changed on the path; plain hellos are refused")
 	mc := addMooncakeFlags(fs, true)
 	fillSeed := fs.Uint64("fill-seed", 0, "fill the buffer with the seeded pattern S instead of the default one (the 64-bit word at byte 8i is (i+1)*0x9E3779B97F4A7C15 XOR S), for a peer that checks what it READs")
@@ -112,6 +114,9 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	}
 	if *mc.on && set["metadata"] {
 		return errors.New("serve: --metadata is moonring's store; with --mooncake the segment is published through --mooncake-metadata")
+	}
+	if err := checkTTL(*ttl, set["ttl"], *meta, *mc.on); err != nil {
+		return fmt.Errorf("serve: %w", err)
 	}
 	sizes, err := parseSizes(*bufSize)
 	if err == nil && len(sizes) != 1 {
@@ -228,11 +233,12 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		if strings.HasPrefix(*meta, "etcd://") {
 			var ec etcd.Config
 			if ec, err = etcd.ParseURL(*meta); err == nil {
+				ec.TTL = *ttl
 				store, err = etcd.New(ec)
 			}
 		} else {
 			// The key proves the segment's name to the metadata server.
-			store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: *meta, Key: key, Logger: logger})
+			store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: *meta, Key: key, Logger: logger, TTL: *ttl})
 		}
 		if err != nil {
 			return err

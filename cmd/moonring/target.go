@@ -58,6 +58,9 @@ type target struct {
 	// starts (bench --mooncake), or nil.
 	mcArgs []string
 	pids   []int // of the target processes this command started
+	// ttl is --ttl, handed to the target processes this command starts;
+	// 0 when not given.
+	ttl time.Duration
 }
 
 // peer is one target of a sweep.
@@ -231,13 +234,15 @@ func localTarget(ctx context.Context, size, n int, model bool) (*target, error) 
 // remoteTarget opens the segments names over TCP or shm (proto), first
 // starting n target processes on loopback when names is empty: those
 // processes and this one then share a key made for the run. Otherwise the
-// key comes from keyFile or MOONRING_KEY (loadKey). Without a model (kv)
-// the first target's contents are not modelled.
-func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names []string, n int, meta, localName, keyFile string, size int, model bool, mc *mooncakeFlags) (*target, error) {
+// key comes from keyFile or MOONRING_KEY (loadKey). ttl, when not 0, is the
+// time to live of what this process's store and the target processes it
+// starts publish. Without a model (kv) the first target's contents are not
+// modelled.
+func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names []string, n int, meta, localName, keyFile string, ttl time.Duration, size int, model bool, mc *mooncakeFlags) (*target, error) {
 	if localName != "" && meta == "p2p" {
 		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
 	}
-	t := &target{transport: proto}
+	t := &target{transport: proto, ttl: ttl}
 	if mc != nil {
 		t.mcArgs = []string{"--mooncake", "--mooncake-metadata", *mc.metadata}
 	}
@@ -269,10 +274,11 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 	case strings.HasPrefix(meta, "etcd://"):
 		var ec etcd.Config
 		if ec, err = etcd.ParseURL(meta); err == nil {
+			ec.TTL = ttl
 			store, err = etcd.New(ec)
 		}
 	default:
-		store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: meta, Key: key})
+		store, err = metadata.NewHTTP(metadata.HTTPConfig{URL: meta, Key: key, TTL: ttl})
 	}
 	if err != nil {
 		t.close()
@@ -368,6 +374,9 @@ func (t *target) start(ctx context.Context, key []byte, size int, meta string, u
 		cmd.Args = append(cmd.Args, t.mcArgs...)
 	} else {
 		cmd.Args = append(cmd.Args, "--metadata", meta)
+	}
+	if t.ttl != 0 {
+		cmd.Args = append(cmd.Args, "--ttl", t.ttl.String())
 	}
 	if useTLS {
 		cmd.Args = append(cmd.Args, "--tls")
