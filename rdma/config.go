@@ -3,6 +3,8 @@ package rdma
 import (
 	"errors"
 	"time"
+
+	"github.com/moonring/moonring/internal/rails"
 )
 
 // Name is the transport's name in segment descriptors.
@@ -60,7 +62,8 @@ type Config struct {
 	// ChooseGID).
 	GIDIndex *int
 	// QPsPerDevice is the number of RC queue pairs per endpoint and local
-	// device: the endpoint's rails (default 2).
+	// device: the endpoint's rails (default 2). Devices times QPsPerDevice
+	// is at most rails.MaxRails (64), or New fails.
 	QPsPerDevice int
 	// Depth bounds the work requests in flight per queue pair (default
 	// 128); a full queue pair makes Post accept fewer slices.
@@ -81,6 +84,11 @@ type Config struct {
 	// ConnectTimeout bounds the dial and handshake of one queue pair
 	// (default 5 s) when the caller's context has no earlier deadline.
 	ConnectTimeout time.Duration
+	// railConfig, set only by tests, configures each endpoint's rail
+	// picker (a half-life, a fake clock); its Penalty is ignored (see
+	// chooser). Its Now, railClock by default, times each slice's post
+	// and completion for every endpoint's picker.
+	railConfig rails.Config
 }
 
 func (c Config) withDefaults() Config {
@@ -105,6 +113,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConnectTimeout <= 0 {
 		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.railConfig.Now == nil {
+		c.railConfig.Now = railClock
 	}
 	return c
 }

@@ -29,11 +29,32 @@
 // queue pair makes Post accept fewer slices (the engine retries the rest),
 // never fail.
 //
-// Each buffer prefers the devices on its NUMA node (its Location): the
-// engine's rails map onto those devices' queue pairs first, the others are
-// the fallback. A device whose port goes down (an asynchronous event) has
-// its queue pairs failed at once, and Post moves its rails to devices still
-// up until the port is ACTIVE again; the GID is chosen anew then.
+// # Rails
+//
+// An endpoint's rails are its queue pairs, and each READ or WRITE goes to
+// the rail its endpoint's rails.Picker chooses (choose.go), not to the
+// engine's Rail hint: in proportion to each rail's measured speed, the
+// moving average of what it completes per second (Post notes when a slice
+// was posted, Poll tells the picker of its bytes when it is reaped), so a
+// slow queue pair, device or path gets proportionally fewer slices. A
+// device on another NUMA node than the slice's local memory (its
+// Location; memory of no node, GPU memory, and memory on a node with no
+// device prefer none) gets a FarNUMA share, half of what it would get
+// near: its rails are passed over on every other pick. The endpoint has
+// one picker, not one per node, since a rail's speed and health are its
+// queue pair's, whatever memory feeds it.
+//
+// A rail whose queue pair fails (a completion error but for one that is
+// the request's fault, a failed post, its control connection gone, a queue
+// pair or port event), or whose reconnect fails, cools: it gets no slices
+// for 100 ms, then one probe, whose success makes it healthy again; each
+// failed probe doubles the cooldown, up to 10 s. The next Post reconnects
+// it meanwhile, on a goroutine. A device whose port goes down (an
+// asynchronous event) has its queue pairs failed at once, and none of its
+// rails is chosen until the port is ACTIVE again (its probes go elsewhere,
+// and do not lengthen its cooldown); the GID is chosen anew then. A
+// notification keeps its Rail hint (those sent on one rail arrive in
+// order), moved to a device that is up.
 //
 // Write-with-notify: the engine's Notify slice, posted after the request's
 // WRITEs completed, becomes a SEND on the same queue pair into one of eight
@@ -52,16 +73,18 @@
 // the rest: a remote access error (a wrong rkey, an unregistered buffer)
 // completes the slice with ErrDenied, final. Any other completion error
 // (retries exceeded, a peer gone) completes it with ErrPeer, which the
-// engine retries on another rail; the queue pair, now in the error state,
-// flushes its other work requests (ErrPeer too), is retired, and the next
-// Post on its rail connects a new one.
+// engine retries, on another rail since this one cools; the queue pair,
+// now in the error state, flushes its other work requests (ErrPeer too),
+// is retired, and the next Post connects a new one.
 //
 // # Concurrency
 //
 // A Transport and its endpoints are safe for concurrent use. Posts on one
 // endpoint are serialized by the endpoint; Polls of one device by its
 // completion queue's lock (a poller that finds it taken moves on). Neither
-// lock is held across a call of the Completer, which may Post again.
+// lock is held across a call of the Completer, which may Post again. An
+// endpoint's picker takes no lock on its hot path: pollers tell it of
+// completions, and any goroutine of failures, while a Post picks.
 // A queue pair's slots are a ring: Post fills them at the head, the poller
 // empties them at the tail, since a send queue completes in order.
 //

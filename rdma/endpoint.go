@@ -1,9 +1,10 @@
 //go:build rdma && cgo
 
 // endpoint.go holds the Endpoint, the way to one remote segment: Open
-// connects its rails (one queue pair each, devices times QPsPerDevice),
-// the remote segment's buffers and keys are kept for Post's checks and
-// replaced on Update, and Close flushes and destroys the queue pairs.
+// connects its rails (one queue pair each, devices times QPsPerDevice)
+// and makes its choice of rail (choose.go), the remote segment's buffers
+// and keys are kept for Post's checks and replaced on Update, and Close
+// flushes and destroys the queue pairs.
 
 package rdma
 
@@ -82,15 +83,17 @@ const (
 	maxReconnectWait = 10 * time.Second
 )
 
-// Endpoint is the way to one remote segment: Rails() queue pairs. Safe for
-// concurrent use; Posts are serialized.
+// Endpoint is the way to one remote segment: Rails() queue pairs, over
+// which slices are spread by measured speed (chooser). Safe for concurrent
+// use; Posts are serialized. It lives from Open to Close.
 type Endpoint struct {
 	t      *Transport
 	postMu sync.Mutex // Post, reconnects, eviction and Close
 	addr   string     // under postMu
 	key    []byte     // the segment key, under postMu
 	nrdev  int
-	rails  []rail // under postMu
+	rails  []rail   // under postMu
+	ch     *chooser // each slice's rail (choose.go); set by Open
 	bufs   atomic.Pointer[rbufs]
 	bt     batches       // C memory, under postMu
 	closed bool          // under postMu
@@ -139,6 +142,14 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 		for k := 0; k < t.cfg.QPsPerDevice; k++ {
 			ep.rails = append(ep.rails, rail{li: li, ri: li % len(rdevs), b: -1})
 		}
+	}
+	devs := make([]int, len(ep.rails))
+	for i := range ep.rails {
+		devs[i] = ep.rails[i].li
+	}
+	if ep.ch, err = newChooser(devs, t.cfg.railConfig); err != nil {
+		ep.dialCancel()
+		return nil, err
 	}
 	ep.bt = newBatches(len(ep.rails))
 	t.mu.Lock()

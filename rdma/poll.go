@@ -1,8 +1,10 @@
 //go:build rdma && cgo
 
 // poll.go holds the initiator's completions: Poll drains every device's
-// completion queue in one cgo call each and completes slices and answered
-// notifications after the queue is unlocked.
+// completion queue in one cgo call each, tells each rail's picker of its
+// slices done (their rail's measured speed) and of its queue pairs that
+// failed, and completes slices and answered notifications after the queue
+// is unlocked.
 
 package rdma
 
@@ -59,6 +61,7 @@ func (t *Transport) pollDevice(d *device) int {
 	var out [pollBatch]done
 	var extra []done // notifications given up with their queue pair (rare)
 	k := 0
+	now := int64(-1) // the pickers' clock, read at the first success
 	t.qpMu.RLock()
 	for i := range wcs {
 		wc := &wcs[i]
@@ -108,11 +111,24 @@ func (t *Transport) pollDevice(d *device) int {
 			out[k] = done{c: s.c, token: s.token}
 			if status != wcSuccess {
 				out[k].err = q.completionError(status, uint32(wc.vendor_err), s.op)
+			} else {
+				// The rail's measured speed: the slice's bytes, done at
+				// this reap, posted when its Post read the clock (the
+				// picker tells a rail backed up from one with room,
+				// rails.Picker.Done).
+				if now < 0 {
+					now = t.cfg.railConfig.Now()
+				}
+				q.ep.ch.pick.Done(q.rail, uint64(s.n), s.posted, now)
 			}
 			k++
 		}
 		s.c = nil
-		if status != wcSuccess && status != wcFlushErr {
+		switch status {
+		case wcSuccess, wcFlushErr:
+		case wcRemAccessErr, wcRemInvReqErr, wcLocLenErr, wcLocProtErr:
+			q.broke() // the request's fault (a key, a range), not the rail's
+		default:
 			q.fail()
 		}
 		q.tail.Store(seq + 1)

@@ -1,9 +1,11 @@
 //go:build rdma && cgo
 
 // post.go holds Post: each slice checked against the remote buffer and
-// the local registration, put on its rail's queue pair (another live rail
-// while one reconnects, a device that is up), and every rail's chain of
-// work requests posted in one cgo call.
+// the local registration, put on the queue pair of the rail its endpoint
+// chooses (choose.go: by measured speed, less for a far device, never a
+// device that is down; another live rail while one reconnects), its
+// post timed for the rail's speed, and every rail's chain of work
+// requests posted in one cgo call.
 
 package rdma
 
@@ -18,13 +20,23 @@ import (
 var useClock atomic.Int64
 
 // Post checks each slice (the remote range inside one buffer with an
-// rkey, the local range inside its registration), puts it on its rail's
-// queue pair, and posts every rail's chain in one cgo call. It accepts
-// fewer slices when a queue pair is full (or, for notifications, has
-// notifySlots unanswered), or when a rail must reconnect. That happens on
-// a goroutine (see redial); meanwhile the rail's slices go to another rail
-// with a live queue pair, and with none Post takes fewer slices, or fails
-// with the last reconnect's error within the wait after it failed. A slice that fails the checks completes at once
+// rkey, the local range inside its registration), puts it on a rail's
+// queue pair, and posts every rail's chain in one cgo call.
+//
+// A READ's or WRITE's rail is the endpoint's choice (chooser.choose): in
+// proportion to each rail's measured speed (the engine's Rail hint is not
+// needed), a FarNUMA share on a device far from the slice's local memory,
+// none on a device that is down, none on a rail cooling after a failure
+// but for its probes. A notification keeps its Rail hint (notifications
+// sent on one rail arrive in order), moved to a device that is up.
+//
+// It accepts fewer slices when a queue pair is full (or, for
+// notifications, has notifySlots unanswered), or when a rail must
+// reconnect. That happens on a goroutine (see redial), started by the next
+// Post after a queue pair failed (redialFailed); meanwhile a slice sent to
+// the rail goes to another rail with a live queue pair, and with none Post
+// takes fewer slices, or fails with the last reconnect's error within the
+// wait after it failed. A slice that fails the checks completes at once
 // with ErrRange or ErrDenied.
 func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
 	t := ep.t
@@ -35,6 +47,9 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 	}
 	ep.used.Store(useClock.Add(1))
 	ep.reap()
+	ep.redialFailed()
+	down := t.downDevices()
+	now := int64(-1) // the pickers' clock, read at the first slice posted
 	bufs := ep.bufs.Load()
 	regs := *t.regs.Load()
 	var (
@@ -56,12 +71,11 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 			refused, refusedTok = err, sl.Token
 			continue
 		}
-		ri := int(sl.Rail) % len(ep.rails)
+		var ri int
 		if reg != nil {
-			ri = railFor(int(sl.Rail), len(ep.rails), t.cfg.QPsPerDevice, reg.order, reg.near)
-		}
-		if t.devs[ep.rails[ri].li].down.Load() {
-			ri = ep.upRail(ri)
+			ri = ep.ch.choose(reg.far, down)
+		} else {
+			ri = ep.ch.up(int(sl.Rail)%len(ep.rails), down)
 		}
 		if i >= len(ep.eff) {
 			ep.eff = append(ep.eff, make([]uint16, i+1-len(ep.eff))...)
@@ -126,7 +140,10 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 			b.n++
 			continue
 		}
-		q.slots[seq%uint64(len(q.slots))] = slot{c: c, token: sl.Token, op: sl.Op}
+		if now < 0 {
+			now = t.cfg.railConfig.Now() // once a Post: its slices were posted together
+		}
+		q.slots[seq%uint64(len(q.slots))] = slot{c: c, token: sl.Token, op: sl.Op, n: uint32(sl.Length), posted: now}
 		q.st.setReq(int(b.n), wrID, uint64(uintptr(sl.Local)), sl.Remote,
 			uint32(sl.Length), reg.lkeys[r.li], rb.rkeys[r.ri], uint8(sl.Op))
 		b.n++
@@ -222,15 +239,16 @@ func (ep *Endpoint) liveRail(ri int) int {
 	return -1
 }
 
-// upRail returns the first rail after ri whose device is up, or ri.
-func (ep *Endpoint) upRail(ri int) int {
-	for k := 1; k < len(ep.rails); k++ {
-		j := (ri + k) % len(ep.rails)
-		if !ep.t.devs[ep.rails[j].li].down.Load() {
-			return j
+// downDevices returns the devices whose port is down, one bit per device
+// index (New opens at most 64).
+func (t *Transport) downDevices() uint64 {
+	var down uint64
+	for i, d := range t.devs {
+		if d.down.Load() {
+			down |= 1 << i
 		}
 	}
-	return ri
+	return down
 }
 
 // check returns the remote buffer and the local registration of sl, or

@@ -43,9 +43,11 @@ const (
 
 // slot is one work request in flight on a queue pair.
 type slot struct {
-	c     transport.Completer
-	token uint64
-	op    transport.Op
+	c      transport.Completer
+	token  uint64
+	op     transport.Op
+	n      uint32 // a READ's or WRITE's bytes, for its rail's measured speed
+	posted int64  // when it was posted, on the pickers' clock, for the same
 }
 
 // qp is one of the initiator's RC queue pairs with its control connection.
@@ -55,6 +57,8 @@ type slot struct {
 // order, since a send queue completes in order.
 type qp struct {
 	t     *Transport
+	ep    *Endpoint // whose rail it is: its picker hears of the rail's speed and failures
+	rail  int       // its index in ep.rails
 	id    uint32
 	dev   *device
 	rdev  int // the peer's device index
@@ -88,12 +92,26 @@ func (q *qp) free() int { return len(q.slots) - int(q.head.Load()-q.tail.Load())
 func toErr(q *C.struct_ibv_qp) { C.mr_to_err(q) }
 
 // fail marks the queue pair failed and moves it to the error state, which
-// flushes its work requests; the next Post on its rail connects a new one.
+// flushes its work requests; the next Post reconnects its rail. It is the
+// rail's failure: the endpoint's picker cools the rail (it gets no slices
+// but a probe until the rail shows it works again).
 func (q *qp) fail() {
-	if q.state.CompareAndSwap(qpLive, qpFailed) {
-		toErr(q.q)
-		q.conn.Close() // the target tears its side down
+	if q.broke() {
+		q.ep.ch.pick.Failed(q.rail)
 	}
+}
+
+// broke marks the queue pair failed as fail does, without holding it
+// against the rail: for a failure of one request (a remote access error),
+// not of the path. It reports whether this call broke it (false: it was
+// failed or closing already).
+func (q *qp) broke() bool {
+	if !q.state.CompareAndSwap(qpLive, qpFailed) {
+		return false
+	}
+	toErr(q.q)
+	q.conn.Close() // the target tears its side down
+	return true
 }
 
 func (q *qp) completionError(status, vendor uint32, op transport.Op) error {
@@ -147,9 +165,9 @@ func (q *qp) watchConn() {
 	q.fail()
 }
 
-// connect creates a queue pair on local device li to the peer's device ri
-// at addr and connects it through the handshake.
-func (t *Transport) connect(ctx context.Context, addr string, key []byte, li, ri int) (*qp, error) {
+// connect creates a queue pair for rail of ep, on local device li to the
+// peer's device ri at addr, and connects it through the handshake.
+func (t *Transport) connect(ctx context.Context, ep *Endpoint, rail int, addr string, key []byte, li, ri int) (*qp, error) {
 	d := t.devs[li]
 	if d.down.Load() {
 		return nil, fmt.Errorf("rdma: %s port %d is down: %w", d.name, d.port, transport.ErrPeer)
@@ -232,7 +250,7 @@ func (t *Transport) connect(ctx context.Context, addr string, key []byte, li, ri
 		return nil, fmt.Errorf("rdma: handshake with %s: %w: %w", addr, context.Cause(ctx), transport.ErrPeer)
 	}
 	conn.SetDeadline(time.Time{})
-	q := &qp{t: t, id: id, dev: d, rdev: ri, q: cq, conn: conn, slots: make([]slot, t.cfg.Depth), st: newStage(t.cfg.Depth),
+	q := &qp{t: t, ep: ep, rail: rail, id: id, dev: d, rdev: ri, q: cq, conn: conn, slots: make([]slot, t.cfg.Depth), st: newStage(t.cfg.Depth),
 		area: area, watch: make(chan struct{})}
 	t.qpMu.Lock()
 	t.qps[q.id] = q

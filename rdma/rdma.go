@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/moonring/moonring/internal/rails"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -116,6 +117,10 @@ func New(cfg Config) (*Transport, error) {
 	}
 	if len(t.devs) == 0 {
 		return nil, fmt.Errorf("%w: %w: %d devices %v", ErrNoDevice, transport.ErrNotSupported, len(names), why)
+	}
+	if n := len(t.devs) * cfg.QPsPerDevice; n > rails.MaxRails {
+		t.freeDevices()
+		return nil, fmt.Errorf("rdma: %d devices x %d queue pairs per device: %d rails, more than %d", len(t.devs), cfg.QPsPerDevice, n, rails.MaxRails)
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -1,9 +1,10 @@
 //go:build rdma && cgo
 
 // reconnect.go holds a rail's reconnects: connecting it, redialing on a
-// goroutine after its queue pair failed, the backoff after a failed
-// connect, retired queue pairs reaped once flushed, and the MaxQPs bound
-// with eviction of idle queue pairs of the least recently used endpoints.
+// goroutine after its queue pair failed (at the next Post, whichever rails
+// its slices take), the backoff after a failed connect, retired queue
+// pairs reaped once flushed, and the MaxQPs bound with eviction of idle
+// queue pairs of the least recently used endpoints.
 
 package rdma
 
@@ -28,10 +29,10 @@ func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 	if err := t.reserveQP(ep); err != nil {
 		return err
 	}
-	q, err := t.connect(ctx, ep.addr, ep.key, r.li, r.ri)
+	q, err := t.connect(ctx, ep, i, ep.addr, ep.key, r.li, r.ri)
 	if err != nil {
 		t.unreserveQP()
-		ep.failedConnect(r, err)
+		ep.failedConnect(i, err)
 		return err
 	}
 	r.q, r.connErr, r.wait = q, nil, 0
@@ -64,7 +65,7 @@ func (ep *Endpoint) redial(i int) error {
 	go func() {
 		defer t.wg.Done()
 		defer stop()
-		q, err := t.connect(ctx, addr, key, r.li, r.ri)
+		q, err := t.connect(ctx, ep, i, addr, key, r.li, r.ri)
 		ep.postMu.Lock()
 		defer ep.postMu.Unlock()
 		own := r.dialTok == tok // else an Update dropped this dial
@@ -81,11 +82,36 @@ func (ep *Endpoint) redial(i int) error {
 		default:
 			t.unreserveQP()
 			if !stale {
-				ep.failedConnect(r, err)
+				ep.failedConnect(i, err)
 			}
 		}
 	}()
 	return nil
+}
+
+// redialFailed starts the reconnect of every rail whose queue pair failed,
+// or whose last reconnect failed (once its wait is over), on a device that
+// is up: such a rail cools (its picker sends it no slices), so no slice of
+// its own would start it, and it should be live again by the time its
+// cooldown lets a probe through. A rail whose queue pair was evicted,
+// idle, is left to reconnect when a slice is sent its way. The caller
+// holds postMu, and the endpoint is open.
+func (ep *Endpoint) redialFailed() {
+	for i := range ep.rails {
+		r := &ep.rails[i]
+		if r.dialing || ep.t.devs[r.li].down.Load() {
+			continue
+		}
+		switch {
+		case r.q != nil && r.q.state.Load() != qpLive:
+			r.retired = append(r.retired, r.q)
+			r.q = nil
+		case r.q == nil && r.connErr != nil:
+		default:
+			continue
+		}
+		ep.redial(i) // within the wait after a failed one, an error and no dial
+	}
 }
 
 // backingOff returns the error of r's last failed connect while its wait
@@ -97,16 +123,20 @@ func (ep *Endpoint) backingOff(r *rail) error {
 	return nil
 }
 
-// failedConnect starts or doubles r's wait after a failed connect. The
-// caller holds postMu.
-func (ep *Endpoint) failedConnect(r *rail, err error) {
+// failedConnect starts or doubles rail i's wait after a failed connect,
+// and tells the endpoint's picker of the failure: the rail cools (its
+// probes meanwhile go elsewhere, see Post), or, if a probe went out since
+// it cooled, cools for twice as long. The caller holds postMu.
+func (ep *Endpoint) failedConnect(i int, err error) {
+	r := &ep.rails[i]
 	d := ep.t.devs[r.li]
 	if d.down.Load() {
-		return // a port down fails at once anyway, and its up event is news
+		return // a port down fails at once anyway (choose skips it), and its up event is news
 	}
 	r.wait = min(max(2*r.wait, reconnectWait), maxReconnectWait)
 	r.retryAt = time.Now().Add(r.wait).UnixNano()
 	r.connErr, r.ups = err, d.ups.Load()
+	ep.ch.pick.Failed(i)
 }
 
 // unreserveQP gives back a reservation of reserveQP that did not become a

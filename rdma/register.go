@@ -24,8 +24,7 @@ type region struct {
 	length uint64
 	mrs    []*C.struct_ibv_mr
 	lkeys  []uint32
-	order  []int // devices by preference for the buffer's NUMA node
-	near   int   // how many of order are on that node
+	far    uint64 // the devices far from the buffer's NUMA node, a bit each (farDevices)
 }
 
 // Register registers b's memory on every device: local access only, or
@@ -48,7 +47,7 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	for i, d := range t.devs {
 		nodes[i] = d.numa
 	}
-	r.order, r.near = preferDevices(nodes, b.Location)
+	r.far = farDevices(nodes, b.Location)
 	rkeys := make([]uint32, 0, len(t.devs))
 	remote := C.int(0)
 	if b.Remote {

@@ -1,44 +1,32 @@
+// topology.go holds what the NUMA layout says about a buffer's devices:
+// which devices are far from its memory, so that their rails get a smaller
+// share of its slices (choose.go).
+
 package rdma
 
 import "github.com/moonring/moonring/segtable"
 
-// preferDevices orders device indexes for memory at loc, given each
-// device's NUMA node: the devices on the memory's node first, then the
-// others as fallback, each group in index order. near is how many lead.
-// Memory of no known node (or GPU memory) prefers no device: near is 0.
-func preferDevices(devNodes []int, loc segtable.Location) (order []int, near int) {
-	node := -1
-	if kind, idx, err := loc.Parse(); err == nil && kind == "cpu" {
-		node = idx
+// farDevices returns the devices far from memory at loc, one bit per device
+// index, given each device's NUMA node (-1: unknown): the devices on another
+// node than the memory's, when at least one device is on the memory's node.
+// Memory of no known node (or GPU memory), or on a node with no device,
+// has no far device: every device is as good as another for it.
+// devNodes has at most 64 devices.
+func farDevices(devNodes []int, loc segtable.Location) uint64 {
+	kind, node, err := loc.Parse()
+	if err != nil || kind != "cpu" || node < 0 {
+		return 0
 	}
+	var near, far uint64
 	for i, n := range devNodes {
-		if node >= 0 && n == node {
-			order = append(order, i)
+		if n == node {
+			near |= 1 << i
+		} else {
+			far |= 1 << i
 		}
 	}
-	near = len(order)
-	for i, n := range devNodes {
-		if node < 0 || n != node {
-			order = append(order, i)
-		}
+	if near == 0 {
+		return 0
 	}
-	return order, near
-}
-
-// railFor maps the engine's rail r onto the endpoint's rails (q per local
-// device, device-major) so that memory with near preferred devices (the
-// first near of order) uses only their queue pairs. With no preference
-// (near 0, or every device near) the rail is r itself.
-func railFor(r, rails, q int, order []int, near int) int {
-	r %= rails
-	if near == 0 || near == len(order) {
-		return r
-	}
-	li := r / q
-	for _, d := range order[:near] {
-		if d == li {
-			return r
-		}
-	}
-	return order[li%near]*q + r%q
+	return far
 }
