@@ -143,6 +143,7 @@ func New(n int, cfg Config) (*Picker, error) {
 	if cfg.HalfLife <= 0 {
 		cfg.HalfLife = DefaultHalfLife
 	}
+	cfg.HalfLife = min(cfg.HalfLife, time.Duration(math.MaxInt64/4)) // idle below is 4 HalfLives
 	if cfg.MinCooldown <= 0 {
 		cfg.MinCooldown = DefaultMinCooldown
 	}

@@ -208,3 +208,15 @@ func TestNewChecks(t *testing.T) {
 		t.Fatalf("New(%d): %v", MaxRails, err)
 	}
 }
+
+// A half-life too long to multiply is cut to one that is not: the longest
+// stretch a sample spans stays positive.
+func TestLongHalfLife(t *testing.T) {
+	p, err := New(2, Config{HalfLife: 1<<63 - 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.idle <= 0 {
+		t.Fatalf("idle %d: overflowed", p.idle)
+	}
+}
