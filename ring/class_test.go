@@ -96,11 +96,18 @@ func TestHeldBehindHigherClass(t *testing.T) {
 			t.Fatalf("a %v slice was posted in the round the high-class ring took entries", c)
 		}
 	}
-	// Next the normal ring takes its entries, and holds the low one back.
+	// The high-class ring is done: past linger, the normal ring takes its
+	// entries, and holds the low one back.
+	h.p.round(h.p.list(), h.clock) // still held: within linger
+	if got := postedClasses(ep, &from); len(got) != 0 {
+		t.Fatalf("within linger of the high-class ring's work, %v was posted", got)
+	}
+	h.clock += int64(linger)
 	h.p.round(h.p.list(), h.clock)
 	if got := postedClasses(ep, &from); len(got) != 2 || got[0] != transport.ClassNormal || got[1] != transport.ClassNormal {
 		t.Fatalf("second round posted %v; want the normal ring's two slices", got)
 	}
+	h.clock += int64(linger)
 	h.p.round(h.p.list(), h.clock)
 	if got := postedClasses(ep, &from); len(got) != 2 || got[0] != transport.ClassLow || got[1] != transport.ClassLow {
 		t.Fatalf("third round posted %v; want the low ring's two slices", got)
@@ -111,8 +118,8 @@ func TestHeldBehindHigherClass(t *testing.T) {
 			t.Fatalf("%v ring: %d completions, want 2", r.Class(), n)
 		}
 	}
-	if st := lo.Stats(); st.Held != 2 || st.Promoted != 0 {
-		t.Fatalf("low ring held %d rounds, promoted %d; want 2 and 0", st.Held, st.Promoted)
+	if st := lo.Stats(); st.Held != 3 || st.Promoted != 0 {
+		t.Fatalf("low ring held %d rounds, promoted %d; want 3 and 0", st.Held, st.Promoted)
 	}
 }
 

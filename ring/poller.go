@@ -79,6 +79,9 @@ type Poller struct {
 	slow bool
 	// oneP: see spin.
 	oneP bool
+	// busyAt is, per class rank, when a ring of that class last took
+	// entries or had requests in flight (token holder; see heldAt).
+	busyAt [transport.NumClasses]int64
 	_    cpu.CacheLinePad
 }
 
@@ -363,11 +366,10 @@ func (p *Poller) run() {
 }
 
 // round steps each ring once, in the order of their classes (see
-// Config.Class): a ring of a lower class than one that took new entries
-// this round is held. It reports whether any ring did work, and whether a
+// Config.Class): a ring of a lower class than one that is busy (took
+// entries, has requests in flight, or did within linger) is held. It reports whether any ring did work, and whether a
 // detached ring is done and can be pruned.
 func (p *Poller) round(rings []*Ring, t int64) (work, prune, woke bool) {
-	top := transport.NumClasses // the highest class (lowest rank) that took entries
 	for _, r := range rings {
 		if r.detached {
 			work = r.reap() || work
@@ -379,12 +381,10 @@ func (p *Poller) round(rings []*Ring, t int64) (work, prune, woke bool) {
 		if rings[0].cfg.Class.Rank() < rank {
 			r.yieldAt = yieldBytes // a ring of a higher class is listed first
 		}
-		if r.step(t, top < rank) {
+		if r.step(t, p.heldAt(rank, t)) {
 			work = true
 		}
-		if r.took && rank < top {
-			top = rank
-		}
+		p.noteBusy(r, rank, t)
 		woke = r.cq.Woke() || woke
 	}
 	return work, prune, woke
@@ -480,7 +480,6 @@ const maxPark = 100 * time.Millisecond
 func (p *Poller) stepLent() bool {
 	t := now()
 	wake := false
-	top := transport.NumClasses
 	for _, r := range p.list() {
 		if r.detached {
 			// A closed ring's last slices are the poller's to reap.
@@ -488,10 +487,8 @@ func (p *Poller) stepLent() bool {
 			continue
 		}
 		rank := r.cfg.Class.Rank()
-		wake = r.stepLent(t, top < rank) || wake
-		if r.took && rank < top {
-			top = rank
-		}
+		wake = r.stepLent(t, p.heldAt(rank, t)) || wake
+		p.noteBusy(r, rank, t)
 		wake = wake || r.wakeAt(t) < p.parkUntil
 	}
 	return wake || len(p.requests) > 0

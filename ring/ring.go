@@ -62,11 +62,13 @@ type Config struct {
 	// MaxLength is the longest request accepted (default 1 TiB).
 	MaxLength uint64
 	// Class is the ring's priority class; its slices carry it to the
-	// transports. Its poller steps rings of a higher class first, and in a
-	// round in which one of them took new entries, rings of a lower class
-	// start nothing new (they still reap completions and time requests
-	// out) until they have waited PollerConfig.Promote, when they take a
-	// few entries. The default is transport.ClassNormal.
+	// transports. Its poller steps rings of a higher class first, and while
+	// one of them is busy (takes entries or has requests in flight, or did
+	// within the last 100 µs), rings of a lower class start nothing new
+	// (they still reap completions and time requests out); one that has
+	// waited PollerConfig.Promote with work pending takes one entry and
+	// waits again, so it is never starved. The default is
+	// transport.ClassNormal.
 	Class transport.Class
 	// Sink, when set, receives completions instead of the CQ.
 	Sink Sink
