@@ -82,7 +82,7 @@ type Poller struct {
 	// busyAt is, per class rank, when a ring of that class last took
 	// entries or had requests in flight (token holder; see heldAt).
 	busyAt [transport.NumClasses]int64
-	_    cpu.CacheLinePad
+	_      cpu.CacheLinePad
 }
 
 // NewPoller starts a poller.
