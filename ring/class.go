@@ -65,13 +65,20 @@ func (p *Poller) heldAt(rank int, t int64) bool {
 	return false
 }
 
-// noteBusy records that r, of the given rank, is busy at t when it took
-// entries this step or has requests in flight. Token holder only.
+// noteBusy records that r, of the given rank, is busy at t: it took
+// entries this step, or it has requests in flight and completed one within
+// stall. A ring whose requests are stuck (a peer that does not answer, a
+// long transfer) stops holding lower classes back after stall. Token
+// holder only.
 func (p *Poller) noteBusy(r *Ring, rank int, t int64) {
-	if r.took || r.active > 0 {
+	if r.took || (r.active > 0 && t-max(r.lastEnd, r.takenAt) < int64(stall)) {
 		p.busyAt[rank] = t
 	}
 }
+
+// stall is how long a ring with requests in flight that completes none
+// still counts as busy.
+const stall = time.Millisecond
 
 // maxTake bounds the entries a ring takes in one round.
 const maxTake = 64

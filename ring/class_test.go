@@ -297,3 +297,36 @@ func TestLowClassCopiesSliced(t *testing.T) {
 		t.Fatal("data differs")
 	}
 }
+
+// A high-class ring whose request is stuck (no completion) holds lower
+// classes back only for stall: then they run as if it were idle.
+func TestStuckHighClassStopsHolding(t *testing.T) {
+	ep := &fakeEP{hold: true}
+	h := newHarness(t, Config{Class: transport.ClassLow}, ep, true)
+	hi := h.classRing(transport.ClassHigh)
+	if _, err := hi.Submit([]sq.Entry{h.read(1, 0, 0, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	h.p.round(h.p.list(), h.clock)
+	from := 0
+	if got := postedClasses(ep, &from); len(got) != 1 || got[0] != transport.ClassHigh {
+		t.Fatalf("posted %v, want the high-class READ", got)
+	}
+	if _, err := h.r.Submit([]sq.Entry{h.write(2, 0, 4096, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	h.clock += int64(stall) / 2
+	h.p.round(h.p.list(), h.clock)
+	if got := postedClasses(ep, &from); len(got) != 0 {
+		t.Fatalf("posted %v while the high-class READ is in flight and young", got)
+	}
+	h.clock += int64(stall)/2 + int64(linger)
+	h.p.round(h.p.list(), h.clock)
+	if got := postedClasses(ep, &from); len(got) != 1 || got[0] != transport.ClassLow {
+		t.Fatalf("posted %v after the high-class READ stalled; want the low-class WRITE", got)
+	}
+	ep.release(-1, nil)
+	h.p.round(h.p.list(), h.clock)
+	drain(t, hi)
+	drain(t, h.r)
+}

@@ -191,6 +191,7 @@ func (r *Ring) release(idx int32) {
 
 // complete queues a completion for the CQ (or the sink).
 func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
+	r.lastEnd = r.now
 	r.stats.Codes[code]++
 	switch code {
 	case cq.CodeOK:

@@ -162,6 +162,9 @@ func (r *Ring) take(t int64, limit int) bool {
 	r.sq.Advance(i)
 	r.taking = false
 	r.took = i > 0
+	if i > 0 {
+		r.takenAt = t
+	}
 	return i > 0
 }
 

@@ -205,6 +205,11 @@ type Ring struct {
 	// not waiting). See hold.
 	took      bool
 	heldSince int64
+	// lastEnd is the round's clock when the ring last completed a
+	// request (see noteBusy).
+	lastEnd int64
+	// takenAt is the round's clock when the ring last took entries.
+	takenAt int64
 	// yieldAt: the bytes of inline copies after which take stops for the
 	// round (yieldBytes while the poller has a ring of a higher class;
 	// else noYield).
