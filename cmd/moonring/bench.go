@@ -48,6 +48,15 @@ contig row (the same bytes per request as 1 MiB transfers) and a kv row
 (with kv/contig), per-request p50/p99/p999 in ms. The bytes are checked
 by a stamp per block; each row says which and where (--kv-sample).
 
+Each row counts every request its step submitted (its warm-up's and its
+checks' read-backs too) by how it ended: COMPLETED, FAILED (by error
+code), TIMEOUT, CANCELED ("statuses" with --json); the four add up to the
+requests submitted. A request that does not complete ends its step, and
+the sweep, with its error; with --keep-going it is counted and the step
+goes on to its end (its block, or KV destinations, set aside), checks the
+bytes whose last request completed (the others are "unchecked"), prints
+its row, and then fails, ending the sweep.
+
 --cpu adds CPU seconds per GB moved on each side: this process
 (getrusage, less the checks) and the target processes it started
 (/proc/PID/stat), over each step's measured window.
@@ -98,6 +107,7 @@ func bench(args []string, out io.Writer) error {
 	ttl := addTTLFlag(fs)
 	listen := fs.String("listen", "127.0.0.1:0", "target: the p2p metadata endpoint's address (the segment name)")
 	verify := fs.Bool("verify", true, "check the data of every step")
+	keepGoing := fs.Bool("keep-going", false, "a request that does not complete does not end its step: it is counted and the step runs to its end, checks what it can, prints its row and then fails")
 	asJSON := fs.Bool("json", false, "print results as JSON")
 	plotPath := fs.String("plot", "", "also draw GB/s and p99 latency against block size into this PNG file")
 	keyFile := fs.String("key-file", "", "--segment, --mode target: read the segment key from this file (mode 0600; default: $"+keyEnv+")")
@@ -187,6 +197,9 @@ func bench(args []string, out io.Writer) error {
 	seedMode := set["expect-seed"] || set["write-seed"]
 	if seedMode && (*segment == "" || strings.Contains(*segment, ",")) {
 		return errors.New("bench: --expect-seed and --write-seed check one target given with --segment")
+	}
+	if seedMode && *keepGoing {
+		return errors.New("bench: --keep-going is for a sweep's steps; --expect-seed and --write-seed stop at the first request that does not complete")
 	}
 	kvMode := false
 	switch *pat {
@@ -333,7 +346,7 @@ func bench(args []string, out io.Writer) error {
 		if !*asJSON {
 			fmt.Fprintf(os.Stderr, "filling the pools (%s on each side, %d target(s))\n", fmtSize(layout.bytes()), len(tg.peers))
 		}
-		if kb, err = newKVBench(ctx, tg, layout, *kvSample, *useRing, *cpuFlag); err != nil {
+		if kb, err = newKVBench(ctx, tg, layout, *kvSample, *useRing, *cpuFlag, *keepGoing); err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}
 		if err := rep.header(run); err != nil {
@@ -357,11 +370,22 @@ func bench(args []string, out io.Writer) error {
 	var results []result
 	var sweepErr error
 	for i, st := range steps {
-		res, err := tg.step(ctx, st.op, st.size, *batch, *batches, *threads, *duration, *verify, *useRing, *cpuFlag)
+		res, err := tg.step(ctx, st.op, st.size, *batch, *batches, *threads, *duration, *verify, *useRing, *cpuFlag, *keepGoing)
 		res.Mode = runMode
+		var rerr *requestsError
+		if errors.As(err, &rerr) {
+			// --keep-going: the step ran to its end; its row says how
+			// its requests ended.
+			if err := rep.row(res); err != nil {
+				return fmt.Errorf("bench: writing the results: %w", err)
+			}
+		}
 		if err != nil {
 			what := fmt.Sprintf("step %d of %d (%s %s)", i+1, len(steps), opName(st.op), fmtSize(st.size))
 			done := fmt.Sprintf("the %d rows above are complete", len(results))
+			if rerr != nil {
+				done = fmt.Sprintf("its row counts how its requests ended, and the %d rows before it are complete", len(results))
+			}
 			if ctx.Err() != nil {
 				sweepErr = &exitError{code: exitInterrupted, err: fmt.Errorf("bench: interrupted during %s; %s", what, done)}
 			} else {
@@ -414,16 +438,28 @@ steps:
 				continue
 			}
 			res, err := kb.step(ctx, op, c, d)
+			res.Mode = "kv"
+			var rerr *requestsError
+			if errors.As(err, &rerr) {
+				// --keep-going: the step ran to its end; its row says how
+				// its transfers ended.
+				if err := rep.row(res); err != nil {
+					return fmt.Errorf("bench: writing the results: %w", err)
+				}
+			}
 			if err != nil {
 				what := fmt.Sprintf("%s %s", opName(op), map[bool]string{true: "contig", false: "kv"}[c])
+				done := fmt.Sprintf("the %d rows above are complete", rows)
+				if rerr != nil {
+					done = fmt.Sprintf("its row counts how its transfers ended, and the %d rows before it are complete", rows)
+				}
 				if ctx.Err() != nil {
-					sweepErr = &exitError{code: exitInterrupted, err: fmt.Errorf("bench: interrupted during %s; the %d rows above are complete", what, rows)}
+					sweepErr = &exitError{code: exitInterrupted, err: fmt.Errorf("bench: interrupted during %s; %s", what, done)}
 				} else {
-					sweepErr = fmt.Errorf("bench: %s failed: %w; the %d rows above are complete", what, err, rows)
+					sweepErr = fmt.Errorf("bench: %s failed: %w; %s", what, err, done)
 				}
 				break steps
 			}
-			res.Mode = "kv"
 			if c {
 				contig = res.GBps
 			} else if contig > 0 {

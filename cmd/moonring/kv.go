@@ -107,9 +107,15 @@ func (f *freeList) reset(n int) {
 	}
 }
 
+// take hands out n units at random, or nil when fewer are free: under
+// --keep-going the destinations of requests that did not complete are
+// not given back.
 func (f *freeList) take(rng *rand.Rand, n int) []int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if len(f.units) < n {
+		return nil
+	}
 	out := make([]int, n)
 	for i := range out {
 		j := rng.IntN(len(f.units))
@@ -146,9 +152,14 @@ type kvBench struct {
 	sample  int // check 1 in sample transfers (0: every READ, a WRITE 1 in 64 read back, every one in-process)
 	useRing bool
 	cpu     bool
-	localID moonring.BufferID
-	scratch [][]byte // per worker: read-back space
-	next    atomic.Uint64
+	// keepGoing (--keep-going): a transfer that does not complete does
+	// not end the step. Its destination slot's stamp becomes 0 (not
+	// known: not checked), and its request's destinations are not used
+	// again in the step (slices of it may still land).
+	keepGoing bool
+	localID   moonring.BufferID
+	scratch   [][]byte // per worker: read-back space
+	next      atomic.Uint64
 	// closersMu orders the workers' checks adding the release of their
 	// read-back space to t.closers (two may grow theirs at once).
 	closersMu sync.Mutex
@@ -160,8 +171,8 @@ const kvSampleRemoteWrite = 64
 
 // newKVBench allocates and fills the pools: the local one, and each
 // target's through WRITEs of the local one filled with the target's stamps.
-func newKVBench(ctx context.Context, t *target, l kvLayout, sample int, useRing, cpu bool) (*kvBench, error) {
-	k := &kvBench{t: t, l: l, sample: sample, useRing: useRing, cpu: cpu}
+func newKVBench(ctx context.Context, t *target, l kvLayout, sample int, useRing, cpu, keepGoing bool) (*kvBench, error) {
+	k := &kvBench{t: t, l: l, sample: sample, useRing: useRing, cpu: cpu, keepGoing: keepGoing}
 	mem, err := t.ini.Alloc(l.bytes(), "cpu:0")
 	if err != nil {
 		return nil, fmt.Errorf("the local pool of %s: %w", fmtSize(l.bytes()), err)
@@ -178,7 +189,11 @@ func newKVBench(ctx context.Context, t *target, l kvLayout, sample int, useRing,
 			rp.stamps[s] = uint64(i+1)<<48 | uint64(s)<<8 | 0x5a
 			fillSlot(mem[s*l.block:(s+1)*l.block], rp.stamps[s])
 		}
-		if err := k.copyPool(ctx, rp, moonring.Write, mem); err != nil {
+		sts, err := k.copyPool(ctx, rp, moonring.Write, mem, &statusCounts{})
+		if err == nil {
+			err = firstFailure(sts)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("filling the pool of target %s: %w", p.name, err)
 		}
 		k.remote = append(k.remote, rp)
@@ -192,40 +207,59 @@ func newKVBench(ctx context.Context, t *target, l kvLayout, sample int, useRing,
 }
 
 // copyPool moves the first len(mem) bytes of rp from or to mem (a
-// registered buffer) in 16 MiB transfers.
-func (k *kvBench) copyPool(ctx context.Context, rp *kvPool, op moonring.Op, mem []byte) error {
+// registered buffer) in 16 MiB transfers, counted in c (see transfer).
+func (k *kvBench) copyPool(ctx context.Context, rp *kvPool, op moonring.Op, mem []byte, c *statusCounts) ([]moonring.TransferStatus, error) {
 	var reqs []moonring.TransferRequest
 	for off := 0; off < len(mem); off += 16 << 20 {
 		n := min(16<<20, len(mem)-off)
 		reqs = append(reqs, moonring.TransferRequest{Opcode: op, Source: moonring.AddressOf(mem) + uintptr(off), TargetID: rp.seg, TargetOffset: rp.base + uint64(off), Length: uint64(n)})
 	}
-	return k.t.ini.Transfer(ctx, reqs...)
+	return transfer(ctx, k.t.ini, reqs, c)
 }
 
 // kvRequest is one request: its runs, its target and the destination
-// units it owns.
+// units it owns; once moved, its transfers' statuses (a run each).
 type kvRequest struct {
 	runs  []kvRun
 	rp    *kvPool
 	units []int
 	dst   *kvPool
+	sts   []moonring.TransferStatus
 }
 
+// failed reports whether a transfer of the request did not complete.
+func (r *kvRequest) failed() bool { return firstFailure(r.sts) != nil }
+
 // newRequest draws a request: random source blocks (kv) or region
-// (contig), destinations taken from the destination pool's free list.
+// (contig), destinations taken from the destination pool's free list; nil
+// when too few are free in every pool it may take them from (--keep-going
+// set aside those of failed requests).
 func (k *kvBench) newRequest(rng *rand.Rand, op moonring.Op, contig bool) *kvRequest {
 	l := k.l
-	rp := k.remote[int(k.next.Add(1)-1)%len(k.remote)]
-	src, dst := rp, k.local
-	if op == moonring.OpWrite {
-		src, dst = k.local, rp
+	need := l.perReq
+	if contig {
+		need = 1
 	}
-	_ = src
-	r := &kvRequest{rp: rp, dst: dst}
+	// The targets in turn; one whose pool has too few free destinations
+	// left (a WRITE's) gives its turn to the next.
+	var r *kvRequest
+	for range k.remote {
+		rp := k.remote[int(k.next.Add(1)-1)%len(k.remote)]
+		dst := k.local
+		if op == moonring.OpWrite {
+			dst = rp
+		}
+		if units := dst.free.take(rng, need); units != nil {
+			r = &kvRequest{rp: rp, dst: dst, units: units}
+			break
+		}
+	}
+	if r == nil {
+		return nil
+	}
 	if contig {
 		regions := l.slots() / (l.perReq * l.layers * 2)
 		per := l.perReq * l.layers * 2
-		r.units = dst.free.take(rng, 1)
 		s0, d0 := rng.IntN(regions)*per, r.units[0]*per
 		step := l.chunk / l.block
 		for i := 0; i < per; i += step {
@@ -234,7 +268,6 @@ func (k *kvBench) newRequest(rng *rand.Rand, op moonring.Op, contig bool) *kvReq
 		}
 		return r
 	}
-	r.units = dst.free.take(rng, l.perReq)
 	srcBlocks := make([]int, l.perReq)
 	perm := rng.Perm(l.blocks)
 	copy(srcBlocks, perm[:l.perReq])
@@ -257,7 +290,10 @@ type kvDone struct {
 
 // kvStep runs op with the KV pattern, or its contiguous baseline, for d
 // after a warm-up of d/5, inflight requests in flight; then for a WRITE
-// it reads every target's pool back and checks it.
+// it reads every target's pool back and checks it. Every transfer's end
+// is counted in the result's Statuses. A transfer that does not complete
+// ends the step with its error; under --keep-going the step runs to its
+// end and returns its result with a *requestsError.
 func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.Duration) (result, error) {
 	l := k.l
 	res := result{Transport: k.t.transport, Op: op.String(), Pattern: "kv", BlockSize: l.block, Block: fmtSize(l.block), Batch: l.inflight, BatchAsked: l.inflight,
@@ -306,6 +342,10 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 	var checkCPU atomic.Int64 // nanoseconds of checks that ended inside the window
 	dones := make([][]kvDone, l.inflight)
 	errs := make([]error, l.inflight)
+	// Each worker's requests' ends, and its checks' (which run beside its
+	// next request); starved: it found no free destinations.
+	moves, checks := make([]endings, l.inflight), make([]endings, l.inflight)
+	starved := make([]bool, l.inflight)
 	var wg sync.WaitGroup
 	for w := range l.inflight {
 		wg.Add(1)
@@ -330,19 +370,32 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 					return
 				}
 				r := k.newRequest(rng, op, contig)
+				if r == nil {
+					starved[w] = true
+					return
+				}
 				var ring *moonring.Ring
 				if rings != nil {
 					ring = rings[w]
 				}
 				start := time.Now()
-				err := k.move(ctx, ring, op, r)
+				var err error
+				r.sts, err = k.move(ctx, ring, op, r, &moves[w].counts)
 				end := time.Now()
+				if err == nil {
+					if err = firstFailure(r.sts); err != nil && k.keepGoing {
+						moves[w].note(k.t.stepError(err))
+						err = nil
+					}
+				}
 				if err != nil {
 					errs[w] = k.t.stepError(err)
 					return
 				}
-				dones[w] = append(dones[w], kvDone{start, end, l.reqBytes()})
-				moved.Add(int64(l.reqBytes()))
+				if !r.failed() {
+					dones[w] = append(dones[w], kvDone{start, end, l.reqBytes()})
+					moved.Add(int64(l.reqBytes()))
+				}
 				// The check of the request before this one ends first: a
 				// worker holds at most two requests' destinations.
 				if pending != nil {
@@ -357,13 +410,15 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 				check := func() {
 					runtime.LockOSThread()
 					c0 := threadCPU()
-					err := k.check(ctx, w, op, r, crng)
+					err := k.check(ctx, w, op, r, crng, &checks[w])
 					c1 := threadCPU()
 					runtime.UnlockOSThread()
 					if e := time.Now(); e.After(ws) && e.Before(we) {
 						checkCPU.Add(int64(c1 - c0))
 					}
-					r.dst.free.give(r.units)
+					if !r.failed() {
+						r.dst.free.give(r.units)
+					}
 					ch <- err
 				}
 				if overlap {
@@ -383,6 +438,16 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return res, err
+	}
+	ends := endings{keepGoing: k.keepGoing}
+	for w := range moves {
+		ends.counts.add(moves[w].counts)
+		ends.counts.add(checks[w].counts)
+		ends.note(moves[w].first)
+		ends.note(checks[w].first)
+		if starved[w] && res.Note == "" {
+			res.Note = "the pool ran out of free destinations before the step's end: those of requests that did not complete are set aside (slices of theirs may still land)"
+		}
 	}
 	// Bandwidth: each request's bytes spread over its time, the part
 	// inside the window counted.
@@ -412,11 +477,30 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 		win.fill(&res, inWin, time.Duration(checkCPU.Load()))
 	}
 	if op == moonring.OpWrite {
-		if err := k.checkPools(ctx); err != nil {
+		n, err := k.checkPools(ctx, &ends)
+		if err != nil {
 			return res, err
 		}
+		res.Unchecked += n
 	}
+	// Slots a transfer that did not complete was to fill hold what is not
+	// known.
+	dsts := []*kvPool{k.local}
+	if op == moonring.OpWrite {
+		dsts = k.remote
+	}
+	for _, p := range dsts {
+		for _, st := range p.stamps {
+			if st == 0 {
+				res.Unchecked++
+			}
+		}
+	}
+	res.Statuses = ends.counts
 	res.Verified = true
+	if ends.first != nil {
+		return res, &requestsError{counts: ends.counts, first: ends.first}
+	}
 	return res, nil
 }
 
@@ -436,8 +520,9 @@ func minTime(a, b time.Time) time.Time {
 
 // move runs one request: a batch of its transfers (AllocateBatchID,
 // SubmitTransfer, WaitBatch), or with a ring, its entries kept flowing
-// through the ring.
-func (k *kvBench) move(ctx context.Context, ring *moonring.Ring, op moonring.Op, r *kvRequest) error {
+// through the ring. It counts their ends in c and returns their statuses;
+// an error is one of the batch or ring themselves (or ctx's).
+func (k *kvBench) move(ctx context.Context, ring *moonring.Ring, op moonring.Op, r *kvRequest, c *statusCounts) ([]moonring.TransferStatus, error) {
 	l, e := k.l, k.t.ini
 	if ring != nil {
 		es := make([]moonring.Entry, len(r.runs))
@@ -448,7 +533,7 @@ func (k *kvBench) move(ctx context.Context, ring *moonring.Ring, op moonring.Op,
 			}
 			es[i] = moonring.Entry{Op: op, Segment: r.rp.seg, Buffer: 0, Local: uint64(lo * l.block), Remote: r.rp.base + uint64(ro*l.block), Length: uint64(run.count * l.block), UserData: uint64(i)}
 		}
-		return k.ringMove(ctx, ring, es)
+		return k.ringMove(ctx, ring, es, c)
 	}
 	reqs := make([]moonring.TransferRequest, len(r.runs))
 	for i, run := range r.runs {
@@ -458,51 +543,56 @@ func (k *kvBench) move(ctx context.Context, ring *moonring.Ring, op moonring.Op,
 		}
 		reqs[i] = moonring.TransferRequest{Opcode: op, Source: moonring.AddressOf(k.local.mem) + uintptr(lo*l.block), TargetID: r.rp.seg, TargetOffset: r.rp.base + uint64(ro*l.block), Length: uint64(run.count * l.block)}
 	}
-	return e.Transfer(ctx, reqs...) // one batch, every status checked
+	return transfer(ctx, e, reqs, c) // one batch, every status checked
 }
 
-// ringMove keeps up to 4,096 of es in flight on ring until all complete.
-func (k *kvBench) ringMove(ctx context.Context, ring *moonring.Ring, es []moonring.Entry) error {
+// ringMove keeps up to 4,096 of es (UserData: their index) in flight on
+// ring until they have ended, counting their ends in c, and returns their
+// statuses. Without keepGoing it submits no more after one that did not
+// complete, and waits for those in flight before it returns (the pool is
+// touched only then); those never submitted keep the status WAITING.
+func (k *kvBench) ringMove(ctx context.Context, ring *moonring.Ring, es []moonring.Entry, c *statusCounts) ([]moonring.TransferStatus, error) {
 	for i := range es {
 		es[i].Buffer = k.localID
 	}
 	const window = 4096
+	sts := make([]moonring.TransferStatus, len(es))
 	cqes := make([]moonring.Completion, 256)
-	next, done := 0, 0
-	for done < len(es) {
-		if lim := min(len(es), done+window); next < lim {
+	next, done, stop := 0, 0, len(es) // stop: none at or past it is submitted
+	for done < next || next < stop {
+		if lim := min(stop, done+window); next < lim {
 			n, err := ring.Submit(es[next:lim])
 			next += n
+			c.submitted(n)
 			if err != nil && !errors.Is(err, moonring.ErrSQFull) {
-				return err
+				return sts, err
 			}
 		}
 		n := ring.PeekBatch(cqes)
 		if n == 0 {
-			if err := ring.CQ().Wait(ctx, 1); err != nil {
-				return err
+			if done == next {
+				continue
+			}
+			wctx := ctx
+			if stop < len(es) {
+				wctx = context.Background() // what is in flight ends before the pool is touched
+			}
+			if err := ring.CQ().Wait(wctx, 1); err != nil {
+				return sts, err
 			}
 			continue
 		}
-		for _, c := range cqes[:n] {
-			if err := c.Err(); err != nil {
-				ring.Advance(n)
-				// Let what is in flight end before the pool is touched.
-				for done += n; done < next; {
-					if ring.CQ().Wait(context.Background(), 1) != nil {
-						break
-					}
-					m := ring.PeekBatch(cqes)
-					ring.Advance(m)
-					done += m
-				}
-				return err
+		for _, e := range cqes[:n] {
+			sts[e.UserData] = moonring.TransferStatus{Status: e.Status, Bytes: e.Bytes, Code: e.Code}
+			c.ended(e.Status, e.Code)
+			if e.Status != moonring.COMPLETED && !k.keepGoing {
+				stop = next
 			}
 		}
 		ring.Advance(n)
 		done += n
 	}
-	return nil
+	return sts, nil
 }
 
 // sampleOf is the share of transfers checked after a request of op: 1 in
@@ -539,8 +629,12 @@ func (k *kvBench) checkText(op moonring.Op) string {
 }
 
 // check checks a request's destinations (all, or a random sample) against
-// the stamps of their sources, then records the stamps they now hold.
-func (k *kvBench) check(ctx context.Context, w int, op moonring.Op, r *kvRequest, rng *rand.Rand) error {
+// the stamps of their sources, then records the stamps they now hold. A
+// destination whose transfer did not complete gets stamp 0 (not known)
+// and is not checked, nor is one whose source's stamp is 0. Its
+// read-backs are counted in ends; one that does not complete fails the
+// check, or under --keep-going leaves what it was to read unchecked.
+func (k *kvBench) check(ctx context.Context, w int, op moonring.Op, r *kvRequest, rng *rand.Rand, ends *endings) error {
 	l := k.l
 	src := r.rp
 	if op == moonring.OpWrite {
@@ -548,8 +642,8 @@ func (k *kvBench) check(ctx context.Context, w int, op moonring.Op, r *kvRequest
 	}
 	n := k.sampleOf(op)
 	var picked []kvRun
-	for _, run := range r.runs {
-		if n == 1 || rng.IntN(n) == 0 {
+	for i, run := range r.runs {
+		if r.sts[i].Status == moonring.COMPLETED && (n == 1 || rng.IntN(n) == 0) {
 			picked = append(picked, run)
 		}
 	}
@@ -593,8 +687,23 @@ func (k *kvBench) check(ctx context.Context, w int, op moonring.Op, r *kvRequest
 			at[run] = pos
 			pos += run.count * l.block
 		}
-		if err := k.t.ini.Transfer(ctx, reqs...); err != nil {
+		sts, err := transfer(ctx, k.t.ini, reqs, &ends.counts)
+		if err != nil {
 			return fmt.Errorf("reading back what a request wrote: %w", k.t.stepError(err))
+		}
+		if err := firstFailure(sts); err != nil {
+			err = fmt.Errorf("reading back what a request wrote: %w", k.t.stepError(err))
+			if !k.keepGoing {
+				return err
+			}
+			ends.note(err)
+			read := picked[:0]
+			for i, run := range picked {
+				if sts[i].Status == moonring.COMPLETED {
+					read = append(read, run)
+				}
+			}
+			picked = read
 		}
 		off = func(run kvRun) int { return at[run] }
 	}
@@ -602,26 +711,34 @@ func (k *kvBench) check(ctx context.Context, w int, op moonring.Op, r *kvRequest
 		base := off(run)
 		for i := range run.count {
 			b := mem[base+i*l.block : base+(i+1)*l.block]
-			if want := src.stamps[run.src+i]; !slotHolds(b, want) {
+			if want := src.stamps[run.src+i]; want != 0 && !slotHolds(b, want) {
 				return fmt.Errorf("%s: slot %d of the destination pool does not hold what slot %d of the source held (stamp %#x)", op, run.dst+i, run.src+i, want)
 			}
 		}
 	}
-	for _, run := range r.runs {
-		copy(r.dst.stamps[run.dst:run.dst+run.count], src.stamps[run.src:run.src+run.count])
+	for i, run := range r.runs {
+		d := r.dst.stamps[run.dst : run.dst+run.count]
+		if r.sts[i].Status == moonring.COMPLETED {
+			copy(d, src.stamps[run.src:run.src+run.count])
+		} else {
+			clear(d)
+		}
 	}
 	return nil
 }
 
 // checkPools reads every target's pool back, 64 MiB at a time, and checks
-// every slot against its stamp.
-func (k *kvBench) checkPools(ctx context.Context) error {
+// every slot against its stamp, but those of stamp 0 (not known). Its
+// read-backs are counted in ends; one that does not complete fails the
+// check, or under --keep-going leaves the slots it was to read unchecked:
+// it returns how many.
+func (k *kvBench) checkPools(ctx context.Context, ends *endings) (unread int, err error) {
 	l := k.l
 	for ti, rp := range k.remote {
 		if rp.mem != nil {
 			for s, st := range rp.stamps {
-				if !slotHolds(rp.mem[s*l.block:(s+1)*l.block], st) {
-					return fmt.Errorf("target %d's pool: slot %d does not hold stamp %#x", ti, s, st)
+				if st != 0 && !slotHolds(rp.mem[s*l.block:(s+1)*l.block], st) {
+					return unread, fmt.Errorf("target %d's pool: slot %d does not hold stamp %#x", ti, s, st)
 				}
 			}
 			continue
@@ -629,24 +746,44 @@ func (k *kvBench) checkPools(ctx context.Context) error {
 		span := min(l.bytes(), (64<<20)/l.block*l.block)
 		buf, err := k.t.ini.Alloc(span, "cpu:0")
 		if err != nil {
-			return err
+			return unread, err
 		}
 		if _, err := k.t.ini.RegisterLocalMemory(buf, "cpu:0", false); err != nil {
 			k.t.ini.Free(buf)
-			return err
+			return unread, err
 		}
 		for off := 0; off < l.bytes(); off += span {
 			n := min(span, l.bytes()-off)
 			clear(buf[:n])
 			sub := &kvPool{seg: rp.seg, base: rp.base + uint64(off)}
-			if err = k.copyPool(ctx, sub, moonring.Read, buf[:n]); err != nil {
+			var sts []moonring.TransferStatus
+			if sts, err = k.copyPool(ctx, sub, moonring.Read, buf[:n], &ends.counts); err != nil {
 				err = fmt.Errorf("reading target %d's pool back: %w", ti, k.t.stepError(err))
 				break
 			}
+			if ferr := firstFailure(sts); ferr != nil {
+				ferr = fmt.Errorf("reading target %d's pool back: %w", ti, k.t.stepError(ferr))
+				if !k.keepGoing {
+					err = ferr
+					break
+				}
+				ends.note(ferr)
+			}
+			// read says whether the bytes [a, b) of the chunk came back:
+			// every copyPool transfer (16 MiB) over them completed.
+			read := func(a, b int) bool {
+				return sts[a>>24].Status == moonring.COMPLETED && sts[(b-1)>>24].Status == moonring.COMPLETED
+			}
 			for s := off / l.block; s < (off+n)/l.block; s++ {
-				b := buf[s*l.block-off : (s+1)*l.block-off]
-				if !slotHolds(b, rp.stamps[s]) {
+				a := s*l.block - off
+				switch {
+				case rp.stamps[s] == 0:
+				case !read(a, a+l.block):
+					unread++
+				case !slotHolds(buf[a:a+l.block], rp.stamps[s]):
 					err = fmt.Errorf("target %d's pool: slot %d does not hold stamp %#x", ti, s, rp.stamps[s])
+				}
+				if err != nil {
 					break
 				}
 			}
@@ -657,8 +794,8 @@ func (k *kvBench) checkPools(ctx context.Context) error {
 		k.t.ini.UnregisterLocalMemory(context.Background(), buf)
 		k.t.ini.Free(buf)
 		if err != nil {
-			return err
+			return unread, err
 		}
 	}
-	return nil
+	return unread, nil
 }

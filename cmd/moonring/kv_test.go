@@ -44,6 +44,7 @@ func kvJSON(t *testing.T, args ...string) []result {
 				t.Errorf("contig row %d: %d transfers of %d; want the request's 64K in one", i, r.Transfers, r.BlockSize)
 			}
 		}
+		checkStatuses(t, r.Op+" "+r.Pattern, r)
 		if r.Run == nil || r.Run.Pattern != "kv" || r.Run.Layout == "" {
 			t.Errorf("row %d: run %+v; want the KV layout", i, r.Run)
 		}

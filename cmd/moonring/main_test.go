@@ -48,6 +48,7 @@ func benchJSON(t *testing.T, args ...string) []result {
 		if !r.Verified || r.Requests == 0 || r.GBps <= 0 || r.P50us <= 0 {
 			t.Errorf("step %+v: want verified data, requests and figures", r)
 		}
+		checkStatuses(t, r.Op+" "+r.Block, r)
 	}
 	return rs
 }

@@ -39,7 +39,18 @@ type result struct {
 	P50us     float64 `json:"p50_us"`
 	P99us     float64 `json:"p99_us"`
 	P999us    float64 `json:"p999_us"`
-	Verified  bool    `json:"verified"`
+	// Verified says that the step's check found every byte it checked
+	// as it should be: every byte the step moved, but under --keep-going
+	// those of the Unchecked blocks.
+	Verified bool `json:"verified"`
+	// Statuses counts every request the step submitted (its warm-up's
+	// and the read-backs of its checks too; Requests is the measured
+	// ones that completed) by how it ended.
+	Statuses statusCounts `json:"statuses"`
+	// Unchecked is the blocks (with --pattern kv, slots of a pool) the
+	// check left out because the last request that moved them did not
+	// complete (--keep-going): what they hold is not known.
+	Unchecked int `json:"unchecked,omitempty"`
 	// Mode is "bw" (requests in flight as --batch-size says) or "lat"
 	// (--lat: one in flight).
 	Mode   string  `json:"mode"`
@@ -179,7 +190,7 @@ func (t *tableReport) cpuCols(r *result, title bool) string {
 func (t *tableReport) kvRow(r result) error {
 	if !t.titled {
 		t.titled = true
-		if _, err := fmt.Fprintf(t.w, kvRowFmt, "transport", "api", "op", "pattern", "xfer", "reqs", "GB/s", "kv/ctg", "p50 ms", "p99 ms", "p999 ms", "verified", t.cpuCols(nil, true), "  check"); err != nil {
+		if _, err := fmt.Fprintf(t.w, kvRowFmt, "transport", "api", "op", "pattern", "xfer", "reqs", "GB/s", "kv/ctg", "p50 ms", "p99 ms", "p999 ms", "verified", t.cpuCols(nil, true), "  check; transfers by status"); err != nil {
 			return err
 		}
 	}
@@ -191,6 +202,7 @@ func (t *tableReport) kvRow(r result) error {
 	if r.Note != "" {
 		note += "; " + r.Note
 	}
+	note += "; " + r.ends()
 	ms := func(us float64) string { return fmt.Sprintf("%.1f", us/1e3) }
 	_, err := fmt.Fprintf(t.w, kvRowFmt, r.Transport, r.API, r.Op, r.Pattern, r.Block, strconv.Itoa(r.Requests), fmt.Sprintf("%.2f", r.GBps), ratio,
 		ms(r.P50us), ms(r.P99us), ms(r.P999us), strconv.FormatBool(r.Verified), t.cpuCols(&r, false), note)
@@ -215,13 +227,13 @@ func (t *tableReport) row(r result) error {
 	}
 	if !t.titled {
 		t.titled = true
-		if _, err := fmt.Fprintf(t.w, tableRow, "transport", "api", "op", "block", "batch", "threads", "GB/s", "req/s", "p50 µs", "p99 µs", "p999 µs", "verified", t.cpuCols(nil, true)+"  note"); err != nil {
+		if _, err := fmt.Fprintf(t.w, tableRow, "transport", "api", "op", "block", "batch", "threads", "GB/s", "req/s", "p50 µs", "p99 µs", "p999 µs", "verified", t.cpuCols(nil, true)+"  requests by status; note"); err != nil {
 			return err
 		}
 	}
-	note := ""
+	note := "  " + r.ends()
 	if r.Note != "" {
-		note = "  " + r.Note
+		note += "; " + r.Note
 	}
 	_, err := fmt.Fprintf(t.w, tableRow, r.Transport, r.API, r.Op, r.Block, strconv.Itoa(r.Batch), strconv.Itoa(r.Threads),
 		fmt.Sprintf("%.2f", r.GBps), fmt.Sprintf("%.0f", r.ReqPerSec), fmt.Sprintf("%.2f", r.P50us), fmt.Sprintf("%.2f", r.P99us), fmt.Sprintf("%.2f", r.P999us), strconv.FormatBool(r.Verified), t.cpuCols(&r, false)+note)
@@ -231,14 +243,23 @@ func (t *tableReport) row(r result) error {
 func (t *tableReport) latRow(r result) error {
 	if !t.titled {
 		t.titled = true
-		if _, err := fmt.Fprintf(t.w, latRow, "transport", "api", "op", "block", "requests", "req/s", "mean µs", "p50 µs", "p99 µs", "p999 µs", "verified", ""); err != nil {
+		if _, err := fmt.Fprintf(t.w, latRow, "transport", "api", "op", "block", "requests", "req/s", "mean µs", "p50 µs", "p99 µs", "p999 µs", "verified", "  requests by status"); err != nil {
 			return err
 		}
 	}
 	f := func(v float64) string { return fmt.Sprintf("%.2f", v) }
 	_, err := fmt.Fprintf(t.w, latRow, r.Transport, r.API, r.Op, r.Block, strconv.Itoa(r.Requests), fmt.Sprintf("%.0f", r.ReqPerSec),
-		f(r.MeanUs), f(r.P50us), f(r.P99us), f(r.P999us), strconv.FormatBool(r.Verified), "")
+		f(r.MeanUs), f(r.P50us), f(r.P99us), f(r.P999us), strconv.FormatBool(r.Verified), "  "+r.ends())
 	return err
+}
+
+// ends says how the step's requests ended, and what its check left out.
+func (r *result) ends() string {
+	s := r.Statuses.String()
+	if r.Unchecked > 0 {
+		s += fmt.Sprintf(", %d unchecked (the last request that moved them did not complete)", r.Unchecked)
+	}
+	return s
 }
 
 func (t *tableReport) end() error { return nil }

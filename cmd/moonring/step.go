@@ -7,7 +7,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -21,8 +20,13 @@ const opMix = moonring.Op(0xff)
 // step runs one op and block size for d: threads goroutines, each with
 // batches batches of depth requests in flight (with the Ring API, its own
 // Ring and depth*batches entries in flight), each request on its own block
-// of both buffers; then it checks the bytes.
-func (t *target) step(ctx context.Context, op moonring.Op, size, depth, batches, threads int, d time.Duration, verify, useRing, cpu bool) (result, error) {
+// of both buffers; then it checks the bytes. Every request's end is
+// counted in the result's Statuses. A request that does not complete ends
+// the step with its error; with keepGoing it is counted and its block
+// used again, the step runs to its end, checks the blocks whose last
+// request completed (the others are Unchecked) and returns its result
+// with a *requestsError.
+func (t *target) step(ctx context.Context, op moonring.Op, size, depth, batches, threads int, d time.Duration, verify, useRing, cpu, keepGoing bool) (result, error) {
 	askedThreads, askedDepth, askedBatches := threads, depth, batches
 	blocks := len(t.model) / size
 	threads = max(1, min(threads, blocks))
@@ -87,8 +91,13 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, batches,
 		elapsed  time.Duration
 		lat      []time.Duration
 		err      error
+		ends     endings
 	}
 	outs := make([]outcome, threads)
+	failed := make([]bool, total) // by slot: its last request did not complete
+	for k := range outs {
+		outs[k].ends = endings{keepGoing: keepGoing, failed: failed}
+	}
 	if t.progress != nil {
 		stop := t.progress(res, d)
 		defer stop()
@@ -106,10 +115,10 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, batches,
 			defer wg.Done()
 			o := &outs[k]
 			if useRing {
-				o.requests, o.elapsed, o.lat, o.err = drive(ctx, rings[k], k*perThread, perThread, d, func(slot int) *moonring.Entry { return entry(slot, opOf(slot)) })
+				o.requests, o.elapsed, o.lat, o.err = drive(ctx, rings[k], k*perThread, perThread, d, &o.ends, func(slot int) *moonring.Entry { return entry(slot, opOf(slot)) })
 				return
 			}
-			o.requests, o.elapsed, o.lat, o.err = driveBatches(ctx, t.ini, k*perThread, depth, batches, d, func(slot int) moonring.TransferRequest {
+			o.requests, o.elapsed, o.lat, o.err = driveBatches(ctx, t.ini, k*perThread, depth, batches, d, &o.ends, func(slot int) moonring.TransferRequest {
 				en := entry(slot, opOf(slot))
 				op := moonring.Read
 				if en.Op == moonring.OpWrite {
@@ -125,41 +134,61 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, batches,
 		win.fill(&res, 0, 0)
 	}
 	var lat []time.Duration
+	ends := endings{keepGoing: keepGoing, failed: failed}
 	for _, o := range outs {
 		if o.err != nil {
 			return res, t.stepError(o.err)
 		}
 		res.Requests += o.requests
-		res.GBps += float64(o.requests) * float64(size) / o.elapsed.Seconds() / 1e9
-		res.ReqPerSec += float64(o.requests) / o.elapsed.Seconds()
+		if o.requests > 0 {
+			res.GBps += float64(o.requests) * float64(size) / o.elapsed.Seconds() / 1e9
+			res.ReqPerSec += float64(o.requests) / o.elapsed.Seconds()
+		}
 		lat = append(lat, o.lat...)
+		ends.counts.add(o.ends.counts)
+		if ends.first == nil {
+			ends.first = o.ends.first
+		}
 	}
 	if len(lat) > 0 {
 		res.setLatency(lat)
 	}
-	// Every written block was written with the same bytes each time.
+	// done returns the result as it stands: with a *requestsError when a
+	// request did not complete (keepGoing; else a goroutine's error ended
+	// the step above).
+	done := func() (result, error) {
+		res.Statuses = ends.counts
+		if ends.first != nil {
+			return res, &requestsError{counts: ends.counts, first: t.stepError(ends.first)}
+		}
+		return res, nil
+	}
+	// Every written block was written with the same bytes each time, but
+	// one whose last WRITE did not complete holds what it held before, or
+	// part of it (a WRITE's bytes land as its slices do).
 	written := 0
 	for slot := range total {
-		if opOf(slot) == moonring.OpWrite {
+		if opOf(slot) == moonring.OpWrite && !failed[slot] {
 			b := slot * size
 			copy(t.model[b:b+size], local[b:b+size])
 			written++
 		}
 	}
 	if !verify {
-		return res, nil
+		return done()
 	}
 	if written > 0 {
 		// Read the written blocks back into the local buffer, cleared first.
 		r := rings[0]
 		for slot := range total {
-			if opOf(slot) != moonring.OpWrite {
+			if opOf(slot) != moonring.OpWrite || failed[slot] {
 				continue
 			}
 			clear(local[slot*size : (slot+1)*size])
 			if err := r.SubmitOne(entry(slot, moonring.OpRead)); err != nil {
 				return res, err
 			}
+			ends.counts.submitted(1)
 		}
 		cqes := make([]moonring.Completion, written)
 		for got := 0; got < written; {
@@ -168,7 +197,7 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, batches,
 			}
 			n := r.PeekBatch(cqes)
 			for _, c := range cqes[:n] {
-				if err := c.Err(); err != nil {
+				if err := ends.ended(int(c.UserData), c.Status, c.Code); err != nil {
 					return res, fmt.Errorf("reading the written blocks back: %w", t.stepError(err))
 				}
 			}
@@ -176,11 +205,19 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, batches,
 			got += n
 		}
 	}
-	if !bytes.Equal(local, t.model[:span]) {
-		return res, errors.New("the data differs from what the step wrote or the target held")
+	// A block whose last request did not complete (or, written, whose
+	// read-back did not) is not checked: what it holds is not known.
+	for slot := range total {
+		b := slot * size
+		switch {
+		case failed[slot]:
+			res.Unchecked++
+		case !bytes.Equal(local[b:b+size], t.model[b:b+size]):
+			return res, fmt.Errorf("the data differs from what the step wrote or the target held (block %d of %s at offset %d)", slot, res.Block, b)
+		}
 	}
 	res.Verified = true
-	return res, nil
+	return done()
 }
 
 // driveBatches is drive through the batch API, as Mooncake's bench does
@@ -188,8 +225,9 @@ func (t *target) step(ctx context.Context, op moonring.Op, size, depth, batches,
 // SubmitTransfer, WaitBatch, every status checked, FreeBatchID) for d after
 // a warm-up of d/5, with batches such rounds in flight, each over depth
 // blocks of its own from first: while the caller checks one batch the
-// others keep the pipeline full. A request's latency is its batch's.
-func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches int, d time.Duration, req func(slot int) moonring.TransferRequest) (int, time.Duration, []time.Duration, error) {
+// others keep the pipeline full. A request's latency is its batch's; only
+// completed requests are measured. Every request's end goes to ends.
+func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches int, d time.Duration, ends *endings, req func(slot int) moonring.TransferRequest) (int, time.Duration, []time.Duration, error) {
 	type round struct {
 		reqs    []moonring.TransferRequest
 		id      moonring.BatchID
@@ -225,7 +263,11 @@ func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches
 			return err
 		}
 		r.id, r.started, r.live = id, time.Now(), true
-		return e.SubmitTransfer(id, r.reqs) // on error, abandon waits out what was pushed
+		if err := e.SubmitTransfer(id, r.reqs); err != nil {
+			return err // abandon waits out what was pushed
+		}
+		ends.counts.submitted(depth)
+		return nil
 	}
 	st := make([]moonring.TransferStatus, depth)
 	lat := make([]time.Duration, 0, 1<<16)
@@ -250,10 +292,14 @@ func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches
 		now := time.Now()
 		took := now.Sub(r.started)
 		n, err := e.GetBatchTransferStatus(r.id, st)
+		completed := 0
 		if err == nil {
 			for i := range st[:n] {
-				if err = st[i].Err(); err != nil {
+				if err = ends.ended(first+b*depth+i, st[i].Status, st[i].Code); err != nil {
 					break
+				}
+				if st[i].Status == moonring.COMPLETED {
+					completed++
 				}
 			}
 		}
@@ -263,9 +309,9 @@ func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches
 			abandon()
 			return 0, 0, nil, err
 		}
-		requests += depth
-		moved.Add(int64(depth) * int64(r.reqs[0].Length))
-		for range depth {
+		requests += completed
+		moved.Add(int64(completed) * int64(r.reqs[0].Length))
+		for range completed {
 			lat = append(lat, took)
 		}
 		if !warmed && now.Sub(t0) >= warm {
@@ -287,14 +333,19 @@ func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches
 // drive keeps depth requests in flight on r over the blocks first ..
 // first+depth-1 for d after a warm-up of d/5 (run and then forgotten: the
 // first requests pay for cold caches and connections). It returns the
-// requests measured, the time they took and their latencies.
-func drive(ctx context.Context, r *moonring.Ring, first, depth int, d time.Duration, entry func(slot int) *moonring.Entry) (int, time.Duration, []time.Duration, error) {
+// requests measured (completed ones), the time they took and their
+// latencies. Every request's end goes to ends.
+func drive(ctx context.Context, r *moonring.Ring, first, depth int, d time.Duration, ends *endings, entry func(slot int) *moonring.Entry) (int, time.Duration, []time.Duration, error) {
 	started := make([]time.Time, first+depth)
 	lat := make([]time.Duration, 0, 1<<16)
 	cqes := make([]moonring.Completion, depth)
 	submit := func(slot int) error {
 		started[slot] = time.Now()
-		return r.SubmitOne(entry(slot))
+		if err := r.SubmitOne(entry(slot)); err != nil {
+			return err
+		}
+		ends.counts.submitted(1)
+		return nil
 	}
 	requests := 0
 	t0 := time.Now()
@@ -314,13 +365,15 @@ func drive(ctx context.Context, r *moonring.Ring, first, depth int, d time.Durat
 		}
 		now := time.Now()
 		for _, c := range cqes[:n] {
-			if err := c.Err(); err != nil {
+			slot := int(c.UserData)
+			if err := ends.ended(slot, c.Status, c.Code); err != nil {
 				return 0, 0, nil, err
 			}
-			slot := int(c.UserData)
-			lat = append(lat, now.Sub(started[slot]))
-			requests++
-			moved.Add(int64(c.Bytes))
+			if c.Status == moonring.COMPLETED {
+				lat = append(lat, now.Sub(started[slot]))
+				requests++
+				moved.Add(int64(c.Bytes))
+			}
 			inflight--
 			if !warmed && now.Sub(t0) >= warm {
 				warmed, t0 = true, now
