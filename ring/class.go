@@ -78,7 +78,7 @@ func (p *Poller) noteBusy(r *Ring, rank int, t int64) {
 
 // stall is how long a ring with requests in flight that completes none
 // still counts as busy.
-const stall = time.Millisecond
+const stall = 10 * time.Millisecond
 
 // maxTake bounds the entries a ring takes in one round.
 const maxTake = 64
