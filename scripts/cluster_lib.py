@@ -309,8 +309,55 @@ def read_rows(path):
         return rows
 
 
+TERMINAL = ("completed", "failed", "timeout", "canceled")
+
+
+def row_counts(row):
+    """A bench row's requests by how they ended (its "statuses"), or None
+    for a row of a bench that does not count them."""
+    st = row.get("statuses")
+    return st if isinstance(st, dict) and "submitted" in st else None
+
+
+def lost_requests(rows):
+    """What breaks "every request ends in exactly one terminal status" in
+    a run's rows: a row whose terminal counts do not add up to its
+    submitted requests, or whose FAILED ones by code do not add up to
+    FAILED."""
+    bad = []
+    for k, row in enumerate(rows):
+        st = row_counts(row)
+        if st is None:
+            continue
+        ended = sum(st.get(x, 0) for x in TERMINAL)
+        if ended != st["submitted"]:
+            bad.append("row %d (%s %s): %d requests submitted, %d ended" % (k, row.get("op"), row.get("pattern") or row.get("block"), st["submitted"], ended))
+        by = sum((st.get("failed_by_code") or {}).values())
+        if by != st.get("failed", 0):
+            bad.append("row %d (%s %s): %d FAILED, %d by code" % (k, row.get("op"), row.get("pattern") or row.get("block"), st.get("failed", 0), by))
+    return bad
+
+
+def request_statuses(rows):
+    """{status or FAILED/code: count} of the requests of rows that did not
+    complete, from their counts."""
+    out = {}
+    for row in rows:
+        st = row_counts(row)
+        if st is None:
+            continue
+        for code, n in (st.get("failed_by_code") or {}).items():
+            out["FAILED/" + code] = out.get("FAILED/" + code, 0) + n
+        for x in ("timeout", "canceled"):
+            if st.get(x):
+                out[x.upper()] = out.get(x.upper(), 0) + st[x]
+    return out
+
+
 def classify(run_rec, phs, grace=2.0):
-    """ok, expected (a fault touched it), unexpected, hang or corrupt."""
+    """ok, expected (a fault touched it), unexpected, hang, corrupt, crash,
+    or lost (its rows' counts say a request did not end in exactly one
+    terminal status)."""
     rc = run_rec["rc"]
     base = run_rec["file"]
     rows = read_rows(base + ".json")
@@ -328,9 +375,18 @@ def classify(run_rec, phs, grace=2.0):
     else:
         run_rec["err"] = lines[-1] if lines else ""
     run_rec["statuses"] = sorted(set(STATUS.findall(err))) or (["open"] if OPEN.search(err) else ["metadata"] if METADATA.search(err) else [])
+    # bench --keep-going prints the row of the step that failed: its
+    # counts say how its requests ended.
+    counted = request_statuses(rows)
+    if counted:
+        run_rec["statuses"] = sorted(set(k.split("/")[0] for k in counted))
+    run_rec["lost"] = lost_requests(rows)
     if crash:
         run_rec["statuses"] = ["crash"]
         return "crash"
+    if run_rec["lost"]:
+        run_rec["err"] = "; ".join(run_rec["lost"])
+        return "lost"
     if any(r.get("verified") is False for r in rows):
         return "corrupt"
     if CORRUPT.search(err):
@@ -482,7 +538,7 @@ def analyze(run):
     for r in runs:
         r["class"] = classify(r, phs)
         classes.setdefault(r["class"], []).append(r)
-    for cls in ("hang", "corrupt", "crash", "unexpected"):
+    for cls in ("hang", "corrupt", "crash", "lost", "unexpected"):
         for r in classes.get(cls, []):
             fail.append("bench run h%d #%d (%s, %.1fs after the start, rc %d): %s: %s" % (
                 r["host"], r["seq"], r["segments"], r["t0"] - phs[0]["start"] if phs else 0, r["rc"], cls, r.get("err") or "(no message)"))
@@ -521,7 +577,19 @@ def analyze(run):
                     st[s] = st.get(s, 0) + 1
         served = served_status(a, b)
         served_txt = " ".join("%s %d" % (k, v) for k, v in sorted(served.items())) or "-"
-        runs_txt = " ".join("%s %d" % (k, cnt[k]) for k in ("ok", "expected", "unexpected", "hang", "corrupt", "crash") if cnt.get(k))
+        runs_txt = " ".join("%s %d" % (k, cnt[k]) for k in ("ok", "expected", "unexpected", "hang", "corrupt", "crash", "lost") if cnt.get(k))
+        # The initiators' requests, from their rows' counts (bench
+        # --keep-going prints a failed step's row too).
+        rq = {"submitted": 0, "completed": 0}
+        for r in in_phase:
+            for row in r["rows"]:
+                rc = row_counts(row)
+                if rc:
+                    rq["submitted"] += rc["submitted"]
+                    rq["completed"] += rc.get("completed", 0)
+        for k, v in request_statuses([row for r in in_phase for row in r["rows"]]).items():
+            rq[k] = v
+        bench_txt = " ".join("%s %d" % (k, rq[k]) for k in ["submitted", "completed"] + sorted(k for k in rq if k not in ("submitted", "completed"))) if rq["submitted"] else "-"
         fst = " ".join("%s %d" % kv for kv in sorted(st.items())) or "-"
         if "fault" in ph:
             aff = set(ph["fault_ev"].get("affected", []))
@@ -547,12 +615,12 @@ def analyze(run):
                 extra = " (restart took %.1fs)" % ph["heal_ev"].get("restart_s", 0)
             rows.append([ph["name"], what + extra, "%.1f" % (ph["heal"] - ph["fault"]) if "heal" in ph else "-",
                          ",".join("h%d" % h for h in sorted(surv)), "%.3f" % before, "%.3f" % during,
-                         "%.3f" % after, "-" if rec is None else "%.1f" % rec, runs_txt, fst, served_txt])
+                         "%.3f" % after, "-" if rec is None else "%.1f" % rec, runs_txt, fst, bench_txt, served_txt])
         else:
             r_all = rate(deltas, a, b, None) / 1e9
-            rows.append([ph["name"], "-", "-", "all", "%.3f" % r_all, "-", "-", "-", runs_txt, fst, served_txt])
+            rows.append([ph["name"], "-", "-", "all", "%.3f" % r_all, "-", "-", "-", runs_txt, fst, bench_txt, served_txt])
     head = ["phase", "fault", "held s", "survivors", "surv GB/s before", "surv GB/s during", "all GB/s after", "recover s",
-            "bench runs", "failed runs' status", "target-side requests by status"]
+            "bench runs", "failed runs' status", "bench requests by status", "target-side requests by status"]
     out.append("Per phase (GB/s from the serves' served-bytes counters, by initiator; 'before' is the %.0fs before the fault):" % PRE)
     out.append(table(head, rows))
 
@@ -625,7 +693,7 @@ def analyze(run):
         for f in fail:
             print("  " + f, file=sys.stderr)
         return 1
-    print("\nPASS: every bench run ended (no hang), every byte checked, failures only where a fault touched the run, recovery within %.0fs, no growth" % recover_max)
+    print("\nPASS: every bench run ended (no hang), every request counted in exactly one terminal status, every byte checked, failures only where a fault touched the run, recovery within %.0fs, no growth" % recover_max)
     return 0
 
 
@@ -667,7 +735,7 @@ def soak(run):
             cls = "expected"
         r["class"] = cls
         by.setdefault(r["kind"], []).append(r)
-        if cls in ("hang", "corrupt", "crash", "unexpected"):
+        if cls in ("hang", "corrupt", "crash", "lost", "unexpected"):
             fail.append("bench run %s #%d (%s, %.0fs in, rc %d): %s: %s" % (r["kind"], r["seq"], r["segments"], r["t0"] - t0, r["rc"], cls, r.get("err") or "(no message)"))
     rows = []
     for kind, rs in sorted(by.items()):
@@ -680,7 +748,7 @@ def soak(run):
             key = "%s %s" % (row.get("op"), row.get("block") if row.get("pattern") != "kv" else "kv")
             gb.setdefault(key, []).append(row.get("gb_per_s", 0))
         gbs = "; ".join("%s %.2f" % (k, statistics.median(v)) for k, v in sorted(gb.items()))
-        rows.append([kind, len(rs), " ".join("%s %d" % (k, cnt[k]) for k in ("ok", "expected", "unexpected", "hang", "corrupt", "crash") if cnt.get(k)),
+        rows.append([kind, len(rs), " ".join("%s %d" % (k, cnt[k]) for k in ("ok", "expected", "unexpected", "hang", "corrupt", "crash", "lost") if cnt.get(k)),
                      len(steps), gbs])
         if not cnt.get("ok"):
             fail.append("initiator loop %s: no run ended well" % kind)
