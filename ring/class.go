@@ -66,12 +66,13 @@ func (p *Poller) heldAt(rank int, t int64) bool {
 }
 
 // noteBusy records that r, of the given rank, is busy at t: it took
-// entries this step, or it has requests in flight and completed one within
-// stall. A ring whose requests are stuck (a peer that does not answer, a
+// entries or completed a request this step (its caller's next request
+// may be a moment away: see linger), or it has requests in flight and
+// completed or took one within stall. A ring whose requests are stuck (a peer that does not answer, a
 // long transfer) stops holding lower classes back after stall. Token
 // holder only.
 func (p *Poller) noteBusy(r *Ring, rank int, t int64) {
-	if r.took || (r.active > 0 && t-max(r.lastEnd, r.takenAt) < int64(stall)) {
+	if r.took || r.lastEnd == t || (r.active > 0 && t-max(r.lastEnd, r.takenAt) < int64(stall)) {
 		p.busyAt[rank] = t
 	}
 }

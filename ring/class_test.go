@@ -107,6 +107,13 @@ func TestHeldBehindHigherClass(t *testing.T) {
 	if got := postedClasses(ep, &from); len(got) != 2 || got[0] != transport.ClassNormal || got[1] != transport.ClassNormal {
 		t.Fatalf("second round posted %v; want the normal ring's two slices", got)
 	}
+	// The normal ring's completions are reaped in the next round: it was
+	// busy then, and holds the low one back for linger more.
+	h.clock += int64(linger)
+	h.p.round(h.p.list(), h.clock)
+	if got := postedClasses(ep, &from); len(got) != 0 {
+		t.Fatalf("posted %v in the round the normal ring completed its requests", got)
+	}
 	h.clock += int64(linger)
 	h.p.round(h.p.list(), h.clock)
 	if got := postedClasses(ep, &from); len(got) != 2 || got[0] != transport.ClassLow || got[1] != transport.ClassLow {
@@ -118,8 +125,8 @@ func TestHeldBehindHigherClass(t *testing.T) {
 			t.Fatalf("%v ring: %d completions, want 2", r.Class(), n)
 		}
 	}
-	if st := lo.Stats(); st.Held != 3 || st.Promoted != 0 {
-		t.Fatalf("low ring held %d rounds, promoted %d; want 3 and 0", st.Held, st.Promoted)
+	if st := lo.Stats(); st.Held != 4 || st.Promoted != 0 {
+		t.Fatalf("low ring held %d rounds, promoted %d; want 4 and 0", st.Held, st.Promoted)
 	}
 }
 
@@ -325,6 +332,39 @@ func TestStuckHighClassStopsHolding(t *testing.T) {
 	if got := postedClasses(ep, &from); len(got) != 1 || got[0] != transport.ClassLow {
 		t.Fatalf("posted %v after the high-class READ stalled; want the low-class WRITE", got)
 	}
+	ep.release(-1, nil)
+	h.p.round(h.p.list(), h.clock)
+	drain(t, hi)
+	drain(t, h.r)
+}
+
+// A ring held behind a higher class is no work for a parking poller (it
+// would spin a CPU the higher class needs): ready says held instead, and
+// the poller parks for at most linger.
+func TestHeldIsNotReady(t *testing.T) {
+	ep := &fakeEP{hold: true}
+	h := newHarness(t, Config{Class: transport.ClassLow}, ep, true)
+	hi := h.classRing(transport.ClassHigh)
+	if _, err := hi.Submit([]sq.Entry{h.read(1, 0, 0, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	h.p.round(h.p.list(), h.clock)
+	if _, err := h.r.Submit([]sq.Entry{h.write(2, 0, 4096, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	if ready, held := h.p.ready(h.clock); ready || !held {
+		t.Fatalf("ready %v, held %v; want false, true while the high-class READ is in flight", ready, held)
+	}
+	ep.release(-1, nil) // the READ completes: its completion is work
+	if ready, _ := h.p.ready(h.clock); !ready {
+		t.Fatal("a slice completion is not seen as work")
+	}
+	h.p.round(h.p.list(), h.clock)
+	h.clock += int64(linger)
+	if ready, held := h.p.ready(h.clock); !ready || held {
+		t.Fatalf("ready %v, held %v past linger; want true, false", ready, held)
+	}
+	h.p.round(h.p.list(), h.clock)
 	ep.release(-1, nil)
 	h.p.round(h.p.list(), h.clock)
 	drain(t, hi)

@@ -70,7 +70,9 @@ func (r *Ring) stepLent(t int64, held bool) (wake bool) {
 	r.lent = false
 	deferred := r.deferred
 	r.deferred = false
-	return deferred || r.ready()
+	// A held ring's entries wait for the hold to end, which the poller's
+	// timer sees (it parks for at most linger while one is held).
+	return deferred || (r.ready() && !(held && r.done.Empty()))
 }
 
 // ready reports whether step would find work that needs no other event.

@@ -315,11 +315,19 @@ func (p *Poller) run() {
 		}
 		// Park: arm the doorbell, look once more, sleep.
 		p.bell.Arm()
-		if p.ready() || p.hooksInFlight() { // a hook's work may have come up since the check above
+		ready, held := p.ready(t)
+		if ready || p.hooksInFlight() { // a hook's work may have come up since the check above
 			p.bell.Disarm()
 			continue
 		}
 		wait := time.Duration(1<<63 - 1)
+		if held {
+			// A ring waits behind a higher class: look again when its
+			// linger may have passed (or its promotion come), without
+			// spinning meanwhile, which would take a CPU the higher
+			// class's work needs.
+			wait = linger
+		}
 		for _, r := range rings {
 			if !r.detached {
 				wait = min(wait, time.Duration(r.wakeAt(t)-t))
@@ -359,6 +367,9 @@ func (p *Poller) run() {
 		p.bell.Disarm()
 		t = now()
 		last = t
+		if held {
+			last -= spin // a round without work after this wake parks at once
+		}
 		p.parked += t - parkedAt
 		p.oneP = runtime.GOMAXPROCS(0) == 1
 		spin = p.spin()
@@ -513,21 +524,28 @@ func (p *Poller) Stats() PollerStats {
 	return st
 }
 
-func (p *Poller) ready() bool {
+// ready reports whether a round at t would find work, and whether a ring
+// has work it may not start because a higher class holds it back (held:
+// see heldAt).
+func (p *Poller) ready(t int64) (ready, held bool) {
 	for _, r := range p.list() {
 		if r.detached {
 			// Its slices still come back, and reaping them frees the
 			// buffers and segments they hold (Uses).
 			if !r.done.Empty() {
-				return true
+				return true, held
 			}
 			continue
 		}
 		if r.ready() {
-			return true
+			if r.done.Empty() && p.heldAt(r.cfg.Class.Rank(), t) {
+				held = true
+				continue
+			}
+			return true, held
 		}
 	}
-	return len(p.requests) > 0
+	return len(p.requests) > 0, held
 }
 
 // prune drops detached rings whose slices have all come back. Detached

@@ -1692,12 +1692,12 @@ func TestCompletionFreesSQ(t *testing.T) {
 // buffers and segments the slices held. It used to park for up to 100 ms.
 func TestReadyDetached(t *testing.T) {
 	h := newHarness(t, Config{}, &fakeEP{}, true)
-	if h.p.ready() {
+	if ready, _ := h.p.ready(h.clock); ready {
 		t.Fatal("an idle poller reports work")
 	}
 	h.r.detached = true
 	h.r.Complete(token(0, 1, 0), nil) // a late slice completion
-	if !h.p.ready() {
+	if ready, _ := h.p.ready(h.clock); !ready {
 		t.Fatal("a slice completion of a detached ring is not seen at park time")
 	}
 	h.r.reap()
