@@ -370,3 +370,27 @@ func TestHeldIsNotReady(t *testing.T) {
 	drain(t, hi)
 	drain(t, h.r)
 }
+
+// A request a borrower (a submitter stepping a parked poller's rings)
+// finds held must not wait for the parked poller's long timer: the
+// borrower wakes it, so that it looks again when the hold ends. (It
+// waited out a 100 ms park.)
+func TestHeldWakesParkedPoller(t *testing.T) {
+	ep := &fakeEP{}
+	h := newHarness(t, Config{Class: transport.ClassLow}, ep, true)
+	h.classRing(transport.ClassHigh)
+	if _, err := h.r.Submit([]sq.Entry{h.write(2, 0, 4096, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	// The high class was busy a moment ago, as far as any clock reading
+	// in this test goes (so that a stall of the test cannot end the hold).
+	h.p.busyAt[0] = now() + int64(time.Hour)
+	h.p.parkUntil = now() + int64(maxPark) // parked, idle, as after the high class's work
+	if !h.p.stepLent() {
+		t.Fatal("a borrower left a held request to a poller parked for 100 ms")
+	}
+	h.p.parkUntil = now() + int64(linger)/2 // parked for less than the hold: its timer sees it
+	if h.p.stepLent() {
+		t.Fatal("a borrower woke a poller whose timer comes before the hold ends")
+	}
+}

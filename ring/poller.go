@@ -498,8 +498,12 @@ func (p *Poller) stepLent() bool {
 			continue
 		}
 		rank := r.cfg.Class.Rank()
-		wake = r.stepLent(t, p.heldAt(rank, t)) || wake
+		held := p.heldAt(rank, t)
+		wake = r.stepLent(t, held) || wake
 		p.noteBusy(r, rank, t)
+		if held && !r.sq.Empty() && p.parkUntil > t+int64(linger) {
+			wake = true // the poller's timer must see the hold end
+		}
 		wake = wake || r.wakeAt(t) < p.parkUntil
 	}
 	return wake || len(p.requests) > 0
