@@ -47,8 +47,8 @@ func (r *Ring) hold(t int64, held bool) int {
 	return promoteTake
 }
 
-// linger is how long after a ring of a higher class was last busy (took
-// entries, had requests in flight) a lower-class ring is still held: a
+// linger is how long after a ring of a higher class was last busy (see
+// noteBusy) a lower-class ring is still held: a
 // latency-critical caller's next request comes a few microseconds after
 // its last completion, and bulk posted in that gap would be in flight
 // ahead of it.
@@ -66,11 +66,11 @@ func (p *Poller) heldAt(rank int, t int64) bool {
 }
 
 // noteBusy records that r, of the given rank, is busy at t: it took
-// entries or completed a request this step (its caller's next request
-// may be a moment away: see linger), or it has requests in flight and
-// completed or took one within stall. A ring whose requests are stuck (a peer that does not answer, a
-// long transfer) stops holding lower classes back after stall. Token
-// holder only.
+// entries or completed a request this step (its caller's next request may
+// be a moment away: see linger), or it has requests in flight and
+// completed or took one within stall. A ring whose requests are stuck (a
+// peer that does not answer, a long transfer) stops holding lower classes
+// back after stall. Token holder only.
 func (p *Poller) noteBusy(r *Ring, rank int, t int64) {
 	if r.took || r.lastEnd == t || (r.active > 0 && t-max(r.lastEnd, r.takenAt) < int64(stall)) {
 		p.busyAt[rank] = t
