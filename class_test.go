@@ -179,3 +179,14 @@ func TestClassAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per three requests of three classes, want 0", allocs)
 	}
 }
+
+// Config.PromoteAfter reaches the configuration the engine runs with, and
+// its default is the ring's.
+func TestPromoteAfterConfig(t *testing.T) {
+	if s := (moonring.Config{}).String(); !strings.Contains(s, "promote after: 1ms\n") {
+		t.Fatalf("default configuration:\n%s", s)
+	}
+	if s := (moonring.Config{PromoteAfter: 5 * time.Millisecond}).String(); !strings.Contains(s, "promote after: 5ms\n") {
+		t.Fatalf("PromoteAfter 5 ms:\n%s", s)
+	}
+}

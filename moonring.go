@@ -191,6 +191,11 @@ type Config struct {
 	PollerSpin time.Duration
 	// BusyPoll keeps pollers polling forever: one core per NUMA node.
 	BusyPoll bool
+	// PromoteAfter is how long a ring waits behind a busy ring of a higher
+	// class before it may start one request (see Class); default 1 ms.
+	// Longer gives the higher class more of the machine under a lower
+	// class's stream, and the stream less.
+	PromoteAfter time.Duration
 	// PinPollers pins each poller to the CPUs of its NUMA node.
 	PinPollers bool
 	// MaxBatches bounds the batches allocated at once (default 1024).
@@ -262,6 +267,9 @@ func (c *Config) fill() {
 	if c.PollerSpin == 0 {
 		c.PollerSpin = ring.DefaultSpin
 	}
+	if c.PromoteAfter == 0 {
+		c.PromoteAfter = ring.DefaultPromote
+	}
 	if c.MaxBatches == 0 {
 		c.MaxBatches = 1024
 	}
@@ -302,8 +310,8 @@ func (c Config) String() string {
 	} else {
 		ts += "\nmooncake: off (Config.Mooncake speaks Mooncake's wire, without authentication)"
 	}
-	return fmt.Sprintf("name: %s\nmetadata: %s (descriptors signed: %v)\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
-		c.Name, c.Metadata, len(c.Key) > 0, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
+	return fmt.Sprintf("name: %s\nmetadata: %s (descriptors signed: %v)\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\npromote after: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
+		c.Name, c.Metadata, len(c.Key) > 0, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.PromoteAfter, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
 }
 
 var (

@@ -263,6 +263,9 @@ func benchConfig() moonring.Config {
 	if v := os.Getenv("MOONRING_BENCH_SPIN"); v != "" {
 		cfg.PollerSpin, _ = time.ParseDuration(v)
 	}
+	if v := os.Getenv("MOONRING_BENCH_PROMOTE"); v != "" {
+		cfg.PromoteAfter, _ = time.ParseDuration(v)
+	}
 	tc := tcp.Config{Key: childKey}
 	if v := os.Getenv("MOONRING_BENCH_RAILS"); v != "" {
 		tc.Rails, _ = strconv.Atoi(v)
