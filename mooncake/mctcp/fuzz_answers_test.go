@@ -12,6 +12,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -48,8 +49,18 @@ func FuzzAnswers(f *testing.F) {
 		}
 		defer ln.Close()
 		served := make(chan struct{})
+		// The target accepts (the kernel has completed the connection)
+		// only once Post has queued every slice: an answer that came
+		// before a slice was queued would end the connection first, and
+		// the slice would fail for a reason the bytes do not give (the
+		// test's model assumes every request was sent).
+		posted := make(chan struct{})
+		var once sync.Once
+		release := func() { once.Do(func() { close(posted) }) }
+		defer release() // a failure before Post: the target gives up at Accept
 		go func() {
 			defer close(served)
+			<-posted
 			c, err := ln.Accept()
 			ln.Close() // redials find no one
 			if err != nil {
@@ -89,6 +100,7 @@ func FuzzAnswers(f *testing.F) {
 		got := make([]error, len(s))
 		seen := make([]bool, len(s))
 		n, err := ep.Post(c, s)
+		release()
 		for i := n; i < len(s); i++ {
 			got[i], seen[i] = err, true // not taken: the rail died first
 		}
