@@ -740,8 +740,15 @@ func (e *Engine) WaitBatch(ctx context.Context, id BatchID) error {
 // index. When ctx ends first the unfinished requests are canceled, and the
 // error of one that did not complete matches ErrCanceled and the context's
 // error (context.Canceled or context.DeadlineExceeded), so a caller tells
-// its own deadline from a CancelTransfer.
+// its own deadline from a CancelTransfer. With ctx already done it submits
+// nothing and returns such an error.
 func (e *Engine) Transfer(ctx context.Context, reqs ...TransferRequest) error {
+	if err := ctx.Err(); err != nil {
+		// Not submitted: the requests could otherwise complete before
+		// their cancellation reached the poller, and a caller whose
+		// deadline had passed would see them done.
+		return fmt.Errorf("moonring: transfer: %w (%w)", ErrCanceled, err)
+	}
 	id, err := e.AllocateBatchID(len(reqs))
 	if err != nil {
 		return err
