@@ -58,7 +58,7 @@ var (
 	mRetries   = prometheus.NewDesc("moonring_slice_retries_total", "Slices posted again after a failure.", []string{"ring"}, nil)
 	mReqFO     = prometheus.NewDesc("moonring_request_failovers_total", "Requests moved to another path of their segment after a failure of the path.", []string{"ring"}, nil)
 	mStale     = prometheus.NewDesc("moonring_stale_completions_total", "Slice completions that arrived for a slot's earlier use.", []string{"ring"}, nil)
-	mHeld      = prometheus.NewDesc("moonring_ring_held_rounds_total", "Poller rounds in which a ring started nothing because a ring of a higher class took requests (RingConfig.Class).", []string{"ring"}, nil)
+	mHeld      = prometheus.NewDesc("moonring_ring_held_rounds_total", "Poller rounds in which a ring started nothing because a ring of a higher class was busy (RingConfig.Class).", []string{"ring"}, nil)
 	mPromoted  = prometheus.NewDesc("moonring_ring_promoted_rounds_total", "Poller rounds in which a held ring was promoted after waiting (RingConfig.Class).", []string{"ring"}, nil)
 	mInFlight  = prometheus.NewDesc("moonring_requests_in_flight", "Requests in the in-flight table, including ended ones whose slices are still out.", []string{"ring"}, nil)
 	mPollerUp  = prometheus.NewDesc("moonring_poller_up_seconds_total", "Time the poller of a NUMA node has run.", []string{"node"}, nil)

@@ -69,11 +69,12 @@ const (
 
 // Class is the priority class of a ring (RingConfig.Class) or of a batch
 // task (TransferRequest.Class). A poller steps rings of a higher class
-// first; while a higher-class ring has requests in flight (or had, in the
-// last 100 µs), rings of lower classes start nothing new, but for one
-// request each millisecond they have waited (so they are never starved),
-// and the copies a lower-class ring makes on the poller (in-process, shm)
-// go in 64 KiB slices. Transports with queues of their own keep low-class streams out
+// first; while a higher-class ring of the same poller is busy (it took or
+// completed a request in the last 100 µs, or has one in flight that moved
+// in the last 10 ms), rings of lower classes start nothing new, to any
+// peer, but for one request each Config.PromoteAfter they have waited (so
+// they are never starved), and the copies a lower-class ring makes on the
+// poller (in-process, shm) go in 64 KiB slices. Transports with queues of their own keep low-class streams out
 // of a high-class request's way: tcp sends ClassHigh on a connection of its
 // own. The zero value is ClassNormal.
 type Class = transport.Class

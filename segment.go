@@ -396,8 +396,14 @@ func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 			// descriptor (a transport redials a new address and keys), and
 			// the SegmentID stays valid.
 			withdrawn := false
+			// Only a descriptor the key vouches for withdraws a transport:
+			// an unsigned one (metadata.Signed.AllowUnsigned lets a
+			// Mooncake peer's through, cut down to its own transports)
+			// lists none of the others, and must not take their paths
+			// down and move the segment onto what it does list.
+			trusted := len(e.cfg.Key) == 0 || ev.Desc.MAC != ""
 			for _, p := range s.Paths() {
-				if _, listed := ev.Desc.Endpoints[e.slotName(p.Transport)]; !listed {
+				if _, listed := ev.Desc.Endpoints[e.slotName(p.Transport)]; !listed && trusted {
 					// The peer no longer offers this transport (it
 					// uninstalled it): the path goes down while another is
 					// up, as if it had failed, and keeps the keys it had

@@ -19,7 +19,7 @@ import (
 const maxTries = 8
 
 // chooser is an endpoint's choice of rail: one rails.Picker over all its
-// rails, which measures each rail's speed (Start, Done), cools a rail that
+// rails, which measures each rail's speed (Done), cools a rail that
 // failed (Failed) and picks in proportion to the speeds, plus the NUMA
 // penalty, which depends on the slice's local memory, so it is not the
 // Picker's (whose penalties are per rail, fixed): a rail on a device far

@@ -258,9 +258,10 @@ func (c *sizeEP) Copy(s *transport.Slice) error {
 	return c.move(s)
 }
 
-// While a high-class ring shares the poller, a low-class ring's copies on
-// the poller go in slices of yieldBytes, at most about yieldBytes a round;
-// alone, it copies a request in one slice. The bytes are right either way.
+// While a high-class ring on the poller is busy or was within stall, a
+// low-class ring's copies on the poller go in slices of yieldBytes, at most
+// about yieldBytes a round; alone, or beside an idle high-class ring, it
+// copies a request in one slice. The bytes are right either way.
 func TestLowClassCopiesSliced(t *testing.T) {
 	f := &fakeEP{}
 	ep := &sizeEP{fakeEP: f}
@@ -274,7 +275,19 @@ func TestLowClassCopiesSliced(t *testing.T) {
 	}
 	drain(t, h.r)
 
+	// An idle high-class ring costs nothing: still one slice.
 	h.classRing(transport.ClassHigh)
+	ep.copies = nil
+	h.submit(h.write(3, 0, 0, 256<<10))
+	h.p.round(h.p.list(), h.clock)
+	if len(ep.copies) != 1 || ep.copies[0].Length != 256<<10 {
+		t.Fatalf("beside an idle high-class ring: %d copies; want one of 256 KiB", len(ep.copies))
+	}
+	drain(t, h.r)
+
+	// The high class was busy lately (past linger: not holding the low
+	// ring back, but within stall).
+	h.p.busyAt[0] = h.clock - 2*int64(linger)
 	ep.copies = nil
 	clear(h.remote[:hR1])
 	h.submit(h.write(2, 0, 0, 256<<10))

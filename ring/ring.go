@@ -63,11 +63,13 @@ type Config struct {
 	MaxLength uint64
 	// Class is the ring's priority class; its slices carry it to the
 	// transports. Its poller steps rings of a higher class first, and while
-	// one of them is busy (takes entries or has requests in flight, or did
-	// within the last 100 µs), rings of a lower class start nothing new
-	// (they still reap completions and time requests out); one that has
-	// waited PollerConfig.Promote with work pending takes one entry and
-	// waits again, so it is never starved. The default is
+	// one of them is busy (it took or completed a request within the last
+	// 100 µs, or has one in flight and took or completed one within 10
+	// ms), rings of a lower class start nothing new (they still reap
+	// completions and time requests out); one that has waited
+	// PollerConfig.Promote with work pending takes one entry and waits
+	// again, so it is never starved. The hold is per poller: it covers a
+	// lower-class ring's traffic to every peer. The default is
 	// transport.ClassNormal.
 	Class transport.Class
 	// Sink, when set, receives completions instead of the CQ.

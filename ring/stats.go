@@ -27,7 +27,7 @@ type Stats struct {
 	Failovers uint64
 	InFlight  uint64 // requests in the in-flight table now (a gauge)
 	// Held counts rounds in which the ring started nothing new because a
-	// ring of a higher class took entries (Config.Class); Promoted the
+	// ring of a higher class was busy (Config.Class); Promoted the
 	// rounds in which it was promoted after waiting PollerConfig.Promote.
 	Held, Promoted uint64
 	// Codes counts every ended entry by its completion code (index: the
