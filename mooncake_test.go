@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/mooncake"
 	"github.com/moonring/moonring/mooncake/mctcp"
+	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/tcp"
 )
 
@@ -149,5 +151,57 @@ func TestMooncakeModeSigned(t *testing.T) {
 		if !bytes.Equal(dst, src) {
 			t.Fatalf("%s: data differs", tc.want)
 		}
+	}
+}
+
+// An unsigned descriptor, which a keyed engine in Mooncake mode takes cut
+// down to Mooncake's transports, does not withdraw the others: a forger
+// who can write the store cannot take the segment's tcp path down and
+// move it onto Mooncake's unauthenticated one.
+func TestMooncakeUnsignedWithdrawsNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key := []byte("mooncake mode key")
+	store := metadata.NewMemory()
+	mk := func() *moonring.Engine {
+		e, err := moonring.New(moonring.Config{Mooncake: &moonring.MooncakeConfig{}, Key: key, TCP: &tcp.Config{}, Metadata: store,
+			Transports: []string{"tcp", mctcp.Name}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	a, b := mk(), mk()
+	dst, err := b.Alloc(1<<20, "cpu:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.RegisterLocalMemory(dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	seg, err := a.OpenSegment(ctx, b.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both paths open", func() bool {
+		info, err := a.Segment(seg)
+		return err == nil && len(info.Paths) == 2 && info.Paths[0].Up && info.Paths[1].Up
+	})
+	info, err := a.Segment(seg)
+	if err != nil || info.Transport != "tcp" {
+		t.Fatalf("segment %+v (%v): want on tcp", info, err)
+	}
+	forged := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: b.Name(), Epoch: info.Epoch,
+		Endpoints: map[string]string{mctcp.Name: "127.0.0.1:9", mooncake.EndpointRPC: "127.0.0.1:9"}}
+	if err := store.Put(ctx, forged); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the forged descriptor taken", func() bool {
+		info, err := a.Segment(seg)
+		return err == nil && len(info.Buffers) == 0
+	})
+	if name, err := a.SegmentTransport(seg); err != nil || name != "tcp" {
+		t.Fatalf("after an unsigned descriptor the segment is on %q (%v); want tcp", name, err)
 	}
 }
