@@ -79,8 +79,8 @@ type Poller struct {
 	slow bool
 	// oneP: see spin.
 	oneP bool
-	// busyAt is, per class rank, when a ring of that class last took
-	// entries or had requests in flight (token holder; see heldAt).
+	// busyAt is, per class rank, when a ring of that class was last busy
+	// (token holder; see noteBusy and heldAt).
 	busyAt [transport.NumClasses]int64
 	_      cpu.CacheLinePad
 }
@@ -382,9 +382,10 @@ func (p *Poller) run() {
 }
 
 // round steps each ring once, in the order of their classes (see
-// Config.Class): a ring of a lower class than one that is busy (took
-// entries, has requests in flight, or did within linger) is held. It reports whether any ring did work, and whether a
-// detached ring is done and can be pruned.
+// Config.Class): a ring of a lower class than one that is busy (see
+// noteBusy) or was within linger is held. It reports whether any ring did
+// work, whether a detached ring is done and can be pruned, and whether a
+// ring's CQ woke a waiter.
 func (p *Poller) round(rings []*Ring, t int64) (work, prune, woke bool) {
 	for _, r := range rings {
 		if r.detached {
