@@ -9,6 +9,7 @@ import (
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/mooncake"
 	"github.com/moonring/moonring/mooncake/mctcp"
+	"github.com/moonring/moonring/rdma"
 )
 
 // The engine's Mooncake mode (Config.Mooncake): the RPC port, the
@@ -47,6 +48,15 @@ type MooncakeConfig struct {
 	// tcp_data_port Mooncake initiators dial. Its host must be the RPC
 	// port's: Mooncake takes both from one entry.
 	TCP mctcp.Config
+	// RDMA, when set, also installs Mooncake's RDMA transport
+	// ("mooncake-rdma": package rdma in its Mooncake mode; its
+	// Mooncake field is set by the engine): Mooncake initiators connect
+	// queue pairs through the RPC port and READ and WRITE the buffers
+	// registered remote-accessible with the rkeys the descriptor
+	// publishes, and OpenSegment of a Mooncake rdma segment uses it. It
+	// needs the rdma build (rdma.Available) and a device; without either
+	// New fails. Nil: TCP only.
+	RDMA *rdma.Config
 }
 
 // mooncakeState is what Mooncake mode runs besides the transport.
@@ -119,8 +129,32 @@ func (e *Engine) startMooncake(p2p *mooncake.P2PStore) error {
 	if err := e.install(mctcp.Name, t, err, false); err != nil {
 		return err
 	}
+	if err := e.startMooncakeRDMA(st.rpc); err != nil {
+		return err
+	}
 	e.cfg.Logger.Warn("moonring: Mooncake mode: its RPC and TCP data ports carry no authentication; any party that reaches them may read and write this engine's remote-accessible buffers",
 		"segment", e.cfg.Name, "rpc", st.rpc.Name(), "tcp", t.Endpoint(), "metadata", e.cfg.Metadata.String())
+	return nil
+}
+
+// startMooncakeRDMA installs Mooncake's RDMA transport when the
+// configuration asks for it, its handshakes answered on the RPC port.
+func (e *Engine) startMooncakeRDMA(rpc *mooncake.RPCServer) error {
+	if e.cfg.Mooncake.RDMA == nil {
+		return nil
+	}
+	rc := *e.cfg.Mooncake.RDMA
+	rc.Mooncake = &rdma.MooncakeMode{Server: e.cfg.Name, RPC: rpc.Name()}
+	t, err := rdma.New(rc)
+	if err == nil {
+		rpc.SetHandshake(t.MooncakeHandshake) // before install publishes the NICs
+	}
+	if err := e.install(rdma.MooncakeName, t, err, false); err != nil {
+		rpc.SetHandshake(nil)
+		return err
+	}
+	e.cfg.Logger.Warn("moonring: Mooncake mode: Mooncake's RDMA handshake is answered on its RPC port without authentication; any party that reaches it may read and write this engine's remote-accessible buffers over RDMA",
+		"segment", e.cfg.Name, "rpc", rpc.Name(), "nics", t.ExtraEndpoints()[mooncake.EndpointRDMANICs])
 	return nil
 }
 
@@ -171,7 +205,7 @@ func closeStore(p *mooncake.P2PStore) {
 // mooncakeSigned lets a Mooncake engine's unsigned descriptor through the
 // signed store, cut down to Mooncake's transports.
 func mooncakeSigned(s *metadata.Signed) {
-	s.AllowUnsigned(mctcp.Name, mooncake.EndpointRPC)
+	s.AllowUnsigned(mctcp.Name, mooncake.EndpointRPC, mooncake.TransportRDMA)
 }
 
 // MooncakeRPC returns the address of the engine's Mooncake RPC port (with

@@ -84,6 +84,13 @@ type Config struct {
 	// ConnectTimeout bounds the dial and handshake of one queue pair
 	// (default 5 s) when the caller's context has no earlier deadline.
 	ConnectTimeout time.Duration
+	// Mooncake, when set, makes the transport speak Mooncake's RDMA
+	// transport instead of moonring's (mooncake_mode.go): it is named
+	// "mooncake-rdma", has no control listener (Listen, Advertise and Key
+	// are not used), connects queue pairs through Mooncake's RPC
+	// handshake and publishes its rkeys in Mooncake's form. Off (nil) by
+	// default: Mooncake's wire has no authentication.
+	Mooncake *MooncakeMode
 	// railConfig, set only by tests, configures each endpoint's rail
 	// picker (a half-life, a fake clock); its Penalty is ignored (see
 	// chooser). Its Now, railClock by default, times each slice's post

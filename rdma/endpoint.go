@@ -91,6 +91,7 @@ type Endpoint struct {
 	postMu sync.Mutex // Post, reconnects, eviction and Close
 	addr   string     // under postMu
 	key    []byte     // the segment key, under postMu
+	mc     mcPeer     // in Mooncake mode, the peer's RPC port and NICs, under postMu
 	nrdev  int
 	rails  []rail   // under postMu
 	ch     *chooser // each slice's rail (choose.go); set by Open
@@ -119,21 +120,33 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	if t.closed.Load() {
 		return nil, fmt.Errorf("rdma: open: %w", transport.ErrClosed)
 	}
-	es, ok := desc.Endpoints[Name]
+	es, ok := desc.Endpoints[t.name]
 	if !ok {
-		return nil, fmt.Errorf("rdma: segment %q has no rdma endpoint: %w", desc.Name, transport.ErrUnreachable)
+		return nil, fmt.Errorf("rdma: segment %q has no %s endpoint: %w", desc.Name, t.name, transport.ErrUnreachable)
 	}
-	addr, rdevs, key, err := parseEndpoint(es)
+	var (
+		addr  string
+		rdevs []string
+		key   []byte
+		mc    mcPeer
+		err   error
+	)
+	if t.mc != nil {
+		mc, err = parseMooncakePeer(desc)
+		addr, rdevs = mc.rpc, mc.devs
+	} else {
+		addr, rdevs, key, err = parseEndpoint(es)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, transport.ErrUnreachable)
 	}
-	if key == nil {
+	if key == nil && t.mc == nil {
 		if t.open {
 			return nil, fmt.Errorf("rdma: endpoint %q publishes no key and none is configured: %w: %w", es, ErrAuth, transport.ErrUnreachable)
 		}
 		key = t.key
 	}
-	ep := &Endpoint{t: t, addr: addr, key: key, nrdev: len(rdevs), gone: make(chan struct{})}
+	ep := &Endpoint{t: t, addr: addr, key: key, mc: mc, nrdev: len(rdevs), gone: make(chan struct{})}
 	ep.dialCtx, ep.dialCancel = context.WithCancel(context.Background())
 	ep.setBuffers(desc)
 	// Local device i talks to the peer's device i (modulo its count): on a
@@ -168,6 +181,9 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 		return nil, fmt.Errorf("rdma: open: %w", transport.ErrClosed)
 	}
 	for i := range ep.rails {
+		if ep.rails[i].q != nil {
+			continue // Mooncake mode: connected with the rest of its device's set
+		}
 		if err := ep.connectRail(ctx, i); err != nil {
 			ep.postMu.Unlock()
 			ep.Close()
@@ -184,7 +200,11 @@ func (ep *Endpoint) setBuffers(desc *segtable.SegmentDesc) {
 	bs := make([]rbuf, 0, len(ds))
 	for _, b := range ds {
 		rb := rbuf{addr: b.Addr, length: b.Length}
-		rkeys, err := parseKey(b.Keys[Name], ep.nrdev)
+		name, parse := Name, parseKey
+		if ep.t != nil && ep.t.mc != nil {
+			name, parse = MooncakeName, parseMooncakeKey
+		}
+		rkeys, err := parse(b.Keys[name], ep.nrdev)
 		if err != nil {
 			rb.why = err.Error()
 		} else {
@@ -201,10 +221,25 @@ func (ep *Endpoint) Rails() int { return len(ep.rails) }
 // Update takes the segment's new descriptor: its buffers and keys, and its
 // address for queue pairs connected from now on.
 func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
-	addr, rdevs, key, err := parseEndpoint(desc.Endpoints[Name])
+	var (
+		addr  string
+		rdevs []string
+		key   []byte
+		mc    mcPeer
+		err   error
+	)
+	if ep.t.mc != nil {
+		mc, err = parseMooncakePeer(desc)
+		addr, rdevs = mc.rpc, mc.devs
+	} else {
+		addr, rdevs, key, err = parseEndpoint(desc.Endpoints[Name])
+	}
 	ep.postMu.Lock()
 	if err == nil && len(rdevs) == ep.nrdev {
-		moved := addr != ep.addr || (key != nil && !bytes.Equal(key, ep.key))
+		moved := addr != ep.addr || (key != nil && !bytes.Equal(key, ep.key)) || mc.server != ep.mc.server
+		if ep.t.mc != nil {
+			ep.mc = mc
+		}
 		for i := range ep.rails { // the peer republished: reconnect at once
 			r := &ep.rails[i]
 			r.connErr, r.wait = nil, 0
@@ -307,7 +342,9 @@ func (ep *Endpoint) Close() error {
 		if hw {
 			q.destroy()
 		} else {
-			q.conn.Close()
+			if q.conn != nil {
+				q.conn.Close()
+			}
 			<-q.watch
 		}
 	}

@@ -46,6 +46,17 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 		return 0, fmt.Errorf("rdma: post: %w", transport.ErrClosed)
 	}
 	ep.used.Store(useClock.Add(1))
+	if t.mc != nil && len(s) > 0 && s[0].Op == transport.Notify {
+		// Mooncake mode: notifications go to the peer's RPC port.
+		if s[0].Length > transport.MaxNotifyMessage {
+			ep.postMu.Unlock()
+			c.Complete(s[0].Token, fmt.Errorf("rdma: notification of %d bytes, more than %d: %w", s[0].Length, transport.MaxNotifyMessage, transport.ErrRange))
+			return 1, nil
+		}
+		ep.mcNotify(c, &s[0])
+		ep.postMu.Unlock()
+		return 1, nil
+	}
 	ep.reap()
 	ep.redialFailed()
 	down := t.downDevices()
@@ -63,6 +74,9 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 	i := 0
 	for ; i < len(s); i++ {
 		sl := &s[i]
+		if t.mc != nil && sl.Op == transport.Notify {
+			break // the next Post sends it to the RPC port
+		}
 		rb, reg, err := ep.check(sl, bufs, regs)
 		if err != nil {
 			if i > 0 || refused != nil {

@@ -63,7 +63,7 @@ type qp struct {
 	dev   *device
 	rdev  int // the peer's device index
 	q     *C.struct_ibv_qp
-	conn  net.Conn
+	conn  net.Conn // nil in Mooncake mode, which has no control connection
 	slots []slot
 	st    *stage
 	head  atomic.Uint64
@@ -110,7 +110,9 @@ func (q *qp) broke() bool {
 		return false
 	}
 	toErr(q.q)
-	q.conn.Close() // the target tears its side down
+	if q.conn != nil {
+		q.conn.Close() // the target tears its side down
+	}
 	return true
 }
 
@@ -143,7 +145,9 @@ func (q *qp) completionError(status, vendor uint32, op transport.Op) error {
 // may use it.
 func (q *qp) destroy() {
 	q.state.Store(qpClosing)
-	q.conn.Close()
+	if q.conn != nil {
+		q.conn.Close()
+	}
 	<-q.watch
 	t := q.t
 	t.qpMu.Lock()
@@ -151,7 +155,9 @@ func (q *qp) destroy() {
 	t.qpMu.Unlock()
 	C.ibv_destroy_qp(q.q)
 	q.st.free()
-	q.area.free()
+	if q.area != nil { // none in Mooncake mode
+		q.area.free()
+	}
 	t.mu.Lock()
 	t.nqp--
 	t.mu.Unlock()

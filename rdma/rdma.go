@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -33,6 +34,8 @@ type Transport struct {
 	hooks atomic.Pointer[testHooks]
 
 	cfg      Config
+	name     string   // Name, or MooncakeName in Mooncake mode
+	mc       *mcState // Mooncake mode (Config.Mooncake), nil outside it
 	devs     []*device
 	ln       net.Listener
 	endpoint string
@@ -87,7 +90,13 @@ var (
 // device is usable.
 func New(cfg Config) (*Transport, error) {
 	cfg = cfg.withDefaults()
-	t := &Transport{cfg: cfg, qps: map[uint32]*qp{}, peers: map[uint32]*peerQP{}, tqp: map[*peerQP]struct{}{}}
+	t := &Transport{cfg: cfg, name: Name, qps: map[uint32]*qp{}, peers: map[uint32]*peerQP{}, tqp: map[*peerQP]struct{}{}}
+	if cfg.Mooncake != nil {
+		t.name, t.mc = MooncakeName, newMCState(cfg.Mooncake)
+		if _, _, err := net.SplitHostPort(t.mc.rpc); err != nil || t.mc.server == "" || strings.Contains(t.mc.server, "@") {
+			return nil, fmt.Errorf("rdma: Mooncake mode: RPC %q and server %q: want host:port and a name without '@'", t.mc.rpc, t.mc.server)
+		}
+	}
 	empty := map[uint64]*region{}
 	t.regs.Store(&empty)
 	names, err := deviceList()
@@ -122,6 +131,12 @@ func New(cfg Config) (*Transport, error) {
 		t.freeDevices()
 		return nil, fmt.Errorf("rdma: %d devices x %d queue pairs per device: %d rails, more than %d", len(t.devs), cfg.QPsPerDevice, n, rails.MaxRails)
 	}
+	if t.mc != nil {
+		// Mooncake mode: no control listener; handshakes come through
+		// the engine's RPC port (MooncakeHandshake).
+		t.endpoint = t.mc.rpc
+		return t, nil
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		t.freeDevices()
@@ -150,12 +165,13 @@ func New(cfg Config) (*Transport, error) {
 	return t, nil
 }
 
-// Name returns "rdma".
-func (t *Transport) Name() string { return Name }
+// Name returns "rdma", or "mooncake-rdma" (MooncakeName) in Mooncake mode.
+func (t *Transport) Name() string { return t.name }
 
 // Endpoint returns the control listener's host:port, the device names and,
 // without a configured Config.Key, the random segment key:
-// "host:port/dev0,dev1[/key]" (PROTOCOL.md).
+// "host:port/dev0,dev1[/key]" (PROTOCOL.md). In Mooncake mode it is the
+// engine's RPC port (MooncakeMode.RPC).
 func (t *Transport) Endpoint() string { return t.endpoint }
 
 // SliceSize returns Config.SliceSize.
@@ -188,7 +204,9 @@ func (t *Transport) Close() error {
 	if t.closed.Swap(true) {
 		return nil
 	}
-	t.ln.Close()
+	if t.ln != nil {
+		t.ln.Close()
+	}
 	t.mu.Lock()
 	eps := slices.Clone(t.eps)
 	peers := make([]*peerQP, 0, len(t.tqp))
@@ -214,6 +232,7 @@ func (t *Transport) Close() error {
 	for _, r := range regs {
 		r.dereg()
 	}
+	t.mcCloseTargets()
 	t.freeDevices()
 	return nil
 }

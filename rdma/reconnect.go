@@ -22,6 +22,9 @@ import (
 // attempt's error.
 func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 	t := ep.t
+	if t.mc != nil {
+		return ep.mcConnectGroup(ctx, i)
+	}
 	r := &ep.rails[i]
 	if err := ep.backingOff(r); err != nil {
 		return err
@@ -46,6 +49,9 @@ func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 // holds postMu, and the endpoint is open.
 func (ep *Endpoint) redial(i int) error {
 	t := ep.t
+	if t.mc != nil {
+		return ep.mcRedial(i)
+	}
 	r := &ep.rails[i]
 	if err := ep.backingOff(r); err != nil {
 		return err

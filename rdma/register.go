@@ -81,6 +81,9 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	key := ""
 	if b.Remote {
 		key = formatKey(rkeys)
+		if t.mc != nil {
+			key = formatMooncakeKey(rkeys)
+		}
 	}
 	return segtable.Registration{Handle: r.handle, Key: key}, nil
 }

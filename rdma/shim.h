@@ -206,8 +206,10 @@ static int mr_to_init(struct ibv_qp *qp, int port) {
 	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
-static int mr_to_rtr(struct ibv_qp *qp, int port, int mtu, uint32_t dqpn, uint32_t rpsn, uint16_t dlid,
-		const uint8_t *dgid, int sgid_index, int global, int rd_atomic) {
+// mr_to_rtr_hop brings qp to RTR against the peer's queue pair dqpn: with
+// a GRH (dgid, sgid_index, hop limit hop) when global, min RNR timer 12.
+static int mr_to_rtr_hop(struct ibv_qp *qp, int port, int mtu, uint32_t dqpn, uint32_t rpsn, uint16_t dlid,
+		const uint8_t *dgid, int sgid_index, int global, int rd_atomic, int hop) {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_RTR;
@@ -224,10 +226,16 @@ static int mr_to_rtr(struct ibv_qp *qp, int port, int mtu, uint32_t dqpn, uint32
 		a.ah_attr.is_global = 1;
 		memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
 		a.ah_attr.grh.sgid_index = sgid_index;
-		a.ah_attr.grh.hop_limit = 64;
+		a.ah_attr.grh.hop_limit = hop;
 	}
 	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 		IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+// mr_to_rtr is mr_to_rtr_hop with moonring's own hop limit, 64.
+static int mr_to_rtr(struct ibv_qp *qp, int port, int mtu, uint32_t dqpn, uint32_t rpsn, uint16_t dlid,
+		const uint8_t *dgid, int sgid_index, int global, int rd_atomic) {
+	return mr_to_rtr_hop(qp, port, mtu, dqpn, rpsn, dlid, dgid, sgid_index, global, rd_atomic, 64);
 }
 
 static int mr_to_rts(struct ibv_qp *qp, uint32_t psn, int rd_atomic, int timeout, int retry) {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/moonring/moonring/mooncake"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -47,6 +48,15 @@ func (*Transport) Unregister(*segtable.Buffer, segtable.Registration) error { re
 func (*Transport) Open(context.Context, *segtable.SegmentDesc) (transport.Endpoint, error) {
 	return nil, errNotBuilt
 }
+
+// MooncakeHandshake refuses every handshake in this build (the error wraps
+// transport.ErrNotSupported).
+func (*Transport) MooncakeHandshake(*mooncake.HandshakeDesc) (*mooncake.HandshakeDesc, error) {
+	return nil, errNotBuilt
+}
+
+// ExtraEndpoints returns nil.
+func (*Transport) ExtraEndpoints() map[string]string { return nil }
 
 // Close does nothing.
 func (*Transport) Close() error { return nil }

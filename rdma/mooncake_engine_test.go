@@ -1,0 +1,208 @@
+//go:build rdma && cgo
+
+package rdma_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/mooncake"
+	"github.com/moonring/moonring/rdma"
+	"github.com/moonring/moonring/segtable"
+)
+
+// mcRDMAEngine starts an engine in Mooncake mode with Mooncake's RDMA
+// transport (P2PHANDSHAKE unless store is given, then named name), or
+// skips where there is no RDMA device (fails inside the VM).
+func mcRDMAEngine(t *testing.T, store metadata.Store, name string) *moonring.Engine {
+	t.Helper()
+	if _, err := rdma.Devices(); err != nil {
+		t.Skipf("SKIP: %v", err)
+	}
+	cfg := moonring.Config{Name: name, Metadata: store, Transports: []string{rdma.MooncakeName},
+		Mooncake: &moonring.MooncakeConfig{RDMA: &rdma.Config{}}}
+	e, err := moonring.New(cfg)
+	if err != nil {
+		if errors.Is(err, rdma.ErrNoDevice) && os.Getenv("MOONRING_RDMA_REQUIRE") != "1" {
+			t.Skipf("SKIP: no RDMA device here (%v); this test runs against Soft-RoCE in a VM: make test-rdma", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			t.Errorf("Engine.Close: %v", err)
+		}
+	})
+	return e
+}
+
+// mooncakeOnlyStore reads a P2PHANDSHAKE segment's descriptor as a
+// Mooncake engine serves it: the moonring extension dropped, so that the
+// initiator works from Mooncake's members alone (NICs, decimal rkeys, RPC
+// port). It publishes nothing anywhere (the peer never looks this engine
+// up) and watches nothing.
+type mooncakeOnlyStore struct{ metadata.Store }
+
+func (s mooncakeOnlyStore) Get(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
+	var c mooncake.RPCClient
+	d, err := c.FetchDesc(ctx, name, nil)
+	if err != nil {
+		return nil, err
+	}
+	if d == nil {
+		return nil, metadata.ErrNotFound
+	}
+	d.Moonring = nil
+	return mooncake.ToSegtable(d, nil)
+}
+
+// Two moonring engines through Mooncake's RDMA wire alone: the initiator
+// reads the target's descriptor in Mooncake's schema, connects its queue
+// pairs through the target's RPC port (the handshake and the ready
+// acknowledgement), and WRITEs and READs with the rkeys the descriptor
+// publishes; a local-only buffer and one unregistered since are not
+// reachable; a notification goes over the RPC port.
+func TestMooncakeRDMAEngines(t *testing.T) {
+	a := mcRDMAEngine(t, nil, "")
+	b := mcRDMAEngine(t, mooncakeOnlyStore{metadata.NewMemory()}, "mc-rdma-initiator")
+	const size = 128 << 10
+	src, back, dst, hidden := make([]byte, size), make([]byte, size), make([]byte, size), make([]byte, 4096)
+	r := rand.New(rand.NewPCG(18, 1))
+	for i := range src {
+		src[i] = byte(r.Uint32())
+	}
+	for _, m := range [][]byte{src, back} {
+		if _, err := b.RegisterLocalMemory(m, "cpu:0", false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.RegisterLocalMemory(dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RegisterLocalMemory(hidden, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// The target answers only handshakes it can use.
+	var c mooncake.RPCClient
+	nics := a.Transport(rdma.MooncakeName).(interface{ ExtraEndpoints() map[string]string }).ExtraEndpoints()[mooncake.EndpointRDMANICs]
+	dev, _, _ := strings.Cut(nics, "/")
+	good := mooncake.HandshakeDesc{LocalNICPath: "peer:1@dev9", PeerNICPath: mooncake.NICPath(a.Name(), dev),
+		LocalGID: "00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:00:01", QPNums: []uint32{100, 101}, ReadyAckSupported: true}
+	for what, mod := range map[string]func(h *mooncake.HandshakeDesc){
+		"another server":            func(h *mooncake.HandshakeDesc) { h.PeerNICPath = mooncake.NICPath("10.9.9.9:1", dev) },
+		"no such device":            func(h *mooncake.HandshakeDesc) { h.PeerNICPath = mooncake.NICPath(a.Name(), "nodev") },
+		"a bad GID":                 func(h *mooncake.HandshakeDesc) { h.LocalGID = "fe80::1" },
+		"no queue pairs":            func(h *mooncake.HandshakeDesc) { h.QPNums = nil },
+		"a ready ack for nothing":   func(h *mooncake.HandshakeDesc) { h.ReadyAck = true },
+		"too many queue pairs":      func(h *mooncake.HandshakeDesc) { h.QPNums = make([]uint32, mooncake.MaxRDMAQPs+1) },
+		"a NIC path without @":      func(h *mooncake.HandshakeDesc) { h.LocalNICPath = "peer" },
+		"queue pair number 1 (GSI)": func(h *mooncake.HandshakeDesc) { h.QPNums = []uint32{1} },
+	} {
+		h := good
+		mod(&h)
+		if ans, err := c.Handshake(ctx, a.MooncakeRPC(), &h); !errors.Is(err, mooncake.ErrHandshakeRefused) || ans.ReplyMsg == "" {
+			t.Errorf("a handshake with %s: %+v, %v", what, ans, err)
+		}
+	}
+	// One it can: as many queue pairs as asked, the NIC paths crossed,
+	// the same answer to the same request, the acknowledgement checked
+	// against the queue pairs it names, and a new set for new ones.
+	ans, err := c.Handshake(ctx, a.MooncakeRPC(), &good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra, err := ans.RDMA()
+	if err != nil || len(ra.QPNums) != 2 || ans.LocalNICPath != good.PeerNICPath || ans.PeerNICPath != good.LocalNICPath || !ra.ReadyAckSupported {
+		t.Fatalf("answer %+v, %v", ans, err)
+	}
+	if again, err := c.Handshake(ctx, a.MooncakeRPC(), &good); err != nil || !slices.Equal(again.QPNums, ans.QPNums) {
+		t.Errorf("the same request answered %v, %v; first %v", again.QPNums, err, ans.QPNums)
+	}
+	ack := good
+	ack.ReadyAck = true
+	if _, err := c.Handshake(ctx, a.MooncakeRPC(), &ack); err != nil {
+		t.Errorf("ready ack: %v", err)
+	}
+	ack.QPNums = []uint32{100, 102}
+	if _, err := c.Handshake(ctx, a.MooncakeRPC(), &ack); !errors.Is(err, mooncake.ErrHandshakeRefused) {
+		t.Errorf("a stale ready ack: %v", err)
+	}
+	renew := good
+	renew.QPNums = []uint32{200, 201}
+	if again, err := c.Handshake(ctx, a.MooncakeRPC(), &renew); err != nil || slices.Equal(again.QPNums, ans.QPNums) {
+		t.Errorf("new queue pairs answered %v, %v; first %v", again.QPNums, err, ans.QPNums)
+	}
+
+	seg, err := b.OpenSegment(ctx, a.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := uint64(moonring.AddressOf(dst))
+	off := 0
+	for _, n := range []int{1, 7, 4096, 4096 + 3, 32 << 10, 64<<10 + 5} {
+		if err := b.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src[off:]),
+			TargetID: seg, TargetOffset: base + uint64(off), Length: uint64(n)}); err != nil {
+			t.Fatalf("WRITE of %d bytes: %v", n, err)
+		}
+		if !bytes.Equal(dst[off:off+n], src[off:off+n]) {
+			t.Fatalf("WRITE of %d bytes: data differs", n)
+		}
+		if err := b.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Read, Source: moonring.AddressOf(back[off:]),
+			TargetID: seg, TargetOffset: base + uint64(off), Length: uint64(n)}); err != nil {
+			t.Fatalf("READ of %d bytes: %v", n, err)
+		}
+		if !bytes.Equal(back[off:off+n], src[off:off+n]) {
+			t.Fatalf("READ of %d bytes: data differs", n)
+		}
+		off += n
+	}
+	if st := b.Transport(rdma.MooncakeName).(*rdma.Transport).Stats(); st.Slices == 0 || st.QPs == 0 {
+		t.Fatalf("the initiator's Mooncake RDMA transport moved nothing: %+v", st)
+	}
+	// Outside the target's remote memory: refused before anything is
+	// posted.
+	for what, at := range map[string]uint64{"past the end": base + size - 10, "a local-only buffer": uint64(moonring.AddressOf(hidden))} {
+		if err := b.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Read, Source: moonring.AddressOf(back),
+			TargetID: seg, TargetOffset: at, Length: 20}); err == nil {
+			t.Fatalf("a READ of %s succeeded", what)
+		}
+	}
+	// A notification travels Mooncake's RPC port.
+	if err := b.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src),
+		TargetID: seg, TargetOffset: base, Length: 4096, Notify: &moonring.Notify{Msg: []byte("kv ready")}}); err != nil {
+		t.Fatalf("WRITE with notify: %v", err)
+	}
+	select {
+	case n := <-a.Notifications():
+		if n.From != b.Name() || string(n.Msg) != "kv ready" {
+			t.Fatalf("notification %+v; want from %s, \"kv ready\"", n, b.Name())
+		}
+	case <-ctx.Done():
+		t.Fatal("no notification arrived")
+	}
+	// The target unregisters the buffer: its region goes, and the
+	// initiator, which does not hear of it (its store watches nothing),
+	// fails with the rkey it still holds, without hanging; the engine
+	// stays usable.
+	if err := a.UnregisterLocalMemory(ctx, dst); err != nil {
+		t.Fatal(err)
+	}
+	err = b.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Read, Source: moonring.AddressOf(back),
+		TargetID: seg, TargetOffset: base, Length: 4096})
+	if err == nil {
+		t.Fatal("a READ of an unregistered buffer succeeded")
+	}
+	t.Logf("READ after the target unregistered: %v", err)
+}
