@@ -217,7 +217,8 @@ func (e *Engine) publishCtx(ctx context.Context) error {
 		return nil
 	}
 	d := e.header()
-	d.Buffers = e.descList().Buffers(true)
+	l := e.descList()
+	d.Chunked, d.Rev = l.Remote(), l.Rev()
 	if err := e.store.Put(ctx, d); err != nil {
 		return fmt.Errorf("moonring: publish segment %q to %s: %w", e.cfg.Name, e.cfg.Metadata, err)
 	}

@@ -85,7 +85,17 @@ func (m *Memory) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if ok && old.Epoch != d.Epoch {
 		return m.errorf("put", d.Name, fmt.Errorf("%w: held by epoch %d, not %d", ErrExists, old.Epoch, d.Epoch))
 	}
-	d = cloneSharing(d, old)
+	if d.Chunked != nil {
+		// The chunks are immutable and shared by pointer: a republish
+		// after one registration costs the header, whatever the number of
+		// buffers.
+		c := *d
+		c.Endpoints = maps.Clone(d.Endpoints)
+		c.Devices = slices.Clone(d.Devices)
+		d = &c
+	} else {
+		d = cloneSharing(d, old)
+	}
 	if m.descs == nil {
 		m.descs = make(map[string]*segtable.SegmentDesc)
 	}
@@ -192,7 +202,7 @@ func (m *Memory) Close() error {
 	return nil
 }
 
-// cloneSharing copies d for the store, sharing with old, the copy it
+// cloneSharing copies a flat d for the store, sharing with old, the copy it
 // replaces, the key maps of the buffers that did not change: a segment
 // that republishes after one registration among n buffers then costs n
 // comparisons of small maps, not n new ones. The store never changes a map

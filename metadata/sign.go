@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,8 +20,9 @@ var (
 	// as absent: the error also matches [ErrNotFound].
 	ErrForged = segtable.ErrForged
 	// ErrStale reports a descriptor of an older epoch than one this store
-	// already accepted under its name: a replay of a dead instance's
-	// descriptor. It is treated as absent: the error also matches
+	// already accepted under its name (a replay of a dead instance's
+	// descriptor), or of the same epoch with an older Rev (a replay of an
+	// earlier republish). It is treated as absent: the error also matches
 	// [ErrNotFound].
 	ErrStale = errors.New("metadata: descriptor older than one already seen")
 )
@@ -35,14 +34,20 @@ const maxSeen = 1 << 16
 
 // Signed is a [Store] that signs what it publishes and checks what it reads,
 // with a key derived from the deployment's segment key
-// ([segtable.NewSigner]). Put signs a copy of the descriptor (a buffer
-// signed by an earlier Put of the same name and epoch keeps its MAC, so a
-// republish after one registration computes one buffer MAC); Get and Watch
-// hand out only descriptors whose signatures hold and whose epoch is not
-// older than one already accepted under the name. A descriptor that fails
-// is treated as absent (Get: an error matching [ErrNotFound] and
-// [ErrForged] or [ErrStale]; Watch: a Deleted event), counted (Refused) and
-// logged at most once a second.
+// ([segtable.NewSigner]). Put signs a copy of the descriptor with a Rev
+// above every Rev it gave the name in the epoch. An engine's descriptor
+// comes as copy-on-write chunks (segtable.SegmentDesc.Chunked): Put keeps
+// what it signed last, by pointer, and signs only the chunks that changed
+// and the header (segtable.Signer.SignChunks), so a republish after one
+// registration costs the same with one buffer or a million; a flat
+// descriptor is signed whole, its unchanged buffers keeping their MACs.
+// Get and Watch hand out only descriptors whose signatures hold and whose
+// epoch is not older than one already accepted under the name, nor, in
+// that epoch, their Rev (a replay of an older republish, which could bring
+// back a buffer since withdrawn). A descriptor that fails is treated as
+// absent (Get: an error matching [ErrNotFound] and [ErrForged] or
+// [ErrStale]; Watch: a Deleted event, but for an older Rev, which a watch
+// skips), counted (Refused) and logged at most once a second.
 //
 // It is safe for concurrent use. Close closes the wrapped store; Signed
 // holds nothing else but the goroutine of each Watch, which ends when the
@@ -53,8 +58,8 @@ type Signed struct {
 	log    *slog.Logger
 
 	mu     sync.Mutex
-	signed map[string]*signedSet // what the last Put of each name signed
-	seen   map[string]uint64     // the newest epoch accepted, per name
+	signed map[string]*signedSet // what the Puts of each name signed
+	seen   map[string]epochRev   // the newest epoch and Rev accepted, per name
 
 	forged, stale, unsigned atomic.Uint64
 	logLimit                ratelog.Limit
@@ -76,7 +81,7 @@ func NewSigned(s Store, key []byte, log *slog.Logger) (*Signed, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Signed{inner: s, signer: signer, log: log, signed: map[string]*signedSet{}, seen: map[string]uint64{}}, nil
+	return &Signed{inner: s, signer: signer, log: log, signed: map[string]*signedSet{}, seen: map[string]epochRev{}}, nil
 }
 
 // Unwrap returns the wrapped store.
@@ -156,66 +161,73 @@ func (s *Signed) cutUnsigned(d *segtable.SegmentDesc) bool {
 		}
 		d.Buffers[i].MAC = ""
 	}
+	d.Chunks = nil
 	return len(d.Endpoints) > 0
 }
 
-// Put signs a copy of d and stores it; see [Store].
+// Put signs a copy of d and stores it; see [Store] and [Signed].
 func (s *Signed) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if d == nil || d.Validate() != nil {
 		return s.inner.Put(ctx, d) // the store's own error for it
 	}
-	// A copy with buffers of its own (their Keys maps are d's, read only:
-	// the store copies what it keeps), and the cache of this Put's buffer
-	// MACs, whose Keys are the cache's own.
+	src := d.Chunked
+	if src == nil {
+		// A flat descriptor (not an engine's): its buffers as chunks of
+		// their own, whose buffers keep the MACs the last Put gave them.
+		var err error
+		if src, err = segtable.NewBufferChunks(d.Buffers); err != nil {
+			return s.inner.Put(ctx, d)
+		}
+	}
 	c := *d
-	c.Buffers = slices.Clone(d.Buffers)
-	cache := make([]segtable.BufferDesc, len(c.Buffers))
 	s.mu.Lock()
-	var prev []segtable.BufferDesc
-	if p := s.signed[d.Name]; p != nil && p.epoch == d.Epoch {
-		prev = p.buffers
-	}
-	j := 0
-	for i := range c.Buffers {
-		b := &c.Buffers[i]
-		for j < len(prev) && prev[j].Addr < b.Addr {
-			j++
+	p := s.signed[d.Name]
+	if p == nil || p.epoch != d.Epoch {
+		if len(s.signed) >= maxSeen {
+			clear(s.signed)
 		}
-		if j < len(prev) && segtable.SameBuffer(b, &prev[j]) {
-			b.MAC = prev[j].MAC
-			cache[i] = prev[j]
-			continue
-		}
-		b.MAC = s.signer.SignBuffer(d.Name, d.Epoch, b)
-		cache[i] = *b
-		cache[i].Keys = maps.Clone(b.Keys)
+		p = &signedSet{epoch: d.Epoch}
+		s.signed[d.Name] = p
 	}
-	s.signer.Sign(&c) // the header: every buffer has its MAC
+	// Rev grows with every Put, even one that fails: two descriptors the
+	// key vouches for never share a name, an epoch and a Rev.
+	p.rev = max(d.Rev, p.rev+1)
+	c.Rev = p.rev
+	prevSrc, prevOut := p.src, p.out
 	s.mu.Unlock()
+	out := s.signer.SignChunks(d.Name, d.Epoch, src, prevSrc, prevOut)
+	c.Buffers, c.Chunks, c.Chunked = nil, nil, out
+	c.MAC = s.signer.HeaderMAC(&c)
 	if err := s.inner.Put(ctx, &c); err != nil {
 		return err
 	}
 	s.mu.Lock()
-	if len(s.signed) >= maxSeen {
-		clear(s.signed)
+	if p.epoch == d.Epoch && s.signed[d.Name] == p {
+		p.src, p.out = src, out
 	}
-	s.signed[d.Name] = &signedSet{epoch: d.Epoch, buffers: cache}
 	s.mu.Unlock()
 	return nil
 }
 
-// signedSet is what a Put signed: its epoch and its buffers with their MACs.
+// signedSet is what the Puts of a name signed: the epoch, the last Rev
+// given, and the chunks of the last Put that succeeded with their signed
+// counterparts (for segtable.Signer.SignChunks).
 type signedSet struct {
-	epoch   uint64
-	buffers []segtable.BufferDesc
+	epoch    uint64
+	rev      uint64
+	src, out *segtable.BufferChunks
 }
 
 // Delete removes the descriptor under name; see [Store].
 func (s *Signed) Delete(ctx context.Context, name string, epoch uint64) error {
 	err := s.inner.Delete(ctx, name, epoch)
 	if err == nil {
+		// The Rev stays: a Put after the Delete, in the same epoch, must
+		// not look older than what readers saw before it.
 		s.mu.Lock()
-		delete(s.signed, name)
+		if p := s.signed[name]; p != nil {
+			p.src, p.out = nil, nil
+		}
 		s.mu.Unlock()
 	}
 	return err
@@ -253,22 +265,47 @@ func (s *Signed) check(name string, d *segtable.SegmentDesc) error {
 		s.refused(name, err)
 		return err
 	}
+	// An unsigned descriptor's Rev is anyone's to write: it is neither
+	// checked nor remembered (what such a descriptor may do is cut down
+	// already, see AllowUnsigned).
+	signed := d.MAC != ""
 	s.mu.Lock()
 	seen, ok := s.seen[name]
-	if ok && d.Epoch < seen {
+	switch {
+	case ok && d.Epoch < seen.epoch:
 		s.mu.Unlock()
 		s.stale.Add(1)
-		err := fmt.Errorf("%w: epoch %d after %d", ErrStale, d.Epoch, seen)
+		err := fmt.Errorf("%w: epoch %d after %d", ErrStale, d.Epoch, seen.epoch)
+		s.refused(name, err)
+		return err
+	case ok && signed && d.Epoch == seen.epoch && d.Rev < seen.rev:
+		s.mu.Unlock()
+		s.stale.Add(1)
+		err := fmt.Errorf("%w: %w: rev %d after %d", ErrStale, errRollback, d.Rev, seen.rev)
 		s.refused(name, err)
 		return err
 	}
 	if !ok && len(s.seen) >= maxSeen {
 		clear(s.seen)
 	}
-	s.seen[name] = d.Epoch
+	if !ok || d.Epoch > seen.epoch {
+		seen = epochRev{epoch: d.Epoch}
+	}
+	if signed {
+		seen.rev = max(seen.rev, d.Rev)
+	}
+	s.seen[name] = seen
 	s.mu.Unlock()
 	return nil
 }
+
+// epochRev is the newest epoch accepted under a name, and the newest Rev
+// within it.
+type epochRev struct{ epoch, rev uint64 }
+
+// errRollback marks an ErrStale of an older Rev within the epoch: a watch
+// skips it, keeping the newer descriptor it has.
+var errRollback = errors.New("an older republish of the same epoch")
 
 // refused logs a refusal, at most once a second, with the number of those
 // not logged since.
@@ -293,12 +330,15 @@ func (s *Signed) Watch(ctx context.Context, name string) (<-chan Event, error) {
 		// stands for a refused one (stores report the removed descriptor).
 		last := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: name}
 		for ev := range in {
-			switch {
-			case ev.Deleted || ev.Desc == nil:
-			case s.check(name, ev.Desc) != nil:
-				ev = Event{Desc: last.Clone(), Deleted: true}
-			default:
-				last = ev.Desc.Clone()
+			if !ev.Deleted && ev.Desc != nil {
+				switch err := s.check(name, ev.Desc); {
+				case errors.Is(err, errRollback):
+					continue // an older republish: the newer one handed on stands
+				case err != nil:
+					ev = Event{Desc: last.Clone(), Deleted: true}
+				default:
+					last = ev.Desc.Clone()
+				}
 			}
 			SendLatest(out, ev) // this goroutine is out's only sender
 		}

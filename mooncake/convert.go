@@ -286,7 +286,7 @@ func FromSegtable(s *segtable.SegmentDesc) (*SegmentDesc, *RPCMeta, error) {
 		d.RDMAServerName = s.Endpoints[EndpointRDMAServer]
 		d.PriorityMatrix = map[string]TopologyEntry{}
 	}
-	for _, b := range s.Buffers {
+	for _, b := range s.AllBuffers() { // an engine's own may come Chunked
 		mb := Buffer{Name: s.Name, Addr: b.Addr, Length: b.Length, DeviceID: -1}
 		if rdma {
 			mb.Name = b.Location

@@ -26,8 +26,24 @@ type SegmentDesc struct {
 	Epoch uint64 `json:"epoch"`
 	// Endpoints maps a transport name to the address peers dial for it.
 	Endpoints map[string]string `json:"endpoints"`
-	// Buffers are the remote-accessible buffers, sorted by Addr, not overlapping.
+	// Rev counts the publisher's republishes within the epoch; a signed
+	// descriptor (see Signer) carries one of at least 1, and readers refuse
+	// one older than a Rev they accepted (a rollback within the epoch).
+	Rev uint64 `json:"rev,omitempty"`
+	// Buffers are the remote-accessible buffers, sorted by Addr, not
+	// overlapping; nil when Chunked holds them.
 	Buffers []BufferDesc `json:"buffers"`
+	// Chunks partitions a signed descriptor's Buffers into the chunks its
+	// signature covers, in order (see Signer); nil when unsigned or when
+	// Chunked holds the buffers.
+	Chunks []ChunkInfo `json:"chunks,omitempty"`
+	// Chunked, when set, holds the buffers instead of Buffers and Chunks
+	// (both then nil): the publisher's copy-on-write list (ChunkList),
+	// shared by pointer with the descriptors published before, so that a
+	// republish copies and signs one chunk, not every buffer. It is what
+	// a publisher hands a store; stores keep it by pointer and hand out
+	// flat copies (Clone), and JSON encodes it as Buffers and Chunks.
+	Chunked *BufferChunks `json:"-"`
 	// Devices lists devices (NICs, GPUs) and their NUMA nodes; informative.
 	Devices []DeviceDesc `json:"devices,omitempty"`
 	// MAC authenticates the descriptor under the deployment's segment key
@@ -59,7 +75,10 @@ type DeviceDesc struct {
 var ErrBadDesc = errors.New("segtable: malformed segment descriptor")
 
 // Validate checks the descriptor's invariants: known version, a name, buffers
-// sorted by address, non-empty and not overlapping, no address overflow.
+// sorted by address, non-empty and not overlapping, no address overflow,
+// and Chunks, when set, partitioning Buffers. A Chunked descriptor's
+// buffers are valid by construction (ChunkList checks each change), so
+// Validate costs it O(1).
 func (d *SegmentDesc) Validate() error {
 	if d.Version < 1 || d.Version > DescVersion {
 		return fmt.Errorf("%w: version %d", ErrBadDesc, d.Version)
@@ -67,21 +86,48 @@ func (d *SegmentDesc) Validate() error {
 	if d.Name == "" {
 		return fmt.Errorf("%w: empty name", ErrBadDesc)
 	}
-	var end uint64
-	for i, b := range d.Buffers {
-		if b.Length == 0 || b.Addr+b.Length < b.Addr {
-			return fmt.Errorf("%w: buffer %d has bad range [%#x, +%d)", ErrBadDesc, i, b.Addr, b.Length)
+	if d.Chunked != nil {
+		if d.Buffers != nil || d.Chunks != nil {
+			return fmt.Errorf("%w: both Chunked and Buffers or Chunks", ErrBadDesc)
 		}
-		if i > 0 && b.Addr < end {
-			return fmt.Errorf("%w: buffer %d overlaps or is out of order", ErrBadDesc, i)
+		return nil
+	}
+	if err := checkRun(d.Buffers, 0, false); err != nil {
+		return err
+	}
+	if d.Chunks != nil {
+		n := 0
+		for i, c := range d.Chunks {
+			if c.N < 1 || c.N > len(d.Buffers)-n {
+				return fmt.Errorf("%w: chunk %d of %d buffers, %d left", ErrBadDesc, i, c.N, len(d.Buffers)-n)
+			}
+			n += c.N
 		}
-		end = b.Addr + b.Length
+		if n != len(d.Buffers) {
+			return fmt.Errorf("%w: chunks of %d buffers, not %d", ErrBadDesc, n, len(d.Buffers))
+		}
 	}
 	return nil
 }
 
 // Marshal encodes the descriptor as JSON.
 func (d *SegmentDesc) Marshal() ([]byte, error) { return json.Marshal(d) }
+
+// plainDesc is SegmentDesc without its methods, for MarshalJSON.
+type plainDesc SegmentDesc
+
+// MarshalJSON encodes the descriptor; a Chunked one as its Buffers and,
+// when signed, Chunks, so that every reader decodes a flat list.
+func (d SegmentDesc) MarshalJSON() ([]byte, error) {
+	if d.Chunked != nil {
+		d.Buffers = d.Chunked.Buffers()
+		if d.Chunked.signed {
+			d.Chunks = d.Chunked.infos()
+		}
+		d.Chunked = nil
+	}
+	return json.Marshal((*plainDesc)(&d))
+}
 
 // UnmarshalDesc decodes and validates a JSON descriptor.
 func UnmarshalDesc(b []byte) (*SegmentDesc, error) {
@@ -96,17 +142,39 @@ func UnmarshalDesc(b []byte) (*SegmentDesc, error) {
 	return d, nil
 }
 
-// Clone returns a deep copy of the descriptor.
+// Clone returns a deep copy of the descriptor. The copy of a Chunked
+// descriptor is flat: its Buffers (and Chunks, when signed) are the
+// chunks', with maps of its own.
 func (d *SegmentDesc) Clone() *SegmentDesc {
 	c := *d
 	c.Endpoints = cloneMap(d.Endpoints)
-	c.Buffers = make([]BufferDesc, len(d.Buffers))
-	for i, b := range d.Buffers {
+	bufs := d.Buffers
+	if d.Chunked != nil {
+		bufs = d.Chunked.Buffers()
+		if d.Chunked.signed {
+			c.Chunks = d.Chunked.infos()
+		}
+		c.Chunked = nil
+	} else {
+		c.Chunks = append([]ChunkInfo(nil), d.Chunks...)
+	}
+	c.Buffers = make([]BufferDesc, len(bufs))
+	for i, b := range bufs {
 		b.Keys = cloneMap(b.Keys)
 		c.Buffers[i] = b
 	}
 	c.Devices = append([]DeviceDesc(nil), d.Devices...)
 	return &c
+}
+
+// AllBuffers returns the descriptor's buffers in address order: Buffers,
+// or a new slice of a Chunked descriptor's (whose Keys maps are shared and
+// must not be modified).
+func (d *SegmentDesc) AllBuffers() []BufferDesc {
+	if d.Chunked != nil {
+		return d.Chunked.Buffers()
+	}
+	return d.Buffers
 }
 
 func cloneMap(m map[string]string) map[string]string {

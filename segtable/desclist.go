@@ -12,9 +12,15 @@ import "sync/atomic"
 // Find, Len and Buffers are safe for concurrent use with each other and
 // with one changer; changes (Put, Delete, Reset) must be serialized by the
 // caller. The zero value is empty and ready for use.
+//
+// The remote-accessible entries are also kept as a ChunkList (Remote),
+// which a publish hands the store as it is: a change copies one chunk of
+// at most ChunkSize buffers, and the descriptors published before share
+// every other chunk.
 type DescList struct {
-	s     Sorted[descEntry]
-	cache atomic.Pointer[descCache] // the last flat descriptor built
+	s      Sorted[descEntry]
+	cache  atomic.Pointer[descCache] // the last flat descriptor built
+	remote ChunkList                 // the remote-accessible entries
 }
 
 type descEntry struct {
@@ -42,15 +48,37 @@ func (l *DescList) Put(id BufferID, d BufferDesc, remote bool) {
 			break
 		}
 		l.s.Delete(x.d.Addr, func(y descEntry) bool { return y.id == x.id })
+		if x.remote {
+			l.remote.Delete(x.d.Addr)
+		}
 	}
 	l.s.Insert(d.Addr, descEntry{d: &d, length: d.Length, id: id, remote: remote})
+	if remote {
+		// It overlaps nothing now; a bad range (which the owner's table
+		// refuses first) is left out of what peers see.
+		_ = l.remote.Insert(d)
+	}
 }
 
 // Delete drops the entry of buffer id, which starts at addr, if it is
 // there.
 func (l *DescList) Delete(id BufferID, addr uint64) {
-	l.s.Delete(addr, func(x descEntry) bool { return x.id == id })
+	remote := false
+	if l.s.Delete(addr, func(x descEntry) bool { remote = x.remote; return x.id == id }) && remote {
+		l.remote.Delete(addr)
+	}
 }
+
+// Remote returns the remote-accessible entries' descriptors as chunks
+// (see ChunkList), for SegmentDesc.Chunked: immutable, sharing with what
+// Remote returned before every chunk the changes since did not touch.
+// Calls must be serialized with the changes.
+func (l *DescList) Remote() *BufferChunks { return l.remote.Chunks() }
+
+// Rev returns a number that grows with every change of the
+// remote-accessible entries, for SegmentDesc.Rev. Calls must be
+// serialized with the changes.
+func (l *DescList) Rev() uint64 { return l.remote.Seq() }
 
 // Reset replaces the entries with ds, the descriptors of the buffers ids,
 // sorted by address and not overlapping; remote says which of them peers
@@ -58,11 +86,20 @@ func (l *DescList) Delete(id BufferID, addr uint64) {
 func (l *DescList) Reset(ids []BufferID, ds []BufferDesc, remote []bool) {
 	keys := make([]uint64, len(ds))
 	es := make([]descEntry, len(ds))
+	var rs []BufferDesc
 	for i := range ds {
 		keys[i] = ds[i].Addr
 		es[i] = descEntry{d: &ds[i], length: ds[i].Length, id: ids[i], remote: remote[i]}
+		if remote[i] {
+			rs = append(rs, ds[i])
+		}
 	}
 	l.s.Reset(keys, es)
+	// Sorted and not overlapping, as the caller promises; if not, peers
+	// see none rather than a list that Validate would refuse.
+	if l.remote.Reset(rs) != nil {
+		_ = l.remote.Reset(nil)
+	}
 }
 
 // Len returns the number of entries.

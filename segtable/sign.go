@@ -6,13 +6,39 @@ package segtable
 // to a relay. An engine that knows the deployment's segment key signs what
 // it publishes; readers check before they act.
 //
-// The signature has two levels so that a publisher with many buffers does
-// not re-sign them all on every registration: each buffer carries a MAC of
-// its own (bound to the segment's name and epoch), computed once when the
-// buffer first appears, and the descriptor's MAC covers the header fields
-// and a SHA-256 of the buffers' MACs in order. Republishing after one
-// registration costs one buffer MAC and one pass of SHA-256 over 16 bytes a
-// buffer. A reader checks every buffer's MAC and the header's.
+// The signature follows the chunks a publisher keeps its buffers in
+// (chunks.go), so that a republish after one registration signs one chunk
+// and the header, whatever the number of buffers:
+//
+//   - each buffer has a MAC bound to the segment's name and epoch, made
+//     once when the buffer first appears;
+//   - each chunk has a MAC over the name, the epoch, the chunk's sequence
+//     number and its buffers' MACs in order, made once when the chunk is
+//     made (a chunk never changes: a change makes a new chunk with a new
+//     number);
+//   - the header MAC covers the version, name, epoch, Rev, endpoints,
+//     devices, the numbers of chunks and buffers, and a set hash of the
+//     chunks: the XOR of one 256-bit element per chunk, a MAC under a key
+//     of its own over the chunk's number and MAC (a keyed multiset hash,
+//     MSet-XOR-Hash; its elements are never published, so a set of chunks
+//     other than the one signed matches with probability 2^-128). A
+//     publish updates it with the elements of the chunks it replaced and
+//     made, O(1), where a hash over every chunk in order was O(n).
+//
+// What a reader that accepts a descriptor knows: every buffer it lists,
+// with its keys, was published by a holder of the key for this name and
+// epoch (buffer and chunk MACs), in this combination (the set hash in the
+// header: a chunk of an older descriptor, spliced into a newer one in
+// place of another or beside them, changes the set and fails, and so does
+// one moved to another segment or epoch, whose MACs bind those), and the
+// header is the one published at Rev. An older descriptor replayed whole
+// verifies, being one the key holder signed: readers refuse a Rev older
+// than one they accepted for the epoch (metadata.Signed), as they refuse
+// an older epoch, so a buffer once withdrawn does not come back. Order
+// needs no MAC of its own: buffers must be in address order and not
+// overlap (Validate), so the set of chunks fixes the list, and a chunk's
+// position is not bound (positions shift on every split, and binding them
+// would make a publish re-sign every chunk after the change).
 
 import (
 	"crypto/hmac"
@@ -38,7 +64,8 @@ const macSize = 16
 // deployment's segment key. It is safe for concurrent use; it holds no state
 // beyond the key.
 type Signer struct {
-	key [32]byte
+	key    [32]byte
+	setKey [32]byte // the set hash's elements: MACs of their own
 }
 
 // NewSigner returns a Signer for the segment key (any length but not
@@ -52,22 +79,44 @@ func NewSigner(segmentKey []byte) (*Signer, error) {
 	m.Write([]byte("moonring descriptor key v1"))
 	s := new(Signer)
 	m.Sum(s.key[:0])
+	m = hmac.New(sha256.New, segmentKey)
+	m.Write([]byte("moonring descriptor chunk set key v2"))
+	m.Sum(s.setKey[:0])
 	return s, nil
 }
 
-// Sign sets the MAC of every buffer of d that has none and of d itself.
-// Buffers whose MAC is set are taken as signed: a publisher keeps a buffer's
-// MAC as long as the buffer's fields, the name and the epoch stay the same
-// (SignBuffer computes one). d must pass Validate.
+// Sign signs d in full, as a publisher that kept nothing from its earlier
+// publishes would: every buffer's MAC, every chunk's and the header's.
+// A Chunked d gets signed chunks of its own (d.Chunked is replaced, not
+// changed); a flat one is cut into chunks of ChunkSize buffers numbered
+// from 1, its buffers' MACs and Chunks set in place. d gets Rev 1 unless
+// it has one. d must pass Validate.
 func (s *Signer) Sign(d *SegmentDesc) {
-	m := hmac.New(sha256.New, s.key[:])
-	var raw [macSize]byte
-	for i := range d.Buffers {
-		if d.Buffers[i].MAC == "" {
-			d.Buffers[i].MAC = encodeMAC(s.bufferMAC(m, d.Name, d.Epoch, &d.Buffers[i], raw[:0]))
-		}
+	if d.Rev == 0 {
+		d.Rev = 1
 	}
-	d.MAC = encodeMAC(s.headerMAC(m, d, raw[:0]))
+	if d.Chunked != nil {
+		d.Chunked = s.SignChunks(d.Name, d.Epoch, d.Chunked, nil, nil)
+		d.MAC = s.HeaderMAC(d)
+		return
+	}
+	cs := s.signFlat(d.Name, d.Epoch, d.Buffers)
+	for i, b := range cs.Buffers() {
+		d.Buffers[i].MAC = b.MAC
+	}
+	d.Chunks = cs.infos()
+	c := *d
+	c.Buffers, c.Chunks, c.Chunked = nil, nil, cs
+	d.MAC = s.HeaderMAC(&c)
+}
+
+// signFlat returns bufs signed as chunks of ChunkSize numbered from 1.
+func (s *Signer) signFlat(name string, epoch uint64, bufs []BufferDesc) *BufferChunks {
+	cs, err := NewBufferChunks(bufs)
+	if err != nil {
+		cs = &BufferChunks{} // d fails Validate: so does what Sign makes of it
+	}
+	return s.SignChunks(name, epoch, cs, nil, nil)
 }
 
 // SignBuffer returns the MAC of buffer b of the segment name at epoch, as
@@ -76,11 +125,60 @@ func (s *Signer) SignBuffer(name string, epoch uint64, b *BufferDesc) string {
 	return encodeMAC(s.bufferMAC(hmac.New(sha256.New, s.key[:]), name, epoch, b, nil))
 }
 
-// Verify checks the MACs of d and of every buffer of d. It returns nil when
-// they match, or an error wrapping ErrForged that says which part failed.
+// Verify checks the MACs of d: the header's, every chunk's and every
+// buffer's. It returns nil when they match, or an error wrapping ErrForged
+// that says which part failed. A descriptor without Rev is checked as the
+// first version of the format signed it (a MAC per buffer and a header
+// MAC over them, no chunks), for engines not yet upgraded. Its cost is a
+// MAC per buffer: readers check what they act on.
 func (s *Signer) Verify(d *SegmentDesc) error {
 	if d.MAC == "" {
 		return fmt.Errorf("%w: %q is not signed", ErrForged, d.Name)
+	}
+	if d.Chunked != nil {
+		d = d.Clone()
+	}
+	if d.Rev == 0 {
+		return s.verifyV1(d)
+	}
+	if d.Validate() != nil || len(d.Chunks) == 0 && len(d.Buffers) > 0 {
+		return fmt.Errorf("%w: %q: its chunks do not partition its buffers", ErrForged, d.Name)
+	}
+	m := hmac.New(sha256.New, s.key[:])
+	set := hmac.New(sha256.New, s.setKey[:])
+	var acc [32]byte
+	var want [macSize]byte
+	lo := 0
+	for ci, c := range d.Chunks {
+		bufs := d.Buffers[lo : lo+c.N]
+		for i := range bufs {
+			got, ok := decodeMAC(bufs[i].MAC)
+			if !ok || !hmac.Equal(got[:], s.bufferMAC(m, d.Name, d.Epoch, &bufs[i], want[:0])) {
+				return fmt.Errorf("%w: %q buffer %d", ErrForged, d.Name, lo+i)
+			}
+		}
+		got, ok := decodeMAC(c.MAC)
+		if !ok || !hmac.Equal(got[:], s.chunkMAC(m, d.Name, d.Epoch, c.Seq, bufs, want[:0])) {
+			return fmt.Errorf("%w: %q chunk %d", ErrForged, d.Name, ci)
+		}
+		e := s.setElem(set, c.Seq, got)
+		for i := range acc {
+			acc[i] ^= e[i]
+		}
+		lo += c.N
+	}
+	got, ok := decodeMAC(d.MAC)
+	if !ok || !hmac.Equal(got[:], s.headerMAC(m, d, len(d.Chunks), len(d.Buffers), &acc, want[:0])) {
+		return fmt.Errorf("%w: %q", ErrForged, d.Name)
+	}
+	return nil
+}
+
+// verifyV1 checks a descriptor signed by the first version of the format:
+// a MAC per buffer, and the header's over them.
+func (s *Signer) verifyV1(d *SegmentDesc) error {
+	if d.Chunks != nil {
+		return fmt.Errorf("%w: %q: chunks without a Rev", ErrForged, d.Name)
 	}
 	m := hmac.New(sha256.New, s.key[:])
 	var want [macSize]byte
@@ -91,10 +189,82 @@ func (s *Signer) Verify(d *SegmentDesc) error {
 		}
 	}
 	got, ok := decodeMAC(d.MAC)
-	if !ok || !hmac.Equal(got[:], s.headerMAC(m, d, want[:0])) {
+	if !ok || !hmac.Equal(got[:], s.headerMACv1(m, d, want[:0])) {
 		return fmt.Errorf("%w: %q", ErrForged, d.Name)
 	}
 	return nil
+}
+
+// chunkMAC appends the MAC of a chunk: its number and its buffers' MACs,
+// bound to the segment's name and epoch (a buffer MAC that does not decode
+// contributes its text, and fails its own check).
+func (s *Signer) chunkMAC(m hash.Hash, name string, epoch, seq uint64, bufs []BufferDesc, out []byte) []byte {
+	m.Reset()
+	var e enc
+	e.str("moonring chunk v2")
+	e.str(name)
+	e.u64(epoch)
+	e.u64(seq)
+	e.u64(uint64(len(bufs)))
+	for i := range bufs {
+		if raw, ok := decodeMAC(bufs[i].MAC); ok {
+			e.b = append(e.b, raw[:]...)
+		} else {
+			e.str(bufs[i].MAC)
+		}
+	}
+	m.Write(e.b)
+	var sum [sha256.Size]byte
+	return append(out, m.Sum(sum[:0])[:macSize]...)
+}
+
+// setElem returns a chunk's element of the set hash, from its number and
+// MAC; set is keyed with setKey.
+func (s *Signer) setElem(set hash.Hash, seq uint64, mac [macSize]byte) [32]byte {
+	set.Reset()
+	var b [8 + macSize]byte
+	binary.BigEndian.PutUint64(b[:8], seq)
+	copy(b[8:], mac[:])
+	set.Write(b[:])
+	var out [32]byte
+	set.Sum(out[:0])
+	return out
+}
+
+// headerMAC appends the MAC of d's own fields, its Rev, and its chunks'
+// count, buffer count and set hash acc.
+func (s *Signer) headerMAC(m hash.Hash, d *SegmentDesc, chunks, buffers int, acc *[32]byte, out []byte) []byte {
+	var e enc
+	e.str("moonring descriptor v2")
+	e.u64(uint64(d.Version))
+	e.str(d.Name)
+	e.u64(d.Epoch)
+	e.u64(d.Rev)
+	e.strMap(d.Endpoints)
+	e.u64(uint64(len(d.Devices)))
+	for _, dv := range d.Devices {
+		e.str(dv.Name)
+		e.str(dv.Kind)
+		e.u64(uint64(int64(dv.Node)))
+	}
+	e.u64(uint64(chunks))
+	e.u64(uint64(buffers))
+	e.b = append(e.b, acc[:]...)
+	m.Reset()
+	m.Write(e.b)
+	var sum [sha256.Size]byte
+	return append(out, m.Sum(sum[:0])[:macSize]...)
+}
+
+// HeaderMAC returns the header MAC of d, whose buffers are Chunked and
+// signed by s (SignChunks), as Sign sets it: what a publisher that keeps
+// its signed chunks computes on each republish, in O(1).
+func (s *Signer) HeaderMAC(d *SegmentDesc) string {
+	cs := d.Chunked
+	if cs == nil {
+		cs = &BufferChunks{signed: true}
+	}
+	return encodeMAC(s.headerMAC(hmac.New(sha256.New, s.key[:]), d, len(cs.list), cs.n, &cs.acc, nil))
 }
 
 // bufferMAC appends the MAC of b, bound to the segment's name and epoch.
@@ -113,10 +283,11 @@ func (s *Signer) bufferMAC(m hash.Hash, name string, epoch uint64, b *BufferDesc
 	return append(out, m.Sum(sum[:0])[:macSize]...)
 }
 
-// headerMAC appends the MAC of d's own fields and of its buffers' MACs in
-// order (as published: a buffer whose MAC does not decode contributes its
-// text, and fails its own check).
-func (s *Signer) headerMAC(m hash.Hash, d *SegmentDesc, out []byte) []byte {
+// headerMACv1 appends the MAC the first version of the format put on a
+// descriptor: d's own fields and its buffers' MACs in order (as
+// published: a buffer whose MAC does not decode contributes its text, and
+// fails its own check).
+func (s *Signer) headerMACv1(m hash.Hash, d *SegmentDesc, out []byte) []byte {
 	set := sha256.New()
 	for i := range d.Buffers {
 		if raw, ok := decodeMAC(d.Buffers[i].MAC); ok {
