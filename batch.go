@@ -173,6 +173,10 @@ func (b *batch) finish(k int64) {
 	}
 }
 
+// Done reports whether every submitted task of the batch is terminal: the
+// condition Transfer drives its answers until (transport.Until).
+func (b *batch) Done() bool { return b.unfinished.Load() <= 0 }
+
 // MaxBatchTasks bounds the tasks of one batch (AllocateBatchID).
 const MaxBatchTasks = 1 << 20
 
@@ -408,6 +412,14 @@ const batchFree = 1 << 16
 // tasks it did submit run, and all of reqs count as submitted). One
 // goroutine at a time should submit to a given batch.
 func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
+	return e.submitTransfer(id, reqs, false, 0)
+}
+
+// submitTransfer is SubmitTransfer. With drive, a caller about to wait for
+// the batch (Transfer) reads the answers to its last push itself when it
+// posts them itself (ring.SubmitDriven), until the batch is done or
+// deadline (UnixNano; 0: none).
+func (e *Engine) submitTransfer(id BatchID, reqs []TransferRequest, drive bool, deadline int64) error {
 	b, err := e.batches.lookup(id)
 	if err != nil {
 		return err
@@ -496,7 +508,17 @@ func (e *Engine) SubmitTransfer(id BatchID, reqs []TransferRequest) error {
 		if err == nil {
 			b.unfinished.Add(int64(n))
 			var pushed int
-			if pushed, err = e.push(r, es[:n]); err != nil {
+			if drive && next == len(reqs) {
+				pushed, err = r.SubmitDriven(es[:n], b, deadline)
+				if err == ring.ErrSQFull {
+					var more int
+					more, err = e.push(r, es[pushed:n])
+					pushed += more
+				}
+			} else {
+				pushed, err = e.push(r, es[:n])
+			}
+			if err != nil {
 				// Those pushed may all have ended meanwhile: a waiter
 				// must hear of the count reaching 0 here too.
 				b.finish(int64(n - pushed))
@@ -753,7 +775,14 @@ func (e *Engine) Transfer(ctx context.Context, reqs ...TransferRequest) error {
 	if err != nil {
 		return err
 	}
-	if err := e.SubmitTransfer(id, reqs); err != nil {
+	// A caller with no way to cut a wait short but a deadline (or none:
+	// Background) reads its answers itself (see ring.SubmitDriven); one
+	// whose ctx may be canceled any time waits for the transports' goroutines.
+	drive, deadline := ctx.Done() == nil, int64(0)
+	if dl, ok := ctx.Deadline(); ok {
+		drive, deadline = true, dl.UnixNano()
+	}
+	if err := e.submitTransfer(id, reqs, drive, deadline); err != nil {
 		e.WaitBatch(context.Background(), id)
 		e.FreeBatchID(id)
 		return err

@@ -1,6 +1,7 @@
 package moonring_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -159,6 +160,42 @@ func BenchmarkTCPReadLatency(b *testing.B) {
 		// Block, as a server's event loop would: a reaper spinning on Peek
 		// takes a core that the poller and the peer need on a small machine.
 		if err := r.CQ().Wait(ctx, 1); err != nil {
+			b.Fatal(err)
+		}
+		if err := r.Peek().Err(); err != nil {
+			b.Fatal(err)
+		}
+		r.Advance(1)
+		lat = append(lat, time.Since(t0))
+	}
+	reportLatency(b, lat)
+}
+
+// BenchmarkTCPSubmitAndWaitLatency is BenchmarkTCPReadLatency through
+// SubmitAndWait: the caller posts its READ and reads the answer itself
+// (ring.SubmitDriven) instead of waiting for the receiver goroutine to
+// read it and wake it.
+func BenchmarkTCPSubmitAndWaitLatency(b *testing.B) {
+	c := startChild(b, "target", "MOONRING_SIZE=4096")
+	e, seg, d := remoteEngine(b, c, benchConfig())
+	buf := make([]byte, 4096)
+	id, err := e.RegisterLocalMemory(buf, "cpu:0", false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.UnregisterLocalMemory(b.Context(), buf)
+	r, err := e.NewRing(moonring.RingConfig{Entries: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	es := []moonring.Entry{{Op: moonring.OpRead, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: 8}}
+	lat := make([]time.Duration, 0, 1<<20)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		t0 := time.Now()
+		if _, err := r.SubmitAndWait(ctx, es, 1); err != nil {
 			b.Fatal(err)
 		}
 		if err := r.Peek().Err(); err != nil {

@@ -199,8 +199,13 @@ func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
 		r.stats.Bytes += bytes
 	case cq.CodeTimeout:
 		r.stats.Timeouts++
+		r.interruptDue = true
 	case cq.CodeCanceled:
 		r.stats.Canceled++
+		r.interruptDue = true
+	case cq.CodeClosed:
+		r.stats.Failed++
+		r.interruptDue = true
 	default:
 		r.stats.Failed++
 	}
@@ -224,6 +229,10 @@ func (r *Ring) flushCQ() {
 	if len(r.cqes) > 0 {
 		r.cq.PostBatch(r.cqes)
 		r.cqes = r.cqes[:0]
+	}
+	if r.interruptDue {
+		r.interruptDue = false
+		r.interruptDriver()
 	}
 }
 

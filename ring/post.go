@@ -121,6 +121,15 @@ func (r *Ring) add(q *request, tok uint64) bool {
 	sl := &r.batch[len(r.batch)-1]
 	sl.Rail = uint16((uint64(q.rail) + uint64(i) + attempt(tok)) % uint64(rails))
 	sl.Class = r.cfg.Class
+	sl.Driven = false
+	if r.driving {
+		if r.drivenEP == nil {
+			if _, ok := ep.(transport.Driver); ok {
+				r.drivenEP = ep
+			}
+		}
+		sl.Driven = r.drivenEP == ep
+	}
 	sl.LocalHandle = q.handle
 	sl.Token = tok
 	if i == q.nslices { // the notification, after every data slice

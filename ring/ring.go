@@ -217,8 +217,24 @@ type Ring struct {
 	// else noYield).
 	yieldAt uint64
 
+	// driving is set while SubmitDriven steps the rings it borrowed: the
+	// slices it posts to drivenEP (the first endpoint posted to that is a
+	// transport.Driver) are marked Driven. interruptDue: the round ended
+	// a request by timeout, cancel or close (see drive.go).
+	driving      bool
+	drivenEP     transport.Endpoint
+	interruptDue bool
+	// until is SubmitAndWait's condition (a field: a local would escape);
+	// the CQ's one reader owns it.
+	until cqUntil
+
 	stats Stats
 	_     cpu.CacheLinePad
+
+	// drv is the Driver a SubmitDriven call is driving, for Interrupt;
+	// any goroutine, under drvMu.
+	drvMu sync.Mutex
+	drv   transport.Driver
 }
 
 type sliceDone struct {

@@ -85,6 +85,18 @@ type conn struct {
 	wn        int
 	werr      error
 
+	// The reading of answers (drive.go): rd says who holds it, the
+	// receiver goroutine or a driving caller; the holder owns rdr, br and
+	// the queue's consumer side. lastDriven is whether the last slice
+	// posted was Driven; resume wakes the parked receiver; interrupt asks
+	// a driver to leave.
+	rd         atomic.Int32
+	lastDriven atomic.Bool
+	interrupt  atomic.Bool
+	resume     chan struct{}
+	rdr        reader
+	hdr        [respSize]byte
+
 	quit     chan struct{} // closed when the connection fails
 	sendDone chan struct{}
 	recvDone chan struct{}
@@ -112,6 +124,12 @@ func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf, 
 	p.buffer, p.key, p.addr = b.id, b.key, s.Remote
 	p.posted = now
 	c.q.Commit(pos, 1)
+	if c.lastDriven.Load() != s.Driven {
+		c.lastDriven.Store(s.Driven)
+	}
+	if c.rd.Load() == rdIdle {
+		c.posted(s.Driven)
+	}
 	return true, nil
 }
 

@@ -75,9 +75,10 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 	}
 	raw.SetDeadline(time.Time{})
 	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, nc: nc, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
-		parts: make([][3][]byte, e.t.cfg.Depth),
-		quit:  make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
+		parts:  make([][3][]byte, e.t.cfg.Depth),
+		resume: make(chan struct{}, 1), quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
+	c.rdr = reader{c: c, last: time.Now().UnixNano(), timeout: int64(e.t.cfg.ResponseTimeout)}
 	c.iov = make([][]byte, 0, 192)
 	c.sizes = make([]int, 0, 192)
 	c.uiov = make([]unix.Iovec, 0, 192)

@@ -17,74 +17,97 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// receive completes slices in the order of their responses.
+// receive is the receiver goroutine: it reads the answers while it holds
+// the connection's reading (rdRecv, see drive.go) and parks while a
+// driving caller holds it or nothing is in flight after driven slices.
 func (c *conn) receive() {
 	defer close(c.recvDone)
-	var hdr [respSize]byte
-	r := reader{c: c, last: time.Now().UnixNano(), timeout: int64(c.e.t.cfg.ResponseTimeout)}
 	for {
-		// The next response answers the oldest frame posted: when that is
-		// a large READ and nothing is buffered, its header and payload
-		// come straight from the socket (see reader.payload).
-		src := io.Reader(c.br)
-		if c.br.Buffered() == 0 && c.directNext() {
-			src = c.nc
-		}
-		if err := r.read(src, hdr[:], true); err != nil {
-			c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
-			return
-		}
-		r.last = time.Now().UnixNano()
-		id, status, err := decodeResp(hdr[:])
-		pos := c.q.Head()
-		// A response answers the oldest frame posted. On loopback it often
-		// arrives while the writev that carried its frame is still copying
-		// later frames, so "written" cannot be asked of the sender here; a
-		// target that answers a frame it has not wholly received (broken or
-		// hostile) is caught by the sender instead (see frame).
-		if err == nil && (pos >= c.gathered.Load() || id != uint32(pos)) {
-			// Not even gathered, so not sent: the target made it up.
-			err = fmt.Errorf("%w: response %d not expected (next is %d)", ErrProtocol, id, uint32(pos))
-		}
-		if err != nil {
-			c.fail(err)
-			return
-		}
-		p := c.q.Slot(pos)
-		var result error
-		switch status {
-		case stDenied:
-			result = transport.ErrDenied
-		case stRange:
-			result = transport.ErrRange
-		case stBusy:
-			result = transport.ErrNotifyFull
-		}
-		if status == stOK && p.s.Op == transport.Read {
-			if err := r.payload(unsafe.Slice((*byte)(p.s.Local), p.s.Length)); err != nil {
-				c.fail(fmt.Errorf("%w: receive: %v", transport.ErrPeer, err))
+		if c.rd.Load() != rdRecv {
+			select {
+			case <-c.resume:
+				continue
+			case <-c.quit:
 				return
 			}
 		}
-		if result == nil && c.rail >= 0 {
-			// The rail's measured speed (rails.Picker.Done): the slice
-			// was posted when the poller queued it, and is done now, when
-			// its answer is wholly in (a READ's payload too). A
-			// connection answers in order, so the slice reached the front
-			// of its queue when the answer before it was in, or when it
-			// was posted if that came later: the picker keeps the time of
-			// each rail's last answer, so it tells a slice that waited its
-			// turn (the rail is backed up: what it completes is what it
-			// can move) from one that found room, and counts what the rail
-			// completes per second of wall time. Only answers with status
-			// OK count; the failures of a connection are fail's.
-			c.e.pick.Done(c.rail, p.s.Length, p.posted, c.e.pick.Now())
+		if err := c.receiveOne(); err != nil {
+			c.fail(err)
+			return
 		}
-		comp, tok := p.c, p.s.Token
-		p.c, p.s.Local = nil, nil
-		c.q.Release(1)
-		comp.Complete(tok, result)
+		c.settle()
 	}
+}
+
+// receiveOne reads the next answer and completes its slice. The holder of
+// the connection's reading calls it: the receiver goroutine, or a driving
+// caller. Its error breaks the connection (fail), but errLeave: a driver's
+// wait ended before an answer began.
+func (c *conn) receiveOne() error {
+	hdr := &c.hdr // a field: a local passed to Read would escape, once per answer
+	r := &c.rdr
+	// The next response answers the oldest frame posted: when that is
+	// a large READ and nothing is buffered, its header and payload
+	// come straight from the socket (see reader.payload).
+	src := io.Reader(c.br)
+	if c.br.Buffered() == 0 && c.directNext() {
+		src = c.nc
+	}
+	if err := r.read(src, hdr[:], true); err != nil {
+		if err == errLeave {
+			return err
+		}
+		return fmt.Errorf("%w: receive: %v", transport.ErrPeer, err)
+	}
+	r.last = time.Now().UnixNano()
+	id, status, err := decodeResp(hdr[:])
+	pos := c.q.Head()
+	// A response answers the oldest frame posted. On loopback it often
+	// arrives while the writev that carried its frame is still copying
+	// later frames, so "written" cannot be asked of the sender here; a
+	// target that answers a frame it has not wholly received (broken or
+	// hostile) is caught by the sender instead (see frame).
+	if err == nil && (pos >= c.gathered.Load() || id != uint32(pos)) {
+		// Not even gathered, so not sent: the target made it up.
+		err = fmt.Errorf("%w: response %d not expected (next is %d)", ErrProtocol, id, uint32(pos))
+	}
+	if err != nil {
+		return err
+	}
+	p := c.q.Slot(pos)
+	var result error
+	switch status {
+	case stDenied:
+		result = transport.ErrDenied
+	case stRange:
+		result = transport.ErrRange
+	case stBusy:
+		result = transport.ErrNotifyFull
+	}
+	if status == stOK && p.s.Op == transport.Read {
+		if err := r.payload(unsafe.Slice((*byte)(p.s.Local), p.s.Length)); err != nil {
+			return fmt.Errorf("%w: receive: %v", transport.ErrPeer, err)
+		}
+	}
+	if result == nil && c.rail >= 0 {
+		// The rail's measured speed (rails.Picker.Done): the slice
+		// was posted when the poller queued it, and is done now, when
+		// its answer is wholly in (a READ's payload too). A
+		// connection answers in order, so the slice reached the front
+		// of its queue when the answer before it was in, or when it
+		// was posted if that came later: the picker keeps the time of
+		// each rail's last answer, so it tells a slice that waited its
+		// turn (the rail is backed up: what it completes is what it
+		// can move) from one that found room, and counts what the rail
+		// completes per second of wall time. Only answers with status
+		// OK count; the failures of a connection are fail's.
+		c.e.pick.Done(c.rail, p.s.Length, p.posted, c.e.pick.Now())
+	}
+	comp, tok := p.c, p.s.Token
+	p.c, p.s.Local = nil, nil
+	c.q.Release(1)
+	comp.Complete(tok, result)
+	return nil
 }
 
 // directNext reports whether the next response answers a READ of at least
@@ -111,18 +134,34 @@ type reader struct {
 	last     int64 // UnixNano of the last response, or payload bytes (or the start)
 	deadline int64 // the read deadline set, UnixNano
 	timeout  int64
+	// until is a driving caller's deadline (UnixNano), 0 for the
+	// receiver: a driver waiting for an answer to begin leaves then
+	// (errLeave), or when interrupted (conn.interrupt).
+	until int64
 }
+
+// errLeave ends a driver's read between two answers: its wait is over.
+var errLeave = errors.New("tcp: driver leaves")
 
 // read fills dst from src, a response header (header) or payload bytes.
 func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 	c := r.c
 	for got := 0; got < len(dst); {
+		between := header && got == 0 && c.br.Buffered() == 0 // no answer begun
+		if between && r.until != 0 && c.interrupt.Load() {
+			return errLeave
+		}
 		owed := r.last
 		if header {
 			owed = max(r.last, c.busySince.Load())
 		}
 		if r.timeout > 0 && owed+r.timeout-r.deadline > r.timeout/2 {
 			r.deadline = owed + r.timeout
+			c.nc.SetReadDeadline(time.Unix(0, r.deadline))
+		}
+		if between && r.until > 0 && r.until < r.deadline {
+			// A driver's own deadline, sooner than the response's.
+			r.deadline = r.until
 			c.nc.SetReadDeadline(time.Unix(0, r.deadline))
 		}
 		k, err := src.Read(dst[got:])
@@ -135,6 +174,10 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			now := time.Now().UnixNano()
+			if between && r.until != 0 && (now >= r.until || c.interrupt.Load()) {
+				r.deadline = 0 // whoever reads next sets a fresh one
+				return errLeave
+			}
 			if header {
 				idle := c.q.Head() == c.q.Committed()
 				if idle {
@@ -216,6 +259,11 @@ func (c *conn) drain() {
 	}
 	<-c.sendDone
 	<-c.recvDone
+	// A driver (drive.go) reads until it sees the connection failed; one
+	// owed the reading is on its way to Drive, which lets it go at once.
+	for r := c.rd.Load(); r == rdOwed || r == rdDriven; r = c.rd.Load() {
+		time.Sleep(time.Microsecond)
+	}
 	if c.ur != nil {
 		c.nc.Close()
 		c.ur.Close()

@@ -101,7 +101,11 @@ type Slice struct {
 	// slice by more than one slice (tcp sends it on a lane of its own);
 	// others may ignore it.
 	Class Class
-	Rail  uint16
+	// Driven marks a slice whose poster will read its answer itself
+	// (see Driver): set only for endpoints that implement Driver, by a
+	// caller that calls Drive on the endpoint right after the Post.
+	Driven bool
+	Rail   uint16
 	// LocalHandle is the transport's handle for the local buffer (the
 	// Handle of its Registration).
 	LocalHandle uint64
@@ -343,6 +347,38 @@ type InFlight interface {
 	// InFlight reports whether work is in flight; it must be cheap (a few
 	// atomic loads) and safe for concurrent use.
 	InFlight() bool
+}
+
+// Driver is implemented by endpoints whose answers a waiting caller may
+// read on its own goroutine (io_uring's mode without a polling thread): a
+// caller that posted Driven slices and is about to wait for them calls
+// Drive instead of sleeping until a transport goroutine has read the
+// answer and woken it. On a small machine that hand-off (a goroutine made
+// ready, an idle thread woken for it) costs more than the network round
+// trip.
+type Driver interface {
+	// Drive reads answers on the caller's goroutine, completing their
+	// slices through their Completers as the endpoint's own goroutines
+	// would, until w.Done() reports true, nothing driven is left to read,
+	// or deadline (UnixNano; 0: none) passes. It must be called once after
+	// every Post of Driven slices, by the goroutine that posted them, even
+	// if it no longer waits (deadline already past): a slice marked Driven
+	// may be left unread until then. Before it returns it hands what is
+	// still in flight back to the endpoint's own goroutines. Safe for
+	// concurrent use.
+	Drive(w Until, deadline int64)
+	// Interrupt makes any Drive in progress on the endpoint check w.Done()
+	// soon, for a caller that ended a driven request by other means
+	// (cancel, timeout, close). Safe for concurrent use; cheap when no
+	// Drive is in progress.
+	Interrupt()
+}
+
+// Until is the condition a Driver reads answers until (see Driver.Drive).
+type Until interface {
+	// Done reports whether the caller's wait is over. It is called on the
+	// driving goroutine after each answer and must be cheap.
+	Done() bool
 }
 
 // Waker is implemented by Pollers that may have work for Poll come up on
