@@ -157,7 +157,7 @@ func bench(args []string, out io.Writer) error {
 		go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
 		sargs := []string{"--listen", *listen, "--buffer-size", *bufSize, "--key-file", *keyFile}
 		if *mc.on {
-			sargs = append(sargs, "--mooncake", "--mooncake-metadata", *mc.metadata, "--mooncake-rpc", *mc.rpc)
+			sargs = append(append(sargs, mc.args()...), "--mooncake-rpc", *mc.rpc)
 		} else {
 			sargs = append(sargs, "--metadata", *meta)
 		}
@@ -181,7 +181,7 @@ func bench(args []string, out io.Writer) error {
 	var mcOn *mooncakeFlags
 	if *mc.on {
 		if *protocol != "tcp" || set["metadata"] || *useTLS || set["local-name"] {
-			return errors.New("bench --mooncake: the bytes go over Mooncake's TCP and the metadata through --mooncake-metadata; --protocol, --metadata, --tls and --local-name do not go with it")
+			return errors.New("bench --mooncake: the bytes go over Mooncake's TCP (or RDMA, --mooncake-rdma) and the metadata through --mooncake-metadata; --protocol, --metadata, --tls and --local-name do not go with it")
 		}
 		mcOn = mc
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/moonring/moonring/mooncake"
 	"github.com/moonring/moonring/mooncake/mcetcd"
 	"github.com/moonring/moonring/mooncake/mctcp"
+	"github.com/moonring/moonring/rdma"
 )
 
 // mooncakeHelp is the flags' story, for serve's and bench's -h.
@@ -43,6 +44,8 @@ type mooncakeFlags struct {
 	metadata *string
 	rpc      *string
 	tcp      *string
+	rdma     *bool
+	rdmaDevs *string
 }
 
 func addMooncakeFlags(fs *flag.FlagSet, target bool) *mooncakeFlags {
@@ -50,6 +53,8 @@ func addMooncakeFlags(fs *flag.FlagSet, target bool) *mooncakeFlags {
 		on:       fs.Bool("mooncake", false, "speak Mooncake's wire (see below); off by default: its protocols carry no authentication"),
 		metadata: fs.String("mooncake-metadata", "p2p", "--mooncake: p2p (P2PHANDSHAKE), http://HOST:PORT/metadata (Mooncake's HTTP metadata server) or etcd://HOST:PORT[;HOST:PORT...]"),
 		rpc:      fs.String("mooncake-rpc", "127.0.0.1:0", "--mooncake: the RPC port's address (with p2p, the segment's name)"),
+		rdma:     fs.Bool("mooncake-rdma", false, "--mooncake: also speak Mooncake's RDMA transport (its handshake on the RPC port, the rkeys in the descriptor); the data then goes over RDMA (a build with the rdma tag and an RDMA device)"),
+		rdmaDevs: fs.String("mooncake-rdma-devices", "", "--mooncake-rdma: the RDMA devices to use, comma-separated (default: every usable one)"),
 	}
 	if target {
 		f.tcp = fs.String("mooncake-tcp", "", "--mooncake: Mooncake's TCP data port (default: the RPC port's host, any port)")
@@ -62,7 +67,7 @@ func (f *mooncakeFlags) check(set map[string]bool) error {
 	if *f.on {
 		return nil
 	}
-	for _, n := range []string{"mooncake-metadata", "mooncake-rpc", "mooncake-tcp"} {
+	for _, n := range []string{"mooncake-metadata", "mooncake-rpc", "mooncake-tcp", "mooncake-rdma", "mooncake-rdma-devices"} {
 		if set[n] {
 			return fmt.Errorf("--%s goes with --mooncake", n)
 		}
@@ -92,7 +97,34 @@ func (f *mooncakeFlags) config() *moonring.MooncakeConfig {
 	if f.tcp != nil {
 		c.TCP = mctcp.Config{Listen: *f.tcp}
 	}
+	if *f.rdma {
+		c.RDMA = &rdma.Config{}
+		if *f.rdmaDevs != "" {
+			c.RDMA.Devices = strings.Split(*f.rdmaDevs, ",")
+		}
+	}
 	return c
+}
+
+// dataTransport is the transport the initiator's bytes go over in
+// Mooncake mode: Mooncake's RDMA with --mooncake-rdma, else its TCP.
+func (f *mooncakeFlags) dataTransport() string {
+	if *f.rdma {
+		return rdma.MooncakeName
+	}
+	return mctcp.Name
+}
+
+// args are the flags that start a target process like this one.
+func (f *mooncakeFlags) args() []string {
+	a := []string{"--mooncake", "--mooncake-metadata", *f.metadata}
+	if *f.rdma {
+		a = append(a, "--mooncake-rdma")
+		if *f.rdmaDevs != "" {
+			a = append(a, "--mooncake-rdma-devices", *f.rdmaDevs)
+		}
+	}
+	return a
 }
 
 // The seeded pattern of serve --fill-seed/--check-seed and bench

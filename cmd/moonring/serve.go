@@ -21,7 +21,9 @@ import (
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/metadata/etcd"
+	"github.com/moonring/moonring/mooncake"
 	"github.com/moonring/moonring/mooncake/mctcp"
+	"github.com/moonring/moonring/rdma"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,6 +97,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	insecure := fs.Bool("insecure", false, "with no key, serve beyond loopback anyway: anyone who reaches --listen can read and write the buffer")
 	tcpListen := fs.String("tcp-listen", "", "the TCP transport's address (default: the endpoint's host, any port)")
 	bufSize := fs.String("buffer-size", "64M", "the buffer to serve (K, M, G suffixes in either case; at most 64G)")
+	nbufs := fs.Int("buffers", 1, "serve this many buffers of --buffer-size, each filled and registered alike (Mooncake's transfer_engine_bench uses the target's buffer [thread % its NUMA nodes]: give it as many as the initiator host has NUMA nodes); --check-seed checks the first")
 	noSHM := fs.Bool("no-shm", false, "serve over TCP only, without the same-host shm transport")
 	grace := fs.Duration("grace", 5*time.Second, "how long peers' requests in flight get at shutdown (a second signal ends it); then the peers still using the buffer are cut and serve exits with status 3")
 	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
@@ -124,6 +127,9 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	}
 	if err != nil {
 		return fmt.Errorf("serve: --buffer-size: %w", err)
+	}
+	if *nbufs < 1 || *nbufs > maxServeBuffers {
+		return fmt.Errorf("serve: --buffers %d: want 1 to %d", *nbufs, maxServeBuffers)
 	}
 	if *grace < 0 {
 		return fmt.Errorf("serve: --grace %v: want 0 or more (0: cut the peers in flight at once)", *grace)
@@ -273,33 +279,38 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	if err != nil {
 		return err
 	}
-	var buf []byte
+	var bufs [][]byte
 	defer func() {
 		// Close unpublishes the segment (a failure leaves it in the
-		// store) and ends every peer's use of the buffer: only then may
-		// its memory go.
+		// store) and ends every peer's use of the buffers: only then
+		// may their memory go.
 		if err := e.Close(); err != nil && retErr == nil {
 			retErr = fmt.Errorf("shutdown: %w", err)
 		}
-		if buf != nil {
-			e.Free(buf)
+		for _, b := range bufs {
+			e.Free(b)
 		}
 	}()
 	h := metricsFor(e, p2p, metricsLn)
 	metrics.Store(&h)
-	if buf, err = e.Alloc(sizes[0], "cpu:0"); err != nil {
-		return err
-	}
-	if set["fill-seed"] {
-		seedPattern(buf, *fillSeed)
-	} else {
-		for i := range buf {
-			buf[i] = pattern(i)
+	for range *nbufs {
+		b, err := e.Alloc(sizes[0], "cpu:0")
+		if err != nil {
+			return err
+		}
+		bufs = append(bufs, b)
+		if set["fill-seed"] {
+			seedPattern(b, *fillSeed)
+		} else {
+			for i := range b {
+				b[i] = pattern(i)
+			}
+		}
+		if _, err := e.RegisterLocalMemory(b, "cpu:0", true); err != nil {
+			return err
 		}
 	}
-	if _, err := e.RegisterLocalMemory(buf, "cpu:0", true); err != nil {
-		return err
-	}
+	buf := bufs[0]
 	hostname, _ := os.Hostname()
 	health.Store(&healthInfo{Status: "ok", Segment: e.Name(), PID: os.Getpid(), Host: hostname, Version: version(), Buffer: len(buf)})
 	tlsNote := ""
@@ -307,9 +318,17 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		tlsNote = ", tcp TLS 1.3 certificate sha256 " + t.Fingerprint()
 	}
 	if *mc.on {
-		tlsNote += fmt.Sprintf(", mooncake rpc %s tcp %s (no authentication)", e.MooncakeRPC(), e.Transport(mctcp.Name).Endpoint())
+		tlsNote += fmt.Sprintf(", mooncake rpc %s tcp %s", e.MooncakeRPC(), e.Transport(mctcp.Name).Endpoint())
+		if t, ok := e.Transport(rdma.MooncakeName).(*rdma.Transport); ok {
+			tlsNote += fmt.Sprintf(" rdma %s", t.ExtraEndpoints()[mooncake.EndpointRDMANICs])
+		}
+		tlsNote += " (no authentication)"
 	}
-	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x, metadata %s%s\n", e.Name(), len(buf), moonring.AddressOf(buf), e.Config().Metadata, tlsNote)
+	more := ""
+	for _, b := range bufs[1:] {
+		more += fmt.Sprintf(", %#x", moonring.AddressOf(b))
+	}
+	fmt.Fprintf(out, "serving segment %s: %d bytes at %#x%s, metadata %s%s\n", e.Name(), len(buf), moonring.AddressOf(buf), more, e.Config().Metadata, tlsNote)
 	fmt.Fprint(out, keyNote)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -333,7 +352,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		case <-ctx.Done():
 		}
 	}()
-	if err := e.UnregisterLocalMemory(ctx, buf); err != nil {
+	if err := e.UnregisterLocalMemoryBatch(ctx, bufs); err != nil {
 		if ctx.Err() != nil {
 			return &exitError{code: exitGraceOut, err: fmt.Errorf("shutdown: %w: peers still used the buffer after %v, so they were cut: %w", errGraceOut, *grace, err)}
 		}
@@ -347,6 +366,9 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	}
 	return nil
 }
+
+// maxServeBuffers bounds serve --buffers.
+const maxServeBuffers = 64
 
 // errGraceOut reports a shutdown whose grace ran out.
 var errGraceOut = errors.New("the grace ran out")

@@ -25,7 +25,6 @@ import (
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/metadata/etcd"
-	"github.com/moonring/moonring/mooncake/mctcp"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/tcp"
 )
@@ -244,7 +243,7 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 	}
 	t := &target{transport: proto, ttl: ttl}
 	if mc != nil {
-		t.mcArgs = []string{"--mooncake", "--mooncake-metadata", *mc.metadata}
+		t.mcArgs = mc.args()
 	}
 	var key []byte
 	started := len(names) == 0
@@ -292,7 +291,7 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 		cfg.SHM = &shm.Config{NoMap: noMap}
 	}
 	if mc != nil {
-		cfg.Mooncake, cfg.Transports = mc.config(), []string{mctcp.Name}
+		cfg.Mooncake, cfg.Transports = mc.config(), []string{mc.dataTransport()}
 	}
 	ini, err := moonring.New(cfg)
 	if err != nil {
