@@ -32,6 +32,7 @@ type chunk struct {
 	first uint64 // bufs[0].Addr, beside the pointer: searches read no BufferDesc
 	bufs  []BufferDesc
 	mac   string   // "" when unsigned
+	raws  []byte   // signed: the buffers' MACs, raw, one after another
 	elem  [32]byte // the set-hash element of a signed chunk
 }
 
@@ -78,6 +79,30 @@ func (cs *BufferChunks) Buffers() []BufferDesc {
 		}
 	}
 	return out
+}
+
+// Changed returns the range [lo, hi) of cs's chunks that lie between the
+// chunks it shares, by pointer, with since at its head and at its tail:
+// what changed from since to cs, when cs is since changed (ChunkList
+// makes each list from the one before). Both nil-safe; O(chunks), no
+// chunk read.
+func (cs *BufferChunks) Changed(since *BufferChunks) (lo, hi int) {
+	var a, b []*chunk
+	if cs != nil {
+		a = cs.list
+	}
+	if since != nil {
+		b = since.list
+	}
+	p := 0
+	for p < len(a) && p < len(b) && a[p] == b[p] {
+		p++
+	}
+	q := 0
+	for q < len(a)-p && q < len(b)-p && a[len(a)-1-q] == b[len(b)-1-q] {
+		q++
+	}
+	return p, len(a) - q
 }
 
 // infos returns the chunks as a descriptor publishes them (SegmentDesc.Chunks).

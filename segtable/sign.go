@@ -149,16 +149,19 @@ func (s *Signer) Verify(d *SegmentDesc) error {
 	var acc [32]byte
 	var want [macSize]byte
 	lo := 0
+	var raws []byte
 	for ci, c := range d.Chunks {
 		bufs := d.Buffers[lo : lo+c.N]
+		raws = raws[:0]
 		for i := range bufs {
 			got, ok := decodeMAC(bufs[i].MAC)
 			if !ok || !hmac.Equal(got[:], s.bufferMAC(m, d.Name, d.Epoch, &bufs[i], want[:0])) {
 				return fmt.Errorf("%w: %q buffer %d", ErrForged, d.Name, lo+i)
 			}
+			raws = append(raws, got[:]...)
 		}
 		got, ok := decodeMAC(c.MAC)
-		if !ok || !hmac.Equal(got[:], s.chunkMAC(m, d.Name, d.Epoch, c.Seq, bufs, want[:0])) {
+		if !ok || !hmac.Equal(got[:], s.chunkMAC(m, d.Name, d.Epoch, c.Seq, raws, want[:0])) {
 			return fmt.Errorf("%w: %q chunk %d", ErrForged, d.Name, ci)
 		}
 		e := s.setElem(set, c.Seq, got)
@@ -195,25 +198,19 @@ func (s *Signer) verifyV1(d *SegmentDesc) error {
 	return nil
 }
 
-// chunkMAC appends the MAC of a chunk: its number and its buffers' MACs,
-// bound to the segment's name and epoch (a buffer MAC that does not decode
-// contributes its text, and fails its own check).
-func (s *Signer) chunkMAC(m hash.Hash, name string, epoch, seq uint64, bufs []BufferDesc, out []byte) []byte {
+// chunkMAC appends the MAC of a chunk: its number and its buffers' MACs
+// (raws: n raw MACs one after another), bound to the segment's name and
+// epoch.
+func (s *Signer) chunkMAC(m hash.Hash, name string, epoch, seq uint64, raws []byte, out []byte) []byte {
 	m.Reset()
 	var e enc
 	e.str("moonring chunk v2")
 	e.str(name)
 	e.u64(epoch)
 	e.u64(seq)
-	e.u64(uint64(len(bufs)))
-	for i := range bufs {
-		if raw, ok := decodeMAC(bufs[i].MAC); ok {
-			e.b = append(e.b, raw[:]...)
-		} else {
-			e.str(bufs[i].MAC)
-		}
-	}
+	e.u64(uint64(len(raws) / macSize))
 	m.Write(e.b)
+	m.Write(raws)
 	var sum [sha256.Size]byte
 	return append(out, m.Sum(sum[:0])[:macSize]...)
 }

@@ -31,14 +31,8 @@ func (s *Signer) SignChunks(name string, epoch uint64, src, prevSrc, prevOut *Bu
 		prevSrc, prevOut = &BufferChunks{}, &BufferChunks{signed: true}
 	}
 	a, b := src.list, prevSrc.list
-	p := 0
-	for p < len(a) && p < len(b) && a[p] == b[p] {
-		p++
-	}
-	q := 0
-	for q < len(a)-p && q < len(b)-p && a[len(a)-1-q] == b[len(b)-1-q] {
-		q++
-	}
+	p, hi := src.Changed(prevSrc)
+	q := len(a) - hi
 	out := &BufferChunks{n: src.n, signed: true, acc: prevOut.acc, list: make([]*chunk, 0, len(a))}
 	out.list = append(out.list, prevOut.list[:p]...)
 	replaced := prevOut.list[p : len(b)-q]
@@ -50,17 +44,19 @@ func (s *Signer) SignChunks(name string, epoch uint64, src, prevSrc, prevOut *Bu
 	l := lender{old: replaced}
 	var raw [macSize]byte
 	for _, c := range a[p : len(a)-q] {
-		sc := &chunk{seq: c.seq, first: c.first, bufs: make([]BufferDesc, len(c.bufs))}
+		sc := &chunk{seq: c.seq, first: c.first, bufs: make([]BufferDesc, len(c.bufs)), raws: make([]byte, 0, len(c.bufs)*macSize)}
 		copy(sc.bufs, c.bufs)
 		for i := range sc.bufs {
 			bd := &sc.bufs[i]
-			if mac, ok := l.lend(bd); ok {
+			if mac, r, ok := l.lend(bd); ok {
 				bd.MAC = mac
+				sc.raws = append(sc.raws, r...)
 			} else {
-				bd.MAC = encodeMAC(s.bufferMAC(m, name, epoch, bd, raw[:0]))
+				sc.raws = s.bufferMAC(m, name, epoch, bd, sc.raws)
+				bd.MAC = encodeMAC(sc.raws[len(sc.raws)-macSize:])
 			}
 		}
-		mac := s.chunkMAC(m, name, epoch, sc.seq, sc.bufs, raw[:0])
+		mac := s.chunkMAC(m, name, epoch, sc.seq, sc.raws, raw[:0])
 		sc.mac = encodeMAC(mac)
 		sc.elem = s.setElem(set, sc.seq, [macSize]byte(mac))
 		xor(&out.acc, &sc.elem)
@@ -84,8 +80,9 @@ type lender struct {
 	c, i int
 }
 
-// lend returns the MAC of the replaced buffer that is b, unchanged.
-func (l *lender) lend(b *BufferDesc) (string, bool) {
+// lend returns the MAC of the replaced buffer that is b, unchanged, as
+// published and raw.
+func (l *lender) lend(b *BufferDesc) (string, []byte, bool) {
 	for l.c < len(l.old) {
 		bufs := l.old[l.c].bufs
 		if l.i >= len(bufs) {
@@ -98,11 +95,11 @@ func (l *lender) lend(b *BufferDesc) (string, bool) {
 			continue
 		}
 		if x.Addr == b.Addr && x.Length == b.Length && x.Location == b.Location && sameKeys(x.Keys, b.Keys) {
-			return x.MAC, true
+			return x.MAC, l.old[l.c].raws[l.i*macSize : (l.i+1)*macSize], true
 		}
-		return "", false
+		return "", nil, false
 	}
-	return "", false
+	return "", nil, false
 }
 
 // sameKeys reports whether two key maps say the same: the same map (a
