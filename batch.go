@@ -757,6 +757,34 @@ func (e *Engine) WaitBatch(ctx context.Context, id BatchID) error {
 	return nil
 }
 
+// SubmitTransferAndWait is SubmitTransfer then WaitBatch(ctx, id), for a
+// caller that waits for what it submits. When the engine's poller is idle
+// it posts the requests on the caller's goroutine and, over tcp, reads
+// their answers there too instead of sleeping until a transport goroutine
+// wakes it: one goroutine hand-off less per answer, which at one request
+// in flight is most of the time above the network's (see ring.SubmitAndWait).
+// A ctx that can be canceled but has no deadline is waited on without
+// reading the answers (a read on the socket would not see the cancel). The
+// error is SubmitTransfer's, or WaitBatch's (wrapping ctx's error). The
+// rules of both apply: one goroutine at a time submits to and waits on a
+// given batch.
+func (e *Engine) SubmitTransferAndWait(ctx context.Context, id BatchID, reqs []TransferRequest) error {
+	if err := e.submitDriven(ctx, id, reqs); err != nil {
+		return err
+	}
+	return e.WaitBatch(ctx, id)
+}
+
+// submitDriven is SubmitTransferAndWait's submit: driven unless ctx can be
+// canceled with no deadline.
+func (e *Engine) submitDriven(ctx context.Context, id BatchID, reqs []TransferRequest) error {
+	drive, deadline := ctx.Done() == nil, int64(0)
+	if dl, ok := ctx.Deadline(); ok {
+		drive, deadline = true, dl.UnixNano()
+	}
+	return e.submitTransfer(id, reqs, drive, deadline)
+}
+
 // Transfer runs reqs as one batch and waits for all of them. It returns
 // nil when every request completed, else the first task's error with its
 // index. When ctx ends first the unfinished requests are canceled, and the
@@ -775,14 +803,7 @@ func (e *Engine) Transfer(ctx context.Context, reqs ...TransferRequest) error {
 	if err != nil {
 		return err
 	}
-	// A caller with no way to cut a wait short but a deadline (or none:
-	// Background) reads its answers itself (see ring.SubmitDriven); one
-	// whose ctx may be canceled any time waits for the transports' goroutines.
-	drive, deadline := ctx.Done() == nil, int64(0)
-	if dl, ok := ctx.Deadline(); ok {
-		drive, deadline = true, dl.UnixNano()
-	}
-	if err := e.submitTransfer(id, reqs, drive, deadline); err != nil {
+	if err := e.submitDriven(ctx, id, reqs); err != nil {
 		e.WaitBatch(context.Background(), id)
 		e.FreeBatchID(id)
 		return err

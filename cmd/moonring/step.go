@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/moonring/moonring"
 )
@@ -257,13 +258,25 @@ func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches
 			r.live = false
 		}
 	}
+	// With one batch in flight each round is waited for as soon as it is
+	// submitted: SubmitTransferAndWait does both, and reads the answers
+	// on this goroutine where the transport allows it (tcp). It drives
+	// only under a ctx with a deadline (or none): the step's, with room.
+	one := batches == 1
+	wctx, cancel := context.WithDeadline(ctx, time.Now().Add(d+time.Minute))
+	defer cancel()
 	submit := func(r *round) error {
 		id, err := e.AllocateBatchID(depth)
 		if err != nil {
 			return err
 		}
 		r.id, r.started, r.live = id, time.Now(), true
-		if err := e.SubmitTransfer(id, r.reqs); err != nil {
+		if one {
+			err = e.SubmitTransferAndWait(wctx, id, r.reqs)
+		} else {
+			err = e.SubmitTransfer(id, r.reqs)
+		}
+		if err != nil {
 			return err // abandon waits out what was pushed
 		}
 		ends.counts.submitted(depth)
@@ -285,9 +298,11 @@ func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches
 		if !r.live {
 			continue
 		}
-		if err := e.WaitBatch(ctx, r.id); err != nil {
-			abandon()
-			return 0, 0, nil, err
+		if !one { // else submit waited
+			if err := e.WaitBatch(ctx, r.id); err != nil {
+				abandon()
+				return 0, 0, nil, err
+			}
 		}
 		now := time.Now()
 		took := now.Sub(r.started)
@@ -336,6 +351,9 @@ func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches
 // requests measured (completed ones), the time they took and their
 // latencies. Every request's end goes to ends.
 func drive(ctx context.Context, r *moonring.Ring, first, depth int, d time.Duration, ends *endings, entry func(slot int) *moonring.Entry) (int, time.Duration, []time.Duration, error) {
+	if depth == 1 {
+		return driveOne(ctx, r, first, d, ends, entry)
+	}
 	started := make([]time.Time, first+depth)
 	lat := make([]time.Duration, 0, 1<<16)
 	cqes := make([]moonring.Completion, depth)
@@ -389,4 +407,42 @@ func drive(ctx context.Context, r *moonring.Ring, first, depth int, d time.Durat
 		r.Advance(n)
 	}
 	return requests, time.Since(t0), lat, nil
+}
+
+// driveOne is drive with one request in flight: each is submitted and
+// waited for by Ring.SubmitAndWait, which reads its answer on this
+// goroutine where the transport allows it (tcp). It drives only under a
+// ctx with a deadline (or none): the step's, with room.
+func driveOne(ctx context.Context, r *moonring.Ring, slot int, d time.Duration, ends *endings, entry func(slot int) *moonring.Entry) (int, time.Duration, []time.Duration, error) {
+	wctx, cancel := context.WithDeadline(ctx, time.Now().Add(d+time.Minute))
+	defer cancel()
+	lat := make([]time.Duration, 0, 1<<16)
+	requests := 0
+	t0 := time.Now()
+	warm, warmed := d/5, false
+	for {
+		start := time.Now()
+		if _, err := r.SubmitAndWait(wctx, unsafe.Slice(entry(slot), 1), 1); err != nil {
+			return 0, 0, nil, err
+		}
+		ends.counts.submitted(1)
+		now := time.Now()
+		c := r.Peek()
+		if err := ends.ended(slot, c.Status, c.Code); err != nil {
+			return 0, 0, nil, err
+		}
+		if c.Status == moonring.COMPLETED {
+			lat = append(lat, now.Sub(start))
+			requests++
+			moved.Add(int64(c.Bytes))
+		}
+		r.Advance(1)
+		if !warmed && now.Sub(t0) >= warm {
+			warmed, t0 = true, now
+			requests, lat = 0, lat[:0]
+		}
+		if warmed && now.Sub(t0) >= d {
+			return requests, time.Since(t0), lat, nil
+		}
+	}
 }
