@@ -6,7 +6,9 @@
 // them into a lock-free queue, a sender goroutine writes their request
 // frames (WRITE payloads straight from registered memory, with writev), and
 // a receiver goroutine reads the responses in order, landing READ payloads
-// straight in registered memory. A broken connection fails its slices with a
+// straight in registered memory, unless a caller that posted Driven slices
+// reads them itself (Endpoint.Drive, drive.go: a caller waiting for a
+// small answer saves the receiver's hand-off). A broken connection fails its slices with a
 // retryable error, so the engine moves them to another rail, and is redialed
 // with backoff.
 //
