@@ -194,6 +194,12 @@ func (l *ChunkList) Insert(b BufferDesc) error {
 	if hasNext && b.Addr+b.Length > next {
 		return fmt.Errorf("%w: buffer [%#x, +%d) overlaps another", ErrBadDesc, b.Addr, b.Length)
 	}
+	if len(c.bufs) == ChunkSize && at == len(c.bufs) {
+		// Past the end of a full chunk (registrations in address order):
+		// a chunk of its own, which leaves c full rather than two halves.
+		l.replace(ci+1, ci+1, []*chunk{l.newChunk([]BufferDesc{b})})
+		return nil
+	}
 	bufs := make([]BufferDesc, 0, len(c.bufs)+1)
 	bufs = append(append(append(bufs, c.bufs[:at]...), b), c.bufs[at:]...)
 	if len(bufs) <= ChunkSize {

@@ -3,12 +3,16 @@ package segtable
 import "sync/atomic"
 
 // Sorted is a copy-on-write sequence of values ordered by a uint64 key (an
-// address), kept in chunks of at most maxChunk: lookups load one snapshot
-// and search the chunks' first keys, then one chunk's keys (packed
-// uint64s, not the values), in O(log n) and without a lock; a change
-// copies one chunk and the small arrays over the chunks, O(sqrt n) for n
-// values, where one flat sorted slice copied all n. Equal keys keep the
-// order they were inserted in.
+// address), kept as a two-level tree: chunks of at most maxChunk values
+// (their keys packed, apart from the values), in pages of at most maxPage
+// chunks, under one array of pages. Lookups load one snapshot and search
+// the pages' first keys, then one page's chunks' first keys, then one
+// chunk's keys, in O(log n) and without a lock. A change copies one chunk,
+// one page's arrays and the top array, O(maxChunk + maxPage + n/(maxChunk
+// maxPage)): flat up to millions of values, where one level of chunks made
+// each change copy O(sqrt n) (a chunk of up to 512 values and the array
+// over all chunks), which grew a register/unregister cycle 3x from 1 to
+// 100k buffers. Equal keys keep the order they were inserted in.
 //
 // Lookups are safe for concurrent use with each other and with one
 // changer; changes (Insert, Delete, Reset) must be serialized by the
@@ -17,15 +21,29 @@ type Sorted[T any] struct {
 	snap atomic.Pointer[sortedSnap[T]]
 }
 
-const (
-	maxChunk = 512          // a chunk that grows past it splits in two
-	minChunk = maxChunk / 8 // one that shrinks under it joins a neighbour
+// The tree's fan-outs: variables only so that tests can make trees of
+// many pages from few values.
+var (
+	maxChunk = 64 // a chunk that grows past it splits in two
+	maxPage  = 64 // chunks of a page; one that grows past it splits
 )
 
+// A chunk or page that shrinks under a quarter of its maximum joins a
+// neighbour that has room.
+func minChunk() int { return maxChunk / 4 }
+func minPage() int  { return maxPage / 4 }
+
 type sortedSnap[T any] struct {
+	firsts []uint64 // firsts[p] is pages[p].firsts[0]
+	pages  []*sortedPage[T]
+	offs   []int // offs[p]: how many values lie before page p
+	n      int
+}
+
+type sortedPage[T any] struct {
 	firsts []uint64 // firsts[c] is chunks[c].keys[0]
 	chunks []sortedChunk[T]
-	offs   []int // offs[c]: how many values lie before chunk c
+	offs   []int // offs[c]: how many values of the page lie before chunk c
 	n      int
 }
 
@@ -44,13 +62,15 @@ func (s *Sorted[T]) load() *sortedSnap[T] {
 // Len returns how many values the sequence holds.
 func (s *Sorted[T]) Len() int { return s.load().n }
 
-// floor returns the chunk and offset of the last value whose key is at
-// most key, or c = -1.
-func (sn *sortedSnap[T]) floor(key uint64) (c, i int) {
-	if c = floorIndex(sn.firsts, key); c < 0 {
-		return -1, 0
+// floor returns the page, chunk and offset of the last value whose key is
+// at most key, or p = -1.
+func (sn *sortedSnap[T]) floor(key uint64) (p, c, i int) {
+	if p = floorIndex(sn.firsts, key); p < 0 {
+		return -1, 0, 0
 	}
-	return c, floorIndex(sn.chunks[c].keys, key)
+	pg := sn.pages[p]
+	c = floorIndex(pg.firsts, key)
+	return p, c, floorIndex(pg.chunks[c].keys, key)
 }
 
 // floorIndex returns the index of the last element of a, which is sorted,
@@ -78,27 +98,34 @@ func floorIndex(a []uint64, key uint64) int {
 // value's index in the sequence; ok is false when every key is larger.
 func (s *Sorted[T]) Floor(key uint64) (v T, k uint64, index int, ok bool) {
 	sn := s.load()
-	c, i := sn.floor(key)
-	if c < 0 {
+	p, c, i := sn.floor(key)
+	if p < 0 {
 		return v, 0, -1, false
 	}
-	ch := &sn.chunks[c]
-	return ch.vals[i], ch.keys[i], sn.offs[c] + i, true
+	pg := sn.pages[p]
+	ch := &pg.chunks[c]
+	return ch.vals[i], ch.keys[i], sn.offs[p] + pg.offs[c] + i, true
 }
 
 // Descend calls fn for the values whose keys are at most key, from the
 // last down, until fn returns false.
 func (s *Sorted[T]) Descend(key uint64, fn func(k uint64, v T) bool) {
 	sn := s.load()
-	c, i := sn.floor(key)
-	for ; c >= 0; c-- {
-		ch := sn.chunks[c]
-		if i < 0 {
-			i = len(ch.keys) - 1
+	p, c, i := sn.floor(key)
+	for ; p >= 0; p-- {
+		pg := sn.pages[p]
+		if c < 0 {
+			c = len(pg.chunks) - 1
 		}
-		for ; i >= 0; i-- {
-			if !fn(ch.keys[i], ch.vals[i]) {
-				return
+		for ; c >= 0; c-- {
+			ch := pg.chunks[c]
+			if i < 0 {
+				i = len(ch.keys) - 1
+			}
+			for ; i >= 0; i-- {
+				if !fn(ch.keys[i], ch.vals[i]) {
+					return
+				}
 			}
 		}
 	}
@@ -111,10 +138,12 @@ func (sn *sortedSnap[T]) ascend(fn func(k uint64, v T) bool) {
 	if sn == nil {
 		return
 	}
-	for _, ch := range sn.chunks {
-		for i, k := range ch.keys {
-			if !fn(k, ch.vals[i]) {
-				return
+	for _, pg := range sn.pages {
+		for _, ch := range pg.chunks {
+			for i, k := range ch.keys {
+				if !fn(k, ch.vals[i]) {
+					return
+				}
 			}
 		}
 	}
@@ -124,8 +153,10 @@ func (sn *sortedSnap[T]) ascend(fn func(k uint64, v T) bool) {
 func (s *Sorted[T]) Values() []T {
 	sn := s.load()
 	out := make([]T, 0, sn.n)
-	for _, ch := range sn.chunks {
-		out = append(out, ch.vals...)
+	for _, pg := range sn.pages {
+		for _, ch := range pg.chunks {
+			out = append(out, ch.vals...)
+		}
 	}
 	return out
 }
@@ -133,120 +164,203 @@ func (s *Sorted[T]) Values() []T {
 // Insert adds v under key, after any value of an equal key.
 func (s *Sorted[T]) Insert(key uint64, v T) {
 	sn := s.load()
-	if len(sn.chunks) == 0 {
-		s.publish(sn, 0, 0, []sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}})
+	if len(sn.pages) == 0 {
+		s.publish(sn, 0, 0, []*sortedPage[T]{newPage([]sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}})})
 		return
 	}
-	c, i := sn.floor(key)
-	if c < 0 {
-		c, i = 0, -1 // before everything: the first chunk's head
+	p, c, i := sn.floor(key)
+	if p < 0 {
+		p, c, i = 0, 0, -1 // before everything: the first chunk's head
 	}
-	old := sn.chunks[c]
+	pg := sn.pages[p]
+	old := pg.chunks[c]
 	at := i + 1
+	if len(old.keys) == maxChunk && at == len(old.keys) {
+		// Past the end of a full chunk (insertions in key order): a chunk
+		// of its own, which leaves the full one full rather than halves.
+		s.publish(sn, p, p+1, pg.with(c+1, c+1, []sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}}, nil))
+		return
+	}
 	keys := make([]uint64, 0, len(old.keys)+1)
 	keys = append(append(append(keys, old.keys[:at]...), key), old.keys[at:]...)
 	vals := make([]T, 0, len(old.vals)+1)
 	vals = append(append(append(vals, old.vals[:at]...), v), old.vals[at:]...)
-	if len(keys) <= maxChunk {
-		s.publish(sn, c, c+1, []sortedChunk[T]{{keys, vals}})
-		return
+	with := []sortedChunk[T]{{keys, vals}}
+	if len(keys) > maxChunk {
+		h := len(keys) / 2
+		with = []sortedChunk[T]{{keys: keys[:h:h], vals: vals[:h:h]}, {keys: keys[h:], vals: vals[h:]}}
 	}
-	h := len(keys) / 2
-	s.publish(sn, c, c+1, []sortedChunk[T]{
-		{keys: keys[:h:h], vals: vals[:h:h]},
-		{keys: keys[h:], vals: vals[h:]},
-	})
+	s.publish(sn, p, p+1, pg.with(c, c+1, with, nil))
 }
 
 // Delete removes the first value under key for which match reports true,
 // and reports whether there was one.
 func (s *Sorted[T]) Delete(key uint64, match func(T) bool) bool {
 	sn := s.load()
-	c, i := sn.floor(key)
-	for ; c >= 0; c-- {
-		ch := sn.chunks[c]
-		if i < 0 {
-			i = len(ch.keys) - 1
+	p, c, i := sn.floor(key)
+	for ; p >= 0; p-- {
+		pg := sn.pages[p]
+		if c < 0 {
+			c = len(pg.chunks) - 1
 		}
-		for ; i >= 0 && ch.keys[i] == key; i-- {
-			if match(ch.vals[i]) {
-				s.deleteAt(sn, c, i)
-				return true
+		for ; c >= 0; c-- {
+			ch := pg.chunks[c]
+			if i < 0 {
+				i = len(ch.keys) - 1
 			}
-		}
-		if i >= 0 {
-			return false // a smaller key: none left under key
+			for ; i >= 0 && ch.keys[i] == key; i-- {
+				if match(ch.vals[i]) {
+					s.deleteAt(sn, p, c, i)
+					return true
+				}
+			}
+			if i >= 0 {
+				return false // a smaller key: none left under key
+			}
 		}
 	}
 	return false
 }
 
-func (s *Sorted[T]) deleteAt(sn *sortedSnap[T], c, i int) {
-	old := sn.chunks[c]
-	if len(old.keys) == 1 {
-		s.publish(sn, c, c+1, nil)
-		return
-	}
+func (s *Sorted[T]) deleteAt(sn *sortedSnap[T], p, c, i int) {
+	pg := sn.pages[p]
+	old := pg.chunks[c]
 	keys := make([]uint64, 0, len(old.keys)-1)
 	keys = append(append(keys, old.keys[:i]...), old.keys[i+1:]...)
 	vals := make([]T, 0, len(old.vals)-1)
 	vals = append(append(vals, old.vals[:i]...), old.vals[i+1:]...)
 	lo, hi := c, c+1
-	if len(keys) < minChunk {
-		// Join a neighbour, the smaller, if the two fit in a chunk, so
-		// that deletions do not leave many small chunks behind.
-		n := -1
-		if c > 0 {
-			n = c - 1
-		}
-		if c+1 < len(sn.chunks) && (n < 0 || len(sn.chunks[c+1].keys) < len(sn.chunks[n].keys)) {
-			n = c + 1
-		}
-		if n >= 0 && len(sn.chunks[n].keys)+len(keys) <= maxChunk {
-			nb := sn.chunks[n]
-			if n < c {
-				keys = append(append([]uint64(nil), nb.keys...), keys...)
-				vals = append(append([]T(nil), nb.vals...), vals...)
-				lo = n
-			} else {
-				keys = append(keys, nb.keys...)
-				vals = append(vals, nb.vals...)
-				hi = n + 1
+	var with []sortedChunk[T]
+	if len(keys) > 0 {
+		if len(keys) < minChunk() {
+			// Join the smaller neighbour in the page if the two fit in a
+			// chunk, so that deletions do not leave many small chunks.
+			n := -1
+			if c > 0 {
+				n = c - 1
+			}
+			if c+1 < len(pg.chunks) && (n < 0 || len(pg.chunks[c+1].keys) < len(pg.chunks[n].keys)) {
+				n = c + 1
+			}
+			if n >= 0 && len(pg.chunks[n].keys)+len(keys) <= maxChunk {
+				nb := pg.chunks[n]
+				if n < c {
+					keys = append(append([]uint64(nil), nb.keys...), keys...)
+					vals = append(append([]T(nil), nb.vals...), vals...)
+					lo = n
+				} else {
+					keys = append(keys, nb.keys...)
+					vals = append(vals, nb.vals...)
+					hi = n + 1
+				}
 			}
 		}
+		with = []sortedChunk[T]{{keys, vals}}
 	}
-	s.publish(sn, lo, hi, []sortedChunk[T]{{keys, vals}})
+	// A page left small joins the smaller neighbour page if they fit.
+	plo, phi := p, p+1
+	var nb *sortedPage[T]
+	left := false
+	if len(pg.chunks)-(hi-lo)+len(with) < minPage() {
+		n := -1
+		if p > 0 {
+			n = p - 1
+		}
+		if p+1 < len(sn.pages) && (n < 0 || len(sn.pages[p+1].chunks) < len(sn.pages[n].chunks)) {
+			n = p + 1
+		}
+		if n >= 0 && len(sn.pages[n].chunks)+len(pg.chunks)-(hi-lo)+len(with) <= maxPage {
+			nb, left = sn.pages[n], n < p
+			plo, phi = min(p, n), max(p, n)+1
+		}
+	}
+	var pages []*sortedPage[T]
+	if nb != nil {
+		pages = pg.with(lo, hi, with, &join[T]{page: nb, left: left})
+	} else {
+		pages = pg.with(lo, hi, with, nil)
+	}
+	s.publish(sn, plo, phi, pages)
+}
+
+// join is a neighbour page that a page's replacement takes in.
+type join[T any] struct {
+	page *sortedPage[T]
+	left bool // it comes before the page
+}
+
+// with returns the pages that replace pg once its chunks [lo, hi) are
+// replaced by chunks, and the chunks of j's page joined: none when no
+// chunk is left, two when they are more than maxPage.
+func (pg *sortedPage[T]) with(lo, hi int, chunks []sortedChunk[T], j *join[T]) []*sortedPage[T] {
+	n := len(pg.chunks) - (hi - lo) + len(chunks)
+	if j != nil {
+		n += len(j.page.chunks)
+	}
+	all := make([]sortedChunk[T], 0, n)
+	if j != nil && j.left {
+		all = append(all, j.page.chunks...)
+	}
+	all = append(append(append(all, pg.chunks[:lo]...), chunks...), pg.chunks[hi:]...)
+	if j != nil && !j.left {
+		all = append(all, j.page.chunks...)
+	}
+	switch {
+	case len(all) == 0:
+		return nil
+	case len(all) > maxPage:
+		h := len(all) / 2
+		return []*sortedPage[T]{newPage(all[:h:h]), newPage(all[h:])}
+	}
+	return []*sortedPage[T]{newPage(all)}
+}
+
+// newPage returns a page of chunks, which it keeps.
+func newPage[T any](chunks []sortedChunk[T]) *sortedPage[T] {
+	pg := &sortedPage[T]{firsts: make([]uint64, len(chunks)), chunks: chunks, offs: make([]int, len(chunks))}
+	for c, ch := range chunks {
+		pg.firsts[c] = ch.keys[0]
+		pg.offs[c] = pg.n
+		pg.n += len(ch.keys)
+	}
+	return pg
 }
 
 // Reset replaces the sequence with keys and vals, which must be sorted by
-// key and of one length.
+// key and of one length. Chunks and pages are filled to half, so that the
+// next insertions split none.
 func (s *Sorted[T]) Reset(keys []uint64, vals []T) {
 	var chunks []sortedChunk[T]
 	for lo := 0; lo < len(keys); lo += maxChunk / 2 {
 		hi := min(lo+maxChunk/2, len(keys))
 		chunks = append(chunks, sortedChunk[T]{keys: keys[lo:hi:hi], vals: vals[lo:hi:hi]})
 	}
-	s.publish(&sortedSnap[T]{}, 0, 0, chunks)
+	var pages []*sortedPage[T]
+	for lo := 0; lo < len(chunks); lo += maxPage / 2 {
+		hi := min(lo+maxPage/2, len(chunks))
+		pages = append(pages, newPage(chunks[lo:hi:hi]))
+	}
+	s.publish(&sortedSnap[T]{}, 0, 0, pages)
 }
 
-// publish stores a snapshot that is sn with chunks [lo, hi) replaced by
+// publish stores a snapshot that is sn with pages [lo, hi) replaced by
 // with.
-func (s *Sorted[T]) publish(sn *sortedSnap[T], lo, hi int, with []sortedChunk[T]) {
-	n := len(sn.chunks) - (hi - lo) + len(with)
-	ns := &sortedSnap[T]{firsts: make([]uint64, 0, n), chunks: make([]sortedChunk[T], 0, n), offs: make([]int, n)}
-	ns.chunks = append(append(append(ns.chunks, sn.chunks[:lo]...), with...), sn.chunks[hi:]...)
+func (s *Sorted[T]) publish(sn *sortedSnap[T], lo, hi int, with []*sortedPage[T]) {
+	n := len(sn.pages) - (hi - lo) + len(with)
+	ns := &sortedSnap[T]{firsts: make([]uint64, 0, n), pages: make([]*sortedPage[T], 0, n), offs: make([]int, n)}
+	ns.pages = append(append(append(ns.pages, sn.pages[:lo]...), with...), sn.pages[hi:]...)
 	ns.firsts = append(ns.firsts, sn.firsts[:lo]...)
-	for _, ch := range ns.chunks[lo:] {
-		ns.firsts = append(ns.firsts, ch.keys[0])
+	for _, pg := range ns.pages[lo:] {
+		ns.firsts = append(ns.firsts, pg.firsts[0])
 	}
 	copy(ns.offs, sn.offs[:lo])
 	total := 0
 	if lo > 0 {
-		total = sn.offs[lo-1] + len(sn.chunks[lo-1].keys)
+		total = sn.offs[lo-1] + sn.pages[lo-1].n
 	}
-	for c := lo; c < n; c++ {
-		ns.offs[c] = total
-		total += len(ns.chunks[c].keys)
+	for p := lo; p < n; p++ {
+		ns.offs[p] = total
+		total += ns.pages[p].n
 	}
 	ns.n = total
 	s.snap.Store(ns)

@@ -10,6 +10,17 @@ import (
 // equal keys, against a flat sorted slice: enough to split chunks and join
 // them again. After each change every lookup agrees with the model.
 func TestSortedModel(t *testing.T) {
+	t.Run("default", testSortedModel)
+	t.Run("small", func(t *testing.T) {
+		// Chunks of 4 in pages of 4: hundreds of pages, split and joined.
+		mc, mp := maxChunk, maxPage
+		maxChunk, maxPage = 4, 4
+		defer func() { maxChunk, maxPage = mc, mp }()
+		testSortedModel(t)
+	})
+}
+
+func testSortedModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(19, 1))
 	var s Sorted[int]
 	var model []kv
@@ -25,9 +36,16 @@ func TestSortedModel(t *testing.T) {
 			}
 		}
 		sn := s.load()
-		for c, ch := range sn.chunks {
-			if len(ch.keys) == 0 || len(ch.keys) > maxChunk || sn.firsts[c] != ch.keys[0] {
-				t.Fatalf("step %d: chunk %d of %d keys, first %d", step, c, len(ch.keys), sn.firsts[c])
+		total := 0
+		for p, pg := range sn.pages {
+			if len(pg.chunks) == 0 || len(pg.chunks) > maxPage || sn.firsts[p] != pg.firsts[0] || sn.offs[p] != total {
+				t.Fatalf("step %d: page %d of %d chunks, first %d, offset %d (want %d)", step, p, len(pg.chunks), sn.firsts[p], sn.offs[p], total)
+			}
+			for c, ch := range pg.chunks {
+				if len(ch.keys) == 0 || len(ch.keys) > maxChunk || pg.firsts[c] != ch.keys[0] || pg.offs[c]+sn.offs[p] != total {
+					t.Fatalf("step %d: page %d chunk %d of %d keys, first %d", step, p, c, len(ch.keys), pg.firsts[c])
+				}
+				total += len(ch.keys)
 			}
 		}
 		for range 20 {
@@ -79,8 +97,8 @@ func TestSortedModel(t *testing.T) {
 		model = model[1:]
 	}
 	check(-1)
-	if n := len(s.load().chunks); n != 0 {
-		t.Fatalf("%d chunks left when empty", n)
+	if n := len(s.load().pages); n != 0 {
+		t.Fatalf("%d pages left when empty", n)
 	}
 }
 
