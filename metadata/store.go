@@ -51,6 +51,11 @@ type Event struct {
 //
 // Put checks d with Validate ([segtable.ErrBadDesc] if it fails, or if d is
 // nil) and stores a copy: changing d afterwards does not change the store.
+// The chunks of a Chunked descriptor (an engine's, see
+// [segtable.ChunkList]) are immutable: a store may keep them by pointer,
+// and the in-process Memory does, so that a republish after one
+// registration does not cost every buffer. What Get and Watch hand out
+// is flat (Buffers, with Chunks when signed), whatever was put.
 // When the name holds a descriptor with a different Epoch, Put fails with
 // [ErrExists] and leaves it alone: another live engine owns the name and must
 // Delete it first. With the same Epoch, Put replaces the descriptor; that is

@@ -208,3 +208,31 @@ func normalize(d *segtable.SegmentDesc) *segtable.SegmentDesc {
 	}
 	return c
 }
+
+// TestVerifyFirstFormat: a descriptor signed by the first version of the
+// format (a MAC per buffer and a header MAC over them, no Rev, no chunks;
+// written by the code of d580acb) still verifies, for engines not yet
+// upgraded, and not once changed, nor with chunks or a Rev added.
+func TestVerifyFirstFormat(t *testing.T) {
+	const v1 = `{"version":1,"name":"old-engine","epoch":9,"endpoints":{"tcp":"10.0.0.1:7001"},"buffers":[{"addr":4096,"length":4096,"location":"cpu:0","keys":{"tcp":"1.a"},"mac":"2NqTa7QgxjO6ITsa67CYMQ"},{"addr":12288,"length":64,"location":"cpu:0","keys":{"tcp":"2.b"},"mac":"iMOOt7eN8EoTvcIHtumtMg"}],"mac":"KY8ReWzTkY7WuowmtzCYgA"}`
+	s := signer(t, "v1 key")
+	d, err := segtable.UnmarshalDesc([]byte(v1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Verify(d); err != nil {
+		t.Fatalf("a first-format descriptor: %v", err)
+	}
+	for _, change := range []func(*segtable.SegmentDesc){
+		func(d *segtable.SegmentDesc) { d.Buffers = d.Buffers[:1] },
+		func(d *segtable.SegmentDesc) { d.Buffers[1].Keys["tcp"] = "3.c" },
+		func(d *segtable.SegmentDesc) { d.Rev = 1 },
+		func(d *segtable.SegmentDesc) { d.Chunks = []segtable.ChunkInfo{{Seq: 1, N: 2}} },
+	} {
+		x := d.Clone()
+		change(x)
+		if err := s.Verify(x); !errors.Is(err, segtable.ErrForged) {
+			t.Errorf("a changed first-format descriptor: %v, want ErrForged", err)
+		}
+	}
+}
