@@ -83,8 +83,14 @@
 #   MC_VERIFY_SECS  seconds per validator run [2]
 #   MOONRING        the moonring binary [built from this repository]
 #   MR_BENCH_ARGS   replaces "--batch-size 32 --batches 4" for moonring bench
-#   MC_RDMA         1: also Mooncake->Mooncake over RDMA (P2PHANDSHAKE) inside
-#                   scripts/rdma-vm.sh's Soft-RoCE guest (rdma-guest.sh) [0]
+#   MC_RDMA         1: also over RDMA (P2PHANDSHAKE) inside scripts/rdma-vm.sh's
+#                   Soft-RoCE guest (rdma-guest.sh): Mooncake->Mooncake, and,
+#                   with a -tags rdma moonring (built here when libibverbs-dev
+#                   is installed), Mooncake->moonring serve --mooncake
+#                   --mooncake-rdma and moonring bench --mooncake
+#                   --mooncake-rdma->Mooncake, with the one-way checks of
+#                   moonring_mc_check --rdma (4 MiB each way) [0]
+#   MC_TCP          0: skip the TCP rows (with MC_RDMA=1: RDMA only) [1]
 #   MC_HTTP_SERVER  go: Mooncake's own HTTP metadata server when it builds;
 #                   python: scripts/mooncake-interop/http_metadata_server.py [go]
 #
@@ -129,6 +135,7 @@ POOLS=${MC_TCP_POOL:-0 1}
 REPEAT=${MC_REPEAT:-1}
 VSECS=${MC_VERIFY_SECS:-2}
 MR_BENCH_ARGS=${MR_BENCH_ARGS:---batch-size 32 --batches 4}
+[ "${MC_TCP:-1}" = 0 ] && METAS=""
 mkdir -p "$BUILD/bin" "$BUILD/logs"
 
 if commit=$(git -C "$SRC" rev-parse HEAD 2>/dev/null); then
@@ -661,20 +668,37 @@ done
 
 # --- RDMA, Mooncake to Mooncake, in the Soft-RoCE guest (MC_RDMA=1) ---------------
 if [ "${MC_RDMA:-0}" = 1 ]; then
-	log "RDMA: Mooncake->Mooncake in scripts/rdma-vm.sh's Soft-RoCE guest (log: $RUNLOGS/rdma-vm.log)"
+	# moonring's side needs a -tags rdma build (cgo, libibverbs-dev), as
+	# `make build` makes where the headers are.
+	mr_rdma=()
+	if [ -f /usr/include/infiniband/verbs.h ] && (cd "$repo" && go build -tags rdma -o "$BUILD/bin/moonring-rdma" ./cmd/moonring); then
+		mr_rdma=(--add "$BUILD/bin/moonring-rdma=/opt/rdma-vm/bin/moonring" --add "$MCC=/opt/rdma-vm/bin/moonring_mc_check")
+		log "RDMA: Mooncake->Mooncake, Mooncake->moonring, moonring->Mooncake in scripts/rdma-vm.sh's Soft-RoCE guest (log: $RUNLOGS/rdma-vm.log)"
+	else
+		log "RDMA: no -tags rdma moonring (libibverbs-dev?): Mooncake->Mooncake only, in the Soft-RoCE guest (log: $RUNLOGS/rdma-vm.log)"
+		row moonring rdma-guest - - - skip "no -tags rdma build of moonring (libibverbs-dev): only Mooncake->Mooncake over RDMA"
+	fi
 	"$here/rdma-vm.sh" --timeout 600 --selftest basic \
 		--add "$BUILD/te-build/mooncake-common/libasio.so=/usr/lib/x86_64-linux-gnu/libasio.so" \
-		--add "$MCB=/opt/rdma-vm/bin/transfer_engine_bench" \
+		--add "$MCB=/opt/rdma-vm/bin/transfer_engine_bench" "${mr_rdma[@]}" \
 		"$here/mooncake-interop/rdma-guest.sh" $SIZES >"$RUNLOGS/rdma-vm.log" 2>&1 || true
 	got=0
-	while read -r _ _ op size rcf _ gbps _; do
+	declare -A dirs=([mc-mc]=mooncake-\>mooncake [mc-mr]=mooncake-\>moonring [mr-mc]=moonring-\>mooncake)
+	declare -A how=([mc-mc]="none (bench); emulated guest CPUs" [mc-mr]="none (bench; see check); emulated guest CPUs"
+		[mr-mc]="bench's own verification; emulated guest CPUs")
+	while read -r _ dir op size rcf _ gbps _; do
 		got=1
 		if [ "$rcf" = rc=0 ]; then
-			row mooncake-\>mooncake rdma-guest "$op" "$size" "$gbps" pass "none (bench); emulated guest CPUs"
+			row "${dirs[$dir]:-$dir}" rdma-guest "$op" "$size" "$(printf %.3f "$gbps")" pass "${how[$dir]:-}"
 		else
-			row mooncake-\>mooncake rdma-guest "$op" "$size" - FAIL "$rcf"
+			row "${dirs[$dir]:-$dir}" rdma-guest "$op" "$size" - FAIL "$rcf"
 		fi
-	done < <(grep '^RESULT rdma ' "$RUNLOGS/rdma-vm.log")
+	done < <(grep '^RESULT ' "$RUNLOGS/rdma-vm.log")
+	while read -r _ dir rcf what; do
+		got=1
+		if [ "$rcf" = rc=00 ]; then r=pass; else r=FAIL; fi
+		row "${dirs[$dir]:-$dir}" rdma-guest check 4194304 - $r "$what"
+	done < <(grep '^CHECK ' "$RUNLOGS/rdma-vm.log")
 	[ $got = 1 ] || row mooncake-\>mooncake rdma-guest - - - FAIL "the guest gave no result ($RUNLOGS/rdma-vm.log)"
 fi
 

@@ -26,9 +26,11 @@
 // Usage:
 //   mc_check --metadata=P2PHANDSHAKE|http://HOST:PORT/metadata
 //            --segment=NAME [--local=NAME] [--bytes=N] [--block=N]
-//            [--expect-seed=S] [--write-seed=S]
+//            [--expect-seed=S] [--write-seed=S] [--rdma=DEV]
 //   mc_check --mode=target --metadata=M [--local=NAME] [--bytes=N]
-//            [--fill-seed=S] [--check-seed=S]
+//            [--fill-seed=S] [--check-seed=S] [--rdma=DEV]
+// --rdma=DEV moves the bytes over Mooncake's RDMA transport on device DEV
+// instead of its TCP.
 // Exit status 0: every check asked for passed; 1: a check failed; 2: setup.
 #include <glog/logging.h>
 #include <signal.h>
@@ -85,6 +87,23 @@ std::string arg(int argc, char** argv, const char* name,
         if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0)
             return argv[i] + prefix.size();
     return def;
+}
+
+// install installs the transport: Mooncake's RDMA on the device --rdma=DEV
+// names (buffers of location cpu:0 prefer it), else its TCP.
+bool install(TransferEngine& e, int argc, char** argv) {
+    std::string dev = arg(argc, argv, "rdma", "");
+    if (dev.empty()) {
+        if (e.installTransport("tcp", nullptr)) return true;
+        std::fprintf(stderr, "mc_check: installTransport(tcp) failed\n");
+        return false;
+    }
+    std::string matrix = "{\"cpu:0\": [[\"" + dev + "\"], []]}";
+    void* args[2] = {const_cast<char*>(matrix.c_str()), nullptr};
+    if (e.installTransport("rdma", args)) return true;
+    std::fprintf(stderr, "mc_check: installTransport(rdma, %s) failed\n",
+                 dev.c_str());
+    return false;
 }
 
 // move runs one op over [0, n) of the remote buffer at base, in blocks of
@@ -162,10 +181,7 @@ int target(int argc, char** argv) {
         std::fprintf(stderr, "mc_check: init failed\n");
         return 2;
     }
-    if (!e.installTransport("tcp", nullptr)) {
-        std::fprintf(stderr, "mc_check: installTransport(tcp) failed\n");
-        return 2;
-    }
+    if (!install(e, argc, argv)) return 2;
     void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) {
@@ -232,10 +248,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "mc_check: init failed\n");
         return 2;
     }
-    if (!e.installTransport("tcp", nullptr)) {
-        std::fprintf(stderr, "mc_check: installTransport(tcp) failed\n");
-        return 2;
-    }
+    if (!install(e, argc, argv)) return 2;
     SegmentID seg = e.openSegment(segment);
     auto desc = e.getMetadata()->getSegmentDescByID(seg);
     if (!desc || desc->buffers.empty()) {
