@@ -308,6 +308,9 @@ func (c Config) String() string {
 	}
 	if c.Mooncake != nil {
 		ts += fmt.Sprintf("\nmooncake: ON, NO AUTHENTICATION on its ports: rpc %s, tcp data %s", orDefault(c.Mooncake.RPC.Listen, "127.0.0.1:0"), orDefault(c.Mooncake.TCP.Listen, "the rpc port's host, any port"))
+		if c.Mooncake.RDMA != nil {
+			ts += fmt.Sprintf(", rdma (handshake on the rpc port) devices %v (in this build: %v)", c.Mooncake.RDMA.Devices, rdma.Available)
+		}
 	} else {
 		ts += "\nmooncake: off (Config.Mooncake speaks Mooncake's wire, without authentication)"
 	}
