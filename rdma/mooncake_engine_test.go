@@ -23,13 +23,10 @@ import (
 // mcRDMAEngine starts an engine in Mooncake mode with Mooncake's RDMA
 // transport (P2PHANDSHAKE unless store is given, then named name), or
 // skips where there is no RDMA device (fails inside the VM).
-func mcRDMAEngine(t *testing.T, store metadata.Store, name string) *moonring.Engine {
+func mcRDMAEngine(t *testing.T, store metadata.Store, name string, rc rdma.Config) *moonring.Engine {
 	t.Helper()
-	if _, err := rdma.Devices(); err != nil {
-		t.Skipf("SKIP: %v", err)
-	}
 	cfg := moonring.Config{Name: name, Metadata: store, Transports: []string{rdma.MooncakeName},
-		Mooncake: &moonring.MooncakeConfig{RDMA: &rdma.Config{}}}
+		Mooncake: &moonring.MooncakeConfig{RDMA: &rc}}
 	e, err := moonring.New(cfg)
 	if err != nil {
 		if errors.Is(err, rdma.ErrNoDevice) && os.Getenv("MOONRING_RDMA_REQUIRE") != "1" {
@@ -72,8 +69,8 @@ func (s mooncakeOnlyStore) Get(ctx context.Context, name string) (*segtable.Segm
 // publishes; a local-only buffer and one unregistered since are not
 // reachable; a notification goes over the RPC port.
 func TestMooncakeRDMAEngines(t *testing.T) {
-	a := mcRDMAEngine(t, nil, "")
-	b := mcRDMAEngine(t, mooncakeOnlyStore{metadata.NewMemory()}, "mc-rdma-initiator")
+	a := mcRDMAEngine(t, nil, "", rdma.Config{})
+	b := mcRDMAEngine(t, mooncakeOnlyStore{metadata.NewMemory()}, "mc-rdma-initiator", rdma.Config{})
 	const size = 128 << 10
 	src, back, dst, hidden := make([]byte, size), make([]byte, size), make([]byte, size), make([]byte, 4096)
 	r := rand.New(rand.NewPCG(18, 1))
@@ -171,6 +168,12 @@ func TestMooncakeRDMAEngines(t *testing.T) {
 	if st := b.Transport(rdma.MooncakeName).(*rdma.Transport).Stats(); st.Slices == 0 || st.QPs == 0 {
 		t.Fatalf("the initiator's Mooncake RDMA transport moved nothing: %+v", st)
 	}
+	// The target holds the test's set (2, replaced once) and the
+	// initiator's (QPsPerDevice per device).
+	ndev := len(strings.Split(nics, ","))
+	if st := a.Transport(rdma.MooncakeName).(*rdma.Transport).Stats(); st.PeerQPs != 2+ndev*rdma.DefaultQPsPerDevice || st.PeerEvictions != 0 {
+		t.Errorf("the target holds %d peer queue pairs (%d evictions); want %d", st.PeerQPs, st.PeerEvictions, 2+ndev*rdma.DefaultQPsPerDevice)
+	}
 	// Outside the target's remote memory: refused before anything is
 	// posted.
 	for what, at := range map[string]uint64{"past the end": base + size - 10, "a local-only buffer": uint64(moonring.AddressOf(hidden))} {
@@ -205,4 +208,42 @@ func TestMooncakeRDMAEngines(t *testing.T) {
 		t.Fatal("a READ of an unregistered buffer succeeded")
 	}
 	t.Logf("READ after the target unregistered: %v", err)
+}
+
+// The target's bound on peers' queue pairs: past MaxPeerQPs the set
+// connected longest ago goes (its ready acknowledgement is then refused),
+// and a set larger than the bound is refused.
+func TestMooncakeRDMAPeerBound(t *testing.T) {
+	a := mcRDMAEngine(t, nil, "", rdma.Config{MaxPeerQPs: 4})
+	tr := a.Transport(rdma.MooncakeName).(*rdma.Transport)
+	nics := tr.ExtraEndpoints()[mooncake.EndpointRDMANICs]
+	dev, _, _ := strings.Cut(nics, "/")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var c mooncake.RPCClient
+	req := func(peer string, qps ...uint32) *mooncake.HandshakeDesc {
+		return &mooncake.HandshakeDesc{LocalNICPath: peer + "@dev0", PeerNICPath: mooncake.NICPath(a.Name(), dev),
+			LocalGID: "00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:00:01", QPNums: qps, ReadyAckSupported: true}
+	}
+	for i, p := range []string{"p1:1", "p2:1", "p3:1"} {
+		if _, err := c.Handshake(ctx, a.MooncakeRPC(), req(p, uint32(100+2*i), uint32(101+2*i))); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+	}
+	if st := tr.Stats(); st.PeerQPs != 4 || st.PeerEvictions != 1 {
+		t.Fatalf("%d peer queue pairs, %d evictions; want 4 and 1", st.PeerQPs, st.PeerEvictions)
+	}
+	ack := req("p1:1", 100, 101)
+	ack.ReadyAck = true
+	if _, err := c.Handshake(ctx, a.MooncakeRPC(), ack); !errors.Is(err, mooncake.ErrHandshakeRefused) {
+		t.Errorf("the evicted set's ready ack: %v", err)
+	}
+	ack = req("p3:1", 104, 105)
+	ack.ReadyAck = true
+	if _, err := c.Handshake(ctx, a.MooncakeRPC(), ack); err != nil {
+		t.Errorf("a live set's ready ack: %v", err)
+	}
+	if _, err := c.Handshake(ctx, a.MooncakeRPC(), req("p4:1", 1000, 1001, 1002, 1003, 1004)); !errors.Is(err, mooncake.ErrHandshakeRefused) {
+		t.Errorf("a set over the bound: %v", err)
+	}
 }

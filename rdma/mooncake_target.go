@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -55,6 +56,8 @@ type mcTargets struct {
 	sets  map[mcKey]*mcSet
 	n     int    // queue pairs in sets
 	clock uint64 // counts handshakes
+
+	evictions atomic.Uint64 // sets destroyed for the bound (Stats.PeerEvictions)
 }
 
 // mcState is the transport's Mooncake mode.
@@ -138,7 +141,7 @@ func (t *Transport) MooncakeHandshake(req *mooncake.HandshakeDesc) (*mooncake.Ha
 			}
 		}
 		t.mcDrop(old)
-		t.evictions.Add(1)
+		m.evictions.Add(1)
 	}
 	if m.n+len(r.QPNums) > t.cfg.MaxPeerQPs {
 		return nil, fmt.Errorf("%w: %d queue pairs, more than MaxPeerQPs (%d)", ErrHandshake, len(r.QPNums), t.cfg.MaxPeerQPs)
@@ -223,7 +226,7 @@ func (t *Transport) mcCloseTargets() {
 	}
 }
 
-// mcPeerQPs returns how many queue pairs Mooncake peers hold here (tests).
+// mcPeerQPs returns how many queue pairs Mooncake peers hold here.
 func (t *Transport) mcPeerQPs() int {
 	m := &t.mc.tgt
 	m.mu.Lock()

@@ -191,10 +191,14 @@ func (t *Transport) Stats() Stats {
 	t.mu.Lock()
 	n := t.nqp
 	t.mu.Unlock()
-	return Stats{
+	s := Stats{
 		Slices: t.slices.Load(), PostCalls: t.postCalls.Load(), PollCalls: t.pollCalls.Load(),
 		EmptyPolls: t.emptyPolls.Load(), Reconnects: t.reconnects.Load(), Evictions: t.evictions.Load(), QPs: n,
 	}
+	if t.mc != nil {
+		s.PeerQPs, s.PeerEvictions = t.mcPeerQPs(), t.mc.tgt.evictions.Load()
+	}
+	return s
 }
 
 // Close closes every endpoint (their slices in flight complete with

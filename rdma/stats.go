@@ -21,4 +21,10 @@ type Stats struct {
 	// QPs is the number of the initiator's queue pairs now connected or
 	// being connected (a reconnect under way counts against MaxQPs).
 	QPs int
+	// PeerQPs is, in Mooncake mode, the number of queue pairs Mooncake
+	// peers hold here (their handshakes made them).
+	PeerQPs int
+	// PeerEvictions is, in Mooncake mode, the number of peers' sets of
+	// queue pairs destroyed to stay within Config.MaxPeerQPs.
+	PeerEvictions uint64
 }
