@@ -1,0 +1,74 @@
+package moonring_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/fastcopy"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/shm"
+)
+
+// BenchmarkKVCopy is the memory's own share of `moonring bench --pattern
+// kv`: the engine's copy routine (internal/fastcopy, what the local and
+// shm transports copy with) alone, with no engine, of the same bytes the same ways, one
+// request per op: 512 MiB as 16,384 transfers of 32 KiB between random
+// blocks of two 2 GiB pools (pattern=kv), or as 512 transfers of 1 MiB
+// (pattern=contig, the command's contig row). The pools are what the
+// command's engines allocate: Engine.Alloc's memory, a memfd with the shm
+// transport installed (mem=shared, 4 KiB pages where the kernel's
+// shmem_enabled is never, as here) or anonymous memory with transparent
+// huge pages advised (mem=anon, the in-process case). The ratio kv/contig
+// of this benchmark is what the engine's kv/contig can reach at best.
+func BenchmarkKVCopy(b *testing.B) {
+	const pool, small, large, request = 2 << 30, 32 << 10, 1 << 20, 512 << 20
+	for _, kind := range []string{"shared", "anon"} {
+		cfg := moonring.Config{Name: "kvcopy-" + kind, Metadata: metadata.NewMemory()}
+		if kind == "shared" {
+			cfg.Key, cfg.SHM = make([]byte, 32), &shm.Config{}
+			for i := range cfg.Key {
+				cfg.Key[i] = byte(i*31 + 7)
+			}
+		}
+		e, err := moonring.New(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if (e.Transport(shm.Name) != nil) != (kind == "shared") {
+			e.Close()
+			b.Skipf("mem=%s: the engine's transports do not give that memory", kind)
+		}
+		src, err := e.Alloc(pool, "cpu:0")
+		if err != nil {
+			e.Close()
+			b.Fatal(err)
+		}
+		dst, err := e.Alloc(pool, "cpu:0")
+		if err != nil {
+			e.Close()
+			b.Fatal(err)
+		}
+		for _, pattern := range []string{"contig", "kv"} {
+			b.Run(fmt.Sprintf("mem=%s/pattern=%s", kind, pattern), func(b *testing.B) {
+				size := small
+				if pattern == "contig" {
+					size = large
+				}
+				n, blocks := request/size, pool/size
+				rng := rand.New(rand.NewPCG(3, 4))
+				b.SetBytes(request)
+				for b.Loop() {
+					for range n {
+						s, d := rng.IntN(blocks)*size, rng.IntN(blocks)*size
+						fastcopy.Copy(dst[d:d+size], src[s:s+size])
+					}
+				}
+			})
+		}
+		e.Free(src)
+		e.Free(dst)
+		e.Close()
+	}
+}
