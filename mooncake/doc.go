@@ -20,7 +20,10 @@
 //     (GET/PUT/DELETE <url>?key=<key>) and [NewHTTPStore] puts the two
 //     together. An etcd or redis KV is an adapter away.
 //   - [ReadFrame], [AppendFrame] and the documents of the RPC port
-//     ([HandshakeDesc], [NotifyDesc], [ProbeReply]), with bounded decoding.
+//     ([HandshakeDesc], [NotifyDesc], [ProbeReply]), with bounded decoding;
+//     [HandshakeDesc.RDMA] checks a handshake for Mooncake's RDMA transport
+//     ([RDMAHandshake], whose Answer and CheckAnswer the rdma package's
+//     Mooncake mode uses).
 //   - [RPCServer] ([ListenRPC]): the daemon on the engine's RPC port. It
 //     answers metadata requests with the engine's descriptor (a
 //     Descriptor function), probes, notifications (delivered as

@@ -22,6 +22,13 @@
 // ends, the other side tears its queue pair down at once instead of after
 // the retry timeout.
 //
+// In Mooncake mode (Config.Mooncake) the transport is "mooncake-rdma" and
+// speaks the Mooncake Transfer Engine's RDMA transport instead: no control
+// listener, queue pairs connected through Mooncake's handshake on the
+// engine's Mooncake RPC port (MooncakeHandshake as target, a handshake per
+// local device as initiator), rkeys published in Mooncake's form. Posting,
+// polling and rails are the same. PROTOCOL.md says what travels.
+//
 // Post checks each slice, writes it into the C memory of its queue pair
 // and posts the chains of every queue pair the batch touches in one cgo
 // call (shim.h builds the work requests and scatter/gather entries there).
