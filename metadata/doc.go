@@ -18,6 +18,11 @@
 // that its store keeps alive, so a crashed engine's segment disappears when
 // its lease expires. [Signed] wraps any store: it signs what it publishes
 // and hands on only descriptors that verify under the deployment's key.
+// An engine publishes its buffers as copy-on-write chunks
+// ([segtable.SegmentDesc.Chunked]); [Memory] keeps them by pointer and
+// [Signed] signs only the chunks a republish changed, so a publish after
+// one registration costs the same with one buffer or many. The stores
+// that span machines still send the whole document.
 // Stores that span machines (p2p, HTTP, etcd) implement the same interface
 // and must keep the same semantics;
 // [github.com/moonring/moonring/metadata/storetest] checks them. Where a
