@@ -24,9 +24,15 @@ import (
 // transport (P2PHANDSHAKE unless store is given, then named name), or
 // skips where there is no RDMA device (fails inside the VM).
 func mcRDMAEngine(t *testing.T, store metadata.Store, name string, rc rdma.Config) *moonring.Engine {
+	return mcRDMAEngineTimeout(t, store, name, rc, 0)
+}
+
+// mcRDMAEngineTimeout is mcRDMAEngine with the engine's request timeout
+// (0: the default).
+func mcRDMAEngineTimeout(t *testing.T, store metadata.Store, name string, rc rdma.Config, timeout time.Duration) *moonring.Engine {
 	t.Helper()
 	cfg := moonring.Config{Name: name, Metadata: store, Transports: []string{rdma.MooncakeName},
-		Mooncake: &moonring.MooncakeConfig{RDMA: &rc}}
+		Mooncake: &moonring.MooncakeConfig{RDMA: &rc}, Timeout: timeout}
 	e, err := moonring.New(cfg)
 	if err != nil {
 		if errors.Is(err, rdma.ErrNoDevice) && os.Getenv("MOONRING_RDMA_REQUIRE") != "1" {
@@ -245,5 +251,48 @@ func TestMooncakeRDMAPeerBound(t *testing.T) {
 	}
 	if _, err := c.Handshake(ctx, a.MooncakeRPC(), req("p4:1", 1000, 1001, 1002, 1003, 1004)); !errors.Is(err, mooncake.ErrHandshakeRefused) {
 		t.Errorf("a set over the bound: %v", err)
+	}
+}
+
+// A target that goes away mid-use: the initiator's request ends with an
+// error (its queue pairs' retries run out, the reconnect finds no RPC port,
+// or the engine's request timeout), never hangs, and the initiator closes
+// cleanly.
+func TestMooncakeRDMATargetGone(t *testing.T) {
+	a := mcRDMAEngine(t, nil, "", rdma.Config{})
+	// A short request timeout: the request either fails (ErrPeer) or times
+	// out, and the test need not wait the default 30 s to see which.
+	b := mcRDMAEngineTimeout(t, mooncakeOnlyStore{metadata.NewMemory()}, "mc-rdma-initiator-2", rdma.Config{}, 3*time.Second)
+	src, dst := make([]byte, 64<<10), make([]byte, 64<<10)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	if _, err := b.RegisterLocalMemory(src, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RegisterLocalMemory(dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	seg, err := b.OpenSegment(ctx, a.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src), TargetID: seg,
+		TargetOffset: uint64(moonring.AddressOf(dst)), Length: uint64(len(src))}
+	if err := b.Transfer(ctx, req); err != nil || !bytes.Equal(dst, src) {
+		t.Fatalf("WRITE before the target went: %v (equal %v)", err, bytes.Equal(dst, src))
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// dst is a's no more once a is closed: the bytes are not looked at.
+	if err := b.Transfer(ctx, req); err == nil {
+		t.Fatal("a WRITE to a closed target succeeded")
+	} else if ctx.Err() != nil {
+		t.Fatalf("the WRITE ran out the test's context: %v", err)
+	} else {
+		t.Logf("WRITE after the target closed: %v", err)
 	}
 }
