@@ -13,7 +13,10 @@
 # each with --metadata_server=P2PHANDSHAKE and with an HTTP metadata server,
 # WRITE and READ at 4 KiB, 64 KiB and 1 MiB, and prints a table: direction,
 # metadata mode, op, size, GB/s, pass/fail, how the data was checked; the
-# Mooncake commit heads it.
+# Mooncake commit heads it. With MC_RDMA=1 the same three directions also
+# run over RDMA (Mooncake's RDMA transport; serve and bench --mooncake
+# --mooncake-rdma) inside scripts/rdma-vm.sh's Soft-RoCE guest, rows
+# "rdma-guest" (scripts/mooncake-interop/rdma-guest.sh).
 #
 #   scripts/mooncake-interop.sh SRC
 #
