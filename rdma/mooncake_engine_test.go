@@ -296,3 +296,16 @@ func TestMooncakeRDMATargetGone(t *testing.T) {
 		t.Logf("WRITE after the target closed: %v", err)
 	}
 }
+
+// Mooncake mode refuses a configuration it cannot publish, before it
+// opens any device.
+func TestMooncakeConfigRefused(t *testing.T) {
+	for _, m := range []rdma.MooncakeMode{{Server: "a:1", RPC: "no-port"}, {Server: "", RPC: "127.0.0.1:1"}, {Server: "a@b", RPC: "127.0.0.1:1"}} {
+		if tr, err := rdma.New(rdma.Config{Mooncake: &m}); !errors.Is(err, rdma.ErrMooncakeConfig) {
+			if tr != nil {
+				tr.Close()
+			}
+			t.Errorf("%+v: %v", m, err)
+		}
+	}
+}

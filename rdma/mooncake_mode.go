@@ -14,9 +14,16 @@ import (
 // its endpoint and keys in a segment descriptor (mooncake.TransportRDMA).
 const MooncakeName = mooncake.TransportRDMA
 
-// ErrNotMooncake reports a Mooncake handshake given to a transport that is
-// not in Mooncake mode.
-var ErrNotMooncake = errors.New("rdma: not in Mooncake mode")
+// Errors of Mooncake mode.
+var (
+	// ErrNotMooncake reports a Mooncake handshake given to a transport
+	// that is not in Mooncake mode.
+	ErrNotMooncake = errors.New("rdma: not in Mooncake mode")
+	// ErrMooncakeConfig reports a MooncakeMode that New cannot use: an
+	// RPC address that is not host:port, or an empty server name or one
+	// holding '@' (the NIC path's separator).
+	ErrMooncakeConfig = errors.New("rdma: bad Mooncake mode configuration")
+)
 
 // MooncakeMode configures the transport's Mooncake mode: Mooncake's RDMA
 // handshake (a Connection frame on the engine's Mooncake RPC port, per

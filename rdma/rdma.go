@@ -94,7 +94,7 @@ func New(cfg Config) (*Transport, error) {
 	if cfg.Mooncake != nil {
 		t.name, t.mc = MooncakeName, newMCState(cfg.Mooncake)
 		if _, _, err := net.SplitHostPort(t.mc.rpc); err != nil || t.mc.server == "" || strings.Contains(t.mc.server, "@") {
-			return nil, fmt.Errorf("rdma: Mooncake mode: RPC %q and server %q: want host:port and a name without '@'", t.mc.rpc, t.mc.server)
+			return nil, fmt.Errorf("%w: RPC %q and server %q: want host:port and a name without '@'", ErrMooncakeConfig, t.mc.rpc, t.mc.server)
 		}
 	}
 	empty := map[uint64]*region{}
