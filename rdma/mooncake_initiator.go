@@ -1,11 +1,11 @@
 //go:build rdma && cgo
 
-// mooncake_initiator.go holds the initiator side of Mooncake mode: a
-// Mooncake segment's endpoint read from its descriptor (RPC port, NICs,
-// decimal rkeys), each local device's rails connected together through one
-// Mooncake handshake (Mooncake keeps one set of queue pairs per pair of
-// NICs, so a set is made, replaced and acknowledged whole), and
-// notifications sent as Mooncake's notify frames.
+// mooncake_initiator.go holds the initiator side of Mooncake mode (and
+// what it publishes, ExtraEndpoints): each local device's rails connected
+// together through one Mooncake handshake with the peer's RPC port
+// (Mooncake keeps one set of queue pairs per pair of NICs, so a set is
+// made, replaced and acknowledged whole), and notifications sent as
+// Mooncake's notify frames. mooncake_wire.go reads the peer's descriptor.
 
 package rdma
 
