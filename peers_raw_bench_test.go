@@ -1,0 +1,97 @@
+package moonring_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+)
+
+// BenchmarkScalePeersRaw is BenchmarkScalePeers' baseline: the same rounds
+// with no engine. n pairs of loopback TCP connections in this process,
+// each served by a goroutine that answers 32-byte requests with 4 KiB
+// each, the answers to the requests already read in one write;
+// rounds of 64 requests spread over the next 64 pairs in turn (with one
+// pair, 64 on it, written at once), every answer read. ns/op is per
+// request, both sides' work. What it shows growing with n is the cost of
+// the shape (64 requests on 64 sockets pay 64 writes, 64 wake-ups and 64
+// reads where one socket's 64 share one of each), which no engine avoids.
+func BenchmarkScalePeersRaw(b *testing.B) {
+	for _, n := range scaleCounts(b, 1, 10, 100, 1000) {
+		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			defer ln.Close()
+			serve := func(c net.Conn) {
+				defer wg.Done()
+				defer c.Close()
+				br := bufio.NewReaderSize(c, 4096)
+				var req [32]byte
+				resp := make([]byte, 4096*64)
+				for {
+					// Every request already here is answered in one
+					// write, as the engine's target gathers its answers.
+					if _, err := io.ReadFull(br, req[:]); err != nil {
+						return
+					}
+					k := 1
+					for ; k < 64 && br.Buffered() >= len(req); k++ {
+						br.Discard(len(req))
+					}
+					if _, err := c.Write(resp[:4096*k]); err != nil {
+						return
+					}
+				}
+			}
+			conns := make([]net.Conn, n)
+			for i := range conns {
+				c, err := net.Dial("tcp", ln.Addr().String())
+				if err != nil {
+					b.Fatal(err)
+				}
+				s, err := ln.Accept()
+				if err != nil {
+					b.Fatal(err)
+				}
+				wg.Add(1)
+				go serve(s)
+				conns[i] = c
+				defer c.Close()
+			}
+			per := max(1, 64/n)
+			reqs := make([]byte, 32*per)
+			resp := make([]byte, 4096*per)
+			used := make([]int, 0, 128)
+			next := 0
+			b.SetBytes(4096)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				used = used[:0]
+				k := min(per*min(n, 64), b.N-done)
+				for j := 0; j < k; {
+					i := next % n
+					next++
+					m := min(per, k-j)
+					if _, err := conns[i].Write(reqs[:32*m]); err != nil {
+						b.Fatal(err)
+					}
+					used = append(used, i, m)
+					j += m
+				}
+				for u := 0; u < len(used); u += 2 {
+					if _, err := io.ReadFull(conns[used[u]], resp[:4096*used[u+1]]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				done += k
+			}
+		})
+	}
+}
