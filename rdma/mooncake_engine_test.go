@@ -309,3 +309,58 @@ func TestMooncakeConfigRefused(t *testing.T) {
 		}
 	}
 }
+
+// A target that replaces the initiator's queue pairs (as when it takes a
+// new handshake from the same NIC: here a forged one): the initiator's
+// queue pairs fail, it connects its set again through a new handshake, and
+// the engine's retry of the request succeeds with the bytes in place.
+func TestMooncakeRDMAReconnect(t *testing.T) {
+	a := mcRDMAEngine(t, nil, "", rdma.Config{})
+	const name = "mc-rdma-initiator-3"
+	b := mcRDMAEngine(t, mooncakeOnlyStore{metadata.NewMemory()}, name, rdma.Config{})
+	src, dst := make([]byte, 64<<10), make([]byte, 64<<10)
+	if _, err := b.RegisterLocalMemory(src, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RegisterLocalMemory(dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	seg, err := b.OpenSegment(ctx, a.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(fill byte) error {
+		for i := range src {
+			src[i] = fill + byte(i)
+		}
+		err := b.Transfer(ctx, moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src), TargetID: seg,
+			TargetOffset: uint64(moonring.AddressOf(dst)), Length: uint64(len(src))})
+		if err == nil && !bytes.Equal(dst, src) {
+			err = errors.New("data differs")
+		}
+		return err
+	}
+	if err := write(1); err != nil {
+		t.Fatalf("first WRITE: %v", err)
+	}
+	bt := b.Transport(rdma.MooncakeName).(*rdma.Transport)
+	before := bt.Stats().Reconnects
+	// The forged handshake names b's NIC (its server name and first
+	// device) with other queue pairs: a replaces b's set.
+	bdev, _, _ := strings.Cut(bt.ExtraEndpoints()[mooncake.EndpointRDMANICs], "/")
+	adev, _, _ := strings.Cut(a.Transport(rdma.MooncakeName).(*rdma.Transport).ExtraEndpoints()[mooncake.EndpointRDMANICs], "/")
+	var c mooncake.RPCClient
+	forged := &mooncake.HandshakeDesc{LocalNICPath: mooncake.NICPath(name, bdev), PeerNICPath: mooncake.NICPath(a.Name(), adev),
+		LocalGID: "00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:00:01", QPNums: []uint32{300, 301}, ReadyAckSupported: true}
+	if _, err := c.Handshake(ctx, a.MooncakeRPC(), forged); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(2); err != nil {
+		t.Fatalf("WRITE after the target replaced the queue pairs: %v", err)
+	}
+	if st := bt.Stats(); st.Reconnects <= before {
+		t.Errorf("no reconnect counted: %+v", st)
+	}
+}

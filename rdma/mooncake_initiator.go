@@ -232,7 +232,7 @@ func (t *Transport) mcConnect(ctx context.Context, ep *Endpoint, first, n, li, r
 		if rc := mcRTR(q, d, gid, a.QPNums[k], a); rc != 0 {
 			return nil, fmt.Errorf("rdma: modify QP to RTR on %s (GID %s to %s): %v: %w", d.name, gid, GID{Raw: a.GID}.Addr(), syscall.Errno(rc), transport.ErrPeer)
 		}
-		if rc := C.mr_to_rts(q, mcPSN, C.int(d.rdAtomic), ackTimeout, retryCount); rc != 0 {
+		if rc := C.mr_to_rts(q, mcPSN, C.int(d.rdAtomic), ackTimeout, mcInitiatorRetry); rc != 0 {
 			return nil, fmt.Errorf("rdma: modify QP to RTS on %s: %v: %w", d.name, syscall.Errno(rc), transport.ErrPeer)
 		}
 	}

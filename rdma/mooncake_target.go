@@ -27,10 +27,19 @@ import (
 
 // Mooncake's queue pair attributes (mooncake/FORMATS.md): PSNs 0, hop
 // limit 16; the RNR timer (12), timeout (14), retry and RNR retry (7) are
-// moonring's too (shim.h, qp.go).
+// moonring's too (shim.h, qp.go), but for the retry count of the
+// initiator's queue pairs, mcInitiatorRetry.
 const (
 	mcPSN      = 0
 	mcHopLimit = 16
+	// mcInitiatorRetry is the retry count of the initiator's queue pairs:
+	// 6, not Mooncake's 7. It is the requester's own setting (the peer
+	// never sees it), and Soft-RoCE (rdma_rxe) takes 7 as "retry for
+	// ever": a request to a peer whose queue pairs went away (it
+	// restarted, closed, or replaced them) would never complete there,
+	// and the rail never reconnect. On a NIC, 6 retries at timeout 14 fail
+	// such a request in about half a second, as 7 do.
+	mcInitiatorRetry = 6
 )
 
 // mcKey names a set of queue pairs a Mooncake peer connected: our device
