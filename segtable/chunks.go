@@ -36,18 +36,52 @@ type chunk struct {
 	elem  [32]byte // the set-hash element of a signed chunk
 }
 
+// pageSize bounds the chunks of a page: the chunks are kept in pages, so
+// that a change copies the page it touches and the short array of pages,
+// not an array of every chunk (782 pointers at 100k buffers, twice per
+// signed publish).
+const pageSize = 32
+
+// chunkPage is a run of chunks, never modified once made.
+type chunkPage struct {
+	chunks []*chunk
+	first  uint64 // chunks[0].first
+	n      int    // buffers
+}
+
+func newChunkPage(chunks []*chunk) *chunkPage {
+	pg := &chunkPage{chunks: chunks, first: chunks[0].first}
+	for _, c := range chunks {
+		pg.n += len(c.bufs)
+	}
+	return pg
+}
+
 // BufferChunks is the buffers of a descriptor as chunks shared between
 // successive descriptors of one publisher (see ChunkList). It is
 // immutable: safe for concurrent use, and a SegmentDesc holds it by
 // pointer (SegmentDesc.Chunked). Nothing ends its life but the garbage
 // collector.
 type BufferChunks struct {
-	list []*chunk
-	n    int
+	pages []*chunkPage
+	n     int // buffers
+	count int // chunks
 	// signed: every chunk carries a MAC and acc is the XOR of their set
 	// elements, under the key of the Signer that made the list.
 	signed bool
 	acc    [32]byte
+}
+
+// newBufferChunks returns chunks in pages of half pageSize.
+func newBufferChunks(chunks []*chunk) *BufferChunks {
+	cs := &BufferChunks{count: len(chunks)}
+	for lo := 0; lo < len(chunks); lo += pageSize / 2 {
+		hi := min(lo+pageSize/2, len(chunks))
+		pg := newChunkPage(chunks[lo:hi:hi])
+		cs.pages = append(cs.pages, pg)
+		cs.n += pg.n
+	}
+	return cs
 }
 
 // Len returns the number of buffers.
@@ -63,54 +97,80 @@ func (cs *BufferChunks) Count() int {
 	if cs == nil {
 		return 0
 	}
-	return len(cs.list)
+	return cs.count
 }
 
 // Signed reports whether a Signer signed the chunks.
 func (cs *BufferChunks) Signed() bool { return cs != nil && cs.signed }
 
+// each calls fn for every chunk in order.
+func (cs *BufferChunks) each(fn func(*chunk)) {
+	if cs == nil {
+		return
+	}
+	for _, pg := range cs.pages {
+		for _, c := range pg.chunks {
+			fn(c)
+		}
+	}
+}
+
 // Buffers returns the buffers in address order: a new slice whose Keys
 // maps are shared with the chunks and must not be modified.
 func (cs *BufferChunks) Buffers() []BufferDesc {
 	out := make([]BufferDesc, 0, cs.Len())
+	cs.each(func(c *chunk) { out = append(out, c.bufs...) })
+	return out
+}
+
+// Changed returns the range [lo, hi) of cs's chunks, by index in address
+// order, that lie between the chunks it shares, by pointer, with since at
+// its head and at its tail: what changed from since to cs, when cs is
+// since changed (ChunkList makes each list from the one before). Both
+// nil-safe; it compares pages, then the chunks of the pages that differ,
+// and reads no chunk.
+func (cs *BufferChunks) Changed(since *BufferChunks) (lo, hi int) {
+	var a, b []*chunkPage
 	if cs != nil {
-		for _, c := range cs.list {
-			out = append(out, c.bufs...)
-		}
+		a = cs.pages
+	}
+	if since != nil {
+		b = since.pages
+	}
+	pp, pq := commonEnds(a, b)
+	for _, pg := range a[:pp] {
+		lo += len(pg.chunks)
+	}
+	am, bm := pageChunks(a[pp:len(a)-pq]), pageChunks(b[pp:len(b)-pq])
+	cp, cq := commonEnds(am, bm)
+	return lo + cp, lo + len(am) - cq
+}
+
+// commonEnds returns how many elements a and b share, by identity, at
+// their heads and then at their tails.
+func commonEnds[T comparable](a, b []T) (p, q int) {
+	for p < len(a) && p < len(b) && a[p] == b[p] {
+		p++
+	}
+	for q < len(a)-p && q < len(b)-p && a[len(a)-1-q] == b[len(b)-1-q] {
+		q++
+	}
+	return p, q
+}
+
+// pageChunks returns the chunks of pages, in order.
+func pageChunks(pages []*chunkPage) []*chunk {
+	var out []*chunk
+	for _, pg := range pages {
+		out = append(out, pg.chunks...)
 	}
 	return out
 }
 
-// Changed returns the range [lo, hi) of cs's chunks that lie between the
-// chunks it shares, by pointer, with since at its head and at its tail:
-// what changed from since to cs, when cs is since changed (ChunkList
-// makes each list from the one before). Both nil-safe; O(chunks), no
-// chunk read.
-func (cs *BufferChunks) Changed(since *BufferChunks) (lo, hi int) {
-	var a, b []*chunk
-	if cs != nil {
-		a = cs.list
-	}
-	if since != nil {
-		b = since.list
-	}
-	p := 0
-	for p < len(a) && p < len(b) && a[p] == b[p] {
-		p++
-	}
-	q := 0
-	for q < len(a)-p && q < len(b)-p && a[len(a)-1-q] == b[len(b)-1-q] {
-		q++
-	}
-	return p, len(a) - q
-}
-
 // infos returns the chunks as a descriptor publishes them (SegmentDesc.Chunks).
 func (cs *BufferChunks) infos() []ChunkInfo {
-	out := make([]ChunkInfo, len(cs.list))
-	for i, c := range cs.list {
-		out[i] = ChunkInfo{Seq: c.seq, N: len(c.bufs), MAC: c.mac}
-	}
+	out := make([]ChunkInfo, 0, cs.Count())
+	cs.each(func(c *chunk) { out = append(out, ChunkInfo{Seq: c.seq, N: len(c.bufs), MAC: c.mac}) })
 	return out
 }
 
@@ -156,10 +216,15 @@ func (l *ChunkList) newChunk(bufs []BufferDesc) *chunk {
 	return &chunk{seq: l.seq, first: bufs[0].Addr, bufs: bufs}
 }
 
-// find returns the index of the last chunk whose first address is at most
-// addr, or -1.
-func (cs *BufferChunks) find(addr uint64) int {
-	return sort.Search(len(cs.list), func(i int) bool { return cs.list[i].first > addr }) - 1
+// locate returns the page and, in it, the chunk of the last chunk whose
+// first address is at most addr, or p = -1.
+func (cs *BufferChunks) locate(addr uint64) (p, c int) {
+	p = sort.Search(len(cs.pages), func(i int) bool { return cs.pages[i].first > addr }) - 1
+	if p < 0 {
+		return -1, 0
+	}
+	pg := cs.pages[p]
+	return p, sort.Search(len(pg.chunks), func(i int) bool { return pg.chunks[i].first > addr }) - 1
 }
 
 // Insert adds b, which must not be empty, overflow or overlap a buffer of
@@ -169,45 +234,58 @@ func (l *ChunkList) Insert(b BufferDesc) error {
 		return fmt.Errorf("%w: buffer [%#x, +%d)", ErrBadDesc, b.Addr, b.Length)
 	}
 	cs := l.Chunks()
-	if len(cs.list) == 0 {
-		l.replace(0, 0, []*chunk{l.newChunk([]BufferDesc{b})})
+	if len(cs.pages) == 0 {
+		l.cur = newBufferChunks([]*chunk{l.newChunk([]BufferDesc{b})})
 		return nil
 	}
-	ci := max(cs.find(b.Addr), 0)
-	c := cs.list[ci]
+	p, ci := cs.locate(b.Addr)
+	if p < 0 {
+		p, ci = 0, 0 // before everything: the first chunk's head
+	}
+	pg := cs.pages[p]
+	c := pg.chunks[ci]
 	at := sort.Search(len(c.bufs), func(i int) bool { return c.bufs[i].Addr > b.Addr })
-	// Its neighbours: the buffer before (in c, as ci is the last chunk
+	// Its neighbours: the buffer before (in c, as c is the last chunk
 	// that starts at or before b) and the one after (in c or the next).
 	if at > 0 && c.bufs[at-1].Addr+c.bufs[at-1].Length > b.Addr {
 		return fmt.Errorf("%w: buffer [%#x, +%d) overlaps another", ErrBadDesc, b.Addr, b.Length)
 	}
-	next := uint64(0)
-	hasNext := true
+	next, hasNext := uint64(0), true
 	switch {
 	case at < len(c.bufs):
 		next = c.bufs[at].Addr
-	case ci+1 < len(cs.list):
-		next = cs.list[ci+1].first
+	case ci+1 < len(pg.chunks):
+		next = pg.chunks[ci+1].first
+	case p+1 < len(cs.pages):
+		next = cs.pages[p+1].first
 	default:
 		hasNext = false
 	}
 	if hasNext && b.Addr+b.Length > next {
 		return fmt.Errorf("%w: buffer [%#x, +%d) overlaps another", ErrBadDesc, b.Addr, b.Length)
 	}
-	if len(c.bufs) == ChunkSize && at == len(c.bufs) {
+	var with []*chunk
+	switch bufs := c.bufs; {
+	case len(bufs) == ChunkSize && at == len(bufs) && ci == len(pg.chunks)-1 && len(pg.chunks) == pageSize:
+		// Past the end of a full chunk that ends a full page: a page of
+		// its own.
+		l.insertPage(p+1, newChunkPage([]*chunk{l.newChunk([]BufferDesc{b})}))
+		return nil
+	case len(bufs) == ChunkSize && at == len(bufs):
 		// Past the end of a full chunk (registrations in address order):
 		// a chunk of its own, which leaves c full rather than two halves.
-		l.replace(ci+1, ci+1, []*chunk{l.newChunk([]BufferDesc{b})})
-		return nil
+		with = []*chunk{c, l.newChunk([]BufferDesc{b})}
+	default:
+		nb := make([]BufferDesc, 0, len(bufs)+1)
+		nb = append(append(append(nb, bufs[:at]...), b), bufs[at:]...)
+		if len(nb) <= ChunkSize {
+			with = []*chunk{l.newChunk(nb)}
+			break
+		}
+		h := len(nb) / 2
+		with = []*chunk{l.newChunk(nb[:h:h]), l.newChunk(nb[h:])}
 	}
-	bufs := make([]BufferDesc, 0, len(c.bufs)+1)
-	bufs = append(append(append(bufs, c.bufs[:at]...), b), c.bufs[at:]...)
-	if len(bufs) <= ChunkSize {
-		l.replace(ci, ci+1, []*chunk{l.newChunk(bufs)})
-		return nil
-	}
-	h := len(bufs) / 2
-	l.replace(ci, ci+1, []*chunk{l.newChunk(bufs[:h:h]), l.newChunk(bufs[h:])})
+	l.replaceIn(p, ci, ci+1, with)
 	return nil
 }
 
@@ -215,34 +293,35 @@ func (l *ChunkList) Insert(b BufferDesc) error {
 // was one.
 func (l *ChunkList) Delete(addr uint64) bool {
 	cs := l.Chunks()
-	ci := cs.find(addr)
-	if ci < 0 {
+	p, ci := cs.locate(addr)
+	if p < 0 {
 		return false
 	}
-	c := cs.list[ci]
+	pg := cs.pages[p]
+	c := pg.chunks[ci]
 	at := sort.Search(len(c.bufs), func(i int) bool { return c.bufs[i].Addr >= addr })
 	if at == len(c.bufs) || c.bufs[at].Addr != addr {
 		return false
 	}
 	if len(c.bufs) == 1 {
-		l.replace(ci, ci+1, nil)
+		l.replaceIn(p, ci, ci+1, nil)
 		return true
 	}
 	bufs := make([]BufferDesc, 0, len(c.bufs)-1)
 	bufs = append(append(bufs, c.bufs[:at]...), c.bufs[at+1:]...)
 	lo, hi := ci, ci+1
 	if len(bufs) < ChunkSize/4 {
-		// Join the smaller neighbour if the two fit in a chunk, so that
-		// deletions do not leave many small chunks behind.
+		// Join the smaller neighbour in the page if the two fit in a
+		// chunk, so that deletions do not leave many small chunks behind.
 		n := -1
 		if ci > 0 {
 			n = ci - 1
 		}
-		if ci+1 < len(cs.list) && (n < 0 || len(cs.list[ci+1].bufs) < len(cs.list[n].bufs)) {
+		if ci+1 < len(pg.chunks) && (n < 0 || len(pg.chunks[ci+1].bufs) < len(pg.chunks[n].bufs)) {
 			n = ci + 1
 		}
-		if n >= 0 && len(cs.list[n].bufs)+len(bufs) <= ChunkSize {
-			nb := cs.list[n].bufs
+		if n >= 0 && len(pg.chunks[n].bufs)+len(bufs) <= ChunkSize {
+			nb := pg.chunks[n].bufs
 			if n < ci {
 				bufs = append(append(make([]BufferDesc, 0, len(nb)+len(bufs)), nb...), bufs...)
 				lo = n
@@ -252,7 +331,7 @@ func (l *ChunkList) Delete(addr uint64) bool {
 			}
 		}
 	}
-	l.replace(lo, hi, []*chunk{l.newChunk(bufs)})
+	l.replaceIn(p, lo, hi, []*chunk{l.newChunk(bufs)})
 	return true
 }
 
@@ -269,7 +348,7 @@ func (l *ChunkList) Reset(bufs []BufferDesc) error {
 		hi := min(lo+ChunkSize/2, len(bufs))
 		list = append(list, l.newChunk(append([]BufferDesc(nil), bufs[lo:hi]...)))
 	}
-	l.cur = &BufferChunks{list: list, n: len(bufs)}
+	l.cur = newBufferChunks(list)
 	return nil
 }
 
@@ -282,32 +361,74 @@ func NewBufferChunks(bufs []BufferDesc) (*BufferChunks, error) {
 		return nil, err
 	}
 	var l ChunkList
-	cs := &BufferChunks{n: len(bufs)}
+	var list []*chunk
 	for lo := 0; lo < len(bufs); lo += ChunkSize {
 		hi := min(lo+ChunkSize, len(bufs))
 		run := append([]BufferDesc(nil), bufs[lo:hi]...)
 		for i := range run {
 			run[i].Keys = cloneMap(run[i].Keys)
 		}
-		cs.list = append(cs.list, l.newChunk(run))
+		list = append(list, l.newChunk(run))
 	}
-	return cs, nil
+	return newBufferChunks(list), nil
 }
 
-// replace makes the current list the old one with chunks [lo, hi)
-// replaced by with.
-func (l *ChunkList) replace(lo, hi int, with []*chunk) {
+// insertPage makes the current list the old one with pg inserted as
+// page p.
+func (l *ChunkList) insertPage(p int, pg *chunkPage) {
 	old := l.Chunks()
-	list := make([]*chunk, 0, len(old.list)-(hi-lo)+len(with))
-	list = append(append(append(list, old.list[:lo]...), with...), old.list[hi:]...)
-	n := old.n
-	for _, c := range old.list[lo:hi] {
-		n -= len(c.bufs)
+	cs := &BufferChunks{pages: make([]*chunkPage, 0, len(old.pages)+1), n: old.n + pg.n, count: old.count + len(pg.chunks)}
+	cs.pages = append(append(append(cs.pages, old.pages[:p]...), pg), old.pages[p:]...)
+	l.cur = cs
+}
+
+// replaceIn makes the current list the old one with chunks [lo, hi) of
+// page p replaced by with. A page left with no chunk goes; one grown past
+// pageSize splits in two; one shrunk under a quarter of it joins the
+// smaller neighbour if the two fit in a page.
+func (l *ChunkList) replaceIn(p, lo, hi int, with []*chunk) {
+	old := l.Chunks()
+	pg := old.pages[p]
+	chunks := make([]*chunk, 0, len(pg.chunks)-(hi-lo)+len(with))
+	chunks = append(append(append(chunks, pg.chunks[:lo]...), with...), pg.chunks[hi:]...)
+	plo, phi := p, p+1
+	if len(chunks) > 0 && len(chunks) < pageSize/4 {
+		n := -1
+		if p > 0 {
+			n = p - 1
+		}
+		if p+1 < len(old.pages) && (n < 0 || len(old.pages[p+1].chunks) < len(old.pages[n].chunks)) {
+			n = p + 1
+		}
+		if n >= 0 && len(old.pages[n].chunks)+len(chunks) <= pageSize {
+			if n < p {
+				chunks = append(append(make([]*chunk, 0, len(old.pages[n].chunks)+len(chunks)), old.pages[n].chunks...), chunks...)
+				plo = n
+			} else {
+				chunks = append(chunks, old.pages[n].chunks...)
+				phi = n + 1
+			}
+		}
 	}
-	for _, c := range with {
-		n += len(c.bufs)
+	var pages []*chunkPage
+	switch {
+	case len(chunks) > pageSize:
+		h := len(chunks) / 2
+		pages = []*chunkPage{newChunkPage(chunks[:h:h]), newChunkPage(chunks[h:])}
+	case len(chunks) > 0:
+		pages = []*chunkPage{newChunkPage(chunks)}
 	}
-	l.cur = &BufferChunks{list: list, n: n}
+	cs := &BufferChunks{pages: make([]*chunkPage, 0, len(old.pages)-(phi-plo)+len(pages)), n: old.n, count: old.count}
+	cs.pages = append(append(append(cs.pages, old.pages[:plo]...), pages...), old.pages[phi:]...)
+	for _, pg := range old.pages[plo:phi] {
+		cs.n -= pg.n
+		cs.count -= len(pg.chunks)
+	}
+	for _, pg := range pages {
+		cs.n += pg.n
+		cs.count += len(pg.chunks)
+	}
+	l.cur = cs
 }
 
 // checkRun checks that bufs are in address order, not empty, not

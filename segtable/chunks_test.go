@@ -388,3 +388,71 @@ func TestRepublishAllocsFlat(t *testing.T) {
 		t.Fatalf("allocations per republish: %.1f with 100 buffers, %.1f with 30,000", small, large)
 	}
 }
+
+// TestChunkListManyPages: the same against a full rebuild and a full
+// signing with thousands of buffers, so that pages of chunks split and
+// join: grown in random order, churned, then emptied down to a few.
+func TestChunkListManyPages(t *testing.T) {
+	s := signer(t, "k")
+	m := newChunkModel(7)
+	const slots = 40000
+	var prevSrc, prevOut *segtable.BufferChunks
+	check := func(step int) {
+		t.Helper()
+		src := m.l.Chunks()
+		if !sameBufs(src.Buffers(), m.want()) || src.Len() != len(m.bufs) {
+			t.Fatalf("step %d: list differs from a rebuild", step)
+		}
+		inc := &segtable.SegmentDesc{Version: 1, Name: "p", Epoch: 1, Rev: uint64(step + 1)}
+		inc.Chunked = s.SignChunks("p", 1, src, prevSrc, prevOut)
+		inc.MAC = s.HeaderMAC(inc)
+		prevSrc, prevOut = src, inc.Chunked
+		full := &segtable.SegmentDesc{Version: 1, Name: "p", Epoch: 1, Rev: uint64(step + 1), Chunked: src}
+		s.Sign(full)
+		a, _ := inc.Marshal()
+		b, _ := full.Marshal()
+		if !bytes.Equal(a, b) {
+			t.Fatalf("step %d: incremental signing differs from a full one", step)
+		}
+	}
+	step := 0
+	for len(m.bufs) < 10000 { // random order: chunks split everywhere
+		addr := uint64(m.rng.IntN(slots)) * 64
+		if _, ok := m.bufs[addr]; ok {
+			continue
+		}
+		b := segtable.BufferDesc{Addr: addr, Length: 64, Keys: map[string]string{"tcp": "k"}}
+		if err := m.l.Insert(b); err != nil {
+			t.Fatal(err)
+		}
+		m.bufs[addr] = b
+		if step++; step%2500 == 0 {
+			check(step)
+		}
+	}
+	if m.l.Chunks().Count() < 3*32 {
+		t.Fatalf("%d chunks: too few for several pages", m.l.Chunks().Count())
+	}
+	for range 3000 {
+		m.step(t, slots)
+		if step++; step%300 == 0 {
+			check(step)
+		}
+	}
+	for addr := range m.bufs { // down to a few: pages join
+		if len(m.bufs) <= 10 {
+			break
+		}
+		if !m.l.Delete(addr) {
+			t.Fatalf("Delete %#x: not found", addr)
+		}
+		delete(m.bufs, addr)
+		if step++; step%2000 == 0 {
+			check(step)
+		}
+	}
+	check(step)
+	if n := m.l.Chunks().Count(); n > 10 {
+		t.Fatalf("%d chunks left for %d buffers", n, len(m.bufs))
+	}
+}

@@ -261,7 +261,7 @@ func (s *Signer) HeaderMAC(d *SegmentDesc) string {
 	if cs == nil {
 		cs = &BufferChunks{signed: true}
 	}
-	return encodeMAC(s.headerMAC(hmac.New(sha256.New, s.key[:]), d, len(cs.list), cs.n, &cs.acc, nil))
+	return encodeMAC(s.headerMAC(hmac.New(sha256.New, s.key[:]), d, cs.count, cs.n, &cs.acc, nil))
 }
 
 // bufferMAC appends the MAC of b, bound to the segment's name and epoch.

@@ -3,6 +3,7 @@ package segtable
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"hash"
 	"maps"
 	"reflect"
 )
@@ -27,43 +28,80 @@ func (s *Signer) SignChunks(name string, epoch uint64, src, prevSrc, prevOut *Bu
 	if src == nil {
 		src = &BufferChunks{}
 	}
-	if prevSrc == nil || prevOut == nil || !prevOut.signed || len(prevSrc.list) != len(prevOut.list) {
+	if prevSrc == nil || prevOut == nil || !prevOut.signed || !samePages(prevSrc, prevOut) {
 		prevSrc, prevOut = &BufferChunks{}, &BufferChunks{signed: true}
 	}
-	a, b := src.list, prevSrc.list
-	p, hi := src.Changed(prevSrc)
-	q := len(a) - hi
-	out := &BufferChunks{n: src.n, signed: true, acc: prevOut.acc, list: make([]*chunk, 0, len(a))}
-	out.list = append(out.list, prevOut.list[:p]...)
-	replaced := prevOut.list[p : len(b)-q]
-	for _, c := range replaced {
+	// The pages src shares with prevSrc keep their signed counterparts;
+	// those between are made again, mirroring src's, from the signed
+	// chunks of the pages they replace where src kept the chunk, and
+	// from new signatures where it did not.
+	a, b := src.pages, prevSrc.pages
+	pp, pq := commonEnds(a, b)
+	out := &BufferChunks{n: src.n, count: src.count, signed: true, acc: prevOut.acc,
+		pages: make([]*chunkPage, 0, len(a))}
+	out.pages = append(out.pages, prevOut.pages[:pp]...)
+	oldSrc := pageChunks(b[pp : len(b)-pq])
+	oldOut := pageChunks(prevOut.pages[pp : len(b)-pq])
+	for _, c := range oldOut {
 		xor(&out.acc, &c.elem)
 	}
 	m := hmac.New(sha256.New, s.key[:])
 	set := hmac.New(sha256.New, s.setKey[:])
-	l := lender{old: replaced}
+	l := lender{old: oldOut}
 	var raw [macSize]byte
-	for _, c := range a[p : len(a)-q] {
-		sc := &chunk{seq: c.seq, first: c.first, bufs: make([]BufferDesc, len(c.bufs)), raws: make([]byte, 0, len(c.bufs)*macSize)}
-		copy(sc.bufs, c.bufs)
-		for i := range sc.bufs {
-			bd := &sc.bufs[i]
-			if mac, r, ok := l.lend(bd); ok {
-				bd.MAC = mac
-				sc.raws = append(sc.raws, r...)
-			} else {
-				sc.raws = s.bufferMAC(m, name, epoch, bd, sc.raws)
-				bd.MAC = encodeMAC(sc.raws[len(sc.raws)-macSize:])
+	j := 0 // in oldSrc: both in address order
+	for _, pg := range a[pp : len(a)-pq] {
+		chunks := make([]*chunk, len(pg.chunks))
+		for i, c := range pg.chunks {
+			for j < len(oldSrc) && oldSrc[j].first < c.first {
+				j++
 			}
+			if j < len(oldSrc) && oldSrc[j] == c {
+				chunks[i] = oldOut[j]
+			} else {
+				chunks[i] = s.signChunk(m, set, &l, name, epoch, c, raw[:0])
+			}
+			xor(&out.acc, &chunks[i].elem)
 		}
-		mac := s.chunkMAC(m, name, epoch, sc.seq, sc.raws, raw[:0])
-		sc.mac = encodeMAC(mac)
-		sc.elem = s.setElem(set, sc.seq, [macSize]byte(mac))
-		xor(&out.acc, &sc.elem)
-		out.list = append(out.list, sc)
+		out.pages = append(out.pages, newChunkPage(chunks))
 	}
-	out.list = append(out.list, prevOut.list[len(b)-q:]...)
+	out.pages = append(out.pages, prevOut.pages[len(b)-pq:]...)
 	return out
+}
+
+// signChunk returns c signed: a copy with its buffers' MACs (lent by l
+// where it holds the buffer unchanged), its MAC and its set element.
+func (s *Signer) signChunk(m, set hash.Hash, l *lender, name string, epoch uint64, c *chunk, scratch []byte) *chunk {
+	sc := &chunk{seq: c.seq, first: c.first, bufs: make([]BufferDesc, len(c.bufs)), raws: make([]byte, 0, len(c.bufs)*macSize)}
+	copy(sc.bufs, c.bufs)
+	for i := range sc.bufs {
+		bd := &sc.bufs[i]
+		if mac, r, ok := l.lend(bd); ok {
+			bd.MAC = mac
+			sc.raws = append(sc.raws, r...)
+		} else {
+			sc.raws = s.bufferMAC(m, name, epoch, bd, sc.raws)
+			bd.MAC = encodeMAC(sc.raws[len(sc.raws)-macSize:])
+		}
+	}
+	mac := s.chunkMAC(m, name, epoch, sc.seq, sc.raws, scratch)
+	sc.mac = encodeMAC(mac)
+	sc.elem = s.setElem(set, sc.seq, [macSize]byte(mac))
+	return sc
+}
+
+// samePages reports whether a and b have pages of the same numbers of
+// chunks: b may be a's signed counterpart.
+func samePages(a, b *BufferChunks) bool {
+	if len(a.pages) != len(b.pages) {
+		return false
+	}
+	for i, pg := range a.pages {
+		if len(pg.chunks) != len(b.pages[i].chunks) {
+			return false
+		}
+	}
+	return true
 }
 
 func xor(acc, e *[32]byte) {

@@ -25,7 +25,7 @@ type Sorted[T any] struct {
 // many pages from few values.
 var (
 	maxChunk = 64 // a chunk that grows past it splits in two
-	maxPage  = 64 // chunks of a page; one that grows past it splits
+	maxPage  = 32 // chunks of a page; one that grows past it splits
 )
 
 // A chunk or page that shrinks under a quarter of its maximum joins a
@@ -177,8 +177,14 @@ func (s *Sorted[T]) Insert(key uint64, v T) {
 	at := i + 1
 	if len(old.keys) == maxChunk && at == len(old.keys) {
 		// Past the end of a full chunk (insertions in key order): a chunk
-		// of its own, which leaves the full one full rather than halves.
-		s.publish(sn, p, p+1, pg.with(c+1, c+1, []sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}}, nil))
+		// of its own, which leaves the full one full rather than halves,
+		// and past the end of a full page a page of its own.
+		one := []sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}}
+		if c == len(pg.chunks)-1 && len(pg.chunks) == maxPage {
+			s.publish(sn, p+1, p+1, []*sortedPage[T]{newPage(one)})
+			return
+		}
+		s.publish(sn, p, p+1, pg.with(c+1, c+1, one, nil))
 		return
 	}
 	keys := make([]uint64, 0, len(old.keys)+1)
