@@ -58,17 +58,52 @@ func (c *conn) wakeReceiver() {
 // settle runs after each answer the receiver read: when the last slice
 // posted was Driven and nothing is in flight, it lets go of the reading
 // (rdIdle), so that the next Driven slice's poster reads its answer, and
-// parks. A post that raced in finds the state idle (posted) or is seen
-// here.
-func (c *conn) settle() {
+// reports true: the receiver parks. A post that raced in finds the state
+// idle (posted) or is seen here.
+func (c *conn) settle() bool {
 	if !c.lastDriven.Load() || c.q.Head() != c.q.Committed() {
-		return
+		return false
 	}
 	c.rd.Store(rdIdle)
 	// From here another goroutine may hold the reading: the queue's
 	// consumer side is no longer ours, only its atomic ends are.
-	if c.q.Released() != c.q.Committed() {
-		c.rd.CompareAndSwap(rdIdle, rdRecv) // else a poster took it
+	if c.q.Released() != c.q.Committed() && c.rd.CompareAndSwap(rdIdle, rdRecv) {
+		return false // else a poster took it
+	}
+	return true
+}
+
+// defaultIdleWatch is how long a connection may sit idle with nobody
+// reading it (rdIdle) before the receiver reads it again.
+const defaultIdleWatch = time.Second
+
+func (c *conn) idleWatch() time.Duration {
+	if d := c.e.t.cfg.idleWatch; d > 0 {
+		return d
+	}
+	return defaultIdleWatch
+}
+
+// watch runs on the parked receiver when its timer fires. A connection
+// left idle to drivers is not read, so a peer closing it (its
+// IdleTimeout, a crash) would go unseen until the next request, which
+// would then fail over instead of finding the rail redialed. After
+// idleWatch with no answer read, the receiver takes the reading back and
+// blocks in its read again, which sees a close at once; the next Driven
+// slice then finds it reading, is answered through it, and the receiver
+// lets go after that answer. While drivers keep the connection busy the
+// receiver only looks again later.
+func (c *conn) watch(t *time.Timer) {
+	d := c.idleWatch()
+	if !c.rd.CompareAndSwap(rdIdle, rdRecv) {
+		t.Reset(d) // a driver holds it, or is owed it
+		return
+	}
+	if wait := c.rdr.last + int64(d) - time.Now().UnixNano(); wait > 0 {
+		// An answer came within the watch: not idle, hand it back.
+		if c.settle() {
+			t.Reset(time.Duration(wait))
+		}
 	}
 }
 

@@ -293,3 +293,38 @@ func TestDriveAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per driven READ", allocs)
 	}
 }
+
+// A connection left idle to drivers is read again by the receiver after
+// idleWatch: a peer that closes it is seen (the connection fails and is
+// redialed) without a request, and a Driven slice posted while the
+// receiver reads is answered through it, after which it lets go again.
+func TestDriveWatch(t *testing.T) {
+	targ := newSide(t, Config{})
+	remote := targ.register(t, targ.alloc(t, 1<<20, 3), true)
+	px := newProxy(t, targ.tr.Addr())
+	init := newSide(t, Config{Rails: 1, idleWatch: 300 * time.Millisecond})
+	local := init.alloc(t, 1<<20, 1)
+	ep, err := init.tr.Open(t.Context(), targ.desc(px.addr(), remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	tp := &timeoutPair{ep: ep, local: local, remote: remote, px: px}
+	u := &countUntil{ch: make(chanCompleter, 4)}
+	c := idleOwed(t, tp, u)
+	waitFor(t, "the receiver reading again", func() bool { return c.rd.Load() == rdRecv })
+
+	// A Driven slice now goes through the receiver, which lets go after.
+	u.want.Add(1)
+	s := driven(localSlice(transport.Read, local[:64], remote.addr, 2))
+	if k, err := ep.Post(u, []transport.Slice{s}); k != 1 || err != nil {
+		t.Fatalf("Post: %d, %v", k, err)
+	}
+	ep.(*Endpoint).Drive(u, 0)
+	u.ch.await(t, 1)
+	waitFor(t, "the receiver to let go again", func() bool { return c.rd.Load() == rdIdle })
+
+	// Idle, then closed by the peer's side: seen with no request.
+	px.kill()
+	waitFor(t, "the closed connection seen", func() bool { return c.failed.Load() })
+}

@@ -22,20 +22,29 @@ import (
 // driving caller holds it or nothing is in flight after driven slices.
 func (c *conn) receive() {
 	defer close(c.recvDone)
+	// watch wakes the parked receiver to look at an idle connection
+	// again (see watch in drive.go).
+	watch := time.NewTimer(time.Hour)
+	watch.Stop()
+	defer watch.Stop()
 	for {
 		if c.rd.Load() != rdRecv {
 			select {
 			case <-c.resume:
-				continue
 			case <-c.quit:
 				return
+			case <-watch.C:
+				c.watch(watch)
 			}
+			continue
 		}
 		if err := c.receiveOne(); err != nil {
 			c.fail(err)
 			return
 		}
-		c.settle()
+		if c.settle() {
+			watch.Reset(c.idleWatch())
+		}
 	}
 }
 

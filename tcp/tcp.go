@@ -165,6 +165,8 @@ type Config struct {
 	// of the sender's path (io_uring) does not depend on how fast the
 	// target drains the socket on the machine it runs on.
 	senderOnly bool
+	// idleWatch, set only by tests, replaces defaultIdleWatch (drive.go).
+	idleWatch time.Duration
 	// railConfig, set only by tests, configures each endpoint's rail
 	// picker (a half-life, a fake clock).
 	railConfig rails.Config
