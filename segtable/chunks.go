@@ -10,9 +10,10 @@ import (
 // registration; building, copying, signing and storing a flat list of n
 // buffers each time made one registration O(n) and n of them O(n²). The
 // list is instead kept as chunks of at most ChunkSize buffers, each
-// immutable once made: a registration makes one new chunk (two when it
-// splits a full one, one when it joins two small ones) and a new array of
-// chunk pointers, and every other chunk is shared, by pointer, with the
+// immutable once made, in pages of at most pageSize chunks: a
+// registration makes one new chunk (two when it splits a full one, one
+// when it joins two small ones), one new page and a new array of pages,
+// and every other page and chunk is shared, by pointer, with the
 // descriptors published before. Signing (sign.go) follows the same
 // chunks: a publish signs the new chunk and the header, and stores keep
 // the chunks by pointer.
