@@ -5,10 +5,12 @@
 # (to the last buffer: BenchmarkScaleBuffersWaiting, a caller that waits
 # on the CQ, and BenchmarkScaleBuffers, one that spins), open segments
 # (BenchmarkScaleSegments), distinct peers over loopback TCP
-# (BenchmarkScalePeers), requests in flight (BenchmarkScaleDepth), batch
-# size through the batch API (BenchmarkScaleBatch, per task), and a
-# register/unregister cycle against the buffers held (BenchmarkScaleChurn
-# at its defaults, CPU time per cycle).
+# (BenchmarkScalePeers, beside BenchmarkScalePeersRaw: the same rounds
+# over raw TCP pairs with no engine), requests in flight
+# (BenchmarkScaleDepth), batch size through the batch API
+# (BenchmarkScaleBatch, per task), and a register/unregister cycle against
+# the buffers held (BenchmarkScaleChurn at its defaults, CPU time per
+# cycle).
 #
 #   scripts/bench-curves.sh [rounds [dir]]
 #
@@ -21,7 +23,7 @@
 # last line) it writes raw.txt (every benchmark line), curves.md (the
 # tables) and curve-NAME.svg per curve: log x, the cost ratio on y, the
 # issue's 1.2x target as a dashed line. On the 2-vCPU development VM the
-# default run takes about 6 minutes.
+# default run takes about 4 minutes (5 rounds: 7).
 #
 # Knobs (environment):
 #   CURVES               which curves (default: buffers segments peers depth batch churn)
@@ -61,7 +63,7 @@ for i in $(seq "$rounds"); do
 			run '^BenchmarkScaleBuffers$/buffers/to=last' "$benchtime"
 			;;
 		segments) run '^BenchmarkScaleSegments$' "$benchtime" ;;
-		peers) run '^BenchmarkScalePeers$' "${PEERS_BENCHTIME:-20000x}" ;;
+		peers) run '^BenchmarkScalePeers(Raw)?$' "${PEERS_BENCHTIME:-20000x}" ;;
 		depth) run '^BenchmarkScaleDepth$' "$benchtime" ;;
 		batch) run '^BenchmarkScaleBatch$' "$benchtime" ;;
 		churn) run '^BenchmarkScaleChurn$' 1x ;;
