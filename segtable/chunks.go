@@ -32,9 +32,9 @@ type chunk struct {
 	seq   uint64 // unique among the chunks a publisher made in an epoch
 	first uint64 // bufs[0].Addr, beside the pointer: searches read no BufferDesc
 	bufs  []BufferDesc
-	mac   string   // "" when unsigned
-	raws  []byte   // signed: the buffers' MACs, raw, one after another
-	elem  [32]byte // the set-hash element of a signed chunk
+	mac   string         // "" when unsigned
+	raws  []byte         // signed: the buffers' MACs, raw, one after another
+	elem  [elemSize]byte // the set-hash element of a signed chunk
 }
 
 // pageSize bounds the chunks of a page: the chunks are kept in pages, so
@@ -70,7 +70,7 @@ type BufferChunks struct {
 	// signed: every chunk carries a MAC and acc is the XOR of their set
 	// elements, under the key of the Signer that made the list.
 	signed bool
-	acc    [32]byte
+	acc    [elemSize]byte
 }
 
 // newBufferChunks returns chunks in pages of half pageSize.

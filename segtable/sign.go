@@ -18,12 +18,13 @@ package segtable
 //     number);
 //   - the header MAC covers the version, name, epoch, Rev, endpoints,
 //     devices, the numbers of chunks and buffers, and a set hash of the
-//     chunks: the XOR of one 256-bit element per chunk, a MAC under a key
-//     of its own over the chunk's number and MAC (a keyed multiset hash,
-//     MSet-XOR-Hash; its elements are never published, so a set of chunks
-//     other than the one signed matches with probability 2^-128). A
-//     publish updates it with the elements of the chunks it replaced and
-//     made, O(1), where a hash over every chunk in order was O(n).
+//     chunks: the XOR of one 128-bit element per chunk, the half of the
+//     chunk's HMAC-SHA256 that its published MAC leaves out (a keyed
+//     multiset hash, MSet-XOR-Hash: the elements are never published, so
+//     a set of chunks other than the one signed matches with probability
+//     2^-128, as a MAC does). A publish updates it with the elements of
+//     the chunks it replaced and made, O(1), where a hash over every chunk
+//     in order was O(n).
 //
 // What a reader that accepts a descriptor knows: every buffer it lists,
 // with its keys, was published by a holder of the key for this name and
@@ -49,6 +50,7 @@ import (
 	"fmt"
 	"hash"
 	"sort"
+	"sync"
 )
 
 // ErrForged reports a descriptor whose MAC is missing or does not match
@@ -64,8 +66,8 @@ const macSize = 16
 // deployment's segment key. It is safe for concurrent use; it holds no state
 // beyond the key.
 type Signer struct {
-	key    [32]byte
-	setKey [32]byte // the set hash's elements: MACs of their own
+	key  [32]byte
+	macs sync.Pool // of hash.Hash: HMAC-SHA256 under key, reset before use
 }
 
 // NewSigner returns a Signer for the segment key (any length but not
@@ -79,9 +81,7 @@ func NewSigner(segmentKey []byte) (*Signer, error) {
 	m.Write([]byte("moonring descriptor key v1"))
 	s := new(Signer)
 	m.Sum(s.key[:0])
-	m = hmac.New(sha256.New, segmentKey)
-	m.Write([]byte("moonring descriptor chunk set key v2"))
-	m.Sum(s.setKey[:0])
+	s.macs.New = func() any { return hmac.New(sha256.New, s.key[:]) }
 	return s, nil
 }
 
@@ -122,7 +122,9 @@ func (s *Signer) signFlat(name string, epoch uint64, bufs []BufferDesc) *BufferC
 // SignBuffer returns the MAC of buffer b of the segment name at epoch, as
 // Sign would set it.
 func (s *Signer) SignBuffer(name string, epoch uint64, b *BufferDesc) string {
-	return encodeMAC(s.bufferMAC(hmac.New(sha256.New, s.key[:]), name, epoch, b, nil))
+	m := s.mac()
+	defer s.macs.Put(m)
+	return encodeMAC(s.bufferMAC(m, name, epoch, b, nil))
 }
 
 // Verify checks the MACs of d: the header's, every chunk's and every
@@ -144,9 +146,9 @@ func (s *Signer) Verify(d *SegmentDesc) error {
 	if d.Validate() != nil || len(d.Chunks) == 0 && len(d.Buffers) > 0 {
 		return fmt.Errorf("%w: %q: its chunks do not partition its buffers", ErrForged, d.Name)
 	}
-	m := hmac.New(sha256.New, s.key[:])
-	set := hmac.New(sha256.New, s.setKey[:])
-	var acc [32]byte
+	m := s.mac()
+	defer s.macs.Put(m)
+	var acc [elemSize]byte
 	var want [macSize]byte
 	lo := 0
 	var raws []byte
@@ -161,13 +163,11 @@ func (s *Signer) Verify(d *SegmentDesc) error {
 			raws = append(raws, got[:]...)
 		}
 		got, ok := decodeMAC(c.MAC)
-		if !ok || !hmac.Equal(got[:], s.chunkMAC(m, d.Name, d.Epoch, c.Seq, raws, want[:0])) {
+		sum := s.chunkSum(m, d.Name, d.Epoch, c.Seq, raws)
+		if !ok || !hmac.Equal(got[:], sum[:macSize]) {
 			return fmt.Errorf("%w: %q chunk %d", ErrForged, d.Name, ci)
 		}
-		e := s.setElem(set, c.Seq, got)
-		for i := range acc {
-			acc[i] ^= e[i]
-		}
+		xor(&acc, (*[elemSize]byte)(sum[macSize:]))
 		lo += c.N
 	}
 	got, ok := decodeMAC(d.MAC)
@@ -183,7 +183,8 @@ func (s *Signer) verifyV1(d *SegmentDesc) error {
 	if d.Chunks != nil {
 		return fmt.Errorf("%w: %q: chunks without a Rev", ErrForged, d.Name)
 	}
-	m := hmac.New(sha256.New, s.key[:])
+	m := s.mac()
+	defer s.macs.Put(m)
 	var want [macSize]byte
 	for i := range d.Buffers {
 		got, ok := decodeMAC(d.Buffers[i].MAC)
@@ -198,10 +199,11 @@ func (s *Signer) verifyV1(d *SegmentDesc) error {
 	return nil
 }
 
-// chunkMAC appends the MAC of a chunk: its number and its buffers' MACs
+// chunkSum returns the HMAC of a chunk: its number and its buffers' MACs
 // (raws: n raw MACs one after another), bound to the segment's name and
-// epoch.
-func (s *Signer) chunkMAC(m hash.Hash, name string, epoch, seq uint64, raws []byte, out []byte) []byte {
+// epoch. Its first macSize bytes are the chunk's MAC as published; the
+// others, never published, are the chunk's element of the set hash.
+func (s *Signer) chunkSum(m hash.Hash, name string, epoch, seq uint64, raws []byte) [sha256.Size]byte {
 	m.Reset()
 	var e enc
 	e.str("moonring chunk v2")
@@ -212,25 +214,25 @@ func (s *Signer) chunkMAC(m hash.Hash, name string, epoch, seq uint64, raws []by
 	m.Write(e.b)
 	m.Write(raws)
 	var sum [sha256.Size]byte
-	return append(out, m.Sum(sum[:0])[:macSize]...)
+	m.Sum(sum[:0])
+	return sum
 }
 
-// setElem returns a chunk's element of the set hash, from its number and
-// MAC; set is keyed with setKey.
-func (s *Signer) setElem(set hash.Hash, seq uint64, mac [macSize]byte) [32]byte {
-	set.Reset()
-	var b [8 + macSize]byte
-	binary.BigEndian.PutUint64(b[:8], seq)
-	copy(b[8:], mac[:])
-	set.Write(b[:])
-	var out [32]byte
-	set.Sum(out[:0])
-	return out
+// elemSize is the size of a chunk's element of the set hash: the half of
+// its HMAC that is not published.
+const elemSize = sha256.Size - macSize
+
+// mac returns an HMAC-SHA256 under s's key, reset, from the pool; put it
+// back with s.macs.Put.
+func (s *Signer) mac() hash.Hash {
+	m := s.macs.Get().(hash.Hash)
+	m.Reset()
+	return m
 }
 
 // headerMAC appends the MAC of d's own fields, its Rev, and its chunks'
 // count, buffer count and set hash acc.
-func (s *Signer) headerMAC(m hash.Hash, d *SegmentDesc, chunks, buffers int, acc *[32]byte, out []byte) []byte {
+func (s *Signer) headerMAC(m hash.Hash, d *SegmentDesc, chunks, buffers int, acc *[elemSize]byte, out []byte) []byte {
 	var e enc
 	e.str("moonring descriptor v2")
 	e.u64(uint64(d.Version))
@@ -261,7 +263,9 @@ func (s *Signer) HeaderMAC(d *SegmentDesc) string {
 	if cs == nil {
 		cs = &BufferChunks{signed: true}
 	}
-	return encodeMAC(s.headerMAC(hmac.New(sha256.New, s.key[:]), d, cs.count, cs.n, &cs.acc, nil))
+	m := s.mac()
+	defer s.macs.Put(m)
+	return encodeMAC(s.headerMAC(m, d, cs.count, cs.n, &cs.acc, nil))
 }
 
 // bufferMAC appends the MAC of b, bound to the segment's name and epoch.

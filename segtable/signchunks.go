@@ -1,8 +1,6 @@
 package segtable
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
 	"hash"
 	"maps"
 	"reflect"
@@ -45,10 +43,9 @@ func (s *Signer) SignChunks(name string, epoch uint64, src, prevSrc, prevOut *Bu
 	for _, c := range oldOut {
 		xor(&out.acc, &c.elem)
 	}
-	m := hmac.New(sha256.New, s.key[:])
-	set := hmac.New(sha256.New, s.setKey[:])
+	m := s.mac()
+	defer s.macs.Put(m)
 	l := lender{old: oldOut}
-	var raw [macSize]byte
 	j := 0 // in oldSrc: both in address order
 	for _, pg := range a[pp : len(a)-pq] {
 		chunks := make([]*chunk, len(pg.chunks))
@@ -59,7 +56,7 @@ func (s *Signer) SignChunks(name string, epoch uint64, src, prevSrc, prevOut *Bu
 			if j < len(oldSrc) && oldSrc[j] == c {
 				chunks[i] = oldOut[j]
 			} else {
-				chunks[i] = s.signChunk(m, set, &l, name, epoch, c, raw[:0])
+				chunks[i] = s.signChunk(m, &l, name, epoch, c)
 			}
 			xor(&out.acc, &chunks[i].elem)
 		}
@@ -71,7 +68,7 @@ func (s *Signer) SignChunks(name string, epoch uint64, src, prevSrc, prevOut *Bu
 
 // signChunk returns c signed: a copy with its buffers' MACs (lent by l
 // where it holds the buffer unchanged), its MAC and its set element.
-func (s *Signer) signChunk(m, set hash.Hash, l *lender, name string, epoch uint64, c *chunk, scratch []byte) *chunk {
+func (s *Signer) signChunk(m hash.Hash, l *lender, name string, epoch uint64, c *chunk) *chunk {
 	sc := &chunk{seq: c.seq, first: c.first, bufs: make([]BufferDesc, len(c.bufs)), raws: make([]byte, 0, len(c.bufs)*macSize)}
 	copy(sc.bufs, c.bufs)
 	for i := range sc.bufs {
@@ -84,9 +81,9 @@ func (s *Signer) signChunk(m, set hash.Hash, l *lender, name string, epoch uint6
 			bd.MAC = encodeMAC(sc.raws[len(sc.raws)-macSize:])
 		}
 	}
-	mac := s.chunkMAC(m, name, epoch, sc.seq, sc.raws, scratch)
-	sc.mac = encodeMAC(mac)
-	sc.elem = s.setElem(set, sc.seq, [macSize]byte(mac))
+	sum := s.chunkSum(m, name, epoch, sc.seq, sc.raws)
+	sc.mac = encodeMAC(sum[:macSize])
+	sc.elem = [elemSize]byte(sum[macSize:])
 	return sc
 }
 
@@ -104,7 +101,7 @@ func samePages(a, b *BufferChunks) bool {
 	return true
 }
 
-func xor(acc, e *[32]byte) {
+func xor(acc, e *[elemSize]byte) {
 	for i := range acc {
 		acc[i] ^= e[i]
 	}
