@@ -117,8 +117,11 @@ func (e *Engine) PublishLocalSegment(ctx context.Context) error {
 // a request naming TargetBuffer). Rebuilding it from every buffer and
 // every transport's registrations on each call made n registrations cost
 // n² (10k buffers one by one took 12.8 s). A publish hands the store the
-// remote-accessible entries, copied (the store's own copy is O(n) in any
-// case); only a change of transports rebuilds the list.
+// remote-accessible entries as the list's copy-on-write chunks
+// (SegmentDesc.Chunked, with the list's Rev), which the store and a
+// signing store keep by pointer: a publish after one registration copies
+// and signs one chunk, whatever the number of buffers. Only a change of
+// transports rebuilds the list.
 
 // header returns the engine's descriptor without buffers: name, epoch,
 // endpoints. mu must be held (or the engine not yet shared).
