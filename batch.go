@@ -759,12 +759,14 @@ func (e *Engine) WaitBatch(ctx context.Context, id BatchID) error {
 
 // SubmitTransferAndWait is SubmitTransfer then WaitBatch(ctx, id), for a
 // caller that waits for what it submits. When the engine's poller is idle
-// it posts the requests on the caller's goroutine and, over tcp, reads
-// their answers there too instead of sleeping until a transport goroutine
-// wakes it: one goroutine hand-off less per answer, which at one request
-// in flight is most of the time above the network's (see ring.SubmitAndWait).
-// A ctx that can be canceled but has no deadline is waited on without
-// reading the answers (a read on the socket would not see the cancel). The
+// and ctx can never be canceled (context.Background,
+// context.WithoutCancel), it posts the requests on the caller's goroutine
+// and, over tcp, reads their answers there too instead of sleeping until a
+// transport goroutine wakes it: one goroutine hand-off less per answer,
+// which at one request in flight is most of the time above the network's
+// (see ring.SubmitAndWait); the wait then ends with the tasks, each of
+// which has its deadline (Timeout). A ctx that can end is waited on
+// without reading the answers (a read on the socket would not see it end). The
 // error is SubmitTransfer's, or WaitBatch's (wrapping ctx's error). The
 // rules of both apply: one goroutine at a time submits to and waits on a
 // given batch.
@@ -775,14 +777,10 @@ func (e *Engine) SubmitTransferAndWait(ctx context.Context, id BatchID, reqs []T
 	return e.WaitBatch(ctx, id)
 }
 
-// submitDriven is SubmitTransferAndWait's submit: driven unless ctx can be
-// canceled with no deadline.
+// submitDriven is SubmitTransferAndWait's submit: driven when ctx can
+// never end.
 func (e *Engine) submitDriven(ctx context.Context, id BatchID, reqs []TransferRequest) error {
-	drive, deadline := ctx.Done() == nil, int64(0)
-	if dl, ok := ctx.Deadline(); ok {
-		drive, deadline = true, dl.UnixNano()
-	}
-	return e.submitTransfer(id, reqs, drive, deadline)
+	return e.submitTransfer(id, reqs, ctx.Done() == nil, 0)
 }
 
 // Transfer runs reqs as one batch and waits for all of them. It returns

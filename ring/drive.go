@@ -17,10 +17,12 @@ import (
 // itself (the poller parked and the ring had no request in flight, see
 // Submit) to an endpoint that is a transport.Driver, reads their answers
 // on the caller's goroutine until w.Done(), deadline (UnixNano; 0: none)
-// passes, or nothing of them is left to read. It is for a caller about to
-// wait for what it submits (io_uring_submit_and_wait): it then waits as
-// usual, and finds its completions in already. A Cancel, a timeout or
-// Close ending a request meanwhile makes the driver leave. Safe for
+// passes, or nothing is left in flight on the connection it reads. It is
+// for a caller about to wait for what it submits
+// (io_uring_submit_and_wait): it then waits as usual, and finds its
+// completions in already. A Cancel, a timeout or Close ending one of the
+// ring's requests meanwhile makes the driver leave once no answer is
+// being read. Safe for
 // concurrent use; w.Done must be cheap and safe to call from this
 // goroutine.
 func (r *Ring) SubmitDriven(es []sq.Entry, w transport.Until, deadline int64) (int, error) {
@@ -37,11 +39,18 @@ func (r *Ring) SubmitDriven(es []sq.Entry, w transport.Until, deadline int64) (i
 	}
 	if d != nil {
 		r.drvMu.Lock()
-		r.drv = d
+		r.drv = append(r.drv, d) // several callers may drive at once
 		r.drvMu.Unlock()
 		d.Drive(w, deadline)
 		r.drvMu.Lock()
-		r.drv = nil
+		for i, x := range r.drv {
+			if x == d {
+				last := len(r.drv) - 1
+				r.drv[i], r.drv[last] = r.drv[last], nil
+				r.drv = r.drv[:last]
+				break
+			}
+		}
 		r.drvMu.Unlock()
 	}
 	if n < len(es) {
@@ -81,30 +90,28 @@ func (p *Poller) submittedDriven(r *Ring) (d transport.Driver) {
 // timeout, cancel or close, which no answer the driver reads would show.
 func (r *Ring) interruptDriver() {
 	r.drvMu.Lock()
-	d := r.drv
-	r.drvMu.Unlock()
-	if d != nil {
-		d.Interrupt()
+	defer r.drvMu.Unlock()
+	for _, d := range r.drv {
+		d.Interrupt() // cheap, never blocks
 	}
 }
 
 // SubmitAndWait submits es and waits until at least n completions are
 // ready, as Submit then CQ().Wait(ctx, n) would (io_uring_submit_and_wait).
-// When it posts the entries itself (the poller parked, the ring idle) it
-// also reads their answers on the caller's goroutine (SubmitDriven), which
-// saves a goroutine hand-off per answer on transports that allow it (tcp).
-// A ctx that can be canceled but has no deadline is waited on as
-// CQ().Wait does, without driving (a driver reading the socket would not
-// see the cancel). It returns how many entries it submitted and the error
+// When it posts the entries itself (the poller parked, the ring idle) and
+// ctx can never be canceled (context.Background, context.WithoutCancel),
+// it also reads their answers on the caller's goroutine (SubmitDriven),
+// which saves a goroutine hand-off per answer on transports that allow it
+// (tcp); the wait then ends with the requests, each of which has its
+// deadline (Timeout). A ctx that can end (a cancel, a deadline) is waited
+// on as CQ().Wait does, without driving: a driver reading the socket would
+// not see it end. It returns how many entries it submitted and the error
 // of the submit (ErrSQFull: fewer fit) or of the wait. It reads the CQ:
 // one goroutine at a time, as for CQ().Wait.
 func (r *Ring) SubmitAndWait(ctx context.Context, es []sq.Entry, n int) (int, error) {
 	var k int
 	var err error
-	if dl, ok := ctx.Deadline(); ok {
-		r.until = cqUntil{q: r.cq, n: n}
-		k, err = r.SubmitDriven(es, &r.until, dl.UnixNano())
-	} else if ctx.Done() == nil {
+	if ctx.Done() == nil {
 		r.until = cqUntil{q: r.cq, n: n}
 		k, err = r.SubmitDriven(es, &r.until, 0)
 	} else {

@@ -231,10 +231,10 @@ type Ring struct {
 	stats Stats
 	_     cpu.CacheLinePad
 
-	// drv is the Driver a SubmitDriven call is driving, for Interrupt;
+	// drv are the Drivers SubmitDriven calls are driving, for Interrupt;
 	// any goroutine, under drvMu.
 	drvMu sync.Mutex
-	drv   transport.Driver
+	drv   []transport.Driver
 }
 
 type sliceDone struct {
@@ -320,7 +320,7 @@ func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
 		return nil, fmt.Errorf("ring: MaxSlices: %w", err)
 	}
 	r := &Ring{
-		sq: s, cq: c, done: d, poller: p, cfg: cfg, tables: tables, shut: make(chan struct{}),
+		sq: s, cq: c, done: d, poller: p, cfg: cfg, tables: tables, shut: make(chan struct{}), drv: make([]transport.Driver, 0, 4),
 		reqs:    make([]request, cfg.MaxInFlight),
 		free:    make([]int32, cfg.MaxInFlight),
 		postq:   make([]uint64, 0, cfg.MaxInFlight),

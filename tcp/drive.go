@@ -180,7 +180,7 @@ func (c *conn) drive(w transport.Until, deadline int64) {
 // reads it), else to the receiver, which it wakes.
 func (c *conn) leave() {
 	if c.interrupt.Swap(false) {
-		c.rdr.deadline = 0 // Interrupt moved the socket's; set a fresh one
+		c.rdr.deadline = -1 // Interrupt moved the socket's: the next read sets it
 	}
 	if c.lastDriven.Load() && c.q.Head() == c.q.Committed() {
 		c.rd.Store(rdIdle)

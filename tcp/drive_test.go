@@ -328,3 +328,51 @@ func TestDriveWatch(t *testing.T) {
 	px.kill()
 	waitFor(t, "the closed connection seen", func() bool { return c.failed.Load() })
 }
+
+// With no response timeout (ResponseTimeout < 0) a driver still leaves at
+// its deadline or on Interrupt, and the connection stays up: the past
+// deadline an Interrupt puts on the socket is cleared for the next reader
+// (it failed the rail, or spun the receiver, before).
+func TestDriveLeavesNoResponseTimeout(t *testing.T) {
+	for _, how := range []string{"deadline", "interrupt"} {
+		t.Run(how, func(t *testing.T) {
+			tp := newTimeoutPair(t, -1, 5, true)
+			u := &countUntil{ch: make(chanCompleter, 4)}
+			c := idleOwed(t, tp, u)
+			tp.px.hold.Store(true)
+			u.want.Add(1)
+			s := driven(localSlice(transport.Read, tp.local[:4096], tp.remote.addr, 1))
+			if k, err := tp.ep.Post(u, []transport.Slice{s}); k != 1 || err != nil {
+				t.Fatalf("Post: %d, %v", k, err)
+			}
+			deadline := int64(0)
+			if how == "deadline" {
+				deadline = time.Now().Add(100 * time.Millisecond).UnixNano()
+			}
+			left := make(chan struct{})
+			go func() {
+				tp.ep.(*Endpoint).Drive(u, deadline)
+				close(left)
+			}()
+			if how == "interrupt" {
+				waitFor(t, "the driver reading", func() bool { return c.rd.Load() == rdDriven })
+				time.Sleep(20 * time.Millisecond)
+				tp.ep.(*Endpoint).Interrupt()
+			}
+			select {
+			case <-left:
+			case <-time.After(hang):
+				t.Fatal("the driver did not leave")
+			}
+			time.Sleep(200 * time.Millisecond)
+			if c.failed.Load() {
+				t.Fatal("the connection failed after the driver left")
+			}
+			select {
+			case x := <-u.ch:
+				t.Fatalf("slice %d completed (%v) while the proxy held its answer", x.token, x.err)
+			default:
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"time"
@@ -120,7 +121,7 @@ func (c *conn) receiveOne() error {
 }
 
 // directNext reports whether the next response answers a READ of at least
-// directMin bytes. Only the receiver calls it.
+// directMin bytes. Only the holder of the reading calls it (drive.go).
 func (c *conn) directNext() bool {
 	pos := c.q.Head()
 	if pos >= c.q.Committed() {
@@ -130,7 +131,8 @@ func (c *conn) directNext() bool {
 	return p.s.Op == transport.Read && p.s.Length >= directMin
 }
 
-// reader is the receiver's reading of the stream, which keeps the
+// reader is the reading of the stream by whoever holds it (the receiver
+// or a driver, drive.go), which keeps the
 // response deadline. A response must come within ResponseTimeout of the
 // last one, or of the moment requests went out on an idle connection, and
 // a payload must keep arriving within it (each read that brings bytes
@@ -157,21 +159,36 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 	c := r.c
 	for got := 0; got < len(dst); {
 		between := header && got == 0 && c.br.Buffered() == 0 // no answer begun
-		if between && r.until != 0 && c.interrupt.Load() {
-			return errLeave
-		}
 		owed := r.last
 		if header {
 			owed = max(r.last, c.busySince.Load())
 		}
-		if r.timeout > 0 && owed+r.timeout-r.deadline > r.timeout/2 {
-			r.deadline = owed + r.timeout
-			c.nc.SetReadDeadline(time.Unix(0, r.deadline))
+		// The deadline wanted: the response timeout's, moved only when it
+		// lags by half a timeout (none without a timeout); between two
+		// answers, a driver's own when sooner. r.deadline is what the
+		// socket has, or -1 when that is not known (an Interrupt moved it).
+		want := r.deadline
+		if r.timeout <= 0 {
+			want = 0
+		} else if owed+r.timeout-r.deadline > r.timeout/2 {
+			want = owed + r.timeout
 		}
-		if between && r.until > 0 && r.until < r.deadline {
-			// A driver's own deadline, sooner than the response's.
-			r.deadline = r.until
-			c.nc.SetReadDeadline(time.Unix(0, r.deadline))
+		if between && r.until > 0 && r.until != math.MaxInt64 && (want <= 0 || r.until < want) {
+			want = r.until
+		}
+		if want != r.deadline {
+			r.deadline = want
+			var at time.Time
+			if want > 0 {
+				at = time.Unix(0, want)
+			}
+			c.nc.SetReadDeadline(at)
+		}
+		// After the deadline is set: Interrupt stores the flag before it
+		// moves the deadline, so this sees the flag or the read the
+		// deadline it moved.
+		if between && r.until != 0 && c.interrupt.Load() {
+			return errLeave
 		}
 		k, err := src.Read(dst[got:])
 		got += k
@@ -183,9 +200,12 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			now := time.Now().UnixNano()
+			r.deadline = -1 // whoever reads next sets a fresh one
 			if between && r.until != 0 && (now >= r.until || c.interrupt.Load()) {
-				r.deadline = 0 // whoever reads next sets a fresh one
 				return errLeave
+			}
+			if r.timeout <= 0 {
+				continue // an Interrupt's, or a driver's deadline mid-answer: no response timeout
 			}
 			if header {
 				idle := c.q.Head() == c.q.Committed()
@@ -193,11 +213,9 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 					r.last = now
 				}
 				if idle || now-max(r.last, c.busySince.Load()) < r.timeout {
-					r.deadline = 0 // set a fresh one
 					continue
 				}
 			} else if now-r.last < r.timeout {
-				r.deadline = 0
 				continue
 			}
 		}

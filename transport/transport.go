@@ -359,18 +359,19 @@ type InFlight interface {
 type Driver interface {
 	// Drive reads answers on the caller's goroutine, completing their
 	// slices through their Completers as the endpoint's own goroutines
-	// would, until w.Done() reports true, nothing driven is left to read,
-	// or deadline (UnixNano; 0: none) passes. It must be called once after
+	// would, until w.Done() reports true, nothing is left in flight where
+	// it reads, or deadline (UnixNano; 0: none) passes between two
+	// answers (an answer begun is read whole). It must be called once after
 	// every Post of Driven slices, by the goroutine that posted them, even
 	// if it no longer waits (deadline already past): a slice marked Driven
 	// may be left unread until then. Before it returns it hands what is
 	// still in flight back to the endpoint's own goroutines. Safe for
 	// concurrent use.
 	Drive(w Until, deadline int64)
-	// Interrupt makes any Drive in progress on the endpoint check w.Done()
-	// soon, for a caller that ended a driven request by other means
-	// (cancel, timeout, close). Safe for concurrent use; cheap when no
-	// Drive is in progress.
+	// Interrupt makes any Drive in progress on the endpoint return once
+	// no answer is being read, for a caller that ended a driven request
+	// by other means (cancel, timeout, close). Safe for concurrent use;
+	// cheap when no Drive is in progress.
 	Interrupt()
 }
 

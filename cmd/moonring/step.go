@@ -261,10 +261,10 @@ func driveBatches(ctx context.Context, e *moonring.Engine, first, depth, batches
 	// With one batch in flight each round is waited for as soon as it is
 	// submitted: SubmitTransferAndWait does both, and reads the answers
 	// on this goroutine where the transport allows it (tcp). It drives
-	// only under a ctx with a deadline (or none): the step's, with room.
+	// only under a ctx that cannot end: an interrupt of the command is
+	// seen when the round ends (the tasks' own deadlines bound it).
 	one := batches == 1
-	wctx, cancel := context.WithDeadline(ctx, time.Now().Add(d+time.Minute))
-	defer cancel()
+	wctx := context.WithoutCancel(ctx)
 	submit := func(r *round) error {
 		id, err := e.AllocateBatchID(depth)
 		if err != nil {
@@ -412,10 +412,10 @@ func drive(ctx context.Context, r *moonring.Ring, first, depth int, d time.Durat
 // driveOne is drive with one request in flight: each is submitted and
 // waited for by Ring.SubmitAndWait, which reads its answer on this
 // goroutine where the transport allows it (tcp). It drives only under a
-// ctx with a deadline (or none): the step's, with room.
+// ctx that cannot end: an interrupt of the command is seen when the
+// request ends (its own deadline bounds it).
 func driveOne(ctx context.Context, r *moonring.Ring, slot int, d time.Duration, ends *endings, entry func(slot int) *moonring.Entry) (int, time.Duration, []time.Duration, error) {
-	wctx, cancel := context.WithDeadline(ctx, time.Now().Add(d+time.Minute))
-	defer cancel()
+	wctx := context.WithoutCancel(ctx)
 	lat := make([]time.Duration, 0, 1<<16)
 	requests := 0
 	t0 := time.Now()
