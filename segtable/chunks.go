@@ -212,6 +212,12 @@ var noChunks = &BufferChunks{}
 // every change, so a publisher may use it as its descriptor's Rev.
 func (l *ChunkList) Seq() uint64 { return l.seq }
 
+// prepend returns a new chunk of b followed by c's buffers.
+func (l *ChunkList) prepend(b BufferDesc, c *chunk) *chunk {
+	nb := make([]BufferDesc, 0, len(c.bufs)+1)
+	return l.newChunk(append(append(nb, b), c.bufs...))
+}
+
 func (l *ChunkList) newChunk(bufs []BufferDesc) *chunk {
 	l.seq++
 	return &chunk{seq: l.seq, first: bufs[0].Addr, bufs: bufs}
@@ -267,9 +273,26 @@ func (l *ChunkList) Insert(b BufferDesc) error {
 	}
 	var with []*chunk
 	switch bufs := c.bufs; {
+	case len(bufs) == ChunkSize && at == len(bufs) && ci+1 < len(pg.chunks) && len(pg.chunks[ci+1].bufs) < ChunkSize:
+		// Past the end of a full chunk, before one with room: at its
+		// head (registrations in falling address order fill chunks too).
+		l.replaceIn(p, ci+1, ci+2, []*chunk{l.prepend(b, pg.chunks[ci+1])})
+		return nil
 	case len(bufs) == ChunkSize && at == len(bufs) && ci == len(pg.chunks)-1 && len(pg.chunks) == pageSize:
-		// Past the end of a full chunk that ends a full page: a page of
-		// its own.
+		// Past the end of a full chunk that ends a full page: the next
+		// page's first chunk when it has room, else a chunk at the head
+		// of the next page when that has room, else a page of its own.
+		if p+1 < len(cs.pages) {
+			np := cs.pages[p+1]
+			if len(np.chunks[0].bufs) < ChunkSize {
+				l.replaceIn(p+1, 0, 1, []*chunk{l.prepend(b, np.chunks[0])})
+				return nil
+			}
+			if len(np.chunks) < pageSize {
+				l.replaceIn(p+1, 0, 0, []*chunk{l.newChunk([]BufferDesc{b})})
+				return nil
+			}
+		}
 		l.insertPage(p+1, newChunkPage([]*chunk{l.newChunk([]BufferDesc{b})}))
 		return nil
 	case len(bufs) == ChunkSize && at == len(bufs):

@@ -179,11 +179,29 @@ func (s *Sorted[T]) Insert(key uint64, v T) {
 	old := pg.chunks[c]
 	at := i + 1
 	if len(old.keys) == maxChunk && at == len(old.keys) {
-		// Past the end of a full chunk (insertions in key order): a chunk
-		// of its own, which leaves the full one full rather than halves,
-		// and past the end of a full page a page of its own.
+		// Past the end of a full chunk: at the head of the next chunk
+		// when it has room (insertions in falling key order fill chunks
+		// too), else a chunk of its own, which leaves the full one full
+		// rather than halves (insertions in key order); past the end of a
+		// full page, the next page's head when it has room, else a page
+		// of its own.
+		if c+1 < len(pg.chunks) && len(pg.chunks[c+1].keys) < maxChunk {
+			s.publish(sn, p, p+1, pg.with(c+1, c+2, []sortedChunk[T]{prependKey(key, v, pg.chunks[c+1])}, nil))
+			return
+		}
 		one := []sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}}
 		if c == len(pg.chunks)-1 && len(pg.chunks) == maxPage {
+			if p+1 < len(sn.pages) {
+				np := sn.pages[p+1]
+				if len(np.chunks[0].keys) < maxChunk {
+					s.publish(sn, p+1, p+2, np.with(0, 1, []sortedChunk[T]{prependKey(key, v, np.chunks[0])}, nil))
+					return
+				}
+				if len(np.chunks) < maxPage {
+					s.publish(sn, p+1, p+2, np.with(0, 0, one, nil))
+					return
+				}
+			}
 			s.publish(sn, p+1, p+1, []*sortedPage[T]{newPage(one)})
 			return
 		}
@@ -301,6 +319,13 @@ type join[T any] struct {
 // with returns the pages that replace pg once its chunks [lo, hi) are
 // replaced by chunks, and the chunks of j's page joined: none when no
 // chunk is left, two when they are more than maxPage.
+// prependKey returns a chunk of key (value v) followed by ch's.
+func prependKey[T any](key uint64, v T, ch sortedChunk[T]) sortedChunk[T] {
+	keys := make([]uint64, 0, len(ch.keys)+1)
+	vals := make([]T, 0, len(ch.vals)+1)
+	return sortedChunk[T]{keys: append(append(keys, key), ch.keys...), vals: append(append(vals, v), ch.vals...)}
+}
+
 func (pg *sortedPage[T]) with(lo, hi int, chunks []sortedChunk[T], j *join[T]) []*sortedPage[T] {
 	n := len(pg.chunks) - (hi - lo) + len(chunks)
 	if j != nil {

@@ -1,0 +1,56 @@
+package segtable
+
+import "testing"
+
+// Insertions past the end of a full chunk in falling address order (the
+// gap above a filled stretch, filled from the top down, as mmap's
+// top-down placement gives) fill chunks and pages as insertions in
+// address order do: they went to a chunk (and past a full page, a page)
+// of their own each, and every later change copied an array of them all.
+func TestFallingInsertsFillChunks(t *testing.T) {
+	const below, above = ChunkSize * pageSize, 20000
+	var l ChunkList
+	s := new(Sorted[int])
+	add := func(addr uint64) {
+		if err := l.Insert(BufferDesc{Addr: addr, Length: 1}); err != nil {
+			t.Fatal(err)
+		}
+		s.Insert(addr, 0)
+	}
+	for i := range below { // a full page of full chunks
+		add(uint64(i) * 16)
+	}
+	for i := range above { // then the gap above it, from the top down
+		add(uint64(below+above-i) * 16)
+	}
+	n := below + above
+	cs := l.Chunks()
+	if cs.Len() != n {
+		t.Fatalf("%d buffers, want %d", cs.Len(), n)
+	}
+	// Chunks at least half full, pages of more than one chunk.
+	if maxChunks := 2 * n / ChunkSize; cs.Count() > maxChunks {
+		t.Errorf("%d chunks for %d buffers, want at most %d", cs.Count(), n, maxChunks)
+	}
+	if maxPages := 2 * cs.Count() / pageSize; len(cs.pages) > maxPages+1 {
+		t.Errorf("%d pages for %d chunks, want at most %d", len(cs.pages), cs.Count(), maxPages+1)
+	}
+	sn := s.load()
+	chunks := 0
+	for _, pg := range sn.pages {
+		chunks += len(pg.chunks)
+	}
+	if maxChunks := 2 * n / maxChunk; chunks > maxChunks {
+		t.Errorf("Sorted: %d chunks for %d keys, want at most %d", chunks, n, maxChunks)
+	}
+	if maxPages := 2 * chunks / maxPage; len(sn.pages) > maxPages+1 {
+		t.Errorf("Sorted: %d pages for %d chunks, want at most %d", len(sn.pages), chunks, maxPages+1)
+	}
+	// And the order holds.
+	bufs := cs.Buffers()
+	for i := 1; i < len(bufs); i++ {
+		if bufs[i].Addr <= bufs[i-1].Addr {
+			t.Fatalf("buffer %d at %#x after %#x", i, bufs[i].Addr, bufs[i-1].Addr)
+		}
+	}
+}
