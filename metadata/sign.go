@@ -285,15 +285,19 @@ func (s *Signed) check(name string, d *segtable.SegmentDesc) error {
 		s.refused(name, err)
 		return err
 	}
+	if !signed {
+		// Nor does it move the epoch: one claiming epoch 2^64-1 would
+		// make every later signed descriptor of the name stale.
+		s.mu.Unlock()
+		return nil
+	}
 	if !ok && len(s.seen) >= maxSeen {
 		clear(s.seen)
 	}
 	if !ok || d.Epoch > seen.epoch {
 		seen = epochRev{epoch: d.Epoch}
 	}
-	if signed {
-		seen.rev = max(seen.rev, d.Rev)
-	}
+	seen.rev = max(seen.rev, d.Rev)
 	s.seen[name] = seen
 	s.mu.Unlock()
 	return nil

@@ -351,3 +351,46 @@ func TestSignedAllowUnsigned(t *testing.T) {
 	for range ch {
 	}
 }
+
+// An unsigned descriptor, which anyone who can write the store can make,
+// moves nothing a reader remembers: one claiming the largest epoch does
+// not make the name's later signed descriptors stale.
+func TestUnsignedLocksNothingOut(t *testing.T) {
+	ctx := context.Background()
+	inner := metadata.NewMemory()
+	defer inner.Close()
+	pub := signed(t, inner)
+	d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "peer", Epoch: 5, Endpoints: map[string]string{"tcp": "127.0.0.1:9", "mooncake-tcp": "127.0.0.1:10"},
+		Buffers: []segtable.BufferDesc{{Addr: 1 << 20, Length: 4096, Location: "cpu:0", Keys: map[string]string{"tcp": "k", "mooncake-tcp": "k"}}}}
+	if err := pub.Put(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	r := signed(t, inner)
+	r.AllowUnsigned("mooncake-tcp")
+	if _, err := r.Get(ctx, "peer"); err != nil {
+		t.Fatal(err)
+	}
+	forged := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "peer", Epoch: 1<<64 - 1, Endpoints: map[string]string{"mooncake-tcp": "127.0.0.1:11"},
+		Buffers: []segtable.BufferDesc{{Addr: 1 << 20, Length: 4096, Location: "cpu:0", Keys: map[string]string{"mooncake-tcp": "k"}}}}
+	if err := inner.Delete(ctx, "peer", 5); err != nil { // a store writer may do both
+		t.Fatal(err)
+	}
+	if err := inner.Put(ctx, forged); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Get(ctx, "peer"); err != nil {
+		t.Fatalf("the unsigned descriptor (cut down): %v", err)
+	}
+	if err := inner.Delete(ctx, "peer", 1<<64-1); err != nil {
+		t.Fatal(err)
+	}
+	d2 := *d
+	d2.Epoch = 6
+	if err := pub.Put(ctx, &d2); err != nil {
+		t.Fatal(err)
+	}
+	got, err := r.Get(ctx, "peer")
+	if err != nil || got.Epoch != 6 || got.Endpoints["tcp"] == "" {
+		t.Fatalf("the next signed descriptor after an unsigned one of epoch 2^64-1: %v, %v", got, err)
+	}
+}
