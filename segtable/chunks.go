@@ -196,6 +196,19 @@ type ChunkList struct {
 	seq uint64 // the last chunk sequence number given
 }
 
+// String describes the list without its set-hash state (fmt would print
+// the unexported fields, and the set elements are what make a signed
+// header unforgeable).
+func (cs BufferChunks) String() string {
+	return fmt.Sprintf("BufferChunks{%d buffers, %d chunks, %d pages, signed %v}", cs.n, cs.count, len(cs.pages), cs.signed)
+}
+
+// GoString is String, for %#v.
+func (cs BufferChunks) GoString() string { return cs.String() }
+
+// String describes the list as BufferChunks.String does.
+func (l *ChunkList) String() string { return "ChunkList(" + l.Chunks().String() + ")" }
+
 // Chunks returns the current list, never nil. It stays as it is: later
 // changes make new lists.
 func (l *ChunkList) Chunks() *BufferChunks {

@@ -298,6 +298,14 @@ func TestVerifyRefusesSplice(t *testing.T) {
 	if s.Verify(f) == nil {
 		t.Error("a descriptor without its Rev verified")
 	}
+	// Rev and chunks both dropped (a downgrade to the first format, with
+	// every buffer MAC of the new one kept): the header was not made the
+	// first format's way.
+	f = newer.Clone()
+	f.Rev, f.Chunks = 0, nil
+	if s.Verify(f) == nil {
+		t.Error("a descriptor stripped to the first format verified")
+	}
 }
 
 // TestChunkedDesc: a Chunked descriptor validates in O(1) and only

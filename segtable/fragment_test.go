@@ -1,6 +1,10 @@
 package segtable
 
-import "testing"
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
 
 // Insertions past the end of a full chunk in falling address order (the
 // gap above a filled stretch, filled from the top down, as mmap's
@@ -51,6 +55,24 @@ func TestFallingInsertsFillChunks(t *testing.T) {
 	for i := 1; i < len(bufs); i++ {
 		if bufs[i].Addr <= bufs[i-1].Addr {
 			t.Fatalf("buffer %d at %#x after %#x", i, bufs[i].Addr, bufs[i-1].Addr)
+		}
+	}
+}
+
+// Printing a chunk list never shows a chunk's set element or the
+// accumulated set hash.
+func TestChunksPrintNoSecrets(t *testing.T) {
+	var l ChunkList
+	for i := range 3 {
+		if err := l.Insert(BufferDesc{Addr: uint64(i) * 64, Length: 64}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs := l.Chunks()
+	cs.acc[0], cs.pages[0].chunks[0].elem[0] = 0xAB, 0xCD
+	for _, got := range []string{fmt.Sprintf("%v", cs), fmt.Sprintf("%+v", &l), fmt.Sprint(*cs), fmt.Sprintf("%#v", cs)} {
+		if strings.Contains(got, "171") || strings.Contains(got, "205") || strings.Contains(got, "elem") || strings.Contains(got, "acc") {
+			t.Fatalf("printed %q", got)
 		}
 	}
 }
