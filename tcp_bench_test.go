@@ -133,8 +133,10 @@ func BenchmarkTCPWrite(b *testing.B) { benchTCP(b, moonring.OpWrite) }
 // BenchmarkTCPRead reads a child process's buffer over loopback TCP.
 func BenchmarkTCPRead(b *testing.B) { benchTCP(b, moonring.OpRead) }
 
-// BenchmarkTCPReadLatency is one 8-byte READ at a time: p50 and p99.
-func BenchmarkTCPReadLatency(b *testing.B) {
+// latencyRing is the latency benchmarks' setup: a child target's segment
+// open over TCP, a ring, and an 8-byte READ of the target's buffer. The
+// benchmark's cleanup ends them.
+func latencyRing(b *testing.B) (*moonring.Ring, moonring.Entry) {
 	c := startChild(b, "target", "MOONRING_SIZE=4096")
 	e, seg, d := remoteEngine(b, c, benchConfig())
 	buf := make([]byte, 4096)
@@ -142,13 +144,18 @@ func BenchmarkTCPReadLatency(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer e.UnregisterLocalMemory(b.Context(), buf)
+	b.Cleanup(func() { e.UnregisterLocalMemory(context.Background(), buf) })
 	r, err := e.NewRing(moonring.RingConfig{Entries: 16})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer r.Close()
-	en := moonring.Entry{Op: moonring.OpRead, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: 8}
+	b.Cleanup(func() { r.Close() })
+	return r, moonring.Entry{Op: moonring.OpRead, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: 8}
+}
+
+// BenchmarkTCPReadLatency is one 8-byte READ at a time: p50 and p99.
+func BenchmarkTCPReadLatency(b *testing.B) {
+	r, en := latencyRing(b)
 	lat := make([]time.Duration, 0, 1<<20)
 	ctx := b.Context()
 	b.ReportAllocs()
@@ -176,20 +183,8 @@ func BenchmarkTCPReadLatency(b *testing.B) {
 // (ring.SubmitDriven) instead of waiting for the receiver goroutine to
 // read it and wake it.
 func BenchmarkTCPSubmitAndWaitLatency(b *testing.B) {
-	c := startChild(b, "target", "MOONRING_SIZE=4096")
-	e, seg, d := remoteEngine(b, c, benchConfig())
-	buf := make([]byte, 4096)
-	id, err := e.RegisterLocalMemory(buf, "cpu:0", false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.UnregisterLocalMemory(b.Context(), buf)
-	r, err := e.NewRing(moonring.RingConfig{Entries: 16})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer r.Close()
-	es := []moonring.Entry{{Op: moonring.OpRead, Segment: seg, Buffer: id, Remote: d.Buffers[0].Addr, Length: 8}}
+	r, en := latencyRing(b)
+	es := []moonring.Entry{en}
 	lat := make([]time.Duration, 0, 1<<20)
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -187,6 +187,43 @@ func idleOwed(t *testing.T, tp *timeoutPair, u *countUntil) *conn {
 	return c
 }
 
+// leaveDriven has a driver wait for an answer the proxy drops, on a rail
+// with the given response timeout, and leave at its deadline (how
+// "deadline") or on Interrupt; it returns once the driver has left, with
+// the slice (token 1) still out.
+func leaveDriven(t *testing.T, timeout time.Duration, how string) (*timeoutPair, *countUntil, *conn) {
+	t.Helper()
+	tp := newTimeoutPair(t, timeout, 5, true)
+	u := &countUntil{ch: make(chanCompleter, 4)}
+	c := idleOwed(t, tp, u)
+	tp.px.hold.Store(true)
+	u.want.Add(1)
+	s := driven(localSlice(transport.Read, tp.local[:4096], tp.remote.addr, 1))
+	if k, err := tp.ep.Post(u, []transport.Slice{s}); k != 1 || err != nil {
+		t.Fatalf("Post: %d, %v", k, err)
+	}
+	deadline := int64(0)
+	if how == "deadline" {
+		deadline = time.Now().Add(100 * time.Millisecond).UnixNano()
+	}
+	left := make(chan struct{})
+	go func() {
+		tp.ep.(*Endpoint).Drive(u, deadline)
+		close(left)
+	}()
+	if how == "interrupt" {
+		waitFor(t, "the driver reading", func() bool { return c.rd.Load() == rdDriven })
+		time.Sleep(20 * time.Millisecond) // in its read, most likely
+		tp.ep.(*Endpoint).Interrupt()
+	}
+	select {
+	case <-left:
+	case <-time.After(hang):
+		t.Fatal("the driver did not leave")
+	}
+	return tp, u, c
+}
+
 // A driver whose answer does not come leaves at its deadline, or when
 // interrupted, and hands the slice to the receiver, which then owns it:
 // the response timeout (300 ms) fails it with ErrPeer (the proxy drops
@@ -194,34 +231,7 @@ func idleOwed(t *testing.T, tp *timeoutPair, u *countUntil) *conn {
 func TestDriveLeaves(t *testing.T) {
 	for _, how := range []string{"deadline", "interrupt"} {
 		t.Run(how, func(t *testing.T) {
-			tp := newTimeoutPair(t, 300*time.Millisecond, 5, true)
-			u := &countUntil{ch: make(chanCompleter, 4)}
-			c := idleOwed(t, tp, u)
-			tp.px.hold.Store(true)
-			u.want.Add(1)
-			s := driven(localSlice(transport.Read, tp.local[:4096], tp.remote.addr, 1))
-			if k, err := tp.ep.Post(u, []transport.Slice{s}); k != 1 || err != nil {
-				t.Fatalf("Post: %d, %v", k, err)
-			}
-			deadline := int64(0)
-			if how == "deadline" {
-				deadline = time.Now().Add(100 * time.Millisecond).UnixNano()
-			}
-			left := make(chan struct{})
-			go func() {
-				tp.ep.(*Endpoint).Drive(u, deadline)
-				close(left)
-			}()
-			if how == "interrupt" {
-				waitFor(t, "the driver reading", func() bool { return c.rd.Load() == rdDriven })
-				time.Sleep(20 * time.Millisecond) // in its read, most likely
-				tp.ep.(*Endpoint).Interrupt()
-			}
-			select {
-			case <-left:
-			case <-time.After(hang):
-				t.Fatal("the driver did not leave")
-			}
+			_, u, c := leaveDriven(t, 300*time.Millisecond, how)
 			if u.Done() {
 				t.Fatal("completed while the proxy held the answer")
 			}
@@ -336,34 +346,7 @@ func TestDriveWatch(t *testing.T) {
 func TestDriveLeavesNoResponseTimeout(t *testing.T) {
 	for _, how := range []string{"deadline", "interrupt"} {
 		t.Run(how, func(t *testing.T) {
-			tp := newTimeoutPair(t, -1, 5, true)
-			u := &countUntil{ch: make(chanCompleter, 4)}
-			c := idleOwed(t, tp, u)
-			tp.px.hold.Store(true)
-			u.want.Add(1)
-			s := driven(localSlice(transport.Read, tp.local[:4096], tp.remote.addr, 1))
-			if k, err := tp.ep.Post(u, []transport.Slice{s}); k != 1 || err != nil {
-				t.Fatalf("Post: %d, %v", k, err)
-			}
-			deadline := int64(0)
-			if how == "deadline" {
-				deadline = time.Now().Add(100 * time.Millisecond).UnixNano()
-			}
-			left := make(chan struct{})
-			go func() {
-				tp.ep.(*Endpoint).Drive(u, deadline)
-				close(left)
-			}()
-			if how == "interrupt" {
-				waitFor(t, "the driver reading", func() bool { return c.rd.Load() == rdDriven })
-				time.Sleep(20 * time.Millisecond)
-				tp.ep.(*Endpoint).Interrupt()
-			}
-			select {
-			case <-left:
-			case <-time.After(hang):
-				t.Fatal("the driver did not leave")
-			}
+			_, u, c := leaveDriven(t, -1, how)
 			time.Sleep(200 * time.Millisecond)
 			if c.failed.Load() {
 				t.Fatal("the connection failed after the driver left")
