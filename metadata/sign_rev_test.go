@@ -63,8 +63,12 @@ func TestSignedRefusesRollback(t *testing.T) {
 		t.Fatalf("watch handed on %+v after replays", ev)
 	case <-time.After(50 * time.Millisecond):
 	}
-	if st := reader.Refused(); st.Stale < 4 {
-		t.Fatalf("refusals %+v", st)
+	// Two Gets and the watch's two (the watch's may come later on a busy
+	// machine: wait for them, with a hang bound).
+	for deadline := time.Now().Add(20 * time.Second); reader.Refused().Stale < 4; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("refusals %+v", reader.Refused())
+		}
 	}
 	// The publisher goes on: its next Rev is above the replays.
 	if err := pub.Put(ctx, &segtable.SegmentDesc{Version: 1, Name: "r", Epoch: 4, Endpoints: map[string]string{"tcp": "a:1"}, Chunked: l.Chunks(), Rev: l.Seq()}); err != nil {
