@@ -3,6 +3,7 @@ package moonring_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ type curveWriter struct {
 	seg      moonring.SegmentID
 	id       moonring.BufferID
 	dst      uint64
+	dsts     []uint64 // when set, the i-th WRITE goes to dsts[i%len(dsts)] (a power of two) rather than dst
 	depth    int
 	inflight int
 	i        int
@@ -48,7 +50,11 @@ func (w *curveWriter) one() {
 		}
 		w.inflight -= drainCQ(w.b, w.r, w.cqes)
 	}
-	e := moonring.Entry{Op: moonring.OpWrite, Segment: w.seg, Buffer: w.id, Local: uint64(w.i%64) * scaleBlock, Remote: w.dst, Length: scaleBlock}
+	dst := w.dst
+	if w.dsts != nil {
+		dst = w.dsts[w.i&(len(w.dsts)-1)]
+	}
+	e := moonring.Entry{Op: moonring.OpWrite, Segment: w.seg, Buffer: w.id, Local: uint64(w.i%64) * scaleBlock, Remote: dst, Length: scaleBlock}
 	if err := w.r.SubmitOne(&e); err != nil {
 		w.b.Fatal(err)
 	}
@@ -115,7 +121,16 @@ func curveInitiator(b *testing.B, name string, store metadata.Store, entries int
 // n buffers: 1, 100, 10k, 100k) with a caller that waits on the CQ rather
 // than spin (see curveWriter), and only once the engines' background work
 // after the setup is over (see settle). ns/op is per request.
-func BenchmarkScaleBuffersWaiting(b *testing.B) {
+func BenchmarkScaleBuffersWaiting(b *testing.B) { scaleBuffersWaiting(b, false) }
+
+// BenchmarkScaleBuffersWaitingRandom is BenchmarkScaleBuffersWaiting to a
+// random buffer each (a fixed sequence of 64Ki, as BenchmarkScaleBuffers
+// to=random): the lookups of a buffer whose entries are not in the cache.
+// It also pays the target memory's own cache misses, which
+// BenchmarkScaleCopy measures apart.
+func BenchmarkScaleBuffersWaitingRandom(b *testing.B) { scaleBuffersWaiting(b, true) }
+
+func scaleBuffersWaiting(b *testing.B, random bool) {
 	for _, n := range scaleCounts(b, 1, 100, 10000, 100000) {
 		b.Run(fmt.Sprintf("buffers=%d", n), func(b *testing.B) {
 			t, mem := scaleTarget(b, b.Name()+"-t", n)
@@ -126,6 +141,14 @@ func BenchmarkScaleBuffersWaiting(b *testing.B) {
 			}
 			dst := uint64(moonring.AddressOf(mem[(n-1)*scaleBlock:]))
 			w := &curveWriter{b: b, r: r, seg: seg, id: id, dst: dst, depth: 64, cqes: make([]moonring.Completion, 256)}
+			if random {
+				base := uint64(moonring.AddressOf(mem))
+				rng := rand.New(rand.NewPCG(1, 2))
+				w.dsts = make([]uint64, 1<<16)
+				for i := range w.dsts {
+					w.dsts[i] = base + uint64(rng.IntN(n))*scaleBlock
+				}
+			}
 			w.settle()
 			b.SetBytes(scaleBlock)
 			b.ReportAllocs()
