@@ -33,6 +33,11 @@ const (
 	// EndpointRDMANICs: the segment's NICs in order, comma-separated, each
 	// "name/lid/gid" (e.g. "mlx5_0/0/fe80:00:...").
 	EndpointRDMANICs = "mooncake-rdma.nics"
+	// EndpointRDMAMatrix: the segment's priority matrix by NIC index
+	// ([NICMatrix]'s text form, e.g. "cpu:0=0/1;cuda:0=1/"): the NICs a
+	// peer picks from for a buffer's location. Absent: none published
+	// (every NIC serves every location).
+	EndpointRDMAMatrix = "mooncake-rdma.matrix"
 	// EndpointRDMAServer: the server name of the handshake's NIC paths when
 	// it is not the segment name (Mooncake's rdma_server_name).
 	EndpointRDMAServer = "mooncake-rdma.server"
@@ -87,9 +92,12 @@ func SplitServerName(name string) (host string, port uint16, ok bool) {
 // constants above say, a buffer per distinct range (the tcp and rdma
 // entries of one range in a multi-protocol descriptor merge), Location the
 // Mooncake buffer name of rdma buffers ("" for tcp, whose buffers bear the
-// segment name), and the NICs as Devices of kind "rnic", node -1. The
-// priority matrix, lkeys and timestamp do not map. Descriptors of other
-// protocols fail with [ErrUnsupported].
+// segment name), the NICs as Devices of kind "rnic", node -1, and the
+// priority matrix as [EndpointRDMAMatrix] (by NIC index: names not among
+// the devices dropped, see [NICMatrix]; absent when it names none). Lkeys
+// and timestamp do not map. Descriptors of other protocols fail with
+// [ErrUnsupported]; a matrix location the endpoint cannot carry (';' or
+// '=', over MaxMatrixLocation bytes) with [ErrBadDoc].
 func ToSegtable(d *SegmentDesc, rpc *RPCMeta) (*segtable.SegmentDesc, error) {
 	if d.Moonring != nil {
 		return fromExtension(d)
@@ -128,6 +136,13 @@ func ToSegtable(d *SegmentDesc, rpc *RPCMeta) (*segtable.SegmentDesc, error) {
 		s.Endpoints[EndpointRDMANICs] = strings.Join(nics, ",")
 		if d.RDMAServerName != "" {
 			s.Endpoints[EndpointRDMAServer] = d.RDMAServerName
+		}
+		m, err := nicMatrix(d)
+		if err != nil {
+			return nil, fmt.Errorf("segment %q: %w", d.Name, err)
+		}
+		if len(m) > 0 {
+			s.Endpoints[EndpointRDMAMatrix] = m.String()
 		}
 	}
 	multi := len(d.Protocols()) > 1
@@ -232,7 +247,8 @@ const DefaultLocation = "cpu:0"
 // named by their Location (rdma; [DefaultLocation] when empty) or by the
 // segment name (tcp), as Mooncake names its own; the rkeys come from
 // Keys[TransportRDMA] and are repeated as lkeys (a peer never uses those).
-// The priority matrix prefers every NIC for every buffer location.
+// The priority matrix is [EndpointRDMAMatrix] when present and not empty;
+// otherwise it prefers every NIC for every buffer location.
 // tcp_proto_version is [EndpointTCPVersion], or 2 when absent. The whole
 // moonring descriptor travels in the moonring extension, so that moonring
 // readers lose nothing (epoch, endpoints, keys, devices, MACs).
@@ -278,13 +294,19 @@ func FromSegtable(s *segtable.SegmentDesc) (*SegmentDesc, *RPCMeta, error) {
 		d.TCPProtoVersion = int(n)
 	}
 	nics, rdma := s.Endpoints[EndpointRDMANICs]
+	ownMatrix := false // the descriptor's matrix, not the default
 	if rdma {
 		d.Protocol = ProtoRDMA
 		if d.Devices, err = parseNICs(nics); err != nil {
 			return nil, nil, fmt.Errorf("segment %q: %w", s.Name, err)
 		}
 		d.RDMAServerName = s.Endpoints[EndpointRDMAServer]
-		d.PriorityMatrix = map[string]TopologyEntry{}
+		m, err := ParseNICMatrix(s.Endpoints[EndpointRDMAMatrix], len(d.Devices))
+		if err != nil {
+			return nil, nil, fmt.Errorf("segment %q: %s: %w", s.Name, EndpointRDMAMatrix, err)
+		}
+		d.PriorityMatrix = m.topology(d.Devices)
+		ownMatrix = len(m) > 0
 	}
 	for _, b := range s.AllBuffers() { // an engine's own may come Chunked
 		mb := Buffer{Name: s.Name, Addr: b.Addr, Length: b.Length, DeviceID: -1}
@@ -299,7 +321,7 @@ func FromSegtable(s *segtable.SegmentDesc) (*SegmentDesc, *RPCMeta, error) {
 				}
 				mb.LKey = slices.Clone(mb.RKey)
 			}
-			if _, ok := d.PriorityMatrix[mb.Name]; !ok {
+			if _, ok := d.PriorityMatrix[mb.Name]; !ok && !ownMatrix {
 				all := make([]string, len(d.Devices))
 				for i, dev := range d.Devices {
 					all[i] = dev.Name

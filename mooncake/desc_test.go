@@ -198,6 +198,7 @@ func TestToSegtable(t *testing.T) {
 		TransportRDMA:      "10.1.0.8:15002",
 		EndpointRDMANICs:   "mlx5_0/0/00:00:00:00:00:00:00:00:00:00:ff:ff:c0:a8:64:08,mlx5_1/7/fe:80:00:00:00:00:00:00:0a:42:a1:ff:fe:10:20:30",
 		EndpointRDMAServer: "192.168.100.8:15002",
+		EndpointRDMAMatrix: "cpu:0=0/1;cuda:0=1/",
 	}
 	if !reflect.DeepEqual(s.Endpoints, wantEP) {
 		t.Errorf("endpoints %v\nwant %v", s.Endpoints, wantEP)
@@ -264,6 +265,7 @@ func publishable() *segtable.SegmentDesc {
 			EndpointTCPVersion: "2",
 			TransportRDMA:      "10.2.0.1:15100",
 			EndpointRDMANICs:   "rxe0/0/00:00:00:00:00:00:00:00:00:00:ff:ff:0a:02:00:01,rxe1/3/fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01",
+			EndpointRDMAMatrix: "cpu:0=1/0;cuda:1=0/",
 		},
 		Buffers: []segtable.BufferDesc{
 			{Addr: 0x7f0000000000, Length: 1 << 20, Location: "cpu:0", Keys: map[string]string{"tcp": "1.abc", TransportTCP: "", TransportRDMA: "17,18"}},
@@ -306,7 +308,8 @@ func TestFromSegtable(t *testing.T) {
 	}
 	if md.Protocol != "rdma" || md.TCPDataPort != 16000 || md.TCPProtoVersion != 2 || md.Buffers[1].Name != DefaultLocation ||
 		len(md.Buffers[1].RKey) != 0 || !reflect.DeepEqual(md.Buffers[0].RKey, []uint64{17, 18}) ||
-		!reflect.DeepEqual(md.PriorityMatrix["cpu:0"].Preferred, []string{"rxe0", "rxe1"}) {
+		!reflect.DeepEqual(md.PriorityMatrix["cpu:0"], TopologyEntry{[]string{"rxe1"}, []string{"rxe0"}}) ||
+		!reflect.DeepEqual(md.PriorityMatrix["cuda:1"], TopologyEntry{[]string{"rxe0"}, []string{}}) {
 		t.Errorf("%+v", md)
 	}
 	back, err := ToSegtable(md, nil)
@@ -323,7 +326,7 @@ func TestFromSegtable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{EndpointRPC, TransportTCP, EndpointTCPVersion, TransportRDMA, EndpointRDMANICs} {
+	for _, k := range []string{EndpointRPC, TransportTCP, EndpointTCPVersion, TransportRDMA, EndpointRDMANICs, EndpointRDMAMatrix} {
 		if plain.Endpoints[k] != s.Endpoints[k] {
 			t.Errorf("endpoint %s: %q, want %q", k, plain.Endpoints[k], s.Endpoints[k])
 		}
@@ -351,6 +354,8 @@ func TestFromSegtable(t *testing.T) {
 		"invalid":        func(s *segtable.SegmentDesc) { s.Version = 0 },
 		"no name":        func(s *segtable.SegmentDesc) { s.Name = "" },
 		"NIC name comma": func(s *segtable.SegmentDesc) { s.Endpoints[EndpointRDMANICs] = "a/0/g," },
+		"matrix NIC":     func(s *segtable.SegmentDesc) { s.Endpoints[EndpointRDMAMatrix] = "cpu:0=2/" },
+		"matrix row":     func(s *segtable.SegmentDesc) { s.Endpoints[EndpointRDMAMatrix] = "cpu:0=0" },
 	} {
 		s := publishable()
 		mut(s)

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
+
+	"github.com/moonring/moonring/segtable"
 )
 
 func addGoldens(f *testing.F) {
@@ -49,6 +52,50 @@ func FuzzDecode(f *testing.F) {
 		}
 		if err := s.Validate(); err != nil {
 			t.Fatalf("converted to an invalid descriptor: %v", err)
+		}
+		if v, ok := s.Endpoints[EndpointRDMAMatrix]; ok && d.Moonring == nil { // (an extension's is the publisher's)
+			if m, err := ParseNICMatrix(v, len(s.Devices)); err != nil || len(m) == 0 {
+				t.Fatalf("converted to a matrix %q that does not parse: %v", v, err)
+			}
+		}
+	})
+}
+
+// FuzzNICMatrix: ParseNICMatrix never panics, refuses with a typed error,
+// and what it accepts is within its bounds and reads back the same from
+// its text form; Row and FirstTries name only NICs below the count.
+func FuzzNICMatrix(f *testing.F) {
+	f.Add("cpu:0=0/1;cuda:0=1/", 2)
+	f.Add("segments:4096:0,1=0,1/;*=/", 2)
+	f.Add("a=0/;a=0/", 1)
+	f.Fuzz(func(t *testing.T, v string, nics int) {
+		nics = int(uint(nics) % (MaxDevices + 1))
+		m, err := ParseNICMatrix(v, nics)
+		if err != nil {
+			if !errors.Is(err, segtable.ErrBadDesc) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if len(m) > MaxMatrix {
+			t.Fatalf("%d rows", len(m))
+		}
+		back, err := ParseNICMatrix(m.String(), nics)
+		if err != nil || !reflect.DeepEqual(back, m) {
+			t.Fatalf("%q -> %q -> %v, %v", v, m.String(), back, err)
+		}
+		for _, loc := range []string{"cpu:0", "*", "x"} {
+			r := m.Row(loc)
+			for _, n := range append(r.Preferred, r.Available...) {
+				if n < 0 || n >= nics {
+					t.Fatalf("Row(%q) names NIC %d of %d", loc, n, nics)
+				}
+			}
+		}
+		for _, n := range m.FirstTries() {
+			if n < 0 || n >= nics {
+				t.Fatalf("FirstTries names NIC %d of %d", n, nics)
+			}
 		}
 	})
 }
