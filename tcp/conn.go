@@ -81,6 +81,8 @@ type conn struct {
 	fd        int             // the socket, for ur
 	uiov      []unix.Iovec    // the iovecs of the write in progress (writev or io_uring)
 	writeFn   func(fd uintptr) bool
+	peekFn    func(fd uintptr) // peekOn, made once (spin.go)
+	sp        spinner
 	wiov      [][]byte
 	wn        int
 	werr      error

@@ -89,6 +89,8 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 			c.wn, c.werr = c.writev(int(fd), c.wiov)
 			return true // never wait: the sender goroutine does that
 		}
+		c.peekFn = c.peekOn
+		c.sp.max = int64(e.t.cfg.DriveSpin)
 		if e.t.cfg.IOUring {
 			c.useUring()
 		}

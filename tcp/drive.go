@@ -164,11 +164,15 @@ func (c *conn) drive(w transport.Until, deadline int64) {
 	}
 	c.rdr.until = deadline
 	for !w.Done() && !c.failed.Load() && c.q.Head() != c.q.Committed() {
+		start, caught := c.spin()
 		if err := c.receiveOne(); err != nil {
 			if err != errLeave {
 				c.fail(err)
 			}
 			break
+		}
+		if start != 0 && !caught {
+			c.sp.adapt(start, c.rdr.last)
 		}
 	}
 	c.rdr.until = 0

@@ -26,6 +26,7 @@ type proxy struct {
 	blackhole atomic.Bool
 	holes     atomic.Int64
 	trickle   atomic.Int64 // when set, the pause (ns) after each 8 KiB the target sends
+	delay     atomic.Int64 // when set, the pause (ns) before passing on what the target sent
 	mu        sync.Mutex
 	closed    bool
 	conns     map[net.Conn]struct{}
@@ -119,6 +120,9 @@ func (p *proxy) forward(c net.Conn) {
 	for {
 		n, err := s.Read(buf)
 		if n > 0 {
+			if d := time.Duration(p.delay.Load()); d > 0 {
+				time.Sleep(d)
+			}
 			if p.hold.Load() {
 				p.held.Add(int64(n))
 			} else if d := time.Duration(p.trickle.Load()); d > 0 {

@@ -111,6 +111,13 @@ type Config struct {
 	// keeps the connection but stops answering then fails the rail, and
 	// its slices come back to the engine with ErrPeer.
 	ResponseTimeout time.Duration
+	// DriveSpin is the longest a caller reading its own answers
+	// (transport.Driver, Ring.SubmitAndWait) polls its connection before
+	// its read parks in the netpoller (default DefaultDriveSpin; negative:
+	// never). The spin adapts: it grows while answers come within
+	// DriveSpin of the wait's start, and falls to none while they do not,
+	// so slow answers cost no CPU. It saves the wake-up of a parked read.
+	DriveSpin time.Duration
 	// FrameTimeout bounds the target's moving of one frame's payload (a
 	// WRITE's bytes in, a READ's out; default 30 s), so that a stalled
 	// initiator cannot hold a buffer's Unregister.
@@ -199,6 +206,9 @@ func (c *Config) fill() error {
 	}
 	if c.ResponseTimeout == 0 {
 		c.ResponseTimeout = 30 * time.Second
+	}
+	if c.DriveSpin == 0 {
+		c.DriveSpin = DefaultDriveSpin
 	}
 	if c.FrameTimeout == 0 {
 		c.FrameTimeout = 30 * time.Second

@@ -1,0 +1,98 @@
+// spin.go holds a driver's poll of its socket before its read parks: a
+// bounded spin whose length adapts as a hypervisor's halt-polling does.
+//
+// A driver whose read finds nothing parks its goroutine in the netpoller,
+// and the answer then costs the runtime a wake-up: epoll_wait returns, the
+// goroutine is made ready, and an idle thread is woken for it (a futex and
+// an IPI on a VM). When the answer is a few tens of µs away, polling the
+// socket for it on the running thread skips all of that. The spin grows
+// while the waits it missed were short enough for a longer spin to catch,
+// and shrinks (to nothing) while they were not, so a caller whose answers
+// come slowly burns no CPU on them.
+
+package tcp
+
+import (
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultDriveSpin is Config.DriveSpin's default: the longest a driving
+// caller polls its connection before its read parks.
+const DefaultDriveSpin = 50 * time.Microsecond
+
+// spinFirst is the spin a driver starts with once a wait short enough to
+// catch was seen; each such miss doubles it, up to Config.DriveSpin.
+const spinFirst = 5 * time.Microsecond
+
+// spinner is one connection's spin state; it belongs to whoever holds the
+// reading (conn.rd).
+type spinner struct {
+	max   int64 // Config.DriveSpin in ns; <= 0: never spin
+	cur   int64 // the spin now, ns; 0: none
+	ready bool  // peekFn's result
+	b     [1]byte
+	// looked and caught count the waits the driver measured and those
+	// the spin caught (tests read them).
+	looked, caught uint64
+}
+
+// peek reports whether the socket has bytes to read, or an end or error
+// that a read would return, without blocking.
+func (c *conn) peek() bool {
+	if c.rc.Control(c.peekFn) != nil {
+		return true // closed: the read says so
+	}
+	return c.sp.ready
+}
+
+// peekOn is peekFn's body: recv(MSG_PEEK|MSG_DONTWAIT) of one byte. Raw:
+// it never blocks, so it needs nothing from the scheduler.
+func (c *conn) peekOn(fd uintptr) {
+	_, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&c.sp.b[0])), 1,
+		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	c.sp.ready = e != unix.EAGAIN && e != unix.EWOULDBLOCK
+}
+
+// spin polls the socket for the next answer for the current spin, before
+// the driver reads it. It returns when the spin started (0: it did not
+// look, as on TLS, with bytes buffered, or spinning off) and whether
+// bytes came within it.
+func (c *conn) spin() (start int64, caught bool) {
+	s := &c.sp
+	if s.max <= 0 || c.rc == nil || c.br.Buffered() > 0 {
+		return 0, false
+	}
+	start = time.Now().UnixNano()
+	s.looked++
+	if s.cur == 0 {
+		return start, false
+	}
+	for {
+		if c.peek() {
+			s.caught++
+			return start, true
+		}
+		if c.interrupt.Load() || time.Now().UnixNano()-start >= s.cur {
+			return start, false
+		}
+		// The peer may be waiting for this CPU (both ends on one): let
+		// it run. With nothing else runnable here this returns at once.
+		unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	}
+}
+
+// adapt sets the next spin from a wait that began at start and whose
+// answer began at got, when the spin did not catch it: longer when a
+// spin of at most max would have, else shorter (halved, then none).
+func (s *spinner) adapt(start, got int64) {
+	if got-start <= s.max {
+		s.cur = min(max(2*s.cur, int64(spinFirst)), s.max)
+		return
+	}
+	if s.cur /= 2; s.cur < int64(spinFirst) {
+		s.cur = 0
+	}
+}

@@ -1,0 +1,139 @@
+package tcp
+
+// Tests of a driver's spin before its read parks (spin.go).
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring/transport"
+)
+
+// The spin's rule: a miss that a spin of at most max would have caught
+// doubles it (from spinFirst, capped at max); a longer one halves it,
+// and below spinFirst it stops.
+func TestSpinAdapt(t *testing.T) {
+	const us = int64(time.Microsecond)
+	s := spinner{max: 50 * us}
+	steps := []struct {
+		wait, want int64
+	}{
+		{20 * us, 5 * us},  // none -> the first spin
+		{20 * us, 10 * us}, // short: doubles
+		{20 * us, 20 * us}, // ...
+		{20 * us, 40 * us}, // ...
+		{50 * us, 50 * us}, // capped at max
+		{51 * us, 25 * us}, // long: halves
+		{900 * us, 12500},  // ...
+		{900 * us, 6250},
+		{900 * us, 0},     // below spinFirst: none
+		{900 * us, 0},     // stays none
+		{10 * us, 5 * us}, // and comes back
+	}
+	for i, st := range steps {
+		s.adapt(1000, 1000+st.wait)
+		if s.cur != st.want {
+			t.Fatalf("step %d (wait %d ns): spin %d ns, want %d", i, st.wait, s.cur, st.want)
+		}
+	}
+	off := spinner{max: 0}
+	off.adapt(0, 1)
+	if off.cur != 0 {
+		t.Fatalf("DriveSpin off: spin %d after a short wait", off.cur)
+	}
+}
+
+// spinPair is a one-rail endpoint with DriveSpin set, through a proxy
+// that can hold the target's answers back.
+func spinPair(t *testing.T, spin time.Duration) (transport.Endpoint, []byte, testBuf, *proxy) {
+	t.Helper()
+	targ := newSide(t, Config{})
+	remote := targ.register(t, targ.alloc(t, 1<<16, 9), true)
+	px := newProxy(t, targ.tr.Addr())
+	init := newSide(t, Config{Rails: 1, DriveSpin: spin})
+	local := init.alloc(t, 1<<16, 1)
+	ep, err := init.tr.Open(context.Background(), targ.desc(px.addr(), remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ep.Close() })
+	return ep, local, remote, px
+}
+
+// driveReads posts n Driven 64-byte READs one at a time and reads each
+// answer with Drive, checking the bytes.
+func driveReads(t *testing.T, ep transport.Endpoint, local []byte, remote testBuf, n int) {
+	t.Helper()
+	u := &countUntil{ch: make(chanCompleter, 8)}
+	for i := range n {
+		clear(local[:64])
+		u.want.Add(1)
+		s := driven(localSlice(transport.Read, local[:64], remote.addr, uint64(i+1)))
+		if k, err := ep.Post(u, []transport.Slice{s}); k != 1 || err != nil {
+			t.Fatalf("Post: %d, %v", k, err)
+		}
+		ep.(*Endpoint).Drive(u, 0)
+		for !u.Done() { // the first answer may have gone to the receiver
+			time.Sleep(time.Millisecond)
+		}
+		if err := <-u.ch; err.err != nil {
+			t.Fatalf("read %d: %v", i, err.err)
+		}
+		if !bytes.Equal(local[:64], bytes.Repeat([]byte{9}, 64)) {
+			t.Fatalf("read %d: wrong bytes", i)
+		}
+	}
+}
+
+// Answers held 2 ms, past the largest spin: the spin falls to none and
+// catches nothing, so a slow peer costs no CPU.
+func TestSpinShrinksOnSlowAnswers(t *testing.T) {
+	ep, local, remote, px := spinPair(t, 0)
+	px.delay.Store(int64(2 * time.Millisecond))
+	c := rail0(t, ep)
+	c.sp.cur = c.sp.max // as if answers had been quick
+	driveReads(t, ep, local, remote, 12)
+	if c.sp.cur != 0 || c.sp.caught != 0 {
+		t.Fatalf("after 12 answers 2 ms away: spin %v, caught %d; want none", time.Duration(c.sp.cur), c.sp.caught)
+	}
+}
+
+// Answers held 1 ms, within a DriveSpin of 1 s: the spin grows from none
+// until it catches them.
+func TestSpinGrowsAndCatches(t *testing.T) {
+	ep, local, remote, px := spinPair(t, time.Second)
+	px.delay.Store(int64(time.Millisecond))
+	c := rail0(t, ep)
+	driveReads(t, ep, local, remote, 24)
+	if c.sp.caught == 0 || c.sp.cur == 0 {
+		t.Fatalf("after 24 answers 1 ms away: spin %v, caught %d; want a spin that catches", time.Duration(c.sp.cur), c.sp.caught)
+	}
+	// A spin that catches allocates nothing.
+	caught := c.sp.caught
+	u := &countUntil{ch: make(chanCompleter, 1)}
+	e := ep.(*Endpoint)
+	sl := []transport.Slice{driven(localSlice(transport.Read, local[:64], remote.addr, 99))}
+	allocs := testing.AllocsPerRun(10, func() {
+		u.want.Add(1)
+		if k, err := e.Post(u, sl); k != 1 || err != nil {
+			t.Fatalf("Post: %d, %v", k, err)
+		}
+		e.Drive(u, 0)
+		<-u.ch
+	})
+	if allocs != 0 || c.sp.caught == caught {
+		t.Fatalf("%v allocations per spun read, %d caught", allocs, c.sp.caught-caught)
+	}
+}
+
+// DriveSpin negative: the driver never looks before it reads.
+func TestSpinOff(t *testing.T) {
+	ep, local, remote, _ := spinPair(t, -1)
+	c := rail0(t, ep)
+	driveReads(t, ep, local, remote, 8)
+	if c.sp.cur != 0 || c.sp.caught != 0 || c.sp.looked != 0 {
+		t.Fatalf("DriveSpin off: spin %d, caught %d, looked %d", c.sp.cur, c.sp.caught, c.sp.looked)
+	}
+}
