@@ -1,7 +1,9 @@
 // choose.go holds an endpoint's choice of rail for a slice: the rail its
 // rails.Picker chooses by measured speed, thinned to a FarNUMA share on
-// devices far from the slice's local memory, and never one on a device
-// whose port is down.
+// devices far from the slice's local memory, never one on a device whose
+// port is down, and (Mooncake mode) none on a device whose rails reach a
+// peer NIC the peer's priority matrix does not pick for the remote
+// buffer, while another is up.
 
 package rdma
 
@@ -39,6 +41,7 @@ const maxTries = 8
 type chooser struct {
 	pick   *rails.Picker
 	dev    []int     // each rail's local device index, < 64
+	devs   uint64    // the devices of the rails, one bit each
 	credit []float64 // per rail: what its far picks have earned (see choose), under postMu
 }
 
@@ -66,20 +69,31 @@ func newChooser(dev []int, cfg rails.Config) (*chooser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rdma: %w", err)
 	}
-	return &chooser{pick: p, dev: dev, credit: make([]float64, len(dev))}, nil
+	var devs uint64
+	for _, d := range dev {
+		devs |= 1 << d
+	}
+	return &chooser{pick: p, dev: dev, devs: devs, credit: make([]float64, len(dev))}, nil
 }
 
 // choose returns the rail for a slice whose local memory is far from the
-// devices in far, with the devices in down (one bit per device index) down.
+// devices in far, with the devices in down (one bit per device index)
+// down, avoiding the devices in avoid (the remote buffer's nicPick).
 //
 // A rail on a down device is never returned while a device is up: a pick
 // of it cools it (Failed, unless it is cooling already, so that its
 // cooldown does not grow while the port is down and it comes back soon
-// after) and picks again. A far rail is passed over on every other pick
-// (its credit grows by FarNUMA per pick, and a pick that makes it 1 takes
-// it), but for a cooling one, whose pick is its probe or the best there
-// is. After maxTries picks the first rail up from the last is taken.
-func (c *chooser) choose(far, down uint64) int {
+// after) and picks again. A rail on an avoided device is never returned
+// while a device neither down nor avoided is there: a pick of it picks
+// again (it is not cooled: other buffers' slices want it). A far rail is
+// passed over on every other pick (its credit grows by FarNUMA per pick,
+// and a pick that makes it 1 takes it), but for a cooling one, whose pick
+// is its probe or the best there is. After maxTries picks the first rail
+// after the last that is up (and not avoided) is taken.
+func (c *chooser) choose(far, down, avoid uint64) int {
+	if c.devs&^(down|avoid) == 0 {
+		avoid = 0 // every device the buffer wants is down: any that is up
+	}
 	ri := 0
 	for range maxTries {
 		ri = c.pick.Pick()
@@ -90,6 +104,9 @@ func (c *chooser) choose(far, down uint64) int {
 			}
 			continue
 		}
+		if avoid&bit != 0 {
+			continue
+		}
 		if far&bit == 0 || c.pick.Cooling(ri) {
 			return ri
 		}
@@ -98,7 +115,7 @@ func (c *chooser) choose(far, down uint64) int {
 			return ri
 		}
 	}
-	return c.up(ri, down)
+	return c.up(ri, down|avoid)
 }
 
 // up returns ri, or when its device is down the first rail after it on a

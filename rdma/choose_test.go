@@ -62,7 +62,7 @@ func newTestChooser(t *testing.T, dev []int, c *fakeClock, rates ...float64) *ch
 func choiceShares(ch *chooser, n int, far, down uint64) []float64 {
 	counts := make([]int, len(ch.dev))
 	for range n {
-		counts[ch.choose(far, down)]++
+		counts[ch.choose(far, down, 0)]++
 	}
 	out := make([]float64, len(counts))
 	for i, k := range counts {
@@ -134,7 +134,7 @@ func TestChooseCooldown(t *testing.T) {
 	c.add(rails.DefaultMinCooldown)
 	// Device 1's turn in the thinning is not now: its credit is 0 and one
 	// far pick leaves it at a half.
-	if got := ch.choose(far1, 0); got != 1 {
+	if got := ch.choose(far1, 0, 0); got != 1 {
 		t.Fatalf("first choice after the cooldown: rail %d, want rail 1's probe", got)
 	}
 	if got := choiceShares(ch, 10000, far1, 0); got[1] != 0 {
@@ -174,7 +174,7 @@ func TestChooseDown(t *testing.T) {
 	c.add(rails.DefaultMinCooldown)
 	probed := map[int]bool{}
 	for range 10 {
-		if ri := ch.choose(0, 0); ri >= 2 {
+		if ri := ch.choose(0, 0, 0); ri >= 2 {
 			probed[ri] = true
 		}
 	}
@@ -191,17 +191,58 @@ func TestChooseDown(t *testing.T) {
 		t.Errorf("up(3) with every device up: %d, want 3", got)
 	}
 	// Everything down: some rail, no hang.
-	if got := ch.choose(0, 0b11); got < 0 || got >= 4 {
+	if got := ch.choose(0, 0b11, 0); got < 0 || got >= 4 {
 		t.Fatalf("every device down: rail %d", got)
 	}
 }
 
-// TestChooseAllocs: a choice allocates nothing, thinning and down devices
-// included.
+// TestChooseAvoid: the devices a remote buffer's NICs avoid get no slice
+// and do not cool (other buffers' slices want them); the rest share by
+// speed as before, a far one thinned. When every device the buffer wants
+// is down, any device that is up serves.
+func TestChooseAvoid(t *testing.T) {
+	var c fakeClock
+	ch := newTestChooser(t, []int{0, 0, 1, 1, 2, 2}, &c, 1e9, 1e9, 1e9, 3e9, 1e9, 1e9)
+	const dev0, dev1, dev2 = 1 << 0, 1 << 1, 1 << 2
+	sharesNear(t, "only device 1", choiceSharesAvoid(ch, 40000, 0, 0, dev0|dev2), []float64{0, 0, 0.25, 0.75, 0, 0}, 0.005)
+	for ri := range 6 {
+		if ch.pick.Cooling(ri) {
+			t.Fatalf("rail %d cools after being avoided", ri)
+		}
+	}
+	// Device 1 far: still only device 1 (thinning shares among the
+	// devices wanted, and there is one).
+	sharesNear(t, "only device 1, far", choiceSharesAvoid(ch, 40000, dev1, 0, dev0|dev2), []float64{0, 0, 0.25, 0.75, 0, 0}, 0.005)
+	// Devices 0 and 2 wanted, 0 down: device 2 alone.
+	sharesNear(t, "device 0 down", choiceSharesAvoid(ch, 40000, 0, dev0, dev1), []float64{0, 0, 0, 0, 0.5, 0.5}, 0.005)
+	// The one device wanted is down: the others, as without the mask (a
+	// fresh chooser: device 0's rails cool from being down just now).
+	ch = newTestChooser(t, []int{0, 0, 1, 1, 2, 2}, &c, 1e9, 1e9, 1e9, 3e9, 1e9, 1e9)
+	got := choiceSharesAvoid(ch, 40000, 0, dev1, dev0|dev2)
+	if got[2] != 0 || got[3] != 0 || got[0] == 0 || got[4] == 0 {
+		t.Fatalf("device 1 wanted and down: shares %.4f; want devices 0 and 2", got)
+	}
+}
+
+// choiceSharesAvoid is choiceShares with the devices in avoid avoided.
+func choiceSharesAvoid(ch *chooser, n int, far, down, avoid uint64) []float64 {
+	counts := make([]int, len(ch.dev))
+	for range n {
+		counts[ch.choose(far, down, avoid)]++
+	}
+	out := make([]float64, len(counts))
+	for i, k := range counts {
+		out[i] = float64(k) / float64(n)
+	}
+	return out
+}
+
+// TestChooseAllocs: a choice allocates nothing, thinning, down and
+// avoided devices included.
 func TestChooseAllocs(t *testing.T) {
 	var c fakeClock
 	ch := newTestChooser(t, []int{0, 0, 1, 1, 2, 2}, &c, 1e9, 2e9, 1e9, 2e9, 1e9, 2e9)
-	if a := testing.AllocsPerRun(1000, func() { ch.choose(1<<1, 1<<2) }); a != 0 {
+	if a := testing.AllocsPerRun(1000, func() { ch.choose(1<<1, 1<<2, 1<<0) }); a != 0 {
 		t.Fatalf("%.1f allocations per choice; want 0", a)
 	}
 }

@@ -26,8 +26,11 @@
 // speaks the Mooncake Transfer Engine's RDMA transport instead: no control
 // listener, queue pairs connected through Mooncake's handshake on the
 // engine's Mooncake RPC port (MooncakeHandshake as target, a handshake per
-// local device as initiator), rkeys published in Mooncake's form. Posting,
-// polling and rails are the same. PROTOCOL.md says what travels.
+// local device as initiator, to the peer NIC its priority matrix picks:
+// mooncake_nics.go), rkeys published in Mooncake's form. Posting, polling
+// and rails are the same, but that a slice keeps to the rails whose peer
+// NIC the matrix picks for its remote buffer. PROTOCOL.md says what
+// travels.
 //
 // Post checks each slice, writes it into the C memory of its queue pair
 // and posts the chains of every queue pair the batch touches in one cgo

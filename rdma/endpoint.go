@@ -48,6 +48,7 @@ type rbuf struct {
 	addr, length uint64
 	rkeys        []uint32 // per remote device; nil: no usable key
 	why          string   // why rkeys is nil
+	nics         nicPick  // Mooncake mode: the local devices its slices avoid (mooncake_nics.go)
 }
 
 // rail is one lane of an endpoint: a queue pair between a local and a
@@ -148,14 +149,20 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	}
 	ep := &Endpoint{t: t, addr: addr, key: key, mc: mc, nrdev: len(rdevs), gone: make(chan struct{})}
 	ep.dialCtx, ep.dialCancel = context.WithCancel(context.Background())
-	ep.setBuffers(desc)
 	// Local device i talks to the peer's device i (modulo its count): on a
-	// rail-optimized fabric NIC i of every host shares a switch.
+	// rail-optimized fabric NIC i of every host shares a switch. In
+	// Mooncake mode the peer's priority matrix says which of its NICs
+	// serve (mcPair; without a matrix the same).
+	rdev := mcPair(len(t.devs), len(rdevs), nil)
+	if t.mc != nil {
+		rdev = mcPair(len(t.devs), len(rdevs), mc.matrix)
+	}
 	for li := range t.devs {
 		for k := 0; k < t.cfg.QPsPerDevice; k++ {
-			ep.rails = append(ep.rails, rail{li: li, ri: li % len(rdevs), b: -1})
+			ep.rails = append(ep.rails, rail{li: li, ri: rdev[li], b: -1})
 		}
 	}
+	ep.setBuffers(desc)
 	devs := make([]int, len(ep.rails))
 	for i := range ep.rails {
 		devs[i] = ep.rails[i].li
@@ -194,15 +201,26 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	return ep, nil
 }
 
+// setBuffers takes the remote buffers of desc, with their keys and (in
+// Mooncake mode) the devices each one's slices avoid, for the peer's
+// matrix (ep.mc) and the rails' peer NICs as they are now. The caller holds
+// postMu, or is Open.
 func (ep *Endpoint) setBuffers(desc *segtable.SegmentDesc) {
 	ds := slices.Clone(desc.Buffers)
 	sort.Slice(ds, func(i, j int) bool { return ds[i].Addr < ds[j].Addr })
 	bs := make([]rbuf, 0, len(ds))
+	var np *nicPicker
+	if ep.t != nil && ep.t.mc != nil && len(ep.mc.matrix) > 0 {
+		np = newNICPicker(ep.mc.matrix, ep.rdev())
+	}
 	for _, b := range ds {
 		rb := rbuf{addr: b.Addr, length: b.Length}
 		name, parse := Name, parseKey
 		if ep.t != nil && ep.t.mc != nil {
 			name, parse = MooncakeName, parseMooncakeKey
+		}
+		if np != nil {
+			rb.nics = np.pick(b.Location, b.Length)
 		}
 		rkeys, err := parse(b.Keys[name], ep.nrdev)
 		if err != nil {
@@ -215,11 +233,25 @@ func (ep *Endpoint) setBuffers(desc *segtable.SegmentDesc) {
 	ep.bufs.Store(&rbufs{ranges: segtable.SegmentDesc{Buffers: ds}, bufs: bs})
 }
 
+// rdev returns the peer NIC of each local device's rails. The caller holds
+// postMu, or is Open.
+func (ep *Endpoint) rdev() []int {
+	rdev := make([]int, len(ep.t.devs))
+	for i := range ep.rails {
+		rdev[ep.rails[i].li] = ep.rails[i].ri
+	}
+	return rdev
+}
+
 // Rails returns the number of queue pairs: devices times QPsPerDevice.
 func (ep *Endpoint) Rails() int { return len(ep.rails) }
 
 // Update takes the segment's new descriptor: its buffers and keys, and its
-// address for queue pairs connected from now on.
+// address for queue pairs connected from now on. In Mooncake mode it also
+// takes the peer's priority matrix: the rails of a device whose peer NIC
+// it changes drop their queue pairs (their work fails and is retried) and
+// connect to the new NIC when next used, and each buffer's NICs are
+// chosen anew.
 func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
 	var (
 		addr  string
@@ -239,6 +271,7 @@ func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
 		moved := addr != ep.addr || (key != nil && !bytes.Equal(key, ep.key)) || mc.server != ep.mc.server
 		if ep.t.mc != nil {
 			ep.mc = mc
+			ep.mcRepair(mcPair(len(ep.t.devs), len(rdevs), mc.matrix))
 		}
 		for i := range ep.rails { // the peer republished: reconnect at once
 			r := &ep.rails[i]

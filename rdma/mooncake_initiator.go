@@ -158,6 +158,30 @@ func (ep *Endpoint) mcInstall(first int, qs []*qp) {
 	}
 }
 
+// mcRepair pairs each local device's rails with the peer NIC rdev gives
+// it (mcPair). A rail whose NIC changes gives up its dial under way and
+// its queue pair (failed, which flushes its work for the engine to retry,
+// and retired); its group connects to the new NIC when next used. The
+// caller holds postMu.
+func (ep *Endpoint) mcRepair(rdev []int) {
+	for i := range ep.rails {
+		r := &ep.rails[i]
+		if r.ri == rdev[r.li] {
+			continue
+		}
+		r.ri = rdev[r.li]
+		if r.dialing {
+			r.dialStop()
+			r.dialing, r.dialTok, r.dialStop = false, 0, nil
+		}
+		if r.q != nil {
+			r.q.broke()
+			r.retired = append(r.retired, r.q)
+			r.q = nil
+		}
+	}
+}
+
 // reserveQPs reserves n queue pairs (reserveQP), all or none.
 func (t *Transport) reserveQPs(ep *Endpoint, n int) error {
 	for k := 0; k < n; k++ {

@@ -1,7 +1,8 @@
 // mooncake_wire.go holds what Mooncake mode reads from and writes into
 // descriptors, in every build (its tests run without a device): a Mooncake
-// segment's RDMA endpoint (RPC port, NIC path server, NICs) and rkeys in
-// moonring's form of Mooncake's descriptor (mooncake/FORMATS.md).
+// segment's RDMA endpoint (RPC port, NIC path server, NICs, priority
+// matrix) and rkeys in moonring's form of Mooncake's descriptor
+// (mooncake/FORMATS.md).
 
 package rdma
 
@@ -20,6 +21,9 @@ type mcPeer struct {
 	rpc    string   // its RPC port, where handshakes go
 	server string   // the server part of its NIC paths
 	devs   []string // its NICs' names, in descriptor order (the rkeys' order)
+	// matrix is its priority matrix by NIC index (nil: none published),
+	// from which mooncake_nics.go picks its NICs.
+	matrix mooncake.NICMatrix
 }
 
 // maxMCDevices bounds the NICs of a Mooncake segment (its descriptor's
@@ -59,6 +63,11 @@ func parseMooncakePeer(desc *segtable.SegmentDesc) (mcPeer, error) {
 		}
 		p.devs = append(p.devs, f[0])
 	}
+	m, err := mooncake.ParseNICMatrix(desc.Endpoints[mooncake.EndpointRDMAMatrix], len(p.devs))
+	if err != nil {
+		return p, fmt.Errorf("rdma: segment %q: %w", desc.Name, err)
+	}
+	p.matrix = m
 	return p, nil
 }
 

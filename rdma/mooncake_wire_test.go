@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
@@ -34,6 +35,9 @@ func TestMooncakePeer(t *testing.T) {
 	if p.server != wantServer {
 		t.Errorf("server %q, want %q", p.server, wantServer)
 	}
+	if want := (mooncake.NICMatrix{"cpu:0": {Preferred: []int{0}, Available: []int{1}}}); !reflect.DeepEqual(p.matrix, want) {
+		t.Errorf("matrix %v, want %v", p.matrix, want)
+	}
 	for _, b := range sd.Buffers {
 		k, ok := b.Keys[MooncakeName]
 		if !ok {
@@ -60,6 +64,8 @@ func TestMooncakePeer(t *testing.T) {
 		"too many nics": func(s *segtable.SegmentDesc) {
 			s.Endpoints[mooncake.EndpointRDMANICs] = strings.Repeat("n/0/"+strings.Repeat("00:", 15)+"00,", maxMCDevices) + "n/0/0"
 		},
+		"matrix NIC": func(s *segtable.SegmentDesc) { s.Endpoints[mooncake.EndpointRDMAMatrix] = "cpu:0=2/" },
+		"matrix row": func(s *segtable.SegmentDesc) { s.Endpoints[mooncake.EndpointRDMAMatrix] = "cpu:0" },
 		"empty nic name": func(s *segtable.SegmentDesc) {
 			s.Endpoints[mooncake.EndpointRDMANICs] = "/0/" + strings.Repeat("00:", 15) + "00"
 		},

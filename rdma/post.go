@@ -3,9 +3,10 @@
 // post.go holds Post: each slice checked against the remote buffer and
 // the local registration, put on the queue pair of the rail its endpoint
 // chooses (choose.go: by measured speed, less for a far device, never a
-// device that is down; another live rail while one reconnects), its
-// post timed for the rail's speed, and every rail's chain of work
-// requests posted in one cgo call.
+// device that is down, in Mooncake mode none whose peer NIC the peer's
+// priority matrix does not pick for the remote buffer; another live rail
+// while one reconnects), its post timed for the rail's speed, and every
+// rail's chain of work requests posted in one cgo call.
 
 package rdma
 
@@ -27,7 +28,9 @@ var useClock atomic.Int64
 // proportion to each rail's measured speed (the engine's Rail hint is not
 // needed), a FarNUMA share on a device far from the slice's local memory,
 // none on a device that is down, none on a rail cooling after a failure
-// but for its probes. A notification keeps its Rail hint (notifications
+// but for its probes, and in Mooncake mode none on a device whose rails
+// reach a peer NIC the peer's matrix does not pick for the remote buffer's
+// location while another serves (mooncake_nics.go). A notification keeps its Rail hint (notifications
 // sent on one rail arrive in order), moved to a device that is up.
 //
 // It accepts fewer slices when a queue pair is full (or, for
@@ -86,8 +89,10 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 			continue
 		}
 		var ri int
+		var avoid uint64
 		if reg != nil {
-			ri = ep.ch.choose(reg.far, down)
+			avoid = rb.nics.at(sl.Remote - rb.addr)
+			ri = ep.ch.choose(reg.far, down, avoid)
 		} else {
 			ri = ep.ch.up(int(sl.Rail)%len(ep.rails), down)
 		}
@@ -111,7 +116,7 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 			// Meanwhile another rail with a live queue pair takes the
 			// slice; with none, the ring posts it again shortly, or
 			// retries it elsewhere after the failed reconnect's error.
-			alt := ep.liveRail(ri)
+			alt := ep.liveRail(ri, avoid)
 			if alt < 0 {
 				connErr = err
 				break
@@ -241,16 +246,23 @@ func (ep *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error
 }
 
 // liveRail returns the first rail after ri whose queue pair is live, on a
-// device that is up, or -1. The caller holds postMu.
-func (ep *Endpoint) liveRail(ri int) int {
+// device that is up, preferring one on a device not in avoid (the remote
+// buffer's nicPick), or -1. The caller holds postMu.
+func (ep *Endpoint) liveRail(ri int, avoid uint64) int {
+	alt := -1
 	for k := 1; k < len(ep.rails); k++ {
 		j := (ri + k) % len(ep.rails)
 		r := &ep.rails[j]
 		if r.q != nil && r.q.state.Load() == qpLive && !ep.t.devs[r.li].down.Load() {
-			return j
+			if avoid&(1<<r.li) == 0 {
+				return j
+			}
+			if alt < 0 {
+				alt = j
+			}
 		}
 	}
-	return -1
+	return alt
 }
 
 // downDevices returns the devices whose port is down, one bit per device
