@@ -85,8 +85,9 @@ type SegmentDesc struct {
 	Buffers []Buffer
 	// PriorityMatrix maps a location ("cpu:0", "cuda:1") to the NICs
 	// preferred for it and those also usable; Mooncake picks a peer's NIC
-	// through it, so an rdma descriptor needs an entry for every buffer's
-	// location. nil when absent (Mooncake writes null for an empty one).
+	// through it (NICMatrix.Row: a location without a row takes every NIC
+	// the matrix names, and an empty matrix reaches no buffer). nil when
+	// absent (Mooncake writes null for an empty one).
 	PriorityMatrix map[string]TopologyEntry
 	// TCPDataPort is the port of Mooncake's TCP transport (0: none).
 	TCPDataPort int
