@@ -114,13 +114,51 @@ func (r *Ref) DrainWhile(ctx context.Context, busy func() bool) error {
 // entries there are (a single array copied whole made n registrations cost
 // n²).
 type table[E any] struct {
-	mu     sync.Mutex
-	chunks [tableChunks]atomic.Pointer[[tableChunk]slot[E]]
-	size   int      // indexes ever handed out, guarded by mu
-	gens   []uint32 // per index, guarded by mu; bumped on removal
-	free   []int    // free indexes, guarded by mu
+	mu      sync.Mutex
+	chunks  [tableChunks]atomic.Pointer[[tableChunk]slot[E]]
+	indexes // guarded by mu
+}
+
+// indexes hands out the indexes of a table and the IDs that name them (an
+// index and its generation), and retires them; its user serializes the
+// calls. Shared by table and Handles.
+type indexes struct {
+	size int      // indexes ever handed out
+	gens []uint32 // per index; bumped on removal
+	free []int    // free indexes
 	// first is the lowest index handed out (LocalSegmentID reserves 0).
 	first int
+}
+
+// take returns a free index and the ID that names it now, or ErrFull.
+func (x *indexes) take() (int, uint32, error) {
+	var idx int
+	if n := len(x.free); n > 0 {
+		idx, x.free = x.free[n-1], x.free[:n-1]
+	} else {
+		idx = max(x.size, x.first)
+		if idx >= MaxEntries {
+			return 0, 0, ErrFull
+		}
+		x.size = idx + 1
+	}
+	for len(x.gens) < x.size {
+		x.gens = append(x.gens, 1)
+	}
+	return idx, makeID(idx, x.gens[idx]), nil
+}
+
+// retire bumps the generation of a freed index and frees it.
+func (x *indexes) retire(idx int) {
+	// Generation 0 never names a live entry. When the generations of an
+	// index run out, retire the index rather than wrap: wrapped, an ID kept
+	// from the index's first entry would name a later one (after 4095
+	// reuses, which a loop that registers and unregisters one buffer
+	// reaches in milliseconds, since free is LIFO).
+	if gen := (x.gens[idx] + 1) & (1<<(32-idIndexBits) - 1); gen != 0 {
+		x.gens[idx] = gen
+		x.free = append(x.free, idx)
+	}
 }
 
 const (
@@ -154,20 +192,10 @@ func (t *table[E]) get(id uint32) *E {
 // insert places e and returns its ID; mu must be held. build is called with
 // the ID before the entry is published.
 func (t *table[E]) insert(e *E, build func(id uint32)) (uint32, error) {
-	var idx int
-	if n := len(t.free); n > 0 {
-		idx, t.free = t.free[n-1], t.free[:n-1]
-	} else {
-		idx = max(t.size, t.first)
-		if idx >= MaxEntries {
-			return 0, ErrFull
-		}
-		t.size = idx + 1
+	idx, id, err := t.take()
+	if err != nil {
+		return 0, err
 	}
-	for len(t.gens) < t.size {
-		t.gens = append(t.gens, 1)
-	}
-	id := makeID(idx, t.gens[idx])
 	build(id)
 	t.store(idx, slot[E]{id: id, e: e})
 	return id, nil
@@ -194,20 +222,6 @@ func (t *table[E]) set(id uint32, e *E) {
 	}
 	t.store(idx, slot[E]{})
 	t.retire(idx)
-}
-
-// retire bumps the generation of a freed index and frees it; mu must be
-// held.
-func (t *table[E]) retire(idx int) {
-	// Generation 0 never names a live entry. When the generations of an
-	// index run out, retire the index rather than wrap: wrapped, an ID kept
-	// from the index's first entry would name a later one (after 4095
-	// reuses, which a loop that registers and unregisters one buffer
-	// reaches in milliseconds, since free is LIFO).
-	if gen := (t.gens[idx] + 1) & (1<<(32-idIndexBits) - 1); gen != 0 {
-		t.gens[idx] = gen
-		t.free = append(t.free, idx)
-	}
 }
 
 // removeAll clears the live IDs ids at once, copying each chunk they touch

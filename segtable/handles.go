@@ -1,0 +1,104 @@
+package segtable
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Handle names a value in a Handles table: an index and a generation, like
+// a BufferID, so a handle kept after its value was removed never names one
+// added later. The zero Handle names nothing. A transport may publish one
+// in a buffer's key so that its target finds the buffer's registration
+// without a search (see package local); a handle from a peer is a claim,
+// and its user checks what it names (bounds, a secret, access).
+type Handle uint32
+
+// Handles is a table of values by Handle with O(1) lock-free lookup: a
+// fixed array of 64 pointers to arrays of 128 pointers to chunks of 128
+// slots (three loads), the middle arrays and chunks made as indexes reach
+// them, so an empty table is 512 bytes (the engine's tables, a fixed array
+// of every chunk's pointer, are 64 KiB each). Add and Remove copy one
+// chunk (copy-on-write, as the engine's tables do), whatever the number of
+// values. It holds up to MaxEntries values at once; an index is retired
+// after 4095 uses rather than let a generation wrap (see ErrFull).
+//
+// Get is safe for concurrent use with everything; Add and Remove take a
+// lock. A value is reachable from Add until Remove returns; a Get that
+// began before may still return it, so a user that frees what a value
+// holds first makes it refuse new users (segtable.Ref's Drain) and waits
+// for those it has. The zero value is an empty table ready for use.
+type Handles[T any] struct {
+	mu  sync.Mutex
+	ix  indexes // under mu
+	dir [handleDirs]atomic.Pointer[[handleMids]atomic.Pointer[[tableChunk]slot[T]]]
+}
+
+const (
+	handleMidBits = 7
+	handleMids    = 1 << handleMidBits
+	handleDirBits = idIndexBits - handleMidBits - tableChunkBits
+	handleDirs    = 1 << handleDirBits
+)
+
+// Get returns the value h names, or nil when it names none (removed, never
+// added, or a generation not its slot's). Lock-free.
+func (hs *Handles[T]) Get(h Handle) *T {
+	idx := uint32(h) & idIndexMask
+	m := hs.dir[idx>>(handleMidBits+tableChunkBits)].Load()
+	if m == nil {
+		return nil
+	}
+	c := m[idx>>tableChunkBits&(handleMids-1)].Load()
+	if c == nil {
+		return nil
+	}
+	s := &c[idx&(tableChunk-1)]
+	if s.id != uint32(h) {
+		return nil
+	}
+	return s.e
+}
+
+// Add stores v and returns its handle, or ErrFull.
+func (hs *Handles[T]) Add(v *T) (Handle, error) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	idx, id, err := hs.ix.take()
+	if err != nil {
+		return 0, err
+	}
+	hs.store(idx, slot[T]{id: id, e: v})
+	return Handle(id), nil
+}
+
+// Remove forgets the value h names and reports whether there was one;
+// from then on Get(h) returns nil.
+func (hs *Handles[T]) Remove(h Handle) bool {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if h == 0 || hs.Get(h) == nil {
+		return false
+	}
+	idx, _ := splitID(uint32(h))
+	hs.store(idx, slot[T]{})
+	hs.ix.retire(idx)
+	return true
+}
+
+// store publishes a copy of idx's chunk with s in idx's slot, making the
+// middle array and the chunk when they are not there yet; mu must be held.
+func (hs *Handles[T]) store(idx int, s slot[T]) {
+	d := &hs.dir[idx>>(handleMidBits+tableChunkBits)]
+	m := d.Load()
+	if m == nil {
+		m = new([handleMids]atomic.Pointer[[tableChunk]slot[T]])
+		d.Store(m)
+	}
+	p := &m[idx>>tableChunkBits&(handleMids-1)]
+	c := new([tableChunk]slot[T])
+	if old := p.Load(); old != nil {
+		*c = *old
+	}
+	c[idx&(tableChunk-1)] = s
+	p.Store(c)
+}
