@@ -28,7 +28,7 @@ const (
 // InlineCopier). An endpoint that can (HoldingCopier, InlineCopier) leaves
 // its reference on the target's memory in r.holds, which step gives back
 // at the end of the round and flush before it calls into any endpoint.
-func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint], path *segtable.Path[transport.Endpoint], handle uint64) int {
+func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint], path *segtable.Path[transport.Endpoint], handle uint64, rindex uint32) int {
 	ep := path.Endpoint
 	if len(r.batch) > 0 && r.batchEP == ep {
 		// Slices of earlier requests to this endpoint wait in the batch:
@@ -42,7 +42,7 @@ func (r *Ring) copyInline(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segme
 	s := &r.inline
 	fill := func() {
 		s.Op, s.Class, s.Rail, s.LocalHandle, s.Token = op, r.cfg.Class, uint16(uint64(r.rail)%uint64(ep.Rails())), handle, 0
-		s.Local, s.Remote, s.Length = buf.Pointer(e.Local), e.Remote, e.Length
+		s.Local, s.Remote, s.Length, s.RemoteIndex = buf.Pointer(e.Local), e.Remote, e.Length, rindex
 	}
 	var err error
 	switch cp := ep.(type) {

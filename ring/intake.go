@@ -220,7 +220,8 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		r.complete(e.UserData, cq.CodeBadSegment, 0)
 		return
 	}
-	if seg.Resolve(e.Remote, e.Length) < 0 {
+	ri := seg.Resolve(e.Remote, e.Length)
+	if ri < 0 {
 		r.complete(e.UserData, cq.CodeRemoteRange, 0)
 		return
 	}
@@ -268,7 +269,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	}
 	first := uint64(0) // the token of the first slice's first post
 	if e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size && !reg.Staged {
-		switch r.copyInline(e, buf, seg, path, reg.Handle) {
+		switch r.copyInline(e, buf, seg, path, reg.Handle, uint32(ri)) {
 		case inlineDone:
 			return
 		case inlineRetry:
@@ -283,7 +284,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	// aside and copied with write barriers.
 	q.userData, q.buf, q.seg, q.path = e.UserData, buf, seg, path
 	q.local, q.remote, q.length = e.Local, e.Remote, e.Length
-	q.sliceSize, q.deadline, q.handle = size, deadline, reg.Handle
+	q.sliceSize, q.deadline, q.handle, q.rindex = size, deadline, reg.Handle, uint32(ri)
 	q.started = t
 	q.nslices, q.rail, q.state, q.op = sliceCount(e.Length, size), r.rail, stActive, transport.Read
 	if e.Op == sq.Write {

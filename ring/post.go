@@ -134,7 +134,7 @@ func (r *Ring) add(q *request, tok uint64) bool {
 	sl.Token = tok
 	if i == q.nslices { // the notification, after every data slice
 		msg := r.message(q.userData)
-		sl.Op, sl.Remote, sl.Length = transport.Notify, q.tag, uint64(len(msg))
+		sl.Op, sl.Remote, sl.Length, sl.RemoteIndex = transport.Notify, q.tag, uint64(len(msg)), 0
 		sl.Local = unsafe.Pointer(unsafe.SliceData(msg))
 		return true
 	}
@@ -146,7 +146,7 @@ func (r *Ring) add(q *request, tok uint64) bool {
 	}
 	sl.Op = q.op
 	sl.Local = q.buf.Pointer(q.local + off)
-	sl.Remote, sl.Length = q.remote+off, n
+	sl.Remote, sl.Length, sl.RemoteIndex = q.remote+off, n, q.rindex
 	return true
 }
 
