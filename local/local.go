@@ -19,6 +19,22 @@
 // must lie inside one buffer registered with this transport, the key must
 // match that buffer's, and the buffer must be remote-accessible unless the
 // slice comes through the engine's own Self endpoint.
+//
+// # Keys
+//
+// A buffer's key is "SECRET.HANDLE", both hex: a random 64-bit secret and
+// the segtable.Handle of its registration in the target's table of
+// regions. The target finds the region the key names by its handle (O(1),
+// no search of its regions), then checks what the key claims: the
+// generation (a handle kept after its buffer was unregistered names
+// nothing), the secret, that the slice lies inside the region, and that
+// the region is remote-accessible. An initiator takes a slice's key from
+// the index the engine found the buffer at in the descriptor
+// (transport.Slice.RemoteIndex), checked against the address, so a
+// request costs one search of the buffers (the engine's Resolve) however
+// many there are. Keys never leave the process (the registry is
+// process-wide), so no peer holds the older form (the secret alone),
+// which is refused as a garbled key.
 package local
 
 import (
@@ -26,8 +42,10 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,16 +70,20 @@ type Transport struct {
 	self    string // the engine's segment name, the From of notifications
 	deliver atomic.Pointer[func(*transport.Notification) error]
 	mu      sync.Mutex // serializes changes of regs
-	seq     uint64     // the last registration handle, under mu
 	// regs holds the registrations by address, read lock-free; a change
-	// copies O(sqrt n) of them (a flat list copied whole made n
-	// registrations cost n²).
-	regs   segtable.Sorted[*region]
-	closed atomic.Bool
+	// copies one chunk and page of them (see segtable.Sorted: a flat list
+	// copied whole made n registrations cost n²). The Self endpoint
+	// searches it, and so does a refused slice (to tell a range error
+	// from a denial).
+	regs segtable.Sorted[*region]
+	// byHandle holds the same registrations by the handle their keys
+	// carry: a peer's slice finds its region here in O(1).
+	byHandle segtable.Handles[region]
+	closed   atomic.Bool
 }
 
 type region struct {
-	handle uint64 // the Registration's Handle
+	handle segtable.Handle // the Registration's Handle, in the key
 	addr   uintptr
 	base   unsafe.Pointer
 	length uint64
@@ -127,7 +149,8 @@ func find(rs *segtable.Sorted[*region], addr uint64, n uint64) *region {
 	return closing
 }
 
-// Register attaches a random 64-bit key to b.
+// Register attaches a key to b: a random 64-bit secret and the handle
+// of its registration (see Keys in the package's doc).
 func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) {
 	if t.closed.Load() {
 		return segtable.Registration{}, fmt.Errorf("local: register: %w", transport.ErrClosed)
@@ -138,12 +161,15 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	r := &region{addr: b.Addr, base: unsafe.Pointer(unsafe.SliceData(mem)), length: b.Length, key: binary.LittleEndian.Uint64(k[:]), remote: b.Remote}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.seq++
-	r.handle = t.seq
+	h, err := t.byHandle.Add(r)
+	if err != nil {
+		return segtable.Registration{}, fmt.Errorf("local: register %#x: %w", b.Addr, err)
+	}
+	r.handle = h
 	// After any region with the same start: find, scanning back, meets
 	// the newest registration of the same memory first.
 	t.regs.Insert(uint64(r.addr), r)
-	return segtable.Registration{Handle: r.handle, Key: strconv.FormatUint(r.key, 16)}, nil
+	return segtable.Registration{Handle: uint64(h), Key: formatKey(r.key, h)}, nil
 }
 
 // Unregister forgets b once no copy uses it.
@@ -151,13 +177,10 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 	// By handle, not by address: the same memory may be registered again
 	// (as a new buffer) before this old registration goes.
 	var r *region
-	t.regs.Descend(uint64(b.Addr), func(k uint64, x *region) bool {
-		if x.handle == reg.Handle {
-			r = x
-		}
-		return r == nil && k == uint64(b.Addr)
-	})
-	if r == nil {
+	if reg.Handle <= math.MaxUint32 {
+		r = t.byHandle.Get(segtable.Handle(reg.Handle))
+	}
+	if r == nil || r.addr != b.Addr {
 		return fmt.Errorf("local: unregister %#x: %w", b.Addr, segtable.ErrNotFound)
 	}
 	// Copies are short; a minute without progress means a bug, not load.
@@ -169,6 +192,7 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.regs.Delete(uint64(r.addr), func(x *region) bool { return x == r })
+	t.byHandle.Remove(r.handle)
 	return nil
 }
 
@@ -214,13 +238,20 @@ type Endpoint struct {
 	closed atomic.Bool
 }
 
+// keyRange is a buffer of the descriptor and the key it lists for this
+// transport; ok is false when it lists none (or one that does not parse),
+// and slices to the buffer are denied.
 type keyRange struct {
-	addr, length, key uint64
+	addr, length uint64
+	secret       uint64
+	handle       segtable.Handle
+	ok           bool
 }
 
-// keyTable is the descriptor's keys by address, with the starts packed
-// apart: keyFor, once per slice, searches 8-byte starts rather than
-// 24-byte ranges.
+// keyTable is the descriptor's buffers, at their indexes in it (the
+// index a slice's RemoteIndex names), with the starts packed apart: a
+// search, for a slice whose hint is stale, probes 8-byte starts rather
+// than whole ranges.
 type keyTable struct {
 	starts []uint64
 	ranges []keyRange
@@ -240,21 +271,31 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	if v, ok := registry.Load(desc.Endpoints[Name]); ok && !e.self {
 		e.to.Store(v.(*Transport))
 	}
-	kt := &keyTable{starts: make([]uint64, 0, len(desc.Buffers)), ranges: make([]keyRange, 0, len(desc.Buffers))}
-	for _, b := range desc.Buffers {
-		k, err := strconv.ParseUint(b.Keys[Name], 16, 64)
-		if err != nil {
-			continue // no key for this transport: slices to it are denied
-		}
-		kt.starts = append(kt.starts, b.Addr)
-		kt.ranges = append(kt.ranges, keyRange{b.Addr, b.Length, k})
+	// Every buffer, with a key or not, so that indexes match the
+	// descriptor's (and Resolve's).
+	kt := &keyTable{starts: make([]uint64, len(desc.Buffers)), ranges: make([]keyRange, len(desc.Buffers))}
+	for i, b := range desc.Buffers {
+		kt.starts[i] = b.Addr
+		r := keyRange{addr: b.Addr, length: b.Length}
+		r.secret, r.handle, r.ok = parseKey(b.Keys[Name])
+		kt.ranges[i] = r
 	}
 	e.keys.Store(kt)
 }
 
-func (e *Endpoint) keyFor(addr, n uint64) (uint64, bool) {
+// keyFor returns the descriptor's entry for the buffer holding [addr,
+// addr+n), or nil: the entry at index hint when it holds the range (the
+// common case: O(1)), else the one a search finds. Ranges do not overlap
+// (a descriptor is validated), so at most one entry holds the range, and
+// the hint changes the cost, never the answer.
+func (e *Endpoint) keyFor(addr, n uint64, hint uint32) *keyRange {
 	kt := e.keys.Load()
-	i, j := 0, len(kt.starts) // the last start at or below addr; ranges do not overlap
+	if int(hint) < len(kt.ranges) {
+		if r := &kt.ranges[hint]; addr >= r.addr && n <= r.length && addr-r.addr <= r.length-n {
+			return r
+		}
+	}
+	i, j := 0, len(kt.starts) // the last start at or below addr
 	for i < j {
 		h := int(uint(i+j) >> 1)
 		if kt.starts[h] > addr {
@@ -264,13 +305,37 @@ func (e *Endpoint) keyFor(addr, n uint64) (uint64, bool) {
 		}
 	}
 	if i == 0 {
-		return 0, false
+		return nil
 	}
 	r := &kt.ranges[i-1]
 	if n > r.length || addr-r.addr > r.length-n {
-		return 0, false
+		return nil
 	}
-	return r.key, true
+	return r
+}
+
+// formatKey returns the key of a region: its secret and handle (see Keys
+// in the package's doc).
+func formatKey(secret uint64, h segtable.Handle) string {
+	return strconv.FormatUint(secret, 16) + "." + strconv.FormatUint(uint64(h), 16)
+}
+
+// parseKey reads a key made by formatKey; ok is false for anything else
+// (no key, the secret alone, garbage).
+func parseKey(k string) (secret uint64, h segtable.Handle, ok bool) {
+	s, hs, found := strings.Cut(k, ".")
+	if !found {
+		return 0, 0, false
+	}
+	secret, err := strconv.ParseUint(s, 16, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	hv, err := strconv.ParseUint(hs, 16, 32)
+	if err != nil || hv == 0 {
+		return 0, 0, false
+	}
+	return secret, segtable.Handle(hv), true
 }
 
 // Post copies every slice and completes it before returning.
@@ -296,16 +361,13 @@ func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {
 	if s.Op == transport.Notify {
 		return e.notify(s)
 	}
-	r := find(&to.regs, s.Remote, s.Length)
-	if r == nil {
-		return transport.ErrRange
-	}
-	if !e.self {
-		// The target checks what the initiator presents, as over a wire.
-		key, ok := e.keyFor(s.Remote, s.Length)
-		if !ok || key != r.key || !r.remote {
-			return transport.ErrDenied
+	var r *region
+	if e.self {
+		if r = find(&to.regs, s.Remote, s.Length); r == nil {
+			return transport.ErrRange
 		}
+	} else if r = e.target(to, s); r == nil {
+		return refused(to, s)
 	}
 	ok, release := h.Take(&r.ref)
 	if !ok {
@@ -322,6 +384,35 @@ func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {
 		r.ref.Release()
 	}
 	return nil
+}
+
+// target returns the region a peer's slice may reach, or nil: the
+// initiator presents the key its descriptor lists for the buffer holding
+// the range, and the target, as over a wire, checks what the key claims:
+// a live handle (a stale generation names nothing), the region's secret,
+// the range inside the region, and a remote-accessible region. The
+// region may be closing (Take refuses it).
+func (e *Endpoint) target(to *Transport, s *transport.Slice) *region {
+	k := e.keyFor(s.Remote, s.Length, s.RemoteIndex)
+	if k == nil || !k.ok {
+		return nil
+	}
+	r := to.byHandle.Get(k.handle)
+	if r == nil || r.key != k.secret || !r.remote || s.Length > r.length || s.Remote-uint64(r.addr) > r.length-s.Length {
+		return nil
+	}
+	return r
+}
+
+// refused returns the error of a peer's slice that target refused:
+// ErrRange when no region of the target holds the range, ErrDenied when
+// one does but the key did not open it (as when regions were searched by
+// address first). Off the path of requests that succeed.
+func refused(to *Transport, s *transport.Slice) error {
+	if find(&to.regs, s.Remote, s.Length) == nil {
+		return transport.ErrRange
+	}
+	return transport.ErrDenied
 }
 
 func (e *Endpoint) notify(s *transport.Slice) error {
