@@ -171,8 +171,8 @@ func (c *conn) drive(w transport.Until, deadline int64) {
 			}
 			break
 		}
-		if start != 0 && !caught {
-			c.sp.adapt(start, c.rdr.last)
+		if start != 0 {
+			c.sp.done(start, c.rdr.last, caught)
 		}
 	}
 	c.rdr.until = 0

@@ -1,5 +1,6 @@
 // spin.go holds a driver's poll of its socket before its read parks: a
-// bounded spin whose length adapts as a hypervisor's halt-polling does.
+// bounded spin whose length adapts as a hypervisor's halt-polling does,
+// kept only while it measurably beats parking.
 //
 // A driver whose read finds nothing parks its goroutine in the netpoller,
 // and the answer then costs the runtime a wake-up: epoll_wait returns, the
@@ -9,6 +10,16 @@
 // while the waits it missed were short enough for a longer spin to catch,
 // and shrinks (to nothing) while they were not, so a caller whose answers
 // come slowly burns no CPU on them.
+//
+// Spinning can also slow the answer: the peer woken on the spinner's CPU
+// is placed on another, which may have to be woken itself. Which way it
+// goes depends on where the scheduler puts the two ends (on this
+// project's VM spinning halves the round trip with the ends on two
+// vCPUs, and adds a fifth to it when the scheduler keeps them on one), so
+// the spinner measures: it keeps a moving average of the waits the spin
+// caught and of those that did not spin, spins only while the first is the
+// lower, and sends a few waits in every probeEvery the other way to keep
+// both current.
 
 package tcp
 
@@ -27,6 +38,13 @@ const DefaultDriveSpin = 50 * time.Microsecond
 // catch was seen; each such miss doubles it, up to Config.DriveSpin.
 const spinFirst = 5 * time.Microsecond
 
+// The probes: of every probeEvery waits, the last probeLen go the way the
+// averages do not prefer.
+const (
+	probeEvery = 256
+	probeLen   = 16
+)
+
 // spinner is one connection's spin state; it belongs to whoever holds the
 // reading (conn.rd).
 type spinner struct {
@@ -34,6 +52,12 @@ type spinner struct {
 	cur   int64 // the spin now, ns; 0: none
 	ready bool  // peekFn's result
 	b     [1]byte
+	// withSpin and parked are moving averages (1/8 per wait) of the
+	// waits, start to answer, that the spin caught and that did not spin
+	// (0: none yet): a spin that misses is halt-polling's to shorten;
+	// spun is whether the wait in progress spins.
+	withSpin, parked int64
+	spun             bool
 	// looked and caught count the waits the driver measured and those
 	// the spin caught (tests read them).
 	looked, caught uint64
@@ -56,10 +80,10 @@ func (c *conn) peekOn(fd uintptr) {
 	c.sp.ready = e != unix.EAGAIN && e != unix.EWOULDBLOCK
 }
 
-// spin polls the socket for the next answer for the current spin, before
-// the driver reads it. It returns when the spin started (0: it did not
-// look, as on TLS, with bytes buffered, or spinning off) and whether
-// bytes came within it.
+// spin polls the socket for the next answer, before the driver reads it,
+// when the spin is on and preferred. It returns when the wait started (0:
+// it did not look, as on TLS, with bytes buffered, or spinning off) and
+// whether bytes came within the spin.
 func (c *conn) spin() (start int64, caught bool) {
 	s := &c.sp
 	if s.max <= 0 || c.rc == nil || c.br.Buffered() > 0 {
@@ -67,7 +91,8 @@ func (c *conn) spin() (start int64, caught bool) {
 	}
 	start = time.Now().UnixNano()
 	s.looked++
-	if s.cur == 0 {
+	s.spun = s.cur > 0 && s.prefer()
+	if !s.spun {
 		return start, false
 	}
 	for {
@@ -82,6 +107,39 @@ func (c *conn) spin() (start int64, caught bool) {
 		// it run. With nothing else runnable here this returns at once.
 		unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	}
+}
+
+// prefer reports whether this wait spins: while the waits with the spin
+// average no longer than those without (or either is not known yet),
+// except during a probe, which goes the other way.
+func (s *spinner) prefer() bool {
+	spin := s.withSpin == 0 || s.parked == 0 || s.withSpin <= s.parked
+	if s.looked%probeEvery >= probeEvery-probeLen {
+		return !spin
+	}
+	return spin
+}
+
+// done records a wait that began at start and whose answer began at got,
+// caught or not by the spin: its regime's average, and the next spin.
+func (s *spinner) done(start, got int64, caught bool) {
+	switch w := max(got-start, 1); {
+	case caught:
+		s.withSpin = average(s.withSpin, w)
+	case !s.spun:
+		s.parked = average(s.parked, w)
+	}
+	if !caught && (s.spun || s.cur == 0) {
+		s.adapt(start, got)
+	}
+}
+
+// average moves a moving average (0: none yet) by an eighth towards w.
+func average(avg, w int64) int64 {
+	if avg == 0 {
+		return w
+	}
+	return avg + (w-avg)/8
 }
 
 // adapt sets the next spin from a wait that began at start and whose

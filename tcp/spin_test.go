@@ -45,6 +45,55 @@ func TestSpinAdapt(t *testing.T) {
 	}
 }
 
+// The verdict: waits go the way whose moving average is lower, except
+// the probes (the last probeLen of every probeEvery), which go the other
+// way; and a spin that is off (none yet) is not taken whatever the
+// averages say.
+func TestSpinPrefers(t *testing.T) {
+	const us = int64(time.Microsecond)
+	for _, tc := range []struct {
+		name        string
+		spin, park  int64
+		wantSpinned bool
+	}{
+		{"spinning is faster", 10 * us, 30 * us, true},
+		{"parking is faster", 30 * us, 10 * us, false},
+	} {
+		s := spinner{max: 50 * us, cur: 40 * us}
+		// Teach the averages: waits of each kind, as the drive loop does.
+		for range 64 {
+			s.looked++
+			s.spun = true
+			s.done(0, tc.spin, true)
+			s.spun = false
+			s.done(0, tc.park, false)
+		}
+		spins, probes := 0, 0
+		s.looked = 0
+		for range probeEvery {
+			s.looked++
+			p := s.prefer()
+			if s.looked%probeEvery >= probeEvery-probeLen {
+				probes++
+				if p == tc.wantSpinned {
+					t.Fatalf("%s: a probe went the preferred way", tc.name)
+				}
+				continue
+			}
+			if p {
+				spins++
+			}
+		}
+		want := 0
+		if tc.wantSpinned {
+			want = probeEvery - probeLen
+		}
+		if spins != want || probes != probeLen {
+			t.Fatalf("%s: %d of %d waits spun, %d probes; want %d, %d", tc.name, spins, probeEvery, probes, want, probeLen)
+		}
+	}
+}
+
 // spinPair is a one-rail endpoint with DriveSpin set, through a proxy
 // that can hold the target's answers back.
 func spinPair(t *testing.T, spin time.Duration) (transport.Endpoint, []byte, testBuf, *proxy) {
@@ -110,7 +159,9 @@ func TestSpinGrowsAndCatches(t *testing.T) {
 	if c.sp.caught == 0 || c.sp.cur == 0 {
 		t.Fatalf("after 24 answers 1 ms away: spin %v, caught %d; want a spin that catches", time.Duration(c.sp.cur), c.sp.caught)
 	}
-	// A spin that catches allocates nothing.
+	// A spin that catches allocates nothing (parking made the slower, so
+	// that the verdict spins).
+	c.sp.parked = 1 << 62
 	caught := c.sp.caught
 	u := &countUntil{ch: make(chanCompleter, 1)}
 	e := ep.(*Endpoint)
