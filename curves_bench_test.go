@@ -36,6 +36,7 @@ type curveWriter struct {
 	id       moonring.BufferID
 	dst      uint64
 	dsts     []uint64 // when set, the i-th WRITE goes to dsts[i%len(dsts)] (a power of two) rather than dst
+	length   uint64   // of each WRITE; 0 for scaleBlock
 	depth    int
 	inflight int
 	i        int
@@ -54,7 +55,11 @@ func (w *curveWriter) one() {
 	if w.dsts != nil {
 		dst = w.dsts[w.i&(len(w.dsts)-1)]
 	}
-	e := moonring.Entry{Op: moonring.OpWrite, Segment: w.seg, Buffer: w.id, Local: uint64(w.i%64) * scaleBlock, Remote: dst, Length: scaleBlock}
+	n := w.length
+	if n == 0 {
+		n = scaleBlock
+	}
+	e := moonring.Entry{Op: moonring.OpWrite, Segment: w.seg, Buffer: w.id, Local: uint64(w.i%64) * scaleBlock, Remote: dst, Length: n}
 	if err := w.r.SubmitOne(&e); err != nil {
 		w.b.Fatal(err)
 	}
@@ -121,16 +126,22 @@ func curveInitiator(b *testing.B, name string, store metadata.Store, entries int
 // n buffers: 1, 100, 10k, 100k) with a caller that waits on the CQ rather
 // than spin (see curveWriter), and only once the engines' background work
 // after the setup is over (see settle). ns/op is per request.
-func BenchmarkScaleBuffersWaiting(b *testing.B) { scaleBuffersWaiting(b, false) }
+func BenchmarkScaleBuffersWaiting(b *testing.B) { scaleBuffersWaiting(b, false, scaleBlock) }
 
 // BenchmarkScaleBuffersWaitingRandom is BenchmarkScaleBuffersWaiting to a
 // random buffer each (a fixed sequence of 64Ki, as BenchmarkScaleBuffers
 // to=random): the lookups of a buffer whose entries are not in the cache.
 // It also pays the target memory's own cache misses, which
 // BenchmarkScaleCopy measures apart.
-func BenchmarkScaleBuffersWaitingRandom(b *testing.B) { scaleBuffersWaiting(b, true) }
+func BenchmarkScaleBuffersWaitingRandom(b *testing.B) { scaleBuffersWaiting(b, true, scaleBlock) }
 
-func scaleBuffersWaiting(b *testing.B, random bool) {
+// BenchmarkScaleBuffersWaitingRandomSmall is
+// BenchmarkScaleBuffersWaitingRandom with 8-byte WRITEs: the copy's
+// cost, and its misses, down to a line of the target's memory, so that
+// what grows with the buffers is the engine's.
+func BenchmarkScaleBuffersWaitingRandomSmall(b *testing.B) { scaleBuffersWaiting(b, true, 8) }
+
+func scaleBuffersWaiting(b *testing.B, random bool, length uint64) {
 	for _, n := range scaleCounts(b, 1, 100, 10000, 100000) {
 		b.Run(fmt.Sprintf("buffers=%d", n), func(b *testing.B) {
 			t, mem := scaleTarget(b, b.Name()+"-t", n)
@@ -140,7 +151,7 @@ func scaleBuffersWaiting(b *testing.B, random bool) {
 				b.Fatal(err)
 			}
 			dst := uint64(moonring.AddressOf(mem[(n-1)*scaleBlock:]))
-			w := &curveWriter{b: b, r: r, seg: seg, id: id, dst: dst, depth: 64, cqes: make([]moonring.Completion, 256)}
+			w := &curveWriter{b: b, r: r, seg: seg, id: id, dst: dst, depth: 64, length: length, cqes: make([]moonring.Completion, 256)}
 			if random {
 				base := uint64(moonring.AddressOf(mem))
 				rng := rand.New(rand.NewPCG(1, 2))
@@ -150,7 +161,7 @@ func scaleBuffersWaiting(b *testing.B, random bool) {
 				}
 			}
 			w.settle()
-			b.SetBytes(scaleBlock)
+			b.SetBytes(int64(length))
 			b.ReportAllocs()
 			for b.Loop() { // the buffers registered once
 				w.one()
