@@ -16,11 +16,12 @@ type Handle uint32
 // Handles is a table of values by Handle with O(1) lock-free lookup: a
 // fixed array of 64 pointers to arrays of 128 pointers to chunks of 128
 // slots (three loads), the middle arrays and chunks made as indexes reach
-// them, so an empty table is 512 bytes (the engine's tables, a fixed array
-// of every chunk's pointer, are 64 KiB each). Add and Remove copy one
-// chunk (copy-on-write, as the engine's tables do), whatever the number of
-// values. It holds up to MaxEntries values at once; an index is retired
-// after 4095 uses rather than let a generation wrap (see ErrFull).
+// them, so an empty table is about 600 bytes (the engine's tables, a
+// fixed array of every chunk's pointer, are 64 KiB each). Add and Remove
+// copy one chunk (copy-on-write, as the engine's tables do), whatever the
+// number of values. It holds up to MaxEntries values at once; an index is
+// retired after 4095 uses rather than let a generation wrap (see
+// ErrFull).
 //
 // Get is safe for concurrent use with everything; Add and Remove take a
 // lock. A value is reachable from Add until Remove returns; a Get that
