@@ -247,7 +247,7 @@ const DefaultLocation = "cpu:0"
 // named by their Location (rdma; [DefaultLocation] when empty) or by the
 // segment name (tcp), as Mooncake names its own; the rkeys come from
 // Keys[TransportRDMA] and are repeated as lkeys (a peer never uses those).
-// The priority matrix is [EndpointRDMAMatrix] when present and not empty;
+// The priority matrix is [EndpointRDMAMatrix] when it names a NIC;
 // otherwise it prefers every NIC for every buffer location.
 // tcp_proto_version is [EndpointTCPVersion], or 2 when absent. The whole
 // moonring descriptor travels in the moonring extension, so that moonring
@@ -305,8 +305,11 @@ func FromSegtable(s *segtable.SegmentDesc) (*SegmentDesc, *RPCMeta, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("segment %q: %s: %w", s.Name, EndpointRDMAMatrix, err)
 		}
-		d.PriorityMatrix = m.topology(d.Devices)
-		ownMatrix = len(m) > 0
+		if ownMatrix = len(m.FirstTries()) > 0; ownMatrix { // else it names no NIC: Mooncake could reach nothing
+			d.PriorityMatrix = m.topology(d.Devices)
+		} else {
+			d.PriorityMatrix = map[string]TopologyEntry{}
+		}
 	}
 	for _, b := range s.AllBuffers() { // an engine's own may come Chunked
 		mb := Buffer{Name: s.Name, Addr: b.Addr, Length: b.Length, DeviceID: -1}

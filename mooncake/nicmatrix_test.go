@@ -75,6 +75,13 @@ func TestNICMatrixConvert(t *testing.T) {
 		}
 	}
 
+	// A key naming no NIC publishes the default too (Mooncake would reach
+	// nothing through it).
+	s.Endpoints[EndpointRDMAMatrix] = "cpu:0=/"
+	if md, _, err := FromSegtable(s); err != nil || !reflect.DeepEqual(md.PriorityMatrix, map[string]TopologyEntry{"cpu:0": {[]string{"m0", "m1", "m2"}, []string{}}}) {
+		t.Errorf("a matrix naming no NIC: published %v, %v", md.PriorityMatrix, err)
+	}
+
 	// Locations the key cannot carry are refused.
 	for _, loc := range []string{"a;b", "a=b", strings.Repeat("x", MaxMatrixLocation+1)} {
 		d.PriorityMatrix = map[string]TopologyEntry{loc: {[]string{"m0"}, []string{}}}
