@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
 	"sync"
@@ -42,7 +43,8 @@ type conn struct {
 	to     *dest  // where it was dialed
 	maxLen uint32 // the target's MaxLength, from the hello
 	nc     net.Conn
-	br     *bufio.Reader
+	src    io.Reader     // nc's bytes: raw reads without TLS (rawio.go)
+	br     *bufio.Reader // over src
 	q      *mpsc.Queue[pending]
 	bell   *bell.Doorbell
 	hdrs   [][reqSize]byte  // request headers by slot, written by send
@@ -82,6 +84,7 @@ type conn struct {
 	uiov      []unix.Iovec    // the iovecs of the write in progress (writev or io_uring)
 	writeFn   func(fd uintptr) bool
 	peekFn    func(fd uintptr) // peekOn, made once (spin.go)
+	rw        *rawWriter       // the sender's raw writev (rawio.go); nil on TLS
 	sp        spinner
 	wiov      [][]byte
 	wn        int
@@ -308,9 +311,12 @@ func (c *conn) send() {
 			raceRelease()
 			var n int64
 			var err error
-			if c.ur != nil {
+			switch {
+			case c.ur != nil:
 				n, err = c.uringWrite(bufs)
-			} else {
+			case c.rw != nil:
+				n, err = c.rw.writeAll(bufs)
+			default:
 				n, err = bufs.WriteTo(c.nc)
 			}
 			c.advance(int(n))

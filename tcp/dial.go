@@ -64,7 +64,11 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 	// The hello's reads heed only the deadline: closing the socket is what
 	// makes ctx's end (Endpoint.Close stopping a redial) cut it short.
 	stop := context.AfterFunc(ctx, func() { raw.Close() })
-	br := bufio.NewReaderSize(nc, 64<<10)
+	var src io.Reader = nc // what br and large payloads read from
+	if nc == raw {
+		src = newNBReader(raw) // raw reads (rawio.go)
+	}
+	br := bufio.NewReaderSize(src, 64<<10)
 	maxLen, err := clientHello(nc, br, to.key)
 	if !stop() && err == nil {
 		err = fmt.Errorf("%w: hello: %v", transport.ErrPeer, context.Cause(ctx))
@@ -74,7 +78,7 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 		return nil, err
 	}
 	raw.SetDeadline(time.Time{})
-	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, nc: nc, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
+	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, nc: nc, src: src, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
 		parts:  make([][3][]byte, e.t.cfg.Depth),
 		resume: make(chan struct{}, 1), quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
@@ -90,6 +94,7 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 			return true // never wait: the sender goroutine does that
 		}
 		c.peekFn = c.peekOn
+		c.rw = newRawWriter(c.rc)
 		c.sp.max = int64(e.t.cfg.DriveSpin)
 		if e.t.cfg.IOUring {
 			c.useUring()

@@ -61,7 +61,7 @@ func (c *conn) receiveOne() error {
 	// come straight from the socket (see reader.payload).
 	src := io.Reader(c.br)
 	if c.br.Buffered() == 0 && c.directNext() {
-		src = c.nc
+		src = c.src
 	}
 	if err := r.read(src, hdr[:], true); err != nil {
 		if err == errLeave {
@@ -234,7 +234,7 @@ func (r *reader) payload(dst []byte) error {
 		n, _ = c.br.Read(dst[:min(k, len(dst))])
 	}
 	if rest := dst[n:]; len(rest) >= directMin {
-		return r.read(c.nc, rest, false)
+		return r.read(c.src, rest, false)
 	} else if len(rest) > 0 {
 		return r.read(c.br, rest, false)
 	}

@@ -37,17 +37,7 @@ func (t *Transport) serve(pc *peerConn) error {
 	if t.cfg.HandshakeTimeout > 0 {
 		raw.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout))
 	}
-	nb := &nbReader{Conn: raw}
-	if tc, ok := raw.(*net.TCPConn); ok {
-		nb.rc, _ = tc.SyscallConn()
-		nb.readFn = func(fd uintptr) bool {
-			nb.n, nb.err = unix.Read(int(fd), nb.p)
-			if nb.n > 0 {
-				raceAcquire(int(fd))
-			}
-			return true // never wait: the caller asked not to
-		}
-	}
+	nb := newNBReader(raw)
 	br := bufio.NewReaderSize(nb, 64<<10)
 	first, err := br.Peek(1)
 	if err != nil {
@@ -80,11 +70,15 @@ func (t *Transport) serve(pc *peerConn) error {
 // errWouldBlock instead of waiting: the target uses it to tell "more
 // requests are already here" (keep gathering responses) from "the
 // initiator is waiting for us" (send them now).
+//
+// Its reads are raw system calls on the non-blocking socket, waiting in
+// the netpoller when they wait (rawio.go says why).
 type nbReader struct {
 	net.Conn
 	rc       syscall.RawConn // nil when the trick is not available
 	nonblock bool
-	readFn   func(fd uintptr) bool
+	readFn   func(fd uintptr) bool // a read that never waits
+	waitFn   func(fd uintptr) bool // a read that waits for bytes
 	p        []byte
 	n        int
 	err      error
@@ -93,11 +87,16 @@ type nbReader struct {
 var errWouldBlock = errors.New("tcp: would block")
 
 func (r *nbReader) Read(p []byte) (int, error) {
-	if !r.nonblock || r.rc == nil {
+	if r.rc == nil || len(p) == 0 {
 		return r.Conn.Read(p)
 	}
 	r.p = p
-	if err := r.rc.Read(r.readFn); err != nil {
+	fn := r.waitFn
+	if r.nonblock {
+		fn = r.readFn
+	}
+	if err := r.rc.Read(fn); err != nil {
+		r.p = nil
 		return 0, err
 	}
 	r.p = nil
@@ -217,6 +216,10 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 		bufs net.Buffers
 	)
 	w := respWriter(conn)
+	var rw *rawWriter // the socket's raw writev, without TLS (rawio.go)
+	if nb != nil && nb.rc != nil {
+		rw = newRawWriter(nb.rc)
+	}
 	// The deadline bounds the moving of payloads (FrameTimeout): set for a
 	// payload, cleared before waiting for the next request, so an idle
 	// connection has none and a stalled initiator cannot hold a region for
@@ -255,8 +258,12 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 				setDeadline()
 			}
 			raceRelease()
-			bufs = iovs
-			_, err = bufs.WriteTo(w)
+			if rw != nil {
+				_, err = rw.writeAll(iovs)
+			} else {
+				bufs = iovs
+				_, err = bufs.WriteTo(w)
+			}
 		}
 		for _, r := range held {
 			r.ref.Release()

@@ -1,0 +1,142 @@
+// rawio.go holds the raw system calls on non-blocking TCP sockets: reads
+// (nbReader: the target's requests, the initiator's answers) and writev
+// (rawWriter: the target's responses, the initiator's sender).
+//
+// A plain system call enters and leaves the Go scheduler's syscall state.
+// When the process had gone idle, that entry wakes sysmon, which then
+// polls every 20 µs for a millisecond and more, and a call that lasts
+// past a tick (a read or write that copies a large payload) has sysmon
+// hand the goroutine's P to another thread. On a bulk stream that went
+// idle between bursts this was a sixth of the receiving side's CPU. A
+// call on a non-blocking socket never blocks, so the scheduler need not
+// know of it: a raw call skips all of that, and a wait for the socket is
+// still the netpoller's (syscall.RawConn's Read and Write), deadlines
+// included.
+
+package tcp
+
+import (
+	"net"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// newNBReader returns the reader of raw's bytes for a bufio.Reader: raw
+// reads on a TCP connection, raw's own Read on anything else.
+func newNBReader(raw net.Conn) *nbReader {
+	r := &nbReader{Conn: raw}
+	if tc, ok := raw.(*net.TCPConn); ok {
+		r.rc, _ = tc.SyscallConn()
+		r.readFn = func(fd uintptr) bool {
+			r.rawRead(fd)
+			return true // never wait: the caller asked not to
+		}
+		r.waitFn = func(fd uintptr) bool {
+			r.rawRead(fd)
+			return r.err != unix.EAGAIN // else the netpoller waits
+		}
+	}
+	return r
+}
+
+// maxIovecs is the most iovecs one writev takes (Linux's IOV_MAX).
+const maxIovecs = 1024
+
+// rawWriter writes buffers to a non-blocking socket with raw writev
+// calls, waiting in the netpoller while the socket is full. It belongs to
+// one goroutine.
+type rawWriter struct {
+	rc   syscall.RawConn
+	fn   func(fd uintptr) bool
+	bufs [][]byte
+	iov  []unix.Iovec
+	n    int64 // written by this writeAll
+	err  error
+}
+
+func newRawWriter(rc syscall.RawConn) *rawWriter {
+	w := &rawWriter{rc: rc, iov: make([]unix.Iovec, 0, 64)}
+	w.fn = w.write
+	return w
+}
+
+// writeAll writes every byte of bufs, or returns why it could not
+// (a deadline passed, the connection broke), with the bytes written. It
+// moves bufs' elements on as their bytes go out.
+func (w *rawWriter) writeAll(bufs [][]byte) (int64, error) {
+	w.bufs, w.n, w.err = bufs, 0, nil
+	err := w.rc.Write(w.fn)
+	w.bufs = nil
+	if err == nil {
+		err = w.err
+	}
+	return w.n, err
+}
+
+// write is fn: writev until every buffer is out (true), the socket is
+// full (false: the netpoller waits), or an error (true, in w.err).
+func (w *rawWriter) write(fd uintptr) bool {
+	for len(w.bufs) > 0 {
+		w.iov = w.iov[:0]
+		for _, b := range w.bufs {
+			if len(w.iov) == maxIovecs {
+				break
+			}
+			if len(b) > 0 {
+				v := unix.Iovec{Base: &b[0]}
+				v.SetLen(len(b))
+				w.iov = append(w.iov, v)
+			}
+		}
+		if len(w.iov) == 0 {
+			w.bufs = nil
+			break
+		}
+		n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.iov[0])), uintptr(len(w.iov)))
+		switch e {
+		case 0:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		default:
+			w.err = e
+			return true
+		}
+		raceReadIovecs(w.bufs, int(n))
+		w.n += int64(n)
+		for k := int(n); k > 0; {
+			if k < len(w.bufs[0]) {
+				w.bufs[0] = w.bufs[0][k:]
+				break
+			}
+			k -= len(w.bufs[0])
+			w.bufs = w.bufs[1:]
+		}
+		for len(w.bufs) > 0 && len(w.bufs[0]) == 0 {
+			w.bufs = w.bufs[1:]
+		}
+	}
+	return true
+}
+
+// rawRead reads what the socket holds into r.p, without blocking.
+func (r *nbReader) rawRead(fd uintptr) {
+	var n uintptr
+	var e syscall.Errno
+	for {
+		n, _, e = unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(r.p))), uintptr(len(r.p)))
+		if e != unix.EINTR {
+			break
+		}
+	}
+	r.n, r.err = int(n), nil
+	if e != 0 {
+		r.n, r.err = 0, e
+	}
+	if r.n > 0 {
+		raceAcquire(int(fd))
+	}
+}
