@@ -81,8 +81,12 @@ type Config struct {
 	// connections still in the handshake are bounded apart (64 at once,
 	// each for up to ConnectTimeout) and one beyond is closed unread.
 	MaxPeerQPs int
-	// ConnectTimeout bounds the dial and handshake of one queue pair
-	// (default 5 s) when the caller's context has no earlier deadline.
+	// ConnectTimeout bounds the connect of one queue pair (in Mooncake
+	// mode, of one device's set): the dial, the handshake and the moves
+	// to RTR and RTS (default 5 s), or the caller's context's deadline
+	// when that is earlier. The kernel's steps cannot be interrupted (the
+	// move to RTR resolves the peer's address: up to about 1 s): a
+	// connect fails at most one such step after the timeout.
 	ConnectTimeout time.Duration
 	// Mooncake, when set, makes the transport speak Mooncake's RDMA
 	// transport instead of moonring's (mooncake_mode.go): it is named

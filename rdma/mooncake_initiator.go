@@ -68,6 +68,7 @@ func (ep *Endpoint) mcConnectGroup(ctx context.Context, i int) error {
 	qs, err := t.mcConnect(ctx, ep, first, n, r.li, r.ri, ep.mc)
 	if err != nil {
 		t.unreserveQPs(n)
+		t.connectFails.Add(1)
 		for k := first; k < first+n; k++ {
 			ep.failedConnect(k, err)
 		}
@@ -134,6 +135,7 @@ func (ep *Endpoint) mcRedial(i int) error {
 		default:
 			t.unreserveQPs(n)
 			if !stale {
+				t.connectFails.Add(1)
 				for k := first; k < first+n; k++ {
 					ep.failedConnect(k, err)
 				}
@@ -213,11 +215,13 @@ func (t *Transport) mcConnect(ctx context.Context, ep *Endpoint, first, n, li, r
 		return nil, fmt.Errorf("rdma: the peer has no NIC %d: %w", ri, transport.ErrPeer)
 	}
 	gid, lid := d.addr()
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, t.cfg.ConnectTimeout)
-		defer cancel()
-	}
+	// ConnectTimeout bounds the connect even under a caller's later
+	// deadline (WithTimeout keeps the earlier of the two): the handshake's
+	// exchanges end at it, and the moves to RTR and RTS, which the kernel
+	// cannot be interrupted in (RTR resolves the peer's address: up to 1 s
+	// each), are checked against it.
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.ConnectTimeout)
+	defer cancel()
 	cqs := make([]*C.struct_ibv_qp, 0, n)
 	ok := false
 	defer func() {
@@ -258,6 +262,9 @@ func (t *Transport) mcConnect(ctx context.Context, ep *Endpoint, first, n, li, r
 		}
 		if rc := C.mr_to_rts(q, mcPSN, C.int(d.rdAtomic), ackTimeout, mcInitiatorRetry); rc != 0 {
 			return nil, fmt.Errorf("rdma: modify QP to RTS on %s: %v: %w", d.name, syscall.Errno(rc), transport.ErrPeer)
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("rdma: Mooncake connect to %s: %d of %d queue pairs at RTS: %w: %w", peer.rpc, k+1, n, context.Cause(ctx), transport.ErrPeer)
 		}
 	}
 	if a.ReadyAckSupported {

@@ -179,11 +179,10 @@ func (t *Transport) connect(ctx context.Context, ep *Endpoint, rail int, addr st
 		return nil, fmt.Errorf("rdma: %s port %d is down: %w", d.name, d.port, transport.ErrPeer)
 	}
 	gid, lid := d.addr()
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, t.cfg.ConnectTimeout)
-		defer cancel()
-	}
+	// ConnectTimeout bounds the connect even under a caller's later
+	// deadline (WithTimeout keeps the earlier of the two).
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.ConnectTimeout)
+	defer cancel()
 	cq, err := C.mr_create_qp(d.pd, d.cq, C.int(t.cfg.Depth), notifySlots)
 	if cq == nil {
 		return nil, fmt.Errorf("rdma: ibv_create_qp on %s: %v: %w", d.name, err, transport.ErrPeer)

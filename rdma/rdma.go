@@ -66,7 +66,7 @@ type Transport struct {
 
 	wg sync.WaitGroup // the accept loop, peer connections, watchers
 
-	slices, postCalls, pollCalls, emptyPolls, reconnects, evictions atomic.Uint64
+	slices, postCalls, pollCalls, emptyPolls, reconnects, evictions, connectFails atomic.Uint64
 }
 
 // testHooks are fault injections for the tests, which alone set them
@@ -194,6 +194,7 @@ func (t *Transport) Stats() Stats {
 	s := Stats{
 		Slices: t.slices.Load(), PostCalls: t.postCalls.Load(), PollCalls: t.pollCalls.Load(),
 		EmptyPolls: t.emptyPolls.Load(), Reconnects: t.reconnects.Load(), Evictions: t.evictions.Load(), QPs: n,
+		ConnectFailures: t.connectFails.Load(),
 	}
 	if t.mc != nil {
 		s.PeerQPs, s.PeerEvictions = t.mcPeerQPs(), t.mc.tgt.evictions.Load()

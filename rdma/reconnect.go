@@ -35,6 +35,7 @@ func (ep *Endpoint) connectRail(ctx context.Context, i int) error {
 	q, err := t.connect(ctx, ep, i, ep.addr, ep.key, r.li, r.ri)
 	if err != nil {
 		t.unreserveQP()
+		t.connectFails.Add(1)
 		ep.failedConnect(i, err)
 		return err
 	}
@@ -88,6 +89,7 @@ func (ep *Endpoint) redial(i int) error {
 		default:
 			t.unreserveQP()
 			if !stale {
+				t.connectFails.Add(1)
 				ep.failedConnect(i, err)
 			}
 		}

@@ -15,6 +15,13 @@ type Stats struct {
 	// Reconnects is the number of queue pairs connected after the first
 	// of their rail.
 	Reconnects uint64
+	// ConnectFailures is the number of connects that failed, at Open or
+	// on a reconnect: a queue pair's (in Mooncake mode, a device's set's)
+	// dial, handshake, or move to RTR or RTS, each ended by
+	// Config.ConnectTimeout at the latest. A rail whose connects keep
+	// failing carries nothing while the other rails take its slices;
+	// this count is where it shows.
+	ConnectFailures uint64
 	// Evictions is the number of idle queue pairs closed to stay within
 	// Config.MaxQPs.
 	Evictions uint64
