@@ -92,8 +92,13 @@ func TestResolveMatchesFind(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var a, n uint64
 		for range 500 {
-			a, n := uint64(rng.IntN(int(addr)+70)), uint64(rng.IntN(80))
+			if rng.IntN(3) > 0 { // else the range before again, or a neighbour: the last hit's
+				a, n = uint64(rng.IntN(int(addr)+70)), uint64(rng.IntN(80))
+			} else if rng.IntN(2) == 0 {
+				a += uint64(rng.IntN(16))
+			}
 			want := d.Find(a, n)
 			if n == 0 {
 				want = -1
@@ -103,6 +108,47 @@ func TestResolveMatchesFind(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestResolveLastHitChecked: the buffer the last search found is tried
+// first, and only taken when it holds the range, in the descriptor of
+// now: after a republish moved the buffers, the old index names another
+// range (or none), and Resolve searches again.
+func TestResolveLastHitChecked(t *testing.T) {
+	desc := func(starts ...uint64) *segtable.SegmentDesc {
+		d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "peer"}
+		for _, a := range starts {
+			d.Buffers = append(d.Buffers, segtable.BufferDesc{Addr: a, Length: 0x100})
+		}
+		if err := d.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	var ss segtable.Segments[int]
+	s, err := ss.Open("peer", desc(0x1000, 0x2000, 0x3000, 0x4000), 0, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(addr, n uint64, want int) {
+		t.Helper()
+		if got := s.Resolve(addr, n); got != want {
+			t.Fatalf("Resolve(%#x, %d) = %d; want %d", addr, n, got, want)
+		}
+	}
+	check(0x3010, 16, 2)
+	check(0x3010, 16, 2)  // the last hit
+	check(0x30f8, 16, -1) // past its end: not taken on the last hit's word
+	check(0x2ff8, 16, -1) // before its start
+	check(0x3000, 0x100, 2)
+	// Republished: index 2 is now [0x5000, 0x5100), and 0x3000 is buffer 1.
+	s.SetDesc(desc(0x1000, 0x3000, 0x5000))
+	check(0x3010, 16, 1)
+	check(0x5010, 16, 2)
+	s.SetDesc(desc(0x1000)) // the last hit's index is past the end
+	check(0x5010, 16, -1)
+	check(0x1000, 1, 0)
+	check(0x1000, 0, -1) // empty
 }
 
 // BenchmarkResolve is one lookup of a random address among n buffers of 4

@@ -20,6 +20,13 @@ type Segment[E any] struct {
 	desc  atomic.Pointer[segView]
 	list  atomic.Pointer[DescList]
 	ref   ref
+	// last is the index the last search of the descriptor found, tried
+	// first by the next Resolve (requests to one buffer, or one after
+	// another, pay no search). On a line of its own: it is written on
+	// every miss, and the fields above are read by every request.
+	_    [64]byte
+	last atomic.Uint32
+	_    [60]byte
 }
 
 // Desc returns the current descriptor. Callers must not modify it. For a
@@ -89,7 +96,10 @@ func (s *Segment[E]) Closing() bool { return s.ref.Closing() }
 func (s *Segment[E]) InUse() int { return s.ref.InUse() }
 
 // Resolve returns the index in the descriptor of the buffer that holds
-// [addr, addr+n), or -1.
+// [addr, addr+n), or -1. The buffer the last search found is tried
+// first, checked against the range (buffers do not overlap, so the one
+// that holds it is the answer): a request to the buffer of the request
+// before costs O(1), any other one search of the descriptor.
 func (s *Segment[E]) Resolve(addr, n uint64) int {
 	if n == 0 {
 		return -1
@@ -97,7 +107,15 @@ func (s *Segment[E]) Resolve(addr, n uint64) int {
 	if l := s.list.Load(); l != nil {
 		return l.Find(addr, n)
 	}
-	return s.desc.Load().find(addr, n)
+	v := s.desc.Load()
+	if h := int(s.last.Load()); h < len(v.starts) && addr >= v.starts[h] && n <= v.lengths[h] && addr-v.starts[h] <= v.lengths[h]-n {
+		return h
+	}
+	i := v.find(addr, n)
+	if i >= 0 {
+		s.last.Store(uint32(i))
+	}
+	return i
 }
 
 // Segments is the table of opened segments, with O(1) lock-free lookup by
