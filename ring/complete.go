@@ -105,6 +105,7 @@ func (r *Ring) reap() bool {
 		r.applySlice(d.token, d.code, d.path)
 	}
 	r.done.Release(n)
+	r.reaped += uint64(n)
 	return n > 0
 }
 

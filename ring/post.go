@@ -61,6 +61,9 @@ func (r *Ring) live(tok uint64) *request {
 
 // postPending appends the unposted slices of queued requests to the batch.
 func (r *Ring) postPending() bool {
+	if r.waitingRoom() {
+		return false
+	}
 	if r.postHead > 0 {
 		// Keep postq within MaxInFlight entries (its capacity): a request
 		// appears in it once, and a refused round must not make it grow.
@@ -165,6 +168,30 @@ func (r *Ring) message(userData uint64) []byte {
 	return nil
 }
 
+// refillAfter is how many of its slices complete, after an endpoint
+// refused some for want of room, before the ring offers slices again
+// (fewer when fewer are out).
+const refillAfter = 16
+
+// waitingRoom reports whether the ring waits for room at an endpoint that
+// refused slices: until refillAfter of its own slices, or all of those
+// out when fewer, have completed since. An offer before then is refused
+// again, and each refused slice costs an add and a Post's look: a ring
+// with thousands of slices queued behind a full endpoint (the KV
+// pattern's 16,384 transfers a request) paid that for a whole batch at
+// every completion. Room taken by another ring's slices is retried at
+// wakeAt's interval, as before.
+func (r *Ring) waitingRoom() bool {
+	if !r.full {
+		return false
+	}
+	if r.reaped-r.fullAt < uint64(min(refillAfter, r.outstanding)) {
+		return true
+	}
+	r.full = false
+	return false
+}
+
 // flush posts the batch and reports whether the endpoint took all of it.
 func (r *Ring) flush() bool {
 	if len(r.batch) == 0 {
@@ -201,6 +228,9 @@ func (r *Ring) flush() bool {
 	for _, s := range rest {
 		r.reqs[s.Token&(1<<idxBits-1)].outstanding--
 		r.outstanding--
+	}
+	if err == nil && len(rest) > 0 {
+		r.full, r.fullAt = true, r.reaped // no room: see waitingRoom
 	}
 	for _, s := range rest {
 		switch {

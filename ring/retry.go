@@ -16,6 +16,9 @@ import (
 // tokens are processed from one buffer while refusals (and retries that a
 // synchronous flush produces) gather in the other: no allocation per round.
 func (r *Ring) postRedo() bool {
+	if r.waitingRoom() {
+		return false
+	}
 	redo := r.redo
 	r.redo = r.spare[:0]
 	work := false

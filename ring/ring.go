@@ -183,8 +183,13 @@ type Ring struct {
 	more        bool            // take has more entries this round after the one it starts
 	taking      bool            // take has entries in hand that the SQ still holds: cqes waits
 	outstanding int             // slices posted and not yet completed
-	active      int             // requests in slots, including zombies
-	nextCheck   int64
+	reaped      uint64          // slice completions applied, ever
+	// full is set when an endpoint refused slices for want of room;
+	// fullAt is reaped then (see waitingRoom).
+	full      bool
+	fullAt    uint64
+	active    int // requests in slots, including zombies
+	nextCheck int64
 	// latency counts completed requests by duration, from when the poller
 	// took them to their last slice, in power-of-two buckets of 1.024 µs
 	// and up (bucket i: below 2^(i+10) ns); latencySum is their total.

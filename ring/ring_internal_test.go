@@ -196,6 +196,7 @@ type fakeEP struct {
 	out      map[uint64]bool // tokens accepted and not completed
 	dups     int             // tokens accepted while already out
 	posts    []transport.Slice
+	offered  int // slices offered to Post, taken or not
 	done     int
 	closed   bool
 	wg       sync.WaitGroup
@@ -222,6 +223,7 @@ func (f *fakeEP) Post(c transport.Completer, s []transport.Slice) (int, error) {
 		return 0, err
 	}
 	n := len(s)
+	f.offered += n
 	if f.capacity > 0 {
 		n = max(0, min(n, f.capacity-f.inflight))
 	}
@@ -954,6 +956,41 @@ func TestBackpressure(t *testing.T) {
 			t.Fatalf("%d slices posted again while out", ep.dups)
 		}
 	})
+}
+
+// An endpoint that refused slices for want of room is offered them again
+// after a few of the ring's slices complete, not at every completion:
+// each offer of a whole batch that it refuses again costs an add and a
+// look per slice (with one completion a step, about 64 offers a slice
+// before waitingRoom, 4 after).
+func TestFullEndpointWaitsForRoom(t *testing.T) {
+	ep := &fakeEP{hold: true, capacity: 32}
+	h := newHarness(t, Config{SliceSize: 64}, ep, true)
+	const slices = 2000
+	const n = slices * 64
+	fillPattern(h.local[:n], 7)
+	h.submit(h.write(1, 0, 0, n))
+	var got []cq.Completion
+	for i := 0; i < 10*slices && len(got) == 0; i++ {
+		h.step()
+		ep.release(1, nil)
+		got = h.poll()
+	}
+	if len(got) != 1 {
+		t.Fatalf("completions %+v; want the one request", got)
+	}
+	expectCode(t, got[0], cq.CodeOK)
+	checkPostedOnce(t, ep, slices)
+	if string(h.remote[:n]) != string(h.local[:n]) {
+		t.Fatal("data differs")
+	}
+	ep.mu.Lock()
+	offered := ep.offered
+	ep.mu.Unlock()
+	if offered > 8*slices {
+		t.Fatalf("%d slices offered for %d posted: the full endpoint was offered a batch at every completion", offered, slices)
+	}
+	t.Logf("%d slices offered for %d posted", offered, slices)
 }
 
 // checkPostedOnce checks that the endpoint accepted each of the n slices of
