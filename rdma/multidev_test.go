@@ -13,10 +13,30 @@ import (
 )
 
 // addRXE1 binds a second Soft-RoCE device, rxe1, to veth1 (10.0.0.2), the
-// rig's peer of rxe0's veth0, for the length of the test.
+// rig's peer of rxe0's veth0, for the length of the test, and lets queue
+// pairs connect across the two devices: both addresses are the guest's
+// own, so the move to RTR of a queue pair on rxe0 towards 10.0.0.2 (bound
+// to veth0, which skips veth1's local route) ARPs for it over veth0, and
+// veth1 drops a request from an address of its own host (a martian
+// source) unless accept_local is set; without it the kernel's address
+// resolution times out after 1 s and RTR fails with ETIMEDOUT.
 func addRXE1(t *testing.T) {
 	if os.Getenv("RDMA_VM_DEV") != "rxe0" {
 		t.Skip("SKIP: adds a second Soft-RoCE device: runs only inside the rdma VM (make test-rdma)")
+	}
+	for _, dev := range []string{"veth0", "veth1"} {
+		p := "/proc/sys/net/ipv4/conf/" + dev + "/accept_local"
+		old, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("accept_local of %s: %v", dev, err)
+		}
+		if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
+			t.Fatalf("accept_local of %s: %v", dev, err)
+		}
+		t.Cleanup(func() { os.WriteFile(p, old, 0o644) })
+		// An address that failed to resolve before is not asked again
+		// at once: forget it.
+		exec.Command("/usr/sbin/ip", "neigh", "flush", "dev", dev).Run()
 	}
 	if out, err := exec.Command("/usr/sbin/rdma", "link", "add", "rxe1", "type", "rxe", "netdev", "veth1").CombinedOutput(); err != nil {
 		t.Fatalf("rdma link add rxe1: %v: %s", err, out)
