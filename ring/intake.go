@@ -47,14 +47,21 @@ func (r *Ring) step(t int64, held bool) bool {
 		work = r.take(t, limit) || work
 	}
 	r.flush()
+	if r.inlineBytes >= 256<<10 || r.postedBytes >= 256<<10 {
+		// The round may have taken long (a copy on the poller, or a
+		// transport that writes in Post): the deadlines are checked at
+		// the time it ends, else a request whose slices all complete
+		// before the next round would be reaped there as done, however
+		// late (reap comes before expire).
+		t = now()
+		r.now = t
+		r.poller.slow = true // and the poller reads its clock again
+	}
 	if r.active > 0 && t >= r.nextCheck {
 		r.expire(t)
 	}
 	r.holds.Release()
-	if r.inlineBytes >= 256<<10 {
-		r.poller.slow = true // the round took long: read the clock again
-	}
-	r.inlineBytes = 0
+	r.inlineBytes, r.postedBytes = 0, 0
 	r.flushCQ()
 	return work
 }

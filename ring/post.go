@@ -147,6 +147,7 @@ func (r *Ring) add(q *request, tok uint64) bool {
 			r.inlineBytes += n // copied on the poller at the flush
 		}
 	}
+	r.postedBytes += n
 	sl.Op = q.op
 	sl.Local = q.buf.Pointer(q.local + off)
 	sl.Remote, sl.Length, sl.RemoteIndex = q.remote+off, n, q.rindex

@@ -179,6 +179,7 @@ type Ring struct {
 	inlineMoved bool            // copyInline failed for a reason of its path, and another path is up
 	inlineCode  cq.Code         // the code it failed with then
 	inlineBytes uint64          // bytes copyInline moved this round
+	postedBytes uint64          // bytes of the slices add batched this round
 	holds       transport.Holds // references copyInline's copies hold until the round ends or a flush
 	more        bool            // take has more entries this round after the one it starts
 	taking      bool            // take has entries in hand that the SQ still holds: cqes waits

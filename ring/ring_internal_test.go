@@ -193,6 +193,7 @@ type fakeEP struct {
 	capacity int              // most slices accepted and not completed; 0: no limit
 	inflight int
 	async    bool
+	stall    time.Duration   // how long each Post takes (a transport that writes in Post)
 	out      map[uint64]bool // tokens accepted and not completed
 	dups     int             // tokens accepted while already out
 	posts    []transport.Slice
@@ -243,8 +244,9 @@ func (f *fakeEP) Post(c transport.Completer, s []transport.Slice) (int, error) {
 			now = append(now, fakeSlice{c, x})
 		}
 	}
-	async := f.async
+	async, stall := f.async, f.stall
 	f.mu.Unlock()
+	time.Sleep(stall)
 	if async && len(now) > 0 {
 		f.wg.Add(1)
 		go func() {
@@ -991,6 +993,18 @@ func TestFullEndpointWaitsForRoom(t *testing.T) {
 		t.Fatalf("%d slices offered for %d posted: the full endpoint was offered a batch at every completion", offered, slices)
 	}
 	t.Logf("%d slices offered for %d posted", offered, slices)
+}
+
+// A request whose slices all complete within a round that outlived its
+// deadline (a Post that took long, as tcp's writing its frames does) ends
+// with a timeout: the round checks the deadlines at the time it ends, not
+// at the time it began, before the next round reaps the slices as done.
+func TestSlowPostTimesOut(t *testing.T) {
+	ep := &fakeEP{stall: 20 * time.Millisecond}
+	h := newHarness(t, Config{SliceSize: 64 << 10, Timeout: 2 * time.Millisecond}, ep, false)
+	h.submit(h.write(1, 0, 0, hR1)) // 8 slices, 512 KiB in one round
+	got := h.collect(1)
+	expectCode(t, got[0], cq.CodeTimeout)
 }
 
 // checkPostedOnce checks that the endpoint accepted each of the n slices of
