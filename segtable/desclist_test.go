@@ -110,7 +110,7 @@ func TestResolveMatchesFind(t *testing.T) {
 	}
 }
 
-// TestResolveLastHitChecked: the buffer the last search found is tried
+// TestResolveLastHitChecked: the buffer a recent search found is tried
 // first, and only taken when it holds the range, in the descriptor of
 // now: after a republish moved the buffers, the old index names another
 // range (or none), and Resolve searches again.
@@ -136,8 +136,9 @@ func TestResolveLastHitChecked(t *testing.T) {
 			t.Fatalf("Resolve(%#x, %d) = %d; want %d", addr, n, got, want)
 		}
 	}
-	check(0x3010, 16, 2)
-	check(0x3010, 16, 2)  // the last hit
+	for range 500 { // a miss moves the hint one time in 16: now it is 2 (but for 1e-14)
+		check(0x3010, 16, 2)
+	}
 	check(0x30f8, 16, -1) // past its end: not taken on the last hit's word
 	check(0x2ff8, 16, -1) // before its start
 	check(0x3000, 0x100, 2)

@@ -3,6 +3,7 @@ package segtable
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 )
 
@@ -20,10 +21,10 @@ type Segment[E any] struct {
 	desc  atomic.Pointer[segView]
 	list  atomic.Pointer[DescList]
 	ref   ref
-	// last is the index the last search of the descriptor found, tried
-	// first by the next Resolve (requests to one buffer, or one after
-	// another, pay no search). On a line of its own: it is written on
-	// every miss, and the fields above are read by every request.
+	// last is an index a search of the descriptor found, tried first by
+	// the next Resolve (requests to one buffer pay no search). A miss
+	// moves it one time in lastEvery (see Resolve). On a line of its own:
+	// the fields above are read by every request.
 	_    [64]byte
 	last atomic.Uint32
 	_    [60]byte
@@ -95,11 +96,20 @@ func (s *Segment[E]) Closing() bool { return s.ref.Closing() }
 // InUse returns how many references are held.
 func (s *Segment[E]) InUse() int { return s.ref.InUse() }
 
+// lastEvery: a miss of Segment.last moves it with probability
+// 1/lastEvery. An atomic store is a locked instruction on amd64 (XCHG),
+// which waits for the stores before it to drain (after a 4 KiB copy to
+// cold memory, many), and moves the line away from the pollers of other
+// nodes: requests to random buffers would pay it each, where now one in
+// lastEvery does. A stream of requests to one buffer takes the hint over
+// within a few dozen requests all the same.
+const lastEvery = 16
+
 // Resolve returns the index in the descriptor of the buffer that holds
-// [addr, addr+n), or -1. The buffer the last search found is tried
-// first, checked against the range (buffers do not overlap, so the one
-// that holds it is the answer): a request to the buffer of the request
-// before costs O(1), any other one search of the descriptor.
+// [addr, addr+n), or -1. A buffer a recent search found is tried first,
+// checked against the range (buffers do not overlap, so the one that
+// holds it is the answer): requests to one buffer cost O(1), any other
+// one search of the descriptor.
 func (s *Segment[E]) Resolve(addr, n uint64) int {
 	if n == 0 {
 		return -1
@@ -112,7 +122,7 @@ func (s *Segment[E]) Resolve(addr, n uint64) int {
 		return h
 	}
 	i := v.find(addr, n)
-	if i >= 0 {
+	if i >= 0 && rand.Uint32()%lastEvery == 0 {
 		s.last.Store(uint32(i))
 	}
 	return i
