@@ -16,6 +16,7 @@
 package tcp
 
 import (
+	"math"
 	"net"
 	"syscall"
 	"unsafe"
@@ -94,6 +95,12 @@ func (w *rawWriter) write(fd uintptr) bool {
 			w.bufs = nil
 			break
 		}
+		// For the race detector, before the call: the buffers are read,
+		// then released, so that the peer's read of the bytes (an
+		// acquire) follows both even when it comes before the call
+		// returns.
+		raceReadIovecs(w.bufs, math.MaxInt)
+		raceRelease()
 		n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.iov[0])), uintptr(len(w.iov)))
 		switch e {
 		case 0:
@@ -105,7 +112,6 @@ func (w *rawWriter) write(fd uintptr) bool {
 			w.err = e
 			return true
 		}
-		raceReadIovecs(w.bufs, int(n))
 		w.n += int64(n)
 		for k := int(n); k > 0; {
 			if k < len(w.bufs[0]) {

@@ -5,6 +5,7 @@ package tcp
 
 import (
 	"errors"
+	"math"
 	"unsafe"
 
 	"github.com/moonring/moonring/internal/uring"
@@ -49,11 +50,12 @@ func (c *conn) writev(fd int, iov [][]byte) (int, error) {
 	}
 	// Raw: the socket is non-blocking, so the scheduler need not know
 	// (rawio.go says what a plain call costs).
+	raceReadIovecs(iov, math.MaxInt) // before the call, as in rawWriter.write
+	raceRelease()
 	n, _, e := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
 	if e != 0 {
 		return 0, e
 	}
-	raceReadIovecs(iov, int(n))
 	return int(n), nil
 }
 
