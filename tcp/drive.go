@@ -13,6 +13,7 @@ package tcp
 
 import (
 	"math"
+	"runtime"
 	"time"
 
 	"github.com/moonring/moonring/transport"
@@ -163,6 +164,7 @@ func (c *conn) drive(w transport.Until, deadline int64) {
 		deadline = math.MaxInt64
 	}
 	c.rdr.until = deadline
+	c.sp.oneP = runtime.GOMAXPROCS(0) == 1 // see spinner.oneP
 	for !w.Done() && !c.failed.Load() && c.q.Head() != c.q.Committed() {
 		start, caught := c.spin()
 		if err := c.receiveOne(); err != nil {

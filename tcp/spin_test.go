@@ -136,16 +136,24 @@ func driveReads(t *testing.T, ep transport.Endpoint, local []byte, remote testBu
 	}
 }
 
-// Answers held 2 ms, past the largest spin: the spin falls to none and
-// catches nothing, so a slow peer costs no CPU.
+// Answers held 20 ms, past the largest spin: the spin falls to none, so
+// a slow peer costs no CPU. Each wait the spin misses halves it, and four
+// take 50 µs below spinFirst; a wait whose answer was in before the
+// driver looked (a loaded machine, the race detector) is caught at once
+// and moves nothing, so the test counts the misses.
 func TestSpinShrinksOnSlowAnswers(t *testing.T) {
 	ep, local, remote, px := spinPair(t, 0)
-	px.delay.Store(int64(2 * time.Millisecond))
+	px.delay.Store(int64(20 * time.Millisecond))
 	c := rail0(t, ep)
 	c.sp.cur = c.sp.max // as if answers had been quick
-	driveReads(t, ep, local, remote, 12)
-	if c.sp.cur != 0 || c.sp.caught != 0 {
-		t.Fatalf("after 12 answers 2 ms away: spin %v, caught %d; want none", time.Duration(c.sp.cur), c.sp.caught)
+	for i := 0; i < 4 && c.sp.looked-c.sp.caught < 4; i++ {
+		driveReads(t, ep, local, remote, 4)
+	}
+	if misses := c.sp.looked - c.sp.caught; misses < 4 {
+		t.Skipf("only %d of %d waits missed the spin: this machine is too loaded to tell", misses, c.sp.looked)
+	}
+	if c.sp.cur != 0 {
+		t.Fatalf("after %d misses of answers 20 ms away: spin %v; want none", c.sp.looked-c.sp.caught, time.Duration(c.sp.cur))
 	}
 }
 
@@ -159,23 +167,11 @@ func TestSpinGrowsAndCatches(t *testing.T) {
 	if c.sp.caught == 0 || c.sp.cur == 0 {
 		t.Fatalf("after 24 answers 1 ms away: spin %v, caught %d; want a spin that catches", time.Duration(c.sp.cur), c.sp.caught)
 	}
-	// A spin that catches allocates nothing (parking made the slower, so
-	// that the verdict spins).
-	c.sp.parked = 1 << 62
-	caught := c.sp.caught
-	u := &countUntil{ch: make(chanCompleter, 1)}
-	e := ep.(*Endpoint)
-	sl := []transport.Slice{driven(localSlice(transport.Read, local[:64], remote.addr, 99))}
-	allocs := testing.AllocsPerRun(10, func() {
-		u.want.Add(1)
-		if k, err := e.Post(u, sl); k != 1 || err != nil {
-			t.Fatalf("Post: %d, %v", k, err)
-		}
-		e.Drive(u, 0)
-		<-u.ch
-	})
-	if allocs != 0 || c.sp.caught == caught {
-		t.Fatalf("%v allocations per spun read, %d caught", allocs, c.sp.caught-caught)
+	// The spin's look at the socket allocates nothing. (The drive as a
+	// whole is TestDriveAllocs's; AllocsPerRun runs on one P, where the
+	// driver does not spin: see spinner.oneP.)
+	if allocs := testing.AllocsPerRun(100, func() { c.peek() }); allocs != 0 {
+		t.Fatalf("%v allocations per look", allocs)
 	}
 }
 
