@@ -117,8 +117,13 @@ func TestMooncakeMatrixNICs(t *testing.T) {
 			t.Fatalf("%s: data differs", what)
 		}
 	}
-	// rxe1's own count of packets received (this test made rxe1, so
-	// nothing else reaches it; every pair here is within one device).
+	// rxe1's own count of packets received, logged: both engines share
+	// the guest's two devices, and how the kernel carries a packet between
+	// two addresses of its own (rxe's loopback, the veth pair, lo) decides
+	// which device counts it; one clean-clone run counted the READs from
+	// rxe0 on rxe1 and the WRITEs to rxe1 nowhere, with every rail's queue
+	// pair where the matrix put it and the data right. The rails' own
+	// counts (work, by target NIC) are what is asserted.
 	rxe1 := func() int {
 		v, err := os.ReadFile("/sys/class/infiniband/rxe1/ports/1/hw_counters/rcvd_pkts")
 		if err != nil {
@@ -136,9 +141,7 @@ func TestMooncakeMatrixNICs(t *testing.T) {
 	if got := work(); got["rxe1"] < 64 || got["rxe0"] != 0 {
 		t.Fatalf("WRITEs to cpu:0 (rxe1 preferred) by target NIC: %v", got)
 	}
-	if n := rxe1(); before >= 0 && n <= before {
-		t.Errorf("rxe1 received %d packets before the WRITEs, %d after", before, n)
-	}
+	t.Logf("rxe1 received %d packets before the WRITEs, %d after", before, rxe1())
 	before = rxe1()
 
 	copy(other, w.lmem)
@@ -147,9 +150,7 @@ func TestMooncakeMatrixNICs(t *testing.T) {
 	if got := work(); got["rxe0"] < 64 || got["rxe1"] != 0 {
 		t.Fatalf("READs of cpu:1 (rxe0 preferred) by target NIC: %v", got)
 	}
-	if n := rxe1(); n != before {
-		t.Errorf("rxe1 received %d packets during the READs from rxe0", n-before)
-	}
+	t.Logf("rxe1 received %d packets during the READs from rxe0", rxe1()-before)
 
 	// The target prefers rxe0 alone now: every rail goes there.
 	ep.Update(desc("cpu:0=" + i0 + "/"))
