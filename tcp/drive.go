@@ -13,7 +13,6 @@ package tcp
 
 import (
 	"math"
-	"runtime"
 	"time"
 
 	"github.com/moonring/moonring/transport"
@@ -164,7 +163,6 @@ func (c *conn) drive(w transport.Until, deadline int64) {
 		deadline = math.MaxInt64
 	}
 	c.rdr.until = deadline
-	c.sp.oneP = runtime.GOMAXPROCS(0) == 1 // see spinner.oneP
 	for !w.Done() && !c.failed.Load() && c.q.Head() != c.q.Committed() {
 		start, caught := c.spin()
 		if err := c.receiveOne(); err != nil {

@@ -62,11 +62,6 @@ type spinner struct {
 	// looked and caught count the waits the driver measured and those
 	// the spin caught (tests read them).
 	looked, caught uint64
-	// oneP is set by drive when the process runs one P: the spin would
-	// then keep every goroutine that waits on the network (an in-process
-	// peer among them) from running until it ends, since the scheduler
-	// polls the network only when it has nothing else to run.
-	oneP bool
 }
 
 // peek reports whether the socket has bytes to read, or an end or error
@@ -92,7 +87,7 @@ func (c *conn) peekOn(fd uintptr) {
 // whether bytes came within the spin.
 func (c *conn) spin() (start int64, caught bool) {
 	s := &c.sp
-	if s.max <= 0 || s.oneP || c.rc == nil || c.br.Buffered() > 0 {
+	if s.max <= 0 || c.rc == nil || c.br.Buffered() > 0 {
 		return 0, false
 	}
 	start = time.Now().UnixNano()
@@ -112,6 +107,10 @@ func (c *conn) spin() (start int64, caught bool) {
 		// The peer may be waiting for this CPU: a goroutine of this
 		// process that is runnable, or another process on this vCPU.
 		// Let both run; with nothing else runnable each returns at once.
+		// (One that waits on the network is not runnable: on one P the
+		// scheduler polls the network only when it has nothing else to
+		// run, so an in-process peer waits out the spin, which then
+		// misses and shrinks; a peer in another process does not.)
 		runtime.Gosched()
 		unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	}
