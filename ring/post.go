@@ -180,8 +180,9 @@ const refillAfter = 16
 // again, and each refused slice costs an add and a Post's look: a ring
 // with thousands of slices queued behind a full endpoint (the KV
 // pattern's 16,384 transfers a request) paid that for a whole batch at
-// every completion. Room taken by another ring's slices is retried at
-// wakeAt's interval, as before.
+// every completion. With none of its own out (the room went to another
+// ring's slices) nothing holds it back: it offers again at its next
+// round, which wakeAt brings within 100 µs.
 func (r *Ring) waitingRoom() bool {
 	if !r.full {
 		return false

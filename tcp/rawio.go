@@ -80,28 +80,12 @@ func (w *rawWriter) writeAll(bufs [][]byte) (int64, error) {
 // full (false: the netpoller waits), or an error (true, in w.err).
 func (w *rawWriter) write(fd uintptr) bool {
 	for len(w.bufs) > 0 {
-		w.iov = w.iov[:0]
-		for _, b := range w.bufs {
-			if len(w.iov) == maxIovecs {
-				break
-			}
-			if len(b) > 0 {
-				v := unix.Iovec{Base: &b[0]}
-				v.SetLen(len(b))
-				w.iov = append(w.iov, v)
-			}
-		}
+		w.iov = appendIovecs(w.iov[:0], w.bufs)
 		if len(w.iov) == 0 {
 			w.bufs = nil
 			break
 		}
-		// For the race detector, before the call: the buffers are read,
-		// then released, so that the peer's read of the bytes (an
-		// acquire) follows both even when it comes before the call
-		// returns.
-		raceReadIovecs(w.bufs, math.MaxInt)
-		raceRelease()
-		n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.iov[0])), uintptr(len(w.iov)))
+		n, e := rawWritev(fd, w.iov, w.bufs)
 		switch e {
 		case 0:
 		case unix.EINTR:
@@ -113,7 +97,7 @@ func (w *rawWriter) write(fd uintptr) bool {
 			return true
 		}
 		w.n += int64(n)
-		for k := int(n); k > 0; {
+		for k := n; k > 0; {
 			if k < len(w.bufs[0]) {
 				w.bufs[0] = w.bufs[0][k:]
 				break
@@ -126,6 +110,33 @@ func (w *rawWriter) write(fd uintptr) bool {
 		}
 	}
 	return true
+}
+
+// appendIovecs appends to dst an iovec for each non-empty buffer of bufs,
+// up to maxIovecs in all.
+func appendIovecs(dst []unix.Iovec, bufs [][]byte) []unix.Iovec {
+	for _, b := range bufs {
+		if len(dst) == maxIovecs {
+			break
+		}
+		if len(b) > 0 {
+			v := unix.Iovec{Base: &b[0]}
+			v.SetLen(len(b))
+			dst = append(dst, v)
+		}
+	}
+	return dst
+}
+
+// rawWritev is one raw writev(2) of v, the iovecs of bufs, to fd. For
+// the race detector it reads bufs and releases before the call, so that
+// the peer's read of the bytes (an acquire) follows both even when it
+// comes before the call returns.
+func rawWritev(fd uintptr, v []unix.Iovec, bufs [][]byte) (int, syscall.Errno) {
+	raceReadIovecs(bufs, math.MaxInt)
+	raceRelease()
+	n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
+	return int(n), e
 }
 
 // rawRead reads what the socket holds into r.p, without blocking.

@@ -5,8 +5,6 @@ package tcp
 
 import (
 	"errors"
-	"math"
-	"unsafe"
 
 	"github.com/moonring/moonring/internal/uring"
 	"golang.org/x/sys/unix"
@@ -28,14 +26,7 @@ func (c *conn) useUring() {
 // iovecs fills c.uiov with iov's non-empty buffers. The sending flag must
 // be held.
 func (c *conn) iovecs(iov [][]byte) []unix.Iovec {
-	c.uiov = c.uiov[:0]
-	for _, b := range iov {
-		if len(b) > 0 {
-			v := unix.Iovec{Base: &b[0]}
-			v.SetLen(len(b))
-			c.uiov = append(c.uiov, v)
-		}
-	}
+	c.uiov = appendIovecs(c.uiov[:0], iov)
 	return c.uiov
 }
 
@@ -48,15 +39,11 @@ func (c *conn) writev(fd int, iov [][]byte) (int, error) {
 	if len(v) == 0 {
 		return 0, nil
 	}
-	// Raw: the socket is non-blocking, so the scheduler need not know
-	// (rawio.go says what a plain call costs).
-	raceReadIovecs(iov, math.MaxInt) // before the call, as in rawWriter.write
-	raceRelease()
-	n, _, e := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
+	n, e := rawWritev(uintptr(fd), v, iov)
 	if e != 0 {
 		return 0, e
 	}
-	return int(n), nil
+	return n, nil
 }
 
 // uringWrite writes iov with one IORING_OP_WRITEV and waits for it. The
