@@ -19,6 +19,7 @@ import (
 	"github.com/leanovate/gopter/prop"
 	"golang.org/x/sys/unix"
 
+	"github.com/moonring/moonring/internal/mem"
 	"github.com/moonring/moonring/segtable"
 )
 
@@ -682,6 +683,39 @@ func TestBuffersModel(t *testing.T) {
 			"B": gen.UInt32(),
 		}))))
 	props.TestingRun(t)
+}
+
+func TestRegisterAlloc(t *testing.T) {
+	// Memory of mem.Alloc, which Register leaves unpinned (it is not
+	// Go's), registers, resolves and unregisters, at its start and
+	// inside it, and the same memory registers again.
+	buf, err := mem.Alloc(1<<16, -1)
+	if err != nil {
+		t.Skip("mem.Alloc:", err)
+	}
+	defer mem.Free(buf)
+	var bs segtable.Buffers
+	for range 2 {
+		a, err := bs.Register(buf[:4096], "", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := bs.Register(buf[8192:12288], "cpu:0", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bs.Find(uintptr(unsafe.Pointer(&buf[100])), 10) != a || bs.Find(uintptr(unsafe.Pointer(&buf[9000])), 10) != b || bs.Get(b.ID) != b {
+			t.Fatal("lookups in Alloc's memory failed")
+		}
+		for _, x := range []*segtable.Buffer{a, b} {
+			if _, err := bs.Unregister(context.Background(), x.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if bs.Len() != 0 {
+			t.Fatalf("%d buffers left", bs.Len())
+		}
+	}
 }
 
 func TestBuffersConcurrent(t *testing.T) {

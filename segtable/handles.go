@@ -21,7 +21,7 @@ type Handle uint32
 // (its handle and value are atomics, and Get reads the handle on both
 // sides of the value), so Add and Remove copy and allocate nothing once
 // the slot's chunk exists: a copy-on-write chunk, as the engine's tables
-// have (2 KiB copied and left to the collector per change), made a
+// had (2 KiB copied and left to the collector per change), made a
 // register/unregister cycle of the local transport dearer
 // (BenchmarkScaleChurn, CPU time per cycle, 3 rounds: 2-3 µs at one
 // buffer, 5-10 µs at 10k). It holds up to MaxEntries values at once;
@@ -39,9 +39,10 @@ type Handles[T any] struct {
 	dir [handleDirs]atomic.Pointer[[handleMids]atomic.Pointer[[tableChunk]handleSlot[T]]]
 }
 
-// handleSlot is one value and the handle that names it; 0 when free.
-// Writers (under Handles.mu) store the value before the handle on Add,
-// and clear the handle before the value on Remove.
+// handleSlot is one value and the handle (or ID, in a table) that names
+// it; 0 when free. Writers (under the table's mutex) store the value
+// before the handle on Add, and clear the handle before the value on
+// Remove.
 type handleSlot[T any] struct {
 	id atomic.Uint32
 	v  atomic.Pointer[T]

@@ -107,15 +107,19 @@ func (r *Ref) DrainWhile(ctx context.Context, busy func() bool) error {
 	return nil
 }
 
-// table is an index of entries by ID in chunks of tableChunk slots, each
-// chunk copy-on-write: a lookup loads the chunk's pointer from a fixed
-// array and reads the slot (two loads, no lock); a change takes mu and
-// publishes a new copy of one chunk, so it costs O(tableChunk) however many
-// entries there are (a single array copied whole made n registrations cost
-// n²).
+// table is an index of entries by ID in chunks of tableChunk slots: a
+// lookup loads the chunk's pointer from a fixed array and reads the slot
+// (a few loads, no lock). A chunk is made when an index first reaches it
+// and kept; a change takes mu and stores into one slot in place (its ID
+// and entry are atomics, and get reads the ID on both sides of the entry,
+// as Handles does), so it copies and allocates nothing: a copy-on-write
+// chunk (2 KiB copied and left to the collector per change) cost a
+// register/unregister cycle beside 100k buffers more in the collector's
+// work than in its own (BenchmarkScaleChurn), and a single array copied
+// whole made n registrations cost n².
 type table[E any] struct {
 	mu      sync.Mutex
-	chunks  [tableChunks]atomic.Pointer[[tableChunk]slot[E]]
+	chunks  [tableChunks]atomic.Pointer[[tableChunk]handleSlot[E]]
 	indexes // guarded by mu
 }
 
@@ -167,11 +171,6 @@ const (
 	tableChunks    = (MaxEntries + tableChunk - 1) / tableChunk
 )
 
-type slot[E any] struct {
-	id uint32
-	e  *E
-}
-
 // get returns the live entry named id, or nil. Lock-free.
 func (t *table[E]) get(id uint32) *E {
 	idx := int(id & idIndexMask)
@@ -183,10 +182,17 @@ func (t *table[E]) get(id uint32) *E {
 		return nil
 	}
 	s := &c[idx&(tableChunk-1)]
-	if s.id != id {
+	if id == 0 || s.id.Load() != id {
 		return nil
 	}
-	return s.e
+	e := s.v.Load()
+	// The ID again: a removal and an insertion since the first load would
+	// have left another ID's entry (the ID goes before the entry, and the
+	// new entry comes before the new ID; an ID is never handed out twice).
+	if s.id.Load() != id {
+		return nil
+	}
+	return e
 }
 
 // insert places e and returns its ID; mu must be held. build is called with
@@ -197,53 +203,41 @@ func (t *table[E]) insert(e *E, build func(id uint32)) (uint32, error) {
 		return 0, err
 	}
 	build(id)
-	t.store(idx, slot[E]{id: id, e: e})
+	s := t.slot(idx)
+	s.v.Store(e)
+	s.id.Store(id)
 	return id, nil
 }
 
-// store publishes a copy of idx's chunk with s in idx's slot; mu must be
-// held.
-func (t *table[E]) store(idx int, s slot[E]) {
+// slot returns idx's slot, making its chunk when it is not there yet; mu
+// must be held.
+func (t *table[E]) slot(idx int) *handleSlot[E] {
 	p := &t.chunks[idx>>tableChunkBits]
-	c := new([tableChunk]slot[E])
-	if old := p.Load(); old != nil {
-		*c = *old
+	c := p.Load()
+	if c == nil {
+		c = new([tableChunk]handleSlot[E])
+		p.Store(c)
 	}
-	c[idx&(tableChunk-1)] = s
-	p.Store(c)
+	return &c[idx&(tableChunk-1)]
 }
 
 // set publishes e (or nil) at a live ID; mu must be held.
 func (t *table[E]) set(id uint32, e *E) {
 	idx, _ := splitID(id)
+	s := t.slot(idx)
 	if e != nil {
-		t.store(idx, slot[E]{id: id, e: e})
+		s.v.Store(e)
 		return
 	}
-	t.store(idx, slot[E]{})
+	s.id.Store(0)
+	s.v.Store(nil)
 	t.retire(idx)
 }
 
-// removeAll clears the live IDs ids at once, copying each chunk they touch
-// once; mu must be held.
+// removeAll clears the live IDs ids; mu must be held.
 func (t *table[E]) removeAll(ids []uint32) {
-	copies := map[int]*[tableChunk]slot[E]{}
 	for _, id := range ids {
-		idx, _ := splitID(id)
-		ci := idx >> tableChunkBits
-		c := copies[ci]
-		if c == nil {
-			c = new([tableChunk]slot[E])
-			if old := t.chunks[ci].Load(); old != nil {
-				*c = *old
-			}
-			copies[ci] = c
-		}
-		c[idx&(tableChunk-1)] = slot[E]{}
-		t.retire(idx)
-	}
-	for ci, c := range copies {
-		t.chunks[ci].Store(c)
+		t.set(id, nil)
 	}
 }
 
@@ -258,8 +252,8 @@ func (t *table[E]) each(fn func(*E)) {
 			continue
 		}
 		for i := range c {
-			if c[i].e != nil {
-				fn(c[i].e)
+			if e := c[i].v.Load(); e != nil {
+				fn(e)
 			}
 		}
 	}
