@@ -21,9 +21,14 @@ import (
 // ChunkSize bounds the buffers of one chunk: one that grows past it splits
 // in two halves; one that shrinks under ChunkSize/4 joins a neighbour
 // that has room. It is small enough that copying and signing a chunk cost
-// little beside a registration, large enough that the array of chunk
-// pointers (copied on every change) stays short.
-const ChunkSize = 128
+// little beside a registration, large enough that the pages of chunk
+// pointers (copied on every change) stay short. A chunk of 128 buffers
+// (5 KiB of BufferDesc) copied twice a register/unregister cycle was a
+// third of the cycle's garbage beside 100k buffers, and the collector's
+// work on it grew with the heap (BenchmarkScaleChurn); at 32 each
+// descriptor lists four times as many chunks (ChunkInfo: about 1 % of a
+// descriptor's size).
+const ChunkSize = 32
 
 // chunk is one run of a descriptor's buffers, in address order, never
 // modified once made. A signed chunk carries its MAC and its element of
@@ -39,9 +44,9 @@ type chunk struct {
 
 // pageSize bounds the chunks of a page: the chunks are kept in pages, so
 // that a change copies the page it touches and the short array of pages,
-// not an array of every chunk (782 pointers at 100k buffers, twice per
+// not an array of every chunk (3,125 pointers at 100k buffers, twice per
 // signed publish).
-const pageSize = 32
+const pageSize = 64
 
 // chunkPage is a run of chunks, never modified once made.
 type chunkPage struct {

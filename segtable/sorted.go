@@ -45,8 +45,8 @@ type sortedSnap[T any] struct {
 
 type sortedPage[T any] struct {
 	firsts []uint64 // firsts[c] is chunks[c].keys[0]
-	chunks []sortedChunk[T]
-	offs   []int // offs[c]: how many values of the page lie before chunk c
+	chunks []*sortedChunk[T]
+	offs   []int32 // offs[c]: how many values of the page lie before chunk c
 	n      int
 }
 
@@ -106,8 +106,8 @@ func (s *Sorted[T]) Floor(key uint64) (v T, k uint64, index int, ok bool) {
 		return v, 0, -1, false
 	}
 	pg := sn.pages[p]
-	ch := &pg.chunks[c]
-	return ch.vals[i], ch.keys[i], sn.offs[p] + pg.offs[c] + i, true
+	ch := pg.chunks[c]
+	return ch.vals[i], ch.keys[i], sn.offs[p] + int(pg.offs[c]) + i, true
 }
 
 // Descend calls fn for the values whose keys are at most key, from the
@@ -168,7 +168,7 @@ func (s *Sorted[T]) Values() []T {
 func (s *Sorted[T]) Insert(key uint64, v T) {
 	sn := s.load()
 	if len(sn.pages) == 0 {
-		s.publish(sn, 0, 0, []*sortedPage[T]{newPage([]sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}})})
+		s.publish(sn, 0, 0, []*sortedPage[T]{newPage([]*sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}})})
 		return
 	}
 	p, c, i := sn.floor(key)
@@ -186,15 +186,15 @@ func (s *Sorted[T]) Insert(key uint64, v T) {
 		// full page, the next page's head when it has room, else a page
 		// of its own.
 		if c+1 < len(pg.chunks) && len(pg.chunks[c+1].keys) < maxChunk {
-			s.publish(sn, p, p+1, pg.with(c+1, c+2, []sortedChunk[T]{prependKey(key, v, pg.chunks[c+1])}, nil))
+			s.publish(sn, p, p+1, pg.with(c+1, c+2, []*sortedChunk[T]{prependKey(key, v, pg.chunks[c+1])}, nil))
 			return
 		}
-		one := []sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}}
+		one := []*sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}}
 		if c == len(pg.chunks)-1 && len(pg.chunks) == maxPage {
 			if p+1 < len(sn.pages) {
 				np := sn.pages[p+1]
 				if len(np.chunks[0].keys) < maxChunk {
-					s.publish(sn, p+1, p+2, np.with(0, 1, []sortedChunk[T]{prependKey(key, v, np.chunks[0])}, nil))
+					s.publish(sn, p+1, p+2, np.with(0, 1, []*sortedChunk[T]{prependKey(key, v, np.chunks[0])}, nil))
 					return
 				}
 				if len(np.chunks) < maxPage {
@@ -212,10 +212,10 @@ func (s *Sorted[T]) Insert(key uint64, v T) {
 	keys = append(append(append(keys, old.keys[:at]...), key), old.keys[at:]...)
 	vals := make([]T, 0, len(old.vals)+1)
 	vals = append(append(append(vals, old.vals[:at]...), v), old.vals[at:]...)
-	with := []sortedChunk[T]{{keys, vals}}
+	with := []*sortedChunk[T]{{keys, vals}}
 	if len(keys) > maxChunk {
 		h := len(keys) / 2
-		with = []sortedChunk[T]{{keys: keys[:h:h], vals: vals[:h:h]}, {keys: keys[h:], vals: vals[h:]}}
+		with = []*sortedChunk[T]{{keys: keys[:h:h], vals: vals[:h:h]}, {keys: keys[h:], vals: vals[h:]}}
 	}
 	s.publish(sn, p, p+1, pg.with(c, c+1, with, nil))
 }
@@ -257,7 +257,7 @@ func (s *Sorted[T]) deleteAt(sn *sortedSnap[T], p, c, i int) {
 	vals := make([]T, 0, len(old.vals)-1)
 	vals = append(append(vals, old.vals[:i]...), old.vals[i+1:]...)
 	lo, hi := c, c+1
-	var with []sortedChunk[T]
+	var with []*sortedChunk[T]
 	if len(keys) > 0 {
 		if len(keys) < minChunk() {
 			// Join the smaller neighbour in the page if the two fit in a
@@ -282,7 +282,7 @@ func (s *Sorted[T]) deleteAt(sn *sortedSnap[T], p, c, i int) {
 				}
 			}
 		}
-		with = []sortedChunk[T]{{keys, vals}}
+		with = []*sortedChunk[T]{{keys, vals}}
 	}
 	// A page left small joins the smaller neighbour page if they fit.
 	plo, phi := p, p+1
@@ -320,18 +320,18 @@ type join[T any] struct {
 // replaced by chunks, and the chunks of j's page joined: none when no
 // chunk is left, two when they are more than maxPage.
 // prependKey returns a chunk of key (value v) followed by ch's.
-func prependKey[T any](key uint64, v T, ch sortedChunk[T]) sortedChunk[T] {
+func prependKey[T any](key uint64, v T, ch *sortedChunk[T]) *sortedChunk[T] {
 	keys := make([]uint64, 0, len(ch.keys)+1)
 	vals := make([]T, 0, len(ch.vals)+1)
-	return sortedChunk[T]{keys: append(append(keys, key), ch.keys...), vals: append(append(vals, v), ch.vals...)}
+	return &sortedChunk[T]{keys: append(append(keys, key), ch.keys...), vals: append(append(vals, v), ch.vals...)}
 }
 
-func (pg *sortedPage[T]) with(lo, hi int, chunks []sortedChunk[T], j *join[T]) []*sortedPage[T] {
+func (pg *sortedPage[T]) with(lo, hi int, chunks []*sortedChunk[T], j *join[T]) []*sortedPage[T] {
 	n := len(pg.chunks) - (hi - lo) + len(chunks)
 	if j != nil {
 		n += len(j.page.chunks)
 	}
-	all := make([]sortedChunk[T], 0, n)
+	all := make([]*sortedChunk[T], 0, n)
 	if j != nil && j.left {
 		all = append(all, j.page.chunks...)
 	}
@@ -350,11 +350,11 @@ func (pg *sortedPage[T]) with(lo, hi int, chunks []sortedChunk[T], j *join[T]) [
 }
 
 // newPage returns a page of chunks, which it keeps.
-func newPage[T any](chunks []sortedChunk[T]) *sortedPage[T] {
-	pg := &sortedPage[T]{firsts: make([]uint64, len(chunks)), chunks: chunks, offs: make([]int, len(chunks))}
+func newPage[T any](chunks []*sortedChunk[T]) *sortedPage[T] {
+	pg := &sortedPage[T]{firsts: make([]uint64, len(chunks)), chunks: chunks, offs: make([]int32, len(chunks))}
 	for c, ch := range chunks {
 		pg.firsts[c] = ch.keys[0]
-		pg.offs[c] = pg.n
+		pg.offs[c] = int32(pg.n)
 		pg.n += len(ch.keys)
 	}
 	return pg
@@ -364,10 +364,10 @@ func newPage[T any](chunks []sortedChunk[T]) *sortedPage[T] {
 // key and of one length. Chunks and pages are filled to half, so that the
 // next insertions split none.
 func (s *Sorted[T]) Reset(keys []uint64, vals []T) {
-	var chunks []sortedChunk[T]
+	var chunks []*sortedChunk[T]
 	for lo := 0; lo < len(keys); lo += maxChunk / 2 {
 		hi := min(lo+maxChunk/2, len(keys))
-		chunks = append(chunks, sortedChunk[T]{keys: keys[lo:hi:hi], vals: vals[lo:hi:hi]})
+		chunks = append(chunks, &sortedChunk[T]{keys: keys[lo:hi:hi], vals: vals[lo:hi:hi]})
 	}
 	var pages []*sortedPage[T]
 	for lo := 0; lo < len(chunks); lo += maxPage / 2 {

@@ -42,7 +42,7 @@ func testSortedModel(t *testing.T) {
 				t.Fatalf("step %d: page %d of %d chunks, first %d, offset %d (want %d)", step, p, len(pg.chunks), sn.firsts[p], sn.offs[p], total)
 			}
 			for c, ch := range pg.chunks {
-				if len(ch.keys) == 0 || len(ch.keys) > maxChunk || pg.firsts[c] != ch.keys[0] || pg.offs[c]+sn.offs[p] != total {
+				if len(ch.keys) == 0 || len(ch.keys) > maxChunk || pg.firsts[c] != ch.keys[0] || int(pg.offs[c])+sn.offs[p] != total {
 					t.Fatalf("step %d: page %d chunk %d of %d keys, first %d", step, p, c, len(ch.keys), pg.firsts[c])
 				}
 				total += len(ch.keys)
