@@ -164,7 +164,12 @@ func BenchmarkScaleCopy(b *testing.B) {
 // the live heap before and after (and the process's CPU time per cycle,
 // which other load disturbs less): both stay flat, and so does the time
 // per cycle from 1 to 100k buffers (each publish copies and, signed,
-// signs one chunk of the descriptor, see segtable/chunks.go).
+// signs one chunk of the descriptor, see segtable/chunks.go). A window
+// of 1,000 cycles holds a collection or not (beside 100k buffers one
+// comes every few thousand cycles), so it also reports the CPU time per
+// cycle over all the cycles (cpu-µs/cycle-all: the collections' share
+// included, in proportion) and the bytes allocated per cycle (B/cycle),
+// of which the collections' share follows.
 func BenchmarkScaleChurn(b *testing.B) {
 	cycles := 100000
 	if s := os.Getenv("MOONRING_CHURN_CYCLES"); s != "" {
@@ -199,7 +204,10 @@ func BenchmarkScaleChurn(b *testing.B) {
 				}
 				for b.Loop() {
 					h0 := heap()
+					var m0, m1 runtime.MemStats
+					runtime.ReadMemStats(&m0)
 					start, cpu := time.Now(), cpuTime()
+					all := cpu
 					for range 1000 {
 						cycle()
 					}
@@ -212,11 +220,15 @@ func BenchmarkScaleChurn(b *testing.B) {
 						cycle()
 					}
 					last, lastCPU := time.Since(start), cpuTime()-cpu
+					allCPU := cpuTime() - all
+					runtime.ReadMemStats(&m1)
 					h1 := heap()
 					b.ReportMetric(float64(first.Nanoseconds())/1e6, "µs/cycle-first1k")
 					b.ReportMetric(float64(last.Nanoseconds())/1e6, "µs/cycle-last1k")
 					b.ReportMetric(float64(firstCPU.Nanoseconds())/1e6, "cpu-µs/cycle-first1k")
 					b.ReportMetric(float64(lastCPU.Nanoseconds())/1e6, "cpu-µs/cycle-last1k")
+					b.ReportMetric(float64(allCPU.Nanoseconds())/1e3/float64(cycles), "cpu-µs/cycle-all")
+					b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(cycles), "B/cycle")
 					b.ReportMetric(h0, "MiB-heap-start")
 					b.ReportMetric(h1, "MiB-heap-end")
 					b.ReportMetric(float64(cycles), "cycles")
