@@ -36,10 +36,17 @@ var (
 func minChunk() int { return maxChunk / 4 }
 func minPage() int  { return maxPage / 4 }
 
+// A snapshot's and a page's arrays are never modified once published, so
+// a change that leaves every first key as it was (one chunk, or one page,
+// replaced by one that starts at the same key: most insertions and
+// deletions) shares firsts with the snapshot or page it replaces, and
+// copies only the pointers and the offsets. The offsets are 32 bits: a
+// Sorted holds fewer than 2^31 values (the tables it indexes hold at most
+// MaxEntries).
 type sortedSnap[T any] struct {
 	firsts []uint64 // firsts[p] is pages[p].firsts[0]
 	pages  []*sortedPage[T]
-	offs   []int // offs[p]: how many values lie before page p
+	offs   []int32 // offs[p]: how many values lie before page p
 	n      int
 }
 
@@ -107,7 +114,7 @@ func (s *Sorted[T]) Floor(key uint64) (v T, k uint64, index int, ok bool) {
 	}
 	pg := sn.pages[p]
 	ch := pg.chunks[c]
-	return ch.vals[i], ch.keys[i], sn.offs[p] + int(pg.offs[c]) + i, true
+	return ch.vals[i], ch.keys[i], int(sn.offs[p]) + int(pg.offs[c]) + i, true
 }
 
 // Descend calls fn for the values whose keys are at most key, from the
@@ -345,15 +352,36 @@ func (pg *sortedPage[T]) with(lo, hi int, chunks []*sortedChunk[T], j *join[T]) 
 	case len(all) > maxPage:
 		h := len(all) / 2
 		return []*sortedPage[T]{newPage(all[:h:h]), newPage(all[h:])}
+	case j == nil && len(chunks) == hi-lo && sameFirsts(chunks, pg.firsts[lo:hi]):
+		return []*sortedPage[T]{pageOf(all, pg.firsts)}
 	}
 	return []*sortedPage[T]{newPage(all)}
 }
 
+// sameFirsts reports whether chunks start at the keys firsts.
+func sameFirsts[T any](chunks []*sortedChunk[T], firsts []uint64) bool {
+	for c, ch := range chunks {
+		if ch.keys[0] != firsts[c] {
+			return false
+		}
+	}
+	return true
+}
+
 // newPage returns a page of chunks, which it keeps.
 func newPage[T any](chunks []*sortedChunk[T]) *sortedPage[T] {
-	pg := &sortedPage[T]{firsts: make([]uint64, len(chunks)), chunks: chunks, offs: make([]int32, len(chunks))}
+	firsts := make([]uint64, len(chunks))
 	for c, ch := range chunks {
-		pg.firsts[c] = ch.keys[0]
+		firsts[c] = ch.keys[0]
+	}
+	return pageOf(chunks, firsts)
+}
+
+// pageOf returns a page of chunks whose first keys are firsts; it keeps
+// both.
+func pageOf[T any](chunks []*sortedChunk[T], firsts []uint64) *sortedPage[T] {
+	pg := &sortedPage[T]{firsts: firsts, chunks: chunks, offs: make([]int32, len(chunks))}
+	for c, ch := range chunks {
 		pg.offs[c] = int32(pg.n)
 		pg.n += len(ch.keys)
 	}
@@ -381,21 +409,36 @@ func (s *Sorted[T]) Reset(keys []uint64, vals []T) {
 // with.
 func (s *Sorted[T]) publish(sn *sortedSnap[T], lo, hi int, with []*sortedPage[T]) {
 	n := len(sn.pages) - (hi - lo) + len(with)
-	ns := &sortedSnap[T]{firsts: make([]uint64, 0, n), pages: make([]*sortedPage[T], 0, n), offs: make([]int, n)}
+	ns := &sortedSnap[T]{pages: make([]*sortedPage[T], 0, n), offs: make([]int32, n)}
 	ns.pages = append(append(append(ns.pages, sn.pages[:lo]...), with...), sn.pages[hi:]...)
-	ns.firsts = append(ns.firsts, sn.firsts[:lo]...)
-	for _, pg := range ns.pages[lo:] {
-		ns.firsts = append(ns.firsts, pg.firsts[0])
+	if len(with) == hi-lo && samePageFirsts(with, sn.firsts[lo:hi]) {
+		ns.firsts = sn.firsts
+	} else {
+		ns.firsts = make([]uint64, 0, n)
+		ns.firsts = append(ns.firsts, sn.firsts[:lo]...)
+		for _, pg := range ns.pages[lo:] {
+			ns.firsts = append(ns.firsts, pg.firsts[0])
+		}
 	}
 	copy(ns.offs, sn.offs[:lo])
 	total := 0
 	if lo > 0 {
-		total = sn.offs[lo-1] + sn.pages[lo-1].n
+		total = int(sn.offs[lo-1]) + sn.pages[lo-1].n
 	}
 	for p := lo; p < n; p++ {
-		ns.offs[p] = total
+		ns.offs[p] = int32(total)
 		total += ns.pages[p].n
 	}
 	ns.n = total
 	s.snap.Store(ns)
+}
+
+// samePageFirsts reports whether pages start at the keys firsts.
+func samePageFirsts[T any](pages []*sortedPage[T], firsts []uint64) bool {
+	for p, pg := range pages {
+		if pg.firsts[0] != firsts[p] {
+			return false
+		}
+	}
+	return true
 }

@@ -38,11 +38,11 @@ func testSortedModel(t *testing.T) {
 		sn := s.load()
 		total := 0
 		for p, pg := range sn.pages {
-			if len(pg.chunks) == 0 || len(pg.chunks) > maxPage || sn.firsts[p] != pg.firsts[0] || sn.offs[p] != total {
+			if len(pg.chunks) == 0 || len(pg.chunks) > maxPage || sn.firsts[p] != pg.firsts[0] || int(sn.offs[p]) != total {
 				t.Fatalf("step %d: page %d of %d chunks, first %d, offset %d (want %d)", step, p, len(pg.chunks), sn.firsts[p], sn.offs[p], total)
 			}
 			for c, ch := range pg.chunks {
-				if len(ch.keys) == 0 || len(ch.keys) > maxChunk || pg.firsts[c] != ch.keys[0] || int(pg.offs[c])+sn.offs[p] != total {
+				if len(ch.keys) == 0 || len(ch.keys) > maxChunk || pg.firsts[c] != ch.keys[0] || int(pg.offs[c])+int(sn.offs[p]) != total {
 					t.Fatalf("step %d: page %d chunk %d of %d keys, first %d", step, p, c, len(ch.keys), pg.firsts[c])
 				}
 				total += len(ch.keys)
