@@ -1,6 +1,7 @@
 package moonring_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -76,8 +77,10 @@ func BenchmarkKVCopy(b *testing.B) {
 // BenchmarkKVBatch is the engine's per-task cost on the kv pattern: a
 // batch of 4,096 READs of 32 KiB between random blocks of two 256 MiB
 // pools of one process (the local transport: the copy is the engine's
-// copy routine on the poller), through the batch API (AllocateBatchID,
-// SubmitTransfer, WaitBatch, FreeBatchID), beside the same copies alone
+// copy routine on the poller and its copy workers), through the batch API
+// (AllocateBatchID, SubmitTransfer, WaitBatch, FreeBatchID), with the
+// engine's default copy workers (api=batch) and with none
+// (api=batch-noworkers), beside the same copies alone on one goroutine
 // (api=copy). The difference per task is the engine's.
 func BenchmarkKVBatch(b *testing.B) {
 	const pool, size, tasks = 256 << 20, 32 << 10, 4096
@@ -94,58 +97,68 @@ func BenchmarkKVBatch(b *testing.B) {
 	if _, err := t.RegisterLocalMemory(tmem, "cpu:0", true); err != nil {
 		b.Fatal(err)
 	}
-	a, err := moonring.New(moonring.Config{Name: "kvbatch-a", Metadata: t.Config().Metadata})
+	amem, err := t.Alloc(pool, "cpu:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer a.Close()
-	amem, err := a.Alloc(pool, "cpu:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer a.Free(amem)
-	id, err := a.RegisterLocalMemory(amem, "cpu:0", false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	seg, err := a.OpenSegment(b.Context(), t.Name())
-	if err != nil {
-		b.Fatal(err)
-	}
+	defer t.Free(amem)
 	rng := rand.New(rand.NewPCG(5, 6))
-	reqs := make([]moonring.TransferRequest, tasks)
-	for i := range reqs {
-		reqs[i] = moonring.TransferRequest{Opcode: moonring.Read, Buffer: id, Local: uint64(rng.IntN(pool/size) * size),
-			TargetID: seg, TargetOffset: uint64(moonring.AddressOf(tmem)) + uint64(rng.IntN(pool/size)*size), Length: size}
-	}
 	base := uint64(moonring.AddressOf(tmem))
+	type task struct{ local, remote uint64 }
+	ts := make([]task, tasks)
+	for i := range ts {
+		ts[i] = task{uint64(rng.IntN(pool/size) * size), uint64(rng.IntN(pool/size) * size)}
+	}
 	b.Run("api=copy", func(b *testing.B) {
 		b.SetBytes(tasks * size)
 		for b.Loop() {
-			for i := range reqs {
-				r := &reqs[i]
-				s := r.TargetOffset - base
-				fastcopy.Copy(amem[r.Local:r.Local+size], tmem[s:s+size])
+			for _, x := range ts {
+				fastcopy.Copy(amem[x.local:x.local+size], tmem[x.remote:x.remote+size])
 			}
 		}
 	})
-	b.Run("api=batch", func(b *testing.B) {
-		b.SetBytes(tasks * size)
-		b.ReportAllocs()
-		for b.Loop() {
-			bid, err := a.AllocateBatchID(tasks)
+	for _, workers := range []int{0, -1} {
+		name := "api=batch"
+		if workers < 0 {
+			name = "api=batch-noworkers"
+		}
+		b.Run(name, func(b *testing.B) {
+			a, err := moonring.New(moonring.Config{Name: "kvbatch-a", Metadata: t.Config().Metadata, CopyWorkers: workers})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := a.SubmitTransfer(bid, reqs); err != nil {
+			defer a.Close()
+			id, err := a.RegisterLocalMemory(amem, "cpu:0", false)
+			if err != nil {
 				b.Fatal(err)
 			}
-			if err := a.WaitBatch(b.Context(), bid); err != nil {
+			defer a.UnregisterLocalMemory(context.Background(), amem)
+			seg, err := a.OpenSegment(b.Context(), t.Name())
+			if err != nil {
 				b.Fatal(err)
 			}
-			if err := a.FreeBatchID(bid); err != nil {
-				b.Fatal(err)
+			reqs := make([]moonring.TransferRequest, tasks)
+			for i, x := range ts {
+				reqs[i] = moonring.TransferRequest{Opcode: moonring.Read, Buffer: id, Local: x.local,
+					TargetID: seg, TargetOffset: base + x.remote, Length: size}
 			}
-		}
-	})
+			b.SetBytes(tasks * size)
+			b.ReportAllocs()
+			for b.Loop() {
+				bid, err := a.AllocateBatchID(tasks)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := a.SubmitTransfer(bid, reqs); err != nil {
+					b.Fatal(err)
+				}
+				if err := a.WaitBatch(b.Context(), bid); err != nil {
+					b.Fatal(err)
+				}
+				if err := a.FreeBatchID(bid); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -199,6 +200,14 @@ type Config struct {
 	PromoteAfter time.Duration
 	// PinPollers pins each poller to the CPUs of its NUMA node.
 	PinPollers bool
+	// CopyWorkers is how many goroutines per poller share large batches
+	// of memory copies (the local and shm transports' mapped memory: 256
+	// KiB or more of slices of 16 KiB and up) with it, each taking an
+	// equal part while the poller copies the rest: one copy stream leaves
+	// memory bandwidth unused when blocks are scattered, as a KV cache's
+	// are. They park between batches. Default: GOMAXPROCS-1, at most 3;
+	// negative: none.
+	CopyWorkers int
 	// MaxBatches bounds the batches allocated at once (default 1024).
 	MaxBatches int
 	// NotifyQueue is how many received notifications wait for the caller
@@ -271,6 +280,9 @@ func (c *Config) fill() {
 	if c.PromoteAfter == 0 {
 		c.PromoteAfter = ring.DefaultPromote
 	}
+	if c.CopyWorkers == 0 {
+		c.CopyWorkers = min(runtime.GOMAXPROCS(0)-1, 3)
+	}
 	if c.MaxBatches == 0 {
 		c.MaxBatches = 1024
 	}
@@ -314,8 +326,8 @@ func (c Config) String() string {
 	} else {
 		ts += "\nmooncake: off (Config.Mooncake speaks Mooncake's wire, without authentication)"
 	}
-	return fmt.Sprintf("name: %s\nmetadata: %s (descriptors signed: %v)\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\npromote after: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
-		c.Name, c.Metadata, len(c.Key) > 0, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, c.PromoteAfter, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
+	return fmt.Sprintf("name: %s\nmetadata: %s (descriptors signed: %v)\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\ncopy workers: %d\npromote after: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
+		c.Name, c.Metadata, len(c.Key) > 0, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.PollerSpin, c.BusyPoll, c.PinPollers, max(c.CopyWorkers, 0), c.PromoteAfter, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
 }
 
 var (

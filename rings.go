@@ -22,7 +22,7 @@ func (e *Engine) poller(node int) *ring.Poller {
 	if p := e.pollers[node]; p != nil {
 		return p
 	}
-	pc := ring.PollerConfig{Spin: e.cfg.PollerSpin, Busy: e.cfg.BusyPoll, Promote: e.cfg.PromoteAfter}
+	pc := ring.PollerConfig{Spin: e.cfg.PollerSpin, Busy: e.cfg.BusyPoll, Promote: e.cfg.PromoteAfter, CopyWorkers: max(e.cfg.CopyWorkers, 0)}
 	if n, ok := e.topo.Node(node); ok && e.cfg.PinPollers {
 		pc.CPUs, pc.Pin = n.CPUs, topology.PinThread
 	}

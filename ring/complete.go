@@ -19,12 +19,18 @@ import (
 // Complete implements transport.Completer: it queues the slice's result for
 // the poller. Safe for concurrent use; it never blocks.
 func (r *Ring) Complete(tok uint64, err error) {
+	r.queueDone(tok, err)
+	r.poller.lend()
+}
+
+// queueDone is Complete without getting the result seen to: the caller
+// lends (or wakes) the poller once it has queued them all.
+func (r *Ring) queueDone(tok uint64, err error) {
 	d := sliceDone{token: tok, code: codeOf(err), path: err != nil && isPath(err)}
 	if !r.done.PushOne(&d) {
 		// Cannot happen: the poller posts at most done.Cap() slices at once.
 		panic("ring: slice completion queue overrun")
 	}
-	r.poller.lend()
 }
 
 // lend gets new work on the rings seen to: a slice completion (Complete) or

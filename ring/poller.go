@@ -33,6 +33,12 @@ type PollerConfig struct {
 	// rings of a higher class before it is promoted for a round and takes
 	// one entry (default 1 ms). See Config.Class.
 	Promote time.Duration
+	// CopyWorkers is how many goroutines share large batches of
+	// synchronous copies (transport.Copier endpoints: plain memory) with
+	// the poller, each taking an equal part of the batch's bytes while
+	// the poller copies the rest; 0: none. A worker parks between batches
+	// and is pinned as the poller is. See share.go.
+	CopyWorkers int
 }
 
 // DefaultSpin is PollerConfig.Spin's default.
@@ -79,6 +85,8 @@ type Poller struct {
 	slow bool
 	// oneP: see spin.
 	oneP bool
+	// copiers are the copy workers (nil without CopyWorkers).
+	copiers *copiers
 	// busyAt is, per class rank, when a ring of that class was last busy
 	// (token holder; see noteBusy and heldAt).
 	busyAt [transport.NumClasses]int64
@@ -103,6 +111,9 @@ func NewPoller(cfg PollerConfig) *Poller {
 	}
 	p.started = now()
 	p.token.Store(tokHeld)
+	if cfg.CopyWorkers > 0 {
+		p.startCopiers(cfg.CopyWorkers)
+	}
 	go p.run()
 	return p
 }
@@ -229,6 +240,7 @@ func (p *Poller) Stop() {
 	}
 	p.mu.Unlock()
 	<-p.done
+	p.stopCopiers()
 }
 
 // Wake wakes the poller if it is parked; transports with events to poll

@@ -215,6 +215,7 @@ func (r *Ring) flush() bool {
 			r.deferred = true
 			return true
 		}
+		r.share(cp)
 		r.copyBatch(cp)
 		return true
 	}

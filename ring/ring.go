@@ -331,7 +331,7 @@ func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
 		reqs:    make([]request, cfg.MaxInFlight),
 		free:    make([]int32, cfg.MaxInFlight),
 		postq:   make([]uint64, 0, cfg.MaxInFlight),
-		batch:   make([]transport.Slice, 0, 64),
+		batch:   make([]transport.Slice, 0, batchCap),
 		errs:    make([]error, 64),
 		cqes:    make([]cq.Completion, 0, 64),
 		yieldAt: noYield,

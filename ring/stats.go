@@ -30,6 +30,9 @@ type Stats struct {
 	// ring of a higher class was busy (Config.Class); Promoted the
 	// rounds in which it was promoted after waiting PollerConfig.Promote.
 	Held, Promoted uint64
+	// Shared counts slices of synchronous copies handed to the poller's
+	// copy workers (PollerConfig.CopyWorkers).
+	Shared uint64
 	// Codes counts every ended entry by its completion code (index: the
 	// cq.Code), so errors can be told apart by kind.
 	Codes [32]uint64

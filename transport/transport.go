@@ -244,7 +244,9 @@ type Endpoint interface {
 // Copier is implemented by endpoints that move a slice synchronously on
 // the caller's goroutine (plain memory copies). The engine then calls Copy
 // instead of Post and applies the result at once, skipping the completion
-// queue. Copy must make the same checks as Post.
+// queue. Copy must make the same checks as Post. Copy (and a
+// BatchCopier's CopyBatch) must be safe for concurrent use: the rings of
+// several pollers, and a poller's copy workers, call it at once.
 type Copier interface {
 	Copy(s *Slice) error
 }

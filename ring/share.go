@@ -1,0 +1,181 @@
+// share.go holds the poller's copy workers: goroutines that take part of a
+// large batch of synchronous copies (transport.Copier: plain memory, local
+// and shm) while the poller copies the rest, so that such a batch moves on
+// more than one core.
+
+package ring
+
+import (
+	"runtime"
+	"sync"
+
+	"github.com/moonring/moonring/transport"
+)
+
+// Sharing thresholds. One memory copy stream does not use a machine's
+// memory bandwidth when its blocks are scattered: the hardware prefetchers
+// stop at every block, and a core has only so many misses in flight. On the
+// development VM one goroutine moved scattered 32 KiB blocks at 0.55-0.68
+// of the rate of 1 MiB sequential ones, and two goroutines at 0.80-0.82 of
+// the (already saturated) sequential rate. A hand-off to a parked worker
+// costs a wakeup (several µs here), so only batches that take much longer
+// than that are shared.
+const (
+	// batchCap is how many slices a batch for one endpoint holds.
+	batchCap = 64
+	// shareSlice is the smallest slice that skips the inline copy when
+	// the poller has workers and more entries wait behind it, so that it
+	// can join a batch that is shared.
+	shareSlice = 16 << 10
+	// shareBatch is the fewest bytes in a batch that is shared.
+	shareBatch = 256 << 10
+)
+
+// copyJob is the part of a batch a worker copies: the slices (their
+// requests hold them as outstanding, as for a transport's Post) of ring r,
+// to endpoint cp, whose results go back through r's completion queue.
+type copyJob struct {
+	r    *Ring
+	cp   transport.Copier
+	s    []transport.Slice
+	errs []error
+}
+
+// copiers are a poller's copy workers and the jobs they share: free holds
+// the jobs not in use (the poller takes one without blocking, or copies
+// the whole batch itself), jobs those handed out.
+type copiers struct {
+	n    int
+	free chan *copyJob
+	jobs chan *copyJob
+	wg   sync.WaitGroup
+	stop sync.Once
+}
+
+// startCopiers starts n workers, each with two jobs of room (one to copy,
+// one queued behind it), pinned like the poller when it is.
+func (p *Poller) startCopiers(n int) {
+	c := &copiers{n: n, free: make(chan *copyJob, 2*n), jobs: make(chan *copyJob, 2*n)}
+	for range 2 * n {
+		c.free <- &copyJob{s: make([]transport.Slice, 0, batchCap), errs: make([]error, batchCap)}
+	}
+	c.wg.Add(n)
+	for range n {
+		go p.copyWorker(c)
+	}
+	p.copiers = c
+}
+
+// stopCopiers ends the workers once they have copied what they were
+// given (after the poller's goroutine ended: nothing hands out jobs any
+// more), and waits for them. Their last results go to rings that are shut
+// by then; Stop returns only once no worker touches a buffer.
+func (p *Poller) stopCopiers() {
+	if c := p.copiers; c != nil {
+		c.stop.Do(func() { close(c.jobs) })
+		c.wg.Wait()
+	}
+}
+
+func (p *Poller) copyWorker(c *copiers) {
+	defer c.wg.Done()
+	if len(p.cfg.CPUs) > 0 && p.cfg.Pin != nil {
+		runtime.LockOSThread() // for good, as the poller's: see run
+		_ = p.cfg.Pin(p.cfg.CPUs)
+	}
+	for j := range c.jobs {
+		j.copy()
+		c.free <- j
+	}
+}
+
+// copy moves the job's slices, queues their results for the ring's
+// poller, and then gets them seen to once (lend) rather than per slice.
+func (j *copyJob) copy() {
+	r, s := j.r, j.s
+	if bc, ok := j.cp.(transport.BatchCopier); ok {
+		errs := j.errs[:len(s)]
+		bc.CopyBatch(s, errs)
+		for i := range s {
+			r.queueDone(s[i].Token, errs[i])
+		}
+		clear(errs)
+	} else {
+		for i := range s {
+			r.queueDone(s[i].Token, j.cp.Copy(&s[i]))
+		}
+	}
+	clear(s) // no pointer into a buffer outlives the copy
+	j.s, j.r, j.cp = s[:0], nil, nil
+	r.poller.lend()
+}
+
+// share hands part of the batch, bound to the synchronous endpoint cp, to
+// the poller's copy workers and leaves the rest in r.batch for the poller
+// to copy: when the poller has workers, one has room, and the batch holds
+// at least shareBatch bytes. Each worker that has room gets an equal share
+// of the bytes, from the batch's tail. The slices handed out count as
+// outstanding, as those of a transport's Post: their requests stay in
+// their slots (zombies, if they end meanwhile) until the worker's results
+// come back through the completion queue. Poller goroutine only (not a
+// lent step: its copies wait for the poller).
+func (r *Ring) share(cp transport.Copier) {
+	c := r.poller.copiers
+	if c == nil || len(r.batch) < 2 {
+		return
+	}
+	var total uint64
+	for i := range r.batch {
+		total += r.batch[i].Length
+	}
+	if total < shareBatch {
+		return
+	}
+	per := total / uint64(c.n+1)
+	end := len(r.batch)
+	for range c.n {
+		if end <= 1 {
+			break
+		}
+		var j *copyJob
+		select {
+		case j = <-c.free:
+		default:
+		}
+		if j == nil {
+			break
+		}
+		start := end
+		for part := uint64(0); start > 1 && part < per; {
+			start--
+			part += r.batch[start].Length
+		}
+		for i := start; i < end; i++ {
+			s := &r.batch[i]
+			q := r.live(s.Token)
+			if q == nil {
+				continue // an earlier copy ended its request: copyEach skips it too
+			}
+			q.outstanding++
+			r.outstanding++
+			j.s = append(j.s, *s)
+		}
+		end = start
+		if len(j.s) == 0 {
+			c.free <- j
+			continue
+		}
+		j.r, j.cp = r, cp
+		r.stats.Shared += uint64(len(j.s))
+		c.jobs <- j // never blocks: jobs holds every job there is; j is the worker's now
+	}
+	clear(r.batch[end:])
+	r.batch = r.batch[:end]
+}
+
+// sharing reports whether a one-slice request of n bytes should skip the
+// inline copy to join a batch that may be shared: the poller has workers,
+// the slice is large, and more entries wait behind it this round.
+func (r *Ring) sharing(n uint64) bool {
+	return r.poller.copiers != nil && r.more && n >= shareSlice
+}
