@@ -3,9 +3,10 @@ package segtable
 import "sync/atomic"
 
 // DescList holds the buffers of an engine's own descriptor, kept up to
-// date one registration at a time: a Put or Delete copies O(sqrt n) of
-// them (see Sorted), where rebuilding the descriptor from every buffer
-// made each registration O(n) and n of them n². Find is lock-free. A
+// date one registration at a time: a Put or Delete copies a leaf of them
+// and the nodes above it (see Sorted), where rebuilding the descriptor
+// from every buffer made each registration O(n) and n of them n². Find is
+// lock-free. A
 // Segment given a DescList (Segment.SetList) resolves requests with it
 // and builds its flat descriptor only when asked for one, once per change.
 //
@@ -32,7 +33,7 @@ type descEntry struct {
 
 type descCache struct {
 	header *SegmentDesc
-	snap   *sortedSnap[descEntry]
+	root   *sortedNode[descEntry] // the entries' tree it was built from
 	desc   *SegmentDesc
 }
 
@@ -136,19 +137,19 @@ func (l *DescList) Buffers(remoteOnly bool) []BufferDesc {
 // desc returns header with the buffers of every entry, built once per
 // change of either.
 func (l *DescList) desc(header *SegmentDesc) *SegmentDesc {
-	snap := l.s.snap.Load()
-	if c := l.cache.Load(); c != nil && c.header == header && c.snap == snap {
+	root := l.s.root.Load()
+	if c := l.cache.Load(); c != nil && c.header == header && c.root == root {
 		return c.desc
 	}
 	d := *header
 	d.Buffers = []BufferDesc{}
-	if snap != nil {
-		d.Buffers = make([]BufferDesc, 0, snap.n)
+	if root != nil {
+		d.Buffers = make([]BufferDesc, 0, root.n)
 	}
-	snap.ascend(func(_ uint64, x descEntry) bool {
+	root.ascend(func(_ uint64, x descEntry) bool {
 		d.Buffers = append(d.Buffers, *x.d)
 		return true
 	})
-	l.cache.Store(&descCache{header: header, snap: snap, desc: &d})
+	l.cache.Store(&descCache{header: header, root: root, desc: &d})
 	return &d
 }

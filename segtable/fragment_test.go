@@ -39,16 +39,17 @@ func TestFallingInsertsFillChunks(t *testing.T) {
 	if maxPages := 2 * cs.Count() / pageSize; len(cs.pages) > maxPages+1 {
 		t.Errorf("%d pages for %d chunks, want at most %d", len(cs.pages), cs.Count(), maxPages+1)
 	}
-	sn := s.load()
-	chunks := 0
-	for _, pg := range sn.pages {
-		chunks += len(pg.chunks)
+	if err := checkTree(s.root.Load()); err != nil {
+		t.Fatal(err)
 	}
-	if maxChunks := 2 * n / maxChunk; chunks > maxChunks {
-		t.Errorf("Sorted: %d chunks for %d keys, want at most %d", chunks, n, maxChunks)
+	counts := levelCounts(s.root.Load())
+	if maxLeaves := 2 * n / maxChunk; counts[0] > maxLeaves {
+		t.Errorf("Sorted: %d leaves for %d keys, want at most %d", counts[0], n, maxLeaves)
 	}
-	if maxPages := 2 * chunks / maxPage; len(sn.pages) > maxPages+1 {
-		t.Errorf("Sorted: %d pages for %d chunks, want at most %d", len(sn.pages), chunks, maxPages+1)
+	for h := 1; h < len(counts); h++ {
+		if maxNodes := 2*counts[h-1]/maxPage + 1; counts[h] > maxNodes {
+			t.Errorf("Sorted: %d nodes of height %d over %d, want at most %d", counts[h], h, counts[h-1], maxNodes)
+		}
 	}
 	// And the order holds.
 	bufs := cs.Buffers()

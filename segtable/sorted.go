@@ -3,84 +3,82 @@ package segtable
 import "sync/atomic"
 
 // Sorted is a copy-on-write sequence of values ordered by a uint64 key (an
-// address), kept as a two-level tree: chunks of at most maxChunk values
-// (their keys packed, apart from the values), in pages of at most maxPage
-// chunks, under one array of pages. Lookups load one snapshot and search
-// the pages' first keys, then one page's chunks' first keys, then one
-// chunk's keys, in O(log n) and without a lock. A change copies one chunk,
-// one page's arrays and the top array, O(maxChunk + maxPage + n/(maxChunk
-// maxPage)): flat up to millions of values, where one level of chunks made
-// each change copy O(sqrt n) (a chunk of up to 512 values and the array
-// over all chunks, about 25 KB at 100k values). A value past the end of a
-// full chunk starts a chunk of its own, and past the end of a full page a
-// page of its own, so that values inserted in key order (buffers
-// registered one after another) leave full chunks and pages. Equal keys
-// keep the order they were inserted in.
+// address), kept as a B+ tree: leaves of at most maxChunk values (their
+// keys packed, apart from the values) under inner nodes of at most
+// maxPage children, each holding its children's first keys packed, their
+// pointers and how many values lie before each. Lookups load the root and
+// search one node a level, in O(log n) and without a lock. A change copies
+// one leaf and the inner nodes above it, O(maxChunk + maxPage log n)
+// bytes: a tree of two levels under one array of every page copied that
+// array on every change, which grew with n (57 pages, 1.1-1.4 KiB, at
+// 100k values), and the garbage of a register/unregister cycle beside
+// 100k buffers cost the collector more than the cycle's own work
+// (BenchmarkScaleChurn). Inner nodes of 16 children left less garbage a
+// change than 32, at the same height up to 250k values (four levels at
+// 100k, three at 10k). A value past the end of a full leaf goes to the
+// head of the next leaf when that has room, else to a leaf of its own (and
+// one before everything, at a full first leaf, too), and a node that
+// overflows past its last child (or before its first) leaves the full
+// node whole, so that values inserted in key order, rising or falling,
+// leave full nodes.
+// Equal keys keep the order they were inserted in.
 //
 // Lookups are safe for concurrent use with each other and with one
 // changer; changes (Insert, Delete, Reset) must be serialized by the
 // caller. The zero value is empty and ready for use.
 type Sorted[T any] struct {
-	snap atomic.Pointer[sortedSnap[T]]
+	root atomic.Pointer[sortedNode[T]] // nil when empty
 }
 
-// The tree's fan-outs: variables only so that tests can make trees of
-// many pages from few values.
+// The tree's fan-outs: variables only so that tests can make tall trees
+// from few values.
 var (
-	maxChunk = 64 // a chunk that grows past it splits in two
-	maxPage  = 32 // chunks of a page; one that grows past it splits
+	maxChunk = 64 // values of a leaf; one that grows past it splits
+	maxPage  = 16 // children of an inner node; one that grows past it splits
 )
 
-// A chunk or page that shrinks under a quarter of its maximum joins a
-// neighbour that has room.
-func minChunk() int { return maxChunk / 4 }
-func minPage() int  { return maxPage / 4 }
-
-// A snapshot's and a page's arrays are never modified once published, so
-// a change that leaves every first key as it was (one chunk, or one page,
-// replaced by one that starts at the same key: most insertions and
-// deletions) shares firsts with the snapshot or page it replaces, and
-// copies only the pointers and the offsets. The offsets are 32 bits: a
-// Sorted holds fewer than 2^31 values (the tables it indexes hold at most
-// MaxEntries).
-type sortedSnap[T any] struct {
-	firsts []uint64 // firsts[p] is pages[p].firsts[0]
-	pages  []*sortedPage[T]
-	offs   []int32 // offs[p]: how many values lie before page p
-	n      int
-}
-
-type sortedPage[T any] struct {
-	firsts []uint64 // firsts[c] is chunks[c].keys[0]
-	chunks []*sortedChunk[T]
-	offs   []int32 // offs[c]: how many values of the page lie before chunk c
-	n      int
-}
-
-type sortedChunk[T any] struct {
+// sortedNode is a leaf (h 0: keys and vals) or an inner node (h > 0: its
+// children's first keys in keys, kids and offs). It is never modified
+// once published. offs are 32 bits: a Sorted holds fewer than 2^31 values
+// (the tables it indexes hold at most MaxEntries).
+type sortedNode[T any] struct {
 	keys []uint64
 	vals []T
+	kids []*sortedNode[T]
+	offs []int32 // offs[c]: how many values of the node lie before kid c
+	n    int     // values under the node
+	h    int     // height above the leaves
 }
 
-func (s *Sorted[T]) load() *sortedSnap[T] {
-	if p := s.snap.Load(); p != nil {
-		return p
+// max returns how many entries (values or children) nd may hold.
+func (nd *sortedNode[T]) max() int {
+	if nd.h == 0 {
+		return maxChunk
 	}
-	return &sortedSnap[T]{}
+	return maxPage
+}
+
+func newLeaf[T any](keys []uint64, vals []T) *sortedNode[T] {
+	return &sortedNode[T]{keys: keys, vals: vals, n: len(keys)}
+}
+
+// newInner returns a node over kids, which it keeps.
+func newInner[T any](kids []*sortedNode[T]) *sortedNode[T] {
+	nd := &sortedNode[T]{keys: make([]uint64, len(kids)), kids: kids, offs: make([]int32, len(kids)), h: kids[0].h + 1}
+	for c, k := range kids {
+		nd.keys[c] = k.keys[0]
+		nd.offs[c] = int32(nd.n)
+		nd.n += k.n
+	}
+	return nd
 }
 
 // Len returns how many values the sequence holds.
-func (s *Sorted[T]) Len() int { return s.load().n }
-
-// floor returns the page, chunk and offset of the last value whose key is
-// at most key, or p = -1.
-func (sn *sortedSnap[T]) floor(key uint64) (p, c, i int) {
-	if p = floorIndex(sn.firsts, key); p < 0 {
-		return -1, 0, 0
+func (s *Sorted[T]) Len() int {
+	if nd := s.root.Load(); nd != nil {
+		return nd.n
 	}
-	pg := sn.pages[p]
-	c = floorIndex(pg.firsts, key)
-	return p, c, floorIndex(pg.chunks[c].keys, key)
+	return 0
 }
 
 // floorIndex returns the index of the last element of a, which is sorted,
@@ -107,338 +105,319 @@ func floorIndex(a []uint64, key uint64) int {
 // Floor returns the last value whose key is at most key, that key, and the
 // value's index in the sequence; ok is false when every key is larger.
 func (s *Sorted[T]) Floor(key uint64) (v T, k uint64, index int, ok bool) {
-	sn := s.load()
-	p, c, i := sn.floor(key)
-	if p < 0 {
+	nd := s.root.Load()
+	if nd == nil {
 		return v, 0, -1, false
 	}
-	pg := sn.pages[p]
-	ch := pg.chunks[c]
-	return ch.vals[i], ch.keys[i], int(sn.offs[p]) + int(pg.offs[c]) + i, true
+	for nd.h > 0 {
+		c := floorIndex(nd.keys, key)
+		if c < 0 {
+			return v, 0, -1, false
+		}
+		index += int(nd.offs[c])
+		nd = nd.kids[c]
+	}
+	i := floorIndex(nd.keys, key)
+	if i < 0 {
+		return v, 0, -1, false
+	}
+	return nd.vals[i], nd.keys[i], index + i, true
 }
 
 // Descend calls fn for the values whose keys are at most key, from the
 // last down, until fn returns false.
 func (s *Sorted[T]) Descend(key uint64, fn func(k uint64, v T) bool) {
-	sn := s.load()
-	p, c, i := sn.floor(key)
-	for ; p >= 0; p-- {
-		pg := sn.pages[p]
-		if c < 0 {
-			c = len(pg.chunks) - 1
-		}
-		for ; c >= 0; c-- {
-			ch := pg.chunks[c]
-			if i < 0 {
-				i = len(ch.keys) - 1
-			}
-			for ; i >= 0; i-- {
-				if !fn(ch.keys[i], ch.vals[i]) {
-					return
-				}
-			}
-		}
+	if nd := s.root.Load(); nd != nil {
+		nd.descend(key, false, fn)
 	}
 }
 
-// Ascend calls fn for every value in order, until fn returns false.
-func (s *Sorted[T]) Ascend(fn func(k uint64, v T) bool) { s.load().ascend(fn) }
-
-func (sn *sortedSnap[T]) ascend(fn func(k uint64, v T) bool) {
-	if sn == nil {
-		return
+// descend calls fn for nd's values whose keys are at most key (every one
+// when all), from the last down; false when fn stopped it.
+func (nd *sortedNode[T]) descend(key uint64, all bool, fn func(k uint64, v T) bool) bool {
+	i := len(nd.keys) - 1
+	if !all {
+		i = floorIndex(nd.keys, key)
 	}
-	for _, pg := range sn.pages {
-		for _, ch := range pg.chunks {
-			for i, k := range ch.keys {
-				if !fn(k, ch.vals[i]) {
-					return
-				}
+	if nd.h == 0 {
+		for ; i >= 0; i-- {
+			if !fn(nd.keys[i], nd.vals[i]) {
+				return false
 			}
 		}
+		return true
 	}
+	for ; i >= 0; i-- {
+		if !nd.kids[i].descend(key, all, fn) {
+			return false
+		}
+		all = true // the kids before hold only smaller keys
+	}
+	return true
+}
+
+// Ascend calls fn for every value in order, until fn returns false.
+func (s *Sorted[T]) Ascend(fn func(k uint64, v T) bool) { s.root.Load().ascend(fn) }
+
+// ascend calls fn for nd's values in order (none for a nil nd); false when
+// fn stopped it.
+func (nd *sortedNode[T]) ascend(fn func(k uint64, v T) bool) bool {
+	if nd == nil {
+		return true
+	}
+	if nd.h == 0 {
+		for i, k := range nd.keys {
+			if !fn(k, nd.vals[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	for _, kid := range nd.kids {
+		if !kid.ascend(fn) {
+			return false
+		}
+	}
+	return true
 }
 
 // Values returns the values in order: a new slice.
 func (s *Sorted[T]) Values() []T {
-	sn := s.load()
-	out := make([]T, 0, sn.n)
-	for _, pg := range sn.pages {
-		for _, ch := range pg.chunks {
-			out = append(out, ch.vals...)
-		}
-	}
+	out := make([]T, 0, s.Len())
+	s.Ascend(func(_ uint64, v T) bool {
+		out = append(out, v)
+		return true
+	})
 	return out
 }
 
 // Insert adds v under key, after any value of an equal key.
 func (s *Sorted[T]) Insert(key uint64, v T) {
-	sn := s.load()
-	if len(sn.pages) == 0 {
-		s.publish(sn, 0, 0, []*sortedPage[T]{newPage([]*sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}})})
+	nd := s.root.Load()
+	if nd == nil {
+		s.root.Store(newLeaf([]uint64{key}, []T{v}))
 		return
 	}
-	p, c, i := sn.floor(key)
-	if p < 0 {
-		p, c, i = 0, 0, -1 // before everything: the first chunk's head
-	}
-	pg := sn.pages[p]
-	old := pg.chunks[c]
-	at := i + 1
-	if len(old.keys) == maxChunk && at == len(old.keys) {
-		// Past the end of a full chunk: at the head of the next chunk
-		// when it has room (insertions in falling key order fill chunks
-		// too), else a chunk of its own, which leaves the full one full
-		// rather than halves (insertions in key order); past the end of a
-		// full page, the next page's head when it has room, else a page
-		// of its own.
-		if c+1 < len(pg.chunks) && len(pg.chunks[c+1].keys) < maxChunk {
-			s.publish(sn, p, p+1, pg.with(c+1, c+2, []*sortedChunk[T]{prependKey(key, v, pg.chunks[c+1])}, nil))
-			return
-		}
-		one := []*sortedChunk[T]{{keys: []uint64{key}, vals: []T{v}}}
-		if c == len(pg.chunks)-1 && len(pg.chunks) == maxPage {
-			if p+1 < len(sn.pages) {
-				np := sn.pages[p+1]
-				if len(np.chunks[0].keys) < maxChunk {
-					s.publish(sn, p+1, p+2, np.with(0, 1, []*sortedChunk[T]{prependKey(key, v, np.chunks[0])}, nil))
-					return
-				}
-				if len(np.chunks) < maxPage {
-					s.publish(sn, p+1, p+2, np.with(0, 0, one, nil))
-					return
-				}
-			}
-			s.publish(sn, p+1, p+1, []*sortedPage[T]{newPage(one)})
-			return
-		}
-		s.publish(sn, p, p+1, pg.with(c+1, c+1, one, nil))
+	out := nd.insert(key, v)
+	if len(out) == 2 {
+		s.root.Store(newInner(out))
 		return
 	}
-	keys := make([]uint64, 0, len(old.keys)+1)
-	keys = append(append(append(keys, old.keys[:at]...), key), old.keys[at:]...)
-	vals := make([]T, 0, len(old.vals)+1)
-	vals = append(append(append(vals, old.vals[:at]...), v), old.vals[at:]...)
-	with := []*sortedChunk[T]{{keys, vals}}
-	if len(keys) > maxChunk {
-		h := len(keys) / 2
-		with = []*sortedChunk[T]{{keys: keys[:h:h], vals: vals[:h:h]}, {keys: keys[h:], vals: vals[h:]}}
-	}
-	s.publish(sn, p, p+1, pg.with(c, c+1, with, nil))
+	s.root.Store(out[0])
 }
 
-// Delete removes the first value under key for which match reports true,
-// and reports whether there was one.
-func (s *Sorted[T]) Delete(key uint64, match func(T) bool) bool {
-	sn := s.load()
-	p, c, i := sn.floor(key)
-	for ; p >= 0; p-- {
-		pg := sn.pages[p]
-		if c < 0 {
-			c = len(pg.chunks) - 1
+// insert returns the nodes that replace nd once v is inserted under key
+// (before everything when key is smaller than every key of nd): one, or
+// two when nd overflowed.
+func (nd *sortedNode[T]) insert(key uint64, v T) []*sortedNode[T] {
+	if nd.h == 0 {
+		at := floorIndex(nd.keys, key) + 1
+		switch {
+		case len(nd.keys) >= maxChunk && at == len(nd.keys):
+			// Past the end of a full leaf (whose parent found no room
+			// in the next one): a leaf of its own, which leaves the full
+			// one full rather than halves.
+			return []*sortedNode[T]{nd, newLeaf([]uint64{key}, []T{v})}
+		case len(nd.keys) >= maxChunk && at == 0:
+			// Before everything, at a full first leaf: a leaf of its own
+			// too (insertions in falling key order below everything, as
+			// mmap's top-down placement gives).
+			return []*sortedNode[T]{newLeaf([]uint64{key}, []T{v}), nd}
 		}
-		for ; c >= 0; c-- {
-			ch := pg.chunks[c]
-			if i < 0 {
-				i = len(ch.keys) - 1
-			}
-			for ; i >= 0 && ch.keys[i] == key; i-- {
-				if match(ch.vals[i]) {
-					s.deleteAt(sn, p, c, i)
-					return true
-				}
-			}
-			if i >= 0 {
-				return false // a smaller key: none left under key
-			}
+		keys := insertAt(nd.keys, at, key)
+		vals := insertAt(nd.vals, at, v)
+		if len(keys) > maxChunk {
+			h := len(keys) / 2
+			return []*sortedNode[T]{newLeaf(keys[:h:h], vals[:h:h]), newLeaf(keys[h:], vals[h:])}
 		}
+		return []*sortedNode[T]{newLeaf(keys, vals)}
 	}
-	return false
-}
-
-func (s *Sorted[T]) deleteAt(sn *sortedSnap[T], p, c, i int) {
-	pg := sn.pages[p]
-	old := pg.chunks[c]
-	keys := make([]uint64, 0, len(old.keys)-1)
-	keys = append(append(keys, old.keys[:i]...), old.keys[i+1:]...)
-	vals := make([]T, 0, len(old.vals)-1)
-	vals = append(append(vals, old.vals[:i]...), old.vals[i+1:]...)
+	c := max(floorIndex(nd.keys, key), 0)
+	if c+1 < len(nd.kids) && nd.kids[c].pastFullEnd(key) && nd.kids[c+1].headRoom() {
+		// Past the end of a full leaf, before one with room: at its head
+		// (insertions in falling key order fill leaves too).
+		head := []*sortedNode[T]{nd.kids[c+1].insertHead(key, v)}
+		return []*sortedNode[T]{newInner(splice(nd.kids, c+1, c+2, head))}
+	}
+	out := nd.kids[c].insert(key, v)
 	lo, hi := c, c+1
-	var with []*sortedChunk[T]
-	if len(keys) > 0 {
-		if len(keys) < minChunk() {
-			// Join the smaller neighbour in the page if the two fit in a
-			// chunk, so that deletions do not leave many small chunks.
-			n := -1
-			if c > 0 {
-				n = c - 1
-			}
-			if c+1 < len(pg.chunks) && (n < 0 || len(pg.chunks[c+1].keys) < len(pg.chunks[n].keys)) {
-				n = c + 1
-			}
-			if n >= 0 && len(pg.chunks[n].keys)+len(keys) <= maxChunk {
-				nb := pg.chunks[n]
-				if n < c {
-					keys = append(append([]uint64(nil), nb.keys...), keys...)
-					vals = append(append([]T(nil), nb.vals...), vals...)
-					lo = n
-				} else {
-					keys = append(keys, nb.keys...)
-					vals = append(vals, nb.vals...)
-					hi = n + 1
-				}
-			}
-		}
-		with = []*sortedChunk[T]{{keys, vals}}
+	if len(out) == 2 && len(out[1].keys) == 1 && c+1 < len(nd.kids) && len(nd.kids[c+1].keys) < nd.kids[c+1].max() {
+		// A node of one entry past the end of a full kid: at the head
+		// of the next kid, which has room.
+		out = []*sortedNode[T]{out[0], join(out[1], nd.kids[c+1])}
+		hi = c + 2
 	}
-	// A page left small joins the smaller neighbour page if they fit.
-	plo, phi := p, p+1
-	var nb *sortedPage[T]
-	left := false
-	if len(pg.chunks)-(hi-lo)+len(with) < minPage() {
-		n := -1
-		if p > 0 {
-			n = p - 1
-		}
-		if p+1 < len(sn.pages) && (n < 0 || len(sn.pages[p+1].chunks) < len(sn.pages[n].chunks)) {
-			n = p + 1
-		}
-		if n >= 0 && len(sn.pages[n].chunks)+len(pg.chunks)-(hi-lo)+len(with) <= maxPage {
-			nb, left = sn.pages[n], n < p
-			plo, phi = min(p, n), max(p, n)+1
-		}
-	}
-	var pages []*sortedPage[T]
-	if nb != nil {
-		pages = pg.with(lo, hi, with, &join[T]{page: nb, left: left})
-	} else {
-		pages = pg.with(lo, hi, with, nil)
-	}
-	s.publish(sn, plo, phi, pages)
-}
-
-// join is a neighbour page that a page's replacement takes in.
-type join[T any] struct {
-	page *sortedPage[T]
-	left bool // it comes before the page
-}
-
-// with returns the pages that replace pg once its chunks [lo, hi) are
-// replaced by chunks, and the chunks of j's page joined: none when no
-// chunk is left, two when they are more than maxPage.
-// prependKey returns a chunk of key (value v) followed by ch's.
-func prependKey[T any](key uint64, v T, ch *sortedChunk[T]) *sortedChunk[T] {
-	keys := make([]uint64, 0, len(ch.keys)+1)
-	vals := make([]T, 0, len(ch.vals)+1)
-	return &sortedChunk[T]{keys: append(append(keys, key), ch.keys...), vals: append(append(vals, v), ch.vals...)}
-}
-
-func (pg *sortedPage[T]) with(lo, hi int, chunks []*sortedChunk[T], j *join[T]) []*sortedPage[T] {
-	n := len(pg.chunks) - (hi - lo) + len(chunks)
-	if j != nil {
-		n += len(j.page.chunks)
-	}
-	all := make([]*sortedChunk[T], 0, n)
-	if j != nil && j.left {
-		all = append(all, j.page.chunks...)
-	}
-	all = append(append(append(all, pg.chunks[:lo]...), chunks...), pg.chunks[hi:]...)
-	if j != nil && !j.left {
-		all = append(all, j.page.chunks...)
-	}
+	kids := splice(nd.kids, lo, hi, out)
 	switch {
-	case len(all) == 0:
-		return nil
-	case len(all) > maxPage:
-		h := len(all) / 2
-		return []*sortedPage[T]{newPage(all[:h:h]), newPage(all[h:])}
-	case j == nil && len(chunks) == hi-lo && sameFirsts(chunks, pg.firsts[lo:hi]):
-		return []*sortedPage[T]{pageOf(all, pg.firsts)}
+	case len(kids) <= maxPage:
+		return []*sortedNode[T]{newInner(kids)}
+	case hi == len(nd.kids) && len(out) == 2:
+		// A kid past the end of a full node: a node of its own.
+		n := len(kids) - 1
+		return []*sortedNode[T]{newInner(kids[:n:n]), newInner(kids[n:])}
+	case lo == 0 && len(out) == 2 && len(out[0].keys) == 1:
+		// A kid of one entry before a full node's first: a node of its
+		// own.
+		return []*sortedNode[T]{newInner(kids[:1:1]), newInner(kids[1:])}
 	}
-	return []*sortedPage[T]{newPage(all)}
+	h := len(kids) / 2
+	return []*sortedNode[T]{newInner(kids[:h:h]), newInner(kids[h:])}
 }
 
-// sameFirsts reports whether chunks start at the keys firsts.
-func sameFirsts[T any](chunks []*sortedChunk[T], firsts []uint64) bool {
-	for c, ch := range chunks {
-		if ch.keys[0] != firsts[c] {
-			return false
-		}
+// pastFullEnd reports whether key would go past the end of nd's last leaf,
+// and that leaf is full.
+func (nd *sortedNode[T]) pastFullEnd(key uint64) bool {
+	for nd.h > 0 {
+		nd = nd.kids[len(nd.kids)-1]
 	}
+	return len(nd.keys) >= maxChunk && key >= nd.keys[len(nd.keys)-1]
+}
+
+// headRoom reports whether nd's first leaf has room.
+func (nd *sortedNode[T]) headRoom() bool {
+	for nd.h > 0 {
+		nd = nd.kids[0]
+	}
+	return len(nd.keys) < maxChunk
+}
+
+// insertHead returns nd with v under key at the head of its first leaf,
+// which must have room.
+func (nd *sortedNode[T]) insertHead(key uint64, v T) *sortedNode[T] {
+	if nd.h == 0 {
+		return newLeaf(insertAt(nd.keys, 0, key), insertAt(nd.vals, 0, v))
+	}
+	return newInner(splice(nd.kids, 0, 1, []*sortedNode[T]{nd.kids[0].insertHead(key, v)}))
+}
+
+// join returns a node of a's entries followed by b's; a and b are of one
+// height.
+func join[T any](a, b *sortedNode[T]) *sortedNode[T] {
+	if a.h == 0 {
+		keys := append(append(make([]uint64, 0, len(a.keys)+len(b.keys)), a.keys...), b.keys...)
+		vals := append(append(make([]T, 0, len(a.vals)+len(b.vals)), a.vals...), b.vals...)
+		return newLeaf(keys, vals)
+	}
+	return newInner(append(append(make([]*sortedNode[T], 0, len(a.kids)+len(b.kids)), a.kids...), b.kids...))
+}
+
+// insertAt returns a new slice of s with x at i.
+func insertAt[E any](s []E, i int, x E) []E {
+	out := make([]E, 0, len(s)+1)
+	return append(append(append(out, s[:i]...), x), s[i:]...)
+}
+
+// splice returns a new slice of s with [lo, hi) replaced by with.
+func splice[E any](s []E, lo, hi int, with []E) []E {
+	out := make([]E, 0, len(s)-(hi-lo)+len(with))
+	return append(append(append(out, s[:lo]...), with...), s[hi:]...)
+}
+
+// Delete removes the first value under key for which match reports true
+// (from the last inserted down), and reports whether there was one.
+func (s *Sorted[T]) Delete(key uint64, match func(T) bool) bool {
+	nd := s.root.Load()
+	if nd == nil {
+		return false
+	}
+	out, found, _ := nd.delete(key, false, match)
+	if !found {
+		return false
+	}
+	for out != nil && out.h > 0 && len(out.kids) == 1 {
+		out = out.kids[0]
+	}
+	s.root.Store(out)
 	return true
 }
 
-// newPage returns a page of chunks, which it keeps.
-func newPage[T any](chunks []*sortedChunk[T]) *sortedPage[T] {
-	firsts := make([]uint64, len(chunks))
-	for c, ch := range chunks {
-		firsts[c] = ch.keys[0]
+// delete returns nd without the first value under key, from the last
+// down (from its end when all), for which match reports true (nil when
+// nothing is left), and whether there was one; more reports, when there
+// was none, that nd's values down to its first are all under key, so the
+// one may lie in the node before.
+func (nd *sortedNode[T]) delete(key uint64, all bool, match func(T) bool) (out *sortedNode[T], found, more bool) {
+	i := len(nd.keys) - 1
+	if !all {
+		i = floorIndex(nd.keys, key)
 	}
-	return pageOf(chunks, firsts)
+	if nd.h == 0 {
+		for ; i >= 0 && nd.keys[i] == key; i-- {
+			if match(nd.vals[i]) {
+				if len(nd.keys) == 1 {
+					return nil, true, false
+				}
+				keys := append(append(make([]uint64, 0, len(nd.keys)-1), nd.keys[:i]...), nd.keys[i+1:]...)
+				vals := append(append(make([]T, 0, len(nd.vals)-1), nd.vals[:i]...), nd.vals[i+1:]...)
+				return newLeaf(keys, vals), true, false
+			}
+		}
+		return nd, false, i < 0
+	}
+	for ; i >= 0; i-- {
+		kid, found, more := nd.kids[i].delete(key, all, match)
+		if found {
+			return nd.replace(i, kid), true, false
+		}
+		if !more {
+			return nd, false, false
+		}
+		all = true
+	}
+	return nd, false, true
 }
 
-// pageOf returns a page of chunks whose first keys are firsts; it keeps
-// both.
-func pageOf[T any](chunks []*sortedChunk[T], firsts []uint64) *sortedPage[T] {
-	pg := &sortedPage[T]{firsts: firsts, chunks: chunks, offs: make([]int32, len(chunks))}
-	for c, ch := range chunks {
-		pg.offs[c] = int32(pg.n)
-		pg.n += len(ch.keys)
+// replace returns nd with kid c replaced by kid (dropped when nil), and
+// kid joined to the smaller neighbour when it shrank to a quarter of its
+// maximum or less and the two fit in a node, so that deletions do not
+// leave many small nodes; nil when no kid is left.
+func (nd *sortedNode[T]) replace(c int, kid *sortedNode[T]) *sortedNode[T] {
+	if kid == nil {
+		if len(nd.kids) == 1 {
+			return nil
+		}
+		return newInner(splice(nd.kids, c, c+1, nil))
 	}
-	return pg
+	lo, hi := c, c+1
+	if len(kid.keys) <= kid.max()/4 {
+		n := -1
+		if c > 0 {
+			n = c - 1
+		}
+		if c+1 < len(nd.kids) && (n < 0 || len(nd.kids[c+1].keys) < len(nd.kids[n].keys)) {
+			n = c + 1
+		}
+		if n >= 0 && len(nd.kids[n].keys)+len(kid.keys) <= kid.max() {
+			if n < c {
+				kid, lo = join(nd.kids[n], kid), n
+			} else {
+				kid, hi = join(kid, nd.kids[n]), n+1
+			}
+		}
+	}
+	return newInner(splice(nd.kids, lo, hi, []*sortedNode[T]{kid}))
 }
 
 // Reset replaces the sequence with keys and vals, which must be sorted by
-// key and of one length. Chunks and pages are filled to half, so that the
-// next insertions split none.
+// key and of one length. Leaves and inner nodes are filled to half, so
+// that the next insertions split none.
 func (s *Sorted[T]) Reset(keys []uint64, vals []T) {
-	var chunks []*sortedChunk[T]
+	var level []*sortedNode[T]
 	for lo := 0; lo < len(keys); lo += maxChunk / 2 {
 		hi := min(lo+maxChunk/2, len(keys))
-		chunks = append(chunks, &sortedChunk[T]{keys: keys[lo:hi:hi], vals: vals[lo:hi:hi]})
+		level = append(level, newLeaf(keys[lo:hi:hi], vals[lo:hi:hi]))
 	}
-	var pages []*sortedPage[T]
-	for lo := 0; lo < len(chunks); lo += maxPage / 2 {
-		hi := min(lo+maxPage/2, len(chunks))
-		pages = append(pages, newPage(chunks[lo:hi:hi]))
-	}
-	s.publish(&sortedSnap[T]{}, 0, 0, pages)
-}
-
-// publish stores a snapshot that is sn with pages [lo, hi) replaced by
-// with.
-func (s *Sorted[T]) publish(sn *sortedSnap[T], lo, hi int, with []*sortedPage[T]) {
-	n := len(sn.pages) - (hi - lo) + len(with)
-	ns := &sortedSnap[T]{pages: make([]*sortedPage[T], 0, n), offs: make([]int32, n)}
-	ns.pages = append(append(append(ns.pages, sn.pages[:lo]...), with...), sn.pages[hi:]...)
-	if len(with) == hi-lo && samePageFirsts(with, sn.firsts[lo:hi]) {
-		ns.firsts = sn.firsts
-	} else {
-		ns.firsts = make([]uint64, 0, n)
-		ns.firsts = append(ns.firsts, sn.firsts[:lo]...)
-		for _, pg := range ns.pages[lo:] {
-			ns.firsts = append(ns.firsts, pg.firsts[0])
+	for len(level) > 1 {
+		var up []*sortedNode[T]
+		for lo := 0; lo < len(level); lo += maxPage / 2 {
+			hi := min(lo+maxPage/2, len(level))
+			up = append(up, newInner(level[lo:hi:hi]))
 		}
+		level = up
 	}
-	copy(ns.offs, sn.offs[:lo])
-	total := 0
-	if lo > 0 {
-		total = int(sn.offs[lo-1]) + sn.pages[lo-1].n
+	if len(level) == 0 {
+		s.root.Store(nil)
+		return
 	}
-	for p := lo; p < n; p++ {
-		ns.offs[p] = int32(total)
-		total += ns.pages[p].n
-	}
-	ns.n = total
-	s.snap.Store(ns)
-}
-
-// samePageFirsts reports whether pages start at the keys firsts.
-func samePageFirsts[T any](pages []*sortedPage[T], firsts []uint64) bool {
-	for p, pg := range pages {
-		if pg.firsts[0] != firsts[p] {
-			return false
-		}
-	}
-	return true
+	s.root.Store(level[0])
 }

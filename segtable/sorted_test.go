@@ -1,9 +1,17 @@
 package segtable
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/leanovate/gopter"
+	"github.com/leanovate/gopter/gen"
+	"github.com/leanovate/gopter/prop"
+
+	"github.com/moonring/moonring/internal/proptest"
 )
 
 // TestSortedModel inserts and deletes thousands of values, many under
@@ -12,7 +20,8 @@ import (
 func TestSortedModel(t *testing.T) {
 	t.Run("default", testSortedModel)
 	t.Run("small", func(t *testing.T) {
-		// Chunks of 4 in pages of 4: hundreds of pages, split and joined.
+		// Leaves of 4 under nodes of 4: a tree five or six levels
+		// high, its nodes split and joined at every level.
 		mc, mp := maxChunk, maxPage
 		maxChunk, maxPage = 4, 4
 		defer func() { maxChunk, maxPage = mc, mp }()
@@ -35,18 +44,8 @@ func testSortedModel(t *testing.T) {
 				t.Fatalf("step %d: value %d is %d, want %d", step, i, got[i], x.v)
 			}
 		}
-		sn := s.load()
-		total := 0
-		for p, pg := range sn.pages {
-			if len(pg.chunks) == 0 || len(pg.chunks) > maxPage || sn.firsts[p] != pg.firsts[0] || int(sn.offs[p]) != total {
-				t.Fatalf("step %d: page %d of %d chunks, first %d, offset %d (want %d)", step, p, len(pg.chunks), sn.firsts[p], sn.offs[p], total)
-			}
-			for c, ch := range pg.chunks {
-				if len(ch.keys) == 0 || len(ch.keys) > maxChunk || pg.firsts[c] != ch.keys[0] || int(pg.offs[c])+int(sn.offs[p]) != total {
-					t.Fatalf("step %d: page %d chunk %d of %d keys, first %d", step, p, c, len(ch.keys), pg.firsts[c])
-				}
-				total += len(ch.keys)
-			}
+		if err := checkTree(s.root.Load()); err != nil {
+			t.Fatalf("step %d: %v", step, err)
 		}
 		for range 20 {
 			key := rng.Uint64N(4000)
@@ -97,8 +96,8 @@ func testSortedModel(t *testing.T) {
 		model = model[1:]
 	}
 	check(-1)
-	if n := len(s.load().pages); n != 0 {
-		t.Fatalf("%d pages left when empty", n)
+	if s.root.Load() != nil {
+		t.Fatal("nodes left when empty")
 	}
 }
 
@@ -117,4 +116,213 @@ func floorOf(m []kv, k uint64) int {
 		}
 	}
 	return i
+}
+
+// checkTree returns what is wrong with the tree under root, if anything:
+// a node empty or over its maximum, an inner root of one child, keys out
+// of order, a child's first key or offset not as its parent has them, a
+// count that is not the sum of the counts below, heights that do not
+// step down by one.
+func checkTree[T any](root *sortedNode[T]) error {
+	if root == nil {
+		return nil
+	}
+	if root.h > 0 && len(root.kids) < 2 {
+		return fmt.Errorf("root of height %d has %d children", root.h, len(root.kids))
+	}
+	var last uint64
+	var walk func(nd *sortedNode[T]) error
+	walk = func(nd *sortedNode[T]) error {
+		if len(nd.keys) == 0 || len(nd.keys) > nd.max() {
+			return fmt.Errorf("node of height %d with %d entries", nd.h, len(nd.keys))
+		}
+		if nd.h == 0 {
+			if len(nd.vals) != len(nd.keys) || nd.n != len(nd.keys) || nd.kids != nil {
+				return fmt.Errorf("leaf of %d keys, %d values, count %d", len(nd.keys), len(nd.vals), nd.n)
+			}
+			for _, k := range nd.keys {
+				if k < last {
+					return fmt.Errorf("key %d after %d", k, last)
+				}
+				last = k
+			}
+			return nil
+		}
+		if len(nd.kids) != len(nd.keys) || len(nd.offs) != len(nd.keys) || nd.vals != nil {
+			return fmt.Errorf("inner node of %d keys, %d kids, %d offsets", len(nd.keys), len(nd.kids), len(nd.offs))
+		}
+		n := 0
+		for c, kid := range nd.kids {
+			if kid.h != nd.h-1 || nd.keys[c] != kid.keys[0] || int(nd.offs[c]) != n {
+				return fmt.Errorf("kid %d of a node of height %d: height %d, first key %d (node has %d), offset %d (want %d)", c, nd.h, kid.h, kid.keys[0], nd.keys[c], nd.offs[c], n)
+			}
+			if err := walk(kid); err != nil {
+				return err
+			}
+			n += kid.n
+		}
+		if nd.n != n {
+			return fmt.Errorf("node of height %d counts %d values, holds %d", nd.h, nd.n, n)
+		}
+		return nil
+	}
+	return walk(root)
+}
+
+// levelCounts returns how many nodes the tree under root has at each
+// height, leaves first.
+func levelCounts[T any](root *sortedNode[T]) []int {
+	if root == nil {
+		return nil
+	}
+	counts := make([]int, root.h+1)
+	var walk func(nd *sortedNode[T])
+	walk = func(nd *sortedNode[T]) {
+		counts[nd.h]++
+		for _, kid := range nd.kids {
+			walk(kid)
+		}
+	}
+	walk(root)
+	return counts
+}
+
+// sortedOp is one step of TestSortedProperty: insert a value under key A
+// (a run of B%8+1 of them under rising, falling or equal keys), delete
+// the value at model index A, delete a key and value it does not hold, or
+// reset to the model's values.
+type sortedOp struct {
+	Kind int
+	A, B uint32
+}
+
+const (
+	sortedInsert = iota
+	sortedInsertRun
+	sortedDelete
+	sortedDeleteMissing
+	sortedReset
+)
+
+// TestSortedProperty runs random sequences of insertions (single, and
+// runs in rising, falling and equal key order), deletions and resets on a
+// Sorted of tiny fan-outs (leaves of 4 under nodes of 4, then of 8 and 4)
+// against a sorted slice, checking after every step the tree's shape
+// (checkTree) and every lookup: Len, Values, Floor with its index, and
+// Descend.
+func TestSortedProperty(t *testing.T) {
+	for _, f := range [][2]int{{4, 4}, {8, 4}} {
+		t.Run(fmt.Sprintf("leaf%d-node%d", f[0], f[1]), func(t *testing.T) {
+			mc, mp := maxChunk, maxPage
+			maxChunk, maxPage = f[0], f[1]
+			defer func() { maxChunk, maxPage = mc, mp }()
+			props := proptest.Properties(t, 100)
+			props.Property("Sorted matches a sorted slice", prop.ForAll(runSortedOps,
+				gen.SliceOfN(300, gen.Struct(reflect.TypeOf(sortedOp{}), map[string]gopter.Gen{
+					"Kind": gen.Weighted([]gen.WeightedGen{
+						{Weight: 5, Gen: gen.Const(sortedInsert)},
+						{Weight: 2, Gen: gen.Const(sortedInsertRun)},
+						{Weight: 5, Gen: gen.Const(sortedDelete)},
+						{Weight: 1, Gen: gen.Const(sortedDeleteMissing)},
+						{Weight: 1, Gen: gen.Const(sortedReset)},
+					}),
+					"A": gen.UInt32(),
+					"B": gen.UInt32(),
+				}))))
+			props.TestingRun(t)
+		})
+	}
+}
+
+// runSortedOps runs ops on a Sorted and a model: "" when they agree.
+func runSortedOps(ops []sortedOp) string {
+	var s Sorted[int]
+	var model []kv
+	next := 0
+	insert := func(k uint64) {
+		next++
+		s.Insert(k, next)
+		i := floorOf(model, k) + 1
+		model = slices.Insert(model, i, kv{k, next})
+	}
+	for step, op := range ops {
+		switch op.Kind {
+		case sortedInsert:
+			insert(uint64(op.A % 200))
+		case sortedInsertRun:
+			k, n := uint64(op.A%200), int(op.B%8)+1
+			for j := range n {
+				switch op.B / 8 % 3 {
+				case 0:
+					insert(k + uint64(j))
+				case 1:
+					insert(k + uint64(n-j))
+				default:
+					insert(k)
+				}
+			}
+		case sortedDelete:
+			if len(model) == 0 {
+				continue
+			}
+			i := int(op.A % uint32(len(model)))
+			x := model[i]
+			if !s.Delete(x.k, func(v int) bool { return v == x.v }) {
+				return fmt.Sprintf("step %d: Delete(%d, %d) found nothing", step, x.k, x.v)
+			}
+			model = slices.Delete(model, i, i+1)
+		case sortedDeleteMissing:
+			if s.Delete(uint64(op.A%220), func(v int) bool { return v < 0 }) {
+				return fmt.Sprintf("step %d: Delete of a value never inserted", step)
+			}
+		case sortedReset:
+			keys, vals := make([]uint64, len(model)), make([]int, len(model))
+			for i, x := range model {
+				keys[i], vals[i] = x.k, x.v
+			}
+			s.Reset(keys, vals)
+		}
+		if msg := checkSorted(&s, model, uint64(op.B%220)); msg != "" {
+			return fmt.Sprintf("step %d (%+v): %s", step, op, msg)
+		}
+	}
+	return ""
+}
+
+// checkSorted compares s with model: shape, Len, Values, and Floor and
+// Descend at key: "" when they agree.
+func checkSorted(s *Sorted[int], model []kv, key uint64) string {
+	if err := checkTree(s.root.Load()); err != nil {
+		return err.Error()
+	}
+	if s.Len() != len(model) {
+		return fmt.Sprintf("Len %d, want %d", s.Len(), len(model))
+	}
+	for i, v := range s.Values() {
+		if v != model[i].v {
+			return fmt.Sprintf("value %d is %d, want %d", i, v, model[i].v)
+		}
+	}
+	i := floorOf(model, key)
+	v, k, idx, ok := s.Floor(key)
+	if ok != (i >= 0) || ok && (v != model[i].v || k != model[i].k || idx != i) {
+		return fmt.Sprintf("Floor(%d) = %d, %d, %d, %v; want index %d", key, v, k, idx, ok, i)
+	}
+	j := i
+	var bad string
+	s.Descend(key, func(k uint64, v int) bool {
+		if j < 0 || model[j].v != v || model[j].k != k {
+			bad = fmt.Sprintf("Descend(%d) at model index %d: %d under %d", key, j, v, k)
+			return false
+		}
+		j--
+		return j >= i-5
+	})
+	if bad != "" {
+		return bad
+	}
+	if j >= 0 && j >= i-5 {
+		return fmt.Sprintf("Descend(%d) stopped early at model index %d", key, j)
+	}
+	return ""
 }
