@@ -334,7 +334,7 @@ func bench(args []string, out io.Writer) error {
 	}
 	run := &runInfo{Transport: tg.transport, Target: tg.name, TargetPID: tg.pid, TargetStarted: tg.started, Metadata: *meta,
 		Buffer: bs[0], Batch: *batch, Batches: *batches, Threads: *threads, API: api, Mode: runMode, Duration: duration.String(), Verify: *verify,
-		Host: hostname, Version: version(), Date: time.Now().UTC().Format(time.RFC3339)}
+		Host: hostname, Version: version(), Date: time.Now().UTC().Format(time.RFC3339), CopyWorkers: tg.ini.Config().CopyWorkers}
 	if *protocol == "local" {
 		run.Metadata = "in this process"
 	}
