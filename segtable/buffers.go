@@ -140,7 +140,7 @@ func (bs *Buffers) Register(buf []byte, loc Location, remote bool) (*Buffer, err
 	defer bs.t.mu.Unlock()
 	// Buffers do not overlap, so the last one that starts before b's end
 	// is the only one that may meet b.
-	if x, _, _, ok := bs.sorted.Floor(uint64(b.Addr) + b.Length - 1); ok && uint64(x.Addr)+x.Length > uint64(b.Addr) {
+	if x, _, ok := bs.sorted.FloorValue(uint64(b.Addr) + b.Length - 1); ok && uint64(x.Addr)+x.Length > uint64(b.Addr) {
 		return nil, fmt.Errorf("%w: [%#x, +%d) meets buffer %d", ErrOverlap, b.Addr, b.Length, x.ID)
 	}
 	if _, err := bs.t.insert(b, func(id uint32) { b.ID = BufferID(id) }); err != nil {
@@ -166,7 +166,7 @@ func (bs *Buffers) Get(id BufferID) *Buffer { return bs.t.get(uint32(id)) }
 
 // Find returns the buffer that holds [addr, addr+n), or nil. Lock-free.
 func (bs *Buffers) Find(addr uintptr, n uint64) *Buffer {
-	b, _, _, ok := bs.sorted.Floor(uint64(addr))
+	b, _, ok := bs.sorted.FloorValue(uint64(addr))
 	if !ok || !b.Contains(uint64(addr-b.Addr), n) {
 		return nil
 	}
@@ -183,7 +183,7 @@ func (bs *Buffers) Overlapping(addr uintptr, n uint64) *Buffer {
 	if end < uint64(addr) {
 		end = ^uint64(0)
 	}
-	b, _, _, ok := bs.sorted.Floor(end)
+	b, _, ok := bs.sorted.FloorValue(end)
 	if !ok || uint64(b.Addr)+b.Length <= uint64(addr) {
 		return nil
 	}

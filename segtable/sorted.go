@@ -124,6 +124,28 @@ func (s *Sorted[T]) Floor(key uint64) (v T, k uint64, index int, ok bool) {
 	return nd.vals[i], nd.keys[i], index + i, true
 }
 
+// FloorValue is Floor without the index: it reads no counts on the way
+// down, for the users that need the value only (a lookup of a random key
+// among many misses the cache at every array it reads).
+func (s *Sorted[T]) FloorValue(key uint64) (v T, k uint64, ok bool) {
+	nd := s.root.Load()
+	if nd == nil {
+		return v, 0, false
+	}
+	for nd.h > 0 {
+		c := floorIndex(nd.keys, key)
+		if c < 0 {
+			return v, 0, false
+		}
+		nd = nd.kids[c]
+	}
+	i := floorIndex(nd.keys, key)
+	if i < 0 {
+		return v, 0, false
+	}
+	return nd.vals[i], nd.keys[i], true
+}
+
 // Descend calls fn for the values whose keys are at most key, from the
 // last down, until fn returns false.
 func (s *Sorted[T]) Descend(key uint64, fn func(k uint64, v T) bool) {
