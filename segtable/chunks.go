@@ -291,6 +291,18 @@ func (l *ChunkList) Insert(b BufferDesc) error {
 	}
 	var with []*chunk
 	switch bufs := c.bufs; {
+	case len(bufs) == ChunkSize && at == 0 && p == 0 && ci == 0:
+		// Before everything, at a full first chunk: a chunk of its own
+		// (registrations in falling address order below everything, as
+		// mmap's top-down placement gives, fill chunks as rising ones
+		// do), and past a full first page, a page of its own.
+		one := l.newChunk([]BufferDesc{b})
+		if len(pg.chunks) == pageSize {
+			l.insertPage(0, newChunkPage([]*chunk{one}))
+			return nil
+		}
+		l.replaceIn(0, 0, 0, []*chunk{one})
+		return nil
 	case len(bufs) == ChunkSize && at == len(bufs) && ci+1 < len(pg.chunks) && len(pg.chunks[ci+1].bufs) < ChunkSize:
 		// Past the end of a full chunk, before one with room: at its
 		// head (registrations in falling address order fill chunks too).

@@ -60,6 +60,39 @@ func TestFallingInsertsFillChunks(t *testing.T) {
 	}
 }
 
+// Insertions below everything in falling address order (each buffer
+// placed under all the others, as mmap's top-down placement gives) leave
+// full chunks, pages and leaves, as insertions in address order do: they
+// went to the head of the first chunk, which split in halves when full.
+func TestFallingBelowFillsChunks(t *testing.T) {
+	const n = 3 * ChunkSize * pageSize
+	var l ChunkList
+	s := new(Sorted[int])
+	for i := range n {
+		addr := uint64(n-i) * 16
+		if err := l.Insert(BufferDesc{Addr: addr, Length: 16}); err != nil {
+			t.Fatal(err)
+		}
+		s.Insert(addr, i)
+	}
+	cs := l.Chunks()
+	if cs.Len() != n || cs.Count() > n/ChunkSize+1 || len(cs.pages) > cs.Count()/pageSize+1 {
+		t.Errorf("%d buffers in %d chunks and %d pages, want %d in at most %d and %d", cs.Len(), cs.Count(), len(cs.pages), n, n/ChunkSize+1, cs.Count()/pageSize+1)
+	}
+	if err := checkTree(s.root.Load()); err != nil {
+		t.Fatal(err)
+	}
+	if counts := levelCounts(s.root.Load()); counts[0] > n/maxChunk+1 {
+		t.Errorf("Sorted: %d leaves for %d keys, want at most %d", counts[0], n, n/maxChunk+1)
+	}
+	bufs := cs.Buffers()
+	for i := 1; i < len(bufs); i++ {
+		if bufs[i].Addr <= bufs[i-1].Addr {
+			t.Fatalf("buffer %d at %#x after %#x", i, bufs[i].Addr, bufs[i-1].Addr)
+		}
+	}
+}
+
 // Printing a chunk list never shows a chunk's set element or the
 // accumulated set hash.
 func TestChunksPrintNoSecrets(t *testing.T) {
