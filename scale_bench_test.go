@@ -46,17 +46,29 @@ func scaleCounts(b *testing.B, counts ...int) []int {
 // bytes, one after another in one allocation; the slice returned is that
 // memory.
 func scaleTarget(b *testing.B, name string, n int) (*moonring.Engine, []byte) {
+	return scaleTargetHole(b, name, n, -1)
+}
+
+// scaleTargetHole is scaleTarget with n+1 blocks of memory, all but block
+// hole registered (none left out when hole < 0: n blocks).
+func scaleTargetHole(b *testing.B, name string, n, hole int) (*moonring.Engine, []byte) {
 	t, err := moonring.New(moonring.Config{Name: name, Metadata: metadata.NewMemory()})
 	if err != nil {
 		b.Fatal(err)
 	}
-	mem, err := t.Alloc(n*scaleBlock, "cpu:0")
+	blocks := n
+	if hole >= 0 {
+		blocks++
+	}
+	mem, err := t.Alloc(blocks*scaleBlock, "cpu:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	specs := make([]moonring.BufferSpec, n)
-	for i := range specs {
-		specs[i] = moonring.BufferSpec{Buf: mem[i*scaleBlock : (i+1)*scaleBlock], Location: "cpu:0", Remote: true}
+	specs := make([]moonring.BufferSpec, 0, n)
+	for i := range blocks {
+		if i != hole {
+			specs = append(specs, moonring.BufferSpec{Buf: mem[i*scaleBlock : (i+1)*scaleBlock], Location: "cpu:0", Remote: true})
+		}
 	}
 	if _, err := t.RegisterLocalMemoryBatch(specs); err != nil {
 		b.Fatal(err)
@@ -170,6 +182,12 @@ func BenchmarkScaleCopy(b *testing.B) {
 // cycle over all the cycles (cpu-µs/cycle-all: the collections' share
 // included, in proportion) and the bytes allocated per cycle (B/cycle),
 // of which the collections' share follows.
+//
+// The buffer churned is Go memory, which lies below the engine's Alloc'd
+// memory, so below every buffer held: each change is at the head of the
+// indexes. MOONRING_CHURN_MID=1 adds a kind, remote-mid, that churns a
+// block of the held buffers' own memory in the middle of their range
+// (its indexes' nodes there are full, where the head's are not).
 func BenchmarkScaleChurn(b *testing.B) {
 	cycles := 100000
 	if s := os.Getenv("MOONRING_CHURN_CYCLES"); s != "" {
@@ -178,18 +196,29 @@ func BenchmarkScaleChurn(b *testing.B) {
 			b.Fatalf("MOONRING_CHURN_CYCLES=%q: want a number of at least 2000", s)
 		}
 	}
+	kinds := []string{"local", "remote"}
+	if os.Getenv("MOONRING_CHURN_MID") != "" {
+		kinds = append(kinds, "remote-mid")
+	}
 	for _, n := range scaleCounts(b, 1, 10000, 100000) {
-		for _, how := range []string{"local", "remote"} {
+		for _, how := range kinds {
 			b.Run(fmt.Sprintf("buffers=%d/%s", n, how), func(b *testing.B) {
 				cycles := cycles
-				if how == "remote" && n > 1 && os.Getenv("MOONRING_CHURN_CYCLES") == "" {
+				if how != "local" && n > 1 && os.Getenv("MOONRING_CHURN_CYCLES") == "" {
 					cycles /= 10
 				}
-				t, _ := scaleTarget(b, b.Name(), n)
+				var t *moonring.Engine
 				buf := make([]byte, scaleBlock)
+				if how == "remote-mid" {
+					var mem []byte
+					t, mem = scaleTargetHole(b, b.Name(), n, n/2)
+					buf = mem[n/2*scaleBlock : (n/2+1)*scaleBlock]
+				} else {
+					t, _ = scaleTarget(b, b.Name(), n)
+				}
 				ctx := context.Background()
 				cycle := func() {
-					if _, err := t.RegisterLocalMemory(buf, "cpu:0", how == "remote"); err != nil {
+					if _, err := t.RegisterLocalMemory(buf, "cpu:0", how != "local"); err != nil {
 						b.Fatal(err)
 					}
 					if err := t.UnregisterLocalMemory(ctx, buf); err != nil {
