@@ -269,18 +269,27 @@ func (nd *sortedNode[T]) insert(key uint64, v T) []*sortedNode[T] {
 		out = []*sortedNode[T]{out[0], join(out[1], nd.kids[c+1])}
 		hi = c + 2
 	}
+	if len(nd.kids)-(hi-lo)+len(out) > maxPage && len(out) == 2 {
+		// A kid past the end of a full node, or one of one entry before
+		// its first: a node of its own, beside nd itself when the kid
+		// that overflowed was left as it was (a full leaf, or a node
+		// this rule kept whole below).
+		switch {
+		case hi == len(nd.kids) && out[0] == nd.kids[c]:
+			return []*sortedNode[T]{nd, newInner(out[1:2:2])}
+		case hi == len(nd.kids):
+			kids := splice(nd.kids, lo, hi, out[:1])
+			return []*sortedNode[T]{newInner(kids), newInner(out[1:2:2])}
+		case lo == 0 && len(out[0].keys) == 1 && out[1] == nd.kids[0]:
+			return []*sortedNode[T]{newInner(out[:1:1]), nd}
+		case lo == 0 && len(out[0].keys) == 1:
+			kids := splice(nd.kids, lo, hi, out[1:])
+			return []*sortedNode[T]{newInner(out[:1:1]), newInner(kids)}
+		}
+	}
 	kids := splice(nd.kids, lo, hi, out)
-	switch {
-	case len(kids) <= maxPage:
+	if len(kids) <= maxPage {
 		return []*sortedNode[T]{newInner(kids)}
-	case hi == len(nd.kids) && len(out) == 2:
-		// A kid past the end of a full node: a node of its own.
-		n := len(kids) - 1
-		return []*sortedNode[T]{newInner(kids[:n:n]), newInner(kids[n:])}
-	case lo == 0 && len(out) == 2 && len(out[0].keys) == 1:
-		// A kid of one entry before a full node's first: a node of its
-		// own.
-		return []*sortedNode[T]{newInner(kids[:1:1]), newInner(kids[1:])}
 	}
 	h := len(kids) / 2
 	return []*sortedNode[T]{newInner(kids[:h:h]), newInner(kids[h:])}
