@@ -37,6 +37,7 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 	}
 	if tc, ok := raw.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
+		setLoopbackSendBuffer(tc, e.t.cfg.LoopbackSendBuffer)
 		if err := setPeerTimeout(tc, e.t.cfg.PeerTimeout); err != nil {
 			raw.Close()
 			return nil, fmt.Errorf("tcp: set TCP_USER_TIMEOUT: %w", err)

@@ -30,6 +30,7 @@ func (t *Transport) serve(pc *peerConn) error {
 	raw := pc.c
 	if tc, ok := raw.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
+		setLoopbackSendBuffer(tc, t.cfg.LoopbackSendBuffer)
 		// A vanished initiator must not hold a region (and its Unregister)
 		// until the kernel gives up retransmitting, ~15 minutes.
 		setPeerTimeout(tc, t.cfg.PeerTimeout)

@@ -162,6 +162,15 @@ type Config struct {
 	// sent as the target closed comes back with ErrPeer, for the engine
 	// to retry (Refusals.Idle).
 	IdleTimeout time.Duration
+	// LoopbackSendBuffer is the send buffer (SO_SNDBUF) of a connection,
+	// either end's, whose peer is on this host: at a loopback address or
+	// at the connection's own (default DefaultLoopbackSendBuffer, which
+	// the kernel doubles; negative: the kernel's autotuning, which grows
+	// it to net.ipv4.tcp_wmem's maximum). A smaller buffer keeps the
+	// bytes between a writev and the peer's read in cache (loopback.go).
+	// A connection across a network keeps the autotuning whatever this
+	// says.
+	LoopbackSendBuffer int
 	// Logger receives connection events (default: discard). Refusals are
 	// logged at most once a second per reason, with the count of those
 	// not logged since.
@@ -230,6 +239,9 @@ func (c *Config) fill() error {
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.LoopbackSendBuffer == 0 {
+		c.LoopbackSendBuffer = DefaultLoopbackSendBuffer
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
