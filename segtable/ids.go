@@ -21,6 +21,11 @@ const (
 	MaxEntries = idIndexMask
 )
 
+// Index returns the table index id packs: below MaxEntries+1, and the same
+// for every generation of the index, so at most one live buffer has it at
+// a time. A transport may key its own table of registrations by it.
+func (id BufferID) Index() int { return int(uint32(id) & idIndexMask) }
+
 func makeID(index int, gen uint32) uint32 { return gen<<idIndexBits | uint32(index) }
 
 func splitID(id uint32) (index int, gen uint32) { return int(id & idIndexMask), id >> idIndexBits }

@@ -269,11 +269,11 @@ type Transport struct {
 	ln   net.Listener
 	addr string
 	mu   sync.Mutex // guards regs changes, conns, endpoints, the admission state
-	// regs holds the remote-accessible regions by buffer id, in
-	// registration order within one id (a buffer registered again while
-	// its old registration drains): a lookup takes no lock, and a
-	// registration copies one chunk, not the whole list.
-	regs     segtable.Sorted[*region]
+	// regs holds the remote-accessible regions by buffer id, newest
+	// first within one id (a buffer registered again while its old
+	// registration drains): a lookup takes no lock and searches nothing,
+	// and a registration copies nothing (see regionIndex).
+	regs     regionIndex
 	conns    map[net.Conn]*peerConn
 	retired  map[netip.Addr]*served // what ended connections served, per source; under mu
 	adm      admission              // under mu
@@ -400,7 +400,7 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 	r := &region{id: uint32(b.ID), addr: uint64(b.Addr), base: unsafe.Pointer(unsafe.SliceData(mem)), length: b.Length, key: binary.LittleEndian.Uint64(k[:])}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.regs.Insert(uint64(r.id), r)
+	t.regs.add(r)
 	return segtable.Registration{Key: strconv.FormatUint(uint64(b.ID), 16) + "." + strconv.FormatUint(r.key, 16)}, nil
 }
 

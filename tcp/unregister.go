@@ -21,15 +21,15 @@ func (t *Transport) UnregisterContext(ctx context.Context, b *segtable.Buffer, r
 		return nil
 	}
 	// The newest registration of the buffer is the one b holds.
-	r, id, _, ok := t.regs.Floor(uint64(b.ID))
-	if !ok || id != uint64(b.ID) {
+	r := t.regs.newest(b.ID)
+	if r == nil {
 		return fmt.Errorf("tcp: unregister buffer %d: %w", b.ID, segtable.ErrNotFound)
 	}
 	// Out of the table first: a drain that gives up reopens the region to
 	// references, and it must not be found by new frames then (they were
 	// served with the old key for as long as the transport lived).
 	t.mu.Lock()
-	t.regs.Delete(uint64(r.id), func(x *region) bool { return x == r })
+	t.regs.remove(r)
 	t.mu.Unlock()
 	if err := r.ref.Drain(ctx); err != nil {
 		return fmt.Errorf("tcp: unregister buffer %d: %w", b.ID, err)
