@@ -135,3 +135,31 @@ func TestResponsesUseWritev(t *testing.T) {
 		t.Fatalf("responses go to a %T, not the *net.TCPConn whose writev net.Buffers uses", w)
 	}
 }
+
+// A READ whose connection closes in the middle of its payload fails with
+// ErrPeer as soon as the close arrives, not after the response timeout:
+// the payload's read in progress ends with the connection.
+func TestReadPeerClosesMidPayload(t *testing.T) {
+	tp := newTimeoutPair(t, time.Minute, 9, true)
+	ep, local, remote, px := tp.ep, tp.local, tp.remote, tp.px
+	px.trickle.Store(int64(5 * time.Millisecond)) // 8 KiB each: 1 MiB in 640 ms and more
+	comp := make(chanCompleter, 1)
+	s := []transport.Slice{localSlice(transport.Read, local, remote.addr, 1)}
+	start := time.Now()
+	if k, err := ep.Post(comp, s); k != 1 || err != nil {
+		t.Fatalf("Post: %d, %v", k, err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	px.kill()
+	for _, err := range comp.await(t, 1) {
+		if err == nil {
+			t.Fatalf("the READ completed within %v, before the proxy closed: the test proved nothing", time.Since(start))
+		}
+		if !errors.Is(err, transport.ErrPeer) {
+			t.Fatalf("READ: %v, want ErrPeer", err)
+		}
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("the READ failed after %v, not when its connection closed", el)
+	}
+}
