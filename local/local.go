@@ -71,8 +71,8 @@ type Transport struct {
 	deliver atomic.Pointer[func(*transport.Notification) error]
 	mu      sync.Mutex // serializes changes of regs
 	// regs holds the registrations by address, read lock-free; a change
-	// copies one chunk and page of them (see segtable.Sorted: a flat list
-	// copied whole made n registrations cost n²). The Self endpoint
+	// copies a leaf of them and the nodes above it (see segtable.Sorted: a
+	// flat list copied whole made n registrations cost n²). The Self endpoint
 	// searches it, and so does a refused slice (to tell a range error
 	// from a denial).
 	regs segtable.Sorted[*region]
