@@ -298,6 +298,9 @@ func benchConfig() moonring.Config {
 	if v := os.Getenv("MOONRING_BENCH_PROMOTE"); v != "" {
 		cfg.PromoteAfter, _ = time.ParseDuration(v)
 	}
+	if v := os.Getenv("MOONRING_BENCH_COPY_WORKERS"); v != "" {
+		cfg.CopyWorkers, _ = strconv.Atoi(v) // -1: none
+	}
 	tc := tcp.Config{Key: childKey}
 	if v := os.Getenv("MOONRING_BENCH_RAILS"); v != "" {
 		tc.Rails, _ = strconv.Atoi(v)
