@@ -201,12 +201,14 @@ type Config struct {
 	// PinPollers pins each poller to the CPUs of its NUMA node.
 	PinPollers bool
 	// CopyWorkers is how many goroutines per poller share large batches
-	// of memory copies (the local and shm transports' mapped memory: 256
-	// KiB or more of slices of 16 KiB and up) with it, each taking an
-	// equal part while the poller copies the rest: one copy stream leaves
-	// memory bandwidth unused when blocks are scattered, as a KV cache's
-	// are. They park between batches. Default: GOMAXPROCS-1, at most 3;
-	// negative: none.
+	// of memory copies (the local and shm transports': a batch of 256 KiB
+	// or more, which one-slice requests of 16 KiB and up join rather than
+	// be copied one at a time when more wait behind them) with it, each
+	// taking an equal part while the poller copies the rest: one copy
+	// stream leaves memory bandwidth unused when blocks are scattered, as
+	// a KV cache's are. They park between batches. Requests in flight at
+	// once are then copied in no set order (see ring's package doc).
+	// Default: GOMAXPROCS-1, at most 3; negative: none.
 	CopyWorkers int
 	// MaxBatches bounds the batches allocated at once (default 1024).
 	MaxBatches int

@@ -164,6 +164,8 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 	q.state = stZombie
 	if q.outstanding == 0 {
 		r.release(idx)
+	} else {
+		q.gone.Store(true)
 	}
 }
 
@@ -192,6 +194,7 @@ func (r *Ring) release(idx int32) {
 	q.bytes, q.posted, q.done, q.outstanding, q.retries, q.forgive = 0, 0, 0, 0, 0, 0
 	q.notify, q.tag, q.pinned = false, 0, false
 	q.gen, q.state = gen, stFree
+	q.gone.Store(false)
 	r.free = append(r.free, idx)
 	r.active--
 }

@@ -43,6 +43,19 @@
 // until the transport has returned every one of them; their completions are
 // then applied to nothing. Tokens carry the slot's generation, so a
 // completion from an earlier use of a slot is recognized and ignored.
+// This holds for synchronous copies too (local, shm) once the poller's
+// copy workers take part of a batch (share.go): a slice a worker is
+// copying when its request ends still lands, and the request's later
+// slices at the worker are skipped.
+//
+// # Order
+//
+// Requests in flight at once are not ordered: rails, retries and the copy
+// workers move their slices at the same time, so a READ of a range that a
+// WRITE in flight writes may see either. A request's notification follows
+// every byte of its data; notifications of different requests may arrive
+// in any order. A caller that needs one request after another waits for
+// the first's completion.
 //
 // # Lifetimes
 //

@@ -275,7 +275,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		}
 	}
 	first := uint64(0) // the token of the first slice's first post
-	if e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size && !reg.Staged && !r.sharing(e.Length) {
+	if e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size && !reg.Staged && !r.sharing(e.Length, path.Endpoint) {
 		switch r.copyInline(e, buf, seg, path, reg.Handle, uint32(ri)) {
 		case inlineDone:
 			return

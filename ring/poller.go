@@ -240,7 +240,6 @@ func (p *Poller) Stop() {
 	}
 	p.mu.Unlock()
 	<-p.done
-	p.stopCopiers()
 }
 
 // Wake wakes the poller if it is parked; transports with events to poll
@@ -302,6 +301,10 @@ func (p *Poller) run() {
 					r.shutdown()
 					r.cq.Close()
 				}
+				// The workers' copies end before done: until then Uses
+				// still asks this goroutine, which no longer answers,
+				// rather than report a buffer free under a copy.
+				p.stopCopiers()
 				return
 			default:
 			}

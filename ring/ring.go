@@ -307,6 +307,11 @@ type request struct {
 	pinned      bool   // sq.FlagTransportOnly: it never leaves path
 	forgive     uint32 // slices that were out on a path it left: their failures cost no retry
 	tag         uint64 // the notification's tag
+	// gone is set when the request ends with slices still out (a
+	// zombie), cleared when its slot is released: a copy worker skips
+	// the slices of a request that is gone (share.go). The only field a
+	// goroutine other than the token holder reads.
+	gone atomic.Bool
 }
 
 // New returns a ring drained by p. The engine uses it through NewRing.

@@ -67,9 +67,10 @@ func (p *Poller) startCopiers(n int) {
 }
 
 // stopCopiers ends the workers once they have copied what they were
-// given (after the poller's goroutine ended: nothing hands out jobs any
-// more), and waits for them. Their last results go to rings that are shut
-// by then; Stop returns only once no worker touches a buffer.
+// given, and waits for them: the poller's goroutine, as it stops (nothing
+// hands out jobs any more), before it closes done. Their last results go
+// to rings that are shut by then; Stop returns only once no worker
+// touches a buffer.
 func (p *Poller) stopCopiers() {
 	if c := p.copiers; c != nil {
 		c.stop.Do(func() { close(c.jobs) })
@@ -91,23 +92,50 @@ func (p *Poller) copyWorker(c *copiers) {
 
 // copy moves the job's slices, queues their results for the ring's
 // poller, and then gets them seen to once (lend) rather than per slice.
+// The slice of a request that ended meanwhile (a failed slice of the
+// poller's part, a cancel, a timeout, a close: its completion may be out,
+// and its buffer back with its caller) is not copied: its result is
+// ErrClosed, which a zombie ignores. One that ends while its slice is
+// being copied still sees that copy land, as with a transport's slice in
+// flight (see doc.go).
 func (j *copyJob) copy() {
 	r, s := j.r, j.s
 	if bc, ok := j.cp.(transport.BatchCopier); ok {
-		errs := j.errs[:len(s)]
-		bc.CopyBatch(s, errs)
+		k := 0
 		for i := range s {
+			if r.gone(s[i].Token) {
+				r.queueDone(s[i].Token, transport.ErrClosed)
+				continue
+			}
+			s[k] = s[i]
+			k++
+		}
+		errs := j.errs[:k]
+		bc.CopyBatch(s[:k], errs)
+		for i := range k {
 			r.queueDone(s[i].Token, errs[i])
 		}
 		clear(errs)
 	} else {
 		for i := range s {
-			r.queueDone(s[i].Token, j.cp.Copy(&s[i]))
+			err := transport.ErrClosed
+			if !r.gone(s[i].Token) {
+				err = j.cp.Copy(&s[i])
+			}
+			r.queueDone(s[i].Token, err)
 		}
 	}
 	clear(s) // no pointer into a buffer outlives the copy
 	j.s, j.r, j.cp = s[:0], nil, nil
 	r.poller.lend()
+}
+
+// gone reports whether the request of a slice a copy worker holds has
+// ended. Any goroutine: the slot cannot be released, nor reused, while the
+// worker holds the slice (it counts as outstanding).
+func (r *Ring) gone(tok uint64) bool {
+	idx, _, _ := splitToken(tok)
+	return r.reqs[idx].gone.Load()
 }
 
 // share hands part of the batch, bound to the synchronous endpoint cp, to
@@ -173,9 +201,19 @@ func (r *Ring) share(cp transport.Copier) {
 	r.batch = r.batch[:end]
 }
 
-// sharing reports whether a one-slice request of n bytes should skip the
-// inline copy to join a batch that may be shared: the poller has workers,
-// the slice is large, and more entries wait behind it this round.
-func (r *Ring) sharing(n uint64) bool {
-	return r.poller.copiers != nil && r.more && n >= shareSlice
+// sharing reports whether a one-slice request of n bytes to ep should
+// skip the inline copy to join a batch that may be shared: the poller has
+// workers, the slice is large, more entries wait behind it this round,
+// and it joins the batch now: no slice of an earlier request waits to be
+// posted (it would wait behind them, perhaps for an endpoint without room:
+// an inline copy goes at once), the ring is not waiting for room
+// (waitingRoom), the completion queue has room, the batch is empty or
+// bound to ep, a free slot is left for the entries behind it, and the
+// ring is not yielding to a higher class after yieldBytes (its batches
+// would never reach shareBatch).
+func (r *Ring) sharing(n uint64, ep transport.Endpoint) bool {
+	return r.poller.copiers != nil && r.more && n >= shareSlice &&
+		r.postHead == len(r.postq) && !r.full && r.yieldAt == noYield &&
+		(len(r.batch) == 0 || r.batchEP == ep) && len(r.free) >= 2 &&
+		r.outstanding+len(r.batch)+1 < r.done.Cap()
 }

@@ -20,7 +20,7 @@ type parEP struct {
 	gateAt       uint64
 	gate         chan struct{}
 	gated        chan struct{} // closed when the gated copy waits
-	failAt       uint64        // a copy of the slice there fails with ErrDenied (0: none)
+	failAt       uint64        // a copy of the slice there fails with ErrDenied (0: none), after the gated copy started when that is further on
 	r1           uint64
 }
 
@@ -37,6 +37,13 @@ func (p *parEP) Copy(s *transport.Slice) error {
 		time.Sleep(50 * time.Microsecond)
 	}
 	if p.failAt != 0 && s.Remote == p.r1+p.failAt {
+		if p.gated != nil && p.gateAt > p.failAt {
+			// Fail once the gated copy (a worker's, further on) waits.
+			select {
+			case <-p.gated:
+			case <-time.After(hang):
+			}
+		}
 		return transport.ErrDenied
 	}
 	return p.move(s)
@@ -155,6 +162,76 @@ func TestCopyWorkerHoldsSlot(t *testing.T) {
 	for _, c := range h.poll() {
 		if c.UserData <= 8 || (c.Code != cq.CodeOK && c.Code != cq.CodeClosed) {
 			t.Fatalf("after Stop: request %d with code %v", c.UserData, c.Code)
+		}
+	}
+}
+
+// plainCopier is a fakeEP that copies synchronously, one slice a call.
+type plainCopier struct{ *fakeEP }
+
+func (c *plainCopier) Copy(s *transport.Slice) error { return c.move(s) }
+
+// TestShareNoHeadOfLine: with a copy worker, large one-slice copies
+// submitted behind a request whose endpoint is full (its slices wait for
+// room) are still copied at once, inline, rather than queued behind that
+// request's unposted slices until their deadlines pass.
+func TestShareNoHeadOfLine(t *testing.T) {
+	f := &fakeEP{hold: true, capacity: 2}
+	// A busy poller takes the entries itself: a submitter stepping a
+	// parked poller's rings (lend) leaves every copy to it, and the
+	// slices go through the ring's queue whatever sharing says, where a
+	// ring waiting for room at one endpoint holds back the others
+	// (waitingRoom; known, not this test's).
+	h := newHarnessPoller(t, Config{SliceSize: 64 << 10, Timeout: 2 * time.Second}, f, false, PollerConfig{CopyWorkers: 1, Busy: true})
+	cf := &fakeEP{mem: h.remote, base: f.base, rails: 1, out: map[uint64]bool{}}
+	seg2, err := h.segs.Open("copier", h.seg.Desc(), 0, 0, &plainCopier{cf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := func(ud, off uint64) sq.Entry {
+		e := h.write(ud, off, off, shareBlock)
+		e.Segment = seg2.ID
+		return e
+	}
+	// 8 slices for the full endpoint, which takes 2 and holds them.
+	h.submit(h.write(1, 0, 0, 512<<10), small(2, 0), small(3, shareBlock), small(4, 2*shareBlock))
+	for _, c := range h.collect(3) {
+		expectCode(t, c, cq.CodeOK)
+		if c.UserData < 2 {
+			t.Fatalf("completion of %d while its endpoint holds its slices", c.UserData)
+		}
+	}
+	f.setHold(false)
+	for len(h.poll()) == 0 {
+		f.release(-1, nil)
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestShareSkipsGone: the slices a worker holds of a request that ended
+// meanwhile (a slice of the poller's part failed, and its completion is
+// out) are not copied: the caller's READ buffer is left alone, but for the
+// one slice the worker was copying when the request ended.
+func TestShareSkipsGone(t *testing.T) {
+	f := &fakeEP{}
+	h := newHarnessPoller(t, Config{SliceSize: shareBlock}, f, false, PollerConfig{CopyWorkers: 1})
+	// 16 slices of one READ: the poller copies 0-7, the worker 8-15, its
+	// first waiting at the gate; slice 1 fails once it waits.
+	ep := &parEP{fakeEP: f, r1: h.r1, failAt: 1 * shareBlock, gateAt: 8 * shareBlock, gate: make(chan struct{}), gated: make(chan struct{})}
+	h.seg.Path().Endpoint = ep
+	fillPattern(h.remote, 4)
+	h.submit(h.read(1, 0, 0, 16*shareBlock))
+	select {
+	case <-ep.gated:
+	case <-time.After(hang):
+		t.Fatal("the gated copy never started")
+	}
+	expectCode(t, h.collect(1)[0], cq.CodeDenied)
+	close(ep.gate)
+	waitFor(t, "the worker's slices to come back", func() bool { return h.r.Stats().InFlight == 0 })
+	for i, b := range h.local[9*shareBlock : 16*shareBlock] {
+		if b != 0 {
+			t.Fatalf("byte %d of the failed READ's buffer written after its completion", 9*shareBlock+i)
 		}
 	}
 }
