@@ -1,0 +1,109 @@
+package moonring_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/tcp"
+)
+
+// BenchmarkPeerRepublish is one register/unregister cycle of a
+// remote-accessible buffer at a publisher that holds n others, while a
+// second engine of the process has its segment open (through the tcp or
+// the local transport, the Memory store, unsigned or signed with
+// Config.Key), each step timed until the peer has applied the
+// republished descriptor (its watcher took it: the store's hand-out, the
+// signing reader's check, every path's Update and the segment's): what
+// one registration costs every watching peer. It reports the process's
+// CPU time per cycle (cpu-ns/op, getrusage: both engines and the
+// store), which other load disturbs less than the wall time (which
+// includes the polling's sleeps). MOONRING_SCALE_MAX bounds n.
+func BenchmarkPeerRepublish(b *testing.B) {
+	for _, n := range scaleCounts(b, 1, 10000, 100000) {
+		for _, via := range []string{"tcp", "local"} {
+			for _, mode := range []string{"unsigned", "signed"} {
+				b.Run(fmt.Sprintf("buffers=%d/%s/%s", n, via, mode), func(b *testing.B) {
+					peerRepublish(b, n, via, mode == "signed")
+				})
+			}
+		}
+	}
+}
+
+func peerRepublish(b *testing.B, n int, via string, signed bool) {
+	store := metadata.NewMemory()
+	defer store.Close()
+	var key []byte
+	if signed {
+		key = []byte("bench key")
+	}
+	name := b.Name() + "-t"
+	t, err := moonring.New(moonring.Config{Name: name, Metadata: store, Key: key, TCP: &tcp.Config{Key: key}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer t.Close()
+	mem, err := t.Alloc((n+1)*scaleBlock, "cpu:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer t.Free(mem)
+	specs := make([]moonring.BufferSpec, n)
+	for i := range specs {
+		specs[i] = moonring.BufferSpec{Buf: mem[i*scaleBlock : (i+1)*scaleBlock], Location: "cpu:0", Remote: true}
+	}
+	if _, err := t.RegisterLocalMemoryBatch(specs); err != nil {
+		b.Fatal(err)
+	}
+	a, err := moonring.New(moonring.Config{Name: b.Name() + "-a", Metadata: store, Key: key, TCP: &tcp.Config{Key: key}, Transports: []string{via}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer a.Close()
+	seg, err := a.OpenSegment(b.Context(), name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got, err := a.SegmentTransport(seg); err != nil || got != via {
+		b.Fatalf("segment reached through %q (%v), want %q", got, err, via)
+	}
+	last := mem[n*scaleBlock:]
+	ctx := context.Background()
+	// applied waits until the peer has taken a descriptor newer than rev
+	// and returns its Rev.
+	applied := func(rev uint64) uint64 {
+		deadline := time.Now().Add(10 * time.Second)
+		for spins := 0; ; spins++ {
+			if r := moonring.PeerRev(a, seg); r > rev {
+				return r
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("the peer did not apply a descriptor after rev %d", rev)
+			}
+			if spins < 50 {
+				runtime.Gosched()
+			} else {
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
+	}
+	rev := applied(0)
+	b.ReportAllocs()
+	cpu0 := cpuTime()
+	for b.Loop() {
+		if _, err := t.RegisterLocalMemory(last, "cpu:0", true); err != nil {
+			b.Fatal(err)
+		}
+		rev = applied(rev)
+		if err := t.UnregisterLocalMemory(ctx, last); err != nil {
+			b.Fatal(err)
+		}
+		rev = applied(rev)
+	}
+	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
