@@ -161,6 +161,7 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 		bytes = 0 // a request that did not complete moved no bytes it can rely on
 	}
 	r.ended(q.seg, q.path.Transport, q.op, q.userData, code, bytes, max(r.now-q.started, 0))
+	r.dequeue(idx)
 	q.state = stZombie
 	if q.outstanding == 0 {
 		r.release(idx)

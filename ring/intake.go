@@ -41,7 +41,7 @@ func (r *Ring) step(t int64, held bool) bool {
 		if len(r.redo) > 0 {
 			work = r.postRedo() || work
 		}
-		if r.postHead < len(r.postq) {
+		if len(r.queues) > 0 {
 			work = r.postPending() || work
 		}
 		work = r.take(t, limit) || work
@@ -110,7 +110,7 @@ func (r *Ring) ready() bool {
 // do not wake this one). Poller only.
 func (r *Ring) wakeAt(t int64) int64 {
 	at := int64(1<<63 - 1)
-	if len(r.redo) > 0 || r.postHead < len(r.postq) {
+	if len(r.redo) > 0 || r.queued > 0 {
 		at = t + int64(100*time.Microsecond)
 	}
 	if r.active > 0 {
@@ -324,6 +324,5 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		r.redo = append(r.redo, token(idx, q.gen, 0)+first)
 		return
 	}
-	r.postq = append(r.postq, token(idx, q.gen, 0))
-	r.postPending()
+	r.postQueue(r.enqueue(idx))
 }

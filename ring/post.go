@@ -59,49 +59,71 @@ func (r *Ring) live(tok uint64) *request {
 	return q
 }
 
-// postPending appends the unposted slices of queued requests to the batch.
+// postPending appends the unposted slices of queued requests to the batch:
+// each endpoint's queue in turn, starting one further each call, skipping
+// those whose waiting room is closed (an endpoint without room holds back
+// only its own queue); then drops the queues left empty.
 func (r *Ring) postPending() bool {
-	if r.waitingRoom() {
-		return false
-	}
-	if r.postHead > 0 {
-		// Keep postq within MaxInFlight entries (its capacity): a request
-		// appears in it once, and a refused round must not make it grow.
-		r.postq = r.postq[:copy(r.postq, r.postq[r.postHead:])]
-		r.postHead = 0
-	}
 	work := false
-	for r.postHead < len(r.postq) {
-		tok := r.postq[r.postHead]
-		q := r.live(tok)
-		for q != nil && q.posted < q.nslices {
-			if r.outstanding+len(r.batch) >= r.done.Cap() {
-				return work
-			}
-			idx, gen, _ := splitToken(tok)
-			if !r.add(q, token(idx, gen, q.posted)) {
-				return work
-			}
-			work = true
-			if r.live(tok) == nil {
-				break // a flush ended the request: its slot is free, or reused
-			}
-			q.posted++
-			if r.inlineBytes >= r.yieldAt {
-				return true // a higher class may be waiting: see yieldBytes
-			}
+	n := len(r.queues)
+	r.qturn++
+	for k := 0; k < n; k++ {
+		pq := r.queues[(r.qturn+k)%n]
+		w, stop := r.postQueue(pq)
+		work = work || w
+		if stop {
+			break
 		}
-		r.postHead++
 	}
-	r.postq = r.postq[:0]
-	r.postHead = 0
+	r.pruneQueues()
 	return work
 }
 
+// postQueue appends the unposted slices of pq's requests to the batch,
+// oldest first, until the queue is empty or its endpoint refuses slices.
+// It reports whether it added any, and stop when the ring must stop
+// posting this round: the completion queue could not take more, or the
+// ring yields to a higher class (see yieldBytes).
+func (r *Ring) postQueue(pq *postQueue) (work, stop bool) {
+	if r.waiting(pq) {
+		return false, false
+	}
+	for pq.head != noSlot {
+		idx := pq.head
+		q := &r.reqs[idx]
+		if ep := q.endpoint(); ep != pq.ep {
+			// A failover moved the request since it was queued.
+			r.dequeue(idx)
+			r.enqueue(idx)
+			continue
+		}
+		if r.outstanding+len(r.batch) >= r.done.Cap() {
+			return work, true
+		}
+		tok := token(idx, q.gen, q.posted)
+		if !r.add(q, tok) {
+			return work, false // pq's endpoint is full: its waiting room closed
+		}
+		work = true
+		if r.live(tok) == nil {
+			continue // a flush ended the request (and took it out of the queue)
+		}
+		q.posted++
+		if q.posted >= q.nslices {
+			r.dequeue(idx)
+		}
+		if r.inlineBytes >= r.yieldAt {
+			return true, true // a higher class may be waiting: see yieldBytes
+		}
+	}
+	return work, false
+}
+
 // add appends one slice to the batch, flushing first when the batch is full
-// or bound to another endpoint. It reports false when the endpoint refused
-// slices of the batch (flush queued them for redo) and tok was not added:
-// the caller keeps tok and stops for this round. A flush may also end q
+// or bound to another endpoint. It reports false when tok's endpoint
+// refused slices of its full batch (flush queued them for redo, and closed
+// the endpoint's waiting room) and tok was not added: the caller keeps tok
+// and stops posting to that endpoint for this round. A flush may also end q
 // (a synchronous copy failed): then tok is dropped, and add reports true;
 // callers check r.live(tok) before touching q again.
 func (r *Ring) add(q *request, tok uint64) bool {
@@ -110,7 +132,10 @@ func (r *Ring) add(q *request, tok uint64) bool {
 		ep = q.path.Staged
 	}
 	if len(r.batch) == cap(r.batch) || (len(r.batch) > 0 && r.batchEP != ep) {
-		if !r.flush() {
+		// A refusal by another endpoint closes that one's waiting room
+		// (flush), not ep's: tok goes into the emptied batch.
+		other := r.batchEP != ep
+		if !r.flush() && !other {
 			return false
 		}
 		if r.live(tok) == nil {
@@ -169,30 +194,10 @@ func (r *Ring) message(userData uint64) []byte {
 	return nil
 }
 
-// refillAfter is how many of its slices complete, after an endpoint
-// refused some for want of room, before the ring offers slices again
-// (fewer when fewer are out).
+// refillAfter is how many of the ring's slices complete, after an
+// endpoint refused some for want of room, before the ring offers that
+// endpoint slices again (fewer when fewer are out): see waiting.
 const refillAfter = 16
-
-// waitingRoom reports whether the ring waits for room at an endpoint that
-// refused slices: until refillAfter of its own slices, or all of those
-// out when fewer, have completed since. An offer before then is refused
-// again, and each refused slice costs an add and a Post's look: a ring
-// with thousands of slices queued behind a full endpoint (the KV
-// pattern's 16,384 transfers a request) paid that for a whole batch at
-// every completion. With none of its own out (the room went to another
-// ring's slices) nothing holds it back: it offers again at its next
-// round, which wakeAt brings within 100 µs.
-func (r *Ring) waitingRoom() bool {
-	if !r.full {
-		return false
-	}
-	if r.reaped-r.fullAt < uint64(min(refillAfter, r.outstanding)) {
-		return true
-	}
-	r.full = false
-	return false
-}
 
 // flush posts the batch and reports whether the endpoint took all of it.
 func (r *Ring) flush() bool {
@@ -233,7 +238,7 @@ func (r *Ring) flush() bool {
 		r.outstanding--
 	}
 	if err == nil && len(rest) > 0 {
-		r.full, r.fullAt = true, r.reaped // no room: see waitingRoom
+		r.refused(r.batchEP) // no room: see waiting
 	}
 	for _, s := range rest {
 		switch {

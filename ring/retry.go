@@ -15,10 +15,9 @@ import (
 // postRedo posts again the slices that failed or were not accepted. The
 // tokens are processed from one buffer while refusals (and retries that a
 // synchronous flush produces) gather in the other: no allocation per round.
+// A slice whose endpoint's waiting room is closed (see waiting) stays for
+// a later round; the others go on.
 func (r *Ring) postRedo() bool {
-	if r.waitingRoom() {
-		return false
-	}
 	redo := r.redo
 	r.redo = r.spare[:0]
 	work := false
@@ -27,9 +26,13 @@ func (r *Ring) postRedo() bool {
 		if q == nil {
 			continue
 		}
-		if r.outstanding+len(r.batch) >= r.done.Cap() || !r.add(q, tok) {
+		if r.outstanding+len(r.batch) >= r.done.Cap() {
 			r.redo = append(r.redo, redo[i:]...)
 			break
+		}
+		if r.waitingFor(q.endpoint()) || !r.add(q, tok) {
+			r.redo = append(r.redo, tok)
+			continue
 		}
 		work = true
 	}

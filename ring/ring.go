@@ -166,8 +166,16 @@ type Ring struct {
 	tables      *Tables
 	reqs        []request
 	free        []int32  // free slots (stack)
-	postq       []uint64 // ref of requests with slices left to post (FIFO)
-	postHead    int
+	// queues hold the requests with slices left to post, a FIFO per
+	// endpoint (postq.go); queueByEP finds them, lastQ is the last one
+	// found, spareQ dropped ones kept for reuse, qturn the queue
+	// postPending starts at, queued the requests in them all.
+	queues    []*postQueue
+	queueByEP map[transport.Endpoint]*postQueue
+	lastQ     *postQueue
+	spareQ    []*postQueue
+	qturn     int
+	queued    int
 	redo        []uint64 // slice tokens to post again
 	spare       []uint64 // redo's other buffer
 	batch       []transport.Slice
@@ -185,10 +193,6 @@ type Ring struct {
 	taking      bool            // take has entries in hand that the SQ still holds: cqes waits
 	outstanding int             // slices posted and not yet completed
 	reaped      uint64          // slice completions applied, ever
-	// full is set when an endpoint refused slices for want of room;
-	// fullAt is reaped then (see waitingRoom).
-	full      bool
-	fullAt    uint64
 	active    int // requests in slots, including zombies
 	nextCheck int64
 	// latency counts completed requests by duration, from when the poller
@@ -307,6 +311,10 @@ type request struct {
 	pinned      bool   // sq.FlagTransportOnly: it never leaves path
 	forgive     uint32 // slices that were out on a path it left: their failures cost no retry
 	tag         uint64 // the notification's tag
+	// pq is the queue of its endpoint while it has slices left to post
+	// (postq.go), qnext and qprev its neighbours there.
+	pq           *postQueue
+	qnext, qprev int32
 	// gone is set when the request ends with slices still out (a
 	// zombie), cleared when its slot is released: a copy worker skips
 	// the slices of a request that is gone (share.go). The only field a
@@ -335,7 +343,7 @@ func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
 		sq: s, cq: c, done: d, poller: p, cfg: cfg, tables: tables, shut: make(chan struct{}), drv: make([]transport.Driver, 0, 4),
 		reqs:    make([]request, cfg.MaxInFlight),
 		free:    make([]int32, cfg.MaxInFlight),
-		postq:   make([]uint64, 0, cfg.MaxInFlight),
+		queueByEP: make(map[transport.Endpoint]*postQueue),
 		batch:   make([]transport.Slice, 0, batchCap),
 		errs:    make([]error, 64),
 		cqes:    make([]cq.Completion, 0, 64),

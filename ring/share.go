@@ -207,13 +207,13 @@ func (r *Ring) share(cp transport.Copier) {
 // and it joins the batch now: no slice of an earlier request waits to be
 // posted (it would wait behind them, perhaps for an endpoint without room:
 // an inline copy goes at once), the ring is not waiting for room
-// (waitingRoom), the completion queue has room, the batch is empty or
+// (waiting), the completion queue has room, the batch is empty or
 // bound to ep, a free slot is left for the entries behind it, and the
 // ring is not yielding to a higher class after yieldBytes (its batches
 // would never reach shareBatch).
 func (r *Ring) sharing(n uint64, ep transport.Endpoint) bool {
 	return r.poller.copiers != nil && r.more && n >= shareSlice &&
-		r.postHead == len(r.postq) && !r.full && r.yieldAt == noYield &&
+		r.queued == 0 && !r.waitingFor(ep) && r.yieldAt == noYield &&
 		(len(r.batch) == 0 || r.batchEP == ep) && len(r.free) >= 2 &&
 		r.outstanding+len(r.batch)+1 < r.done.Cap()
 }

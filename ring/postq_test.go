@@ -1,0 +1,134 @@
+package ring
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/sq"
+)
+
+// TestFullEndpointHoldsOnlyItsOwn: an endpoint without room (a peer that
+// stopped reading: it holds the slices it took and refuses the rest)
+// holds back its own request's slices, not the requests behind it for
+// another endpoint, which complete at once, well inside their deadlines;
+// on a poller that parks (a submitter steps its rings) and on one that
+// stays busy, and stepped by hand. Once the full endpoint takes its slices
+// again its request completes too, every byte in place, and the ring keeps
+// no queue for either endpoint.
+func TestFullEndpointHoldsOnlyItsOwn(t *testing.T) {
+	for _, mode := range []string{"manual", "parked", "busy"} {
+		t.Run(mode, func(t *testing.T) {
+			full := &fakeEP{hold: true, capacity: 2}
+			cfg := Config{SliceSize: 64 << 10, Timeout: 2 * time.Second}
+			var h *harness
+			switch mode {
+			case "manual":
+				h = newHarness(t, cfg, full, true)
+			case "parked":
+				h = newHarness(t, cfg, full, false)
+			default:
+				h = newHarnessPoller(t, cfg, full, false, PollerConfig{Busy: true})
+			}
+			other := &fakeEP{mem: h.remote, base: full.base, rails: 1, out: map[uint64]bool{}}
+			seg2, err := h.segs.Open("other", h.seg.Desc(), 0, 0, other, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fillPattern(h.local, 3)
+			const n = 256 << 10 // 4 slices: the full endpoint takes 2
+			es := []sq.Entry{h.write(1, 0, 0, n)}
+			for i := uint64(0); i < 6; i++ {
+				e := h.write(2+i, n+i*4096, n+i*4096, 4096)
+				e.Segment = seg2.ID
+				es = append(es, e)
+			}
+			start := time.Now()
+			h.submit(es...)
+			for _, c := range h.collect(6) {
+				expectCode(t, c, cq.CodeOK)
+				if c.UserData < 2 {
+					t.Fatalf("completion of request %d while its endpoint holds its slices", c.UserData)
+				}
+			}
+			if d := time.Since(start); d >= cfg.Timeout {
+				t.Fatalf("the other endpoint's requests took %v, the timeout", d)
+			}
+			if got, want := string(h.remote[n:n+6*4096]), string(h.local[n:n+6*4096]); got != want {
+				t.Fatal("the other endpoint's bytes differ")
+			}
+			full.setHold(false)
+			var got []cq.Completion
+			deadline := time.Now().Add(hang)
+			for len(got) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("hang: the full endpoint's request never completed")
+				}
+				full.release(-1, nil)
+				got = h.poll()
+				time.Sleep(time.Millisecond)
+			}
+			expectCode(t, got[0], cq.CodeOK)
+			if string(h.remote[:n]) != string(h.local[:n]) {
+				t.Fatal("the full endpoint's bytes differ")
+			}
+			checkPostedOnce(t, full, 4)
+			h.fence()
+			if q := h.r.Stats(); q.InFlight != 0 {
+				t.Fatalf("%d in flight after every completion", q.InFlight)
+			}
+		})
+	}
+}
+
+// TestQueuesDropped: a ring that posted to many endpoints, each refusing
+// some slices for a while, keeps no queue for any of them once their
+// requests are done (nothing per peer it no longer talks to).
+func TestQueuesDropped(t *testing.T) {
+	first := &fakeEP{hold: true, capacity: 1}
+	h := newHarness(t, Config{SliceSize: 4096}, first, true)
+	eps := []*fakeEP{first}
+	ids := []segtable.SegmentID{h.seg.ID}
+	for i := range 20 {
+		ep := &fakeEP{mem: h.remote, base: first.base, rails: 1, out: map[uint64]bool{}, hold: true, capacity: 1}
+		s, err := h.segs.Open(fmt.Sprint("peer", i), h.seg.Desc(), 0, 0, ep, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps = append(eps, ep)
+		ids = append(ids, s.ID)
+	}
+	var es []sq.Entry
+	for i, id := range ids {
+		e := h.write(uint64(i+1), 0, 0, 4*4096)
+		e.Segment = id
+		es = append(es, e)
+	}
+	h.submit(es...)
+	h.step()
+	if len(h.r.queues) != len(eps) {
+		t.Fatalf("%d queues with %d endpoints refusing slices", len(h.r.queues), len(eps))
+	}
+	var got []cq.Completion
+	deadline := time.Now().Add(hang)
+	for len(got) < len(eps) {
+		if time.Now().After(deadline) {
+			t.Fatalf("hang: %d of %d completions", len(got), len(eps))
+		}
+		for _, ep := range eps {
+			ep.release(-1, nil)
+		}
+		got = append(got, h.poll()...)
+	}
+	for _, c := range got {
+		expectCode(t, c, cq.CodeOK)
+	}
+	for i := 0; i < 2*refillAfter; i++ {
+		h.step() // the waiting rooms open with no slice out
+	}
+	if len(h.r.queues) != 0 || len(h.r.queueByEP) != 0 || h.r.queued != 0 {
+		t.Fatalf("%d queues, %d by endpoint, %d queued after every request completed", len(h.r.queues), len(h.r.queueByEP), h.r.queued)
+	}
+}
