@@ -162,20 +162,20 @@ type Ring struct {
 
 	// Poller-owned state below: only the holder of the poller's token (its
 	// goroutine, or a goroutine it lent its rings to while parked) touches it.
-	cfg         Config
-	tables      *Tables
-	reqs        []request
-	free        []int32  // free slots (stack)
+	cfg    Config
+	tables *Tables
+	reqs   []request
+	free   []int32 // free slots (stack)
 	// queues hold the requests with slices left to post, a FIFO per
 	// endpoint (postq.go); queueByEP finds them, lastQ is the last one
 	// found, spareQ dropped ones kept for reuse, qturn the queue
 	// postPending starts at, queued the requests in them all.
-	queues    []*postQueue
-	queueByEP map[transport.Endpoint]*postQueue
-	lastQ     *postQueue
-	spareQ    []*postQueue
-	qturn     int
-	queued    int
+	queues      []*postQueue
+	queueByEP   map[transport.Endpoint]*postQueue
+	lastQ       *postQueue
+	spareQ      []*postQueue
+	qturn       int
+	queued      int
 	redo        []uint64 // slice tokens to post again
 	spare       []uint64 // redo's other buffer
 	batch       []transport.Slice
@@ -193,8 +193,8 @@ type Ring struct {
 	taking      bool            // take has entries in hand that the SQ still holds: cqes waits
 	outstanding int             // slices posted and not yet completed
 	reaped      uint64          // slice completions applied, ever
-	active    int // requests in slots, including zombies
-	nextCheck int64
+	active      int             // requests in slots, including zombies
+	nextCheck   int64
 	// latency counts completed requests by duration, from when the poller
 	// took them to their last slice, in power-of-two buckets of 1.024 µs
 	// and up (bucket i: below 2^(i+10) ns); latencySum is their total.
@@ -341,13 +341,13 @@ func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
 	}
 	r := &Ring{
 		sq: s, cq: c, done: d, poller: p, cfg: cfg, tables: tables, shut: make(chan struct{}), drv: make([]transport.Driver, 0, 4),
-		reqs:    make([]request, cfg.MaxInFlight),
-		free:    make([]int32, cfg.MaxInFlight),
+		reqs:      make([]request, cfg.MaxInFlight),
+		free:      make([]int32, cfg.MaxInFlight),
 		queueByEP: make(map[transport.Endpoint]*postQueue),
-		batch:   make([]transport.Slice, 0, batchCap),
-		errs:    make([]error, 64),
-		cqes:    make([]cq.Completion, 0, 64),
-		yieldAt: noYield,
+		batch:     make([]transport.Slice, 0, batchCap),
+		errs:      make([]error, 64),
+		cqes:      make([]cq.Completion, 0, 64),
+		yieldAt:   noYield,
 	}
 	for i := range r.free {
 		r.free[i] = int32(cfg.MaxInFlight - 1 - i)
