@@ -58,6 +58,7 @@ var (
 	mRetries   = prometheus.NewDesc("moonring_slice_retries_total", "Slices posted again after a failure.", []string{"ring"}, nil)
 	mReqFO     = prometheus.NewDesc("moonring_request_failovers_total", "Requests moved to another path of their segment after a failure of the path.", []string{"ring"}, nil)
 	mStale     = prometheus.NewDesc("moonring_stale_completions_total", "Slice completions that arrived for a slot's earlier use.", []string{"ring"}, nil)
+	mShared    = prometheus.NewDesc("moonring_shared_copy_slices_total", "Slices of synchronous copies (local, shm) a copy worker moved beside the poller (Config.CopyWorkers).", []string{"ring"}, nil)
 	mHeld      = prometheus.NewDesc("moonring_ring_held_rounds_total", "Poller rounds in which a ring started nothing because a ring of a higher class was busy (RingConfig.Class).", []string{"ring"}, nil)
 	mPromoted  = prometheus.NewDesc("moonring_ring_promoted_rounds_total", "Poller rounds in which a held ring was promoted after waiting (RingConfig.Class).", []string{"ring"}, nil)
 	mInFlight  = prometheus.NewDesc("moonring_requests_in_flight", "Requests in the in-flight table, including ended ones whose slices are still out.", []string{"ring"}, nil)
@@ -81,7 +82,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mReqFO, mStale, mHeld, mPromoted, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors, mRefused, mServed, mServedB, mFailovers, mFailbacks, mSegPath} {
+	for _, d := range []*prometheus.Desc{mRequests, mBytes, mRetries, mReqFO, mStale, mShared, mHeld, mPromoted, mInFlight, mPollerUp, mPollerPk, mPollerNo, mBuffers, mSegments, mNotesWait, mPeerReqs, mPeerBytes, mLatency, mErrors, mRefused, mServed, mServedB, mFailovers, mFailbacks, mSegPath} {
 		ch <- d
 	}
 }
@@ -132,6 +133,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(mRetries, prometheus.CounterValue, float64(st.Retries), x.name)
 		ch <- prometheus.MustNewConstMetric(mReqFO, prometheus.CounterValue, float64(st.Failovers), x.name)
 		ch <- prometheus.MustNewConstMetric(mStale, prometheus.CounterValue, float64(st.Stale), x.name)
+		ch <- prometheus.MustNewConstMetric(mShared, prometheus.CounterValue, float64(st.Shared), x.name)
 		ch <- prometheus.MustNewConstMetric(mHeld, prometheus.CounterValue, float64(st.Held), x.name)
 		ch <- prometheus.MustNewConstMetric(mPromoted, prometheus.CounterValue, float64(st.Promoted), x.name)
 		ch <- prometheus.MustNewConstMetric(mInFlight, prometheus.GaugeValue, float64(st.InFlight), x.name)

@@ -1,9 +1,12 @@
 package moonring_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -136,6 +139,47 @@ func TestMetrics(t *testing.T) {
 	body, _ := io.ReadAll(rec.Body)
 	if !strings.Contains(string(body), `moonring_bytes_total{ring="batch/0"} 3.145728e+06`) {
 		t.Errorf("handler output lacks the batch bytes:\n%s", body)
+	}
+}
+
+// TestSharedCopyMetric: the slices a copy worker moved are counted per
+// ring. A 4 MiB WRITE in-process is 4 slices of 1 MiB, a batch the
+// poller shares with its worker (one by default where GOMAXPROCS is 2 or
+// more; none, and nothing counted, with CopyWorkers -1).
+func TestSharedCopyMetric(t *testing.T) {
+	for _, workers := range []int{0, -1} {
+		a, err := moonring.New(moonring.Config{Name: fmt.Sprint(t.Name(), workers, "-a"), CopyWorkers: workers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		b := newEngine(t, fmt.Sprint(t.Name(), workers, "-b"))
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(a.Collector())
+		src, dst := make([]byte, 4<<20), make([]byte, 4<<20)
+		a.RegisterLocalMemory(src, "cpu:0", false)
+		b.RegisterLocalMemory(dst, "cpu:0", true)
+		seg, err := a.OpenSegment(t.Context(), b.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill(src, 9)
+		for range 4 {
+			if err := a.Transfer(t.Context(), moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(src), TargetID: seg,
+				TargetOffset: uint64(moonring.AddressOf(dst)), Length: 4 << 20}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !bytes.Equal(src, dst) {
+			t.Fatal("bytes differ")
+		}
+		v := metricValue(t, reg, "moonring_shared_copy_slices_total", map[string]string{"ring": "batch/0"})
+		switch {
+		case workers < 0 && v != 0:
+			t.Errorf("no workers: %v shared slices; want 0", v)
+		case workers == 0 && runtime.GOMAXPROCS(0) > 1 && v == 0:
+			t.Errorf("a copy worker: no shared slices")
+		}
 	}
 }
 

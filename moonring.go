@@ -310,6 +310,7 @@ func (c Config) String() string {
 		tc, _ := c.TCP.Effective()
 		ts += fmt.Sprintf("\ntcp: listen %s, %d rails, depth %d, slice %d, tls %v (pinned self-signed: %v), handshakes %d (%d per source), conns %d, idle %v",
 			tc.Listen, tc.Rails, tc.Depth, tc.SliceSize, tc.TLS != nil || tc.AutoTLS, tc.AutoTLS, tc.MaxHandshakes, tc.MaxHandshakesPerSource, tc.MaxConns, tc.IdleTimeout)
+		ts += fmt.Sprintf(", drive spin %v, same-host send buffer %d", tc.DriveSpin, tc.LoopbackSendBuffer)
 	}
 	if c.SHM != nil {
 		ts += fmt.Sprintf("\nshm: same-host peers, no mapping %v", c.SHM.NoMap)

@@ -118,7 +118,8 @@ func NewPoller(cfg PollerConfig) *Poller {
 	return p
 }
 
-// PinError returns the error of pinning the poller's thread, if any.
+// PinError returns the error of pinning the poller's thread, or a copy
+// worker's (see PollerConfig.CopyWorkers), if any: the first one.
 func (p *Poller) PinError() error {
 	if e := p.pinErr.Load(); e != nil {
 		return *e

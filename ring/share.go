@@ -82,7 +82,11 @@ func (p *Poller) copyWorker(c *copiers) {
 	defer c.wg.Done()
 	if len(p.cfg.CPUs) > 0 && p.cfg.Pin != nil {
 		runtime.LockOSThread() // for good, as the poller's: see run
-		_ = p.cfg.Pin(p.cfg.CPUs)
+		if err := p.cfg.Pin(p.cfg.CPUs); err != nil {
+			// Reported as the poller's own (PinError), unless that failed
+			// first: the worker runs unpinned, as the poller then does.
+			p.pinErr.CompareAndSwap(nil, &err)
+		}
 	}
 	for j := range c.jobs {
 		j.copy()
