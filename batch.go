@@ -596,11 +596,10 @@ func (e *Engine) remote(req *TransferRequest) (uint64, error) {
 	if s == nil {
 		return 0, fmt.Errorf("segment %d: %w", req.TargetID, ErrBadSegment)
 	}
-	d := s.Desc()
-	if req.TargetBuffer < 0 || req.TargetBuffer > len(d.Buffers) {
-		return 0, fmt.Errorf("remote buffer %d of the %d segment %q offers: %w", req.TargetBuffer, len(d.Buffers), d.Name, ErrRemoteRange)
+	b, ok := s.Buffer(req.TargetBuffer - 1)
+	if !ok {
+		return 0, fmt.Errorf("remote buffer %d of the %d segment %q offers: %w", req.TargetBuffer, s.NumBuffers(), s.Name, ErrRemoteRange)
 	}
-	b := d.Buffers[req.TargetBuffer-1]
 	if req.TargetOffset > b.Length || req.Length > b.Length-req.TargetOffset {
 		return 0, fmt.Errorf("remote buffer %d [%d, +%d) of %d bytes: %w", req.TargetBuffer, req.TargetOffset, req.Length, b.Length, ErrRemoteRange)
 	}

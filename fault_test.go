@@ -74,7 +74,7 @@ func asLocal(d *segtable.SegmentDesc, name string) *segtable.SegmentDesc {
 	c := d.Clone()
 	c.Endpoints = map[string]string{local.Name: d.Endpoints[name]}
 	for i := range c.Buffers {
-		c.Buffers[i].Keys = map[string]string{local.Name: d.Buffers[i].Keys[name]}
+		c.Buffers[i].Keys = map[string]string{local.Name: c.Buffers[i].Keys[name]} // c is flat (Clone), d may be Chunked
 	}
 	return c
 }

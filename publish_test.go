@@ -79,10 +79,10 @@ func TestPublishMatchesRebuild(t *testing.T) {
 						want++
 					}
 				}
-				if len(d.Buffers) != want {
-					t.Fatalf("step %d: %d buffers published, %d registered remote-accessible", step, len(d.Buffers), want)
+				if d.NumBuffers() != want {
+					t.Fatalf("step %d: %d buffers published, %d registered remote-accessible", step, d.NumBuffers(), want)
 				}
-				for _, b := range d.Buffers {
+				for _, b := range d.AllBuffers() {
 					if r, ok := remote[b.Addr]; !ok || !r || b.Length != size || len(b.Keys) == 0 {
 						t.Fatalf("step %d: published %+v, not a registered remote-accessible buffer", step, b)
 					}

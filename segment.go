@@ -64,13 +64,14 @@ func (e *Engine) Segment(id SegmentID) (SegmentInfo, error) {
 		return SegmentInfo{}, fmt.Errorf("moonring: segment %d: %w", id, ErrBadSegment)
 	}
 	d := s.Desc()
-	info := SegmentInfo{Name: d.Name, Epoch: d.Epoch, Transport: e.transports[s.Path().Transport].Name(), Buffers: make([]RemoteBuffer, len(d.Buffers))}
+	bufs := d.AllBuffers()
+	info := SegmentInfo{Name: d.Name, Epoch: d.Epoch, Transport: e.transports[s.Path().Transport].Name(), Buffers: make([]RemoteBuffer, len(bufs))}
 	for _, p := range s.Paths() {
 		if t := e.transports[p.Transport]; t != nil {
 			info.Paths = append(info.Paths, PathInfo{Transport: t.Name(), Up: !p.Down()})
 		}
 	}
-	for i, b := range d.Buffers {
+	for i, b := range bufs {
 		info.Buffers[i] = RemoteBuffer{Addr: b.Addr, Length: b.Length, Location: Location(b.Location)}
 	}
 	return info, nil
@@ -388,7 +389,7 @@ func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 			case ev.Desc.Epoch != old.Epoch:
 				e.cfg.Logger.Info("moonring: segment restarted", "segment", s.Name, "epoch", ev.Desc.Epoch)
 			default:
-				e.cfg.Logger.Debug("moonring: segment republished", "segment", s.Name, "buffers", len(ev.Desc.Buffers))
+				e.cfg.Logger.Debug("moonring: segment republished", "segment", s.Name, "buffers", ev.Desc.NumBuffers())
 			}
 			if ev.Deleted || ev.Desc == nil {
 				// Gone: requests fail at the endpoint until the peer is back

@@ -52,8 +52,8 @@ func TestSignedDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, _ := segtable.NewSigner(key)
-	if err := s.Verify(published); err != nil || len(published.Buffers) != 1 {
-		t.Fatalf("published descriptor: %v (%d buffers)", err, len(published.Buffers))
+	if err := s.Verify(published); err != nil || published.NumBuffers() != 1 {
+		t.Fatalf("published descriptor: %v (%d buffers)", err, published.NumBuffers())
 	}
 
 	// Another key: the descriptor is absent to it.

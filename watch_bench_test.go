@@ -74,16 +74,14 @@ func peerRepublish(b *testing.B, n int, via string, signed bool) {
 	}
 	last := mem[n*scaleBlock:]
 	ctx := context.Background()
-	// applied waits until the peer has taken a descriptor newer than rev
-	// and returns its Rev.
-	applied := func(rev uint64) uint64 {
-		deadline := time.Now().Add(10 * time.Second)
-		for spins := 0; ; spins++ {
-			if r := moonring.PeerRev(a, seg); r > rev {
-				return r
-			}
+	// applied waits until the peer has taken a descriptor of want
+	// buffers (register and unregister alternate, so each step changes
+	// the count; a descriptor's Rev does not always grow unsigned).
+	applied := func(want int) {
+		deadline := time.Now().Add(30 * time.Second)
+		for spins := 0; moonring.PeerBuffers(a, seg) != want; spins++ {
 			if time.Now().After(deadline) {
-				b.Fatalf("the peer did not apply a descriptor after rev %d", rev)
+				b.Fatalf("the peer did not apply a descriptor of %d buffers (has %d)", want, moonring.PeerBuffers(a, seg))
 			}
 			if spins < 50 {
 				runtime.Gosched()
@@ -92,18 +90,19 @@ func peerRepublish(b *testing.B, n int, via string, signed bool) {
 			}
 		}
 	}
-	rev := applied(0)
+	applied(n)
+	time.Sleep(50 * time.Millisecond) // the watcher's first event, the descriptor as opened
 	b.ReportAllocs()
 	cpu0 := cpuTime()
 	for b.Loop() {
 		if _, err := t.RegisterLocalMemory(last, "cpu:0", true); err != nil {
 			b.Fatal(err)
 		}
-		rev = applied(rev)
+		applied(n + 1)
 		if err := t.UnregisterLocalMemory(ctx, last); err != nil {
 			b.Fatal(err)
 		}
-		rev = applied(rev)
+		applied(n)
 	}
 	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }

@@ -1,12 +1,13 @@
 package moonring
 
-// PeerRev returns the Rev of the descriptor the open segment id of e last
-// took (its watcher applied it: every path's Update, then the segment's),
-// or 0: what BenchmarkPeerRepublish polls. Safe for concurrent use.
-func PeerRev(e *Engine, id SegmentID) uint64 {
+// PeerBuffers returns the number of buffers of the descriptor the open
+// segment id of e last took (its watcher applied it: every path's
+// Update, then the segment's), or -1: what BenchmarkPeerRepublish
+// polls. Safe for concurrent use.
+func PeerBuffers(e *Engine, id SegmentID) int {
 	s := e.segments.Get(id)
 	if s == nil {
-		return 0
+		return -1
 	}
-	return s.Desc().Rev
+	return s.Desc().NumBuffers()
 }

@@ -211,8 +211,9 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 }
 
 func (e *Endpoint) setKeys(desc *segtable.SegmentDesc) {
-	ks := make([]keyRange, 0, len(desc.Buffers))
-	for _, b := range desc.Buffers {
+	bufs := desc.AllBuffers() // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
+	ks := make([]keyRange, 0, len(bufs))
+	for _, b := range bufs {
 		if b.Length == 0 || b.Addr+b.Length < b.Addr {
 			continue
 		}

@@ -273,8 +273,9 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	}
 	// Every buffer, with a key or not, so that indexes match the
 	// descriptor's (and Resolve's).
-	kt := &keyTable{starts: make([]uint64, len(desc.Buffers)), ranges: make([]keyRange, len(desc.Buffers))}
-	for i, b := range desc.Buffers {
+	bufs := desc.AllBuffers()
+	kt := &keyTable{starts: make([]uint64, len(bufs)), ranges: make([]keyRange, len(bufs))}
+	for i, b := range bufs {
 		kt.starts[i] = b.Addr
 		r := keyRange{addr: b.Addr, length: b.Length}
 		r.secret, r.handle, r.ok = parseKey(b.Keys[Name])

@@ -53,7 +53,9 @@ func (m *Memory) check(ctx context.Context, op, name string) error {
 	return nil
 }
 
-// Get returns a copy of the descriptor under name; see [Store].
+// Get returns a copy of the descriptor under name: a flat one whole, a
+// Chunked one as a header of its own sharing the immutable chunks
+// (segtable.SegmentDesc.CloneShared, O(1) in the buffers); see [Store].
 func (m *Memory) Get(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -64,7 +66,7 @@ func (m *Memory) Get(ctx context.Context, name string) (*segtable.SegmentDesc, e
 	if !ok {
 		return nil, m.errorf("get", name, ErrNotFound)
 	}
-	return d.Clone(), nil
+	return d.CloneShared(), nil
 }
 
 // Put validates d and stores a copy unless another epoch holds its name;
@@ -134,7 +136,7 @@ func (m *Memory) Watch(ctx context.Context, name string) (<-chan Event, error) {
 	}
 	w := &watch{ch: make(chan Event, 1)}
 	if d, ok := m.descs[name]; ok {
-		w.ch <- Event{Desc: d.Clone()}
+		w.ch <- Event{Desc: d.CloneShared()}
 	}
 	if m.watches == nil {
 		m.watches = make(map[string]map[*watch]struct{})
@@ -163,13 +165,14 @@ func (m *Memory) unwatch(name string, w *watch) {
 	close(w.ch)
 }
 
-// notify hands every watcher of name its own copy of the event, replacing
+// notify hands every watcher of name its own copy of the event (a
+// Chunked descriptor's header, sharing the chunks: see Get), replacing
 // an event the watcher has not received yet. m.mu is held, and only holders
 // of m.mu send, so after the drain the channel has room and the send cannot
 // block.
 func (m *Memory) notify(name string, d *segtable.SegmentDesc, deleted bool) {
 	for w := range m.watches[name] {
-		ev := Event{Desc: d.Clone(), Deleted: deleted}
+		ev := Event{Desc: d.CloneShared(), Deleted: deleted}
 		select {
 		case w.ch <- ev:
 		default:
@@ -206,7 +209,8 @@ func (m *Memory) Close() error {
 // replaces, the key maps of the buffers that did not change: a segment
 // that republishes after one registration among n buffers then costs n
 // comparisons of small maps, not n new ones. The store never changes a map
-// it holds, and hands out copies, so the sharing is invisible. Both
+// it holds, and hands out flat copies of a flat descriptor, so the sharing
+// is invisible. Both
 // descriptors' buffers are sorted by address (Validate).
 func cloneSharing(d, old *segtable.SegmentDesc) *segtable.SegmentDesc {
 	if old == nil {

@@ -47,7 +47,12 @@ const maxSeen = 1 << 16
 // back a buffer since withdrawn). A descriptor that fails is treated as
 // absent (Get: an error matching [ErrNotFound] and [ErrForged] or
 // [ErrStale]; Watch: a Deleted event, but for an older Rev, which a watch
-// skips), counted (Refused) and logged at most once a second.
+// skips), counted (Refused) and logged at most once a second. A Chunked
+// descriptor (the in-process Memory store hands out the publisher's
+// chunks, shared) is checked by the chunks that are not in the last one
+// accepted under its name and epoch (segtable.Signer.VerifySince), which
+// the store keeps: a reader's check of a republish costs the chunks it
+// changed, not a MAC per buffer, and refuses what Verify refuses.
 //
 // It is safe for concurrent use. Close closes the wrapped store; Signed
 // holds nothing else but the goroutine of each Watch, which ends when the
@@ -148,6 +153,9 @@ func (s *Signed) allowed(name string) bool {
 // transports, in place (d is the caller's own copy); false when nothing
 // reachable is left.
 func (s *Signed) cutUnsigned(d *segtable.SegmentDesc) bool {
+	if d.Chunked != nil {
+		*d = *d.Clone() // shared chunks (CloneShared): cut a flat copy of its own
+	}
 	for k := range d.Endpoints {
 		if !s.allowed(k) {
 			delete(d.Endpoints, k)
@@ -246,9 +254,16 @@ func (s *Signed) Get(ctx context.Context, name string) (*segtable.SegmentDesc, e
 	return d, nil
 }
 
-// check verifies d, read under name, and remembers its epoch.
+// check verifies d, read under name, and remembers its epoch. A Chunked
+// d (the in-process store's, shared) is checked by the chunks that are
+// not in the last one accepted under the name in its epoch
+// (segtable.Signer.VerifySince): a republish costs the changed chunks,
+// not a MAC per buffer.
 func (s *Signed) check(name string, d *segtable.SegmentDesc) error {
-	err := s.signer.Verify(d)
+	s.mu.Lock()
+	prev := s.seen[name].v
+	s.mu.Unlock()
+	v, err := s.signer.VerifySince(d, prev)
 	if err != nil && d.MAC == "" && s.allow != nil {
 		if !s.cutUnsigned(d) {
 			err = fmt.Errorf("%w: unsigned, and no endpoint of a transport that may be reached unsigned", ErrForged)
@@ -298,14 +313,21 @@ func (s *Signed) check(name string, d *segtable.SegmentDesc) error {
 		seen = epochRev{epoch: d.Epoch}
 	}
 	seen.rev = max(seen.rev, d.Rev)
+	if v != nil {
+		seen.v = v
+	}
 	s.seen[name] = seen
 	s.mu.Unlock()
 	return nil
 }
 
-// epochRev is the newest epoch accepted under a name, and the newest Rev
-// within it.
-type epochRev struct{ epoch, rev uint64 }
+// epochRev is the newest epoch accepted under a name, the newest Rev
+// within it, and the chunks of the last Chunked descriptor accepted, as
+// verified (nil: none; VerifySince checks the epoch and name it holds).
+type epochRev struct {
+	epoch, rev uint64
+	v          *segtable.Verified
+}
 
 // errRollback marks an ErrStale of an older Rev within the epoch: a watch
 // skips it, keeping the newer descriptor it has.
@@ -332,6 +354,8 @@ func (s *Signed) Watch(ctx context.Context, name string) (<-chan Event, error) {
 		defer close(out)
 		// last is the descriptor last handed on, for the Deleted event that
 		// stands for a refused one (stores report the removed descriptor).
+		// A Chunked one is kept as a header of its own sharing the
+		// chunks (CloneShared), not copied whole.
 		last := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: name}
 		for ev := range in {
 			if !ev.Deleted && ev.Desc != nil {
@@ -339,9 +363,9 @@ func (s *Signed) Watch(ctx context.Context, name string) (<-chan Event, error) {
 				case errors.Is(err, errRollback):
 					continue // an older republish: the newer one handed on stands
 				case err != nil:
-					ev = Event{Desc: last.Clone(), Deleted: true}
+					ev = Event{Desc: last.CloneShared(), Deleted: true}
 				default:
-					last = ev.Desc.Clone()
+					last = ev.Desc.CloneShared()
 				}
 			}
 			SendLatest(out, ev) // this goroutine is out's only sender

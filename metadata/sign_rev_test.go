@@ -43,11 +43,11 @@ func TestSignedRefusesRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ev := <-ch; ev.Deleted || len(ev.Desc.Buffers) != 1 || ev.Desc.Rev != revs[2].Rev {
+	if ev := <-ch; ev.Deleted || ev.Desc.NumBuffers() != 1 || ev.Desc.Rev != revs[2].Rev {
 		t.Fatalf("watch: %+v", ev)
 	}
 	got, err := reader.Get(ctx, "r")
-	if err != nil || len(got.Buffers) != 1 {
+	if err != nil || got.NumBuffers() != 1 {
 		t.Fatalf("Get: %v, %v", got, err)
 	}
 	for _, old := range revs[:2] {
@@ -85,7 +85,7 @@ func TestSignedRefusesRollback(t *testing.T) {
 	if err := pub.Put(ctx, &segtable.SegmentDesc{Version: 1, Name: "r", Epoch: 4, Endpoints: map[string]string{"tcp": "a:1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := reader.Get(ctx, "r"); err != nil || len(d.Buffers) != 0 {
+	if d, err := reader.Get(ctx, "r"); err != nil || d.NumBuffers() != 0 {
 		t.Fatalf("Get after a Delete and a Put: %v, %v", d, err)
 	}
 }
@@ -123,7 +123,7 @@ func TestSignedChunkedShares(t *testing.T) {
 		t.Fatalf("a republish after one change made %d new chunks of %d", changed(a, b), b.Count())
 	}
 	d, err := reader.Get(ctx, "s")
-	if err != nil || len(d.Buffers) != 999 {
-		t.Fatalf("Get: %d buffers, %v", len(d.Buffers), err)
+	if err != nil || d.NumBuffers() != 999 {
+		t.Fatalf("Get: %d buffers, %v", d.NumBuffers(), err)
 	}
 }

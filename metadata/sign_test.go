@@ -84,7 +84,7 @@ func TestSignedPublishes(t *testing.T) {
 	if err := v.Verify(again); err != nil {
 		t.Fatalf("republished descriptor: %v", err)
 	}
-	if again.Buffers[0].MAC != raw.Buffers[0].MAC || again.Buffers[1].MAC == raw.Buffers[1].MAC {
+	if again.AllBuffers()[0].MAC != raw.AllBuffers()[0].MAC || again.AllBuffers()[1].MAC == raw.AllBuffers()[1].MAC {
 		t.Fatal("an unchanged buffer was re-signed or a changed one kept its MAC")
 	}
 }

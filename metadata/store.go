@@ -31,8 +31,9 @@ var (
 // receiver.
 type Event struct {
 	// Desc is the descriptor now stored under the name or, when Deleted,
-	// the descriptor that was removed. It is a copy the receiver may keep
-	// and modify.
+	// the descriptor that was removed. It is a copy the receiver may keep;
+	// it may modify a flat one, and a Chunked one's header, but never
+	// what its Chunked list holds (shared, immutable: see Store).
 	Desc *segtable.SegmentDesc
 	// Deleted reports that the name no longer holds a descriptor.
 	Deleted bool
@@ -47,7 +48,9 @@ type Event struct {
 // but Close and String fails with [ErrClosed] after Close.
 //
 // Get returns a copy of the descriptor published under name, or
-// [ErrNotFound]. Changing the copy does not change the store.
+// [ErrNotFound]. Changing the copy does not change the store; the copy of
+// a Chunked descriptor may share its chunks (see below), which nobody
+// changes.
 //
 // Put checks d with Validate ([segtable.ErrBadDesc] if it fails, or if d is
 // nil) and stores a copy: changing d afterwards does not change the store.
@@ -55,7 +58,15 @@ type Event struct {
 // [segtable.ChunkList]) are immutable: a store may keep them by pointer,
 // and the in-process Memory does, so that a republish after one
 // registration does not cost every buffer. What Get and Watch hand out
-// is flat (Buffers, with Chunks when signed), whatever was put.
+// is then either flat (Buffers, with Chunks when signed: the networked
+// stores, which serialize the document) or, from Memory, Chunked too: a
+// header of the reader's own that shares the list
+// ([segtable.SegmentDesc.CloneShared]), so that a reader's cost of a
+// republish need not grow with the buffers either. The contract for
+// readers: never modify what a Chunked list holds (its BufferDescs and
+// their Keys maps are every reader's and the publisher's); read its
+// buffers with AllBuffers, or per chunk. A flat descriptor put is handed
+// out flat.
 // When the name holds a descriptor with a different Epoch, Put fails with
 // [ErrExists] and leaves it alone: another live engine owns the name and must
 // Delete it first. With the same Epoch, Put replaces the descriptor; that is

@@ -91,7 +91,7 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 // the table old. Every check a descriptor could fail is made here, once,
 // so that Post only looks up. t.mu and e.mu are held and e is not closed.
 func (e *Endpoint) update(desc *segtable.SegmentDesc, tab, old *table) {
-	bufs := slices.Clone(desc.Buffers)
+	bufs := slices.Clone(desc.AllBuffers()) // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
 	slices.SortFunc(bufs, func(a, b segtable.BufferDesc) int {
 		switch {
 		case a.Addr < b.Addr:

@@ -529,7 +529,7 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 		return nil, fmt.Errorf("nvlink: open %s: %w", desc.Name, transport.ErrClosed)
 	}
 	keyed := false
-	for _, b := range desc.Buffers {
+	for _, b := range desc.AllBuffers() {
 		keyed = keyed || b.Keys[Name] != ""
 	}
 	if !keyed {

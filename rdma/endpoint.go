@@ -206,7 +206,7 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 // matrix (ep.mc) and the rails' peer NICs as they are now. The caller holds
 // postMu, or is Open.
 func (ep *Endpoint) setBuffers(desc *segtable.SegmentDesc) {
-	ds := slices.Clone(desc.Buffers)
+	ds := slices.Clone(desc.AllBuffers()) // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
 	sort.Slice(ds, func(i, j int) bool { return ds[i].Addr < ds[j].Addr })
 	bs := make([]rbuf, 0, len(ds))
 	var np *nicPicker

@@ -358,6 +358,7 @@ func (l *ChunkList) Delete(addr uint64) bool {
 		return false
 	}
 	if len(c.bufs) == 1 {
+		l.seq++ // no chunk made, but Seq (a publisher's Rev) moves with every change
 		l.replaceIn(p, ci, ci+1, nil)
 		return true
 	}

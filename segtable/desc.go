@@ -16,8 +16,9 @@ const DescVersion = 1
 // transport, and the buffers registered remote-accessible with the key each
 // transport attached to them. It is what metadata stores hold, encoded as JSON.
 //
-// A SegmentDesc is a plain value; it is not safe for concurrent mutation, and
-// stores hand out copies.
+// A SegmentDesc is a plain value; it is not safe for concurrent mutation.
+// Stores hand out copies: flat ones whole (Clone), Chunked ones as a
+// header of their own that shares the immutable chunks (CloneShared).
 type SegmentDesc struct {
 	Version int    `json:"version"`
 	Name    string `json:"name"`
@@ -41,8 +42,10 @@ type SegmentDesc struct {
 	// (both then nil): the publisher's copy-on-write list (ChunkList),
 	// shared by pointer with the descriptors published before, so that a
 	// republish copies and signs one chunk, not every buffer. It is what
-	// a publisher hands a store; stores keep it by pointer and hand out
-	// flat copies (Clone), and JSON encodes it as Buffers and Chunks.
+	// a publisher hands a store; the in-process store keeps it by pointer
+	// and hands it out shared (CloneShared: readers must not modify what
+	// it holds, the Keys maps included), networked stores flat, and JSON
+	// encodes it as Buffers and Chunks.
 	Chunked *BufferChunks `json:"-"`
 	// Devices lists devices (NICs, GPUs) and their NUMA nodes; informative.
 	Devices []DeviceDesc `json:"devices,omitempty"`
@@ -167,9 +170,34 @@ func (d *SegmentDesc) Clone() *SegmentDesc {
 	return &c
 }
 
+// CloneShared returns a copy of the descriptor that shares its Chunked
+// list, which is immutable, by pointer: the header (endpoints, devices)
+// is the copy's own, the buffers and their Keys maps are shared and must
+// not be modified. It costs the header, whatever the number of buffers:
+// what the in-process store hands each reader of a republish. A flat
+// descriptor is copied whole (Clone).
+func (d *SegmentDesc) CloneShared() *SegmentDesc {
+	if d.Chunked == nil {
+		return d.Clone()
+	}
+	c := *d
+	c.Endpoints = cloneMap(d.Endpoints)
+	c.Devices = append([]DeviceDesc(nil), d.Devices...)
+	return &c
+}
+
+// NumBuffers returns the number of buffers, Chunked or flat.
+func (d *SegmentDesc) NumBuffers() int {
+	if d.Chunked != nil {
+		return d.Chunked.Len()
+	}
+	return len(d.Buffers)
+}
+
 // AllBuffers returns the descriptor's buffers in address order: Buffers,
 // or a new slice of a Chunked descriptor's (whose Keys maps are shared and
-// must not be modified).
+// must not be modified), O(n): the flat path of the transports that keep
+// no per-chunk tables (shm, efa, rdma, nvlink, mctcp).
 func (d *SegmentDesc) AllBuffers() []BufferDesc {
 	if d.Chunked != nil {
 		return d.Chunked.Buffers()

@@ -52,16 +52,44 @@ func (s *Segment[E]) SetDesc(d *SegmentDesc) { s.desc.Store(newSegView(d)) }
 // many buffers.
 type segView struct {
 	d       *SegmentDesc
+	bufs    []BufferDesc // d's, flat (AllBuffers)
 	starts  []uint64
 	lengths []uint64
 }
 
 func newSegView(d *SegmentDesc) *segView {
-	v := &segView{d: d, starts: make([]uint64, len(d.Buffers)), lengths: make([]uint64, len(d.Buffers))}
-	for i := range d.Buffers {
-		v.starts[i], v.lengths[i] = d.Buffers[i].Addr, d.Buffers[i].Length
+	bufs := d.AllBuffers()
+	v := &segView{d: d, bufs: bufs, starts: make([]uint64, len(bufs)), lengths: make([]uint64, len(bufs))}
+	for i := range bufs {
+		v.starts[i], v.lengths[i] = bufs[i].Addr, bufs[i].Length
 	}
 	return v
+}
+
+// Buffer returns the buffer at index i of the descriptor's buffers in
+// address order (what Resolve returns an index into), and whether there
+// is one. Lock-free; the Keys map is shared and must not be modified.
+func (s *Segment[E]) Buffer(i int) (BufferDesc, bool) {
+	if s.list.Load() != nil {
+		d := s.Desc()
+		if i < 0 || i >= len(d.Buffers) {
+			return BufferDesc{}, false
+		}
+		return d.Buffers[i], true
+	}
+	v := s.desc.Load()
+	if i < 0 || i >= len(v.bufs) {
+		return BufferDesc{}, false
+	}
+	return v.bufs[i], true
+}
+
+// NumBuffers returns the number of the descriptor's buffers.
+func (s *Segment[E]) NumBuffers() int {
+	if s.list.Load() != nil {
+		return len(s.Desc().Buffers)
+	}
+	return len(s.desc.Load().bufs)
 }
 
 // find returns the index of the buffer that holds [addr, addr+n), or -1:

@@ -98,8 +98,9 @@ func (e *Endpoint) connect(ctx context.Context, desc *segtable.SegmentDesc) erro
 	if boot != e.t.boot {
 		return fmt.Errorf("%w: %w", ErrOtherHost, transport.ErrUnreachable)
 	}
+	bufs := desc.AllBuffers() // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
 	var spans []span
-	for _, b := range desc.Buffers {
+	for _, b := range bufs {
 		if _, ok := b.Keys[Name]; ok {
 			spans = append(spans, span{b.Addr, b.Length})
 		}
@@ -120,7 +121,7 @@ func (e *Endpoint) connect(ctx context.Context, desc *segtable.SegmentDesc) erro
 	for _, m := range *e.maps.Load() {
 		have[m.raddr] = true
 	}
-	for _, b := range desc.Buffers {
+	for _, b := range bufs {
 		k, ok := b.Keys[Name]
 		if !ok || have[b.Addr] {
 			continue

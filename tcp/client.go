@@ -141,8 +141,9 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 			}
 		}
 	}
-	bs := make([]remoteBuf, 0, len(desc.Buffers))
-	for _, b := range desc.Buffers {
+	bufs := desc.AllBuffers()
+	bs := make([]remoteBuf, 0, len(bufs))
+	for _, b := range bufs {
 		id, key, ok := strings.Cut(b.Keys[Name], ".")
 		bid, err1 := strconv.ParseUint(id, 16, 32)
 		k, err2 := strconv.ParseUint(key, 16, 64)

@@ -313,11 +313,12 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 			t.close()
 			return nil, fmt.Errorf("bench --tls: the target %s serves plain TCP (its endpoint %q pins no certificate): start it with serve --tls, or leave out --tls", name, desc.Endpoints[tcp.Name])
 		}
-		if len(desc.Buffers) == 0 || desc.Buffers[0].Length < uint64(size) {
+		bufs := desc.AllBuffers()
+		if len(bufs) == 0 || bufs[0].Length < uint64(size) {
 			t.close()
 			return nil, fmt.Errorf("segment %s serves no buffer of %d bytes", name, size)
 		}
-		p := peer{name: name, base: desc.Buffers[0].Addr, started: started}
+		p := peer{name: name, base: bufs[0].Addr, started: started}
 		if p.seg, err = ini.OpenSegment(ctx, name); err != nil {
 			t.close()
 			return nil, openError(name, key == nil, err)

@@ -192,8 +192,9 @@ func (e *Endpoint) redial(i int) {
 }
 
 func (e *Endpoint) setSpans(desc *segtable.SegmentDesc) {
-	s := make([]span, 0, len(desc.Buffers))
-	for _, b := range desc.Buffers {
+	bufs := desc.AllBuffers() // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
+	s := make([]span, 0, len(bufs))
+	for _, b := range bufs {
 		s = append(s, span{b.Addr, b.Length})
 	}
 	slices.SortFunc(s, func(a, b span) int { return cmpU64(a.addr, b.addr) })
