@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 
 	"github.com/moonring/moonring"
@@ -22,7 +23,9 @@ import (
 // transport installed (mem=shared, 4 KiB pages where the kernel's
 // shmem_enabled is never, as here) or anonymous memory with transparent
 // huge pages advised (mem=anon, the in-process case). The ratio kv/contig
-// of this benchmark is what the engine's kv/contig can reach at best.
+// of this benchmark is what the engine's kv/contig can reach at best;
+// streams=2 splits each request between two goroutines, as the poller and
+// one copy worker do (Config.CopyWorkers).
 func BenchmarkKVCopy(b *testing.B) {
 	const pool, small, large, request = 2 << 30, 32 << 10, 1 << 20, 512 << 20
 	for _, kind := range []string{"shared", "anon"} {
@@ -51,22 +54,30 @@ func BenchmarkKVCopy(b *testing.B) {
 			e.Close()
 			b.Fatal(err)
 		}
-		for _, pattern := range []string{"contig", "kv"} {
-			b.Run(fmt.Sprintf("mem=%s/pattern=%s", kind, pattern), func(b *testing.B) {
-				size := small
-				if pattern == "contig" {
-					size = large
-				}
-				n, blocks := request/size, pool/size
-				rng := rand.New(rand.NewPCG(3, 4))
-				b.SetBytes(request)
-				for b.Loop() {
-					for range n {
-						s, d := rng.IntN(blocks)*size, rng.IntN(blocks)*size
-						fastcopy.Copy(dst[d:d+size], src[s:s+size])
+		for _, streams := range []int{1, 2} {
+			for _, pattern := range []string{"contig", "kv"} {
+				b.Run(fmt.Sprintf("mem=%s/streams=%d/pattern=%s", kind, streams, pattern), func(b *testing.B) {
+					size := small
+					if pattern == "contig" {
+						size = large
 					}
-				}
-			})
+					n, blocks := request/size, pool/size
+					b.SetBytes(request)
+					for b.Loop() {
+						var wg sync.WaitGroup
+						for g := range streams {
+							wg.Go(func() {
+								rng := rand.New(rand.NewPCG(3, uint64(g)))
+								for range n / streams {
+									s, d := rng.IntN(blocks)*size, rng.IntN(blocks)*size
+									fastcopy.Copy(dst[d:d+size], src[s:s+size])
+								}
+							})
+						}
+						wg.Wait()
+					}
+				})
+			}
 		}
 		e.Free(src)
 		e.Free(dst)
