@@ -164,7 +164,11 @@ func (c *conn) drive(w transport.Until, deadline int64) {
 	}
 	c.rdr.until = deadline
 	for !w.Done() && !c.failed.Load() && c.q.Head() != c.q.Committed() {
-		start, caught := c.spin()
+		var start int64
+		var caught bool
+		if c.held() == 0 { // else the answer has begun (read ahead)
+			start, caught = c.spin()
+		}
 		if err := c.receiveOne(); err != nil {
 			if err != errLeave {
 				c.fail(err)

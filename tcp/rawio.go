@@ -16,6 +16,7 @@
 package tcp
 
 import (
+	"io"
 	"math"
 	"net"
 	"syscall"
@@ -38,9 +39,54 @@ func newNBReader(raw net.Conn) *nbReader {
 			r.rawRead(fd)
 			return r.err != unix.EAGAIN // else the netpoller waits
 		}
+		r.aheadFn = func(fd uintptr) bool {
+			r.rawReadv(fd)
+			return r.err != unix.EAGAIN
+		}
 	}
 	return r
 }
+
+// readAhead is Read (waiting for bytes) into p, whose bytes are the end
+// of a response, with the bytes that follow p in the stream up to a
+// response header's worth read in the same system call: a stream of
+// large READ responses then costs one read a response, its payload and
+// the next one's header, where reading the header and the payload apart
+// cost two. The bytes read past p are held and returned first by the
+// next Read, so the stream's order holds; readAhead is Read when bytes
+// are held already or without raw reads (TLS).
+func (r *nbReader) readAhead(p []byte) (int, error) {
+	if r.rc == nil || r.aheadEnd > r.aheadOff || len(p) == 0 {
+		return r.Read(p)
+	}
+	r.p = p
+	err := r.rc.Read(r.aheadFn)
+	r.p = nil
+	switch {
+	case err != nil:
+		return 0, err
+	case r.err != nil:
+		return 0, r.err
+	case r.n == 0:
+		return 0, io.EOF
+	}
+	n := r.n
+	if n > len(p) {
+		r.aheadOff, r.aheadEnd = 0, n-len(p)
+		r.aheads++
+		n = len(p)
+	}
+	return n, nil
+}
+
+// held is how many bytes readAhead read past its buffer that no Read
+// has returned yet.
+func (r *nbReader) held() int { return r.aheadEnd - r.aheadOff }
+
+// aheadReader is an nbReader whose Read is readAhead.
+type aheadReader nbReader
+
+func (a *aheadReader) Read(p []byte) (int, error) { return (*nbReader)(a).readAhead(p) }
 
 // maxIovecs is the most iovecs one writev takes (Linux's IOV_MAX).
 const maxIovecs = 1024
@@ -137,6 +183,31 @@ func rawWritev(fd uintptr, v []unix.Iovec, bufs [][]byte) (int, syscall.Errno) {
 	raceRelease()
 	n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
 	return int(n), e
+}
+
+// rawReadv reads what the socket holds into r.p and then r.ahead,
+// without blocking: readv(2), as rawRead.
+func (r *nbReader) rawReadv(fd uintptr) {
+	r.iov[0].Base = unsafe.SliceData(r.p)
+	r.iov[0].SetLen(len(r.p))
+	r.iov[1].Base = &r.ahead[0]
+	r.iov[1].SetLen(len(r.ahead))
+	var n uintptr
+	var e syscall.Errno
+	for {
+		n, _, e = unix.RawSyscall(unix.SYS_READV, fd, uintptr(unsafe.Pointer(&r.iov[0])), uintptr(len(r.iov)))
+		if e != unix.EINTR {
+			break
+		}
+	}
+	r.iov[0].Base = nil // hold no pointer into the caller's buffer
+	r.n, r.err = int(n), nil
+	if e != 0 {
+		r.n, r.err = 0, e
+	}
+	if r.n > 0 {
+		raceAcquire(int(fd))
+	}
 }
 
 // rawRead reads what the socket holds into r.p, without blocking.

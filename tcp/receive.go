@@ -59,17 +59,22 @@ func (c *conn) receiveOne() error {
 	// The next response answers the oldest frame posted: when that is
 	// a large READ and nothing is buffered, its header and payload
 	// come straight from the socket (see reader.payload).
+	// A header read ahead with the last payload (reader.payload) comes
+	// first from either: src returns those bytes before the socket's.
 	src := io.Reader(c.br)
 	if c.br.Buffered() == 0 && c.directNext() {
 		src = c.src
 	}
+	ahead := c.held() >= respSize // r.last is when they came
 	if err := r.read(src, hdr[:], true); err != nil {
 		if err == errLeave {
 			return err
 		}
 		return fmt.Errorf("%w: receive: %v", transport.ErrPeer, err)
 	}
-	r.last = time.Now().UnixNano()
+	if !ahead {
+		r.last = time.Now().UnixNano()
+	}
 	id, status, err := decodeResp(hdr[:])
 	pos := c.q.Head()
 	// A response answers the oldest frame posted. On loopback it often
@@ -131,6 +136,15 @@ func (c *conn) directNext() bool {
 	return p.s.Op == transport.Read && p.s.Length >= directMin
 }
 
+// held is how many bytes of the next response were read ahead with the
+// last payload (reader.payload) and wait in c.src: the answer has begun.
+func (c *conn) held() int {
+	if nb, ok := c.src.(*nbReader); ok {
+		return nb.held()
+	}
+	return 0
+}
+
 // reader is the reading of the stream by whoever holds it (the receiver
 // or a driver, drive.go), which keeps the
 // response deadline. A response must come within ResponseTimeout of the
@@ -158,7 +172,7 @@ var errLeave = errors.New("tcp: driver leaves")
 func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 	c := r.c
 	for got := 0; got < len(dst); {
-		between := header && got == 0 && c.br.Buffered() == 0 // no answer begun
+		between := header && got == 0 && c.br.Buffered() == 0 && c.held() == 0 // no answer begun
 		owed := r.last
 		if header {
 			owed = max(r.last, c.busySince.Load())
@@ -227,6 +241,11 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 // payload fills dst with the next bytes of the stream: what the buffer
 // holds first, and the rest straight from the socket when it is at least
 // directMin (the buffer is empty then, so the order of bytes holds).
+// When another answer is owed after this one, the last read of the rest
+// takes the next response's header with it (nbReader.readAhead): a
+// stream of large READs then costs one read system call a response, not
+// one for the header and one for the payload, and none of the next
+// payload passes through the buffer.
 func (r *reader) payload(dst []byte) error {
 	c := r.c
 	n := 0
@@ -234,7 +253,11 @@ func (r *reader) payload(dst []byte) error {
 		n, _ = c.br.Read(dst[:min(k, len(dst))])
 	}
 	if rest := dst[n:]; len(rest) >= directMin {
-		return r.read(c.src, rest, false)
+		src := c.src
+		if nb, ok := src.(*nbReader); ok && c.q.Head()+1 < c.q.Committed() {
+			src = (*aheadReader)(nb)
+		}
+		return r.read(src, rest, false)
 	} else if len(rest) > 0 {
 		return r.read(c.br, rest, false)
 	}

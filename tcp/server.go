@@ -80,14 +80,27 @@ type nbReader struct {
 	nonblock bool
 	readFn   func(fd uintptr) bool // a read that never waits
 	waitFn   func(fd uintptr) bool // a read that waits for bytes
+	aheadFn  func(fd uintptr) bool // readAhead's readv, waiting for bytes
 	p        []byte
 	n        int
 	err      error
+	// ahead[aheadOff:aheadEnd] are bytes readAhead read past the end of
+	// its buffer: the start of the next response. Read returns them
+	// before reading the socket again.
+	ahead              [respSize]byte
+	aheadOff, aheadEnd int
+	iov                [2]unix.Iovec // readAhead's
+	aheads             uint64        // readAheads that read past p (tests read it)
 }
 
 var errWouldBlock = errors.New("tcp: would block")
 
 func (r *nbReader) Read(p []byte) (int, error) {
+	if r.aheadEnd > r.aheadOff {
+		n := copy(p, r.ahead[r.aheadOff:r.aheadEnd])
+		r.aheadOff += n
+		return n, nil
+	}
 	if r.rc == nil || len(p) == 0 {
 		return r.Conn.Read(p)
 	}
