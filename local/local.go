@@ -29,10 +29,10 @@
 // generation (a handle kept after its buffer was unregistered names
 // nothing), the secret, that the slice lies inside the region, and that
 // the region is remote-accessible. An initiator takes a slice's key from
-// the index the engine found the buffer at in the descriptor
-// (transport.Slice.RemoteIndex), checked against the address, so a
-// request costs one search of the buffers (the engine's Resolve) however
-// many there are. Keys never leave the process (the registry is
+// the position the engine found the buffer at in the descriptor's chunks
+// (transport.Slice.RemoteIndex, a segtable.Pos), checked against the
+// address, so a request costs one search of the buffers (the engine's
+// Resolve) however many there are. Keys never leave the process (the registry is
 // process-wide), so no peer holds the older form (the secret alone),
 // which is refused as a garbled key.
 package local
@@ -234,7 +234,7 @@ type Endpoint struct {
 	from   *Transport
 	to     atomic.Pointer[Transport] // a restarted peer's is swapped in by Update
 	self   bool
-	keys   atomic.Pointer[keyTable] // from the descriptor, by address
+	keys   atomic.Pointer[segtable.Mirror[keyRange]] // from the descriptor, every buffer
 	closed atomic.Bool
 }
 
@@ -248,15 +248,6 @@ type keyRange struct {
 	ok           bool
 }
 
-// keyTable is the descriptor's buffers, at their indexes in it (the
-// index a slice's RemoteIndex names), with the starts packed apart: a
-// search, for a slice whose hint is stale, probes 8-byte starts rather
-// than whole ranges.
-type keyTable struct {
-	starts []uint64
-	ranges []keyRange
-}
-
 var (
 	_ transport.Endpoint      = (*Endpoint)(nil)
 	_ transport.HoldingCopier = (*Endpoint)(nil)
@@ -266,50 +257,38 @@ var (
 func (e *Endpoint) Rails() int { return 1 }
 
 // Update takes the keys of the segment's buffers from desc, and the
-// engine that now publishes it (a restarted one) when that changed.
+// engine that now publishes it (a restarted one) when that changed. The
+// keys are kept in the shape of the descriptor's chunks
+// (segtable.Mirror): a republish parses the keys of the chunks that
+// changed since the last Update, not of every buffer.
 func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	if v, ok := registry.Load(desc.Endpoints[Name]); ok && !e.self {
 		e.to.Store(v.(*Transport))
 	}
-	// Every buffer, with a key or not, so that indexes match the
-	// descriptor's (and Resolve's).
-	bufs := desc.AllBuffers()
-	kt := &keyTable{starts: make([]uint64, len(bufs)), ranges: make([]keyRange, len(bufs))}
-	for i, b := range bufs {
-		kt.starts[i] = b.Addr
-		r := keyRange{addr: b.Addr, length: b.Length}
-		r.secret, r.handle, r.ok = parseKey(b.Keys[Name])
-		kt.ranges[i] = r
-	}
-	e.keys.Store(kt)
+	e.keys.Store(segtable.NewMirror(e.keys.Load(), segtable.ChunksOf(desc), keyRangeOf))
+}
+
+// keyRangeOf is a descriptor's buffer's entry: every buffer, with a key or
+// not, so that positions match the engine's (Resolve's, the hint).
+func keyRangeOf(b *segtable.BufferDesc) (keyRange, bool) {
+	r := keyRange{addr: b.Addr, length: b.Length}
+	r.secret, r.handle, r.ok = parseKey(b.Keys[Name])
+	return r, true
 }
 
 // keyFor returns the descriptor's entry for the buffer holding [addr,
-// addr+n), or nil: the entry at index hint when it holds the range (the
-// common case: O(1)), else the one a search finds. Ranges do not overlap
-// (a descriptor is validated), so at most one entry holds the range, and
-// the hint changes the cost, never the answer.
+// addr+n), or nil: the entry at position hint (a segtable.Pos, as the
+// engine's Resolve found it in its copy of the descriptor) when it holds
+// the range (the common case: O(1)), else the one a search finds. Ranges
+// do not overlap (a descriptor is validated), so at most one entry holds
+// the range, and the hint changes the cost, never the answer.
 func (e *Endpoint) keyFor(addr, n uint64, hint uint32) *keyRange {
-	kt := e.keys.Load()
-	if int(hint) < len(kt.ranges) {
-		if r := &kt.ranges[hint]; addr >= r.addr && n <= r.length && addr-r.addr <= r.length-n {
-			return r
-		}
+	m := e.keys.Load()
+	if r, _ := m.At(hint); r != nil && addr >= r.addr && n <= r.length && addr-r.addr <= r.length-n {
+		return r
 	}
-	i, j := 0, len(kt.starts) // the last start at or below addr
-	for i < j {
-		h := int(uint(i+j) >> 1)
-		if kt.starts[h] > addr {
-			j = h
-		} else {
-			i = h + 1
-		}
-	}
-	if i == 0 {
-		return nil
-	}
-	r := &kt.ranges[i-1]
-	if n > r.length || addr-r.addr > r.length-n {
+	r, _, _ := m.Floor(addr)
+	if r == nil || n > r.length || addr-r.addr > r.length-n {
 		return nil
 	}
 	return r

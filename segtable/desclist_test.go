@@ -103,7 +103,7 @@ func TestResolveMatchesFind(t *testing.T) {
 			if n == 0 {
 				want = -1
 			}
-			if got := s.Resolve(a, n); got != want {
+			if got := s.Index(s.Resolve(a, n)); got != want {
 				t.Fatalf("round %d: Resolve(%d, %d) = %d, Find %d (%+v)", round, a, n, got, want, d.Buffers)
 			}
 		}

@@ -21,7 +21,7 @@ type Segment[E any] struct {
 	desc  atomic.Pointer[segView]
 	list  atomic.Pointer[DescList]
 	ref   ref
-	// last is an index a search of the descriptor found, tried first by
+	// last is a Pos a search of the descriptor found, tried first by
 	// the next Resolve (requests to one buffer pay no search). A miss
 	// moves it one time in lastEvery (see Resolve). On a line of its own:
 	// the fields above are read by every request.
@@ -43,32 +43,32 @@ func (s *Segment[E]) Desc() *SegmentDesc {
 
 // SetDesc replaces the descriptor (the peer republished it). For a
 // segment with a DescList only its header counts (its Buffers are the
-// list's).
-func (s *Segment[E]) SetDesc(d *SegmentDesc) { s.desc.Store(newSegView(d)) }
+// list's). The packed tables Resolve searches follow the descriptor's
+// chunks (a Mirror made from the last one's): a republish after one
+// registration at the peer rebuilds the chunks it changed, not every
+// buffer. Concurrent calls are safe; the last one stored wins.
+func (s *Segment[E]) SetDesc(d *SegmentDesc) {
+	var old *Mirror[uint64]
+	if v := s.desc.Load(); v != nil {
+		old = v.m
+	}
+	s.desc.Store(&segView{d: d, m: NewMirror(old, ChunksOf(d), lengthOf)})
+}
 
 // segView is a descriptor with its buffers' starts and lengths packed in
-// arrays of their own: Resolve, once per request, searches 8-byte keys
+// the tables of a Mirror: Resolve, once per request, searches 8-byte keys
 // rather than 56-byte BufferDescs, a cache line for every probe among
 // many buffers.
 type segView struct {
-	d       *SegmentDesc
-	bufs    []BufferDesc // d's, flat (AllBuffers)
-	starts  []uint64
-	lengths []uint64
+	d *SegmentDesc
+	m *Mirror[uint64] // every buffer's length
 }
 
-func newSegView(d *SegmentDesc) *segView {
-	bufs := d.AllBuffers()
-	v := &segView{d: d, bufs: bufs, starts: make([]uint64, len(bufs)), lengths: make([]uint64, len(bufs))}
-	for i := range bufs {
-		v.starts[i], v.lengths[i] = bufs[i].Addr, bufs[i].Length
-	}
-	return v
-}
+func lengthOf(b *BufferDesc) (uint64, bool) { return b.Length, true }
 
 // Buffer returns the buffer at index i of the descriptor's buffers in
-// address order (what Resolve returns an index into), and whether there
-// is one. Lock-free; the Keys map is shared and must not be modified.
+// address order, and whether there is one. Lock-free; the Keys map is
+// shared and must not be modified.
 func (s *Segment[E]) Buffer(i int) (BufferDesc, bool) {
 	if s.list.Load() != nil {
 		d := s.Desc()
@@ -77,11 +77,10 @@ func (s *Segment[E]) Buffer(i int) (BufferDesc, bool) {
 		}
 		return d.Buffers[i], true
 	}
-	v := s.desc.Load()
-	if i < 0 || i >= len(v.bufs) {
-		return BufferDesc{}, false
+	if b := s.desc.Load().m.Buffer(i); b != nil {
+		return *b, true
 	}
-	return v.bufs[i], true
+	return BufferDesc{}, false
 }
 
 // NumBuffers returns the number of the descriptor's buffers.
@@ -89,17 +88,20 @@ func (s *Segment[E]) NumBuffers() int {
 	if s.list.Load() != nil {
 		return len(s.Desc().Buffers)
 	}
-	return len(s.desc.Load().bufs)
+	return s.desc.Load().m.Len()
 }
 
-// find returns the index of the buffer that holds [addr, addr+n), or -1:
-// Desc.Find on the packed arrays.
-func (v *segView) find(addr, n uint64) int {
-	i := floorIndex(v.starts, addr)
-	if i < 0 || n > v.lengths[i] || addr-v.starts[i] > v.lengths[i]-n {
+// Index returns the index, in address order, of the buffer at the
+// position Resolve returned, or -1 (for pos -1, or a position the
+// descriptor has no longer).
+func (s *Segment[E]) Index(pos int) int {
+	if pos < 0 {
 		return -1
 	}
-	return i
+	if s.list.Load() != nil {
+		return pos
+	}
+	return s.desc.Load().m.Index(Pos(pos))
 }
 
 // SetList gives the segment its buffers from l from now on: Resolve
@@ -133,11 +135,15 @@ func (s *Segment[E]) InUse() int { return s.ref.InUse() }
 // within a few dozen requests all the same.
 const lastEvery = 16
 
-// Resolve returns the index in the descriptor of the buffer that holds
-// [addr, addr+n), or -1. A buffer a recent search found is tried first,
-// checked against the range (buffers do not overlap, so the one that
-// holds it is the answer): requests to one buffer cost O(1), any other
-// one search of the descriptor.
+// Resolve returns the position of the buffer that holds [addr, addr+n)
+// in the descriptor's chunks (a Pos: Index gives its index in address
+// order; a transport's Mirror of the same descriptor finds the buffer at
+// it, see transport.Slice.RemoteIndex), or -1. For a segment with a
+// DescList it is the index in the list. A buffer a recent search found
+// is tried first, checked against the range (buffers do not overlap, so
+// the one that holds it is the answer): requests to one buffer cost
+// O(1), any other one search of the descriptor. Lock-free; it allocates
+// nothing.
 func (s *Segment[E]) Resolve(addr, n uint64) int {
 	if n == 0 {
 		return -1
@@ -145,15 +151,19 @@ func (s *Segment[E]) Resolve(addr, n uint64) int {
 	if l := s.list.Load(); l != nil {
 		return l.Find(addr, n)
 	}
-	v := s.desc.Load()
-	if h := int(s.last.Load()); h < len(v.starts) && addr >= v.starts[h] && n <= v.lengths[h] && addr-v.starts[h] <= v.lengths[h]-n {
-		return h
+	m := s.desc.Load().m
+	h := s.last.Load()
+	if ln, start := m.At(h); ln != nil && addr >= start && n <= *ln && addr-start <= *ln-n {
+		return int(h)
 	}
-	i := v.find(addr, n)
-	if i >= 0 && rand.Uint32()%lastEvery == 0 {
-		s.last.Store(uint32(i))
+	ln, start, pos := m.Floor(addr)
+	if ln == nil || n > *ln || addr-start > *ln-n {
+		return -1
 	}
-	return i
+	if rand.Uint32()%lastEvery == 0 {
+		s.last.Store(pos)
+	}
+	return int(pos)
 }
 
 // Segments is the table of opened segments, with O(1) lock-free lookup by

@@ -32,7 +32,7 @@ type Endpoint struct {
 	name   string
 	dest   atomic.Pointer[dest] // where to dial; a restarted peer's replaces it
 	maxLen atomic.Uint32
-	bufs   atomic.Pointer[[]remoteBuf]
+	bufs   atomic.Pointer[segtable.Mirror[remoteBuf]] // the descriptor's buffers served over tcp
 	rails  []atomic.Pointer[conn]
 	pick   *rails.Picker // which rail takes the next slice (see Post)
 	// express is the express lane's connection while it is up (express.go);
@@ -126,7 +126,9 @@ func (e *Endpoint) Rails() int { return len(e.rails) }
 // Update takes the buffers and keys of a republished descriptor. When the
 // peer restarted (a new address or segment key), the rails are closed and
 // redialed there; their slices fail with ErrPeer and the engine retries
-// them.
+// them. The buffers are kept in the shape of the descriptor's chunks
+// (segtable.Mirror): a republish parses the keys of the chunks that
+// changed since the last Update, not of every buffer.
 func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	if addr, key, pin, err := e.t.parseEndpoint(desc.Endpoints[Name]); err == nil {
 		if old := e.dest.Load(); old != nil && (old.addr != addr || !bytes.Equal(old.key, key) || !bytes.Equal(old.pin, pin)) {
@@ -141,35 +143,29 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 			}
 		}
 	}
-	bufs := desc.AllBuffers()
-	bs := make([]remoteBuf, 0, len(bufs))
-	for _, b := range bufs {
-		id, key, ok := strings.Cut(b.Keys[Name], ".")
-		bid, err1 := strconv.ParseUint(id, 16, 32)
-		k, err2 := strconv.ParseUint(key, 16, 64)
-		if !ok || err1 != nil || err2 != nil {
-			continue // not served over tcp: slices to it are denied
-		}
-		bs = append(bs, remoteBuf{b.Addr, b.Length, uint32(bid), k})
-	}
-	e.bufs.Store(&bs)
+	e.bufs.Store(segtable.NewMirror(e.bufs.Load(), segtable.ChunksOf(desc), remoteBufOf))
 }
 
-func (e *Endpoint) find(addr, n uint64) *remoteBuf {
-	bs := *e.bufs.Load()
-	i, j := 0, len(bs)
-	for i < j {
-		h := int(uint(i+j) >> 1)
-		if bs[h].addr+bs[h].length > addr {
-			j = h
-		} else {
-			i = h + 1
-		}
+// remoteBufOf parses a descriptor's buffer's tcp key; ok is false for a
+// buffer not served over tcp (slices to it are denied).
+func remoteBufOf(b *segtable.BufferDesc) (remoteBuf, bool) {
+	id, key, ok := strings.Cut(b.Keys[Name], ".")
+	bid, err1 := strconv.ParseUint(id, 16, 32)
+	k, err2 := strconv.ParseUint(key, 16, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return remoteBuf{}, false
 	}
-	if i == len(bs) || addr < bs[i].addr || n > bs[i].length || addr-bs[i].addr > bs[i].length-n {
+	return remoteBuf{b.Addr, b.Length, uint32(bid), k}, true
+}
+
+// find returns the buffer served over tcp that holds [addr, addr+n), or
+// nil. Lock-free; it allocates nothing.
+func (e *Endpoint) find(addr, n uint64) *remoteBuf {
+	b, _, _ := e.bufs.Load().Floor(addr)
+	if b == nil || n > b.length || addr-b.addr > b.length-n {
 		return nil
 	}
-	return &bs[i]
+	return b
 }
 
 // Post queues the slices on their connections. It accepts slices in order

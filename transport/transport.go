@@ -115,15 +115,17 @@ type Slice struct {
 	// Remote is the address in the segment.
 	Remote uint64
 	Length uint64
-	// RemoteIndex is the index, in the segment's descriptor (Buffers, in
-	// address order; for the engine's own segment, its DescList), of the
-	// buffer that holds the remote range, as the engine's check of the
-	// request found it (segtable.Segment.Resolve), so that a transport
-	// may take the buffer's key without a search of its own. Only a hint:
-	// the descriptor may have been replaced since (an endpoint's Update
-	// and the segment's may come apart for a moment), and a slice made
+	// RemoteIndex is the position, in the segment's descriptor's chunks
+	// (a segtable.Pos: page, chunk, buffer; for the engine's own
+	// segment, the index in its DescList), of the buffer that holds the
+	// remote range, as the engine's check of the request found it
+	// (segtable.Segment.Resolve), so that a transport that keeps its
+	// table of the descriptor as a segtable.Mirror may take the buffer's
+	// key without a search of its own (Mirror.At). Only a hint: the
+	// descriptor may have been replaced since (an endpoint's Update and
+	// the segment's may come apart for a moment), and a slice made
 	// elsewhere leaves it zero; a transport that uses it checks that the
-	// buffer at that index in its own copy of the descriptor holds the
+	// buffer at that position in its own copy of the descriptor holds the
 	// range, and searches when not. Zero for a Notify slice.
 	RemoteIndex uint32
 	// Token is the engine's; the transport hands it back to the Completer.
