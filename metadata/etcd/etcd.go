@@ -97,12 +97,43 @@ type Config struct {
 	// epoch holds the name, auth, a descriptor too large). Default
 	// [DefaultDialTimeout].
 	DialTimeout time.Duration
+	// FlatLayout makes Put write every descriptor whole, as one JSON value
+	// under the segment's key, as stores before the per-chunk layout did
+	// (see [Store]): for a deployment whose readers are older than this
+	// store, which refuse a header as a malformed descriptor. Upgrade the
+	// readers first, then drop it, as for descriptor signing. A store
+	// reads both layouts whatever it is set to.
+	FlatLayout bool
 }
 
 // Store is the [Store] of a deployment that spans machines with an etcd
 // cluster: every engine publishes to and reads from etcd, under any names,
-// with the semantics of [Store] and of [Memory] otherwise. A segment's
-// descriptor is the JSON value of the key Config.Prefix + name.
+// with the semantics of [Store] and of [Memory] otherwise.
+//
+// A flat descriptor (Buffers) is the JSON value of the key Config.Prefix +
+// name (the flat layout, which Mooncake's tools and older stores write
+// too). A Chunked one (an engine's: segtable.SegmentDesc.Chunked, its
+// buffers in immutable chunks numbered by seq) is written in the per-chunk
+// layout, unless Config.FlatLayout: each chunk's buffers, as the flat
+// descriptor encodes them (MACs included), under a key of its own,
+// Config.Prefix + "\x00chunks/" + len(name) + "/" + name + "/" + epoch +
+// "/" + seq, and under the segment's key a header: the descriptor without
+// its buffers, the list of its chunks (seq, buffers, MAC when signed) and
+// a marker of the layout. A republish writes the chunks it made since the
+// store's last publish of the epoch (the store keeps each chunk's encoding
+// by seq and chunk), in transactions within etcd's limits (128 operations,
+// 1 MiB), then the header, then deletes the chunk keys the header no
+// longer lists: a registration beside n buffers writes one or two chunks
+// and a header of O(n/32) bytes, not the descriptor (which could not
+// exceed etcd's request limit, 1.5 MiB, 7-10k buffers; chunks can). Get
+// and Watch read the header and its chunks at one revision of etcd, and
+// hand out the flat descriptor the flat layout would hold (so
+// verification above the store, metadata.Signed, is the same); a watch
+// fetches only the chunks it does not hold yet. A header that lists more
+// than 131,072 chunks, a chunk of more than 1,024 buffers or 1 MiB, or a
+// listed chunk etcd does not hold, is [segtable.ErrBadDesc]. Names that
+// start with a NUL byte are refused (ErrBadDesc): that is where the chunk
+// keys live.
 //
 // Put writes the descriptor under a lease of Config.TTL, the name's
 // own, which the store keeps alive (etcd's KeepAlive) from the first Put
@@ -168,6 +199,7 @@ type Store struct {
 	str     string // "etcd " + endpoints
 	prefix  string
 	ttl     int64 // lease TTL in seconds
+	flat    bool  // Config.FlatLayout
 	timeout time.Duration
 	attempt time.Duration // the most one attempt of a request waits: timeout/attemptShare
 
@@ -197,10 +229,16 @@ type etcdName struct {
 	// alive, 0 when none; stop ends its keepalive goroutine.
 	lease clientv3.LeaseID
 	stop  context.CancelFunc
-	// epoch and body are what the last successful Put wrote: what a
-	// restore writes again.
-	epoch uint64
-	body  []byte
+	// pub is what the last successful Put wrote, nil when none: what a
+	// restore writes again; modRev is the revision at which the store
+	// last wrote the key (0: unknown).
+	pub    *publication
+	modRev int64
+	// cache holds the chunk encodings of epoch cacheEpoch by seq: those
+	// pub lists, those written by a publish that failed, and those whose
+	// deletion failed (value nil).
+	cache      map[uint64]*chunkEntry
+	cacheEpoch uint64
 	// users counts Puts, Deletes and keepalives holding this etcdName;
 	// it is guarded by Store.mu.
 	users int
@@ -290,6 +328,7 @@ func newStore(cfg Config, dial ...grpc.DialOption) (*Store, error) {
 		prefix:  cfg.Prefix,
 		ttl:     int64((cfg.TTL + time.Second - 1) / time.Second),
 		timeout: cfg.DialTimeout,
+		flat:    cfg.FlatLayout,
 		attempt: cfg.DialTimeout / attemptShare,
 		names:   make(map[string]*etcdName),
 	}
@@ -381,22 +420,52 @@ func (e *Store) Get(ctx context.Context, name string) (*segtable.SegmentDesc, er
 	}
 	cctx, stop := e.call(ctx)
 	defer stop()
-	var resp *clientv3.GetResponse
-	_, err = e.do(cctx, func(ctx context.Context) (err error) {
-		resp, err = e.cli.Get(ctx, e.key(name))
-		return err
-	})
+	d, err := e.read(cctx, name)
 	if err != nil {
 		return nil, e.errorf("get", name, e.ctxErr(ctx, err))
 	}
-	if len(resp.Kvs) == 0 {
-		return nil, e.errorf("get", name, metadata.ErrNotFound)
-	}
-	d, err := decode(name, resp.Kvs[0].Value)
-	if err != nil {
-		return nil, e.errorf("get", name, err)
-	}
 	return d, nil
+}
+
+// getReads bounds the reads of a header and its chunks by Get: a reader
+// that finds a listed chunk missing, or the revision it read at compacted,
+// reads again.
+const getReads = 3
+
+// read returns the descriptor under name: the key's value, or the header
+// it holds and its chunks, read at the revision of the header's read.
+func (e *Store) read(ctx context.Context, name string) (*segtable.SegmentDesc, error) {
+	for i := 1; ; i++ {
+		var resp *clientv3.GetResponse
+		if _, err := e.do(ctx, func(ctx context.Context) (err error) {
+			resp, err = e.cli.Get(ctx, e.key(name))
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		if len(resp.Kvs) == 0 {
+			return nil, metadata.ErrNotFound
+		}
+		v := resp.Kvs[0].Value
+		if !isHeader(v) {
+			return decode(name, v)
+		}
+		h, err := parseHeader(name, v)
+		if err != nil {
+			return nil, err
+		}
+		got, err := e.fetch(ctx, name, h, resp.Header.Revision, nil)
+		if err == nil {
+			return assemble(h, func(seq uint64) readChunk { return got[seq] }, false)
+		}
+		if i < getReads && (errors.Is(err, errMissing) || errors.Is(err, rpctypes.ErrCompacted)) {
+			continue
+		}
+		if errors.Is(err, errMissing) {
+			return nil, fmt.Errorf("%w: %w", segtable.ErrBadDesc, err)
+		}
+		return nil, err
+	}
 }
 
 // acquire returns the writing state of name with one more user, or an
@@ -446,9 +515,16 @@ func (e *Store) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if err := d.Validate(); err != nil {
 		return e.errorf("put", d.Name, err)
 	}
-	body, err := d.Marshal()
-	if err != nil {
-		return e.errorf("put", d.Name, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err))
+	if strings.HasPrefix(d.Name, "\x00") {
+		return e.errorf("put", d.Name, fmt.Errorf("%w: a name that starts with NUL (where chunk keys live)", segtable.ErrBadDesc))
+	}
+	var pub *publication
+	if d.Chunked == nil || e.flat {
+		body, err := d.Marshal()
+		if err != nil {
+			return e.errorf("put", d.Name, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err))
+		}
+		pub = &publication{epoch: d.Epoch, value: body}
 	}
 	n, err := e.acquire(ctx, "put", d.Name)
 	if err != nil {
@@ -460,20 +536,26 @@ func (e *Store) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	}
 	defer func() { <-n.sem }()
 
+	if pub == nil {
+		// Under sem: the encodings of the epoch's chunks are n's.
+		if pub, err = e.chunkedPub(n, d); err != nil {
+			return e.errorf("put", d.Name, err)
+		}
+	}
 	cctx, stop := e.call(ctx)
 	defer stop()
-	if err := e.publish(cctx, n, d.Epoch, body, n.lease); err != nil {
+	if err := e.publish(cctx, n, pub, n.lease); err != nil {
 		return e.errorf("put", d.Name, e.ctxErr(ctx, err))
 	}
 	return nil
 }
 
-// publish writes body, the descriptor of epoch, under n's name with lease,
-// or with a new lease when lease is 0 or etcd no longer has it, unless
-// another epoch holds the name; then it keeps the lease alive. n.sem is
-// held.
-func (e *Store) publish(ctx context.Context, n *etcdName, epoch uint64, body []byte, lease clientv3.LeaseID) error {
+// publish writes pub under n's name with lease, or with a new lease when
+// lease is 0 or etcd no longer has it, unless another epoch holds the
+// name; then it keeps the lease alive. n.sem is held.
+func (e *Store) publish(ctx context.Context, n *etcdName, pub *publication, lease clientv3.LeaseID) error {
 	fresh := false
+	var rev int64
 	for {
 		if lease == 0 {
 			var resp *clientv3.LeaseGrantResponse
@@ -481,72 +563,51 @@ func (e *Store) publish(ctx context.Context, n *etcdName, epoch uint64, body []b
 				resp, err = e.cli.Grant(ctx, e.ttl)
 				return err
 			}); err != nil {
+				e.settle(ctx, n, pub, false)
 				return err
 			}
 			lease, fresh = resp.ID, true
 		}
-		held, err := e.casPut(ctx, n.name, epoch, body, lease)
+		held, r, wrote, err := e.write(ctx, n, pub, lease)
 		if err == nil {
+			rev = r
 			break
 		}
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !fresh {
 			lease = 0 // it expired before the keepalive noticed
 			continue
 		}
+		if errors.Is(err, metadata.ErrExists) && wrote {
+			// Chunk keys of this epoch, written before another epoch
+			// took the name: nobody reads them.
+			e.dropChunks(ctx, n.name, pub.epoch)
+			for _, c := range pub.chunks {
+				c.lease = 0
+			}
+		}
 		if fresh {
 			e.revokeLater(lease)
 		}
-		if errors.Is(err, metadata.ErrExists) && n.lease != 0 && held != n.epoch {
+		e.settle(ctx, n, pub, false)
+		if errors.Is(err, metadata.ErrExists) && n.lease != 0 && (n.pub == nil || held != n.pub.epoch) {
 			e.forget(n) // what this store kept alive is gone: the name is another's
 		}
 		return err
 	}
-	n.epoch, n.body = epoch, body
+	n.pub, n.modRev = pub, rev
+	e.settle(ctx, n, pub, true)
 	if lease != n.lease {
 		e.keep(n, lease)
 	}
 	return nil
 }
 
-// casPut writes body, the descriptor of epoch, under name with lease,
-// unless the key holds another epoch: then it fails with [ErrExists] and
-// returns that epoch (0 for a value that is not a descriptor). Each write
-// is a transaction conditional on the key's revision being the one read,
-// so a concurrent writer makes it read again, never overwrite what it did
-// not check.
-func (e *Store) casPut(ctx context.Context, name string, epoch uint64, body []byte, lease clientv3.LeaseID) (held uint64, err error) {
-	key := e.key(name)
-	put := clientv3.OpPut(key, string(body), clientv3.WithLease(lease))
-	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0) // the name is free
-	for {
-		resp, _, err := e.txn(ctx, cmp, put, clientv3.OpGet(key))
-		if err != nil {
-			return 0, err
-		}
-		if resp.Succeeded {
-			return 0, nil
-		}
-		kvs := resp.Responses[0].GetResponseRange().GetKvs()
-		if len(kvs) == 0 {
-			cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
-			continue
-		}
-		d, err := segtable.UnmarshalDesc(kvs[0].Value)
-		switch {
-		case err != nil:
-			return 0, fmt.Errorf("%w: etcd holds a value that is not a descriptor (%v)", metadata.ErrExists, err)
-		case d.Epoch != epoch:
-			return d.Epoch, fmt.Errorf("%w: held by epoch %d, not %d", metadata.ErrExists, d.Epoch, epoch)
-		}
-		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)
-	}
-}
-
-// txn commits If(cmp).Then(then).Else(els), retried as [Store.do] says;
-// retried reports whether an attempt before the last may have committed.
-func (e *Store) txn(ctx context.Context, cmp clientv3.Cmp, then, els clientv3.Op) (resp *clientv3.TxnResponse, retried bool, err error) {
+// txnOps commits If(cmp).Then(then...).Else(els), retried as [Store.do]
+// says; retried reports whether an attempt before the last may have
+// committed.
+func (e *Store) txnOps(ctx context.Context, cmp clientv3.Cmp, then []clientv3.Op, els clientv3.Op) (resp *clientv3.TxnResponse, retried bool, err error) {
 	retried, err = e.do(ctx, func(ctx context.Context) (err error) {
-		resp, err = e.cli.Txn(ctx).If(cmp).Then(then).Else(els).Commit()
+		resp, err = e.cli.Txn(ctx).If(cmp).Then(then...).Else(els).Commit()
 		return err
 	})
 	return resp, retried, err
@@ -576,7 +637,7 @@ func (e *Store) forget(n *etcdName) {
 	if n.stop != nil {
 		n.stop()
 	}
-	n.lease, n.stop, n.epoch, n.body = 0, nil, 0, nil
+	n.lease, n.stop, n.pub, n.modRev, n.cache = 0, nil, nil, 0, nil
 }
 
 // keepAlive keeps lease alive until ctx is done (Delete, a new lease for
@@ -619,12 +680,12 @@ func (e *Store) restore(ctx context.Context, n *etcdName, lease clientv3.LeaseID
 		return true
 	}
 	defer func() { <-n.sem }()
-	if ctx.Err() != nil || n.lease != lease {
+	if ctx.Err() != nil || n.lease != lease || n.pub == nil {
 		return true
 	}
 	cctx, stop := e.call(ctx)
 	defer stop()
-	err := e.publish(cctx, n, n.epoch, n.body, 0)
+	err := e.publish(cctx, n, n.pub, 0)
 	return err == nil || errors.Is(err, metadata.ErrExists) || ctx.Err() != nil
 }
 
@@ -670,26 +731,14 @@ func (e *Store) Delete(ctx context.Context, name string, epoch uint64) error {
 	return nil
 }
 
-// casDelete deletes the key of name if it holds epoch (any when 0), in a
-// transaction conditional on the revision whose epoch it checked. When an
+// casDelete deletes the key of name and every chunk key of the name if
+// the key holds epoch (any when 0), in a transaction conditional on the
+// revision whose epoch it checked (so chunk keys go only with a header:
+// those of a publish under way while the name is free stay). When an
 // attempt of the delete whose answer was lost may have deleted the key,
 // finding it gone is success.
 func (e *Store) casDelete(ctx context.Context, name string, epoch uint64) error {
 	key := e.key(name)
-	if epoch == 0 {
-		var resp *clientv3.DeleteResponse
-		retried, err := e.do(ctx, func(ctx context.Context) (err error) {
-			resp, err = e.cli.Delete(ctx, key)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		if resp.Deleted == 0 && !retried {
-			return metadata.ErrNotFound
-		}
-		return nil
-	}
 	var resp *clientv3.GetResponse
 	if _, err := e.do(ctx, func(ctx context.Context) (err error) {
 		resp, err = e.cli.Get(ctx, key)
@@ -699,6 +748,7 @@ func (e *Store) casDelete(ctx context.Context, name string, epoch uint64) error 
 	}
 	kvs := resp.Kvs
 	maybeDeleted := false
+	del := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(e.chunkBase(name), clientv3.WithPrefix())}
 	for {
 		if len(kvs) == 0 {
 			if maybeDeleted {
@@ -706,15 +756,16 @@ func (e *Store) casDelete(ctx context.Context, name string, epoch uint64) error 
 			}
 			return metadata.ErrNotFound
 		}
-		held, err := segtable.UnmarshalDesc(kvs[0].Value)
-		switch {
-		case err != nil:
-			return fmt.Errorf("%w: etcd holds a value that is not a descriptor (%v)", metadata.ErrEpoch, err)
-		case held.Epoch != epoch:
-			return fmt.Errorf("%w: held by epoch %d, not %d", metadata.ErrEpoch, held.Epoch, epoch)
+		if epoch != 0 {
+			held, err := valueEpoch(kvs[0].Value)
+			switch {
+			case err != nil:
+				return fmt.Errorf("%w: etcd holds a value that is not a descriptor (%v)", metadata.ErrEpoch, err)
+			case held != epoch:
+				return fmt.Errorf("%w: held by epoch %d, not %d", metadata.ErrEpoch, held, epoch)
+			}
 		}
-		tresp, retried, err := e.txn(ctx, clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision),
-			clientv3.OpDelete(key), clientv3.OpGet(key))
+		tresp, retried, err := e.txnOps(ctx, clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision), del, clientv3.OpGet(key))
 		if err != nil {
 			return err
 		}
@@ -781,6 +832,11 @@ type etcdWatch struct {
 	lastRev int64
 	// rev is the revision to watch from: the one after the last read.
 	rev int64
+	// chunks holds the chunks of epoch chunkEpoch that the last header
+	// delivered listed, by seq, so that a republish fetches only the
+	// chunks it made; nil when the last value was no header.
+	chunks     map[uint64]readChunk
+	chunkEpoch uint64
 }
 
 func (w *etcdWatch) run(ctx context.Context, stop context.CancelFunc, synced bool) {
@@ -821,8 +877,8 @@ func (w *etcdWatch) sync(ctx context.Context) bool {
 	w.rev = resp.Header.Revision + 1
 	if len(resp.Kvs) == 0 {
 		w.gone(nil)
-	} else {
-		w.update(resp.Kvs[0])
+	} else if w.update(ctx, resp.Kvs[0], resp.Header.Revision) != nil {
+		return false
 	}
 	return true
 }
@@ -844,7 +900,9 @@ func (w *etcdWatch) follow(ctx context.Context) bool {
 		for _, ev := range resp.Events {
 			switch ev.Type {
 			case mvccpb.PUT:
-				w.update(ev.Kv)
+				if w.update(ctx, ev.Kv, ev.Kv.ModRevision) != nil {
+					return answered // the chunks could not be read: read the key again
+				}
 			case mvccpb.DELETE:
 				var prev *segtable.SegmentDesc
 				if ev.PrevKv != nil {
@@ -858,19 +916,71 @@ func (w *etcdWatch) follow(ctx context.Context) bool {
 	return answered
 }
 
-// update delivers kv, the key's value, unless it was delivered already; a
-// value that is not a descriptor of the name is delivered as Deleted.
-func (w *etcdWatch) update(kv *mvccpb.KeyValue) {
+// update delivers kv, the key's value read at revision rev, unless it
+// was delivered already; a value that is not a descriptor of the name is
+// delivered as Deleted. A header's chunks are read at rev, those the
+// watch does not hold yet; it fails when etcd did not answer that read
+// (or compacted rev), and then the key must be read again.
+func (w *etcdWatch) update(ctx context.Context, kv *mvccpb.KeyValue, rev int64) error {
 	if w.last != nil && kv.ModRevision == w.lastRev {
-		return
+		return nil
 	}
-	d, err := decode(w.name, kv.Value)
+	var d *segtable.SegmentDesc
+	var err error
+	if isHeader(kv.Value) {
+		d, err = w.assemble(ctx, kv.Value, rev)
+		if err != nil && !errors.Is(err, segtable.ErrBadDesc) {
+			return err
+		}
+	} else {
+		w.chunks = nil
+		d, err = decode(w.name, kv.Value)
+	}
 	if err != nil {
 		w.gone(nil)
-		return
+		return nil
 	}
 	w.last, w.lastRev = d.Clone(), kv.ModRevision
 	metadata.SendLatest(w.ch, metadata.Event{Desc: d})
+	return nil
+}
+
+// assemble returns the descriptor of a header, value, read at rev: its
+// chunks from those the watch holds (same seq, buffers and MAC) and those
+// it reads, at rev. It keeps the chunks the header lists, and only
+// those. A header that is not one of the name, or lists a chunk etcd does
+// not hold, is segtable.ErrBadDesc.
+func (w *etcdWatch) assemble(ctx context.Context, value []byte, rev int64) (*segtable.SegmentDesc, error) {
+	h, err := parseHeader(w.name, value)
+	if err != nil {
+		return nil, err
+	}
+	if w.chunks == nil || w.chunkEpoch != h.Desc.Epoch {
+		w.chunks, w.chunkEpoch = map[uint64]readChunk{}, h.Desc.Epoch
+	}
+	have := func(c headerChunk) bool {
+		rc, ok := w.chunks[c.Seq]
+		return ok && len(rc.bufs) == c.N && rc.sum == c.Sum && rc.mac == c.MAC
+	}
+	cctx, stop := context.WithTimeout(ctx, w.e.timeout)
+	defer stop()
+	got, err := w.e.fetch(cctx, w.name, h, rev, have)
+	if errors.Is(err, errMissing) {
+		return nil, fmt.Errorf("%w: %w", segtable.ErrBadDesc, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	next := make(map[uint64]readChunk, len(h.Chunks))
+	for _, c := range h.Chunks {
+		if rc, ok := got[c.Seq]; ok {
+			next[c.Seq] = rc
+		} else {
+			next[c.Seq] = w.chunks[c.Seq]
+		}
+	}
+	w.chunks = next
+	return assemble(h, func(seq uint64) readChunk { return next[seq] }, true)
 }
 
 // gone delivers Deleted once for the descriptor last delivered, as prev

@@ -21,9 +21,8 @@ import (
 
 // The gRPC methods of the requests the tests fail.
 const (
-	mTxn    = "/etcdserverpb.KV/Txn"
-	mGrant  = "/etcdserverpb.Lease/LeaseGrant"
-	mDelete = "/etcdserverpb.KV/DeleteRange"
+	mTxn   = "/etcdserverpb.KV/Txn"
+	mGrant = "/etcdserverpb.Lease/LeaseGrant"
 )
 
 // fault is what the interceptor does to one request instead of passing it
@@ -169,7 +168,7 @@ func TestEtcdRetry(t *testing.T) {
 		if err := s.Delete(ctx, "grant", 1); err != nil {
 			t.Fatalf("Delete after a failed transaction: %v", err)
 		}
-		f.add(mDelete, fault{err: rpctypes.ErrGRPCLeaderChanged})
+		f.add(mTxn, fault{err: rpctypes.ErrGRPCLeaderChanged})
 		if err := s.Delete(ctx, "again-a", 0); err != nil {
 			t.Fatalf("Delete(0) after a failed request: %v", err)
 		}
@@ -199,7 +198,7 @@ func TestEtcdRetry(t *testing.T) {
 		if err := s.Put(ctx, testDesc("lost0", 2, "l")); err != nil {
 			t.Fatal(err)
 		}
-		f.add(mDelete, fault{err: rpctypes.ErrGRPCTimeoutDueToLeaderFail, lost: true})
+		f.add(mTxn, fault{err: rpctypes.ErrGRPCTimeoutDueToLeaderFail, lost: true})
 		if err := s.Delete(ctx, "lost0", 0); err != nil {
 			t.Fatalf("Delete(0) whose first answer was lost (it deleted): %v; want nil", err)
 		}

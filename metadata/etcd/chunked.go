@@ -1,0 +1,565 @@
+// chunked.go holds the per-chunk key layout: a descriptor whose buffers
+// come as copy-on-write chunks (segtable.SegmentDesc.Chunked) is written
+// as a header under the segment's key and one key per chunk, so that a
+// republish after one registration writes the chunks it made and the
+// header, not every buffer, and a watcher fetches only those.
+
+package etcd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/segtable"
+)
+
+const (
+	// chunkLayout marks a header: the value of a segment's key that lists
+	// the descriptor's chunks, each under a key of its own. A value without
+	// it is a whole descriptor (the flat layout).
+	chunkLayout = "moonring-chunks/1"
+	// maxChunks bounds the chunks a header may list (4M buffers in full
+	// chunks; the header of that many is past etcd's request limit
+	// anyway): a header that lists more is refused.
+	maxChunks = 1 << 17
+	// maxChunkBuffers bounds the buffers of one chunk a reader takes (a
+	// publisher's hold segtable.ChunkSize).
+	maxChunkBuffers = 1024
+	// maxChunkBytes bounds the encoding of one chunk, written or read.
+	maxChunkBytes = 1 << 20
+	// maxTxnOps and maxTxnBytes bound one transaction of chunk writes,
+	// deletions or reads: etcd refuses a transaction of more than 128
+	// operations (--max-txn-ops) and a request over 1.5 MiB
+	// (--max-request-bytes) by default.
+	maxTxnOps   = 128
+	maxTxnBytes = 1 << 20
+	// rangeFetch is how many chunks a reader misses before it reads the
+	// epoch's chunk keys as one range rather than key by key, and
+	// rangeSlack how many keys it takes in that range beside those listed
+	// (chunks written or not yet deleted by a publish under way) before it
+	// falls back to reading the listed keys one by one.
+	rangeFetch = 64
+	rangeSlack = 1024
+)
+
+// errMissing reports a header that lists a chunk etcd does not hold at
+// the header's revision.
+var errMissing = errors.New("a chunk the header lists is missing")
+
+// chunkHeader is the value of a segment's key in the per-chunk layout.
+// Layout comes first, so that isHeader needs no decoding.
+type chunkHeader struct {
+	Layout string `json:"layout"`
+	// Signed: Desc.Chunks of the flat descriptor are Chunks (with their
+	// MACs); unsigned, the flat descriptor has none.
+	Signed bool `json:"signed,omitempty"`
+	// Desc is the descriptor without its buffers (Buffers, Chunks nil).
+	Desc segtable.SegmentDesc `json:"desc"`
+	// Chunks lists the chunks in address order.
+	Chunks []headerChunk `json:"chunks"`
+}
+
+// headerChunk is one chunk a header lists: its sequence number, its
+// number of buffers, the FNV-1a hash of its key's value and, signed, its
+// MAC. The hash tells a reader that holds a chunk of that seq whether it
+// is this one (a seq is a chunk's only within a publisher's ChunkList: a
+// flat descriptor's chunks are numbered from 1 on every publish), and
+// finds a value torn or changed; it authenticates nothing (the MACs do).
+type headerChunk struct {
+	Seq uint64 `json:"s"`
+	N   int    `json:"n"`
+	Sum uint64 `json:"h"`
+	MAC string `json:"m,omitempty"`
+}
+
+var headerMark = []byte(`{"layout":"` + chunkLayout + `"`)
+
+// isHeader reports whether value, read under a segment's key, is a header
+// of the per-chunk layout.
+func isHeader(value []byte) bool { return bytes.HasPrefix(value, headerMark) }
+
+// chunkBase returns the prefix of every chunk key of name: a subtree of
+// its own beside the segments' keys (a NUL no name starts with, see Put),
+// with the name's length before it so that no name's subtree holds
+// another's ("a" and "a/1").
+func (e *Store) chunkBase(name string) string {
+	return e.prefix + "\x00chunks/" + strconv.Itoa(len(name)) + "/" + name + "/"
+}
+
+// chunkDir returns the prefix of the chunk keys of name at epoch.
+func (e *Store) chunkDir(name string, epoch uint64) string {
+	return e.chunkBase(name) + strconv.FormatUint(epoch, 10) + "/"
+}
+
+func chunkKey(dir string, seq uint64) string { return dir + strconv.FormatUint(seq, 10) }
+
+// chunkEntry is one chunk as a store writes it: its encoding, cached by
+// seq for the publishes of an epoch, so that a republish encodes only the
+// chunks it made.
+type chunkEntry struct {
+	seq uint64
+	// first is &bufs[0] of the chunk it encodes: a chunk is immutable, so
+	// the same pointer is the same content (seq alone is not: a flat
+	// descriptor's chunks are numbered from 1 on every publish).
+	first *segtable.BufferDesc
+	n     int
+	value []byte
+	sum   uint64 // fnv64a(value)
+	// lease is the lease the chunk was last written under, 0 when it is
+	// not known to be in etcd. Guarded by the name's sem.
+	lease clientv3.LeaseID
+}
+
+// publication is what a Put writes, and a lease restore writes again: the
+// value of the segment's key (a whole descriptor, or a header) and, for
+// a header, the chunks it lists, in order.
+type publication struct {
+	epoch  uint64
+	value  []byte
+	chunks []*chunkEntry // nil: flat
+}
+
+// chunkedPub returns d, a Chunked descriptor, as a header and its chunks,
+// taking the encodings of the chunks cached in n from the last publishes
+// of the epoch. n.sem is held.
+func (e *Store) chunkedPub(n *etcdName, d *segtable.SegmentDesc) (*publication, error) {
+	cs := d.Chunked
+	if c := cs.Count(); c > maxChunks {
+		return nil, fmt.Errorf("%w: %d chunks, more than the %d etcd's layout takes", segtable.ErrBadDesc, c, maxChunks)
+	}
+	h := chunkHeader{Layout: chunkLayout, Signed: cs.Signed(), Desc: *d, Chunks: make([]headerChunk, 0, cs.Count())}
+	h.Desc.Buffers, h.Desc.Chunks, h.Desc.Chunked = nil, nil, nil
+	cache := n.cache
+	if n.cacheEpoch != d.Epoch {
+		cache = nil
+	}
+	pub := &publication{epoch: d.Epoch, chunks: make([]*chunkEntry, 0, cs.Count())}
+	var err error
+	cs.EachChunk(func(info segtable.ChunkInfo, bufs []segtable.BufferDesc) bool {
+		c := cache[info.Seq]
+		if c == nil || c.first != &bufs[0] || c.n != len(bufs) {
+			var v []byte
+			if v, err = json.Marshal(bufs); err != nil {
+				err = fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
+				return false
+			}
+			if len(v) > maxChunkBytes {
+				err = fmt.Errorf("%w: chunk %d encodes to %d bytes, over %d", segtable.ErrBadDesc, info.Seq, len(v), maxChunkBytes)
+				return false
+			}
+			c = &chunkEntry{seq: info.Seq, first: &bufs[0], n: len(bufs), value: v, sum: fnv64a(v)}
+		}
+		h.Chunks = append(h.Chunks, headerChunk{Seq: info.Seq, N: info.N, Sum: c.sum, MAC: info.MAC})
+		pub.chunks = append(pub.chunks, c)
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if pub.value, err = json.Marshal(&h); err != nil {
+		return nil, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
+	}
+	return pub, nil
+}
+
+// settle updates n's cache of chunk encodings after a publish of pub:
+// when it succeeded (ok), the cache becomes pub's chunks, and the chunks
+// the cache held that pub does not list are deleted from etcd (best
+// effort: those not deleted stay in the cache, to be deleted after the
+// next publish); when it failed, pub's chunks join the cache, so that what
+// was written is known. n.sem is held.
+func (e *Store) settle(ctx context.Context, n *etcdName, pub *publication, ok bool) {
+	if pub.chunks == nil && !ok {
+		return
+	}
+	if n.cacheEpoch != pub.epoch {
+		n.cache, n.cacheEpoch = nil, pub.epoch
+	}
+	if !ok {
+		if n.cache == nil {
+			n.cache = make(map[uint64]*chunkEntry, len(pub.chunks))
+		}
+		for _, c := range pub.chunks {
+			n.cache[c.seq] = c
+		}
+		return
+	}
+	next := make(map[uint64]*chunkEntry, len(pub.chunks))
+	for _, c := range pub.chunks {
+		next[c.seq] = c
+	}
+	var stale []*chunkEntry
+	for seq, c := range n.cache {
+		if next[seq] != c && c.lease != 0 {
+			stale = append(stale, c)
+		}
+	}
+	dir := e.chunkDir(n.name, pub.epoch)
+	for len(stale) > 0 {
+		batch := stale[:min(len(stale), maxTxnOps)]
+		ops := make([]clientv3.Op, len(batch))
+		for i, c := range batch {
+			ops[i] = clientv3.OpDelete(chunkKey(dir, c.seq))
+		}
+		if _, err := e.do(ctx, func(ctx context.Context) error {
+			_, err := e.cli.Txn(ctx).Then(ops...).Commit()
+			return err
+		}); err != nil {
+			break
+		}
+		stale = stale[len(batch):]
+	}
+	for _, c := range stale {
+		if next[c.seq] == nil {
+			c.value = nil // only its deletion is left to do
+			next[c.seq] = c
+		}
+	}
+	if pub.chunks == nil && len(next) == 0 {
+		next = nil
+	}
+	n.cache = next
+}
+
+// write publishes pub under n's name with lease: the chunks not yet
+// written under lease, in transactions of at most maxTxnOps operations
+// and maxTxnBytes, then the value of the name's key. Every transaction
+// is conditional on the key's revision being the one last checked, so
+// nothing is written while another epoch holds the name: then write
+// fails with [ErrExists] and returns that epoch (0 for a value that is
+// not a descriptor). A key changed by another writer makes it check the
+// epoch again and write every chunk again (a Delete removed them). It
+// returns the revision of the key it wrote and whether it wrote any
+// chunk. n.sem is held.
+func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, lease clientv3.LeaseID) (held uint64, rev int64, wrote bool, err error) {
+	key := e.key(n.name)
+	// What the key holds as far as this store knows: its last write of
+	// the epoch under lease, or nothing. A wrong guess costs the first
+	// transaction, which then reads the key.
+	trusted := n.pub != nil && n.pub.epoch == pub.epoch && n.lease == lease && n.modRev > 0
+	if trusted {
+		rev = n.modRev
+	}
+	distrust := func() {
+		for _, c := range pub.chunks {
+			c.lease = 0
+		}
+	}
+	if !trusted {
+		distrust()
+	}
+	dir := e.chunkDir(n.name, pub.epoch)
+	// check reads what the else branch of a transaction returned.
+	check := func(resp *clientv3.TxnResponse) error {
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			rev = 0
+		} else {
+			epoch, err := valueEpoch(kvs[0].Value)
+			switch {
+			case err != nil:
+				return fmt.Errorf("%w: etcd holds a value that is not a descriptor (%v)", metadata.ErrExists, err)
+			case epoch != pub.epoch:
+				held = epoch
+				return fmt.Errorf("%w: held by epoch %d, not %d", metadata.ErrExists, epoch, pub.epoch)
+			}
+			rev = kvs[0].ModRevision
+		}
+		distrust()
+		return nil
+	}
+	for {
+		for i := 0; i < len(pub.chunks); {
+			c := pub.chunks[i]
+			if c.lease == lease {
+				i++
+				continue
+			}
+			var ops []clientv3.Op
+			var batch []*chunkEntry
+			size := 0
+			for ; i < len(pub.chunks) && len(ops) < maxTxnOps; i++ {
+				c := pub.chunks[i]
+				if c.lease == lease {
+					continue
+				}
+				k := chunkKey(dir, c.seq)
+				if len(ops) > 0 && size+len(k)+len(c.value) > maxTxnBytes {
+					break
+				}
+				size += len(k) + len(c.value)
+				ops = append(ops, clientv3.OpPut(k, string(c.value), clientv3.WithLease(lease)))
+				batch = append(batch, c)
+			}
+			resp, _, err := e.txnOps(ctx, clientv3.Compare(clientv3.ModRevision(key), "=", rev), ops, clientv3.OpGet(key))
+			if err != nil {
+				return 0, 0, wrote, err
+			}
+			if !resp.Succeeded {
+				if err := check(resp); err != nil {
+					return held, 0, wrote, err
+				}
+				i = 0
+				continue
+			}
+			wrote = true
+			for _, c := range batch {
+				c.lease = lease
+			}
+		}
+		resp, _, err := e.txnOps(ctx, clientv3.Compare(clientv3.ModRevision(key), "=", rev),
+			[]clientv3.Op{clientv3.OpPut(key, string(pub.value), clientv3.WithLease(lease))}, clientv3.OpGet(key))
+		if err != nil {
+			return 0, 0, wrote, err
+		}
+		if resp.Succeeded {
+			return 0, resp.Header.Revision, wrote, nil
+		}
+		if err := check(resp); err != nil {
+			return held, 0, wrote, err
+		}
+	}
+}
+
+// dropChunks deletes the chunk keys of name at epoch, best effort: what a
+// publish that lost the name to another epoch wrote.
+func (e *Store) dropChunks(ctx context.Context, name string, epoch uint64) {
+	e.do(ctx, func(ctx context.Context) error { //nolint:errcheck // best effort: they expire with their lease
+		_, err := e.cli.Delete(ctx, e.chunkDir(name, epoch), clientv3.WithPrefix())
+		return err
+	})
+}
+
+// valueEpoch returns the epoch of the descriptor value holds, a whole one
+// or a header.
+func valueEpoch(value []byte) (uint64, error) {
+	if !isHeader(value) {
+		d, err := segtable.UnmarshalDesc(value)
+		if err != nil {
+			return 0, err
+		}
+		return d.Epoch, nil
+	}
+	var h struct {
+		Desc struct {
+			Epoch uint64 `json:"epoch"`
+		} `json:"desc"`
+	}
+	if err := json.Unmarshal(value, &h); err != nil {
+		return 0, fmt.Errorf("%w: header: %v", segtable.ErrBadDesc, err)
+	}
+	return h.Desc.Epoch, nil
+}
+
+// parseHeader decodes and checks a header read under name's key.
+func parseHeader(name string, value []byte) (*chunkHeader, error) {
+	h := new(chunkHeader)
+	if err := json.Unmarshal(value, h); err != nil {
+		return nil, fmt.Errorf("%w: etcd's header: %v", segtable.ErrBadDesc, err)
+	}
+	switch {
+	case h.Layout != chunkLayout:
+		return nil, fmt.Errorf("%w: layout %q", segtable.ErrBadDesc, h.Layout)
+	case h.Desc.Buffers != nil || h.Desc.Chunks != nil:
+		return nil, fmt.Errorf("%w: a header with buffers", segtable.ErrBadDesc)
+	case len(h.Chunks) > maxChunks:
+		return nil, fmt.Errorf("%w: a header of %d chunks, over %d", segtable.ErrBadDesc, len(h.Chunks), maxChunks)
+	}
+	if err := h.Desc.Validate(); err != nil {
+		return nil, err
+	}
+	if h.Desc.Name != name {
+		return nil, fmt.Errorf("%w: etcd holds segment %q under that name", segtable.ErrBadDesc, h.Desc.Name)
+	}
+	for _, c := range h.Chunks {
+		if c.N < 1 || c.N > maxChunkBuffers {
+			return nil, fmt.Errorf("%w: chunk %d of %d buffers", segtable.ErrBadDesc, c.Seq, c.N)
+		}
+	}
+	return h, nil
+}
+
+// readChunk is one chunk as a reader holds it.
+type readChunk struct {
+	sum  uint64
+	mac  string
+	bufs []segtable.BufferDesc
+}
+
+// decodeChunk decodes the value of the chunk key of c.
+func decodeChunk(c headerChunk, value []byte) (readChunk, error) {
+	if len(value) > maxChunkBytes {
+		return readChunk{}, fmt.Errorf("%w: chunk %d of %d bytes", segtable.ErrBadDesc, c.Seq, len(value))
+	}
+	if sum := fnv64a(value); sum != c.Sum {
+		return readChunk{}, fmt.Errorf("%w: chunk %d hashes to %#x, its header says %#x", segtable.ErrBadDesc, c.Seq, sum, c.Sum)
+	}
+	var bufs []segtable.BufferDesc
+	if err := json.Unmarshal(value, &bufs); err != nil {
+		return readChunk{}, fmt.Errorf("%w: chunk %d: %v", segtable.ErrBadDesc, c.Seq, err)
+	}
+	if len(bufs) != c.N {
+		return readChunk{}, fmt.Errorf("%w: chunk %d holds %d buffers, its header says %d", segtable.ErrBadDesc, c.Seq, len(bufs), c.N)
+	}
+	return readChunk{sum: c.Sum, mac: c.MAC, bufs: bufs}, nil
+}
+
+// fetch reads, at revision rev, the chunks h lists that have holds not
+// (nil: none), and returns them by seq: as one range of the epoch's chunk
+// keys when it misses many, else key by key, in transactions of at most
+// maxTxnOps reads. A listed chunk etcd does not hold at rev is
+// errMissing.
+func (e *Store) fetch(ctx context.Context, name string, h *chunkHeader, rev int64, have func(headerChunk) bool) (map[uint64]readChunk, error) {
+	want := make(map[uint64]headerChunk)
+	for _, c := range h.Chunks {
+		if have == nil || !have(c) {
+			want[c.Seq] = c
+		}
+	}
+	got := make(map[uint64]readChunk, len(want))
+	if len(want) == 0 {
+		return got, nil
+	}
+	dir := e.chunkDir(name, h.Desc.Epoch)
+	if len(want) > rangeFetch {
+		var resp *clientv3.GetResponse
+		if _, err := e.do(ctx, func(ctx context.Context) (err error) {
+			resp, err = e.cli.Get(ctx, dir, clientv3.WithPrefix(), clientv3.WithRev(rev), clientv3.WithLimit(int64(len(h.Chunks)+rangeSlack)))
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		if !resp.More {
+			for _, kv := range resp.Kvs {
+				seq, err := strconv.ParseUint(strings.TrimPrefix(string(kv.Key), dir), 10, 64)
+				if err != nil {
+					continue // not a chunk key: nothing of this layout's
+				}
+				c, ok := want[seq]
+				if !ok {
+					continue
+				}
+				rc, err := decodeChunk(c, kv.Value)
+				if err != nil {
+					return nil, err
+				}
+				got[seq] = rc
+			}
+			if len(got) != len(want) {
+				return nil, fmt.Errorf("%w: %d of %d", errMissing, len(want)-len(got), len(want))
+			}
+			return got, nil
+		}
+	}
+	seqs := make([]uint64, 0, len(want))
+	for seq := range want {
+		seqs = append(seqs, seq)
+	}
+	slices.Sort(seqs)
+	for len(seqs) > 0 {
+		batch := seqs[:min(len(seqs), maxTxnOps)]
+		seqs = seqs[len(batch):]
+		ops := make([]clientv3.Op, len(batch))
+		for i, seq := range batch {
+			ops[i] = clientv3.OpGet(chunkKey(dir, seq), clientv3.WithRev(rev))
+		}
+		var resp *clientv3.TxnResponse
+		if _, err := e.do(ctx, func(ctx context.Context) (err error) {
+			resp, err = e.cli.Txn(ctx).Then(ops...).Commit()
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		for i, r := range resp.Responses {
+			kvs := r.GetResponseRange().GetKvs()
+			if len(kvs) == 0 {
+				return nil, fmt.Errorf("%w: chunk %d", errMissing, batch[i])
+			}
+			rc, err := decodeChunk(want[batch[i]], kvs[0].Value)
+			if err != nil {
+				return nil, err
+			}
+			got[batch[i]] = rc
+		}
+	}
+	return got, nil
+}
+
+// assemble returns the flat descriptor of h with the buffers chunk
+// returns for each chunk it lists (the chunks must all be there): the
+// descriptor the flat layout would hold, decoded (as UnmarshalDesc
+// does, validated). The buffers' Keys maps are copied when clone is set.
+func assemble(h *chunkHeader, chunk func(seq uint64) readChunk, clone bool) (*segtable.SegmentDesc, error) {
+	d := h.Desc
+	d.Endpoints = cloneMap(h.Desc.Endpoints)
+	d.Devices = slices.Clone(h.Desc.Devices)
+	total := 0
+	for _, c := range h.Chunks {
+		total += c.N
+	}
+	d.Buffers = make([]segtable.BufferDesc, 0, total)
+	if h.Signed && len(h.Chunks) > 0 {
+		d.Chunks = make([]segtable.ChunkInfo, len(h.Chunks))
+	}
+	for i, c := range h.Chunks {
+		bufs := chunk(c.Seq).bufs
+		if len(bufs) != c.N {
+			return nil, fmt.Errorf("%w: chunk %d holds %d buffers, its header says %d", segtable.ErrBadDesc, c.Seq, len(bufs), c.N)
+		}
+		for _, b := range bufs {
+			if clone {
+				b.Keys = cloneMap(b.Keys)
+			}
+			d.Buffers = append(d.Buffers, b)
+		}
+		if d.Chunks != nil {
+			d.Chunks[i] = segtable.ChunkInfo{Seq: c.Seq, N: c.N, MAC: c.MAC}
+		}
+	}
+	// What UnmarshalDesc does to a flat value: sort, then validate.
+	if !slices.IsSortedFunc(d.Buffers, func(a, b segtable.BufferDesc) int { return cmpAddr(a.Addr, b.Addr) }) {
+		slices.SortStableFunc(d.Buffers, func(a, b segtable.BufferDesc) int { return cmpAddr(a.Addr, b.Addr) })
+	}
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// fnv64a returns the 64-bit FNV-1a hash of b.
+func fnv64a(b []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(b)
+	return h.Sum64()
+}
+
+func cmpAddr(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func cloneMap(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	c := make(map[string]string, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
