@@ -13,11 +13,8 @@ import (
 // and its user checks what it names (bounds, a secret, access).
 type Handle uint32
 
-// Handles is a table of values by Handle with O(1) lock-free lookup: a
-// fixed array of 64 pointers to arrays of 128 pointers to chunks of 128
-// slots, the middle arrays and chunks made as indexes reach them and kept,
-// so an empty table is about 600 bytes (the engine's tables, a fixed array
-// of every chunk's pointer, are 64 KiB each). A slot is changed in place
+// Handles is a table of values by Handle with O(1) lock-free lookup (a
+// slotDir: three loads), so an empty table is about 600 bytes. A slot is changed in place
 // (its handle and value are atomics, and Get reads the handle on both
 // sides of the value), so Add and Remove copy and allocate nothing once
 // the slot's chunk exists: a copy-on-write chunk, as the engine's tables
@@ -36,7 +33,7 @@ type Handle uint32
 type Handles[T any] struct {
 	mu  sync.Mutex
 	ix  indexes // under mu
-	dir [handleDirs]atomic.Pointer[[handleMids]atomic.Pointer[[tableChunk]handleSlot[T]]]
+	dir slotDir[T]
 }
 
 // handleSlot is one value and the handle (or ID, in a table) that names
@@ -48,26 +45,13 @@ type handleSlot[T any] struct {
 	v  atomic.Pointer[T]
 }
 
-const (
-	handleMidBits = 7
-	handleMids    = 1 << handleMidBits
-	handleDirBits = idIndexBits - handleMidBits - tableChunkBits
-	handleDirs    = 1 << handleDirBits
-)
-
 // Get returns the value h names, or nil when it names none (removed, never
 // added, or a generation not its slot's). Lock-free.
 func (hs *Handles[T]) Get(h Handle) *T {
-	idx := uint32(h) & idIndexMask
-	m := hs.dir[idx>>(handleMidBits+tableChunkBits)].Load()
-	if m == nil {
+	s := hs.dir.find(uint32(h) & idIndexMask)
+	if s == nil {
 		return nil
 	}
-	c := m[idx>>tableChunkBits&(handleMids-1)].Load()
-	if c == nil {
-		return nil
-	}
-	s := &c[idx&(tableChunk-1)]
 	if h == 0 || s.id.Load() != uint32(h) {
 		return nil
 	}
@@ -111,20 +95,6 @@ func (hs *Handles[T]) Remove(h Handle) bool {
 	return true
 }
 
-// slot returns idx's slot, making the middle array and the chunk when
-// they are not there yet; mu must be held.
-func (hs *Handles[T]) slot(idx int) *handleSlot[T] {
-	d := &hs.dir[idx>>(handleMidBits+tableChunkBits)]
-	m := d.Load()
-	if m == nil {
-		m = new([handleMids]atomic.Pointer[[tableChunk]handleSlot[T]])
-		d.Store(m)
-	}
-	p := &m[idx>>tableChunkBits&(handleMids-1)]
-	c := p.Load()
-	if c == nil {
-		c = new([tableChunk]handleSlot[T])
-		p.Store(c)
-	}
-	return &c[idx&(tableChunk-1)]
-}
+// slot returns idx's slot, making it when it is not there yet; mu must be
+// held.
+func (hs *Handles[T]) slot(idx int) *handleSlot[T] { return hs.dir.slot(idx) }

@@ -108,9 +108,8 @@ func (r *Ref) DrainWhile(ctx context.Context, busy func() bool) error {
 }
 
 // table is an index of entries by ID in chunks of tableChunk slots: a
-// lookup loads the chunk's pointer from a fixed array and reads the slot
-// (a few loads, no lock). A chunk is made when an index first reaches it
-// and kept; a change takes mu and stores into one slot in place (its ID
+// lookup finds the slot in a slotDir and reads it (a few loads, no lock).
+// A chunk is made when an index first reaches it and kept; a change takes mu and stores into one slot in place (its ID
 // and entry are atomics, and get reads the ID on both sides of the entry,
 // as Handles does), so it copies and allocates nothing: a copy-on-write
 // chunk (2 KiB copied and left to the collector per change) cost a
@@ -119,7 +118,7 @@ func (r *Ref) DrainWhile(ctx context.Context, busy func() bool) error {
 // whole made n registrations cost n².
 type table[E any] struct {
 	mu      sync.Mutex
-	chunks  [tableChunks]atomic.Pointer[[tableChunk]handleSlot[E]]
+	slots   slotDir[E]
 	indexes // guarded by mu
 }
 
@@ -168,20 +167,14 @@ func (x *indexes) retire(idx int) {
 const (
 	tableChunkBits = 7
 	tableChunk     = 1 << tableChunkBits
-	tableChunks    = (MaxEntries + tableChunk - 1) / tableChunk
 )
 
 // get returns the live entry named id, or nil. Lock-free.
 func (t *table[E]) get(id uint32) *E {
-	idx := int(id & idIndexMask)
-	if idx>>tableChunkBits >= tableChunks {
+	s := t.slots.find(id & idIndexMask)
+	if s == nil {
 		return nil
 	}
-	c := t.chunks[idx>>tableChunkBits].Load()
-	if c == nil {
-		return nil
-	}
-	s := &c[idx&(tableChunk-1)]
 	if id == 0 || s.id.Load() != id {
 		return nil
 	}
@@ -209,17 +202,9 @@ func (t *table[E]) insert(e *E, build func(id uint32)) (uint32, error) {
 	return id, nil
 }
 
-// slot returns idx's slot, making its chunk when it is not there yet; mu
-// must be held.
-func (t *table[E]) slot(idx int) *handleSlot[E] {
-	p := &t.chunks[idx>>tableChunkBits]
-	c := p.Load()
-	if c == nil {
-		c = new([tableChunk]handleSlot[E])
-		p.Store(c)
-	}
-	return &c[idx&(tableChunk-1)]
-}
+// slot returns idx's slot, making it when it is not there yet; mu must be
+// held.
+func (t *table[E]) slot(idx int) *handleSlot[E] { return t.slots.slot(idx) }
 
 // set publishes e (or nil) at a live ID; mu must be held.
 func (t *table[E]) set(id uint32, e *E) {
@@ -247,7 +232,7 @@ func (t *table[E]) each(fn func(*E)) {
 	n := t.size
 	t.mu.Unlock()
 	for ci := 0; ci<<tableChunkBits < n; ci++ {
-		c := t.chunks[ci].Load()
+		c := t.slots.chunk(ci)
 		if c == nil {
 			continue
 		}
