@@ -200,7 +200,7 @@ func (e *Store) settle(ctx context.Context, n *etcdName, pub *publication, ok bo
 	}
 	var stale []*chunkEntry
 	for seq, c := range n.cache {
-		if next[seq] != c && c.lease != 0 {
+		if next[seq] == nil && c.lease != 0 {
 			stale = append(stale, c)
 		}
 	}
@@ -232,16 +232,20 @@ func (e *Store) settle(ctx context.Context, n *etcdName, pub *publication, ok bo
 }
 
 // write publishes pub under n's name with lease: the chunks not yet
-// written under lease, in transactions of at most maxTxnOps operations
-// and maxTxnBytes, then the value of the name's key. Every transaction
-// is conditional on the key's revision being the one last checked, so
-// nothing is written while another epoch holds the name: then write
-// fails with [ErrExists] and returns that epoch (0 for a value that is
-// not a descriptor). A key changed by another writer makes it check the
-// epoch again and write every chunk again (a Delete removed them). It
-// returns the revision of the key it wrote and whether it wrote any
-// chunk. n.sem is held.
-func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, lease clientv3.LeaseID) (held uint64, rev int64, wrote bool, err error) {
+// written under lease, then the value of the name's key, in one
+// transaction when they fit in etcd's limits (maxTxnOps operations,
+// maxTxnBytes), else in transactions of chunks that do and a last one
+// with the rest and the value; the last one also deletes the chunk keys
+// of stale that fit (the chunks the cache holds that pub does not list,
+// which readers of the value it replaces may still read at its
+// revision), marking those deleted. Every transaction is conditional on
+// the key's revision being the one last checked, so nothing is written
+// while another epoch holds the name: then write fails with [ErrExists]
+// and returns that epoch (0 for a value that is not a descriptor). A key
+// changed by another writer makes it check the epoch again and write
+// every chunk again (a Delete removed them). It returns the revision of
+// the key it wrote and whether it wrote any chunk. n.sem is held.
+func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, stale []*chunkEntry, lease clientv3.LeaseID) (held uint64, rev int64, wrote bool, err error) {
 	key := e.key(n.name)
 	// What the key holds as far as this store knows: its last write of
 	// the epoch under lease, or nothing. A wrong guess costs the first
@@ -278,28 +282,31 @@ func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, lease 
 		distrust()
 		return nil
 	}
+	put := func(c *chunkEntry) (clientv3.Op, int) {
+		k := chunkKey(dir, c.seq)
+		return clientv3.OpPut(k, string(c.value), clientv3.WithLease(lease)), len(k) + len(c.value)
+	}
+	valueSize := len(key) + len(pub.value)
 	for {
-		for i := 0; i < len(pub.chunks); {
-			c := pub.chunks[i]
-			if c.lease == lease {
-				i++
-				continue
+		var pend []*chunkEntry
+		size := 0
+		for _, c := range pub.chunks {
+			if c.lease != lease {
+				pend = append(pend, c)
+				size += len(dir) + 20 + len(c.value)
 			}
+		}
+		// Chunks alone while the rest does not fit beside the value.
+		retry := false
+		for len(pend) > 0 && (len(pend)+1 > maxTxnOps || size+valueSize > maxTxnBytes) {
 			var ops []clientv3.Op
-			var batch []*chunkEntry
-			size := 0
-			for ; i < len(pub.chunks) && len(ops) < maxTxnOps; i++ {
-				c := pub.chunks[i]
-				if c.lease == lease {
-					continue
-				}
-				k := chunkKey(dir, c.seq)
-				if len(ops) > 0 && size+len(k)+len(c.value) > maxTxnBytes {
+			bytes := 0
+			for _, c := range pend[:min(len(pend), maxTxnOps)] {
+				op, sz := put(c)
+				if len(ops) > 0 && bytes+sz > maxTxnBytes {
 					break
 				}
-				size += len(k) + len(c.value)
-				ops = append(ops, clientv3.OpPut(k, string(c.value), clientv3.WithLease(lease)))
-				batch = append(batch, c)
+				ops, bytes = append(ops, op), bytes+sz
 			}
 			resp, _, err := e.txnOps(ctx, clientv3.Compare(clientv3.ModRevision(key), "=", rev), ops, clientv3.OpGet(key))
 			if err != nil {
@@ -309,26 +316,74 @@ func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, lease 
 				if err := check(resp); err != nil {
 					return held, 0, wrote, err
 				}
-				i = 0
-				continue
+				retry = true
+				break
 			}
 			wrote = true
-			for _, c := range batch {
+			for _, c := range pend[:len(ops)] {
 				c.lease = lease
+				size -= len(dir) + 20 + len(c.value)
 			}
+			pend = pend[len(ops):]
 		}
-		resp, _, err := e.txnOps(ctx, clientv3.Compare(clientv3.ModRevision(key), "=", rev),
-			[]clientv3.Op{clientv3.OpPut(key, string(pub.value), clientv3.WithLease(lease))}, clientv3.OpGet(key))
+		if retry {
+			continue
+		}
+		// The rest, the value, and the deletions that fit.
+		ops := make([]clientv3.Op, 0, len(pend)+1)
+		bytes := valueSize
+		for _, c := range pend {
+			op, sz := put(c)
+			ops, bytes = append(ops, op), bytes+sz
+		}
+		ops = append(ops, clientv3.OpPut(key, string(pub.value), clientv3.WithLease(lease)))
+		var gone []*chunkEntry
+		for _, c := range stale {
+			k := chunkKey(dir, c.seq)
+			if c.lease == 0 || len(ops) >= maxTxnOps || bytes+len(k) > maxTxnBytes {
+				continue
+			}
+			ops, bytes = append(ops, clientv3.OpDelete(k)), bytes+len(k)
+			gone = append(gone, c)
+		}
+		resp, _, err := e.txnOps(ctx, clientv3.Compare(clientv3.ModRevision(key), "=", rev), ops, clientv3.OpGet(key))
 		if err != nil {
 			return 0, 0, wrote, err
 		}
 		if resp.Succeeded {
-			return 0, resp.Header.Revision, wrote, nil
+			for _, c := range pend {
+				c.lease = lease
+			}
+			for _, c := range gone {
+				c.lease = 0
+			}
+			return 0, resp.Header.Revision, wrote || len(pend) > 0, nil
 		}
 		if err := check(resp); err != nil {
 			return held, 0, wrote, err
 		}
 	}
+}
+
+// stale returns the chunks n's cache holds, written, that pub does not
+// list: what to delete once pub is written. n.sem is held.
+func (n *etcdName) stale(pub *publication) []*chunkEntry {
+	if n.cacheEpoch != pub.epoch || len(n.cache) == 0 {
+		return nil
+	}
+	listed := make(map[uint64]*chunkEntry, len(pub.chunks))
+	for _, c := range pub.chunks {
+		listed[c.seq] = c
+	}
+	var out []*chunkEntry
+	for seq, c := range n.cache {
+		// A seq listed again with other content is written over, not
+		// deleted (a transaction may not touch a key twice).
+		if listed[seq] == nil && c.lease != 0 {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // dropChunks deletes the chunk keys of name at epoch, best effort: what a

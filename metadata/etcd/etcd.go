@@ -556,6 +556,7 @@ func (e *Store) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 func (e *Store) publish(ctx context.Context, n *etcdName, pub *publication, lease clientv3.LeaseID) error {
 	fresh := false
 	var rev int64
+	stale := n.stale(pub)
 	for {
 		if lease == 0 {
 			var resp *clientv3.LeaseGrantResponse
@@ -568,7 +569,7 @@ func (e *Store) publish(ctx context.Context, n *etcdName, pub *publication, leas
 			}
 			lease, fresh = resp.ID, true
 		}
-		held, r, wrote, err := e.write(ctx, n, pub, lease)
+		held, r, wrote, err := e.write(ctx, n, pub, stale, lease)
 		if err == nil {
 			rev = r
 			break
