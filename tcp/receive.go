@@ -252,7 +252,12 @@ func (r *reader) payload(dst []byte) error {
 	if k := c.br.Buffered(); k > 0 {
 		n, _ = c.br.Read(dst[:min(k, len(dst))])
 	}
-	if rest := dst[n:]; len(rest) >= directMin {
+	// The rest of a large payload is read straight from the socket
+	// whatever its size: through the buffer, it would fill the buffer with
+	// the next response's header and payload, and the next payload would
+	// come partly through the buffer again, one copy more per byte for as
+	// long as READs stream.
+	if rest := dst[n:]; len(rest) >= directMin || len(rest) > 0 && len(dst) >= directMin {
 		src := c.src
 		if nb, ok := src.(*nbReader); ok && c.q.Head()+1 < c.q.Committed() {
 			src = (*aheadReader)(nb)
