@@ -186,8 +186,8 @@ type Config struct {
 // (a Delete whose lost attempt took effect finds the name gone and
 // succeeds), and a lease granted by a lost attempt expires on its own.
 // etcd's refusal of the store's credentials or rights is [ErrDenied]. A
-// descriptor larger than etcd accepts (1.5 MiB by default) is
-// [segtable.ErrBadDesc].
+// flat descriptor, or a header, larger than etcd accepts (1.5 MiB by
+// default) is [segtable.ErrBadDesc].
 //
 // An Etcd store is safe for concurrent use; its zero value is not usable,
 // and it must not be copied. It holds an etcd client from New until
@@ -994,5 +994,5 @@ func (w *etcdWatch) gone(prev *segtable.SegmentDesc) {
 		prev = w.last
 	}
 	metadata.SendLatest(w.ch, metadata.Event{Desc: prev, Deleted: true})
-	w.last, w.lastRev = nil, 0
+	w.last, w.lastRev, w.chunks = nil, 0, nil
 }
