@@ -147,7 +147,7 @@ func (e *Store) chunkedPub(n *etcdName, d *segtable.SegmentDesc) (*publication, 
 	var err error
 	cs.EachChunk(func(info segtable.ChunkInfo, bufs []segtable.BufferDesc) bool {
 		c := cache[info.Seq]
-		if c == nil || c.first != &bufs[0] || c.n != len(bufs) {
+		if c == nil || c.first != &bufs[0] || c.n != len(bufs) || c.value == nil {
 			var v []byte
 			if v, err = json.Marshal(bufs); err != nil {
 				err = fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
@@ -243,7 +243,10 @@ func (e *Store) settle(ctx context.Context, n *etcdName, pub *publication, ok bo
 // while another epoch holds the name: then write fails with [ErrExists]
 // and returns that epoch (0 for a value that is not a descriptor). A key
 // changed by another writer makes it check the epoch again and write
-// every chunk again (a Delete removed them). It returns the revision of
+// every chunk again (a Delete removed them); a key that holds pub's value
+// under lease already is written (an attempt whose answer was lost
+// committed: the value's transaction wrote, or came after, every chunk it
+// lists). It returns the revision of
 // the key it wrote and whether it wrote any chunk. n.sem is held.
 func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, stale []*chunkEntry, lease clientv3.LeaseID) (held uint64, rev int64, wrote bool, err error) {
 	key := e.key(n.name)
@@ -263,9 +266,19 @@ func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, stale 
 		distrust()
 	}
 	dir := e.chunkDir(n.name, pub.epoch)
-	// check reads what the else branch of a transaction returned.
+	// check reads what the else branch of a transaction returned; done
+	// reports that the key holds pub's value under lease already (an
+	// attempt whose answer was lost wrote it, with every chunk it lists).
+	done := false
 	check := func(resp *clientv3.TxnResponse) error {
 		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 1 && clientv3.LeaseID(kvs[0].Lease) == lease && bytes.Equal(kvs[0].Value, pub.value) {
+			rev, done = kvs[0].ModRevision, true
+			for _, c := range pub.chunks {
+				c.lease = lease
+			}
+			return nil
+		}
 		if len(kvs) == 0 {
 			rev = 0
 		} else {
@@ -316,6 +329,9 @@ func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, stale 
 				if err := check(resp); err != nil {
 					return held, 0, wrote, err
 				}
+				if done {
+					return 0, rev, wrote, nil
+				}
 				retry = true
 				break
 			}
@@ -361,6 +377,13 @@ func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, stale 
 		}
 		if err := check(resp); err != nil {
 			return held, 0, wrote, err
+		}
+		if done {
+			// This transaction's lost attempt: its deletions too.
+			for _, c := range gone {
+				c.lease = 0
+			}
+			return 0, rev, true, nil
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -152,6 +153,86 @@ func TestEtcdChunked(t *testing.T) {
 	t.Run("Layouts", func(t *testing.T) { testChunkedLayouts(t, ep) })
 	t.Run("Held", func(t *testing.T) { testChunkedHeld(t, ep) })
 	t.Run("LeaseLost", func(t *testing.T) { testChunkedLeaseLost(t, ep) })
+	t.Run("LostAnswer", func(t *testing.T) { testChunkedLostAnswer(t, ep) })
+}
+
+// A republish whose transaction committed but whose answer was lost: the
+// retry finds its own header and stops there, writing no chunk again; a
+// republish refused by etcd leaves what readers see unchanged, and the
+// next one writes what it must. An empty list publishes and reads back.
+func testChunkedLostAnswer(t *testing.T, ep string) {
+	f := newFaults()
+	prefix := etcdPrefix()
+	s := newFaulty(t, ep, prefix, f, 0)
+	raw := rawEtcd(t, ep)
+	ctx := t.Context()
+	l := testList(t, 5000)
+	d := chunkedDesc("l", 1, l)
+	if err := s.Put(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Insert(testBuffer(9000)); err != nil {
+		t.Fatal(err)
+	}
+	d = chunkedDesc("l", 1, l)
+	f.count("")
+	f.add(mTxn, fault{err: rpctypes.ErrGRPCTimeout, lost: true})
+	rev := currentRev(t, raw)
+	if err := s.Put(ctx, d); err != nil {
+		t.Fatalf("Put whose answer was lost: %v", err)
+	}
+	if n := f.count(mTxn); n != 2 {
+		t.Errorf("%d transactions for a republish whose answer was lost; want 2 (the write, the retry that finds it)", n)
+	}
+	if _, written := countKeys(t, raw, chunkSubtree(prefix), rev); written != 1 {
+		t.Errorf("%d chunk keys written; want 1", written)
+	}
+	got, err := s.Get(ctx, "l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameDesc(t, "Get after a lost answer", got, d)
+
+	// Refused (too large, say): nothing changes, and the next republish
+	// writes the chunks the refused one made.
+	if err := l.Insert(testBuffer(9001)); err != nil {
+		t.Fatal(err)
+	}
+	f.add(mTxn, fault{err: rpctypes.ErrGRPCRequestTooLarge})
+	if err := s.Put(ctx, chunkedDesc("l", 1, l)); !errors.Is(err, segtable.ErrBadDesc) {
+		t.Fatalf("Put refused as too large: %v, want ErrBadDesc", err)
+	}
+	if got, err := s.Get(ctx, "l"); err != nil {
+		t.Fatal(err)
+	} else {
+		sameDesc(t, "Get after a refused Put", got, d)
+	}
+	if err := l.Insert(testBuffer(9002)); err != nil {
+		t.Fatal(err)
+	}
+	d = chunkedDesc("l", 1, l)
+	if err := s.Put(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.Get(ctx, "l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameDesc(t, "Get after the next republish", got, d)
+	if all, _ := countKeys(t, raw, chunkSubtree(prefix), 0); all != int64(l.Chunks().Count()) {
+		t.Errorf("%d chunk keys, want %d", all, l.Chunks().Count())
+	}
+
+	var empty segtable.ChunkList
+	e := chunkedDesc("empty", 1, &empty)
+	if err := s.Put(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.Get(ctx, "empty")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameDesc(t, "Get of an empty list", got, e)
 }
 
 // A descriptor of 100k buffers (some 9 MB of JSON, over etcd's 1.5 MiB
