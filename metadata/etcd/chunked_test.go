@@ -154,6 +154,67 @@ func TestEtcdChunked(t *testing.T) {
 	t.Run("Held", func(t *testing.T) { testChunkedHeld(t, ep) })
 	t.Run("LeaseLost", func(t *testing.T) { testChunkedLeaseLost(t, ep) })
 	t.Run("LostAnswer", func(t *testing.T) { testChunkedLostAnswer(t, ep) })
+	t.Run("Bad", func(t *testing.T) { testChunkedBad(t, ep) })
+}
+
+// Headers that are not what a store writes, written straight into etcd:
+// a chunk listed that etcd does not hold, a chunk of too many buffers, a
+// chunk whose buffers do not match its count, another name's header.
+// Get refuses each with ErrBadDesc; a watch shows each as no descriptor,
+// and the real one when it comes.
+func testChunkedBad(t *testing.T, ep string) {
+	prefix := etcdPrefix()
+	s := newEtcd(t, ep, prefix, 0)
+	raw := rawEtcd(t, ep)
+	ctx := t.Context()
+	header := func(name, chunks string) string {
+		return `{"layout":"moonring-chunks/1","desc":{"version":1,"name":"` + name + `","epoch":1,"endpoints":{"tcp":"x"},"buffers":null},"chunks":[` + chunks + `]}`
+	}
+	one := `[{"addr":4096,"length":4096,"location":"cpu:0","keys":null}]`
+	if _, err := raw.Put(ctx, fmt.Sprintf("%s1/b/1/7", chunkSubtree(prefix)), one); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := s.Watch(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := header("b", fmt.Sprintf(`{"s":7,"n":1,"h":%d}`, fnv64a([]byte(one))))
+	for i, v := range []string{
+		good,
+		header("b", `{"s":8,"n":1,"h":0}`),
+		header("b", fmt.Sprintf(`{"s":7,"n":2,"h":%d}`, fnv64a([]byte(one)))),
+		header("b", fmt.Sprintf(`{"s":7,"n":5000,"h":%d}`, fnv64a([]byte(one)))),
+		header("c", fmt.Sprintf(`{"s":7,"n":1,"h":%d}`, fnv64a([]byte(one)))),
+		`{"layout":"moonring-chunks/1","desc":`,
+	} {
+		if _, err := raw.Put(ctx, prefix+"b", v); err != nil {
+			t.Fatal(err)
+		}
+		d, err := s.Get(ctx, "b")
+		if i == 0 {
+			if err != nil || d.NumBuffers() != 1 || d.Buffers[0].Addr != 4096 {
+				t.Fatalf("Get of a header written by hand: %+v, %v", d, err)
+			}
+			if ev := next(t, ch); ev.Deleted || ev.Desc.NumBuffers() != 1 {
+				t.Fatalf("watch of a header written by hand: %+v", ev)
+			}
+			continue
+		}
+		if !errors.Is(err, segtable.ErrBadDesc) {
+			t.Errorf("Get of bad header %d: %+v, %v; want ErrBadDesc", i, d, err)
+		}
+		if i == 1 {
+			if ev := next(t, ch); !ev.Deleted {
+				t.Fatalf("watch of a bad header: %+v, want Deleted", ev)
+			}
+		}
+	}
+	if _, err := raw.Put(ctx, prefix+"b", good); err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(t, ch); ev.Deleted || ev.Desc.NumBuffers() != 1 {
+		t.Fatalf("watch of a good header after bad ones: %+v", ev)
+	}
 }
 
 // A republish whose transaction committed but whose answer was lost: the

@@ -877,7 +877,7 @@ func (w *etcdWatch) sync(ctx context.Context) bool {
 	}
 	w.rev = resp.Header.Revision + 1
 	if len(resp.Kvs) == 0 {
-		w.gone(nil)
+		w.gone()
 	} else if w.update(ctx, resp.Kvs[0], resp.Header.Revision) != nil {
 		return false
 	}
@@ -893,7 +893,11 @@ func (w *etcdWatch) follow(ctx context.Context) bool {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	answered := false
-	for resp := range w.e.cli.Watch(wctx, w.key, clientv3.WithRev(w.rev), clientv3.WithPrevKV()) {
+	// Without WithPrevKV: a Deleted event carries the descriptor this
+	// watch delivered last, which is the one removed (it follows every
+	// write), and etcd would send every write's value twice (a header of
+	// O(n/32) bytes, a flat descriptor of O(n)).
+	for resp := range w.e.cli.Watch(wctx, w.key, clientv3.WithRev(w.rev)) {
 		if resp.Err() != nil || resp.Canceled {
 			return answered // compacted, no leader: read the key again
 		}
@@ -905,11 +909,7 @@ func (w *etcdWatch) follow(ctx context.Context) bool {
 					return answered // the chunks could not be read: read the key again
 				}
 			case mvccpb.DELETE:
-				var prev *segtable.SegmentDesc
-				if ev.PrevKv != nil {
-					prev, _ = decode(w.name, ev.PrevKv.Value)
-				}
-				w.gone(prev)
+				w.gone()
 			}
 			w.rev = ev.Kv.ModRevision + 1
 		}
@@ -938,7 +938,7 @@ func (w *etcdWatch) update(ctx context.Context, kv *mvccpb.KeyValue, rev int64) 
 		d, err = decode(w.name, kv.Value)
 	}
 	if err != nil {
-		w.gone(nil)
+		w.gone()
 		return nil
 	}
 	w.last, w.lastRev = d.Clone(), kv.ModRevision
@@ -984,15 +984,11 @@ func (w *etcdWatch) assemble(ctx context.Context, value []byte, rev int64) (*seg
 	return assemble(h, func(seq uint64) readChunk { return next[seq] }, true)
 }
 
-// gone delivers Deleted once for the descriptor last delivered, as prev
-// when etcd told what it removed.
-func (w *etcdWatch) gone(prev *segtable.SegmentDesc) {
+// gone delivers Deleted once for the descriptor last delivered.
+func (w *etcdWatch) gone() {
 	if w.last == nil {
 		return
 	}
-	if prev == nil {
-		prev = w.last
-	}
-	metadata.SendLatest(w.ch, metadata.Event{Desc: prev, Deleted: true})
+	metadata.SendLatest(w.ch, metadata.Event{Desc: w.last, Deleted: true})
 	w.last, w.lastRev, w.chunks = nil, 0, nil
 }
