@@ -313,13 +313,13 @@ func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, stale 
 		retry := false
 		for len(pend) > 0 && (len(pend)+1 > maxTxnOps || size+valueSize > maxTxnBytes) {
 			var ops []clientv3.Op
-			bytes := 0
+			txnSize := 0
 			for _, c := range pend[:min(len(pend), maxTxnOps)] {
 				op, sz := put(c)
-				if len(ops) > 0 && bytes+sz > maxTxnBytes {
+				if len(ops) > 0 && txnSize+sz > maxTxnBytes {
 					break
 				}
-				ops, bytes = append(ops, op), bytes+sz
+				ops, txnSize = append(ops, op), txnSize+sz
 			}
 			resp, _, err := e.txnOps(ctx, clientv3.Compare(clientv3.ModRevision(key), "=", rev), ops, clientv3.OpGet(key))
 			if err != nil {
@@ -347,19 +347,19 @@ func (e *Store) write(ctx context.Context, n *etcdName, pub *publication, stale 
 		}
 		// The rest, the value, and the deletions that fit.
 		ops := make([]clientv3.Op, 0, len(pend)+1)
-		bytes := valueSize
+		txnSize := valueSize
 		for _, c := range pend {
 			op, sz := put(c)
-			ops, bytes = append(ops, op), bytes+sz
+			ops, txnSize = append(ops, op), txnSize+sz
 		}
 		ops = append(ops, clientv3.OpPut(key, string(pub.value), clientv3.WithLease(lease)))
 		var gone []*chunkEntry
 		for _, c := range stale {
 			k := chunkKey(dir, c.seq)
-			if c.lease == 0 || len(ops) >= maxTxnOps || bytes+len(k) > maxTxnBytes {
+			if c.lease == 0 || len(ops) >= maxTxnOps || txnSize+len(k) > maxTxnBytes {
 				continue
 			}
-			ops, bytes = append(ops, clientv3.OpDelete(k)), bytes+len(k)
+			ops, txnSize = append(ops, clientv3.OpDelete(k)), txnSize+len(k)
 			gone = append(gone, c)
 		}
 		resp, _, err := e.txnOps(ctx, clientv3.Compare(clientv3.ModRevision(key), "=", rev), ops, clientv3.OpGet(key))
