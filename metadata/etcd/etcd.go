@@ -133,7 +133,9 @@ type Config struct {
 // than 131,072 chunks, a chunk of more than 1,024 buffers or 1 MiB, or a
 // listed chunk etcd does not hold, is [segtable.ErrBadDesc]. Names that
 // start with a NUL byte are refused (ErrBadDesc): that is where the chunk
-// keys live.
+// keys live. The first publish of an epoch, and a restore under a new
+// lease, write every chunk within the one call's DialTimeout (some 8 MB
+// and 0.6 s per 100k buffers against a local etcd).
 //
 // Put writes the descriptor under a lease of Config.TTL, the name's
 // own, which the store keeps alive (etcd's KeepAlive) from the first Put
