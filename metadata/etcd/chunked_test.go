@@ -434,6 +434,41 @@ func testChunkedSigned(t *testing.T, ep string) {
 					}
 				}
 			}
+			// Flat descriptors through Signed: their chunks are numbered
+			// from 1 on every Put, so a seq is not a chunk's. The writer
+			// and a watcher tell them apart.
+			wch, err := rs.Watch(ctx, "flat")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for round := range 3 {
+				fd := testDesc("flat", 9, fmt.Sprint(round))
+				fd.Buffers = nil
+				for i := range 100 {
+					b := testBuffer(i)
+					b.Keys["tcp"] = fmt.Sprintf("round-%d-%d", round, i)
+					fd.Buffers = append(fd.Buffers, b)
+				}
+				if err := ws.Put(ctx, fd); err != nil {
+					t.Fatal(err)
+				}
+				got, err := rs.Get(ctx, "flat")
+				if err != nil {
+					t.Fatalf("round %d: signed Get of a flat descriptor: %v", round, err)
+				}
+				var ev metadata.Event
+				for ev = next(t, wch); !ev.Deleted && ev.Desc.Endpoints["tcp"] != fmt.Sprint(round); ev = next(t, wch) {
+				}
+				for _, d := range []*segtable.SegmentDesc{got, ev.Desc} {
+					if ev.Deleted || len(d.Buffers) != 100 || d.Buffers[99].Keys["tcp"] != fmt.Sprintf("round-%d-99", round) {
+						t.Fatalf("round %d: Get or watch of a flat descriptor: %+v (deleted %v)", round, d.Buffers[99], ev.Deleted)
+					}
+				}
+			}
+			if err := ws.Delete(ctx, "flat", 9); err != nil {
+				t.Fatal(err)
+			}
+
 			all, _ := countKeys(t, raw, chunkSubtree(prefix), 0)
 			if flat {
 				if all != 0 {
