@@ -41,6 +41,9 @@ const etcdMaxPEM = 1 << 20
 //     that neither its group nor others may read (mode 0600 or 0400). A
 //     password is never taken from the URL itself: command lines are
 //     visible to every user of the host.
+//   - layout=flat or layout=chunks: how Put writes an engine's descriptor
+//     (Config.FlatLayout): whole under one key, for readers older than the
+//     per-chunk layout, or, the default, a header and a key per chunk.
 //
 // Values are URL query values (a path with '&', '=' or '%' must be
 // escaped). With TLS the endpoints become https://HOST:PORT, else
@@ -72,13 +75,20 @@ func ParseURL(s string) (Config, error) {
 	param := func(k string) string { return q.Get(k) }
 	for k, vs := range q {
 		switch k {
-		case "cacert", "cert", "key", "tls", "user", "password-file":
+		case "cacert", "cert", "key", "tls", "user", "password-file", "layout":
 		default:
-			return fail("unknown parameter %q (want cacert, cert, key, tls, user, password-file)", k)
+			return fail("unknown parameter %q (want cacert, cert, key, tls, user, password-file, layout)", k)
 		}
 		if len(vs) != 1 || vs[0] == "" {
 			return fail("parameter %q wants one non-empty value", k)
 		}
+	}
+	switch v := param("layout"); v {
+	case "", "chunks":
+	case "flat":
+		cfg.FlatLayout = true
+	default:
+		return fail("layout=%q: want flat or chunks", v)
 	}
 	useTLS := false
 	if v := param("tls"); v != "" {

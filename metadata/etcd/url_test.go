@@ -112,6 +112,7 @@ func TestParseEtcdURL(t *testing.T) {
 		endpoints []string
 		tls, cert bool
 		user, pw  string
+		flat      bool
 	}{
 		{url: "etcd://10.0.0.1:2379", endpoints: []string{"http://10.0.0.1:2379"}},
 		{url: "etcd://a:1,b:2,[::1]:3", endpoints: []string{"http://a:1", "http://b:2", "http://[::1]:3"}},
@@ -120,13 +121,15 @@ func TestParseEtcdURL(t *testing.T) {
 		{url: "etcd://a:1,b:2?cacert=" + pki.file("ca.pem"), endpoints: []string{"https://a:1", "https://b:2"}, tls: true},
 		{url: "etcd://a:1?cacert=" + pki.file("ca.pem") + "&cert=" + pki.file("client.pem") + "&key=" + pki.file("client-key.pem"), endpoints: []string{"https://a:1"}, tls: true, cert: true},
 		{url: "etcd://a:1?user=moon&password-file=" + pw, endpoints: []string{"http://a:1"}, user: "moon", pw: "s3cret"},
+		{url: "etcd://a:1?layout=flat", endpoints: []string{"http://a:1"}, flat: true},
+		{url: "etcd://a:1?layout=chunks&tls=1", endpoints: []string{"https://a:1"}, tls: true},
 	} {
 		cfg, err := etcd.ParseURL(tc.url)
 		if err != nil {
 			t.Errorf("ParseURL(%q): %v", tc.url, err)
 			continue
 		}
-		if !slices.Equal(cfg.Endpoints, tc.endpoints) || (cfg.TLS != nil) != tc.tls || cfg.Username != tc.user || cfg.Password != tc.pw {
+		if !slices.Equal(cfg.Endpoints, tc.endpoints) || (cfg.TLS != nil) != tc.tls || cfg.Username != tc.user || cfg.Password != tc.pw || cfg.FlatLayout != tc.flat {
 			t.Errorf("ParseURL(%q) = %+v", tc.url, cfg)
 			continue
 		}
@@ -150,6 +153,8 @@ func TestParseEtcdURL(t *testing.T) {
 		"etcd://u@a:1",
 		"etcd://a:1?bogus=1",
 		"etcd://a:1?tls=maybe",
+		"etcd://a:1?layout=tree",
+		"etcd://a:1?layout=flat&layout=flat",
 		"etcd://a:1?tls=1&tls=1",
 		"etcd://a:1?cacert=",
 		"etcd://a:1?tls=0&cacert=" + pki.file("ca.pem"),
