@@ -102,7 +102,8 @@ type Config struct {
 	// (see [Store]): for a deployment whose readers are older than this
 	// store, which refuse a header as a malformed descriptor. Upgrade the
 	// readers first, then drop it, as for descriptor signing. A store
-	// reads both layouts whatever it is set to.
+	// reads both layouts whatever it is set to. [ParseURL] sets it from
+	// layout=flat.
 	FlatLayout bool
 }
 
