@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moonring/moonring/segtable"
@@ -160,6 +161,10 @@ type HTTP struct {
 	// sees them all.
 	wg sync.WaitGroup
 
+	// flat is set once the server answered a chunk request as a server
+	// that does not know them: Puts send whole descriptors from then on.
+	flat atomic.Bool
+
 	mu     sync.Mutex
 	closed bool
 	// names holds the writing state of each name that a Put, Delete or
@@ -177,6 +182,12 @@ type httpName struct {
 	// renewal sends.
 	desc *segtable.SegmentDesc
 	body []byte
+	// pub is, instead of body, the header and chunks of a Chunked
+	// descriptor that the last Put stored as chunks; sent holds the
+	// chunks sent to the server in epoch sentEpoch, by seq.
+	pub       *chunkPub
+	sent      map[uint64]*sentChunk
+	sentEpoch uint64
 	// stop is the running renewal's, closed to end it; nil when none
 	// runs. A renewal that finds another stop (or nil) has been ended.
 	stop chan struct{}
@@ -304,6 +315,12 @@ func (h *HTTP) do(ctx context.Context, method, name, query string, header http.H
 	if query != "" {
 		u += "?" + query
 	}
+	return h.doURL(ctx, method, u, header, body)
+}
+
+// doURL sends a request to u and returns the response, whose body the
+// caller closes, or an error wrapping ErrUnreachable.
+func (h *HTTP) doURL(ctx context.Context, method, u string, header http.Header, body []byte) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -449,6 +466,13 @@ func (h *HTTP) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if err := checkName(d.Name); err != nil {
 		return h.errorf("put", d.Name, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err))
 	}
+	if d.Chunked != nil && d.Chunked.Count() > 0 && !h.flat.Load() {
+		err := h.putChunked(ctx, d)
+		if !errors.Is(err, errNoChunks) {
+			return err
+		}
+		h.flat.Store(true) // an older server: whole descriptors from now on
+	}
 	body, err := d.Marshal()
 	if err != nil {
 		return h.errorf("put", d.Name, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err))
@@ -472,7 +496,39 @@ func (h *HTTP) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if err := h.put(rctx, d.Name, body, false); err != nil {
 		return h.errorf("put", d.Name, h.ctxErr(ctx, err))
 	}
-	n.desc, n.body = d, body
+	n.desc, n.body, n.pub = d, body, nil
+	if n.stop == nil {
+		h.startRenewal(n)
+	}
+	return nil
+}
+
+// putChunked publishes d, a Chunked descriptor, as chunks and a header
+// (http_chunks.go), then keeps it alive as Put does. It returns
+// errNoChunks, unwrapped, when the server does not take chunks.
+func (h *HTTP) putChunked(ctx context.Context, d *segtable.SegmentDesc) error {
+	n, err := h.acquire(ctx, "put", d.Name)
+	if err != nil {
+		return err
+	}
+	defer h.release(n)
+	if err := h.lock(ctx, n); err != nil {
+		return h.errorf("put", d.Name, err)
+	}
+	defer func() { <-n.sem }()
+	pub, err := h.chunkedPub(n, d)
+	if err != nil {
+		return h.errorf("put", d.Name, err)
+	}
+	rctx, stop := h.join(ctx)
+	defer stop()
+	if err := h.publishChunks(rctx, n, pub, false); err != nil {
+		if errors.Is(err, errNoChunks) {
+			return errNoChunks
+		}
+		return h.errorf("put", d.Name, h.ctxErr(ctx, err))
+	}
+	n.desc, n.body, n.pub = d.CloneShared(), nil, pub
 	if n.stop == nil {
 		h.startRenewal(n)
 	}
@@ -550,7 +606,20 @@ func (h *HTTP) renew(n *httpName, stop chan struct{}) {
 		// A renewal that takes longer than the TTL is late anyway; one
 		// that fails is tried again at the next tick.
 		ctx, cancel := context.WithTimeout(h.ctx, max(h.ttl, time.Second))
-		err := h.put(ctx, n.name, n.body, true)
+		var err error
+		if n.pub != nil {
+			err = h.publishChunks(ctx, n, n.pub, true)
+			if errors.Is(err, errNoChunks) && n.desc != nil {
+				// The server was replaced by one that takes no chunks.
+				h.flat.Store(true)
+				if body, merr := n.desc.Marshal(); merr == nil {
+					n.pub, n.body = nil, body
+					err = h.put(ctx, n.name, n.body, true)
+				}
+			}
+		} else {
+			err = h.put(ctx, n.name, n.body, true)
+		}
 		cancel()
 		if h.ctx.Err() != nil {
 			<-n.sem
@@ -558,7 +627,7 @@ func (h *HTTP) renew(n *httpName, stop chan struct{}) {
 		}
 		h.renewed(n, err)
 		if errors.Is(err, ErrExists) || errors.Is(err, segtable.ErrBadDesc) {
-			n.stop, n.desc, n.body = nil, nil, nil // lost the name: stop for good
+			n.stop, n.desc, n.body, n.pub, n.sent = nil, nil, nil, nil, nil // lost the name: stop for good
 			<-n.sem
 			return
 		}
@@ -615,7 +684,7 @@ func (h *HTTP) Delete(ctx context.Context, name string, epoch uint64) error {
 	err = h.delete(rctx, name, epoch)
 	if !errors.Is(err, ErrEpoch) && n.stop != nil {
 		close(n.stop)
-		n.stop, n.desc, n.body = nil, nil, nil
+		n.stop, n.desc, n.body, n.pub, n.sent = nil, nil, nil, nil, nil
 	}
 	if err != nil {
 		return h.errorf("delete", name, h.ctxErr(ctx, err))
@@ -660,8 +729,9 @@ func (h *HTTP) Watch(ctx context.Context, name string) (<-chan Event, error) {
 	h.mu.Unlock()
 
 	wctx, stop := h.join(ctx)
+	cw := &chunkWatch{h: h, name: name}
 	w := &pollWatch{
-		fetch: func(ctx context.Context, inm string) (peerAnswer, error) { return h.fetch(ctx, name, inm) },
+		fetch: cw.fetch,
 		poll:  h.poll, done: h.wg.Done, ch: make(chan Event, 1),
 	}
 	w.step(wctx)

@@ -70,6 +70,10 @@ const (
 	// DefaultMaxBytes is how many bytes of descriptors a [Server] holds at
 	// most unless ServerConfig.MaxBytes says otherwise.
 	DefaultMaxBytes = 256 << 20
+	// DefaultMaxChunked is the most bytes a [Server] holds for one name's
+	// descriptor sent as chunks (header and chunks, those uploaded and not
+	// yet listed included) unless ServerConfig.MaxChunked says otherwise.
+	DefaultMaxChunked = 64 << 20
 	// DefaultMaxConns is how many connections [Server.LimitListener]
 	// keeps open at once unless ServerConfig.MaxConns says otherwise.
 	DefaultMaxConns = 512
@@ -128,6 +132,12 @@ type ServerConfig struct {
 	// holds at most: a PUT that would take it past is refused (429);
 	// default [DefaultMaxBytes]. It must be at least MaxDescriptor.
 	MaxBytes int64
+	// MaxChunked is the most bytes of one name's descriptor sent as
+	// chunks (its header and every chunk held for the name, uploaded and
+	// not yet listed included): a chunk or header PUT past it is refused
+	// (413); default [DefaultMaxChunked]. MaxDescriptor bounds each
+	// chunk and header; MaxBytes counts every chunk too.
+	MaxChunked int64
 	// MaxConns caps the connections a listener from
 	// [Server.LimitListener] keeps open, and MaxConnsPerHost those from
 	// one source (an IPv6 one counted by its /64); defaults
@@ -164,6 +174,10 @@ type ServerStats struct {
 	// their descriptors' JSON.
 	Names int
 	Bytes int64
+	// Chunks counts the chunks held (their bytes are in Bytes): those
+	// the descriptors sent as chunks list, and those uploaded and not
+	// listed yet.
+	Chunks int
 	// Conns counts the connections open through [Server.LimitListener].
 	Conns int
 	// Unauthenticated counts changes refused for want of an owner token
@@ -297,6 +311,7 @@ type Server struct {
 	maxDesc         int
 	maxNames        int
 	maxBytes        int64
+	maxChunked      int64
 	maxConns        int
 	maxConnsPerHost int
 	logf            func(string, ...any)
@@ -319,7 +334,12 @@ type Server struct {
 	mu      sync.Mutex
 	closed  bool
 	entries map[string]*serverEntry
-	bytes   int64 // the sum of the entries' len(body)
+	bytes   int64 // the sum of the entries' size() and of every chunk's bytes
+	// chunks holds the chunks of each name that has any (server_chunks.go),
+	// at most maxNames names; pending counts those listed by no entry, all
+	// names together.
+	chunks  map[string]*nameChunks
+	pending int
 	// rev counts changes; it starts above any revision of the directory
 	// and above the clock in nanoseconds, so that ETags never repeat
 	// across restarts, with or without a directory.
@@ -342,6 +362,17 @@ type serverEntry struct {
 	// bound is set.
 	owner ownerHash
 	bound bool
+	// head is set, and body nil, for a descriptor sent as chunks: its
+	// header and chunks (server_chunks.go).
+	head *entryHead
+}
+
+// size is what an entry counts against MaxBytes beside its chunks.
+func (e *serverEntry) size() int64 {
+	if e.head != nil {
+		return e.head.size()
+	}
+	return int64(len(e.body))
 }
 
 // NewServer returns a server holding the descriptors saved in cfg.Dir, if
@@ -370,6 +401,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.MaxBytes == 0 {
 		cfg.MaxBytes = max(DefaultMaxBytes, int64(cfg.MaxDescriptor))
 	}
+	if cfg.MaxChunked == 0 {
+		cfg.MaxChunked = DefaultMaxChunked
+	}
 	if cfg.MaxConns == 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
@@ -382,7 +416,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	switch {
 	case cfg.MaxTTL < MinTTL:
 		return nil, fmt.Errorf("metadata server: MaxTTL %v is below the minimum time to live, %v", cfg.MaxTTL, MinTTL)
-	case cfg.MaxDescriptor < 0, cfg.MaxNames < 0, cfg.MaxBytes < 0, cfg.MaxConns < 0, cfg.MaxConnsPerHost < 0, cfg.MaxHeaderBytes < 0,
+	case cfg.MaxDescriptor < 0, cfg.MaxNames < 0, cfg.MaxBytes < 0, cfg.MaxChunked < 0, cfg.MaxConns < 0, cfg.MaxConnsPerHost < 0, cfg.MaxHeaderBytes < 0,
 		cfg.ReadHeaderTimeout < 0, cfg.ReadTimeout < 0, cfg.WriteTimeout < 0, cfg.IdleTimeout < 0:
 		return nil, errors.New("metadata server: negative limit")
 	case cfg.MaxBytes < int64(cfg.MaxDescriptor):
@@ -398,10 +432,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		maxDesc:         cfg.MaxDescriptor,
 		maxNames:        cfg.MaxNames,
 		maxBytes:        cfg.MaxBytes,
+		maxChunked:      cfg.MaxChunked,
 		maxConns:        cfg.MaxConns,
 		maxConnsPerHost: cfg.MaxConnsPerHost,
 		logf:            cfg.Logf,
 		entries:         make(map[string]*serverEntry),
+		chunks:          make(map[string]*nameChunks),
 		rev:             uint64(max(time.Now().UnixNano(), 0)),
 	}
 	if s.logf == nil {
@@ -425,6 +461,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.mux.HandleFunc("GET "+serverSegmentsPath+"{name}", s.serveGet)
 	s.mux.HandleFunc("PUT "+serverSegmentsPath+"{name}", s.servePut)
 	s.mux.HandleFunc("DELETE "+serverSegmentsPath+"{name}", s.serveDelete)
+	s.mux.HandleFunc("PUT "+serverSegmentsPath+"{name}/chunks/{epoch}/{seq}", s.servePutChunk)
+	s.mux.HandleFunc("PUT "+serverSegmentsPath+"{name}/header", s.servePutHeader)
+	s.mux.HandleFunc("GET "+serverSegmentsPath+"{name}/header", s.serveGetHeader)
+	s.mux.HandleFunc("GET "+serverSegmentsPath+"{name}/chunks", s.serveGetChunks)
 	s.mux.HandleFunc("GET "+serverHealthPath, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok")
@@ -454,18 +494,20 @@ func newServerEntry(d *segtable.SegmentDesc, rev uint64, ttl time.Duration) (*se
 // not yet shared.
 func (s *Server) add(name string, e *serverEntry) {
 	if old := s.entries[name]; old != nil {
-		s.bytes -= int64(len(old.body))
+		s.bytes -= old.size()
 	}
 	s.entries[name] = e
-	s.bytes += int64(len(e.body))
+	s.bytes += e.size()
 }
 
-// remove removes the entry of name; s.mu is held.
+// remove removes the entry of name, and every chunk held for the name;
+// s.mu is held.
 func (s *Server) remove(name string) {
 	if old := s.entries[name]; old != nil {
-		s.bytes -= int64(len(old.body))
+		s.bytes -= old.size()
 		delete(s.entries, name)
 	}
+	s.dropChunks(name, nil)
 }
 
 // arm starts the entry's time to live at now; s.mu is held, or s is not
@@ -516,12 +558,16 @@ func (s *Server) Names() []string {
 // at any time, also after Close (Names and Bytes are then 0).
 func (s *Server) Stats() ServerStats {
 	s.mu.Lock()
-	names, bytes := len(s.entries), s.bytes
+	names, bytes, chunks := len(s.entries), s.bytes, 0
+	for _, nc := range s.chunks {
+		chunks += len(nc.byID)
+	}
 	s.mu.Unlock()
 	conns, refused, evicted := s.connStats()
 	return ServerStats{
 		Names:           names,
 		Bytes:           bytes,
+		Chunks:          chunks,
 		Conns:           conns,
 		ConnsEvicted:    evicted,
 		Unauthenticated: s.stats.unauthenticated.Load(),
@@ -547,6 +593,11 @@ func (s *Server) Close() error {
 	for _, e := range s.entries {
 		e.timer.Stop()
 	}
-	s.entries, s.bytes = nil, 0
+	for _, nc := range s.chunks {
+		if nc.timer != nil {
+			nc.timer.Stop()
+		}
+	}
+	s.entries, s.bytes, s.chunks, s.pending = nil, 0, nil, 0
 	return nil
 }

@@ -27,6 +27,14 @@ const (
 	serverEntryPrefix  = "seg-"
 	serverEntrySuffix  = ".json"
 	serverEntryVersion = 2
+	// serverChunkedVersion is the version of an entry file that holds a
+	// header (a descriptor sent as chunks): its chunks are files of their
+	// own, "chk-<hex SHA-256 of the name>-<epoch>-<seq>-<hex hash>.json",
+	// each written (synced and renamed) before the entry file that lists
+	// it, and removed once no entry lists it; NewServer reads those an
+	// entry lists and removes the others.
+	serverChunkedVersion = 3
+	serverChunkPrefix    = "chk-"
 	// serverTempPattern names the temporary files; a crash may leave
 	// some, which NewServer removes.
 	serverTempPattern = ".seg-*.tmp"
@@ -47,6 +55,16 @@ type serverEntryJSON struct {
 	// when none is.
 	Owner string          `json:"owner,omitempty"`
 	Desc  json.RawMessage `json:"desc"`
+}
+
+// serverChunkedJSON is the format of the file of an entry sent as chunks.
+type serverChunkedJSON struct {
+	Version int             `json:"version"`
+	Name    string          `json:"name"`
+	Rev     uint64          `json:"rev"`
+	TTL     string          `json:"ttl"`
+	Owner   string          `json:"owner,omitempty"`
+	Header  json.RawMessage `json:"header"`
 }
 
 // serverLegacyJSON is the format of the legacy file.
@@ -91,6 +109,7 @@ func (s *Server) load() error {
 	if err != nil {
 		return err
 	}
+	used := make(map[string]bool) // chunk files the entries list
 	for _, de := range ents {
 		fn := de.Name()
 		path := filepath.Join(s.dir, fn)
@@ -98,9 +117,14 @@ func (s *Server) load() error {
 		case strings.HasPrefix(fn, ".seg-") && strings.HasSuffix(fn, ".tmp"):
 			os.Remove(path) // a write a crash interrupted
 		case strings.HasPrefix(fn, serverEntryPrefix) && strings.HasSuffix(fn, serverEntrySuffix):
-			if err := s.loadEntry(fn); err != nil {
+			if err := s.loadEntry(fn, used); err != nil {
 				return fmt.Errorf("loading %s: %w", path, err)
 			}
+		}
+	}
+	for _, de := range ents {
+		if fn := de.Name(); strings.HasPrefix(fn, serverChunkPrefix) && !used[fn] {
+			os.Remove(filepath.Join(s.dir, fn)) // listed by no entry
 		}
 	}
 	legacy := filepath.Join(s.dir, serverLegacyFile)
@@ -118,11 +142,18 @@ func (s *Server) load() error {
 	return nil
 }
 
-// loadEntry reads the entry file fn.
-func (s *Server) loadEntry(fn string) error {
+// loadEntry reads the entry file fn, and the files of the chunks it lists,
+// whose names it adds to used.
+func (s *Server) loadEntry(fn string, used map[string]bool) error {
 	b, err := os.ReadFile(filepath.Join(s.dir, fn))
 	if err != nil {
 		return err
+	}
+	var v struct {
+		Version int `json:"version"`
+	}
+	if json.Unmarshal(b, &v) == nil && v.Version == serverChunkedVersion {
+		return s.loadChunked(fn, b, used)
 	}
 	var f serverEntryJSON
 	if err := decodeStrict(b, &f); err != nil {
@@ -226,33 +257,48 @@ func (s *Server) persist(name string, e *serverEntry) error {
 	if s.dir == "" {
 		return nil
 	}
-	f := serverEntryJSON{Version: serverEntryVersion, Name: name, Rev: e.rev, TTL: e.ttl.String(), Desc: e.body}
+	var v any
+	owner := ""
 	if e.bound {
-		f.Owner = hex.EncodeToString(e.owner[:])
+		owner = hex.EncodeToString(e.owner[:])
 	}
-	b, err := json.Marshal(&f)
+	if e.head != nil {
+		v = &serverChunkedJSON{Version: serverChunkedVersion, Name: name, Rev: e.rev, TTL: e.ttl.String(), Owner: owner, Header: e.head.header}
+	} else {
+		v = &serverEntryJSON{Version: serverEntryVersion, Name: name, Rev: e.rev, TTL: e.ttl.String(), Owner: owner, Desc: e.body}
+	}
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
+	if err := s.writeFile(entryFile(name), b, true); err != nil {
+		return err
+	}
+	syncDir(s.dir)
+	return nil
+}
+
+// writeFile writes b to the file fn of the directory through a temporary
+// file, synced when sync is set, renamed over fn.
+func (s *Server) writeFile(fn string, b []byte, sync bool) error {
 	tmp, err := os.CreateTemp(s.dir, serverTempPattern)
 	if err != nil {
 		return err
 	}
 	_, err = tmp.Write(b)
-	if err == nil {
+	if err == nil && sync {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), filepath.Join(s.dir, entryFile(name)))
+		err = os.Rename(tmp.Name(), filepath.Join(s.dir, fn))
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
 		return err
 	}
-	syncDir(s.dir)
 	return nil
 }
 

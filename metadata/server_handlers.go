@@ -50,6 +50,7 @@ func checkName(name string) error {
 // answers the request when either fails.
 func (s *Server) begin(w http.ResponseWriter, r *http.Request) (string, bool) {
 	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set(headerChunks, "1")
 	name := r.PathValue("name")
 	if err := checkName(name); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -83,9 +84,10 @@ func (s *Server) serveGet(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
+	body := e.whole()
 	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(e.body)))
-	w.Write(e.body)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.Write(body)
 }
 
 // parseTTL reads a Moonring-TTL header; "" is DefaultTTL.
@@ -147,37 +149,8 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	// The credential first: the body of a stranger is not read.
-	tok, present := requestToken(r)
-	if ref := s.authorizeNow(name, tok, present); ref.code != 0 {
-		s.refuse(w, r, name, ref)
-		return
-	}
-	if r.ContentLength > int64(s.maxDesc) {
-		s.tooLarge(w, r, name)
-		return
-	}
-	room := int64(s.maxDesc) // what a body of unknown length may take
-	if r.ContentLength >= 0 {
-		room = r.ContentLength
-	}
-	if s.reading.Add(room) > serverReadingDescs*int64(s.maxDesc) {
-		s.reading.Add(-room)
-		s.stats.busy.Add(1)
-		msg := fmt.Sprintf("busy: the descriptors of other PUTs being read add up to %d bytes; try again", serverReadingDescs*int64(s.maxDesc))
-		s.busyLog.printf("refused PUT of segment %q from %s (503): %s", name, r.RemoteAddr, msg)
-		w.Header().Set("Retry-After", "1")
-		http.Error(w, msg, http.StatusServiceUnavailable)
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, room))
-	s.reading.Add(-room)
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			s.tooLarge(w, r, name)
-			return
-		}
-		http.Error(w, "reading the descriptor: "+err.Error(), http.StatusBadRequest)
+	tok, present, body, ok := s.readPut(w, r, name)
+	if !ok {
 		return
 	}
 	d, err := segtable.UnmarshalDesc(body)
@@ -215,23 +188,7 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if old != nil && renew {
-		changed := old.ttl != ttl
-		old.ttl = ttl
-		if tok != nil {
-			// Binds an unbound name; with the key, rebinds one that a
-			// server without it bound to a token that was not the key's.
-			if h := hashToken(tok); !old.bound || !old.owner.equal(&h) {
-				old.owner, old.bound, changed = h, true, true
-			}
-		}
-		s.arm(name, old, now)
-		if changed {
-			if err := s.persist(name, old); err != nil {
-				s.logf("segment %q renewed (time to live %v), but its file in %s could not be written: %v", name, ttl, s.dir, err)
-			}
-		}
-		w.Header().Set("ETag", old.etag)
-		w.WriteHeader(http.StatusNoContent)
+		s.renewEntry(w, name, old, ttl, tok, now)
 		return
 	}
 	s.rev++
@@ -248,7 +205,7 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 	}
 	var oldLen int64
 	if old != nil {
-		oldLen = int64(len(old.body))
+		oldLen = old.size()
 	}
 	if old == nil && len(s.entries) >= s.maxNames {
 		s.stats.tooManyNames.Add(1)
@@ -269,12 +226,76 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.add(name, e)
+	s.dropChunks(name, nil) // of a descriptor sent as chunks that e replaces
 	if old != nil {
 		old.timer.Stop()
 	}
 	s.arm(name, e, now)
 	w.Header().Set("ETag", e.etag)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// renewEntry restarts the time to live of old, the entry of name, as a
+// renewal PUT asks (ttl, tok), and answers it; s.mu is held.
+func (s *Server) renewEntry(w http.ResponseWriter, name string, old *serverEntry, ttl time.Duration, tok []byte, now time.Time) {
+	changed := old.ttl != ttl
+	old.ttl = ttl
+	if tok != nil {
+		// Binds an unbound name; with the key, rebinds one that a
+		// server without it bound to a token that was not the key's.
+		if h := hashToken(tok); !old.bound || !old.owner.equal(&h) {
+			old.owner, old.bound, changed = h, true, true
+		}
+	}
+	s.arm(name, old, now)
+	if changed {
+		if err := s.persist(name, old); err != nil {
+			s.logf("segment %q renewed (time to live %v), but its file in %s could not be written: %v", name, ttl, s.dir, err)
+		}
+	}
+	w.Header().Set("ETag", old.etag)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// readPut checks the owner token of a PUT about name (a descriptor, a
+// header or a chunk) and reads its body, at most MaxDescriptor bytes,
+// within the room serverReadingDescs leaves; it answers the request and
+// returns !ok when either fails.
+func (s *Server) readPut(w http.ResponseWriter, r *http.Request, name string) (tok []byte, present bool, body []byte, ok bool) {
+	// The credential first: the body of a stranger is not read.
+	tok, present = requestToken(r)
+	if ref := s.authorizeNow(name, tok, present); ref.code != 0 {
+		s.refuse(w, r, name, ref)
+		return nil, false, nil, false
+	}
+	if r.ContentLength > int64(s.maxDesc) {
+		s.tooLarge(w, r, name)
+		return nil, false, nil, false
+	}
+	room := int64(s.maxDesc) // what a body of unknown length may take
+	if r.ContentLength >= 0 {
+		room = r.ContentLength
+	}
+	if s.reading.Add(room) > serverReadingDescs*int64(s.maxDesc) {
+		s.reading.Add(-room)
+		s.stats.busy.Add(1)
+		msg := fmt.Sprintf("busy: the descriptors of other PUTs being read add up to %d bytes; try again", serverReadingDescs*int64(s.maxDesc))
+		s.busyLog.printf("refused PUT of segment %q from %s (503): %s", name, r.RemoteAddr, msg)
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, msg, http.StatusServiceUnavailable)
+		return nil, false, nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, room))
+	s.reading.Add(-room)
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			s.tooLarge(w, r, name)
+			return nil, false, nil, false
+		}
+		http.Error(w, "reading the descriptor: "+err.Error(), http.StatusBadRequest)
+		return nil, false, nil, false
+	}
+	return tok, present, body, true
 }
 
 func (s *Server) serveDelete(w http.ResponseWriter, r *http.Request) {

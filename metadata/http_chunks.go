@@ -1,0 +1,390 @@
+// http_chunks.go holds how an [HTTP] store publishes a descriptor whose
+// buffers come as chunks (segtable.SegmentDesc.Chunked) to a server that
+// takes them (chunks.go): the chunks not sent before in the epoch, then
+// the header; and how its watches fetch a header and only the chunks they
+// lack. Against a server that does not know these requests (an older
+// one) it speaks whole descriptors, as before.
+
+package metadata
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/moonring/moonring/segtable"
+)
+
+// errNoChunks reports a server that does not know the chunk requests
+// (a 404 or 405 without headerChunks): the store speaks whole descriptors
+// to it from then on.
+var errNoChunks = errors.New("the server takes no chunks")
+
+// sentChunk is one chunk as an HTTP store sends it, cached for the
+// publishes of an epoch by seq: immutable once made.
+type sentChunk struct {
+	seq uint64
+	// first is &bufs[0] of the chunk it encodes: a chunk is immutable, so
+	// the same pointer is the same content (seq alone is not: a flat
+	// descriptor's chunks are numbered from 1 on every Signed Put).
+	first *segtable.BufferDesc
+	n     int
+	value []byte
+	sum   uint64
+}
+
+// chunkPub is a publication of a Chunked descriptor: its header and the
+// chunks it lists. Immutable once made.
+type chunkPub struct {
+	epoch  uint64
+	header []byte
+	chunks []*sentChunk
+	bySeq  map[uint64]*sentChunk
+}
+
+// chunkedPub returns d, a Chunked descriptor, as a header and its chunks,
+// taking the encodings of the chunks n sent in the epoch. n.sem is held.
+func (h *HTTP) chunkedPub(n *httpName, d *segtable.SegmentDesc) (*chunkPub, error) {
+	cs := d.Chunked
+	if c := cs.Count(); c > maxEntryChunks {
+		return nil, fmt.Errorf("%w: %d chunks, more than the %d a server takes", segtable.ErrBadDesc, c, maxEntryChunks)
+	}
+	hd := chunkHeader{Layout: chunkLayout, Signed: cs.Signed(), Desc: *d, Chunks: make([]headerChunk, 0, cs.Count())}
+	hd.Desc.Buffers, hd.Desc.Chunks, hd.Desc.Chunked = nil, nil, nil
+	sent := n.sent
+	if n.sentEpoch != d.Epoch {
+		sent = nil
+	}
+	pub := &chunkPub{epoch: d.Epoch, chunks: make([]*sentChunk, 0, cs.Count()), bySeq: make(map[uint64]*sentChunk, cs.Count())}
+	var err error
+	cs.EachChunk(func(info segtable.ChunkInfo, bufs []segtable.BufferDesc) bool {
+		c := sent[info.Seq]
+		if c == nil || c.first != &bufs[0] || c.n != len(bufs) {
+			var v []byte
+			if v, err = json.Marshal(bufs); err != nil {
+				err = fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
+				return false
+			}
+			if len(v) > serverMaxDesc {
+				err = fmt.Errorf("%w: chunk %d encodes to %d bytes, over %d", segtable.ErrBadDesc, info.Seq, len(v), serverMaxDesc)
+				return false
+			}
+			c = &sentChunk{seq: info.Seq, first: &bufs[0], n: len(bufs), value: v, sum: chunkSum(v)}
+		}
+		if pub.bySeq[info.Seq] != nil {
+			err = fmt.Errorf("%w: chunk %d twice", segtable.ErrBadDesc, info.Seq)
+			return false
+		}
+		hd.Chunks = append(hd.Chunks, headerChunk{Seq: info.Seq, N: info.N, Sum: c.sum, MAC: info.MAC})
+		pub.chunks = append(pub.chunks, c)
+		pub.bySeq[info.Seq] = c
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if pub.header, err = json.Marshal(&hd); err != nil {
+		return nil, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
+	}
+	if len(pub.header) > serverMaxDesc {
+		return nil, fmt.Errorf("%w: a header of %d bytes, over %d", segtable.ErrBadDesc, len(pub.header), serverMaxDesc)
+	}
+	return pub, nil
+}
+
+// publishChunks sends pub: the chunks n has not sent in its epoch, then
+// the header (a renewal when renew is set); when the server answers that
+// it lacks chunks (it dropped them, or lost its state), it sends those
+// and the header again, chunkPutTries times at most. It fails with
+// errNoChunks when the server does not know these requests. n.sem is
+// held.
+func (h *HTTP) publishChunks(ctx context.Context, n *httpName, pub *chunkPub, renew bool) error {
+	if n.sentEpoch != pub.epoch || n.sent == nil {
+		n.sent, n.sentEpoch = make(map[uint64]*sentChunk, len(pub.chunks)), pub.epoch
+	}
+	for _, c := range pub.chunks {
+		if n.sent[c.seq] != c {
+			if err := h.putChunk(ctx, n, pub.epoch, c); err != nil {
+				return err
+			}
+		}
+	}
+	for try := 1; ; try++ {
+		missing, err := h.putHeader(ctx, n.name, pub.header, renew)
+		if err == nil {
+			n.sent = pub.bySeq // the server holds these, and drops the others
+			return nil
+		}
+		if !errors.Is(err, errMissingChunks) || try >= chunkPutTries {
+			return err
+		}
+		for _, seq := range missing {
+			c := pub.bySeq[seq]
+			if c == nil {
+				return fmt.Errorf("%w: server asks for chunk %d, which the header does not list", ErrUnreachable, seq)
+			}
+			if err := h.putChunk(ctx, n, pub.epoch, c); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// noChunks reports whether resp is an older server's answer to a request
+// it does not know.
+func noChunks(resp *http.Response) bool {
+	return (resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed) &&
+		resp.Header.Get(headerChunks) == ""
+}
+
+// putChunk sends one chunk of n's name and records it sent. n.sem is held.
+func (h *HTTP) putChunk(ctx context.Context, n *httpName, epoch uint64, c *sentChunk) error {
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	h.owner(hdr, n.name)
+	u := h.segmentURL(n.name) + "/chunks/" + strconv.FormatUint(epoch, 10) + "/" + strconv.FormatUint(c.seq, 10)
+	resp, err := h.doURL(ctx, http.MethodPut, u, hdr, c.value)
+	if err != nil {
+		return err
+	}
+	if noChunks(resp) {
+		answer(resp)
+		return errNoChunks
+	}
+	if err := putErr(resp); err != nil {
+		return err
+	}
+	n.sent[c.seq] = c
+	return nil
+}
+
+// putHeader sends a header PUT, a renewal when renew is set; when the
+// server lacks chunks the header lists, it returns their seqs with an
+// error wrapping errMissingChunks.
+func (h *HTTP) putHeader(ctx context.Context, name string, header []byte, renew bool) ([]uint64, error) {
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	hdr.Set(headerTTL, h.ttlHeader)
+	if renew {
+		hdr.Set(headerRenew, "1")
+	}
+	h.owner(hdr, name)
+	resp, err := h.doURL(ctx, http.MethodPut, h.segmentURL(name)+"/header", hdr, header)
+	if err != nil {
+		return nil, err
+	}
+	if noChunks(resp) {
+		answer(resp)
+		return nil, errNoChunks
+	}
+	if resp.StatusCode == http.StatusPreconditionFailed {
+		defer resp.Body.Close()
+		var m missingJSON
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&m); err != nil || len(m.Missing) == 0 {
+			return nil, fmt.Errorf("%w: a 412 that names no missing chunk", ErrUnreachable)
+		}
+		return m.Missing, fmt.Errorf("%w: %d", errMissingChunks, len(m.Missing))
+	}
+	return nil, putErr(resp)
+}
+
+// putErr maps the answer to a PUT as put does, closing its body.
+func putErr(resp *http.Response) error {
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusCreated, http.StatusNoContent:
+		answer(resp)
+		return nil
+	case http.StatusConflict:
+		return fmt.Errorf("%w: %s", ErrExists, answer(resp))
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		return fmt.Errorf("%w: server refused it: %s", segtable.ErrBadDesc, answer(resp))
+	case http.StatusTooManyRequests:
+		return fmt.Errorf("%w: %s", ErrQuota, answer(resp))
+	}
+	return deniedErr(resp)
+}
+
+// chunkWatch is what a watch of a server that serves chunks holds: the
+// chunks of the last header it assembled. Only its watch's goroutine
+// touches it.
+type chunkWatch struct {
+	h     *HTTP
+	name  string
+	flat  bool // the server serves no headers: whole descriptors
+	epoch uint64
+	held  map[uint64]heldChunk
+}
+
+// fetch asks for the header of the descriptor (ifNoneMatch: the ETag
+// held, or "") and the chunks the watch lacks, and returns the assembled
+// descriptor, with the header as its body; a whole descriptor from a
+// server that serves no header, or holds one not sent as chunks.
+func (cw *chunkWatch) fetch(ctx context.Context, ifNoneMatch string) (peerAnswer, error) {
+	if cw.flat {
+		return cw.h.fetch(ctx, cw.name, ifNoneMatch)
+	}
+	var err error
+	for range chunkPutTries {
+		var a peerAnswer
+		a, err = cw.fetchOnce(ctx, ifNoneMatch)
+		if !errors.Is(err, errMissingChunks) {
+			return a, err
+		}
+	}
+	return peerAnswer{}, err
+}
+
+func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAnswer, error) {
+	hdr := http.Header{"Accept": {"application/json"}}
+	if ifNoneMatch != "" {
+		hdr.Set("If-None-Match", ifNoneMatch)
+	}
+	resp, err := cw.h.doURL(ctx, http.MethodGet, cw.h.segmentURL(cw.name)+"/header", hdr, nil)
+	if err != nil {
+		return peerAnswer{}, err
+	}
+	switch {
+	case noChunks(resp):
+		answer(resp)
+		cw.flat = true
+		return cw.h.fetch(ctx, cw.name, ifNoneMatch)
+	case resp.StatusCode == http.StatusOK:
+	case resp.StatusCode == http.StatusNotModified && ifNoneMatch != "":
+		resp.Body.Close()
+		return peerAnswer{notModified: true}, nil
+	case resp.StatusCode == http.StatusNotFound:
+		answer(resp)
+		cw.held = nil
+		return peerAnswer{}, nil
+	default:
+		return peerAnswer{}, statusErr(resp)
+	}
+	etag := resp.Header.Get("ETag")
+	body, err := readBody(resp, serverMaxDesc, "server")
+	if err != nil {
+		return peerAnswer{}, err
+	}
+	if !isChunkHeader(body) {
+		cw.held = nil
+		return descAnswer(body, cw.name, etag, "server")
+	}
+	ch, err := parseChunkHeader(cw.name, body)
+	if err != nil {
+		return peerAnswer{}, err
+	}
+	if cw.held == nil || cw.epoch != ch.Desc.Epoch {
+		cw.held, cw.epoch = map[uint64]heldChunk{}, ch.Desc.Epoch
+	}
+	var want []headerChunk
+	for _, c := range ch.Chunks {
+		if hc, ok := cw.held[c.Seq]; !ok || hc.sum != c.Sum || hc.mac != c.MAC || len(hc.bufs) != c.N {
+			want = append(want, c)
+		}
+	}
+	got := make(map[uint64]heldChunk, len(want))
+	for len(want) > 0 {
+		batch := want[:min(len(want), chunkFetchBatch)]
+		want = want[len(batch):]
+		if err := cw.fetchChunks(ctx, ch.Desc.Epoch, batch, got); err != nil {
+			return peerAnswer{}, err
+		}
+	}
+	next := make(map[uint64]heldChunk, len(ch.Chunks))
+	for _, c := range ch.Chunks {
+		if hc, ok := got[c.Seq]; ok {
+			next[c.Seq] = hc
+		} else {
+			next[c.Seq] = cw.held[c.Seq]
+		}
+	}
+	d, err := assembleChunks(ch, func(seq uint64) heldChunk { return next[seq] })
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("server's answer: %w", err)
+	}
+	cw.held = next
+	return peerAnswer{desc: d, body: body, etag: etag}, nil
+}
+
+// fetchChunks GETs the chunks of batch into got, checking each against
+// its header. A chunk the server no longer lists (a republish came
+// between the header and this request), or that is not the one listed,
+// is errMissingChunks: the caller reads the header again.
+func (cw *chunkWatch) fetchChunks(ctx context.Context, epoch uint64, batch []headerChunk, got map[uint64]heldChunk) error {
+	var q strings.Builder
+	q.WriteString("?epoch=")
+	q.WriteString(strconv.FormatUint(epoch, 10))
+	q.WriteString("&seq=")
+	for i, c := range batch {
+		if i > 0 {
+			q.WriteByte(',')
+		}
+		q.WriteString(strconv.FormatUint(c.Seq, 10))
+	}
+	resp, err := cw.h.doURL(ctx, http.MethodGet, cw.h.segmentURL(cw.name)+"/chunks"+q.String(), http.Header{"Accept": {"application/json"}}, nil)
+	if err != nil {
+		return err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		answer(resp)
+		return fmt.Errorf("%w: the server no longer lists them", errMissingChunks)
+	default:
+		return statusErr(resp)
+	}
+	body, err := readBody(resp, serverMaxDesc, "server")
+	if err != nil {
+		return err
+	}
+	var values []json.RawMessage
+	if err := json.Unmarshal(body, &values); err != nil || len(values) != len(batch) {
+		return fmt.Errorf("%w: server's chunks: %d for %d asked (%v)", segtable.ErrBadDesc, len(values), len(batch), err)
+	}
+	for i, c := range batch {
+		v := values[i]
+		if chunkSum(v) != c.Sum {
+			return fmt.Errorf("%w: chunk %d is not the one listed", errMissingChunks, c.Seq)
+		}
+		bufs, err := decodeChunkValue(v)
+		if err != nil {
+			return fmt.Errorf("server's chunk %d: %w", c.Seq, err)
+		}
+		if len(bufs) != c.N {
+			return fmt.Errorf("%w: server's chunk %d holds %d buffers, its header says %d", segtable.ErrBadDesc, c.Seq, len(bufs), c.N)
+		}
+		got[c.Seq] = heldChunk{sum: c.Sum, mac: c.MAC, bufs: bufs}
+	}
+	return nil
+}
+
+// readBody reads a 200 answer's body, at most max bytes, and closes it.
+func readBody(resp *http.Response, max int64, who string) ([]byte, error) {
+	defer resp.Body.Close()
+	if resp.ContentLength > max {
+		return nil, fmt.Errorf("%w: %s's answer is %d bytes, more than %d", segtable.ErrBadDesc, who, resp.ContentLength, max)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the answer: %w", ErrUnreachable, err)
+	}
+	if int64(len(body)) > max {
+		return nil, fmt.Errorf("%w: %s's answer is more than %d bytes", segtable.ErrBadDesc, who, max)
+	}
+	return body, nil
+}
+
+// descAnswer decodes a whole descriptor of name read from who.
+func descAnswer(body []byte, name, etag, who string) (peerAnswer, error) {
+	d, err := segtable.UnmarshalDesc(body)
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("%s's answer: %w", who, err)
+	}
+	if d.Name != name {
+		return peerAnswer{}, fmt.Errorf("%w: %s serves segment %q", segtable.ErrBadDesc, who, d.Name)
+	}
+	return peerAnswer{desc: d, body: slices.Clip(body), etag: etag}, nil
+}
