@@ -338,8 +338,9 @@ type Server struct {
 	// chunks holds the chunks of each name that has any (server_chunks.go),
 	// at most maxNames names; pending counts those listed by no entry, all
 	// names together.
-	chunks  map[string]*nameChunks
-	pending int
+	chunks     map[string]*nameChunks
+	pending    int
+	pendingTTL time.Duration // serverPendingTTL when made
 	// rev counts changes; it starts above any revision of the directory
 	// and above the clock in nanoseconds, so that ETags never repeat
 	// across restarts, with or without a directory.
@@ -438,6 +439,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		logf:            cfg.Logf,
 		entries:         make(map[string]*serverEntry),
 		chunks:          make(map[string]*nameChunks),
+		pendingTTL:      serverPendingTTL,
 		rev:             uint64(max(time.Now().UnixNano(), 0)),
 	}
 	if s.logf == nil {

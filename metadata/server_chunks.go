@@ -22,11 +22,12 @@ import (
 	"github.com/moonring/moonring/segtable"
 )
 
+// serverPendingTTL is how long a chunk uploaded and listed by no header
+// is kept: a publisher sends its header right after its chunks. A
+// variable for tests.
+var serverPendingTTL = time.Minute
+
 const (
-	// serverPendingTTL is how long a chunk uploaded and listed by no
-	// header is kept: a publisher sends its header right after its
-	// chunks.
-	serverPendingTTL = time.Minute
 	// serverMaxPending bounds the chunks uploaded and not listed, all
 	// names together (each name holds at most maxEntryChunks of them).
 	serverMaxPending = 1 << 20
@@ -177,9 +178,9 @@ func (s *Server) sweep(name string, nc *nameChunks) {
 		if c.listed {
 			continue
 		}
-		if age := now.Sub(c.added); age >= serverPendingTTL {
+		if age := now.Sub(c.added); age >= s.pendingTTL {
 			s.dropChunk(name, nc, c)
-		} else if left := serverPendingTTL - age; next == 0 || left < next {
+		} else if left := s.pendingTTL - age; next == 0 || left < next {
 			next = left
 		}
 	}
@@ -308,7 +309,7 @@ func (s *Server) servePutChunk(w http.ResponseWriter, r *http.Request) {
 	nc.pending++
 	s.pending++
 	if nc.timer == nil {
-		nc.timer = time.AfterFunc(serverPendingTTL, func() { s.sweep(name, nc) })
+		nc.timer = time.AfterFunc(s.pendingTTL, func() { s.sweep(name, nc) })
 	}
 	kept = true
 	w.WriteHeader(http.StatusNoContent)
