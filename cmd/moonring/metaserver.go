@@ -243,6 +243,28 @@ type dirEntry struct {
 		Epoch   uint64            `json:"epoch"`
 		Buffers []json.RawMessage `json:"buffers"`
 	} `json:"desc"`
+	// Header is, instead of Desc, the header of a descriptor sent as
+	// chunks (its chunks are files of their own).
+	Header *struct {
+		Desc struct {
+			Epoch uint64 `json:"epoch"`
+		} `json:"desc"`
+		Chunks []struct {
+			N int `json:"n"`
+		} `json:"chunks"`
+	} `json:"header"`
+}
+
+// epochBuffers returns the epoch and the number of buffers of e.
+func (e *dirEntry) epochBuffers() (uint64, int) {
+	if e.Header == nil {
+		return e.Desc.Epoch, len(e.Desc.Buffers)
+	}
+	n := 0
+	for _, c := range e.Header.Chunks {
+		n += c.N
+	}
+	return e.Header.Desc.Epoch, n
 }
 
 // listDir prints the segments kept in dir, one a line, sorted by name.
@@ -279,7 +301,8 @@ func listDir(dir string, out io.Writer) error {
 		if e.Owner != "" {
 			owner = "bound"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t\n", e.Name, e.Desc.Epoch, e.TTL, owner, len(e.Desc.Buffers))
+		epoch, bufs := e.epochBuffers()
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t\n", e.Name, epoch, e.TTL, owner, bufs)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
