@@ -399,7 +399,10 @@ func (e *Engine) watch(s *segtable.Segment[transport.Endpoint]) {
 			// The same engine republished, or a restarted one (a new epoch)
 			// took the name: either way the endpoint follows the new
 			// descriptor (a transport redials a new address and keys), and
-			// the SegmentID stays valid.
+			// the SegmentID stays valid. From the Memory store ev.Desc
+			// shares the publisher's chunks (nothing here modifies it):
+			// the segment's tables and the tcp and local transports'
+			// rebuild only the chunks that changed (segtable.Mirror).
 			withdrawn := false
 			// Only a descriptor the key vouches for withdraws a transport:
 			// an unsigned one (metadata.Signed.AllowUnsigned lets a

@@ -284,10 +284,10 @@ func keyRangeOf(b *segtable.BufferDesc) (keyRange, bool) {
 // the range, and the hint changes the cost, never the answer.
 func (e *Endpoint) keyFor(addr, n uint64, hint uint32) *keyRange {
 	m := e.keys.Load()
-	if r, _ := m.At(hint); r != nil && addr >= r.addr && n <= r.length && addr-r.addr <= r.length-n {
+	if r := m.At(hint); r != nil && addr >= r.addr && n <= r.length && addr-r.addr <= r.length-n {
 		return r
 	}
-	r, _, _ := m.Floor(addr)
+	r, _ := m.Floor(addr)
 	if r == nil || n > r.length || addr-r.addr > r.length-n {
 		return nil
 	}

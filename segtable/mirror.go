@@ -41,7 +41,9 @@ func makePos(p, c, i int) Pos {
 }
 
 // Mirror is a table of entries of type T, one per buffer of a
-// descriptor that conv kept (see NewMirror), in the shape of the
+// descriptor that conv kept (see NewMirror; an entry holds what its
+// user checks a range against, the buffer's start and length), in the
+// shape of the
 // descriptor's chunks, with lock-free lookups by address and by Pos. It
 // is immutable: safe for concurrent use, shared by pointer (an
 // atomic.Pointer swapped on each update, as the flat tables were), and
@@ -152,52 +154,49 @@ func newMirrorChunk[T any](c *chunk, conv func(*BufferDesc) (T, bool)) *mirrorCh
 	return mc
 }
 
-// Chunks returns the descriptor's chunks the Mirror follows.
-func (m *Mirror[T]) Chunks() *BufferChunks { return m.src }
-
 // Len returns the number of the descriptor's buffers (kept or not).
 func (m *Mirror[T]) Len() int { return m.n }
 
 // Floor returns the entry of the last kept buffer that starts at or
-// below addr, its start and its Pos; nil when none may hold addr (every
-// kept buffer starts above it, or the buffer of the descriptor that
-// would hold it was not kept). The caller checks the range against the
-// entry. Three searches: the pages' first addresses, the page's chunks',
-// the chunk's buffers'.
-func (m *Mirror[T]) Floor(addr uint64) (v *T, start uint64, pos Pos) {
+// below addr and its Pos; nil when none may hold addr (every kept buffer
+// starts above it, or the buffer of the descriptor that would hold it
+// was not kept). The caller checks the range against the entry (which
+// holds the buffer's start: conv put it there). Three searches: the
+// pages' first addresses, the page's chunks', the chunk's buffers'.
+func (m *Mirror[T]) Floor(addr uint64) (v *T, pos Pos) {
 	p := floorIndex(m.firsts, addr)
 	if p < 0 {
-		return nil, 0, NoPos
+		return nil, NoPos
 	}
 	mp := m.pages[p]
 	c := floorIndex(mp.firsts, addr)
 	mc := mp.chunks[c] // c >= 0: mp.firsts[0] is m.firsts[p]
 	i := floorIndex(mc.starts, addr)
 	if i < 0 {
-		return nil, 0, NoPos // the chunk's buffer at addr, if any, was not kept
+		return nil, NoPos // the chunk's buffer at addr, if any, was not kept
 	}
-	return &mc.items[i], mc.starts[i], makePos(p, c, i)
+	return &mc.items[i], makePos(p, c, i)
 }
 
-// At returns the entry at pos and its start, or nil when pos names none
-// (it may name another buffer than the caller's: a hint is checked
-// against the address).
-func (m *Mirror[T]) At(pos Pos) (v *T, start uint64) {
+// At returns the entry at pos, or nil when pos names none (it may name
+// another buffer than the caller's: a hint is checked against the
+// address). Three dependent loads: the page, the chunk, the entry.
+func (m *Mirror[T]) At(pos Pos) *T {
 	p := int(pos >> (posPageBits + posChunkBits))
 	if p >= len(m.pages) {
-		return nil, 0
+		return nil
 	}
 	mp := m.pages[p]
 	c := int(pos >> posChunkBits & (1<<posPageBits - 1))
 	if c >= len(mp.chunks) {
-		return nil, 0
+		return nil
 	}
 	mc := mp.chunks[c]
 	i := int(pos & (1<<posChunkBits - 1))
 	if i >= len(mc.items) {
-		return nil, 0
+		return nil
 	}
-	return &mc.items[i], mc.starts[i]
+	return &mc.items[i]
 }
 
 // Buffer returns the descriptor's buffer at index i in address order
@@ -217,7 +216,7 @@ func (m *Mirror[T]) Buffer(i int) *BufferDesc {
 // Pos to the descriptor's flat order (for a Mirror that keeps every
 // buffer).
 func (m *Mirror[T]) Index(pos Pos) int {
-	if v, _ := m.At(pos); v == nil {
+	if m.At(pos) == nil {
 		return -1
 	}
 	p, c := int(pos>>(posPageBits+posChunkBits)), int(pos>>posChunkBits&(1<<posPageBits-1))

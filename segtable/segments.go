@@ -48,11 +48,11 @@ func (s *Segment[E]) Desc() *SegmentDesc {
 // registration at the peer rebuilds the chunks it changed, not every
 // buffer. Concurrent calls are safe; the last one stored wins.
 func (s *Segment[E]) SetDesc(d *SegmentDesc) {
-	var old *Mirror[uint64]
+	var old *Mirror[span]
 	if v := s.desc.Load(); v != nil {
-		old = v.m
+		old = &v.m
 	}
-	s.desc.Store(&segView{d: d, m: NewMirror(old, ChunksOf(d), lengthOf)})
+	s.desc.Store(&segView{d: d, m: *NewMirror(old, ChunksOf(d), spanOf)})
 }
 
 // segView is a descriptor with its buffers' starts and lengths packed in
@@ -61,10 +61,13 @@ func (s *Segment[E]) SetDesc(d *SegmentDesc) {
 // many buffers.
 type segView struct {
 	d *SegmentDesc
-	m *Mirror[uint64] // every buffer's length
+	m Mirror[span] // every buffer (a value: one load less a request)
 }
 
-func lengthOf(b *BufferDesc) (uint64, bool) { return b.Length, true }
+// span is a buffer's range in a segView.
+type span struct{ start, length uint64 }
+
+func spanOf(b *BufferDesc) (span, bool) { return span{b.Addr, b.Length}, true }
 
 // Buffer returns the buffer at index i of the descriptor's buffers in
 // address order, and whether there is one. Lock-free; the Keys map is
@@ -77,7 +80,8 @@ func (s *Segment[E]) Buffer(i int) (BufferDesc, bool) {
 		}
 		return d.Buffers[i], true
 	}
-	if b := s.desc.Load().m.Buffer(i); b != nil {
+	v := s.desc.Load()
+	if b := v.m.Buffer(i); b != nil {
 		return *b, true
 	}
 	return BufferDesc{}, false
@@ -151,13 +155,13 @@ func (s *Segment[E]) Resolve(addr, n uint64) int {
 	if l := s.list.Load(); l != nil {
 		return l.Find(addr, n)
 	}
-	m := s.desc.Load().m
+	m := &s.desc.Load().m
 	h := s.last.Load()
-	if ln, start := m.At(h); ln != nil && addr >= start && n <= *ln && addr-start <= *ln-n {
+	if b := m.At(h); b != nil && addr >= b.start && n <= b.length && addr-b.start <= b.length-n {
 		return int(h)
 	}
-	ln, start, pos := m.Floor(addr)
-	if ln == nil || n > *ln || addr-start > *ln-n {
+	b, pos := m.Floor(addr)
+	if b == nil || n > b.length || addr-b.start > b.length-n {
 		return -1
 	}
 	if rand.Uint32()%lastEvery == 0 {

@@ -161,7 +161,7 @@ func remoteBufOf(b *segtable.BufferDesc) (remoteBuf, bool) {
 // find returns the buffer served over tcp that holds [addr, addr+n), or
 // nil. Lock-free; it allocates nothing.
 func (e *Endpoint) find(addr, n uint64) *remoteBuf {
-	b, _, _ := e.bufs.Load().Floor(addr)
+	b, _ := e.bufs.Load().Floor(addr)
 	if b == nil || n > b.length || addr-b.addr > b.length-n {
 		return nil
 	}
