@@ -164,6 +164,10 @@ type HTTP struct {
 	// flat is set once the server answered a chunk request as a server
 	// that does not know them: Puts send whole descriptors from then on.
 	flat atomic.Bool
+	// flatReads is set once the server answered a header GET as a server
+	// that does not know it: Gets and new watches ask for whole
+	// descriptors from then on.
+	flatReads atomic.Bool
 
 	mu     sync.Mutex
 	closed bool
@@ -379,7 +383,8 @@ func (h *HTTP) Get(ctx context.Context, name string) (*segtable.SegmentDesc, err
 	}
 	fctx, stop := h.join(ctx)
 	defer stop()
-	a, err := h.fetch(fctx, name, "")
+	cw := &chunkWatch{h: h, name: name}
+	a, err := cw.fetch(fctx, "")
 	if err != nil {
 		return nil, h.errorf("get", name, h.ctxErr(ctx, err))
 	}

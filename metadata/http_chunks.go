@@ -224,7 +224,7 @@ type chunkWatch struct {
 // descriptor, with the header as its body; a whole descriptor from a
 // server that serves no header, or holds one not sent as chunks.
 func (cw *chunkWatch) fetch(ctx context.Context, ifNoneMatch string) (peerAnswer, error) {
-	if cw.flat {
+	if cw.flat || cw.h.flatReads.Load() {
 		return cw.h.fetch(ctx, cw.name, ifNoneMatch)
 	}
 	var err error
@@ -248,9 +248,15 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 		return peerAnswer{}, err
 	}
 	switch {
-	case noChunks(resp):
+	case resp.Header.Get(headerChunks) == "":
+		// Not a server that serves headers (or not one at all): what a
+		// whole GET answers is the answer. Only a 404 or 405 says for
+		// sure that it knows no headers.
+		if noChunks(resp) {
+			cw.flat = true
+			cw.h.flatReads.Store(true)
+		}
 		answer(resp)
-		cw.flat = true
 		return cw.h.fetch(ctx, cw.name, ifNoneMatch)
 	case resp.StatusCode == http.StatusOK:
 	case resp.StatusCode == http.StatusNotModified && ifNoneMatch != "":
