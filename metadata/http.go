@@ -115,11 +115,27 @@ type HTTPConfig struct {
 // midway still lets the descriptor expire. The renewal sends what the last
 // Put that succeeded stored.
 //
-// Get fetches the descriptor (at most 16 MiB; a larger, malformed or
-// misnamed answer is [segtable.ErrBadDesc]). Watch fetches once before it
+// A Chunked descriptor (an engine's) goes to a server that takes chunks
+// (see [Server]) as its chunks and a header: each chunk once per epoch
+// (the store keeps, per name, the chunks it sent, by seq and chunk, so a
+// republish after one registration sends one or two chunks and the
+// header, O(chunks) bytes of it, whatever the buffers), then the header,
+// and again the chunks the server says it lacks. A renewal sends the
+// header. A server that answers a chunk request 404 or 405 without the
+// Moonring-Chunks header (an older one) gets whole descriptors from this
+// store from then on. The whole descriptor is at most 16 MiB of JSON, a
+// header or a chunk too.
+//
+// Get fetches the header and the chunks (256 a request) and assembles the
+// descriptor, or the whole descriptor from a server that serves no header
+// (at most 16 MiB; a larger, malformed or misnamed answer is
+// [segtable.ErrBadDesc]); either way a flat descriptor, the one
+// [segtable.UnmarshalDesc] decodes of the whole document. Watch fetches once before it
 // returns, so the current descriptor, if any, is the first event, then one
 // goroutine polls every PollInterval with If-None-Match, as a [P2P] watch
-// of a peer does: it delivers every change the server's ETag shows (polls
+// of a peer does, the header where the server serves one, then only the
+// chunks the watch does not hold (same seq, hash and MAC): it delivers
+// every change the server's ETag shows (polls
 // coalesce changes between them), Deleted when the server answers 404 (a
 // Delete or an expiry), and Deleted also after three polls in a row fail,
 // since a store that cannot be read cannot show the segment alive; the

@@ -236,6 +236,47 @@ type ServerStats struct {
 //     not a number.
 //   - GET /moonring/v1/healthz: 200 "ok".
 //
+// A descriptor whose buffers come as chunks (an engine's, see
+// segtable.SegmentDesc.Chunked) may instead travel as its chunks and a
+// header that lists them, so that a republish after one registration
+// moves one or two chunks, not every buffer ([HTTP] stores do so with a
+// server that answers these requests; every answer of this server
+// carries "Moonring-Chunks: 1"):
+//
+//   - PUT /moonring/v1/segments/{name}/chunks/{epoch}/{seq}: one chunk's
+//     buffers, a JSON array of 1 to 1,024, valid, sorted, not
+//     overlapping, encoded as Go's json.Marshal encodes them (else 400),
+//     with the owner token a PUT of the name needs (401, 403) and 409 when
+//     another epoch holds the name. The server keeps it under (epoch, seq,
+//     the first 64 bits of its SHA-256) until a header lists it, for a
+//     minute at most, and as long as the name's entry lists it. 204.
+//   - PUT /moonring/v1/segments/{name}/header: the header, JSON
+//     {"layout":"moonring-chunks/1","signed":..,"desc":<the descriptor
+//     without buffers>,"chunks":[{"s":seq,"n":buffers,"h":hash,"m":MAC}]}
+//     in address order, at most 131,072 chunks, with the headers and the
+//     answers of a PUT (TTL, renewal, owner token, epochs, quotas, 204
+//     with the ETag). It replaces the entry, atomically, only when the
+//     server holds every chunk listed; else 412 with
+//     {"missing":[seq,...]}, and the client sends those and tries again.
+//     The chunks the new entry does not list are dropped.
+//   - GET /moonring/v1/segments/{name}/header: the header (a whole
+//     descriptor when the entry was PUT whole), with the ETag and
+//     If-None-Match of a GET.
+//   - GET /moonring/v1/segments/{name}/chunks?epoch=E&seq=S1,S2,..: at
+//     most 256 chunks the entry lists, a JSON array of their encodings in
+//     the order asked; 404 when the entry lists none of that epoch and
+//     seq (a republish came between: read the header again).
+//
+// A GET of the name serves an entry sent as chunks whole, byte for byte
+// the descriptor's Marshal, so readers of whole descriptors see no
+// difference. Chunks count against MaxBytes; one name's header and chunks
+// (those not listed yet included) against ServerConfig.MaxChunked (413);
+// MaxDescriptor bounds each chunk and header (413); the names holding
+// chunks against MaxNames, and those not yet listed are at most 131,072 a
+// name and 1,048,576 in all (429). A server with the key checks the
+// descriptor a header assembles as a PUT's, whole (O(buffers) on the
+// server per republish).
+//
 // A name is 1 to 255 bytes of letters, digits and ".-_:@[]%+~", and not "."
 // or "..": nothing that could be a path or need escaping in one (400).
 //
@@ -290,7 +331,11 @@ type ServerStats struct {
 // restart: each lives a full time to live from the restart, giving live
 // owners time to renew. A restart without the files loses nothing for good
 // either: a live [HTTP] store's next renewal stores its descriptor again.
-// The directory of an earlier version held every descriptor in one file,
+// An entry sent as chunks is a file of its header (version 3; an older
+// server refuses to start on it) and a file per chunk, each written,
+// synced and renamed when it is uploaded, before any header that lists it,
+// and removed when no entry lists it; NewServer removes those no entry
+// lists. The directory of an earlier version held every descriptor in one file,
 // segments.json: NewServer moves its entries to their own files (unbound)
 // and removes it.
 //
