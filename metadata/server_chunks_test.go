@@ -725,3 +725,30 @@ func TestHTTPChunksRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHTTPChunksRenewalRestores: a server that lost its state (restarted
+// without a directory) gets the descriptor back from the next renewal:
+// the header, the chunks it asks for, the header again.
+func TestHTTPChunksRenewalRestores(t *testing.T) {
+	var cur atomic.Pointer[metadata.Server]
+	first := mustServer(t, metadata.ServerConfig{})
+	cur.Store(first)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { cur.Load().ServeHTTP(w, r) }))
+	t.Cleanup(hs.Close)
+	st := newHTTP(t, hs.URL, 300*time.Millisecond)
+	l := chList(t, 500)
+	d := chDesc("a", 1, l)
+	if err := st.Put(t.Context(), d); err != nil {
+		t.Fatal(err)
+	}
+	second := mustServer(t, metadata.ServerConfig{})
+	cur.Store(second)
+	waitFor(t, "the renewal restores the descriptor", func() bool { return second.Stats().Names == 1 })
+	if st := second.Stats(); st.Chunks != l.Chunks().Count() {
+		t.Fatalf("restored with %d chunks, want %d", st.Chunks, l.Chunks().Count())
+	}
+	flat, _ := d.Marshal()
+	if got := rawGet(t, hs.URL, seg+"a"); !bytes.Equal(got, flat) {
+		t.Fatal("restored descriptor differs")
+	}
+}
