@@ -399,7 +399,7 @@ func (h *HTTP) Get(ctx context.Context, name string) (*segtable.SegmentDesc, err
 	}
 	fctx, stop := h.join(ctx)
 	defer stop()
-	cw := &chunkWatch{h: h, name: name}
+	cw := h.chunkWatch(name)
 	a, err := cw.fetch(fctx, "")
 	if err != nil {
 		return nil, h.errorf("get", name, h.ctxErr(ctx, err))
@@ -750,7 +750,7 @@ func (h *HTTP) Watch(ctx context.Context, name string) (<-chan Event, error) {
 	h.mu.Unlock()
 
 	wctx, stop := h.join(ctx)
-	cw := &chunkWatch{h: h, name: name}
+	cw := h.chunkWatch(name)
 	w := &pollWatch{
 		fetch: cw.fetch,
 		poll:  h.poll, done: h.wg.Done, ch: make(chan Event, 1),

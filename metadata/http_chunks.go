@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/moonring/moonring/segtable"
 )
@@ -51,16 +52,25 @@ type chunkPub struct {
 // chunkedPub returns d, a Chunked descriptor, as a header and its chunks,
 // taking the encodings of the chunks n sent in the epoch. n.sem is held.
 func (h *HTTP) chunkedPub(n *httpName, d *segtable.SegmentDesc) (*chunkPub, error) {
-	cs := d.Chunked
-	if c := cs.Count(); c > maxEntryChunks {
-		return nil, fmt.Errorf("%w: %d chunks, more than the %d a server takes", segtable.ErrBadDesc, c, maxEntryChunks)
-	}
-	hd := chunkHeader{Layout: chunkLayout, Signed: cs.Signed(), Desc: *d, Chunks: make([]headerChunk, 0, cs.Count())}
-	hd.Desc.Buffers, hd.Desc.Chunks, hd.Desc.Chunked = nil, nil, nil
 	sent := n.sent
 	if n.sentEpoch != d.Epoch {
 		sent = nil
 	}
+	pub, _, err := newChunkPub(d, sent, serverMaxDesc)
+	return pub, err
+}
+
+// newChunkPub returns d, a Chunked descriptor, as a header (also returned
+// decoded) and its chunks, taking the encodings of those sent holds (by
+// seq, the same chunk by pointer), made for d's epoch; a chunk or header
+// over max bytes is segtable.ErrBadDesc.
+func newChunkPub(d *segtable.SegmentDesc, sent map[uint64]*sentChunk, max int) (*chunkPub, *chunkHeader, error) {
+	cs := d.Chunked
+	if c := cs.Count(); c > maxEntryChunks {
+		return nil, nil, fmt.Errorf("%w: %d chunks, more than the %d a header lists", segtable.ErrBadDesc, c, maxEntryChunks)
+	}
+	hd := chunkHeader{Layout: chunkLayout, Signed: cs.Signed(), Desc: *d, Chunks: make([]headerChunk, 0, cs.Count())}
+	hd.Desc.Buffers, hd.Desc.Chunks, hd.Desc.Chunked = nil, nil, nil
 	pub := &chunkPub{epoch: d.Epoch, chunks: make([]*sentChunk, 0, cs.Count()), bySeq: make(map[uint64]*sentChunk, cs.Count())}
 	var err error
 	cs.EachChunk(func(info segtable.ChunkInfo, bufs []segtable.BufferDesc) bool {
@@ -71,8 +81,8 @@ func (h *HTTP) chunkedPub(n *httpName, d *segtable.SegmentDesc) (*chunkPub, erro
 				err = fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
 				return false
 			}
-			if len(v) > serverMaxDesc {
-				err = fmt.Errorf("%w: chunk %d encodes to %d bytes, over %d", segtable.ErrBadDesc, info.Seq, len(v), serverMaxDesc)
+			if len(v) > max {
+				err = fmt.Errorf("%w: chunk %d encodes to %d bytes, over %d", segtable.ErrBadDesc, info.Seq, len(v), max)
 				return false
 			}
 			c = &sentChunk{seq: info.Seq, first: &bufs[0], n: len(bufs), value: v, sum: chunkSum(v)}
@@ -87,15 +97,15 @@ func (h *HTTP) chunkedPub(n *httpName, d *segtable.SegmentDesc) (*chunkPub, erro
 		return true
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if pub.header, err = json.Marshal(&hd); err != nil {
-		return nil, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
+		return nil, nil, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
 	}
-	if len(pub.header) > serverMaxDesc {
-		return nil, fmt.Errorf("%w: a header of %d bytes, over %d", segtable.ErrBadDesc, len(pub.header), serverMaxDesc)
+	if len(pub.header) > max {
+		return nil, nil, fmt.Errorf("%w: a header of %d bytes, over %d", segtable.ErrBadDesc, len(pub.header), max)
 	}
-	return pub, nil
+	return pub, &hd, nil
 }
 
 // publishChunks sends pub: the chunks n has not sent in its epoch, then
@@ -208,15 +218,34 @@ func putErr(resp *http.Response) error {
 	return deniedErr(resp)
 }
 
-// chunkWatch is what a watch of a server that serves chunks holds: the
-// chunks of the last header it assembled. Only its watch's goroutine
-// touches it.
+// chunkWatch is what a reader of a descriptor that a server (or a P2P
+// peer) serves as a header and chunks holds: the chunks of the last
+// header it assembled. Only its watch's goroutine (or one Get) touches
+// it.
 type chunkWatch struct {
-	h     *HTTP
-	name  string
-	flat  bool // the server serves no headers: whole descriptors
-	epoch uint64
-	held  map[uint64]heldChunk
+	name string
+	// base is the descriptor's URL: base+"/header" its header,
+	// base+"/chunks" its chunks.
+	base string
+	// do sends a request.
+	do func(ctx context.Context, method, u string, header http.Header, body []byte) (*http.Response, error)
+	// whole fetches the whole descriptor (ifNoneMatch as fetch's).
+	whole func(ctx context.Context, ifNoneMatch string) (peerAnswer, error)
+	// flatReads, when set, is set once the other side answers that it
+	// serves no header, and read to skip asking.
+	flatReads *atomic.Bool
+	max       int64  // bounds an answer's bytes
+	who       string // "server" or "peer"
+	flat      bool   // the other side serves no headers: whole descriptors
+	epoch     uint64
+	held      map[uint64]heldChunk
+}
+
+// chunkWatch returns a reader of the descriptor of name from h's server.
+func (h *HTTP) chunkWatch(name string) *chunkWatch {
+	return &chunkWatch{name: name, base: h.segmentURL(name), do: h.doURL, flatReads: &h.flatReads,
+		whole: func(ctx context.Context, inm string) (peerAnswer, error) { return h.fetch(ctx, name, inm) },
+		max:   serverMaxDesc, who: "server"}
 }
 
 // fetch asks for the header of the descriptor (ifNoneMatch: the ETag
@@ -224,8 +253,8 @@ type chunkWatch struct {
 // descriptor, with the header as its body; a whole descriptor from a
 // server that serves no header, or holds one not sent as chunks.
 func (cw *chunkWatch) fetch(ctx context.Context, ifNoneMatch string) (peerAnswer, error) {
-	if cw.flat || cw.h.flatReads.Load() {
-		return cw.h.fetch(ctx, cw.name, ifNoneMatch)
+	if cw.flat || (cw.flatReads != nil && cw.flatReads.Load()) {
+		return cw.whole(ctx, ifNoneMatch)
 	}
 	var err error
 	for range chunkPutTries {
@@ -243,7 +272,7 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 	if ifNoneMatch != "" {
 		hdr.Set("If-None-Match", ifNoneMatch)
 	}
-	resp, err := cw.h.doURL(ctx, http.MethodGet, cw.h.segmentURL(cw.name)+"/header", hdr, nil)
+	resp, err := cw.do(ctx, http.MethodGet, cw.base+"/header", hdr, nil)
 	if err != nil {
 		return peerAnswer{}, err
 	}
@@ -254,10 +283,12 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 		// sure that it knows no headers.
 		if noChunks(resp) {
 			cw.flat = true
-			cw.h.flatReads.Store(true)
+			if cw.flatReads != nil {
+				cw.flatReads.Store(true)
+			}
 		}
 		answer(resp)
-		return cw.h.fetch(ctx, cw.name, ifNoneMatch)
+		return cw.whole(ctx, ifNoneMatch)
 	case resp.StatusCode == http.StatusOK:
 	case resp.StatusCode == http.StatusNotModified && ifNoneMatch != "":
 		resp.Body.Close()
@@ -270,13 +301,13 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 		return peerAnswer{}, statusErr(resp)
 	}
 	etag := resp.Header.Get("ETag")
-	body, err := readBody(resp, serverMaxDesc, "server")
+	body, err := readBody(resp, cw.max, cw.who)
 	if err != nil {
 		return peerAnswer{}, err
 	}
 	if !isChunkHeader(body) {
 		cw.held = nil
-		return descAnswer(body, cw.name, etag, "server")
+		return descAnswer(body, cw.name, etag, cw.who)
 	}
 	ch, err := parseChunkHeader(cw.name, body)
 	if err != nil {
@@ -309,7 +340,7 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 	}
 	d, err := assembleChunks(ch, func(seq uint64) heldChunk { return next[seq] })
 	if err != nil {
-		return peerAnswer{}, fmt.Errorf("server's answer: %w", err)
+		return peerAnswer{}, fmt.Errorf("%s's answer: %w", cw.who, err)
 	}
 	cw.held = next
 	return peerAnswer{desc: d, body: body, etag: etag}, nil
@@ -330,7 +361,7 @@ func (cw *chunkWatch) fetchChunks(ctx context.Context, epoch uint64, batch []hea
 		}
 		q.WriteString(strconv.FormatUint(c.Seq, 10))
 	}
-	resp, err := cw.h.doURL(ctx, http.MethodGet, cw.h.segmentURL(cw.name)+"/chunks"+q.String(), http.Header{"Accept": {"application/json"}}, nil)
+	resp, err := cw.do(ctx, http.MethodGet, cw.base+"/chunks"+q.String(), http.Header{"Accept": {"application/json"}}, nil)
 	if err != nil {
 		return err
 	}
@@ -342,13 +373,13 @@ func (cw *chunkWatch) fetchChunks(ctx context.Context, epoch uint64, batch []hea
 	default:
 		return statusErr(resp)
 	}
-	body, err := readBody(resp, serverMaxDesc, "server")
+	body, err := readBody(resp, cw.max, cw.who)
 	if err != nil {
 		return err
 	}
 	var values []json.RawMessage
 	if err := json.Unmarshal(body, &values); err != nil || len(values) != len(batch) {
-		return fmt.Errorf("%w: server's chunks: %d for %d asked (%v)", segtable.ErrBadDesc, len(values), len(batch), err)
+		return fmt.Errorf("%w: %s's chunks: %d for %d asked (%v)", segtable.ErrBadDesc, cw.who, len(values), len(batch), err)
 	}
 	for i, c := range batch {
 		v := values[i]
@@ -357,10 +388,10 @@ func (cw *chunkWatch) fetchChunks(ctx context.Context, epoch uint64, batch []hea
 		}
 		bufs, err := decodeChunkValue(v)
 		if err != nil {
-			return fmt.Errorf("server's chunk %d: %w", c.Seq, err)
+			return fmt.Errorf("%s's chunk %d: %w", cw.who, c.Seq, err)
 		}
 		if len(bufs) != c.N {
-			return fmt.Errorf("%w: server's chunk %d holds %d buffers, its header says %d", segtable.ErrBadDesc, c.Seq, len(bufs), c.N)
+			return fmt.Errorf("%w: %s's chunk %d holds %d buffers, its header says %d", segtable.ErrBadDesc, cw.who, c.Seq, len(bufs), c.N)
 		}
 		got[c.Seq] = heldChunk{sum: c.Sum, mac: c.MAC, bufs: bufs}
 	}

@@ -80,24 +80,29 @@ func (e *serverEntry) whole() []byte {
 	if h == nil {
 		return e.body
 	}
-	n := len(h.pre) + len(h.post)
-	for _, c := range h.chunks {
-		n += len(c.value) - 1
-	}
-	b := make([]byte, 0, n)
-	b = append(b, h.pre...)
-	for i, c := range h.chunks {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, c.value[1:len(c.value)-1]...)
-	}
-	return append(b, h.post...)
+	return joinWhole(h.pre, h.post, len(h.chunks), func(i int) []byte { return h.chunks[i].value })
 }
 
 // newEntryHead makes the head of an entry of the header ch (its body
 // header) listing chunks.
 func newEntryHead(ch *chunkHeader, header []byte, chunks []*srvChunk) (*entryHead, error) {
+	pre, post, err := wholeParts(ch)
+	if err != nil {
+		return nil, err
+	}
+	h := &entryHead{header: header, pre: pre, post: post, chunks: chunks,
+		bySeq: make(map[uint64]*srvChunk, len(chunks)), epoch: ch.Desc.Epoch}
+	for _, c := range chunks {
+		h.bySeq[c.id.seq] = c
+	}
+	return h, nil
+}
+
+// wholeParts returns the whole descriptor of the header ch before and
+// after its buffers' elements: pre + the chunks' encodings without their
+// brackets, joined by commas, + post is what the flat descriptor's
+// Marshal makes.
+func wholeParts(ch *chunkHeader) (pre, post []byte, err error) {
 	d := ch.Desc
 	d.Buffers = []segtable.BufferDesc{}
 	if ch.Signed {
@@ -108,21 +113,35 @@ func newEntryHead(ch *chunkHeader, header []byte, chunks []*srvChunk) (*entryHea
 	}
 	b, err := json.Marshal(&d)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
+		return nil, nil, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
 	}
 	// No string holds this unescaped: the first is the key.
 	const mark = `"buffers":[]`
 	i := bytes.Index(b, []byte(mark))
 	if i < 0 {
-		return nil, fmt.Errorf("%w: no buffers in the descriptor's encoding", segtable.ErrBadDesc)
+		return nil, nil, fmt.Errorf("%w: no buffers in the descriptor's encoding", segtable.ErrBadDesc)
 	}
 	cut := i + len(mark) - 1
-	h := &entryHead{header: header, pre: b[:cut:cut], post: b[cut:], chunks: chunks,
-		bySeq: make(map[uint64]*srvChunk, len(chunks)), epoch: d.Epoch}
-	for _, c := range chunks {
-		h.bySeq[c.id.seq] = c
+	return b[:cut:cut], b[cut:], nil
+}
+
+// joinWhole returns pre, the encodings of chunks (JSON arrays, not
+// empty) without their brackets joined by commas, and post.
+func joinWhole(pre, post []byte, chunks int, value func(i int) []byte) []byte {
+	n := len(pre) + len(post)
+	for i := range chunks {
+		n += len(value(i)) - 1
 	}
-	return h, nil
+	b := make([]byte, 0, n)
+	b = append(b, pre...)
+	for i := range chunks {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		v := value(i)
+		b = append(b, v[1:len(v)-1]...)
+	}
+	return append(b, post...)
 }
 
 // dropChunks removes the chunks of name that keep does not list (nil:
