@@ -59,12 +59,14 @@ type Mirror[T any] struct {
 // mirrorPage follows one page of the descriptor's chunks.
 type mirrorPage[T any] struct {
 	src    *chunkPage
-	chunks []*mirrorChunk[T]
-	firsts []uint64 // chunks[i]'s first address (its first buffer's, kept or not)
-	bases  []int    // the page's buffers before chunks[i]
+	chunks []mirrorChunk[T] // by value: a lookup loads one pointer less
+	firsts []uint64         // chunks[i]'s first address (its first buffer's, kept or not)
+	bases  []int            // the page's buffers before chunks[i]
 }
 
-// mirrorChunk is the entries of one chunk's buffers that conv kept.
+// mirrorChunk is the entries of one chunk's buffers that conv kept. Its
+// arrays are shared by the Mirrors that reuse it (copied by value into
+// each page that holds it).
 type mirrorChunk[T any] struct {
 	src    *chunk
 	starts []uint64 // the kept buffers' addresses
@@ -112,13 +114,13 @@ func NewMirror[T any](old *Mirror[T], cs *BufferChunks, conv func(b *BufferDesc)
 	pp, pq := commonEnds(a, oldSrc)
 	m := &Mirror[T]{src: cs, pages: make([]*mirrorPage[T], 0, len(a)), firsts: make([]uint64, len(a)), bases: make([]int, len(a)), n: cs.n}
 	m.pages = append(m.pages, oldPages[:pp]...)
-	var reuse []*mirrorChunk[T] // the replaced pages' chunks, in address order
+	var reuse []mirrorChunk[T] // the replaced pages' chunks, in address order
 	for _, mp := range oldPages[pp : len(oldPages)-pq] {
 		reuse = append(reuse, mp.chunks...)
 	}
 	j := 0
 	for _, pg := range a[pp : len(a)-pq] {
-		mp := &mirrorPage[T]{src: pg, chunks: make([]*mirrorChunk[T], len(pg.chunks)), firsts: make([]uint64, len(pg.chunks)), bases: make([]int, len(pg.chunks))}
+		mp := &mirrorPage[T]{src: pg, chunks: make([]mirrorChunk[T], len(pg.chunks)), firsts: make([]uint64, len(pg.chunks)), bases: make([]int, len(pg.chunks))}
 		nb := 0
 		for i, c := range pg.chunks {
 			for j < len(reuse) && reuse[j].src.first < c.first {
@@ -143,8 +145,8 @@ func NewMirror[T any](old *Mirror[T], cs *BufferChunks, conv func(b *BufferDesc)
 	return m
 }
 
-func newMirrorChunk[T any](c *chunk, conv func(*BufferDesc) (T, bool)) *mirrorChunk[T] {
-	mc := &mirrorChunk[T]{src: c, starts: make([]uint64, 0, len(c.bufs)), items: make([]T, 0, len(c.bufs))}
+func newMirrorChunk[T any](c *chunk, conv func(*BufferDesc) (T, bool)) mirrorChunk[T] {
+	mc := mirrorChunk[T]{src: c, starts: make([]uint64, 0, len(c.bufs)), items: make([]T, 0, len(c.bufs))}
 	for i := range c.bufs {
 		if v, ok := conv(&c.bufs[i]); ok {
 			mc.starts = append(mc.starts, c.bufs[i].Addr)
@@ -170,7 +172,7 @@ func (m *Mirror[T]) Floor(addr uint64) (v *T, pos Pos) {
 	}
 	mp := m.pages[p]
 	c := floorIndex(mp.firsts, addr)
-	mc := mp.chunks[c] // c >= 0: mp.firsts[0] is m.firsts[p]
+	mc := &mp.chunks[c] // c >= 0: mp.firsts[0] is m.firsts[p]
 	i := floorIndex(mc.starts, addr)
 	if i < 0 {
 		return nil, NoPos // the chunk's buffer at addr, if any, was not kept
@@ -191,7 +193,7 @@ func (m *Mirror[T]) At(pos Pos) *T {
 	if c >= len(mp.chunks) {
 		return nil
 	}
-	mc := mp.chunks[c]
+	mc := &mp.chunks[c]
 	i := int(pos & (1<<posChunkBits - 1))
 	if i >= len(mc.items) {
 		return nil

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"github.com/leanovate/gopter"
 	"github.com/leanovate/gopter/gen"
@@ -172,16 +173,16 @@ func sameMirror(a, b *Mirror[mirrorItem]) string {
 
 // madeChunks counts m's chunk tables that old does not hold.
 func madeChunks(m, old *Mirror[mirrorItem]) int {
-	had := map[*mirrorChunk[mirrorItem]]bool{}
+	had := map[*mirrorItem]bool{} // a chunk's table by its entries' array
 	for _, p := range old.pages {
 		for _, c := range p.chunks {
-			had[c] = true
+			had[unsafe.SliceData(c.items)] = true
 		}
 	}
 	n := 0
 	for _, p := range m.pages {
 		for _, c := range p.chunks {
-			if !had[c] {
+			if !had[unsafe.SliceData(c.items)] {
 				n++
 			}
 		}
