@@ -21,9 +21,9 @@
 // An engine publishes its buffers as copy-on-write chunks
 // ([segtable.SegmentDesc.Chunked]); [Memory] keeps them by pointer and
 // [Signed] signs only the chunks a republish changed, so a publish after
-// one registration costs the same with one buffer or many. The etcd store
-// and the [HTTP] store with its [Server] move only the chunks a republish
-// made and a header; [P2P] still sends the whole document.
+// one registration costs the same with one buffer or many. The etcd store,
+// the [HTTP] store with its [Server], and [P2P] peers' watches move only
+// the chunks a republish made and a header.
 // Stores that span machines (p2p, HTTP, etcd) implement the same interface
 // and must keep the same semantics;
 // [github.com/moonring/moonring/metadata/storetest] checks them. Where a

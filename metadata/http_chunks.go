@@ -276,8 +276,12 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 	if err != nil {
 		return peerAnswer{}, err
 	}
+	capable := resp.Header.Get(headerChunks) != ""
 	switch {
-	case resp.Header.Get(headerChunks) == "":
+	case resp.StatusCode == http.StatusNotModified && ifNoneMatch != "":
+		resp.Body.Close()
+		return peerAnswer{notModified: true}, nil
+	case !capable && resp.StatusCode != http.StatusOK:
 		// Not a server that serves headers (or not one at all): what a
 		// whole GET answers is the answer. Only a 404 or 405 says for
 		// sure that it knows no headers.
@@ -290,9 +294,6 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 		answer(resp)
 		return cw.whole(ctx, ifNoneMatch)
 	case resp.StatusCode == http.StatusOK:
-	case resp.StatusCode == http.StatusNotModified && ifNoneMatch != "":
-		resp.Body.Close()
-		return peerAnswer{notModified: true}, nil
 	case resp.StatusCode == http.StatusNotFound:
 		answer(resp)
 		cw.held = nil
@@ -307,7 +308,11 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 	}
 	if !isChunkHeader(body) {
 		cw.held = nil
-		return descAnswer(body, cw.name, etag, cw.who)
+		a, err := descAnswer(body, cw.name, etag, cw.who)
+		if err != nil && !capable {
+			return cw.whole(ctx, ifNoneMatch) // something else answered at that path
+		}
+		return a, err
 	}
 	ch, err := parseChunkHeader(cw.name, body)
 	if err != nil {

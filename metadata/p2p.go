@@ -144,6 +144,18 @@ type P2PConfig struct {
 // [Store] says, and the channel is closed when ctx is done or the store is
 // closed.
 //
+// A Chunked descriptor (an engine's, segtable.SegmentDesc.Chunked) is
+// also served as a header and chunks, in the format of a metadata
+// [Server]'s (GET /moonring/v1/segment/header, and
+// /moonring/v1/segment/chunks?epoch=E&seq=S1,S2,.., at most 256 a
+// request): a Put encodes only the chunks made since the last one of the
+// epoch (kept by seq and chunk pointer) and the header, and makes the
+// whole descriptor when a peer first asks for it. A watch of another name
+// polls the header, and after a change fetches only the chunks it does not
+// hold (same seq, hash and MAC), then assembles the flat descriptor; it
+// reads a peer that serves no header (an older engine: a 404 or 405
+// without Moonring-Chunks) whole, as before.
+//
 // The endpoint also answers GET /moonring/v1/healthz with 200 "ok", and
 // hands any other path to P2PConfig.Handler.
 //
@@ -174,7 +186,12 @@ type P2P struct {
 	desc   *segtable.SegmentDesc // published under name, or nil
 	body   []byte                // desc as served
 	etag   string                // desc's ETag: "<epoch>-<rev>"
-	rev    uint64                // counts Puts and Deletes, so ETags never repeat
+	// pub is desc as a header and chunks when it was published Chunked
+	// (p2p_chunks.go), with pre and post, the whole descriptor around its
+	// buffers; body is then nil until a peer asks for it whole.
+	pub       *chunkPub
+	pre, post []byte
+	rev       uint64 // counts Puts and Deletes, so ETags never repeat
 	// watches holds the local watches (of name); as in Memory, a watch
 	// leaves it, and its channel is closed, once, under mu.
 	watches map[*watch]struct{}
@@ -239,6 +256,8 @@ func NewP2P(cfg P2PConfig) (*P2P, error) {
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+p2pSegmentPath, p.serveSegment)
+	mux.HandleFunc("GET "+p2pHeaderPath, p.serveHeader)
+	mux.HandleFunc("GET "+p2pChunksPath, p.serveChunks)
 	mux.HandleFunc("GET "+p2pHealthPath, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok")
@@ -348,6 +367,9 @@ func (p *P2P) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if err := d.Validate(); err != nil {
 		return p.errorf("put", d.Name, err)
 	}
+	if d.Chunked != nil && d.Chunked.Count() > 0 {
+		return p.putChunked(ctx, d)
+	}
 	body, err := d.Marshal()
 	if err != nil {
 		return p.errorf("put", d.Name, fmt.Errorf("%w: %v", segtable.ErrBadDesc, err))
@@ -369,6 +391,7 @@ func (p *P2P) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	}
 	p.rev++
 	p.desc, p.body, p.etag = d, body, fmt.Sprintf(`"%d-%d"`, d.Epoch, p.rev)
+	p.pub, p.pre, p.post = nil, nil, nil
 	p.notify(d, false)
 	return nil
 }
@@ -393,6 +416,7 @@ func (p *P2P) Delete(ctx context.Context, name string, epoch uint64) error {
 	}
 	p.rev++
 	p.desc, p.body, p.etag = nil, nil, ""
+	p.pub, p.pre, p.post = nil, nil, nil
 	p.notify(old, true)
 	return nil
 }
@@ -420,7 +444,7 @@ func (p *P2P) Watch(ctx context.Context, name string) (<-chan Event, error) {
 
 	wctx, stop := p.join(ctx)
 	w := &pollWatch{
-		fetch: func(ctx context.Context, inm string) (peerAnswer, error) { return p.fetch(ctx, u, name, inm) },
+		fetch: p.chunkWatch(u, name).fetch,
 		poll:  p.poll, done: p.remote.Done, ch: make(chan Event, 1),
 	}
 	w.step(wctx)
@@ -483,6 +507,7 @@ func (p *P2P) Close() error {
 	}
 	p.watches = nil
 	p.desc, p.body, p.etag = nil, nil, ""
+	p.pub, p.pre, p.post = nil, nil, nil
 	p.mu.Unlock()
 
 	p.cancel()
@@ -502,11 +527,10 @@ func (p *P2P) Close() error {
 // serveSegment answers GET /moonring/v1/segment with the published
 // descriptor, or 304 when the asker's copy is current, or 404.
 func (p *P2P) serveSegment(w http.ResponseWriter, r *http.Request) {
-	p.mu.Lock()
-	body, etag := p.body, p.etag // never modified in place: Put replaces them
-	p.mu.Unlock()
+	body, etag := p.wholeBody() // never modified in place: Put replaces them
 	h := w.Header()
 	h.Set("Cache-Control", "no-cache")
+	h.Set(headerChunks, "1")
 	if body == nil {
 		http.Error(w, "no segment published", http.StatusNotFound)
 		return
