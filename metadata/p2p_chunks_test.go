@@ -2,12 +2,15 @@ package metadata_test
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/storetest"
+	"github.com/moonring/moonring/segtable"
 )
 
 // countTransport counts a client's requests by kind (reqKind of the path
@@ -112,4 +115,49 @@ func TestP2PChunks(t *testing.T) {
 		ev = next(t, ch)
 	}
 	sameJSON(t, "watch after a flat Put", ev.Desc, f)
+}
+
+// chunking is a store whose Puts hand the wrapped store Chunked
+// descriptors, as an engine does: the suite's flat descriptors cut into
+// chunks (a deep copy: the caller's stays the caller's).
+type chunking struct{ metadata.Store }
+
+func (c chunking) Put(ctx context.Context, d *segtable.SegmentDesc) error {
+	if d == nil || d.Validate() != nil || d.Chunked != nil || len(d.Buffers) == 0 {
+		return c.Store.Put(ctx, d)
+	}
+	cd := d.Clone()
+	cs, err := segtable.NewBufferChunks(cd.Buffers)
+	if err != nil {
+		return c.Store.Put(ctx, d)
+	}
+	cd.Buffers, cd.Chunks, cd.Chunked = nil, nil, cs
+	return c.Store.Put(ctx, cd)
+}
+
+// TestChunksSuite runs the store suite with Chunked Puts: through an HTTP
+// store and its server, and through P2P, read locally and by a peer.
+func TestChunksSuite(t *testing.T) {
+	t.Run("HTTP", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) metadata.Store {
+			_, url := startServer(t, metadata.ServerConfig{Dir: t.TempDir()})
+			return chunking{newHTTP(t, url, 0)}
+		})
+	})
+	t.Run("HTTPTwoClients", func(t *testing.T) {
+		var url string
+		storetest.RunOptions(t, func(t *testing.T) metadata.Store {
+			_, url = startServer(t, metadata.ServerConfig{})
+			return chunking{newHTTP(t, url, 0)}
+		}, storetest.Options{Peer: func(t *testing.T, _ metadata.Store) metadata.Store { return newHTTP(t, url, 0) }})
+	})
+	own := func(s metadata.Store) string { return s.(chunking).Store.(*metadata.P2P).Name() }
+	newStore := func(t *testing.T) metadata.Store { return chunking{newP2P(t, metadata.P2PConfig{})} }
+	t.Run("P2PLocal", func(t *testing.T) {
+		storetest.RunOptions(t, newStore, storetest.Options{OwnName: own})
+	})
+	t.Run("P2PRemote", func(t *testing.T) {
+		storetest.RunOptions(t, newStore, storetest.Options{OwnName: own,
+			Peer: func(t *testing.T, _ metadata.Store) metadata.Store { return newP2P(t, metadata.P2PConfig{}) }})
+	})
 }
