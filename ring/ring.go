@@ -295,7 +295,7 @@ type request struct {
 	deadline    int64
 	bytes       uint64
 	handle      uint64
-	rindex      uint32 // the remote buffer's index, as Resolve found it (transport.Slice.RemoteIndex)
+	rindex      uint32 // the remote buffer's position (a segtable.Pos), as Resolve found it (transport.Slice.RemoteIndex)
 	nslices     uint32
 	posted      uint32 // next slice to post
 	done        uint32 // slices completed
