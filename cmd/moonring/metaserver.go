@@ -60,7 +60,10 @@ goes; names created without a token stay open to anyone unless
 network, serve https (--tls-cert and --tls-key) and give the engines an
 https:// URL.
 
-Limits: descriptors over --max-descriptor are refused (413); a PUT past
+Limits: descriptors over --max-descriptor are refused (413), and so are
+an engine's descriptor sent as chunks (a header and a chunk per 32
+buffers, so that a republish moves one chunk) whose header or a chunk is
+over it, or whose chunks add up to more than --max-chunked; a PUT past
 --max-names names or --max-bytes bytes of descriptors is refused (429);
 connections past --max-conns are closed at once. Refusals are logged on
 stderr at most once every ten seconds per kind.
@@ -89,6 +92,7 @@ func metaServer(args []string, out io.Writer) error {
 	maxDesc := fs.String("max-descriptor", "1M", "the largest descriptor a PUT may send (bytes, or K, M, G suffixes in either case)")
 	maxNames := fs.Int("max-names", metadata.DefaultMaxNames, "the most names the server holds")
 	maxBytes := fs.String("max-bytes", "256M", "the most bytes of descriptors the server holds (K, M, G suffixes in either case)")
+	maxChunked := fs.String("max-chunked", "64M", "the most bytes one descriptor sent as chunks may hold, header and chunks (K, M, G suffixes in either case)")
 	maxConns := fs.Int("max-conns", metadata.DefaultMaxConns, "the most connections open at once")
 	tlsCert := fs.String("tls-cert", "", "serve https with this certificate (PEM; with --tls-key)")
 	tlsKey := fs.String("tls-key", "", "the private key of --tls-cert (PEM)")
@@ -117,8 +121,8 @@ func metaServer(args []string, out io.Writer) error {
 	if *maxNames <= 0 || *maxConns <= 0 {
 		return errors.New("metadata-server: --max-names and --max-conns must be positive")
 	}
-	var sizes [2]int
-	for i, s := range []string{*maxDesc, *maxBytes} {
+	var sizes [3]int
+	for i, s := range []string{*maxDesc, *maxBytes, *maxChunked} {
 		v, err := parseSize(s)
 		if err != nil {
 			return fmt.Errorf("metadata-server: %w", err)
@@ -137,6 +141,7 @@ func metaServer(args []string, out io.Writer) error {
 		RequireOwner:  *requireOwner,
 		MaxDescriptor: sizes[0],
 		MaxBytes:      int64(sizes[1]),
+		MaxChunked:    int64(sizes[2]),
 		MaxNames:      *maxNames,
 		MaxConns:      *maxConns,
 		Logf:          logger.Printf,
