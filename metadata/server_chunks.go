@@ -317,6 +317,16 @@ func (s *Server) servePutChunk(w http.ResponseWriter, r *http.Request) {
 		s.chunkRefusal(w, r, name, http.StatusTooManyRequests, fmt.Sprintf("this server holds %d bytes of descriptors; %d more would pass its most, %d (MaxBytes)", s.bytes, len(body), s.maxBytes))
 		return
 	}
+	if s.dir != "" {
+		// A header that dropped a chunk of this id (a concurrent upload of
+		// the same chunk) may have removed the file since it was written.
+		if _, err := os.Stat(filepath.Join(s.dir, chunkFile(name, c.id))); err != nil {
+			if err := s.persistChunk(name, c); err != nil {
+				http.Error(w, "saving the chunk: "+err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+	}
 	if nc == nil {
 		nc = &nameChunks{byID: make(map[chunkID]*srvChunk)}
 		s.chunks[name] = nc
