@@ -98,7 +98,8 @@ const (
 // default; a negative one is refused by NewServer.
 type ServerConfig struct {
 	// Dir, when not empty, is the directory (created if missing) where
-	// the server keeps its descriptors, one file each, written atomically
+	// the server keeps its descriptors, one file each (and a file per
+	// chunk of one sent as chunks), written atomically
 	// at every change of that descriptor and read back by NewServer, so
 	// that a restarted server still holds them (see [Server]). One
 	// server at a time may use a Dir.
