@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/moonring/moonring/metadata/internal/chunkwire"
 	"github.com/moonring/moonring/segtable"
 )
 
@@ -69,16 +70,14 @@ func newChunkPub(d *segtable.SegmentDesc, sent map[uint64]*sentChunk, max int) (
 	if c := cs.Count(); c > maxEntryChunks {
 		return nil, nil, fmt.Errorf("%w: %d chunks, more than the %d a header lists", segtable.ErrBadDesc, c, maxEntryChunks)
 	}
-	hd := chunkHeader{Layout: chunkLayout, Signed: cs.Signed(), Desc: *d, Chunks: make([]headerChunk, 0, cs.Count())}
-	hd.Desc.Buffers, hd.Desc.Chunks, hd.Desc.Chunked = nil, nil, nil
+	hd := chunkwire.NewHeader(d)
 	pub := &chunkPub{epoch: d.Epoch, chunks: make([]*sentChunk, 0, cs.Count()), bySeq: make(map[uint64]*sentChunk, cs.Count())}
 	var err error
 	cs.EachChunk(func(info segtable.ChunkInfo, bufs []segtable.BufferDesc) bool {
 		c := sent[info.Seq]
 		if c == nil || c.first != &bufs[0] || c.n != len(bufs) {
 			var v []byte
-			if v, err = json.Marshal(bufs); err != nil {
-				err = fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
+			if v, err = chunkwire.Encode(bufs); err != nil {
 				return false
 			}
 			if len(v) > max {
@@ -323,7 +322,7 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 	}
 	var want []headerChunk
 	for _, c := range ch.Chunks {
-		if hc, ok := cw.held[c.Seq]; !ok || hc.sum != c.Sum || hc.mac != c.MAC || len(hc.bufs) != c.N {
+		if hc, ok := cw.held[c.Seq]; !ok || !hc.Matches(c) {
 			want = append(want, c)
 		}
 	}
@@ -398,7 +397,7 @@ func (cw *chunkWatch) fetchChunks(ctx context.Context, epoch uint64, batch []hea
 		if len(bufs) != c.N {
 			return fmt.Errorf("%w: %s's chunk %d holds %d buffers, its header says %d", segtable.ErrBadDesc, cw.who, c.Seq, len(bufs), c.N)
 		}
-		got[c.Seq] = heldChunk{sum: c.Sum, mac: c.MAC, bufs: bufs}
+		got[c.Seq] = heldChunk{Sum: c.Sum, MAC: c.MAC, Bufs: bufs}
 	}
 	return nil
 }

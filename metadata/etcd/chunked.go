@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,21 +19,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/internal/chunkwire"
 	"github.com/moonring/moonring/segtable"
 )
 
 const (
-	// chunkLayout marks a header: the value of a segment's key that lists
-	// the descriptor's chunks, each under a key of its own. A value without
-	// it is a whole descriptor (the flat layout).
-	chunkLayout = "moonring-chunks/1"
-	// maxChunks bounds the chunks a header may list (4M buffers in full
-	// chunks; the header of that many is past etcd's request limit
-	// anyway): a header that lists more is refused.
-	maxChunks = 1 << 17
-	// maxChunkBuffers bounds the buffers of one chunk a reader takes (a
-	// publisher's hold segtable.ChunkSize).
-	maxChunkBuffers = 1024
+	maxChunks = chunkwire.MaxChunks
 	// maxChunkBytes bounds the encoding of one chunk, written or read.
 	maxChunkBytes = 1 << 20
 	// maxTxnOps and maxTxnBytes bound one transaction of chunk writes,
@@ -56,37 +46,18 @@ const (
 // the header's revision.
 var errMissing = errors.New("a chunk the header lists is missing")
 
-// chunkHeader is the value of a segment's key in the per-chunk layout.
-// Layout comes first, so that isHeader needs no decoding.
-type chunkHeader struct {
-	Layout string `json:"layout"`
-	// Signed: Desc.Chunks of the flat descriptor are Chunks (with their
-	// MACs); unsigned, the flat descriptor has none.
-	Signed bool `json:"signed,omitempty"`
-	// Desc is the descriptor without its buffers (Buffers, Chunks nil).
-	Desc segtable.SegmentDesc `json:"desc"`
-	// Chunks lists the chunks in address order.
-	Chunks []headerChunk `json:"chunks"`
-}
-
-// headerChunk is one chunk a header lists: its sequence number, its
-// number of buffers, the FNV-1a hash of its key's value and, signed, its
-// MAC. The hash tells a reader that holds a chunk of that seq whether it
-// is this one (a seq is a chunk's only within a publisher's ChunkList: a
-// flat descriptor's chunks are numbered from 1 on every publish), and
-// finds a value torn or changed; it authenticates nothing (the MACs do).
-type headerChunk struct {
-	Seq uint64 `json:"s"`
-	N   int    `json:"n"`
-	Sum uint64 `json:"h"`
-	MAC string `json:"m,omitempty"`
-}
-
-var headerMark = []byte(`{"layout":"` + chunkLayout + `"`)
+// The layout's pieces (package chunkwire, shared with the HTTP server's
+// format): a header under the segment's key, lists the chunks, each under
+// a key of its own.
+type (
+	chunkHeader = chunkwire.Header
+	headerChunk = chunkwire.Chunk
+	readChunk   = chunkwire.Held
+)
 
 // isHeader reports whether value, read under a segment's key, is a header
 // of the per-chunk layout.
-func isHeader(value []byte) bool { return bytes.HasPrefix(value, headerMark) }
+func isHeader(value []byte) bool { return chunkwire.IsHeader(value) }
 
 // chunkBase returns the prefix of every chunk key of name: a subtree of
 // its own beside the segments' keys (a NUL no name starts with, see Put),
@@ -114,7 +85,7 @@ type chunkEntry struct {
 	first *segtable.BufferDesc
 	n     int
 	value []byte
-	sum   uint64 // fnv64a(value)
+	sum   uint64 // chunkwire.Sum(value)
 	// lease is the lease the chunk was last written under, 0 when it is
 	// not known to be in etcd. Guarded by the name's sem.
 	lease clientv3.LeaseID
@@ -137,8 +108,7 @@ func (e *Store) chunkedPub(n *etcdName, d *segtable.SegmentDesc) (*publication, 
 	if c := cs.Count(); c > maxChunks {
 		return nil, fmt.Errorf("%w: %d chunks, more than the %d etcd's layout takes", segtable.ErrBadDesc, c, maxChunks)
 	}
-	h := chunkHeader{Layout: chunkLayout, Signed: cs.Signed(), Desc: *d, Chunks: make([]headerChunk, 0, cs.Count())}
-	h.Desc.Buffers, h.Desc.Chunks, h.Desc.Chunked = nil, nil, nil
+	h := chunkwire.NewHeader(d)
 	cache := n.cache
 	if n.cacheEpoch != d.Epoch {
 		cache = nil
@@ -149,15 +119,14 @@ func (e *Store) chunkedPub(n *etcdName, d *segtable.SegmentDesc) (*publication, 
 		c := cache[info.Seq]
 		if c == nil || c.first != &bufs[0] || c.n != len(bufs) || c.value == nil {
 			var v []byte
-			if v, err = json.Marshal(bufs); err != nil {
-				err = fmt.Errorf("%w: %v", segtable.ErrBadDesc, err)
+			if v, err = chunkwire.Encode(bufs); err != nil {
 				return false
 			}
 			if len(v) > maxChunkBytes {
 				err = fmt.Errorf("%w: chunk %d encodes to %d bytes, over %d", segtable.ErrBadDesc, info.Seq, len(v), maxChunkBytes)
 				return false
 			}
-			c = &chunkEntry{seq: info.Seq, first: &bufs[0], n: len(bufs), value: v, sum: fnv64a(v)}
+			c = &chunkEntry{seq: info.Seq, first: &bufs[0], n: len(bufs), value: v, sum: chunkwire.Sum(v)}
 		}
 		h.Chunks = append(h.Chunks, headerChunk{Seq: info.Seq, N: info.N, Sum: c.sum, MAC: info.MAC})
 		pub.chunks = append(pub.chunks, c)
@@ -439,57 +408,19 @@ func valueEpoch(value []byte) (uint64, error) {
 	return h.Desc.Epoch, nil
 }
 
-// parseHeader decodes and checks a header read under name's key.
+// parseHeader decodes and checks a header read under name's key
+// (chunkwire.ParseHeader).
 func parseHeader(name string, value []byte) (*chunkHeader, error) {
-	h := new(chunkHeader)
-	if err := json.Unmarshal(value, h); err != nil {
-		return nil, fmt.Errorf("%w: etcd's header: %v", segtable.ErrBadDesc, err)
-	}
-	switch {
-	case h.Layout != chunkLayout:
-		return nil, fmt.Errorf("%w: layout %q", segtable.ErrBadDesc, h.Layout)
-	case h.Desc.Buffers != nil || h.Desc.Chunks != nil:
-		return nil, fmt.Errorf("%w: a header with buffers", segtable.ErrBadDesc)
-	case len(h.Chunks) > maxChunks:
-		return nil, fmt.Errorf("%w: a header of %d chunks, over %d", segtable.ErrBadDesc, len(h.Chunks), maxChunks)
-	}
-	if err := h.Desc.Validate(); err != nil {
-		return nil, err
-	}
-	if h.Desc.Name != name {
-		return nil, fmt.Errorf("%w: etcd holds segment %q under that name", segtable.ErrBadDesc, h.Desc.Name)
-	}
-	for _, c := range h.Chunks {
-		if c.N < 1 || c.N > maxChunkBuffers {
-			return nil, fmt.Errorf("%w: chunk %d of %d buffers", segtable.ErrBadDesc, c.Seq, c.N)
-		}
-	}
-	return h, nil
+	return chunkwire.ParseHeader(name, value)
 }
 
-// readChunk is one chunk as a reader holds it.
-type readChunk struct {
-	sum  uint64
-	mac  string
-	bufs []segtable.BufferDesc
-}
-
-// decodeChunk decodes the value of the chunk key of c.
+// decodeChunk decodes the value of the chunk key of c
+// (chunkwire.DecodeListed), at most maxChunkBytes.
 func decodeChunk(c headerChunk, value []byte) (readChunk, error) {
 	if len(value) > maxChunkBytes {
 		return readChunk{}, fmt.Errorf("%w: chunk %d of %d bytes", segtable.ErrBadDesc, c.Seq, len(value))
 	}
-	if sum := fnv64a(value); sum != c.Sum {
-		return readChunk{}, fmt.Errorf("%w: chunk %d hashes to %#x, its header says %#x", segtable.ErrBadDesc, c.Seq, sum, c.Sum)
-	}
-	var bufs []segtable.BufferDesc
-	if err := json.Unmarshal(value, &bufs); err != nil {
-		return readChunk{}, fmt.Errorf("%w: chunk %d: %v", segtable.ErrBadDesc, c.Seq, err)
-	}
-	if len(bufs) != c.N {
-		return readChunk{}, fmt.Errorf("%w: chunk %d holds %d buffers, its header says %d", segtable.ErrBadDesc, c.Seq, len(bufs), c.N)
-	}
-	return readChunk{sum: c.Sum, mac: c.MAC, bufs: bufs}, nil
+	return chunkwire.DecodeListed(c, value)
 }
 
 // fetch reads, at revision rev, the chunks h lists that have holds not
@@ -574,70 +505,7 @@ func (e *Store) fetch(ctx context.Context, name string, h *chunkHeader, rev int6
 }
 
 // assemble returns the flat descriptor of h with the buffers chunk
-// returns for each chunk it lists (the chunks must all be there): the
-// descriptor the flat layout would hold, decoded (as UnmarshalDesc
-// does, validated). The buffers' Keys maps are copied when clone is set.
+// returns for each chunk it lists (chunkwire.Assemble).
 func assemble(h *chunkHeader, chunk func(seq uint64) readChunk, clone bool) (*segtable.SegmentDesc, error) {
-	d := h.Desc
-	d.Endpoints = cloneMap(h.Desc.Endpoints)
-	d.Devices = slices.Clone(h.Desc.Devices)
-	total := 0
-	for _, c := range h.Chunks {
-		total += c.N
-	}
-	d.Buffers = make([]segtable.BufferDesc, 0, total)
-	if h.Signed && len(h.Chunks) > 0 {
-		d.Chunks = make([]segtable.ChunkInfo, len(h.Chunks))
-	}
-	for i, c := range h.Chunks {
-		bufs := chunk(c.Seq).bufs
-		if len(bufs) != c.N {
-			return nil, fmt.Errorf("%w: chunk %d holds %d buffers, its header says %d", segtable.ErrBadDesc, c.Seq, len(bufs), c.N)
-		}
-		for _, b := range bufs {
-			if clone {
-				b.Keys = cloneMap(b.Keys)
-			}
-			d.Buffers = append(d.Buffers, b)
-		}
-		if d.Chunks != nil {
-			d.Chunks[i] = segtable.ChunkInfo{Seq: c.Seq, N: c.N, MAC: c.MAC}
-		}
-	}
-	// What UnmarshalDesc does to a flat value: sort, then validate.
-	if !slices.IsSortedFunc(d.Buffers, func(a, b segtable.BufferDesc) int { return cmpAddr(a.Addr, b.Addr) }) {
-		slices.SortStableFunc(d.Buffers, func(a, b segtable.BufferDesc) int { return cmpAddr(a.Addr, b.Addr) })
-	}
-	if err := d.Validate(); err != nil {
-		return nil, err
-	}
-	return &d, nil
-}
-
-// fnv64a returns the 64-bit FNV-1a hash of b.
-func fnv64a(b []byte) uint64 {
-	h := fnv.New64a()
-	h.Write(b)
-	return h.Sum64()
-}
-
-func cmpAddr(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func cloneMap(m map[string]string) map[string]string {
-	if m == nil {
-		return nil
-	}
-	c := make(map[string]string, len(m))
-	for k, v := range m {
-		c[k] = v
-	}
-	return c
+	return chunkwire.Assemble(h, chunk, clone)
 }

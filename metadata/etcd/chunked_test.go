@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/metadata/etcd"
 	"github.com/moonring/moonring/metadata/etcdtest"
+	"github.com/moonring/moonring/metadata/internal/chunkwire"
 	"github.com/moonring/moonring/segtable"
 )
 
@@ -127,12 +127,8 @@ func countKeys(t testing.TB, raw *clientv3.Client, prefix string, rev int64) (al
 	return all, int64(len(resp.Kvs))
 }
 
-// fnv64a is the hash a header gives each chunk.
-func fnv64a(b []byte) uint64 {
-	h := fnv.New64a()
-	h.Write(b)
-	return h.Sum64()
-}
+// chunkSum is the sum a header gives each chunk (chunkwire.Sum).
+func chunkSum(b []byte) uint64 { return chunkwire.Sum(b) }
 
 func currentRev(t testing.TB, raw *clientv3.Client) int64 {
 	t.Helper()
@@ -178,13 +174,13 @@ func testChunkedBad(t *testing.T, ep string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := header("b", fmt.Sprintf(`{"s":7,"n":1,"h":%d}`, fnv64a([]byte(one))))
+	good := header("b", fmt.Sprintf(`{"s":7,"n":1,"h":%d}`, chunkSum([]byte(one))))
 	for i, v := range []string{
 		good,
 		header("b", `{"s":8,"n":1,"h":0}`),
-		header("b", fmt.Sprintf(`{"s":7,"n":2,"h":%d}`, fnv64a([]byte(one)))),
-		header("b", fmt.Sprintf(`{"s":7,"n":5000,"h":%d}`, fnv64a([]byte(one)))),
-		header("c", fmt.Sprintf(`{"s":7,"n":1,"h":%d}`, fnv64a([]byte(one)))),
+		header("b", fmt.Sprintf(`{"s":7,"n":2,"h":%d}`, chunkSum([]byte(one)))),
+		header("b", fmt.Sprintf(`{"s":7,"n":5000,"h":%d}`, chunkSum([]byte(one)))),
+		header("c", fmt.Sprintf(`{"s":7,"n":1,"h":%d}`, chunkSum([]byte(one)))),
 		`{"layout":"moonring-chunks/1","desc":`,
 	} {
 		if _, err := raw.Put(ctx, prefix+"b", v); err != nil {
@@ -516,7 +512,7 @@ func testChunkedSigned(t *testing.T, ep string) {
 				t.Fatal(err)
 			}
 			first := hv["chunks"].([]any)[0].(map[string]any)
-			first["h"] = json.Number(fmt.Sprint(fnv64a(forged)))
+			first["h"] = json.Number(fmt.Sprint(chunkSum(forged)))
 			hb, err := json.Marshal(hv)
 			if err != nil {
 				t.Fatal(err)

@@ -964,7 +964,7 @@ func (w *etcdWatch) assemble(ctx context.Context, value []byte, rev int64) (*seg
 	}
 	have := func(c headerChunk) bool {
 		rc, ok := w.chunks[c.Seq]
-		return ok && len(rc.bufs) == c.N && rc.sum == c.Sum && rc.mac == c.MAC
+		return ok && rc.Matches(c)
 	}
 	cctx, stop := context.WithTimeout(ctx, w.e.timeout)
 	defer stop()
