@@ -345,26 +345,11 @@ func (s *Server) servePutChunk(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) servePutHeader(w http.ResponseWriter, r *http.Request) {
-	name, ok := s.begin(w, r)
+	p, ok := s.readPutRequest(w, r)
 	if !ok {
 		return
 	}
-	ttl, err := s.parseTTL(r.Header.Get(headerTTL))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	renew := false
-	if v := r.Header.Get(headerRenew); v != "" {
-		if renew, err = strconv.ParseBool(v); err != nil {
-			http.Error(w, fmt.Sprintf("%s %q is not a boolean", headerRenew, v), http.StatusBadRequest)
-			return
-		}
-	}
-	tok, present, body, ok := s.readPut(w, r, name)
-	if !ok {
-		return
-	}
+	name, ttl, renew, tok, present, body := p.name, p.ttl, p.renew, p.tok, p.present, p.body
 	ch, err := parseChunkHeader(name, body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -447,22 +432,12 @@ func (s *Server) servePutHeader(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	switch {
-	case tok != nil:
-		e.owner, e.bound = hashToken(tok), true
-	case old != nil:
-		e.owner, e.bound = old.owner, old.bound
+	if !s.admit(w, r, name, e, old, tok) {
+		return
 	}
 	var oldLen int64
 	if old != nil {
 		oldLen = old.size()
-	}
-	if old == nil && len(s.entries) >= s.maxNames {
-		s.stats.tooManyNames.Add(1)
-		msg := fmt.Sprintf("this server holds %d names, its most (MaxNames)", len(s.entries))
-		s.namesLog.printf("refused PUT of segment %q from %s (429): %s", name, r.RemoteAddr, msg)
-		http.Error(w, msg, http.StatusTooManyRequests)
-		return
 	}
 	if held := nc.bytes + e.size(); held > s.maxChunked {
 		s.chunkRefusal(w, r, name, http.StatusRequestEntityTooLarge, fmt.Sprintf("segment %q would hold %d bytes, more than %d (this server's MaxChunked)", name, held, s.maxChunked))

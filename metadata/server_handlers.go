@@ -133,26 +133,11 @@ func (s *Server) authorizeNow(name string, tok []byte, present bool) refusal {
 }
 
 func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
-	name, ok := s.begin(w, r)
+	p, ok := s.readPutRequest(w, r)
 	if !ok {
 		return
 	}
-	ttl, err := s.parseTTL(r.Header.Get(headerTTL))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	renew := false
-	if v := r.Header.Get(headerRenew); v != "" {
-		if renew, err = strconv.ParseBool(v); err != nil {
-			http.Error(w, fmt.Sprintf("%s %q is not a boolean", headerRenew, v), http.StatusBadRequest)
-			return
-		}
-	}
-	tok, present, body, ok := s.readPut(w, r, name)
-	if !ok {
-		return
-	}
+	name, ttl, renew, tok, present, body := p.name, p.ttl, p.renew, p.tok, p.present, p.body
 	d, err := segtable.UnmarshalDesc(body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -197,22 +182,12 @@ func (s *Server) servePut(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	switch {
-	case tok != nil:
-		e.owner, e.bound = hashToken(tok), true
-	case old != nil:
-		e.owner, e.bound = old.owner, old.bound
+	if !s.admit(w, r, name, e, old, tok) {
+		return
 	}
 	var oldLen int64
 	if old != nil {
 		oldLen = old.size()
-	}
-	if old == nil && len(s.entries) >= s.maxNames {
-		s.stats.tooManyNames.Add(1)
-		msg := fmt.Sprintf("this server holds %d names, its most (MaxNames)", len(s.entries))
-		s.namesLog.printf("refused PUT of segment %q from %s (429): %s", name, r.RemoteAddr, msg)
-		http.Error(w, msg, http.StatusTooManyRequests)
-		return
 	}
 	if grow := int64(len(e.body)) - oldLen; grow > 0 && s.bytes+grow > s.maxBytes {
 		s.stats.tooManyBytes.Add(1)
@@ -255,6 +230,59 @@ func (s *Server) renewEntry(w http.ResponseWriter, name string, old *serverEntry
 	}
 	w.Header().Set("ETag", old.etag)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// putRequest is what a PUT of a descriptor or a header asks: the name,
+// the time to live, whether it renews, and the credential and body
+// readPut read.
+type putRequest struct {
+	name    string
+	ttl     time.Duration
+	renew   bool
+	tok     []byte
+	present bool
+	body    []byte
+}
+
+// readPutRequest reads a PUT of a descriptor or a header up to its body
+// (readPut), or answers it and reports false.
+func (s *Server) readPutRequest(w http.ResponseWriter, r *http.Request) (p putRequest, ok bool) {
+	if p.name, ok = s.begin(w, r); !ok {
+		return p, false
+	}
+	var err error
+	if p.ttl, err = s.parseTTL(r.Header.Get(headerTTL)); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return p, false
+	}
+	if v := r.Header.Get(headerRenew); v != "" {
+		if p.renew, err = strconv.ParseBool(v); err != nil {
+			http.Error(w, fmt.Sprintf("%s %q is not a boolean", headerRenew, v), http.StatusBadRequest)
+			return p, false
+		}
+	}
+	p.tok, p.present, p.body, ok = s.readPut(w, r, p.name)
+	return p, ok
+}
+
+// admit binds e, about to replace old (nil: none) under name, to its
+// owner (tok's, or old's), and checks that a new name is within
+// MaxNames, else answers 429 and reports false; s.mu is held.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, name string, e, old *serverEntry, tok []byte) bool {
+	switch {
+	case tok != nil:
+		e.owner, e.bound = hashToken(tok), true
+	case old != nil:
+		e.owner, e.bound = old.owner, old.bound
+	}
+	if old == nil && len(s.entries) >= s.maxNames {
+		s.stats.tooManyNames.Add(1)
+		msg := fmt.Sprintf("this server holds %d names, its most (MaxNames)", len(s.entries))
+		s.namesLog.printf("refused PUT of segment %q from %s (429): %s", name, r.RemoteAddr, msg)
+		http.Error(w, msg, http.StatusTooManyRequests)
+		return false
+	}
+	return true
 }
 
 // readPut checks the owner token of a PUT about name (a descriptor, a
