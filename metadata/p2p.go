@@ -377,7 +377,13 @@ func (p *P2P) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if len(body) > p2pMaxDesc {
 		return p.errorf("put", d.Name, fmt.Errorf("%w: %d bytes of JSON, peers accept at most %d", segtable.ErrBadDesc, len(body), p2pMaxDesc))
 	}
-	d = d.Clone()
+	return p.publish(ctx, d.Clone(), body, nil, nil, nil)
+}
+
+// publish makes d, the store's own copy, the published descriptor: body
+// its whole encoding, or (body nil) pub its chunks and header with pre
+// and post the whole document's around them (see wholeParts).
+func (p *P2P) publish(ctx context.Context, d *segtable.SegmentDesc, body []byte, pub *chunkPub, pre, post []byte) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.check(ctx, "put", d.Name); err != nil {
@@ -391,7 +397,7 @@ func (p *P2P) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	}
 	p.rev++
 	p.desc, p.body, p.etag = d, body, fmt.Sprintf(`"%d-%d"`, d.Epoch, p.rev)
-	p.pub, p.pre, p.post = nil, nil, nil
+	p.pub, p.pre, p.post = pub, pre, post
 	p.notify(d, false)
 	return nil
 }

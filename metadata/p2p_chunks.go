@@ -44,23 +44,7 @@ func (p *P2P) putChunked(ctx context.Context, d *segtable.SegmentDesc) error {
 	if err != nil {
 		return p.errorf("put", d.Name, err)
 	}
-	d = d.CloneShared()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.check(ctx, "put", d.Name); err != nil {
-		return err
-	}
-	if d.Name != p.name {
-		return p.errorf("put", d.Name, fmt.Errorf("%w: a p2p store publishes only its own segment, %q", ErrNotOwner, p.name))
-	}
-	if p.desc != nil && p.desc.Epoch != d.Epoch {
-		return p.errorf("put", d.Name, fmt.Errorf("%w: held by epoch %d, not %d", ErrExists, p.desc.Epoch, d.Epoch))
-	}
-	p.rev++
-	p.desc, p.body, p.etag = d, nil, fmt.Sprintf(`"%d-%d"`, d.Epoch, p.rev)
-	p.pub, p.pre, p.post = pub, pre, post
-	p.notify(d, false)
-	return nil
+	return p.publish(ctx, d.CloneShared(), nil, pub, pre, post)
 }
 
 // wholeBody returns what serveSegment serves: the whole descriptor, made
