@@ -12,6 +12,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
 
 	"github.com/moonring/moonring/metadata/internal/chunkwire"
 	"github.com/moonring/moonring/segtable"
@@ -87,4 +90,52 @@ func canonicalChunk(value []byte, bufs []segtable.BufferDesc) error {
 // returns for each chunk it lists, the caller's own (chunkwire.Assemble).
 func assembleChunks(h *chunkHeader, chunk func(seq uint64) heldChunk) (*segtable.SegmentDesc, error) {
 	return chunkwire.Assemble(h, chunk, true)
+}
+
+// chunkQuery reads the epoch and the chunk numbers of a GET of chunks
+// (?epoch=E&seq=S1,S2,..., at most chunkFetchBatch), or answers 400 and
+// reports false.
+func chunkQuery(w http.ResponseWriter, r *http.Request) (epoch uint64, seqs []uint64, ok bool) {
+	q := r.URL.Query()
+	epoch, err := strconv.ParseUint(q.Get("epoch"), 10, 64)
+	if err != nil {
+		http.Error(w, "bad epoch", http.StatusBadRequest)
+		return 0, nil, false
+	}
+	list := strings.Split(q.Get("seq"), ",")
+	if len(list) > chunkFetchBatch {
+		http.Error(w, fmt.Sprintf("more than %d chunks asked for", chunkFetchBatch), http.StatusBadRequest)
+		return 0, nil, false
+	}
+	seqs = make([]uint64, len(list))
+	for i, v := range list {
+		if seqs[i], err = strconv.ParseUint(v, 10, 64); err != nil {
+			http.Error(w, fmt.Sprintf("bad chunk sequence number %q", v), http.StatusBadRequest)
+			return 0, nil, false
+		}
+	}
+	return epoch, seqs, true
+}
+
+// writeChunks answers a GET of chunks with the JSON array of n chunks'
+// encodings, value(i) the i-th, and etag.
+func writeChunks(w http.ResponseWriter, etag string, n int, value func(i int) []byte) {
+	size := 2
+	for i := range n {
+		size += len(value(i)) + 1
+	}
+	b := make([]byte, 0, size)
+	b = append(b, '[')
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, value(i)...)
+	}
+	b = append(b, ']')
+	h := w.Header()
+	h.Set("ETag", etag)
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.Write(b)
 }

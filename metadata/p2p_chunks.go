@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/moonring/moonring/segtable"
 )
@@ -104,15 +103,8 @@ func (p *P2P) serveChunks(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Cache-Control", "no-cache")
 	h.Set(headerChunks, "1")
-	q := r.URL.Query()
-	epoch, err := strconv.ParseUint(q.Get("epoch"), 10, 64)
-	if err != nil {
-		http.Error(w, "bad epoch", http.StatusBadRequest)
-		return
-	}
-	list := strings.Split(q.Get("seq"), ",")
-	if len(list) > chunkFetchBatch {
-		http.Error(w, fmt.Sprintf("more than %d chunks asked for", chunkFetchBatch), http.StatusBadRequest)
+	epoch, seqs, ok := chunkQuery(w, r)
+	if !ok {
 		return
 	}
 	p.mu.Lock()
@@ -122,35 +114,14 @@ func (p *P2P) serveChunks(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("no chunk of epoch %d published", epoch), http.StatusNotFound)
 		return
 	}
-	n := 2
-	chunks := make([]*sentChunk, len(list))
-	for i, v := range list {
-		seq, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			http.Error(w, fmt.Sprintf("bad chunk sequence number %q", v), http.StatusBadRequest)
-			return
-		}
-		c := pub.bySeq[seq]
-		if c == nil {
+	chunks := make([]*sentChunk, len(seqs))
+	for i, seq := range seqs {
+		if chunks[i] = pub.bySeq[seq]; chunks[i] == nil {
 			http.Error(w, fmt.Sprintf("no chunk %d published", seq), http.StatusNotFound)
 			return
 		}
-		chunks[i] = c
-		n += len(c.value) + 1
 	}
-	b := make([]byte, 0, n)
-	b = append(b, '[')
-	for i, c := range chunks {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, c.value...)
-	}
-	b = append(b, ']')
-	h.Set("ETag", etag)
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(b)))
-	w.Write(b)
+	writeChunks(w, etag, len(chunks), func(i int) []byte { return chunks[i].value })
 }
 
 // chunkWatch returns a reader of the descriptor of name from the peer at

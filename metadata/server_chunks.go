@@ -16,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/moonring/moonring/segtable"
@@ -511,23 +510,9 @@ func (s *Server) serveGetChunks(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	q := r.URL.Query()
-	epoch, err := strconv.ParseUint(q.Get("epoch"), 10, 64)
-	if err != nil {
-		http.Error(w, "bad epoch", http.StatusBadRequest)
+	epoch, seqs, ok := chunkQuery(w, r)
+	if !ok {
 		return
-	}
-	list := strings.Split(q.Get("seq"), ",")
-	if len(list) > chunkFetchBatch {
-		http.Error(w, fmt.Sprintf("more than %d chunks asked for", chunkFetchBatch), http.StatusBadRequest)
-		return
-	}
-	seqs := make([]uint64, len(list))
-	for i, v := range list {
-		if seqs[i], err = strconv.ParseUint(v, 10, 64); err != nil {
-			http.Error(w, fmt.Sprintf("bad chunk sequence number %q", v), http.StatusBadRequest)
-			return
-		}
 	}
 	e := s.entryFor(w, name)
 	if e == nil {
@@ -537,31 +522,14 @@ func (s *Server) serveGetChunks(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("segment %q lists no chunk of epoch %d", name, epoch), http.StatusNotFound)
 		return
 	}
-	n := 2
 	chunks := make([]*srvChunk, len(seqs))
 	for i, seq := range seqs {
-		c := e.head.bySeq[seq] // e.head never changes
-		if c == nil {
+		if chunks[i] = e.head.bySeq[seq]; chunks[i] == nil { // e.head never changes
 			http.Error(w, fmt.Sprintf("segment %q lists no chunk %d", name, seq), http.StatusNotFound)
 			return
 		}
-		chunks[i] = c
-		n += len(c.value) + 1
 	}
-	b := make([]byte, 0, n)
-	b = append(b, '[')
-	for i, c := range chunks {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, c.value...)
-	}
-	b = append(b, ']')
-	h := w.Header()
-	h.Set("ETag", e.etag)
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(b)))
-	w.Write(b)
+	writeChunks(w, e.etag, len(chunks), func(i int) []byte { return chunks[i].value })
 }
 
 // chunkFile returns the file name of a chunk of name.
