@@ -568,18 +568,7 @@ func (h *HTTP) put(ctx context.Context, name string, body []byte, renew bool) er
 	if err != nil {
 		return err
 	}
-	switch resp.StatusCode {
-	case http.StatusOK, http.StatusCreated, http.StatusNoContent:
-		answer(resp)
-		return nil
-	case http.StatusConflict:
-		return fmt.Errorf("%w: %s", ErrExists, answer(resp))
-	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
-		return fmt.Errorf("%w: server refused it: %s", segtable.ErrBadDesc, answer(resp))
-	case http.StatusTooManyRequests:
-		return fmt.Errorf("%w: %s", ErrQuota, answer(resp))
-	}
-	return deniedErr(resp)
+	return putErr(resp)
 }
 
 // startRenewal starts n's renewal goroutine, unless the store is closing;

@@ -201,7 +201,8 @@ func (h *HTTP) putHeader(ctx context.Context, name string, header []byte, renew 
 	return nil, putErr(resp)
 }
 
-// putErr maps the answer to a PUT as put does, closing its body.
+// putErr maps the answer to a PUT (of a descriptor, a header or a
+// chunk) to its error, nil for success, closing its body.
 func putErr(resp *http.Response) error {
 	switch resp.StatusCode {
 	case http.StatusOK, http.StatusCreated, http.StatusNoContent:
