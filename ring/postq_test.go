@@ -13,7 +13,8 @@ import (
 // TestFullEndpointHoldsOnlyItsOwn: an endpoint without room (a peer that
 // stopped reading: it holds the slices it took and refuses the rest)
 // holds back its own request's slices, not the requests behind it for
-// another endpoint, which complete at once, well inside their deadlines;
+// another endpoint, which complete (COMPLETED, not TIMEOUT: they no
+// longer wait for the full endpoint's room);
 // on a poller that parks (a submitter steps its rings) and on one that
 // stays busy, and stepped by hand. Once the full endpoint takes its slices
 // again its request completes too, every byte in place, and the ring keeps
@@ -45,16 +46,12 @@ func TestFullEndpointHoldsOnlyItsOwn(t *testing.T) {
 				e.Segment = seg2.ID
 				es = append(es, e)
 			}
-			start := time.Now()
 			h.submit(es...)
 			for _, c := range h.collect(6) {
 				expectCode(t, c, cq.CodeOK)
 				if c.UserData < 2 {
 					t.Fatalf("completion of request %d while its endpoint holds its slices", c.UserData)
 				}
-			}
-			if d := time.Since(start); d >= cfg.Timeout {
-				t.Fatalf("the other endpoint's requests took %v, the timeout", d)
 			}
 			if got, want := string(h.remote[n:n+6*4096]), string(h.local[n:n+6*4096]); got != want {
 				t.Fatal("the other endpoint's bytes differ")
