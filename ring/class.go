@@ -35,7 +35,7 @@ func (r *Ring) hold(t int64, held bool) int {
 		r.heldSince = 0
 		return maxTake
 	}
-	if r.sq.Empty() && len(r.redo) == 0 && r.queued == 0 {
+	if r.sq.Empty() && len(r.redo) == 0 && r.queued == 0 && r.qredo == 0 {
 		// Nothing waits now, but entries a caller pushes while this
 		// step publishes completions must wait like any other.
 		r.heldSince = 0

@@ -110,7 +110,7 @@ func (r *Ring) ready() bool {
 // do not wake this one). Poller only.
 func (r *Ring) wakeAt(t int64) int64 {
 	at := int64(1<<63 - 1)
-	if len(r.redo) > 0 || r.queued > 0 {
+	if len(r.redo) > 0 || r.queued > 0 || r.qredo > 0 {
 		at = t + int64(100*time.Microsecond)
 	}
 	if r.active > 0 {

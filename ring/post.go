@@ -79,14 +79,22 @@ func (r *Ring) postPending() bool {
 	return work
 }
 
-// postQueue appends the unposted slices of pq's requests to the batch,
-// oldest first, until the queue is empty or its endpoint refuses slices.
+// postQueue appends the slices of pq's redo list, then the unposted slices
+// of its requests, oldest first, to the batch, until the queue is empty or
+// its endpoint refuses slices.
 // It reports whether it added any, and stop when the ring must stop
 // posting this round: the completion queue could not take more, or the
 // ring yields to a higher class (see yieldBytes).
 func (r *Ring) postQueue(pq *postQueue) (work, stop bool) {
 	if r.waiting(pq) {
 		return false, false
+	}
+	if len(pq.redo) > 0 {
+		w, stop, full := r.postQueueRedo(pq)
+		if stop || full {
+			return w, stop
+		}
+		work = w
 	}
 	for pq.head != noSlot {
 		idx := pq.head
@@ -243,7 +251,7 @@ func (r *Ring) flush() bool {
 	for _, s := range rest {
 		switch {
 		case err == nil:
-			r.redo = append(r.redo, s.Token)
+			r.redoOn(r.batchEP, s.Token)
 		case r.live(s.Token) != nil:
 			r.fail(s.Token, err)
 		}

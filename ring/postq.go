@@ -15,6 +15,14 @@ import "github.com/moonring/moonring/transport"
 type postQueue struct {
 	ep         transport.Endpoint
 	head, tail int32 // request slots, noSlot when empty
+	// redo holds the slices ep refused for want of room (and slices
+	// to post again that found its waiting room closed), posted again
+	// before the queue's requests once the room opens. Kept here, not in
+	// the ring's redo list, a waiting endpoint's refused slices cost a
+	// round nothing: in the one list every round walked them all, and the
+	// KV pattern's full TCP endpoint left dozens there at every
+	// completion.
+	redo []uint64
 	// full is set when ep refused slices for want of room; fullAt is the
 	// ring's reaped count then.
 	full   bool
@@ -52,7 +60,7 @@ func (r *Ring) queueOf(ep transport.Endpoint, make bool) *postQueue {
 		} else {
 			pq = new(postQueue)
 		}
-		*pq = postQueue{ep: ep, head: noSlot, tail: noSlot}
+		*pq = postQueue{ep: ep, head: noSlot, tail: noSlot, redo: pq.redo[:0]}
 		r.queueByEP[ep] = pq
 		r.queues = append(r.queues, pq)
 	}
@@ -97,6 +105,50 @@ func (r *Ring) dequeue(idx int32) {
 	r.queued--
 }
 
+// redoOn queues tok, a slice for ep, on ep's queue to post again (see
+// postQueue.redo).
+func (r *Ring) redoOn(ep transport.Endpoint, tok uint64) {
+	pq := r.queueOf(ep, true)
+	pq.redo = append(pq.redo, tok)
+	r.qredo++
+}
+
+// postQueueRedo posts again the slices of pq's redo list, oldest first.
+// It reports whether it added any, stop as postQueue does, and full when
+// pq's endpoint refused slices again: the rest stay in the list, behind
+// those it refused. A slice whose request a failover moved to another
+// endpoint goes to the ring's redo list.
+func (r *Ring) postQueueRedo(pq *postQueue) (work, stop, full bool) {
+	redo := pq.redo
+	pq.redo = r.qspare[:0] // a refusal while posting appends here
+	r.qredo -= len(redo)
+	i := 0
+	for ; i < len(redo); i++ {
+		tok := redo[i]
+		q := r.live(tok)
+		if q == nil {
+			continue
+		}
+		if q.endpoint() != pq.ep {
+			r.redo = append(r.redo, tok)
+			continue
+		}
+		if r.outstanding+len(r.batch) >= r.done.Cap() {
+			stop = true
+			break
+		}
+		if !r.add(q, tok) {
+			full = true
+			break
+		}
+		work = true
+	}
+	pq.redo = append(pq.redo, redo[i:]...)
+	r.qredo += len(redo) - i
+	r.qspare = redo[:0]
+	return work, stop, full
+}
+
 // refused closes ep's waiting room: ep refused slices for want of room.
 func (r *Ring) refused(ep transport.Endpoint) {
 	pq := r.queueOf(ep, true)
@@ -137,7 +189,7 @@ func (r *Ring) waitingFor(ep transport.Endpoint) bool {
 func (r *Ring) pruneQueues() {
 	kept := r.queues[:0]
 	for _, pq := range r.queues {
-		if pq.head != noSlot || r.waiting(pq) {
+		if pq.head != noSlot || len(pq.redo) > 0 || r.waiting(pq) {
 			kept = append(kept, pq)
 			continue
 		}

@@ -129,3 +129,63 @@ func TestQueuesDropped(t *testing.T) {
 		t.Fatalf("%d queues, %d by endpoint, %d queued after every request completed", len(h.r.queues), len(h.r.queueByEP), h.r.queued)
 	}
 }
+
+// TestRefusedSlicesWaitWithTheirEndpoint: the slices an endpoint refuses
+// for want of room wait on that endpoint's queue, not in the ring's redo
+// list, which every round walks: rounds while the endpoint's waiting room
+// is closed offer it nothing and walk none of them (the KV pattern's full
+// TCP endpoint left dozens in that list at every completion). Once it
+// has room again each slice is posted exactly once, in order, and every
+// byte lands.
+func TestRefusedSlicesWaitWithTheirEndpoint(t *testing.T) {
+	full := &fakeEP{hold: true, capacity: 4}
+	h := newHarness(t, Config{SliceSize: 4096, Timeout: 5 * time.Second}, full, true)
+	fillPattern(h.local, 9)
+	const slices = 40
+	h.submit(h.write(1, 0, 0, slices*4096))
+	h.step()
+	if got := len(full.postsCopy()); got != 4 {
+		t.Fatalf("the endpoint took %d slices, want its capacity, 4", got)
+	}
+	if len(h.r.redo) != 0 || h.r.qredo != slices-4 {
+		t.Fatalf("refused slices: %d in the ring's redo list, %d on queues; want 0 and %d", len(h.r.redo), h.r.qredo, slices-4)
+	}
+	offered := full.offeredCount()
+	for range 100 {
+		h.step()
+	}
+	if got := full.offeredCount(); got != offered {
+		t.Fatalf("%d slices offered to an endpoint whose waiting room is closed", got-offered)
+	}
+	if len(h.r.redo) != 0 || h.r.qredo != slices-4 {
+		t.Fatalf("after 100 rounds: %d in the ring's redo list, %d on queues", len(h.r.redo), h.r.qredo)
+	}
+	full.setHold(false)
+	var got []cq.Completion
+	deadline := time.Now().Add(hang)
+	for len(got) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("hang: the request never completed")
+		}
+		full.release(-1, nil)
+		got = h.poll()
+	}
+	expectCode(t, got[0], cq.CodeOK)
+	if string(h.remote[:slices*4096]) != string(h.local[:slices*4096]) {
+		t.Fatal("the bytes differ")
+	}
+	checkPostedOnce(t, full, slices)
+	prev := -1
+	for _, s := range full.postsCopy() {
+		_, _, i := splitToken(s.Token)
+		if int(i) <= prev {
+			t.Fatalf("slice %d posted after slice %d", i, prev)
+		}
+		prev = int(i)
+	}
+	if h.r.qredo != 0 || len(h.r.queues) != 0 {
+		t.Fatalf("%d slices and %d queues left after the request", h.r.qredo, len(h.r.queues))
+	}
+}
+
+func (f *fakeEP) offeredCount() int { f.mu.Lock(); defer f.mu.Unlock(); return f.offered }

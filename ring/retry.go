@@ -15,8 +15,9 @@ import (
 // postRedo posts again the slices that failed or were not accepted. The
 // tokens are processed from one buffer while refusals (and retries that a
 // synchronous flush produces) gather in the other: no allocation per round.
-// A slice whose endpoint's waiting room is closed (see waiting) stays for
-// a later round; the others go on.
+// A slice whose endpoint's waiting room is closed (see waiting), or that
+// its endpoint refuses, moves to that endpoint's queue (postQueue.redo),
+// which posts it again once the room opens; the others go on.
 func (r *Ring) postRedo() bool {
 	redo := r.redo
 	r.redo = r.spare[:0]
@@ -30,8 +31,8 @@ func (r *Ring) postRedo() bool {
 			r.redo = append(r.redo, redo[i:]...)
 			break
 		}
-		if r.waitingFor(q.endpoint()) || !r.add(q, tok) {
-			r.redo = append(r.redo, tok)
+		if ep := q.endpoint(); r.waitingFor(ep) || !r.add(q, tok) {
+			r.redoOn(ep, tok) // posted again when ep's waiting room opens
 			continue
 		}
 		work = true

@@ -178,6 +178,8 @@ type Ring struct {
 	queued      int
 	redo        []uint64 // slice tokens to post again
 	spare       []uint64 // redo's other buffer
+	qredo       int      // slice tokens in the queues' redo lists (postQueue.redo)
+	qspare      []uint64 // a queue's redo list's other buffer
 	batch       []transport.Slice
 	errs        []error // results of a BatchCopier, as long as batch's capacity
 	batchEP     transport.Endpoint

@@ -217,7 +217,7 @@ func (r *Ring) share(cp transport.Copier) {
 // would never reach shareBatch).
 func (r *Ring) sharing(n uint64, ep transport.Endpoint) bool {
 	return r.poller.copiers != nil && r.more && n >= shareSlice &&
-		r.queued == 0 && !r.waitingFor(ep) && r.yieldAt == noYield &&
+		r.queued == 0 && r.qredo == 0 && !r.waitingFor(ep) && r.yieldAt == noYield &&
 		(len(r.batch) == 0 || r.batchEP == ep) && len(r.free) >= 2 &&
 		r.outstanding+len(r.batch)+1 < r.done.Cap()
 }
