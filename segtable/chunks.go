@@ -40,6 +40,10 @@ type chunk struct {
 	mac   string         // "" when unsigned
 	raws  []byte         // signed: the buffers' MACs, raw, one after another
 	elem  [elemSize]byte // the set-hash element of a signed chunk
+	// wire: made by a reader of what a networked store sent (MakeChunk),
+	// with the MAC listed but neither raws nor elem, which only a key
+	// holder can compute (VerifySince computes them).
+	wire bool
 }
 
 // pageSize bounds the chunks of a page: the chunks are kept in pages, so
@@ -76,6 +80,9 @@ type BufferChunks struct {
 	// elements, under the key of the Signer that made the list.
 	signed bool
 	acc    [elemSize]byte
+	// wire: joined by a reader (JoinChunks) from chunks a networked store
+	// sent; acc is then not known, and the list is no SignChunks prevOut.
+	wire bool
 }
 
 // newBufferChunks returns chunks in pages of half pageSize.

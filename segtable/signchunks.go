@@ -26,7 +26,9 @@ func (s *Signer) SignChunks(name string, epoch uint64, src, prevSrc, prevOut *Bu
 	if src == nil {
 		src = &BufferChunks{}
 	}
-	if prevSrc == nil || prevOut == nil || !prevOut.signed || !samePages(prevSrc, prevOut) {
+	// A reader's list (JoinChunks) is no signed counterpart: its chunks
+	// carry neither raw MACs nor set elements.
+	if prevSrc == nil || prevOut == nil || !prevOut.signed || prevOut.wire || !samePages(prevSrc, prevOut) {
 		prevSrc, prevOut = &BufferChunks{}, &BufferChunks{signed: true}
 	}
 	// The pages src shares with prevSrc keep their signed counterparts;

@@ -33,12 +33,15 @@ type Verified struct {
 
 // VerifySince checks d as Verify does and returns what the next call
 // takes as prev. For a signed Chunked d (the in-process store's, see
-// SegmentDesc.CloneShared) and a prev of the same name and epoch, it
+// SegmentDesc.CloneShared, or a networked store reader's, see
+// JoinChunks) and a prev of the same name and epoch, it
 // checks only the chunks of d that are not prev's, by pointer, at its
 // head and tail (a chunk never changes once made, and prev's were each
 // checked: their buffers' MACs, their MAC and their set element against
 // the reader's own computation): every buffer's MAC in them, their
-// MACs, and the header MAC over a set hash and counts the reader
+// MACs (a reader's chunk, MakeChunk, carries no set element: its element
+// is computed when it comes and again when it leaves), and the header
+// MAC over a set hash and counts the reader
 // computes from prev's, less the chunks that left and plus those that
 // came. What it accepts is what Verify accepts: a chunk forged or spliced
 // among unchanged ones fails its own MACs or the header's set hash. It
@@ -53,27 +56,38 @@ func (s *Signer) VerifySince(d *SegmentDesc, prev *Verified) (*Verified, error) 
 		return nil, fmt.Errorf("%w: %q: malformed", ErrForged, d.Name)
 	}
 	v := &Verified{name: d.Name, epoch: d.Epoch, cs: cs}
+	m := s.mac()
+	defer s.macs.Put(m)
+	var raws []byte
 	var came []*chunk
 	if prev != nil && prev.name == d.Name && prev.epoch == d.Epoch && prev.cs != nil {
 		var left []*chunk
 		came, left = diffChunks(cs, prev.cs)
 		v.acc, v.chunks, v.n = prev.acc, prev.chunks-len(left), prev.n
 		for _, c := range left {
-			xor(&v.acc, &c.elem) // checked against the reader's own sum when it came
+			// Checked against the reader's own sum when it came; a
+			// reader's chunk (MakeChunk) carries none, so it is that sum
+			// again, from the MACs its buffers held then.
+			e := c.elem
+			if c.wire {
+				var err error
+				if raws, e, err = s.wireElem(m, d.Name, d.Epoch, c, raws[:0]); err != nil {
+					return nil, err
+				}
+			}
+			xor(&v.acc, &e)
 			v.n -= len(c.bufs)
 		}
 	} else {
 		came = pageChunks(cs.pages)
 	}
-	m := s.mac()
-	defer s.macs.Put(m)
-	var raws []byte
 	for _, c := range came {
 		var err error
-		if raws, err = s.verifyChunk(m, d.Name, d.Epoch, c, raws[:0]); err != nil {
+		var e [elemSize]byte
+		if raws, e, err = s.verifyChunk(m, d.Name, d.Epoch, c, raws[:0]); err != nil {
 			return nil, err
 		}
-		xor(&v.acc, &c.elem)
+		xor(&v.acc, &e)
 		v.chunks++
 		v.n += len(c.bufs)
 	}
@@ -86,33 +100,56 @@ func (s *Signer) VerifySince(d *SegmentDesc, prev *Verified) (*Verified, error) 
 }
 
 // verifyChunk checks a signed chunk of the segment name at epoch: its
-// buffers in order and not empty, each buffer's MAC, the chunk's MAC and
-// its set element, all against the reader's own computation. raws is
-// scratch, returned for reuse.
-func (s *Signer) verifyChunk(m hash.Hash, name string, epoch uint64, c *chunk, raws []byte) ([]byte, error) {
+// buffers in order and not empty, each buffer's MAC, the chunk's MAC and,
+// for a publisher's chunk, its set element, all against the reader's own
+// computation, and returns the element computed. raws is scratch,
+// returned for reuse.
+func (s *Signer) verifyChunk(m hash.Hash, name string, epoch uint64, c *chunk, raws []byte) ([]byte, [elemSize]byte, error) {
+	var elem [elemSize]byte
 	if len(c.bufs) == 0 || c.first != c.bufs[0].Addr || checkRun(c.bufs, 0, false) != nil {
-		return raws, fmt.Errorf("%w: %q chunk %d malformed", ErrForged, name, c.seq)
+		return raws, elem, fmt.Errorf("%w: %q chunk %d malformed", ErrForged, name, c.seq)
 	}
 	var want [macSize]byte
 	for i := range c.bufs {
 		got, ok := decodeMAC(c.bufs[i].MAC)
 		if !ok || !hmac.Equal(got[:], s.bufferMAC(m, name, epoch, &c.bufs[i], want[:0])) {
-			return raws, fmt.Errorf("%w: %q chunk %d buffer %d", ErrForged, name, c.seq, i)
+			return raws, elem, fmt.Errorf("%w: %q chunk %d buffer %d", ErrForged, name, c.seq, i)
 		}
 		raws = append(raws, got[:]...)
 	}
 	got, ok := decodeMAC(c.mac)
 	sum := s.chunkSum(m, name, epoch, c.seq, raws)
-	if !ok || !hmac.Equal(got[:], sum[:macSize]) || !hmac.Equal(c.elem[:], sum[macSize:]) {
-		return raws, fmt.Errorf("%w: %q chunk %d", ErrForged, name, c.seq)
+	if !ok || !hmac.Equal(got[:], sum[:macSize]) || !c.wire && !hmac.Equal(c.elem[:], sum[macSize:]) {
+		return raws, elem, fmt.Errorf("%w: %q chunk %d", ErrForged, name, c.seq)
 	}
-	return raws, nil
+	return raws, [elemSize]byte(sum[macSize:]), nil
 }
 
-// diffChunks returns the chunks of a that are not b's at a's head and
-// tail, by pointer (pages first, then the chunks of the pages that
-// differ), and the chunks of b between those ends: what a change from b
-// to a made and dropped. Both nil-safe; it reads no chunk.
+// wireElem returns the set element of c, a reader's chunk (MakeChunk)
+// that verifyChunk accepted for the segment name at epoch: the sum of its
+// number and its buffers' MACs. raws is scratch, returned for reuse.
+func (s *Signer) wireElem(m hash.Hash, name string, epoch uint64, c *chunk, raws []byte) ([]byte, [elemSize]byte, error) {
+	var elem [elemSize]byte
+	for i := range c.bufs {
+		got, ok := decodeMAC(c.bufs[i].MAC)
+		if !ok { // verifyChunk decoded it: a chunk never changes
+			return raws, elem, fmt.Errorf("%w: %q chunk %d buffer %d", ErrForged, name, c.seq, i)
+		}
+		raws = append(raws, got[:]...)
+	}
+	sum := s.chunkSum(m, name, epoch, c.seq, raws)
+	return raws, [elemSize]byte(sum[macSize:]), nil
+}
+
+// diffChunks returns the chunks of a that are not b's and the chunks of
+// b that are not a's, by pointer: what a change from b to a made and
+// dropped. The pages and chunks at the heads and tails, shared, are
+// skipped by pointer; between them, both in address order, one pass
+// pairs the chunks they share, so that changes far apart (several
+// republishes read at once) cost the chunks they made, not every chunk
+// between them. Any pairing of identical pointers gives what a made and
+// dropped as multisets, which is what the set hash needs. Both nil-safe;
+// it reads no buffer.
 func diffChunks(a, b *BufferChunks) (came, left []*chunk) {
 	var ap, bp []*chunkPage
 	if a != nil {
@@ -124,5 +161,18 @@ func diffChunks(a, b *BufferChunks) (came, left []*chunk) {
 	pp, pq := commonEnds(ap, bp)
 	am, bm := pageChunks(ap[pp:len(ap)-pq]), pageChunks(bp[pp:len(bp)-pq])
 	cp, cq := commonEnds(am, bm)
-	return am[cp : len(am)-cq], bm[cp : len(bm)-cq]
+	am, bm = am[cp:len(am)-cq], bm[cp:len(bm)-cq]
+	j := 0
+	for _, c := range am {
+		for j < len(bm) && bm[j].first < c.first {
+			left = append(left, bm[j])
+			j++
+		}
+		if j < len(bm) && bm[j] == c {
+			j++
+			continue
+		}
+		came = append(came, c)
+	}
+	return came, append(left, bm[j:]...)
 }
