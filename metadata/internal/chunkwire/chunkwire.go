@@ -6,7 +6,9 @@
 // that a republish after one registration moves the chunks it made and
 // the header, not every buffer. Where each store keeps the pieces is its
 // own; what they hold, and how a reader checks and assembles them, is
-// here.
+// here, and so is what a reader keeps of the chunks it read (Set, Cache)
+// to hand out descriptors that share the chunks a republish did not
+// change (AssembleChunked).
 package chunkwire
 
 import (
@@ -58,11 +60,16 @@ type Chunk struct {
 	MAC string `json:"m,omitempty"`
 }
 
-// Held is a chunk as a reader holds it.
+// Held is a chunk as a reader holds it: the sum and MAC its header
+// listed and its buffers, decoded, which nobody modifies once held (the
+// descriptors assembled share them).
 type Held struct {
 	Sum  uint64
 	MAC  string
 	Bufs []segtable.BufferDesc
+	// chunk is Bufs as a chunk of the descriptors AssembleChunked makes,
+	// made by the first; zero before.
+	chunk segtable.Chunk
 }
 
 // Matches reports whether h is the chunk c lists.

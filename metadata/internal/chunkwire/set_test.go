@@ -1,0 +1,208 @@
+package chunkwire
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/moonring/moonring/segtable"
+)
+
+// publish returns the header of d and the encodings of its chunks, by
+// seq, as a store sends them.
+func publish(t *testing.T, d *segtable.SegmentDesc) (*Header, map[uint64][]byte) {
+	t.Helper()
+	h := NewHeader(d)
+	values := map[uint64][]byte{}
+	d.Chunked.EachChunk(func(info segtable.ChunkInfo, bufs []segtable.BufferDesc) bool {
+		v, err := Encode(bufs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		values[info.Seq] = v
+		h.Chunks = append(h.Chunks, Chunk{Seq: info.Seq, N: info.N, Sum: Sum(v), MAC: info.MAC})
+		return true
+	})
+	b, err := json.Marshal(&h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ParseHeader(d.Name, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, values
+}
+
+// read returns what a reader that holds s reads of h: the chunks s does
+// not hold, decoded.
+func read(t *testing.T, h *Header, values map[uint64][]byte, s *Set) map[uint64]Held {
+	t.Helper()
+	got := map[uint64]Held{}
+	for _, c := range h.Chunks {
+		if s.Has(h.Desc.Epoch, c) {
+			continue
+		}
+		hc, err := DecodeListed(c, values[c.Seq])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[c.Seq] = hc
+	}
+	return got
+}
+
+// firsts returns the address of each chunk's first buffer by seq: its
+// identity.
+func firsts(d *segtable.SegmentDesc) map[uint64]*segtable.BufferDesc {
+	out := map[uint64]*segtable.BufferDesc{}
+	d.Chunked.EachChunk(func(info segtable.ChunkInfo, bufs []segtable.BufferDesc) bool {
+		out[info.Seq] = &bufs[0]
+		return true
+	})
+	return out
+}
+
+// TestAssembleChunkedShares: a reader that reads only the chunks it does
+// not hold assembles, after a registration, a descriptor that encodes as
+// the publisher's, byte for byte, and shares every chunk the
+// registration did not change with the one before; of another epoch,
+// none.
+func TestAssembleChunkedShares(t *testing.T) {
+	var l segtable.ChunkList
+	for i := range 300 {
+		if err := l.Insert(segtable.BufferDesc{Addr: uint64(1+i) << 16, Length: 4096, Keys: map[string]string{"tcp": "k"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	desc := func(epoch uint64) *segtable.SegmentDesc {
+		return &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "seg", Epoch: epoch, Endpoints: map[string]string{"tcp": "a:1"}, Chunked: l.Chunks()}
+	}
+	var s *Set
+	var last *segtable.SegmentDesc
+	for i := range 4 {
+		before := l.Chunks()
+		if i > 0 {
+			if err := l.Insert(segtable.BufferDesc{Addr: uint64(1000+i) << 16, Length: 4096}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d := desc(3)
+		h, values := publish(t, d)
+		got := read(t, h, values, s)
+		if lo, hi := l.Chunks().Changed(before); i > 0 && len(got) != hi-lo {
+			t.Fatalf("publish %d: read %d chunks, %d made", i, len(got), hi-lo)
+		}
+		a, next, err := AssembleChunked(h, s, got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := json.Marshal(d)
+		if b, _ := json.Marshal(a); string(b) != string(want) {
+			t.Fatalf("publish %d: assembled\n%s\nwant\n%s", i, b, want)
+		}
+		if i > 0 {
+			old, now := firsts(last), firsts(a)
+			for seq, p := range now {
+				if _, read := got[seq]; !read && old[seq] != p {
+					t.Fatalf("publish %d: chunk %d held, not shared", i, seq)
+				}
+			}
+		}
+		a.Endpoints["tcp"] = "changed"
+		s, last = next, a
+	}
+	h, values := publish(t, desc(4))
+	got := read(t, h, values, s)
+	if len(got) != len(h.Chunks) {
+		t.Fatalf("another epoch: read %d chunks of %d", len(got), len(h.Chunks))
+	}
+	a, _, err := AssembleChunked(h, s, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := firsts(last)
+	for seq, p := range firsts(a) {
+		if old[seq] == p {
+			t.Fatalf("another epoch: chunk %d shared", seq)
+		}
+	}
+}
+
+// TestAssembleChunkedRefuses: a chunk listed that is neither read nor
+// held, read but not the one listed, listed twice, or with a MAC in an
+// unsigned header, is refused; a chunk of more buffers than a
+// publisher's makes a flat descriptor of the caller's own.
+func TestAssembleChunkedRefuses(t *testing.T) {
+	d := chunked(t, 100)
+	h, values := publish(t, d)
+	got := read(t, h, values, nil)
+	_, s, err := AssembleChunked(h, nil, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range map[string]func(h *Header, got map[uint64]Held){
+		"a chunk neither read nor held": func(h *Header, got map[uint64]Held) {
+			h.Chunks[1].Seq = 1 << 40
+		},
+		"a chunk read that is not the one listed": func(h *Header, got map[uint64]Held) {
+			h.Chunks[1].Sum++
+			got[h.Chunks[1].Seq] = Held{Sum: h.Chunks[1].Sum - 1, Bufs: got[h.Chunks[1].Seq].Bufs}
+		},
+		"a chunk listed twice": func(h *Header, got map[uint64]Held) { h.Chunks[2] = h.Chunks[1] },
+		"a MAC unsigned": func(h *Header, got map[uint64]Held) {
+			h.Chunks[1].MAC = "x"
+			hc := got[h.Chunks[1].Seq]
+			hc.MAC = "x"
+			got[h.Chunks[1].Seq] = hc
+		},
+	} {
+		for _, base := range []*Set{nil, s} {
+			c := *h
+			c.Chunks = append([]Chunk(nil), h.Chunks...)
+			g := read(t, h, values, nil)
+			f(&c, g)
+			if _, _, err := AssembleChunked(&c, base, g); !errors.Is(err, segtable.ErrBadDesc) {
+				t.Errorf("%s (held %v): %v; want ErrBadDesc", name, base != nil, err)
+			}
+		}
+	}
+	// A chunk of more buffers than ChunkSize: flat, Keys of its own.
+	bufs := d.AllBuffers()[:segtable.ChunkSize+1]
+	v, _ := Encode(bufs)
+	big := &Header{Layout: Layout, Desc: h.Desc, Chunks: []Chunk{{Seq: 1, N: len(bufs), Sum: Sum(v)}}}
+	hc, err := DecodeListed(big.Chunks[0], v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _, err := AssembleChunked(big, nil, map[uint64]Held{1: hc})
+	if err != nil || f.Chunked != nil || len(f.Buffers) != len(bufs) {
+		t.Fatalf("a chunk of %d buffers: %v, want it flat", len(bufs), err)
+	}
+	f.Buffers[0].Keys["tcp"] = "changed"
+	if hc.Bufs[0].Keys["tcp"] == "changed" {
+		t.Fatal("the flat descriptor shares the held chunk's Keys")
+	}
+}
+
+// TestCache: a Set per name, at most MaxChunks chunks in all.
+func TestCache(t *testing.T) {
+	var c Cache
+	if c.Load("a") != nil {
+		t.Fatal("an empty cache holds a")
+	}
+	a, b := &Set{n: MaxChunks / 2}, &Set{n: MaxChunks/2 + 1}
+	c.Store("a", a)
+	c.Store("a", a)
+	if c.Load("a") != a || c.chunks != MaxChunks/2 {
+		t.Fatalf("a: %v, %d chunks", c.Load("a"), c.chunks)
+	}
+	c.Store("b", b) // past MaxChunks: a goes
+	if c.Load("a") != nil || c.Load("b") != b || c.chunks != b.n {
+		t.Fatalf("past MaxChunks: a %v, b %v, %d chunks", c.Load("a"), c.Load("b"), c.chunks)
+	}
+	c.Store("b", nil)
+	if c.Load("b") != nil || c.chunks != 0 {
+		t.Fatalf("b dropped: %v, %d chunks", c.Load("b"), c.chunks)
+	}
+}
