@@ -86,12 +86,6 @@ func canonicalChunk(value []byte, bufs []segtable.BufferDesc) error {
 	return nil
 }
 
-// assembleChunks returns the flat descriptor of h with the buffers chunk
-// returns for each chunk it lists, the caller's own (chunkwire.Assemble).
-func assembleChunks(h *chunkHeader, chunk func(seq uint64) heldChunk) (*segtable.SegmentDesc, error) {
-	return chunkwire.Assemble(h, chunk, true)
-}
-
 // chunkQuery reads the epoch and the chunk numbers of a GET of chunks
 // (?epoch=E&seq=S1,S2,..., at most chunkFetchBatch), or answers 400 and
 // reports false.

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/moonring/moonring/metadata/internal/chunkwire"
 	"github.com/moonring/moonring/segtable"
 )
 
@@ -129,8 +130,14 @@ type HTTPConfig struct {
 // Get fetches the header and the chunks (256 a request) and assembles the
 // descriptor, or the whole descriptor from a server that serves no header
 // (at most 16 MiB; a larger, malformed or misnamed answer is
-// [segtable.ErrBadDesc]); either way a flat descriptor, the one
-// [segtable.UnmarshalDesc] decodes of the whole document. Watch fetches once before it
+// [segtable.ErrBadDesc]). A descriptor assembled of chunks is Chunked:
+// the buffers of the whole document, in chunks shared, by pointer, with
+// the descriptors this store handed out before for as long as headers
+// list them unchanged (the store keeps, per name, the chunks of the last
+// header read, which its Gets and watches share; see [Store]: readers do
+// not modify them), so that a peer's check and tables of a republish cost
+// the chunks it made; a whole document is flat, the one
+// [segtable.UnmarshalDesc] decodes. Watch fetches once before it
 // returns, so the current descriptor, if any, is the first event, then one
 // goroutine polls every PollInterval with If-None-Match, as a [P2P] watch
 // of a peer does, the header where the server serves one, then only the
@@ -184,6 +191,9 @@ type HTTP struct {
 	// that does not know it: Gets and new watches ask for whole
 	// descriptors from then on.
 	flatReads atomic.Bool
+	// chunks holds, per name, the chunks of the last header read, which
+	// Gets and watches share (http_chunks.go).
+	chunks chunkwire.Cache
 
 	mu     sync.Mutex
 	closed bool

@@ -220,8 +220,9 @@ func putErr(resp *http.Response) error {
 
 // chunkWatch is what a reader of a descriptor that a server (or a P2P
 // peer) serves as a header and chunks holds: the chunks of the last
-// header it assembled. Only its watch's goroutine (or one Get) touches
-// it.
+// header it assembled, which the descriptors it hands out share
+// (chunkwire.AssembleChunked), so that a republish costs a reader the
+// chunks it made. Only its watch's goroutine (or one Get) touches it.
 type chunkWatch struct {
 	name string
 	// base is the descriptor's URL: base+"/header" its header,
@@ -237,15 +238,19 @@ type chunkWatch struct {
 	max       int64  // bounds an answer's bytes
 	who       string // "server" or "peer"
 	flat      bool   // the other side serves no headers: whole descriptors
-	epoch     uint64
-	held      map[uint64]heldChunk
+	// set is the chunks of the last header assembled (nil: none yet, or
+	// the last answer was no header); cache is the store's, shared with
+	// its Gets and other watches of the name: the base of a watch's first
+	// assembly, and where each puts what it assembled.
+	set   *chunkwire.Set
+	cache *chunkwire.Cache
 }
 
 // chunkWatch returns a reader of the descriptor of name from h's server.
 func (h *HTTP) chunkWatch(name string) *chunkWatch {
 	return &chunkWatch{name: name, base: h.segmentURL(name), do: h.doURL, flatReads: &h.flatReads,
 		whole: func(ctx context.Context, inm string) (peerAnswer, error) { return h.fetch(ctx, name, inm) },
-		max:   serverMaxDesc, who: "server"}
+		max:   serverMaxDesc, who: "server", cache: &h.chunks}
 }
 
 // fetch asks for the header of the descriptor (ifNoneMatch: the ETag
@@ -296,7 +301,7 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 	case resp.StatusCode == http.StatusOK:
 	case resp.StatusCode == http.StatusNotFound:
 		answer(resp)
-		cw.held = nil
+		cw.keep(nil)
 		return peerAnswer{}, nil
 	default:
 		return peerAnswer{}, statusErr(resp)
@@ -307,7 +312,7 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 		return peerAnswer{}, err
 	}
 	if !isChunkHeader(body) {
-		cw.held = nil
+		cw.keep(nil)
 		a, err := descAnswer(body, cw.name, etag, cw.who)
 		if err != nil && !capable {
 			return cw.whole(ctx, ifNoneMatch) // something else answered at that path
@@ -318,12 +323,13 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 	if err != nil {
 		return peerAnswer{}, err
 	}
-	if cw.held == nil || cw.epoch != ch.Desc.Epoch {
-		cw.held, cw.epoch = map[uint64]heldChunk{}, ch.Desc.Epoch
+	base := cw.set
+	if base == nil && cw.cache != nil {
+		base = cw.cache.Load(cw.name)
 	}
 	var want []headerChunk
 	for _, c := range ch.Chunks {
-		if hc, ok := cw.held[c.Seq]; !ok || !hc.Matches(c) {
+		if !base.Has(ch.Desc.Epoch, c) {
 			want = append(want, c)
 		}
 	}
@@ -335,20 +341,21 @@ func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAn
 			return peerAnswer{}, err
 		}
 	}
-	next := make(map[uint64]heldChunk, len(ch.Chunks))
-	for _, c := range ch.Chunks {
-		if hc, ok := got[c.Seq]; ok {
-			next[c.Seq] = hc
-		} else {
-			next[c.Seq] = cw.held[c.Seq]
-		}
-	}
-	d, err := assembleChunks(ch, func(seq uint64) heldChunk { return next[seq] })
+	d, next, err := chunkwire.AssembleChunked(ch, base, got)
 	if err != nil {
 		return peerAnswer{}, fmt.Errorf("%s's answer: %w", cw.who, err)
 	}
-	cw.held = next
+	cw.keep(next)
 	return peerAnswer{desc: d, body: body, etag: etag}, nil
+}
+
+// keep makes s the chunks the watch holds, and the store's cache's for
+// the name (nil: none).
+func (cw *chunkWatch) keep(s *chunkwire.Set) {
+	cw.set = s
+	if cw.cache != nil {
+		cw.cache.Store(cw.name, s)
+	}
 }
 
 // fetchChunks GETs the chunks of batch into got, checking each against

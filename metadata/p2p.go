@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring/internal/netaddr"
+	"github.com/moonring/moonring/metadata/internal/chunkwire"
 	"github.com/moonring/moonring/segtable"
 )
 
@@ -152,9 +153,11 @@ type P2PConfig struct {
 // epoch (kept by seq and chunk pointer) and the header, and makes the
 // whole descriptor when a peer first asks for it. A watch of another name
 // polls the header, and after a change fetches only the chunks it does not
-// hold (same seq, hash and MAC), then assembles the flat descriptor; it
-// reads a peer that serves no header (an older engine: a 404 or 405
-// without Moonring-Chunks) whole, as before.
+// hold (same seq, hash and MAC), and hands out a Chunked descriptor that
+// shares the others with the descriptors read before, as an [HTTP]
+// store's Get and watches do (and so does Get here); it reads a peer that
+// serves no header (an older engine: a 404 or 405 without
+// Moonring-Chunks) whole, as before.
 //
 // The endpoint also answers GET /moonring/v1/healthz with 200 "ok", and
 // hands any other path to P2PConfig.Handler.
@@ -195,6 +198,9 @@ type P2P struct {
 	// watches holds the local watches (of name); as in Memory, a watch
 	// leaves it, and its channel is closed, once, under mu.
 	watches map[*watch]struct{}
+	// chunks holds, per peer's name, the chunks of the last header read,
+	// which Gets and watches share (p2p_chunks.go).
+	chunks chunkwire.Cache
 }
 
 // NewP2P listens on cfg.Listen and serves the store's endpoint until Close.
@@ -348,7 +354,7 @@ func (p *P2P) Get(ctx context.Context, name string) (*segtable.SegmentDesc, erro
 	}
 	fctx, stop := p.join(ctx)
 	defer stop()
-	a, err := p.fetch(fctx, u, name, "")
+	a, err := p.chunkWatch(u, name).fetch(fctx, "")
 	if err != nil {
 		return nil, p.errorf("get", name, p.ctxErr(ctx, err))
 	}

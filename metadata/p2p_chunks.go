@@ -129,7 +129,7 @@ func (p *P2P) serveChunks(w http.ResponseWriter, r *http.Request) {
 func (p *P2P) chunkWatch(u, name string) *chunkWatch {
 	return &chunkWatch{name: name, base: u, do: p.doURL,
 		whole: func(ctx context.Context, inm string) (peerAnswer, error) { return p.fetch(ctx, u, name, inm) },
-		max:   p2pMaxDesc, who: "peer"}
+		max:   p2pMaxDesc, who: "peer", cache: &p.chunks}
 }
 
 // doURL sends a request to a peer and returns the response, whose body

@@ -21,8 +21,9 @@ type pollWatch struct {
 	poll  time.Duration
 	done  func()     // the store's WaitGroup Done, when the watch ends
 	ch    chan Event // only this watch sends, so SendLatest cannot block
-	// last is a private copy of the descriptor last delivered, nil before
-	// the first and after a Deleted; lastBody is its JSON, to tell changes
+	// last is a private copy of the descriptor last delivered (a Chunked
+	// one's header; the chunks are shared, immutable), nil before the
+	// first and after a Deleted; lastBody is its JSON, to tell changes
 	// apart whatever ETags the other side sends.
 	last     *segtable.SegmentDesc
 	lastBody []byte
@@ -74,7 +75,7 @@ func (w *pollWatch) step(ctx context.Context) {
 		changed := w.last == nil || a.etag != w.etag || !bytes.Equal(a.body, w.lastBody)
 		w.etag = a.etag
 		if changed {
-			w.last, w.lastBody = a.desc.Clone(), a.body
+			w.last, w.lastBody = a.desc.CloneShared(), a.body // a Chunked one shares its chunks
 			SendLatest(w.ch, Event{Desc: a.desc})
 		}
 	}

@@ -58,15 +58,18 @@ type Event struct {
 // [segtable.ChunkList]) are immutable: a store may keep them by pointer,
 // and the in-process Memory does, so that a republish after one
 // registration does not cost every buffer. What Get and Watch hand out
-// is then either flat (Buffers, with Chunks when signed: the networked
-// stores, which serialize the document) or, from Memory, Chunked too: a
-// header of the reader's own that shares the list
-// ([segtable.SegmentDesc.CloneShared]), so that a reader's cost of a
-// republish need not grow with the buffers either. The contract for
-// readers: never modify what a Chunked list holds (its BufferDescs and
-// their Keys maps are every reader's and the publisher's); read its
-// buffers with AllBuffers, or per chunk. A flat descriptor put is handed
-// out flat.
+// is then Chunked too, a header of the reader's own and a list shared:
+// from Memory the publisher's list ([segtable.SegmentDesc.CloneShared]);
+// from the networked stores that move a Chunked descriptor as its chunks
+// (HTTP and its Server, P2P, etcd) a list of chunks the reader's store
+// made of what it read, each shared with every descriptor the store
+// hands out while the publisher's headers list that chunk unchanged
+// (segtable.JoinChunks), so that a reader's cost of a republish need not
+// grow with the buffers either. The contract for readers: never modify
+// what a Chunked list holds (its BufferDescs and their Keys maps are
+// every reader's, and, from Memory, the publisher's); read its buffers
+// with AllBuffers, or per chunk. A flat descriptor put is handed out
+// flat, and so is what a networked store reads as a whole document.
 // When the name holds a descriptor with a different Epoch, Put fails with
 // [ErrExists] and leaves it alone: another live engine owns the name and must
 // Delete it first. With the same Epoch, Put replaces the descriptor; that is

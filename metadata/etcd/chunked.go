@@ -504,8 +504,20 @@ func (e *Store) fetch(ctx context.Context, name string, h *chunkHeader, rev int6
 	return got, nil
 }
 
-// assemble returns the flat descriptor of h with the buffers chunk
-// returns for each chunk it lists (chunkwire.Assemble).
-func assemble(h *chunkHeader, chunk func(seq uint64) readChunk, clone bool) (*segtable.SegmentDesc, error) {
-	return chunkwire.Assemble(h, chunk, clone)
+// assemble returns the descriptor of h, a header of name read at rev:
+// Chunked, sharing the chunks base holds (chunkwire.AssembleChunked),
+// with the others read at rev (fetch), and the Set the next read of the
+// name takes, which the store's cache holds from then on for its Gets
+// and watches.
+func (e *Store) assemble(ctx context.Context, name string, h *chunkHeader, rev int64, base *chunkwire.Set) (*segtable.SegmentDesc, *chunkwire.Set, error) {
+	got, err := e.fetch(ctx, name, h, rev, func(c headerChunk) bool { return base.Has(h.Desc.Epoch, c) })
+	if err != nil {
+		return nil, nil, err
+	}
+	d, next, err := chunkwire.AssembleChunked(h, base, got)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.chunks.Store(name, next)
+	return d, next, nil
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/moonring/moonring/metadata"
+	"github.com/moonring/moonring/metadata/internal/chunkwire"
 	"github.com/moonring/moonring/segtable"
 )
 
@@ -127,12 +128,19 @@ type Config struct {
 // longer lists: a registration beside n buffers writes one or two chunks
 // and a header of O(n/32) bytes, not the descriptor (which could not
 // exceed etcd's request limit, 1.5 MiB, 7-10k buffers; chunks can). Get
-// and Watch read the header and its chunks at one revision of etcd, and
-// hand out the flat descriptor the flat layout would hold (so
-// verification above the store, metadata.Signed, is the same); a watch
-// fetches only the chunks it does not hold yet. A header that lists more
+// and Watch read the header and its chunks at one revision of etcd, only
+// the chunks the store does not hold yet (same seq, hash and MAC in the
+// epoch: a watch's, or those of the name's last read, which its Gets and
+// watches share), and hand out a Chunked descriptor that holds the
+// buffers the flat layout would hold, its chunks shared, by pointer, with
+// the descriptors read before for as long as a header lists them
+// unchanged (see [metadata.Store]: readers do not modify them), so that a
+// peer's check of a republish (metadata.Signed) and its tables
+// (segtable.Mirror) cost the chunks made. A header that lists more
 // than 131,072 chunks, a chunk of more than 1,024 buffers or 1 MiB, or a
-// listed chunk etcd does not hold, is [segtable.ErrBadDesc]. Names that
+// listed chunk etcd does not hold, is [segtable.ErrBadDesc]; one that
+// lists a chunk of more than segtable.ChunkSize buffers (no engine's) is
+// read flat. Names that
 // start with a NUL byte are refused (ErrBadDesc): that is where the chunk
 // keys live. The first publish of an epoch, and a restore under a new
 // lease, write every chunk within the one call's DialTimeout (some 8 MB
@@ -220,6 +228,9 @@ type Store struct {
 	// names holds the writing state of each name that a Put, Delete or
 	// keepalive is using; an entry leaves when its last user does.
 	names map[string]*etcdName
+	// chunks holds, per name, the chunks of the last header read, which
+	// Gets and watches share (chunked.go).
+	chunks chunkwire.Cache
 }
 
 // etcdName serializes the writes of one name and holds its lease.
@@ -447,19 +458,21 @@ func (e *Store) read(ctx context.Context, name string) (*segtable.SegmentDesc, e
 			return nil, err
 		}
 		if len(resp.Kvs) == 0 {
+			e.chunks.Store(name, nil)
 			return nil, metadata.ErrNotFound
 		}
 		v := resp.Kvs[0].Value
 		if !isHeader(v) {
+			e.chunks.Store(name, nil)
 			return decode(name, v)
 		}
 		h, err := parseHeader(name, v)
 		if err != nil {
 			return nil, err
 		}
-		got, err := e.fetch(ctx, name, h, resp.Header.Revision, nil)
+		d, _, err := e.assemble(ctx, name, h, resp.Header.Revision, e.chunks.Load(name))
 		if err == nil {
-			return assemble(h, func(seq uint64) readChunk { return got[seq] }, false)
+			return d, nil
 		}
 		if i < getReads && (errors.Is(err, errMissing) || errors.Is(err, rpctypes.ErrCompacted)) {
 			continue
@@ -836,11 +849,11 @@ type etcdWatch struct {
 	lastRev int64
 	// rev is the revision to watch from: the one after the last read.
 	rev int64
-	// chunks holds the chunks of epoch chunkEpoch that the last header
-	// delivered listed, by seq, so that a republish fetches only the
-	// chunks it made; nil when the last value was no header.
-	chunks     map[uint64]readChunk
-	chunkEpoch uint64
+	// set holds the chunks that the last header delivered listed, so
+	// that a republish fetches only the chunks it made and the
+	// descriptors delivered share the others; nil when the last value
+	// was no header.
+	set *chunkwire.Set
 }
 
 func (w *etcdWatch) run(ctx context.Context, stop context.CancelFunc, synced bool) {
@@ -937,54 +950,44 @@ func (w *etcdWatch) update(ctx context.Context, kv *mvccpb.KeyValue, rev int64) 
 			return err
 		}
 	} else {
-		w.chunks = nil
+		w.set = nil
 		d, err = decode(w.name, kv.Value)
 	}
 	if err != nil {
 		w.gone()
 		return nil
 	}
-	w.last, w.lastRev = d.Clone(), kv.ModRevision
+	w.last, w.lastRev = d.CloneShared(), kv.ModRevision // a Chunked one shares its chunks
 	metadata.SendLatest(w.ch, metadata.Event{Desc: d})
 	return nil
 }
 
 // assemble returns the descriptor of a header, value, read at rev: its
-// chunks from those the watch holds (same seq, buffers and MAC) and those
-// it reads, at rev. It keeps the chunks the header lists, and only
-// those. A header that is not one of the name, or lists a chunk etcd does
-// not hold, is segtable.ErrBadDesc.
+// chunks from those the watch holds (same seq, sum, MAC and number of
+// buffers), shared with the descriptors it delivered, and those it
+// reads, at rev (Store.assemble). It keeps the chunks the header lists,
+// and only those. A header that is not one of the name, or lists a chunk
+// etcd does not hold, is segtable.ErrBadDesc.
 func (w *etcdWatch) assemble(ctx context.Context, value []byte, rev int64) (*segtable.SegmentDesc, error) {
 	h, err := parseHeader(w.name, value)
 	if err != nil {
 		return nil, err
 	}
-	if w.chunks == nil || w.chunkEpoch != h.Desc.Epoch {
-		w.chunks, w.chunkEpoch = map[uint64]readChunk{}, h.Desc.Epoch
-	}
-	have := func(c headerChunk) bool {
-		rc, ok := w.chunks[c.Seq]
-		return ok && rc.Matches(c)
+	base := w.set
+	if base == nil {
+		base = w.e.chunks.Load(w.name) // a Get's, or another watch's
 	}
 	cctx, stop := context.WithTimeout(ctx, w.e.timeout)
 	defer stop()
-	got, err := w.e.fetch(cctx, w.name, h, rev, have)
+	d, next, err := w.e.assemble(cctx, w.name, h, rev, base)
 	if errors.Is(err, errMissing) {
 		return nil, fmt.Errorf("%w: %w", segtable.ErrBadDesc, err)
 	}
 	if err != nil {
 		return nil, err
 	}
-	next := make(map[uint64]readChunk, len(h.Chunks))
-	for _, c := range h.Chunks {
-		if rc, ok := got[c.Seq]; ok {
-			next[c.Seq] = rc
-		} else {
-			next[c.Seq] = w.chunks[c.Seq]
-		}
-	}
-	w.chunks = next
-	return assemble(h, func(seq uint64) readChunk { return next[seq] }, true)
+	w.set = next
+	return d, nil
 }
 
 // gone delivers Deleted once for the descriptor last delivered.
@@ -993,5 +996,5 @@ func (w *etcdWatch) gone() {
 		return
 	}
 	metadata.SendLatest(w.ch, metadata.Event{Desc: w.last, Deleted: true})
-	w.last, w.lastRev, w.chunks = nil, 0, nil
+	w.last, w.lastRev, w.set = nil, 0, nil
 }
