@@ -36,14 +36,24 @@ type Endpoint struct {
 	// addr is the socket the connection went to.
 	addr string
 
-	// maps are the granted buffers by remote address; replaced whole by
-	// the connection's reader (grants, revokes, the end) under mmu.
-	maps atomic.Pointer[[]*mapping]
-	mmu  sync.Mutex
-	// descs are the buffers the descriptor lists for this transport: a
-	// slice inside one of them but not granted is denied, not out of range.
-	descs  atomic.Pointer[[]span]
-	closed atomic.Bool
+	// maps are the granted buffers by remote address, read without a
+	// lock (find) and changed by the connection's reader (grants,
+	// revokes, the end) under mmu, which also guards byHandle, the same
+	// mappings by the target's handle: a grant or a revoke costs
+	// O(log n), where a list copied whole made opening a segment of n
+	// buffers O(n^2) (BenchmarkScaleOpen).
+	maps     segtable.Sorted[*mapping]
+	byHandle map[uint64]*mapping
+	mmu      sync.Mutex
+	// descs are the buffers the descriptor lists for this transport, in
+	// the shape of its chunks (a slice inside one but not granted is
+	// denied, not out of range): an update makes entries for, and asks
+	// for the grants of, only the chunks that changed. regrant (under
+	// mu) makes the next update ask for every buffer again: a grant
+	// failed.
+	descs   atomic.Pointer[segtable.Mirror[span]]
+	regrant bool
+	closed  atomic.Bool
 }
 
 type span struct{ addr, length uint64 }
@@ -98,14 +108,10 @@ func (e *Endpoint) connect(ctx context.Context, desc *segtable.SegmentDesc) erro
 	if boot != e.t.boot {
 		return fmt.Errorf("%w: %w", ErrOtherHost, transport.ErrUnreachable)
 	}
-	bufs := desc.AllBuffers() // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
-	var spans []span
-	for _, b := range bufs {
-		if _, ok := b.Keys[Name]; ok {
-			spans = append(spans, span{b.Addr, b.Length})
-		}
+	old := e.descs.Load()
+	if e.regrant {
+		old = nil
 	}
-	e.descs.Store(&spans)
 	c := e.conn.Load()
 	if c == nil || c.dead.Load() || e.addr != name {
 		if c != nil {
@@ -116,24 +122,33 @@ func (e *Endpoint) connect(ctx context.Context, desc *segtable.SegmentDesc) erro
 		}
 		e.addr = name
 		e.conn.Store(c)
+		old = nil // a new connection holds no grant
 	}
-	have := map[uint64]bool{}
-	for _, m := range *e.maps.Load() {
-		have[m.raddr] = true
-	}
-	for _, b := range bufs {
-		k, ok := b.Keys[Name]
-		if !ok || have[b.Addr] {
+	// The buffers of the chunks that are not old's (all of them for a
+	// flat desc, a networked store's: O(n) then, as always), to ask for
+	// unless granted already.
+	var asks []*segtable.BufferDesc
+	e.descs.Store(segtable.NewMirror(old, segtable.ChunksOf(desc), func(b *segtable.BufferDesc) (span, bool) {
+		if _, ok := b.Keys[Name]; !ok {
+			return span{}, false
+		}
+		asks = append(asks, b)
+		return span{b.Addr, b.Length}, true
+	}))
+	e.regrant = true // until every ask below is answered
+	for _, b := range asks {
+		if g, _, ok := e.maps.FloorValue(b.Addr); ok && g.raddr == b.Addr {
 			continue
 		}
 		var key [16]byte
-		if h, err := hex.DecodeString(k); err == nil && len(h) == 16 {
+		if h, err := hex.DecodeString(b.Keys[Name]); err == nil && len(h) == 16 {
 			copy(key[:], h)
 		} // else: a zero key, which the target refuses
 		if err := c.grant(b.Addr, b.Length, &key, e.t.cfg.NoMap); err != nil && !errors.Is(err, transport.ErrDenied) && !errors.Is(err, transport.ErrRange) {
 			return err
 		}
 	}
+	e.regrant = false
 	return nil
 }
 
@@ -181,13 +196,14 @@ func (e *Endpoint) dial(ctx context.Context, name string, key []byte) (*client, 
 // Granted counts the target's buffers this endpoint reaches: mapped into
 // this process, and through process_vm calls.
 func (e *Endpoint) Granted() (mapped, vm int) {
-	for _, g := range *e.maps.Load() {
+	e.maps.Ascend(func(_ uint64, g *mapping) bool {
 		if g.base != nil {
 			mapped++
 		} else {
 			vm++
 		}
-	}
+		return true
+	})
 	return mapped, vm
 }
 
@@ -250,22 +266,11 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	e.connect(ctx, desc) // on failure slices fail; the next Update retries
 }
 
-// find returns the mapping holding [addr, addr+n), or nil.
-func find(ms []*mapping, addr, n uint64) *mapping {
-	i, j := 0, len(ms)
-	for i < j {
-		h := int(uint(i+j) >> 1)
-		if ms[h].raddr+ms[h].length > addr {
-			j = h
-		} else {
-			i = h + 1
-		}
-	}
-	if i == len(ms) {
-		return nil
-	}
-	m := ms[i]
-	if addr < m.raddr || n > m.length || addr-m.raddr > m.length-n {
+// find returns the mapping holding [addr, addr+n), or nil. Mappings do
+// not overlap (install refuses a grant that would).
+func (e *Endpoint) find(addr, n uint64) *mapping {
+	m, _, ok := e.maps.FloorValue(addr)
+	if !ok || n > m.length || addr-m.raddr > m.length-n {
 		return nil
 	}
 	return m
@@ -289,7 +294,7 @@ func (e *Endpoint) Copy(s *transport.Slice) error {
 	}
 	var m *mapping
 	if s.Op != transport.Notify {
-		m = find(*e.maps.Load(), s.Remote, s.Length)
+		m = e.find(s.Remote, s.Length)
 	}
 	return e.copy(c, m, s)
 }
@@ -302,7 +307,7 @@ func (e *Endpoint) CopyNow(s *transport.Slice, h *transport.Holds) (bool, error)
 	if s.Op == transport.Notify || e.closed.Load() || c == nil {
 		return false, nil
 	}
-	m := find(*e.maps.Load(), s.Remote, s.Length)
+	m := e.find(s.Remote, s.Length)
 	if m == nil || m.base == nil {
 		return false, nil
 	}
@@ -360,18 +365,17 @@ func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 		}
 		return
 	}
-	ms := *e.maps.Load()
 	for i := 0; i < len(s); {
 		var m *mapping
 		if s[i].Op != transport.Notify {
-			m = find(ms, s[i].Remote, s[i].Length)
+			m = e.find(s[i].Remote, s[i].Length)
 		}
 		if m == nil || m.base != nil {
 			errs[i] = e.copy(c, m, &s[i])
 			i++
 			continue
 		}
-		n := vmRun(ms, s[i:min(len(s), i+maxIov)])
+		n := e.vmRun(s[i:min(len(s), i+maxIov)])
 		e.vmBatch(s[i:i+n], errs[i:i+n])
 		i += n
 	}
@@ -379,10 +383,10 @@ func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 
 // vmRun counts the leading slices of s (at least the first, which must)
 // that go through process_vm calls in the same direction.
-func vmRun(ms []*mapping, s []transport.Slice) int {
+func (e *Endpoint) vmRun(s []transport.Slice) int {
 	n := 1
 	for n < len(s) && s[n].Op == s[0].Op {
-		m := find(ms, s[n].Remote, s[n].Length)
+		m := e.find(s[n].Remote, s[n].Length)
 		if m == nil || m.base != nil {
 			break
 		}
@@ -400,11 +404,10 @@ func (e *Endpoint) vmBatch(s []transport.Slice, errs []error) {
 		remote [maxIov]unix.RemoteIovec
 		held   [maxIov]*mapping
 	)
-	ms := *e.maps.Load()
 	k := 0
 	pid := 0
 	for i := range s {
-		m := find(ms, s[i].Remote, s[i].Length)
+		m := e.find(s[i].Remote, s[i].Length)
 		if m == nil || m.base != nil || (pid != 0 && m.pid != pid) || !m.ref.Acquire() {
 			break
 		}
@@ -448,10 +451,8 @@ func (e *Endpoint) missing(c *client, s *transport.Slice) error {
 	if c.dead.Load() {
 		return transport.ErrPeer
 	}
-	for _, sp := range *e.descs.Load() {
-		if s.Remote >= sp.addr && s.Length <= sp.length && s.Remote-sp.addr <= sp.length-s.Length {
-			return transport.ErrDenied // listed, but not granted (or withdrawn)
-		}
+	if sp, _ := e.descs.Load().Floor(s.Remote); sp != nil && s.Length <= sp.length && s.Remote-sp.addr <= sp.length-s.Length {
+		return transport.ErrDenied // listed, but not granted (or withdrawn)
 	}
 	return transport.ErrRange
 }
@@ -506,6 +507,9 @@ func (e *Endpoint) Close() error {
 // any). It runs on the connection's reader.
 func (e *Endpoint) install(pid int, m *msg, fd int) error {
 	g := &mapping{raddr: m.a, length: m.b, handle: m.handle, pid: pid}
+	if g.length == 0 || g.raddr+g.length < g.raddr {
+		return fmt.Errorf("%w: grant of [%#x, +%d)", ErrProtocol, g.raddr, g.length)
+	}
 	if m.flags&flagVM == 0 {
 		base, mm, err := mapFile(fd, m)
 		if err != nil {
@@ -517,18 +521,18 @@ func (e *Endpoint) install(pid int, m *msg, fd int) error {
 	}
 	e.mmu.Lock()
 	defer e.mmu.Unlock()
-	old := *e.maps.Load()
-	if find(old, g.raddr, 1) != nil || find(old, g.raddr+g.length-1, 1) != nil {
+	// The last mapping that starts within the grant's range or before it
+	// is the only one that may overlap it.
+	if p, _, ok := e.maps.FloorValue(g.raddr + g.length - 1); ok && p.raddr+p.length > g.raddr {
 		g.unmap()
 		return fmt.Errorf("%w: grant of [%#x, +%d) overlaps one held", ErrProtocol, g.raddr, g.length)
 	}
-	ms := make([]*mapping, 0, len(old)+1)
-	i := 0
-	for i < len(old) && old[i].raddr < g.raddr {
-		i++
+	if e.byHandle[g.handle] != nil {
+		g.unmap()
+		return fmt.Errorf("%w: a second grant of handle %d", ErrProtocol, g.handle)
 	}
-	ms = append(append(append(ms, old[:i]...), g), old[i:]...)
-	e.maps.Store(&ms)
+	e.maps.Insert(g.raddr, g)
+	e.byHandle[g.handle] = g
 	return nil
 }
 
@@ -570,16 +574,16 @@ func (g *mapping) unmap() {
 // runs on the connection's reader.
 func (e *Endpoint) drop(handle uint64, all bool) {
 	e.mmu.Lock()
-	old := *e.maps.Load()
-	var gone, kept []*mapping
-	for _, g := range old {
-		if all || g.handle == handle {
-			gone = append(gone, g)
-		} else {
-			kept = append(kept, g)
-		}
+	var gone []*mapping
+	if all {
+		gone = e.maps.Values()
+		e.maps.Reset(nil, nil)
+		clear(e.byHandle)
+	} else if g := e.byHandle[handle]; g != nil {
+		gone = []*mapping{g}
+		delete(e.byHandle, handle)
+		e.maps.Delete(g.raddr, func(x *mapping) bool { return x == g })
 	}
-	e.maps.Store(&kept)
 	e.mmu.Unlock()
 	for _, g := range gone {
 		// Copies are short: wait as long as they take.

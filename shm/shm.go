@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -100,11 +99,15 @@ type Transport struct {
 	self    atomic.Pointer[string] // the engine's segment name, From of notifications
 	deliver atomic.Pointer[func(*transport.Notification) error]
 
-	mu    sync.Mutex
-	regs  []*region // by address, under mu
-	seq   uint64    // the last registration handle
-	conns map[*server]struct{}
-	eps   map[*Endpoint]struct{}
+	mu sync.Mutex
+	// regs are the registered buffers by address, and byHandle the same
+	// by handle, under mu: a registration or an unregistration beside n
+	// others costs O(log n), not a scan or a copy of all of them.
+	regs     segtable.Sorted[*region]
+	byHandle map[uint64]*region
+	seq      uint64 // the last registration handle
+	conns    map[*server]struct{}
+	eps      map[*Endpoint]struct{}
 	// pending holds the connections that have not proved the key, oldest
 	// first, and pendingUID counts them per user; peers counts those that
 	// proved it. Under mu.
@@ -225,6 +228,7 @@ func New(cfg Config) (*Transport, error) {
 		key:        key,
 		ln:         ln,
 		conns:      map[*server]struct{}{},
+		byHandle:   map[uint64]*region{},
 		pendingUID: map[int]int{},
 		eps:        map[*Endpoint]struct{}{},
 		revoked:    make(chan struct{}),
@@ -275,31 +279,22 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 		r.close()
 		return segtable.Registration{}, fmt.Errorf("shm: register: %w", transport.ErrClosed)
 	}
-	i, _ := slices.BinarySearchFunc(t.regs, r.addr, func(x *region, a uintptr) int { return cmpAddr(x.addr, a) })
-	if i > 0 {
-		if p := t.regs[i-1]; p.shared && r.addr < p.addr+uintptr(p.size) {
+	if r.addr > 0 {
+		// The buffer before r, the only one whose file's tail r may be in.
+		if p, _, ok := t.regs.FloorValue(uint64(r.addr) - 1); ok && p.shared && r.addr < p.addr+uintptr(p.size) {
 			r.close()
 			return segtable.Registration{}, fmt.Errorf("shm: register %#x: in the last page of the file of buffer %#x, which peers have mapped whole: %w", b.Addr, p.addr, segtable.ErrOverlap)
 		}
 	}
 	t.seq++
 	r.handle = t.seq
-	t.regs = slices.Insert(t.regs, i, r)
+	t.regs.Insert(uint64(r.addr), r)
+	t.byHandle[r.handle] = r
 	reg := segtable.Registration{Handle: r.handle}
 	if b.Remote {
 		reg.Key = hex.EncodeToString(r.key[:])
 	}
 	return reg, nil
-}
-
-func cmpAddr(a, b uintptr) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func pageUp(n uint64) uint64 {
@@ -332,12 +327,11 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 // the package doc.) Safe for concurrent use.
 func (t *Transport) UnregisterContext(ctx context.Context, b *segtable.Buffer, reg segtable.Registration) error {
 	t.mu.Lock()
-	i := slices.IndexFunc(t.regs, func(x *region) bool { return x.handle == reg.Handle })
-	if i < 0 {
+	r := t.byHandle[reg.Handle]
+	if r == nil {
 		t.mu.Unlock()
 		return fmt.Errorf("shm: unregister %#x: %w", b.Addr, segtable.ErrNotFound)
 	}
-	r := t.regs[i]
 	if r.revoked {
 		t.mu.Unlock()
 		return fmt.Errorf("shm: unregister %#x: already being unregistered: %w", b.Addr, segtable.ErrNotFound)
@@ -349,7 +343,7 @@ func (t *Transport) UnregisterContext(ctx context.Context, b *segtable.Buffer, r
 		t.mu.Unlock()
 		<-t.revoked
 		t.mu.Lock()
-		t.regs = slices.DeleteFunc(t.regs, func(x *region) bool { return x == r })
+		t.forget(r)
 		r.close() // under mu: Close's last loop may close it too
 		t.mu.Unlock()
 		return nil
@@ -369,13 +363,21 @@ func (t *Transport) UnregisterContext(ctx context.Context, b *segtable.Buffer, r
 	}
 	wg.Wait()
 	t.mu.Lock()
-	t.regs = slices.DeleteFunc(t.regs, func(x *region) bool { return x == r })
+	t.forget(r)
 	t.mu.Unlock()
 	r.close()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shm: unregister %#x: %w", b.Addr, err)
 	}
 	return nil
+}
+
+// forget drops r from the registered buffers. t.mu must be held.
+func (t *Transport) forget(r *region) {
+	if t.byHandle[r.handle] == r {
+		delete(t.byHandle, r.handle)
+		t.regs.Delete(uint64(r.addr), func(x *region) bool { return x == r })
+	}
 }
 
 // grant answers an initiator's request for a buffer: it must be registered
@@ -388,15 +390,27 @@ func (t *Transport) UnregisterContext(ctx context.Context, b *segtable.Buffer, r
 func (t *Transport) grant(addr, length uint64, key *[16]byte) (r *region, status uint16, whole bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	i, ok := slices.BinarySearchFunc(t.regs, uintptr(addr), func(x *region, a uintptr) int { return cmpAddr(x.addr, a) })
-	if !ok || uint64(t.regs[i].addr) != addr || t.regs[i].length != length {
+	// The last registration at addr: a buffer registered again while its
+	// old registration drains sits after it.
+	r, at, ok := t.regs.FloorValue(addr)
+	if !ok || at != addr || r.length != length {
 		return nil, statusRange, false
 	}
-	r = t.regs[i]
 	if !r.remote || r.revoked || t.closed || subtle.ConstantTimeCompare(r.key[:], key[:]) != 1 {
 		return nil, statusDenied, false
 	}
-	whole = i+1 == len(t.regs) || uint64(t.regs[i+1].addr) >= uint64(r.addr)+uint64(r.size)
+	whole = true
+	if r.size > 0 {
+		t.regs.Descend(addr+uint64(r.size)-1, func(k uint64, x *region) bool {
+			if k < addr {
+				return false
+			}
+			if x != r {
+				whole = false // another buffer starts in the file's span
+			}
+			return whole
+		})
+	}
 	if whole && r.file != nil {
 		r.shared = true // the file may go out now: keep its tail free
 	}
@@ -444,9 +458,8 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 	if closed {
 		return nil, fmt.Errorf("shm: open %s: %w", desc.Name, transport.ErrClosed)
 	}
-	e := &Endpoint{t: t, name: desc.Name}
-	e.maps.Store(&[]*mapping{})
-	e.descs.Store(&[]span{})
+	e := &Endpoint{t: t, name: desc.Name, byHandle: map[uint64]*mapping{}}
+	e.descs.Store(segtable.NewMirror[span](nil, nil, nil))
 	if err := e.connect(ctx, desc); err != nil {
 		if c := e.conn.Load(); c != nil {
 			c.close()
@@ -481,7 +494,11 @@ func (t *Transport) Close() error {
 	// buffer served there is nothing to wait for (every Unregister
 	// revoked its buffer or cut the peers that held it), so a peer that
 	// does not answer cannot hold Close.
-	served := slices.ContainsFunc(t.regs, func(r *region) bool { return r.remote })
+	served := false
+	t.regs.Ascend(func(_ uint64, r *region) bool {
+		served = r.remote
+		return !served
+	})
 	t.mu.Unlock()
 	t.ln.Close()
 	var wg sync.WaitGroup
@@ -500,10 +517,12 @@ func (t *Transport) Close() error {
 	}
 	t.wg.Wait()
 	t.mu.Lock()
-	for _, r := range t.regs {
+	t.regs.Ascend(func(_ uint64, r *region) bool {
 		r.close()
-	}
-	t.regs = nil
+		return true
+	})
+	t.regs.Reset(nil, nil)
+	clear(t.byHandle)
 	t.mu.Unlock()
 	return nil
 }
