@@ -115,7 +115,10 @@ type ServerConfig struct {
 	// name to the token of the PUT that created it (trust on first use).
 	// With the key the server also keeps only descriptors signed with it
 	// (see [Signed]; 403 otherwise), as every engine with the key checks
-	// what it reads. The server keeps a copy.
+	// what it reads: of a republish sent as chunks, the chunks it had not
+	// checked (for that it holds each such descriptor's chunks decoded
+	// too, a few times their encoding's bytes, which MaxBytes does not
+	// count). The server keeps a copy.
 	Key []byte
 	// RequireOwner, for a server without Key, refuses (401) a PUT that
 	// creates a name without an owner token, and any change of such a
@@ -412,6 +415,10 @@ type serverEntry struct {
 	// head is set, and body nil, for a descriptor sent as chunks: its
 	// header and chunks (server_chunks.go).
 	head *entryHead
+	// checked is what the server with the key checked of a descriptor
+	// sent as chunks, which the next header of the name starts from
+	// (checkChunked); nil otherwise.
+	checked *chunksChecked
 }
 
 // size is what an entry counts against MaxBytes beside its chunks.

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/moonring/moonring/metadata/internal/chunkwire"
 	"github.com/moonring/moonring/segtable"
 )
 
@@ -343,6 +344,52 @@ func (s *Server) servePutChunk(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// chunksChecked is what a server with the key checked of a descriptor
+// sent as chunks: its chunks decoded, made once and shared from one
+// header to the next while listed unchanged (chunkwire.Set), and the
+// signatures checked over them (segtable.Verified).
+type chunksChecked struct {
+	set *chunkwire.Set
+	v   *segtable.Verified
+}
+
+// checkChunked checks the signatures of the descriptor of header h, whose
+// listed chunks the server holds (chunks, in h's order), starting from
+// prev, what it checked of the name's descriptor before (nil: nothing).
+// Only the chunks prev does not hold are decoded and have their buffers'
+// MACs checked (segtable.Signer.VerifySince); the header's MAC over the
+// set of chunks is checked whole: a republish after one registration
+// costs a chunk or two and O(chunks), where decoding and checking the
+// whole descriptor was O(buffers), under the server's lock. It accepts
+// what Verify of the whole descriptor accepts. s.mu held.
+func (s *Server) checkChunked(h *chunkHeader, chunks []*srvChunk, prev *chunksChecked) (*chunksChecked, error) {
+	var set *chunkwire.Set
+	var pv *segtable.Verified
+	if prev != nil {
+		set, pv = prev.set, prev.v
+	}
+	got := make(map[uint64]heldChunk)
+	for i, c := range h.Chunks {
+		if set.Has(h.Desc.Epoch, c) {
+			continue
+		}
+		held, err := chunkwire.DecodeListed(c, chunks[i].value)
+		if err != nil {
+			return nil, err
+		}
+		got[c.Seq] = held
+	}
+	d, next, err := chunkwire.AssembleChunked(h, set, got)
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.signer.VerifySince(d, pv)
+	if err != nil {
+		return nil, err
+	}
+	return &chunksChecked{set: next, v: v}, nil
+}
+
 func (s *Server) servePutHeader(w http.ResponseWriter, r *http.Request) {
 	p, ok := s.readPutRequest(w, r)
 	if !ok {
@@ -421,12 +468,11 @@ func (s *Server) servePutHeader(w http.ResponseWriter, r *http.Request) {
 	s.rev++
 	e := &serverEntry{epoch: epoch, head: head, etag: fmt.Sprintf(`"%d-%d"`, epoch, s.rev), rev: s.rev, ttl: ttl}
 	if s.signer != nil {
-		// With the key the server checks what it keeps, whole: O(buffers).
-		d, err := segtable.UnmarshalDesc(e.whole())
-		if err == nil {
-			err = s.signer.Verify(d)
+		var prev *chunksChecked
+		if old != nil {
+			prev = old.checked
 		}
-		if err != nil {
+		if e.checked, err = s.checkChunked(ch, chunks, prev); err != nil {
 			s.refuse(w, r, name, refusal{http.StatusForbidden, "the descriptor is not signed with the segment key: " + err.Error()})
 			return
 		}
