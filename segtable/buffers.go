@@ -194,7 +194,8 @@ func (bs *Buffers) Overlapping(addr uintptr, n uint64) *Buffer {
 func (bs *Buffers) Len() int { return bs.sorted.Len() }
 
 // Each calls fn for every registered buffer in the order of their
-// addresses, until fn returns false. Lock-free: it walks one snapshot.
+// addresses, until fn returns false. Lock-free: a buffer registered or
+// unregistered during the walk is seen or not (see Sorted).
 func (bs *Buffers) Each(fn func(*Buffer) bool) {
 	bs.sorted.Ascend(func(_ uint64, b *Buffer) bool { return fn(b) })
 }

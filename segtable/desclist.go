@@ -33,7 +33,7 @@ type descEntry struct {
 
 type descCache struct {
 	header *SegmentDesc
-	root   *sortedNode[descEntry] // the entries' tree it was built from
+	ver    uint64 // the entries' version (Sorted.version) it was built from
 	desc   *SegmentDesc
 }
 
@@ -135,21 +135,20 @@ func (l *DescList) Buffers(remoteOnly bool) []BufferDesc {
 }
 
 // desc returns header with the buffers of every entry, built once per
-// change of either.
+// change of either. Built during a change, it holds each entry the change
+// touched as it was or as it is after, and the next call builds it
+// again.
 func (l *DescList) desc(header *SegmentDesc) *SegmentDesc {
-	root := l.s.root.Load()
-	if c := l.cache.Load(); c != nil && c.header == header && c.root == root {
+	ver := l.s.version()
+	if c := l.cache.Load(); c != nil && c.header == header && c.ver == ver {
 		return c.desc
 	}
 	d := *header
-	d.Buffers = []BufferDesc{}
-	if root != nil {
-		d.Buffers = make([]BufferDesc, 0, root.n)
-	}
-	root.ascend(func(_ uint64, x descEntry) bool {
+	d.Buffers = make([]BufferDesc, 0, l.s.Len())
+	l.s.Ascend(func(_ uint64, x descEntry) bool {
 		d.Buffers = append(d.Buffers, *x.d)
 		return true
 	})
-	l.cache.Store(&descCache{header: header, root: root, desc: &d})
+	l.cache.Store(&descCache{header: header, ver: ver, desc: &d})
 	return &d
 }

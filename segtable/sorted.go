@@ -1,6 +1,9 @@
 package segtable
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"unsafe"
+)
 
 // Sorted is a copy-on-write sequence of values ordered by a uint64 key (an
 // address), kept as a B+ tree: leaves of at most maxChunk values (their
@@ -25,9 +28,15 @@ import "sync/atomic"
 //
 // Lookups are safe for concurrent use with each other and with one
 // changer; changes (Insert, Delete, Reset) must be serialized by the
-// caller. The zero value is empty and ready for use.
+// caller. A lookup that runs during a change sees the sequence as it was
+// or as it is after it; a walk (Ascend, Descend, Values) that runs during
+// changes sees each leaf as it was when the walk reached it. The zero
+// value is empty and ready for use.
 type Sorted[T any] struct {
 	root atomic.Pointer[sortedNode[T]] // nil when empty
+	// ver counts the changes, for caches of what was built from the
+	// values (a change in place leaves root as it was).
+	ver atomic.Uint64
 }
 
 // The tree's fan-outs: variables only so that tests can make tall trees
@@ -38,17 +47,50 @@ var (
 )
 
 // sortedNode is a leaf (h 0: keys and vals) or an inner node (h > 0: its
-// children's first keys in keys, kids and offs). It is never modified
-// once published. offs are 32 bits: a Sorted holds fewer than 2^31 values
-// (the tables it indexes hold at most MaxEntries).
+// children's first keys in keys, kids and offs). A leaf is never modified
+// once published, nor are an inner node's keys; the one changer replaces
+// a kid of an inner node in place by one of the same first key, and
+// changes offs and n with it (atomics: lookups read them without a lock).
+// offs are 32 bits: a Sorted holds fewer than 2^31 values (the tables it
+// indexes hold at most MaxEntries).
 type sortedNode[T any] struct {
 	keys []uint64
 	vals []T
-	kids []*sortedNode[T]
-	offs []int32 // offs[c]: how many values of the node lie before kid c
-	n    int     // values under the node
-	h    int     // height above the leaves
+	// kids are the children, *sortedNode[T] as unsafe.Pointer for
+	// atomic.LoadPointer and StorePointer: Go pointers all the same,
+	// which the collector traces.
+	kids []unsafe.Pointer
+	offs []atomic.Int32 // offs[c]: how many values of the node lie before kid c
+	n    atomic.Int64   // values under the node
+	h    int            // height above the leaves
 }
+
+// kid returns child c of an inner node.
+func (nd *sortedNode[T]) kid(c int) *sortedNode[T] {
+	return (*sortedNode[T])(atomic.LoadPointer(&nd.kids[c]))
+}
+
+// grew records, in an inner node whose kid c was changed in place below
+// it, that the kid holds by values more (or fewer): the offsets of the
+// kids after it and the node's count.
+func (nd *sortedNode[T]) grew(c int, by int) {
+	for i := c + 1; i < len(nd.offs); i++ {
+		nd.offs[i].Add(int32(by))
+	}
+	nd.n.Add(int64(by))
+}
+
+// nodes returns a list of node pointers as kids holds them.
+func nodes[T any](nds ...*sortedNode[T]) []unsafe.Pointer {
+	out := make([]unsafe.Pointer, len(nds))
+	for i, nd := range nds {
+		out[i] = unsafe.Pointer(nd)
+	}
+	return out
+}
+
+// at returns the node p (an element of kids, or of a list from nodes).
+func at[T any](p unsafe.Pointer) *sortedNode[T] { return (*sortedNode[T])(p) }
 
 // max returns how many entries (values or children) nd may hold.
 func (nd *sortedNode[T]) max() int {
@@ -59,27 +101,36 @@ func (nd *sortedNode[T]) max() int {
 }
 
 func newLeaf[T any](keys []uint64, vals []T) *sortedNode[T] {
-	return &sortedNode[T]{keys: keys, vals: vals, n: len(keys)}
+	nd := &sortedNode[T]{keys: keys, vals: vals}
+	nd.n.Store(int64(len(keys)))
+	return nd
 }
 
 // newInner returns a node over kids, which it keeps.
-func newInner[T any](kids []*sortedNode[T]) *sortedNode[T] {
-	nd := &sortedNode[T]{keys: make([]uint64, len(kids)), kids: kids, offs: make([]int32, len(kids)), h: kids[0].h + 1}
-	for c, k := range kids {
+func newInner[T any](kids []unsafe.Pointer) *sortedNode[T] {
+	nd := &sortedNode[T]{keys: make([]uint64, len(kids)), kids: kids, offs: make([]atomic.Int32, len(kids)), h: at[T](kids[0]).h + 1}
+	n := int64(0)
+	for c, p := range kids {
+		k := at[T](p)
 		nd.keys[c] = k.keys[0]
-		nd.offs[c] = int32(nd.n)
-		nd.n += k.n
+		nd.offs[c].Store(int32(n))
+		n += k.n.Load()
 	}
+	nd.n.Store(n)
 	return nd
 }
 
 // Len returns how many values the sequence holds.
 func (s *Sorted[T]) Len() int {
 	if nd := s.root.Load(); nd != nil {
-		return nd.n
+		return int(nd.n.Load())
 	}
 	return 0
 }
+
+// version returns a number that changes with every change of the
+// sequence.
+func (s *Sorted[T]) version() uint64 { return s.ver.Load() }
 
 // floorIndex returns the index of the last element of a, which is sorted,
 // that is at most key, or -1. A plain binary search: one without a branch
@@ -114,8 +165,8 @@ func (s *Sorted[T]) Floor(key uint64) (v T, k uint64, index int, ok bool) {
 		if c < 0 {
 			return v, 0, -1, false
 		}
-		index += int(nd.offs[c])
-		nd = nd.kids[c]
+		index += int(nd.offs[c].Load())
+		nd = nd.kid(c)
 	}
 	i := floorIndex(nd.keys, key)
 	if i < 0 {
@@ -137,7 +188,7 @@ func (s *Sorted[T]) FloorValue(key uint64) (v T, k uint64, ok bool) {
 		if c < 0 {
 			return v, 0, false
 		}
-		nd = nd.kids[c]
+		nd = nd.kid(c)
 	}
 	i := floorIndex(nd.keys, key)
 	if i < 0 {
@@ -170,7 +221,7 @@ func (nd *sortedNode[T]) descend(key uint64, all bool, fn func(k uint64, v T) bo
 		return true
 	}
 	for ; i >= 0; i-- {
-		if !nd.kids[i].descend(key, all, fn) {
+		if !nd.kid(i).descend(key, all, fn) {
 			return false
 		}
 		all = true // the kids before hold only smaller keys
@@ -195,8 +246,8 @@ func (nd *sortedNode[T]) ascend(fn func(k uint64, v T) bool) bool {
 		}
 		return true
 	}
-	for _, kid := range nd.kids {
-		if !kid.ascend(fn) {
+	for c := range nd.kids {
+		if !nd.kid(c).ascend(fn) {
 			return false
 		}
 	}
@@ -215,58 +266,73 @@ func (s *Sorted[T]) Values() []T {
 
 // Insert adds v under key, after any value of an equal key.
 func (s *Sorted[T]) Insert(key uint64, v T) {
+	defer s.ver.Add(1)
 	nd := s.root.Load()
 	if nd == nil {
 		s.root.Store(newLeaf([]uint64{key}, []T{v}))
 		return
 	}
-	out := nd.insert(key, v)
-	if len(out) == 2 {
-		s.root.Store(newInner(out))
-		return
+	switch out := nd.insert(key, v); len(out) {
+	case 0: // changed in place
+	case 2:
+		s.root.Store(newInner[T](out))
+	default:
+		s.root.Store(at[T](out[0]))
 	}
-	s.root.Store(out[0])
 }
 
-// insert returns the nodes that replace nd once v is inserted under key
-// (before everything when key is smaller than every key of nd): one, or
-// two when nd overflowed.
-func (nd *sortedNode[T]) insert(key uint64, v T) []*sortedNode[T] {
+// insert inserts v under key (before everything when key is smaller than
+// every key of nd) and returns the nodes that replace nd: one, or two when
+// nd overflowed; none when it changed nd in place (a kid replaced by one
+// of the same first key, and the counts).
+func (nd *sortedNode[T]) insert(key uint64, v T) []unsafe.Pointer {
 	if nd.h == 0 {
-		at := floorIndex(nd.keys, key) + 1
+		i := floorIndex(nd.keys, key) + 1
 		switch {
-		case len(nd.keys) >= maxChunk && at == len(nd.keys):
+		case len(nd.keys) >= maxChunk && i == len(nd.keys):
 			// Past the end of a full leaf (whose parent found no room
 			// in the next one): a leaf of its own, which leaves the full
 			// one full rather than halves.
-			return []*sortedNode[T]{nd, newLeaf([]uint64{key}, []T{v})}
-		case len(nd.keys) >= maxChunk && at == 0:
+			return nodes(nd, newLeaf([]uint64{key}, []T{v}))
+		case len(nd.keys) >= maxChunk && i == 0:
 			// Before everything, at a full first leaf: a leaf of its own
 			// too (insertions in falling key order below everything, as
 			// mmap's top-down placement gives).
-			return []*sortedNode[T]{newLeaf([]uint64{key}, []T{v}), nd}
+			return nodes(newLeaf([]uint64{key}, []T{v}), nd)
 		}
-		keys := insertAt(nd.keys, at, key)
-		vals := insertAt(nd.vals, at, v)
+		keys := insertAt(nd.keys, i, key)
+		vals := insertAt(nd.vals, i, v)
 		if len(keys) > maxChunk {
 			h := len(keys) / 2
-			return []*sortedNode[T]{newLeaf(keys[:h:h], vals[:h:h]), newLeaf(keys[h:], vals[h:])}
+			return nodes(newLeaf(keys[:h:h], vals[:h:h]), newLeaf(keys[h:], vals[h:]))
 		}
-		return []*sortedNode[T]{newLeaf(keys, vals)}
+		return nodes(newLeaf(keys, vals))
 	}
 	c := max(floorIndex(nd.keys, key), 0)
-	if c+1 < len(nd.kids) && nd.kids[c].pastFullEnd(key) && nd.kids[c+1].headRoom() {
+	kid := nd.kid(c)
+	if c+1 < len(nd.kids) && kid.pastFullEnd(key) && nd.kid(c+1).headRoom() {
 		// Past the end of a full leaf, before one with room: at its head
 		// (insertions in falling key order fill leaves too).
-		head := []*sortedNode[T]{nd.kids[c+1].insertHead(key, v)}
-		return []*sortedNode[T]{newInner(splice(nd.kids, c+1, c+2, head))}
+		head := nodes(nd.kid(c+1).insertHead(key, v))
+		return nodes(newInner[T](splice(nd.kids, c+1, c+2, head)))
 	}
-	out := nd.kids[c].insert(key, v)
+	out := kid.insert(key, v)
+	if len(out) == 0 {
+		nd.grew(c, 1)
+		return nil
+	}
+	if len(out) == 1 && at[T](out[0]).keys[0] == kid.keys[0] {
+		// The kid's first key as it was, so nd's keys hold: the new kid
+		// in place, nothing above copied.
+		atomic.StorePointer(&nd.kids[c], out[0])
+		nd.grew(c, 1)
+		return nil
+	}
 	lo, hi := c, c+1
-	if len(out) == 2 && len(out[1].keys) == 1 && c+1 < len(nd.kids) && len(nd.kids[c+1].keys) < nd.kids[c+1].max() {
+	if len(out) == 2 && len(at[T](out[1]).keys) == 1 && c+1 < len(nd.kids) && len(nd.kid(c+1).keys) < nd.kid(c+1).max() {
 		// A node of one entry past the end of a full kid: at the head
 		// of the next kid, which has room.
-		out = []*sortedNode[T]{out[0], join(out[1], nd.kids[c+1])}
+		out = nodes(at[T](out[0]), join(at[T](out[1]), nd.kid(c+1)))
 		hi = c + 2
 	}
 	if len(nd.kids)-(hi-lo)+len(out) > maxPage && len(out) == 2 {
@@ -275,31 +341,31 @@ func (nd *sortedNode[T]) insert(key uint64, v T) []*sortedNode[T] {
 		// that overflowed was left as it was (a full leaf, or a node
 		// this rule kept whole below).
 		switch {
-		case hi == len(nd.kids) && out[0] == nd.kids[c]:
-			return []*sortedNode[T]{nd, newInner(out[1:2:2])}
+		case hi == len(nd.kids) && out[0] == unsafe.Pointer(kid):
+			return nodes(nd, newInner[T](out[1:2:2]))
 		case hi == len(nd.kids):
 			kids := splice(nd.kids, lo, hi, out[:1])
-			return []*sortedNode[T]{newInner(kids), newInner(out[1:2:2])}
-		case lo == 0 && len(out[0].keys) == 1 && out[1] == nd.kids[0]:
-			return []*sortedNode[T]{newInner(out[:1:1]), nd}
-		case lo == 0 && len(out[0].keys) == 1:
+			return nodes(newInner[T](kids), newInner[T](out[1:2:2]))
+		case lo == 0 && len(at[T](out[0]).keys) == 1 && out[1] == unsafe.Pointer(kid):
+			return nodes(newInner[T](out[:1:1]), nd)
+		case lo == 0 && len(at[T](out[0]).keys) == 1:
 			kids := splice(nd.kids, lo, hi, out[1:])
-			return []*sortedNode[T]{newInner(out[:1:1]), newInner(kids)}
+			return nodes(newInner[T](out[:1:1]), newInner[T](kids))
 		}
 	}
 	kids := splice(nd.kids, lo, hi, out)
 	if len(kids) <= maxPage {
-		return []*sortedNode[T]{newInner(kids)}
+		return nodes(newInner[T](kids))
 	}
 	h := len(kids) / 2
-	return []*sortedNode[T]{newInner(kids[:h:h]), newInner(kids[h:])}
+	return nodes(newInner[T](kids[:h:h]), newInner[T](kids[h:]))
 }
 
 // pastFullEnd reports whether key would go past the end of nd's last leaf,
 // and that leaf is full.
 func (nd *sortedNode[T]) pastFullEnd(key uint64) bool {
 	for nd.h > 0 {
-		nd = nd.kids[len(nd.kids)-1]
+		nd = nd.kid(len(nd.kids) - 1)
 	}
 	return len(nd.keys) >= maxChunk && key >= nd.keys[len(nd.keys)-1]
 }
@@ -307,7 +373,7 @@ func (nd *sortedNode[T]) pastFullEnd(key uint64) bool {
 // headRoom reports whether nd's first leaf has room.
 func (nd *sortedNode[T]) headRoom() bool {
 	for nd.h > 0 {
-		nd = nd.kids[0]
+		nd = nd.kid(0)
 	}
 	return len(nd.keys) < maxChunk
 }
@@ -318,7 +384,7 @@ func (nd *sortedNode[T]) insertHead(key uint64, v T) *sortedNode[T] {
 	if nd.h == 0 {
 		return newLeaf(insertAt(nd.keys, 0, key), insertAt(nd.vals, 0, v))
 	}
-	return newInner(splice(nd.kids, 0, 1, []*sortedNode[T]{nd.kids[0].insertHead(key, v)}))
+	return newInner[T](splice(nd.kids, 0, 1, nodes(nd.kid(0).insertHead(key, v))))
 }
 
 // join returns a node of a's entries followed by b's; a and b are of one
@@ -329,7 +395,7 @@ func join[T any](a, b *sortedNode[T]) *sortedNode[T] {
 		vals := append(append(make([]T, 0, len(a.vals)+len(b.vals)), a.vals...), b.vals...)
 		return newLeaf(keys, vals)
 	}
-	return newInner(append(append(make([]*sortedNode[T], 0, len(a.kids)+len(b.kids)), a.kids...), b.kids...))
+	return newInner[T](append(append(make([]unsafe.Pointer, 0, len(a.kids)+len(b.kids)), a.kids...), b.kids...))
 }
 
 // insertAt returns a new slice of s with x at i.
@@ -351,12 +417,16 @@ func (s *Sorted[T]) Delete(key uint64, match func(T) bool) bool {
 	if nd == nil {
 		return false
 	}
-	out, found, _ := nd.delete(key, false, match)
+	out, found, _, inPlace := nd.delete(key, false, match)
 	if !found {
 		return false
 	}
+	defer s.ver.Add(1)
+	if inPlace {
+		return true
+	}
 	for out != nil && out.h > 0 && len(out.kids) == 1 {
-		out = out.kids[0]
+		out = out.kid(0)
 	}
 	s.root.Store(out)
 	return true
@@ -364,10 +434,11 @@ func (s *Sorted[T]) Delete(key uint64, match func(T) bool) bool {
 
 // delete returns nd without the first value under key, from the last
 // down (from its end when all), for which match reports true (nil when
-// nothing is left), and whether there was one; more reports, when there
-// was none, that nd's values down to its first are all under key, so the
-// one may lie in the node before.
-func (nd *sortedNode[T]) delete(key uint64, all bool, match func(T) bool) (out *sortedNode[T], found, more bool) {
+// nothing is left), and whether there was one; inPlace reports that it
+// changed nd in place (then out is nd); more reports, when there was
+// none, that nd's values down to its first are all under key, so the one
+// may lie in the node before.
+func (nd *sortedNode[T]) delete(key uint64, all bool, match func(T) bool) (out *sortedNode[T], found, more, inPlace bool) {
 	i := len(nd.keys) - 1
 	if !all {
 		i = floorIndex(nd.keys, key)
@@ -376,73 +447,96 @@ func (nd *sortedNode[T]) delete(key uint64, all bool, match func(T) bool) (out *
 		for ; i >= 0 && nd.keys[i] == key; i-- {
 			if match(nd.vals[i]) {
 				if len(nd.keys) == 1 {
-					return nil, true, false
+					return nil, true, false, false
 				}
 				keys := append(append(make([]uint64, 0, len(nd.keys)-1), nd.keys[:i]...), nd.keys[i+1:]...)
 				vals := append(append(make([]T, 0, len(nd.vals)-1), nd.vals[:i]...), nd.vals[i+1:]...)
-				return newLeaf(keys, vals), true, false
+				return newLeaf(keys, vals), true, false, false
 			}
 		}
-		return nd, false, i < 0
+		return nd, false, i < 0, false
 	}
 	for ; i >= 0; i-- {
-		kid, found, more := nd.kids[i].delete(key, all, match)
+		old := nd.kid(i)
+		kid, found, more, in := old.delete(key, all, match)
 		if found {
-			return nd.replace(i, kid), true, false
+			switch {
+			case in:
+			case kid != nil && kid.keys[0] == old.keys[0] && nd.joinWith(i, kid) < 0:
+				// The kid's first key as it was and nothing to join:
+				// the new kid in place, nothing above copied.
+				atomic.StorePointer(&nd.kids[i], unsafe.Pointer(kid))
+			default:
+				return nd.replace(i, kid), true, false, false
+			}
+			nd.grew(i, -1)
+			return nd, true, false, true
 		}
 		if !more {
-			return nd, false, false
+			return nd, false, false, false
 		}
 		all = true
 	}
-	return nd, false, true
+	return nd, false, true, false
 }
 
-// replace returns nd with kid c replaced by kid (dropped when nil), and
-// kid joined to the smaller neighbour when it shrank to a quarter of its
+// joinWith returns the kid of nd that kid, which is to replace kid c,
+// joins: the smaller neighbour, when kid shrank to a quarter of its
 // maximum or less and the two fit in a node, so that deletions do not
-// leave many small nodes; nil when no kid is left.
+// leave many small nodes; -1 when none.
+func (nd *sortedNode[T]) joinWith(c int, kid *sortedNode[T]) int {
+	if len(kid.keys) > kid.max()/4 {
+		return -1
+	}
+	n := -1
+	if c > 0 {
+		n = c - 1
+	}
+	if c+1 < len(nd.kids) && (n < 0 || len(nd.kid(c+1).keys) < len(nd.kid(n).keys)) {
+		n = c + 1
+	}
+	if n >= 0 && len(nd.kid(n).keys)+len(kid.keys) <= kid.max() {
+		return n
+	}
+	return -1
+}
+
+// replace returns a copy of nd with kid c replaced by kid (dropped when
+// nil), and kid joined to a neighbour when joinWith says so; nil when no
+// kid is left.
 func (nd *sortedNode[T]) replace(c int, kid *sortedNode[T]) *sortedNode[T] {
 	if kid == nil {
 		if len(nd.kids) == 1 {
 			return nil
 		}
-		return newInner(splice(nd.kids, c, c+1, nil))
+		return newInner[T](splice(nd.kids, c, c+1, nil))
 	}
 	lo, hi := c, c+1
-	if len(kid.keys) <= kid.max()/4 {
-		n := -1
-		if c > 0 {
-			n = c - 1
-		}
-		if c+1 < len(nd.kids) && (n < 0 || len(nd.kids[c+1].keys) < len(nd.kids[n].keys)) {
-			n = c + 1
-		}
-		if n >= 0 && len(nd.kids[n].keys)+len(kid.keys) <= kid.max() {
-			if n < c {
-				kid, lo = join(nd.kids[n], kid), n
-			} else {
-				kid, hi = join(kid, nd.kids[n]), n+1
-			}
-		}
+	switch n := nd.joinWith(c, kid); {
+	case n < 0:
+	case n < c:
+		kid, lo = join(nd.kid(n), kid), n
+	default:
+		kid, hi = join(kid, nd.kid(n)), n+1
 	}
-	return newInner(splice(nd.kids, lo, hi, []*sortedNode[T]{kid}))
+	return newInner[T](splice(nd.kids, lo, hi, nodes(kid)))
 }
 
 // Reset replaces the sequence with keys and vals, which must be sorted by
 // key and of one length. Leaves and inner nodes are filled to half, so
 // that the next insertions split none.
 func (s *Sorted[T]) Reset(keys []uint64, vals []T) {
-	var level []*sortedNode[T]
+	defer s.ver.Add(1)
+	var level []unsafe.Pointer
 	for lo := 0; lo < len(keys); lo += maxChunk / 2 {
 		hi := min(lo+maxChunk/2, len(keys))
-		level = append(level, newLeaf(keys[lo:hi:hi], vals[lo:hi:hi]))
+		level = append(level, unsafe.Pointer(newLeaf(keys[lo:hi:hi], vals[lo:hi:hi])))
 	}
 	for len(level) > 1 {
-		var up []*sortedNode[T]
+		var up []unsafe.Pointer
 		for lo := 0; lo < len(level); lo += maxPage / 2 {
 			hi := min(lo+maxPage/2, len(level))
-			up = append(up, newInner(level[lo:hi:hi]))
+			up = append(up, unsafe.Pointer(newInner[T](level[lo:hi:hi])))
 		}
 		level = up
 	}
@@ -450,5 +544,5 @@ func (s *Sorted[T]) Reset(keys []uint64, vals []T) {
 		s.root.Store(nil)
 		return
 	}
-	s.root.Store(level[0])
+	s.root.Store(at[T](level[0]))
 }

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/leanovate/gopter"
@@ -137,8 +139,8 @@ func checkTree[T any](root *sortedNode[T]) error {
 			return fmt.Errorf("node of height %d with %d entries", nd.h, len(nd.keys))
 		}
 		if nd.h == 0 {
-			if len(nd.vals) != len(nd.keys) || nd.n != len(nd.keys) || nd.kids != nil {
-				return fmt.Errorf("leaf of %d keys, %d values, count %d", len(nd.keys), len(nd.vals), nd.n)
+			if len(nd.vals) != len(nd.keys) || nd.n.Load() != int64(len(nd.keys)) || nd.kids != nil {
+				return fmt.Errorf("leaf of %d keys, %d values, count %d", len(nd.keys), len(nd.vals), nd.n.Load())
 			}
 			for _, k := range nd.keys {
 				if k < last {
@@ -151,18 +153,19 @@ func checkTree[T any](root *sortedNode[T]) error {
 		if len(nd.kids) != len(nd.keys) || len(nd.offs) != len(nd.keys) || nd.vals != nil {
 			return fmt.Errorf("inner node of %d keys, %d kids, %d offsets", len(nd.keys), len(nd.kids), len(nd.offs))
 		}
-		n := 0
-		for c, kid := range nd.kids {
-			if kid.h != nd.h-1 || nd.keys[c] != kid.keys[0] || int(nd.offs[c]) != n {
-				return fmt.Errorf("kid %d of a node of height %d: height %d, first key %d (node has %d), offset %d (want %d)", c, nd.h, kid.h, kid.keys[0], nd.keys[c], nd.offs[c], n)
+		n := int64(0)
+		for c := range nd.kids {
+			kid := nd.kid(c)
+			if kid.h != nd.h-1 || nd.keys[c] != kid.keys[0] || int64(nd.offs[c].Load()) != n {
+				return fmt.Errorf("kid %d of a node of height %d: height %d, first key %d (node has %d), offset %d (want %d)", c, nd.h, kid.h, kid.keys[0], nd.keys[c], nd.offs[c].Load(), n)
 			}
 			if err := walk(kid); err != nil {
 				return err
 			}
-			n += kid.n
+			n += kid.n.Load()
 		}
-		if nd.n != n {
-			return fmt.Errorf("node of height %d counts %d values, holds %d", nd.h, nd.n, n)
+		if nd.n.Load() != n {
+			return fmt.Errorf("node of height %d counts %d values, holds %d", nd.h, nd.n.Load(), n)
 		}
 		return nil
 	}
@@ -179,8 +182,8 @@ func levelCounts[T any](root *sortedNode[T]) []int {
 	var walk func(nd *sortedNode[T])
 	walk = func(nd *sortedNode[T]) {
 		counts[nd.h]++
-		for _, kid := range nd.kids {
-			walk(kid)
+		for c := range nd.kids {
+			walk(nd.kid(c))
 		}
 	}
 	walk(root)
@@ -325,4 +328,114 @@ func checkSorted(s *Sorted[int], model []kv, key uint64) string {
 		return fmt.Sprintf("Descend(%d) stopped early at model index %d", key, j)
 	}
 	return ""
+}
+
+// TestSortedChangeInPlace: a change in the middle of a large sequence
+// that leaves its leaf's first key as it was copies that leaf only: the
+// root stays, and an insertion and a deletion allocate what two leaves
+// take (a node, its keys, its values) and the short lists that carry the
+// new nodes up.
+func TestSortedChangeInPlace(t *testing.T) {
+	var s Sorted[int]
+	keys, vals := make([]uint64, 20000), make([]int, 20000)
+	for i := range keys {
+		keys[i], vals[i] = uint64(2*i), i
+	}
+	s.Reset(keys, vals) // leaves half full: room for the insertion
+	root := s.root.Load()
+	if root.h < 2 {
+		t.Fatalf("a tree of height %d: want inner nodes under the root", root.h)
+	}
+	key := uint64(2*10000 + 1) // between two values, after a leaf's first
+	allocs := testing.AllocsPerRun(100, func() {
+		s.Insert(key, -1)
+		if !s.Delete(key, func(v int) bool { return v == -1 }) {
+			t.Fatal("Delete found nothing")
+		}
+	})
+	if s.root.Load() != root {
+		t.Error("the root was copied")
+	}
+	t.Logf("%.0f allocations an insertion and deletion", allocs)
+	if allocs > 8 {
+		t.Errorf("%.0f allocations an insertion and deletion, want at most 8", allocs)
+	}
+	if err := checkTree(s.root.Load()); err != nil {
+		t.Fatal(err)
+	}
+	if s.Len() != 20000 {
+		t.Fatalf("Len %d", s.Len())
+	}
+}
+
+// TestSortedConcurrent: lookups without a lock while one changer inserts
+// and deletes values between fixed ones (splitting, joining and changing
+// leaves in place, in a tree of tiny fan-outs): every fixed value is
+// found under its key at every moment, and a key between two fixed ones
+// finds the value inserted under it or the fixed one below. Run with
+// -race, it also checks that what changes in place is read atomically.
+func TestSortedConcurrent(t *testing.T) {
+	mc, mp := maxChunk, maxPage
+	maxChunk, maxPage = 4, 4
+	defer func() { maxChunk, maxPage = mc, mp }()
+	const fixed = 200
+	var s Sorted[int]
+	for i := range fixed {
+		s.Insert(uint64(4*i), 4*i) // value = key for fixed ones
+	}
+	var stop atomic.Bool
+	var bad atomic.Value
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 3))
+			for !stop.Load() {
+				k := rng.Uint64N(4 * fixed)
+				v, got, _, ok := s.Floor(k)
+				fv, fk, fok := s.FloorValue(k)
+				base := k &^ 3
+				switch {
+				case !ok || !fok:
+					bad.Store(fmt.Sprintf("Floor(%d) found nothing", k))
+				case got < base || got > k || fk < base || fk > k:
+					bad.Store(fmt.Sprintf("Floor(%d) = key %d / %d", k, got, fk))
+				case got == base && v != int(base) || fk == base && fv != int(base):
+					bad.Store(fmt.Sprintf("Floor(%d) = %d / %d under fixed key %d", k, v, fv, base))
+				}
+				s.Descend(base, func(dk uint64, dv int) bool {
+					if dk != base || dv != int(base) {
+						bad.Store(fmt.Sprintf("Descend(%d) starts at %d: %d", base, dk, dv))
+					}
+					return false
+				})
+			}
+		})
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	var extra []uint64
+	for range 20000 {
+		if len(extra) > 0 && rng.IntN(2) == 0 {
+			j := rng.IntN(len(extra))
+			k := extra[j]
+			if !s.Delete(k, func(v int) bool { return v == -int(k) }) {
+				t.Fatalf("Delete(%d) found nothing", k)
+			}
+			extra = slices.Delete(extra, j, j+1)
+			continue
+		}
+		k := rng.Uint64N(4*fixed)&^3 + 1 + rng.Uint64N(3)
+		s.Insert(k, -int(k))
+		extra = append(extra, k)
+	}
+	stop.Store(true)
+	wg.Wait()
+	if msg := bad.Load(); msg != nil {
+		t.Fatal(msg)
+	}
+	if err := checkTree(s.root.Load()); err != nil {
+		t.Fatal(err)
+	}
+	if s.Len() != fixed+len(extra) {
+		t.Fatalf("Len %d, want %d", s.Len(), fixed+len(extra))
+	}
 }
