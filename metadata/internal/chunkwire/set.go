@@ -29,7 +29,7 @@ type Set struct {
 	epoch uint64
 	held  map[uint64]Held
 	list  *segtable.BufferChunks // nil when the last assembly was flat
-	n     int                    // chunks listed
+	n     int                    // buffers of the chunks held
 }
 
 // Has reports whether s holds chunk c of a header of epoch: the same
@@ -43,7 +43,7 @@ func (s *Set) Has(epoch uint64, c Chunk) bool {
 	return ok && hc.Matches(c)
 }
 
-// Len returns the number of chunks s holds.
+// Len returns the number of buffers of the chunks s holds.
 func (s *Set) Len() int {
 	if s == nil {
 		return 0
@@ -75,7 +75,7 @@ func AssembleChunked(h *Header, s *Set, got map[uint64]Held) (*segtable.SegmentD
 	if s != nil && s.epoch != epoch {
 		s = nil
 	}
-	next := &Set{epoch: epoch, held: make(map[uint64]Held, len(h.Chunks)), n: len(h.Chunks)}
+	next := &Set{epoch: epoch, held: make(map[uint64]Held, len(h.Chunks))}
 	flat := false
 	for _, c := range h.Chunks {
 		hc, ok := got[c.Seq]
@@ -94,6 +94,7 @@ func AssembleChunked(h *Header, s *Set, got map[uint64]Held) (*segtable.SegmentD
 			return nil, nil, fmt.Errorf("%w: chunk %d listed twice", segtable.ErrBadDesc, c.Seq)
 		}
 		next.held[c.Seq] = hc
+		next.n += c.N
 	}
 	if flat {
 		d, err := Assemble(h, func(seq uint64) Held { return next.held[seq] }, true)
@@ -136,16 +137,22 @@ func AssembleChunked(h *Header, s *Set, got map[uint64]Held) (*segtable.SegmentD
 // Cache holds a Set per name for the reads of a store that keep nothing
 // of their own (its Gets), and that its watches share, so that
 // successive reads of a name share the chunks that did not change with
-// each other and with the watches' events. It holds at most MaxChunks
-// chunks in all: a Set that would take it past starts it afresh (the
-// next read of each other name makes its chunks again). Safe for
+// each other and with the watches' events. It holds the chunks of at
+// most MaxBuffers buffers in all: a Set that would take it past starts
+// it afresh (the next read of each other name makes its chunks again).
+// Safe for
 // concurrent use; the zero value is empty and ready. What it holds lives
 // until Store replaces or drops it, or the Cache goes.
 type Cache struct {
-	mu     sync.Mutex
-	sets   map[string]*Set
-	chunks int
+	mu   sync.Mutex
+	sets map[string]*Set
+	n    int // buffers
 }
+
+// MaxBuffers bounds the buffers of the chunks a Cache holds (some 100 to
+// 300 bytes each with their keys): ten descriptors of 100k buffers. A
+// watch keeps its own Set besides, so that past it only Gets read more.
+const MaxBuffers = 1 << 20
 
 // Load returns the Set held for name, or nil.
 func (c *Cache) Load(name string) *Set {
@@ -154,26 +161,27 @@ func (c *Cache) Load(name string) *Set {
 	return c.sets[name]
 }
 
-// Store holds s for name in place of what was held (nil: nothing is).
+// Store holds s for name in place of what was held (nil: nothing is);
+// past MaxBuffers, s alone.
 // Of two reads of a name that race, the last to store wins: either Set is
 // a valid base for the next read.
 func (c *Cache) Store(name string, s *Set) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.sets[name]; ok {
-		c.chunks -= old.Len()
+		c.n -= old.Len()
 		delete(c.sets, name)
 	}
 	if s == nil {
 		return
 	}
-	if c.chunks+s.Len() > MaxChunks {
+	if c.n+s.Len() > MaxBuffers {
 		clear(c.sets)
-		c.chunks = 0
+		c.n = 0
 	}
 	if c.sets == nil {
 		c.sets = make(map[string]*Set)
 	}
 	c.sets[name] = s
-	c.chunks += s.Len()
+	c.n += s.Len()
 }

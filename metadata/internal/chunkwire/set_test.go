@@ -185,24 +185,25 @@ func TestAssembleChunkedRefuses(t *testing.T) {
 	}
 }
 
-// TestCache: a Set per name, at most MaxChunks chunks in all.
+// TestCache: a Set per name, the chunks of at most MaxBuffers buffers in
+// all.
 func TestCache(t *testing.T) {
 	var c Cache
 	if c.Load("a") != nil {
 		t.Fatal("an empty cache holds a")
 	}
-	a, b := &Set{n: MaxChunks / 2}, &Set{n: MaxChunks/2 + 1}
+	a, b := &Set{n: MaxBuffers / 2}, &Set{n: MaxBuffers/2 + 1}
 	c.Store("a", a)
 	c.Store("a", a)
-	if c.Load("a") != a || c.chunks != MaxChunks/2 {
-		t.Fatalf("a: %v, %d chunks", c.Load("a"), c.chunks)
+	if c.Load("a") != a || c.n != MaxBuffers/2 {
+		t.Fatalf("a: %v, %d buffers", c.Load("a"), c.n)
 	}
-	c.Store("b", b) // past MaxChunks: a goes
-	if c.Load("a") != nil || c.Load("b") != b || c.chunks != b.n {
-		t.Fatalf("past MaxChunks: a %v, b %v, %d chunks", c.Load("a"), c.Load("b"), c.chunks)
+	c.Store("b", b) // past MaxBuffers: a goes
+	if c.Load("a") != nil || c.Load("b") != b || c.n != b.n {
+		t.Fatalf("past MaxBuffers: a %v, b %v, %d buffers", c.Load("a"), c.Load("b"), c.n)
 	}
 	c.Store("b", nil)
-	if c.Load("b") != nil || c.chunks != 0 {
-		t.Fatalf("b dropped: %v, %d chunks", c.Load("b"), c.chunks)
+	if c.Load("b") != nil || c.n != 0 {
+		t.Fatalf("b dropped: %v, %d buffers", c.Load("b"), c.n)
 	}
 }
