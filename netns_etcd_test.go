@@ -53,7 +53,7 @@ func TestNetnsEtcdDiscovery(t *testing.T) {
 	if ep := d.Endpoints["tcp"]; len(ep) < len(n.nsIP) || ep[:len(n.nsIP)] != n.nsIP {
 		t.Fatalf("the target's tcp endpoint is %q, want one on %s", ep, n.nsIP)
 	}
-	remote := d.Buffers[0].Addr
+	remote := d.AllBuffers()[0].Addr
 	src := make([]byte, 1<<20)
 	back := make([]byte, len(src))
 	fill(src, 17)
