@@ -207,3 +207,86 @@ func TestCache(t *testing.T) {
 		t.Fatalf("b dropped: %v, %d buffers", c.Load("b"), c.n)
 	}
 }
+
+// FuzzAssembleChunked: a header and chunks made of the input either fail
+// AssembleChunked, with ErrBadDesc, or assemble to a descriptor that
+// encodes as Assemble's flat one, byte for byte; held from one header to
+// the next (the input's second half), the same.
+func FuzzAssembleChunked(f *testing.F) {
+	f.Add([]byte{3, 1, 0, 10, 2, 1, 20, 4, 2, 30, 1, 0, 3, 2, 0, 10, 2, 1, 25, 4})
+	f.Add([]byte{2, 5, 1, 8, 8, 5, 2, 4, 4})
+	f.Add([]byte{1, 1, 33, 0, 1})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		at := 0
+		next := func() int {
+			if at >= len(in) {
+				return 0
+			}
+			at++
+			return int(in[at-1])
+		}
+		var s *Set
+		for round := range 2 {
+			h := &Header{Layout: Layout, Desc: segtable.SegmentDesc{Version: segtable.DescVersion, Name: "seg", Epoch: uint64(1 + next()%2)}}
+			h.Signed = next()%2 == 1
+			got := map[uint64]Held{}
+			values := map[uint64][]byte{}
+			for range next() % 5 {
+				seq := uint64(next() % 8)
+				n := 1 + next()%3
+				if n == 3 && next()%4 == 0 {
+					n = segtable.ChunkSize + 1
+				}
+				var bufs []segtable.BufferDesc
+				addr := uint64(next()) << 8
+				for range n {
+					bufs = append(bufs, segtable.BufferDesc{Addr: addr, Length: uint64(1 + next()), Keys: map[string]string{"k": "v"}})
+					addr += uint64(next()) << 4
+				}
+				mac := ""
+				if next()%3 == 0 {
+					mac = "m"
+				}
+				v, err := Encode(bufs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := Chunk{Seq: seq, N: n, Sum: Sum(v), MAC: mac}
+				h.Chunks = append(h.Chunks, c)
+				values[seq] = v
+				if s.Has(h.Desc.Epoch, c) && next()%2 == 0 {
+					continue // held: not read
+				}
+				if hc, err := DecodeListed(c, v); err == nil {
+					got[seq] = hc
+				}
+			}
+			d, ns, err := AssembleChunked(h, s, got)
+			if err != nil {
+				if !errors.Is(err, segtable.ErrBadDesc) {
+					t.Fatalf("round %d: %v, not ErrBadDesc", round, err)
+				}
+				continue
+			}
+			held := func(seq uint64) Held {
+				for _, c := range h.Chunks {
+					if c.Seq == seq {
+						hc, _ := DecodeListed(c, values[seq])
+						return hc
+					}
+				}
+				return Held{}
+			}
+			flat, err := Assemble(h, held, true)
+			if err != nil {
+				t.Fatalf("round %d: AssembleChunked took what Assemble refuses: %v", round, err)
+			}
+			a, _ := json.Marshal(d)
+			b, _ := json.Marshal(flat)
+			if string(a) != string(b) {
+				t.Fatalf("round %d: assembled\n%s\nflat\n%s", round, a, b)
+			}
+			s = ns
+		}
+	})
+}
