@@ -184,9 +184,7 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 		return fmt.Errorf("local: unregister %#x: %w", b.Addr, segtable.ErrNotFound)
 	}
 	// Copies are short; a minute without progress means a bug, not load.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := r.ref.Drain(ctx); err != nil {
+	if err := r.ref.DrainFor(time.Minute); err != nil {
 		return fmt.Errorf("local: unregister %#x: %w", b.Addr, err)
 	}
 	t.mu.Lock()

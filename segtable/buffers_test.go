@@ -83,6 +83,36 @@ func TestRef(t *testing.T) {
 	}
 }
 
+// TestRefDrainFor: DrainFor of an unused Ref returns at once and
+// allocates nothing; one with a reference held gives up after its limit
+// with ErrBusy and DeadlineExceeded, and the Ref takes references again.
+func TestRefDrainFor(t *testing.T) {
+	refs := make([]segtable.Ref, 101) // on the heap, as a transport's are
+	i := 0
+	allocs := testing.AllocsPerRun(100, func() {
+		r := &refs[i]
+		i++
+		if err := r.DrainFor(time.Hour); err != nil {
+			t.Fatalf("DrainFor of an unused Ref = %v", err)
+		}
+		if r.Acquire() {
+			t.Fatal("Acquire after DrainFor succeeded")
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("DrainFor of an unused Ref: %.0f allocations", allocs)
+	}
+	var r segtable.Ref
+	r.Acquire()
+	err := r.DrainFor(time.Millisecond)
+	if !errors.Is(err, segtable.ErrBusy) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("DrainFor with a reference held = %v", err)
+	}
+	if !r.Acquire() || r.InUse() != 2 {
+		t.Fatalf("after DrainFor gave up: Acquire refused (InUse %d)", r.InUse())
+	}
+}
+
 func TestRefDrainWaits(t *testing.T) {
 	var r segtable.Ref
 	r.Acquire()

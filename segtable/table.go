@@ -79,13 +79,36 @@ func (r *Ref) Drain(ctx context.Context) error { return r.DrainWhile(ctx, nil) }
 // can say whether they still use the entry (the pollers, for their
 // in-flight tables).
 func (r *Ref) DrainWhile(ctx context.Context, busy func() bool) error {
+	return r.drain(ctx, 0, busy)
+}
+
+// DrainFor is Drain with a time limit rather than a context: if
+// references are still held after limit, it returns an error wrapping
+// ErrBusy and context.DeadlineExceeded. It allocates nothing when none
+// is held (a context with a timeout is two allocations and a timer, for
+// each unregistration).
+func (r *Ref) DrainFor(limit time.Duration) error { return r.drain(nil, limit, nil) }
+
+// drain waits as DrainWhile does, until ctx ends or, when ctx is nil,
+// until limit has passed since the first wait.
+func (r *Ref) drain(ctx context.Context, limit time.Duration, busy func() bool) error {
 	r.mu.Lock()
 	r.drainers++
 	r.v.Or(closingBit)
 	r.mu.Unlock()
 	wait := time.Microsecond
+	var deadline time.Time
 	for r.v.Load() != closingBit || (busy != nil && busy()) {
-		if ctx.Err() != nil {
+		var err error
+		switch {
+		case ctx != nil:
+			err = ctx.Err()
+		case deadline.IsZero():
+			deadline = time.Now().Add(limit)
+		case !time.Now().Before(deadline):
+			err = context.DeadlineExceeded
+		}
+		if err != nil {
 			r.mu.Lock()
 			if r.drainers--; r.drainers == 0 {
 				r.v.And(^uint64(closingBit))
@@ -97,7 +120,7 @@ func (r *Ref) DrainWhile(ctx context.Context, busy func() bool) error {
 			if busy != nil && busy() {
 				held += ", requests in flight in the rings use it"
 			}
-			return fmt.Errorf("%w (%s): %w", ErrBusy, held, ctx.Err())
+			return fmt.Errorf("%w (%s): %w", ErrBusy, held, err)
 		}
 		time.Sleep(wait)
 		if wait < time.Millisecond {
