@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -78,9 +79,9 @@ func (e *Engine) RegisterLocalMemoryBatch(specs []BufferSpec) ([]BufferID, error
 		ids[i] = b.ID
 	}
 	if remote {
-		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+		ctx := newDeadlineCtx(e.cfg.Timeout)
 		err := e.publishCtx(ctx)
-		cancel()
+		ctx.cancel()
 		if err != nil {
 			undo()
 			return nil, err
@@ -187,9 +188,9 @@ func (e *Engine) UnregisterLocalMemoryBatch(ctx context.Context, bufs [][]byte) 
 		if d, ok := ctx.Deadline(); ok {
 			budget = min(budget, max(time.Until(d), time.Second))
 		}
-		pctx, cancel := context.WithTimeout(context.Background(), budget)
+		pctx := newDeadlineCtx(budget)
 		err = errors.Join(err, e.publishCtx(pctx))
-		cancel()
+		pctx.cancel()
 	}
 	return err
 }
@@ -265,4 +266,88 @@ func (e *Engine) Free(b []byte) error {
 		return fmt.Errorf("moonring: free: %w", err)
 	}
 	return nil
+}
+
+// deadlineCtx is the context of a publish: context.WithTimeout of
+// context.Background, but its channel and timer are made only when Done
+// is first called. A store that only checks Err (the in-process one)
+// then costs one small allocation, where WithTimeout's context and timer
+// were four and a timer started and stopped for each registration and
+// unregistration. Safe for concurrent use.
+type deadlineCtx struct {
+	deadline time.Time
+	mu       sync.Mutex
+	done     chan struct{} // made by Done
+	timer    *time.Timer   // started by Done
+	err      error
+}
+
+var _ context.Context = (*deadlineCtx)(nil)
+
+// newDeadlineCtx returns a context that ends after d, or when cancel is
+// called.
+func newDeadlineCtx(d time.Duration) *deadlineCtx {
+	return &deadlineCtx{deadline: time.Now().Add(d)}
+}
+
+// Deadline returns when the context ends.
+func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// Value returns nil: the context carries no values.
+func (c *deadlineCtx) Value(any) any { return nil }
+
+// Done returns a channel closed when the context ends.
+func (c *deadlineCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		c.expireLocked()
+		if c.err != nil {
+			close(c.done)
+		} else {
+			c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.end(context.DeadlineExceeded) })
+		}
+	}
+	return c.done
+}
+
+// Err returns nil until the context ends, then why: DeadlineExceeded or
+// Canceled. Once it is not nil, Done is closed.
+func (c *deadlineCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.expireLocked()
+	return c.err
+}
+
+// expireLocked ends the context if its deadline has passed. mu must be
+// held.
+func (c *deadlineCtx) expireLocked() {
+	if c.err == nil && !time.Now().Before(c.deadline) {
+		c.endLocked(context.DeadlineExceeded)
+	}
+}
+
+// cancel ends the context, if it has not ended, and releases its timer.
+func (c *deadlineCtx) cancel() { c.end(context.Canceled) }
+
+// end ends the context with err unless it has ended.
+func (c *deadlineCtx) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.endLocked(err)
+}
+
+// endLocked is end with mu held.
+func (c *deadlineCtx) endLocked(err error) {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if c.err == nil {
+		c.err = err
+		if c.done != nil {
+			close(c.done)
+		}
+	}
 }
