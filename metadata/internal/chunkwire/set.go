@@ -76,11 +76,14 @@ func AssembleChunked(h *Header, s *Set, got map[uint64]Held) (*segtable.SegmentD
 		s = nil
 	}
 	next := &Set{epoch: epoch, held: make(map[uint64]Held, len(h.Chunks))}
+	helds := make([]Held, len(h.Chunks))
 	flat := false
-	for _, c := range h.Chunks {
+	for i, c := range h.Chunks {
 		hc, ok := got[c.Seq]
-		if !ok && s.Has(epoch, c) {
-			hc, ok = s.held[c.Seq], true
+		if !ok && s != nil {
+			if x, held := s.held[c.Seq]; held && x.Matches(c) {
+				hc, ok = x, true
+			}
 		}
 		switch {
 		case !ok:
@@ -90,10 +93,10 @@ func AssembleChunked(h *Header, s *Set, got map[uint64]Held) (*segtable.SegmentD
 		case c.N > segtable.ChunkSize:
 			flat = true
 		}
-		if _, dup := next.held[c.Seq]; dup {
+		if next.held[c.Seq] = hc; len(next.held) != i+1 {
 			return nil, nil, fmt.Errorf("%w: chunk %d listed twice", segtable.ErrBadDesc, c.Seq)
 		}
-		next.held[c.Seq] = hc
+		helds[i] = hc
 		next.n += c.N
 	}
 	if flat {
@@ -105,13 +108,13 @@ func AssembleChunked(h *Header, s *Set, got map[uint64]Held) (*segtable.SegmentD
 	}
 	list := make([]segtable.Chunk, len(h.Chunks))
 	for i, c := range h.Chunks {
-		hc := next.held[c.Seq]
+		hc := &helds[i]
 		if hc.chunk == (segtable.Chunk{}) {
 			var err error
 			if hc.chunk, err = segtable.MakeChunk(c.Seq, hc.Bufs, c.MAC); err != nil {
 				return nil, nil, err
 			}
-			next.held[c.Seq] = hc
+			next.held[c.Seq] = *hc
 		}
 		list[i] = hc.chunk
 	}
