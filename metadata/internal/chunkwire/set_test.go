@@ -3,6 +3,8 @@ package chunkwire
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"testing"
 
 	"github.com/moonring/moonring/segtable"
@@ -10,7 +12,7 @@ import (
 
 // publish returns the header of d and the encodings of its chunks, by
 // seq, as a store sends them.
-func publish(t *testing.T, d *segtable.SegmentDesc) (*Header, map[uint64][]byte) {
+func publish(t testing.TB, d *segtable.SegmentDesc) (*Header, map[uint64][]byte) {
 	t.Helper()
 	h := NewHeader(d)
 	values := map[uint64][]byte{}
@@ -36,7 +38,7 @@ func publish(t *testing.T, d *segtable.SegmentDesc) (*Header, map[uint64][]byte)
 
 // read returns what a reader that holds s reads of h: the chunks s does
 // not hold, decoded.
-func read(t *testing.T, h *Header, values map[uint64][]byte, s *Set) map[uint64]Held {
+func read(t testing.TB, h *Header, values map[uint64][]byte, s *Set) map[uint64]Held {
 	t.Helper()
 	got := map[uint64]Held{}
 	for _, c := range h.Chunks {
@@ -289,4 +291,63 @@ func FuzzAssembleChunked(f *testing.F) {
 			s = ns
 		}
 	})
+}
+
+// BenchmarkReadRepublish is a reader's work on a republish beside n
+// buffers after one registration, the chunk made read already:
+// parse=header the header's decoding and checks (O(chunks), the same
+// either way); assemble=flat the flat descriptor (Assemble, as readers
+// did), assemble=chunked the descriptor sharing the chunks held
+// (AssembleChunked).
+func BenchmarkReadRepublish(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		var l segtable.ChunkList
+		for i := range n {
+			if err := l.Insert(segtable.BufferDesc{Addr: uint64(1+i) << 16, Length: 4096, Keys: map[string]string{"tcp": "k"}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		t := b
+		d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "seg", Epoch: 1, Endpoints: map[string]string{"tcp": "a:1"}, Chunked: l.Chunks()}
+		h0, v0 := publish(t, d)
+		_, s, err := AssembleChunked(h0, nil, read(t, h0, v0, nil))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Insert(segtable.BufferDesc{Addr: uint64(n/2)<<16 + 8192, Length: 4096}); err != nil {
+			b.Fatal(err)
+		}
+		d = &segtable.SegmentDesc{Version: segtable.DescVersion, Name: "seg", Epoch: 1, Endpoints: map[string]string{"tcp": "a:1"}, Chunked: l.Chunks()}
+		h, values := publish(t, d)
+		got := read(t, h, values, s)
+		body, _ := json.Marshal(h)
+		b.Run(fmt.Sprintf("n=%d/parse=header", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := ParseHeader("seg", body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("n=%d/assemble=flat", n), func(b *testing.B) {
+			all := read(t, h, values, nil)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Assemble(h, func(seq uint64) Held { return all[seq] }, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("n=%d/assemble=chunked", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				// The chunks read are made each time, as a reader makes them once.
+				g := make(map[uint64]Held, len(got))
+				maps.Copy(g, got)
+				if _, _, err := AssembleChunked(h, s, g); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
