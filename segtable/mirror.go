@@ -73,8 +73,10 @@ type mirrorChunk[T any] struct {
 	items  []T
 }
 
-// ChunksOf returns d's buffers as chunks: d.Chunked, or for a flat d (a
-// networked store's) its Buffers cut into chunks that share their
+// ChunksOf returns d's buffers as chunks: d.Chunked, or for a flat d (one
+// read as a whole document: from an older server or peer, or Mooncake's;
+// the networked stores hand out a descriptor read as chunks Chunked, see
+// JoinChunks) its Buffers cut into chunks that share their
 // BufferDescs (O(n), made anew each call: a Mirror updated from it
 // rebuilds every table, as a flat descriptor always did).
 func ChunksOf(d *SegmentDesc) *BufferChunks {
