@@ -417,7 +417,7 @@ func (s *Sorted[T]) Delete(key uint64, match func(T) bool) bool {
 	if nd == nil {
 		return false
 	}
-	out, found, _, inPlace := nd.delete(key, false, match)
+	out, found, _, inPlace := nd.delete(key, false, match, true)
 	if !found {
 		return false
 	}
@@ -437,8 +437,12 @@ func (s *Sorted[T]) Delete(key uint64, match func(T) bool) bool {
 // nothing is left), and whether there was one; inPlace reports that it
 // changed nd in place (then out is nd); more reports, when there was
 // none, that nd's values down to its first are all under key, so the one
-// may lie in the node before.
-func (nd *sortedNode[T]) delete(key uint64, all bool, match func(T) bool) (out *sortedNode[T], found, more, inPlace bool) {
+// may lie in the node before. root says nd is the root, which Delete
+// replaces by its only kid: of a root of two kids, one of which goes, out
+// is the other (not a node of one kid made only to be dropped: a cycle of
+// registering and unregistering a buffer below every other one built
+// and dropped one each time).
+func (nd *sortedNode[T]) delete(key uint64, all bool, match func(T) bool, root bool) (out *sortedNode[T], found, more, inPlace bool) {
 	i := len(nd.keys) - 1
 	if !all {
 		i = floorIndex(nd.keys, key)
@@ -458,10 +462,12 @@ func (nd *sortedNode[T]) delete(key uint64, all bool, match func(T) bool) (out *
 	}
 	for ; i >= 0; i-- {
 		old := nd.kid(i)
-		kid, found, more, in := old.delete(key, all, match)
+		kid, found, more, in := old.delete(key, all, match, false)
 		if found {
 			switch {
 			case in:
+			case root && kid == nil && len(nd.kids) == 2:
+				return nd.kid(1 - i), true, false, false
 			case kid != nil && kid.keys[0] == old.keys[0] && nd.joinWith(i, kid) < 0:
 				// The kid's first key as it was and nothing to join:
 				// the new kid in place, nothing above copied.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -437,5 +438,56 @@ func TestSortedConcurrent(t *testing.T) {
 	}
 	if s.Len() != fixed+len(extra) {
 		t.Fatalf("Len %d, want %d", s.Len(), fixed+len(extra))
+	}
+}
+
+// TestSortedChurnBelowAll: a value inserted below every other one, at a
+// full first leaf under full nodes (values inserted in rising order),
+// and deleted again, as a buffer registered and unregistered below the
+// others: the tree comes back to its shape, and the cycle copies no full
+// leaf or node, only makes small ones (a leaf of one, the nodes of one
+// kid above it, the root); under a full root too, which the cycle makes
+// a new root above and drops again.
+func TestSortedChurnBelowAll(t *testing.T) {
+	t.Run("default", func(t *testing.T) { testSortedChurnBelowAll(t, 20000, 1200) })
+	t.Run("full", func(t *testing.T) {
+		mc, mp := maxChunk, maxPage
+		maxChunk, maxPage = 4, 4
+		defer func() { maxChunk, maxPage = mc, mp }()
+		testSortedChurnBelowAll(t, 4*4*4*4, 1000)
+	})
+}
+
+func testSortedChurnBelowAll(t *testing.T, n int, maxBytes float64) {
+	var s Sorted[int]
+	for i := range n {
+		s.Insert(uint64(1000+i), i)
+	}
+	root := s.root.Load()
+	shape := levelCounts(root)
+	cycle := func() {
+		s.Insert(1, -1)
+		if !s.Delete(1, func(v int) bool { return v == -1 }) {
+			t.Fatal("Delete found nothing")
+		}
+	}
+	cycle()
+	if got := levelCounts(s.root.Load()); !slices.Equal(got, shape) {
+		t.Fatalf("nodes at each height %v after the cycle, %v before", got, shape)
+	}
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	allocs := testing.AllocsPerRun(100, cycle)
+	runtime.ReadMemStats(&ms1)
+	bytes := float64(ms1.TotalAlloc-ms0.TotalAlloc) / 101
+	t.Logf("height %d, shape %v: %.0f allocations, %.0f bytes a cycle", root.h, shape, allocs, bytes)
+	if max := float64(5*root.h + 8); allocs > max {
+		t.Errorf("%.0f allocations a cycle, want at most %.0f", allocs, max)
+	}
+	if bytes > maxBytes {
+		t.Errorf("%.0f bytes a cycle, want at most %.0f (a full leaf copied is %d values)", bytes, maxBytes, maxChunk)
+	}
+	if err := checkTree(s.root.Load()); err != nil {
+		t.Fatal(err)
 	}
 }
