@@ -31,7 +31,8 @@ type Chunk struct{ c *chunk }
 // one chunk, and the bound of a publisher's chunks (ChunkList), which a
 // Mirror's Pos relies on. MakeChunk keeps bufs: the caller hands them
 // over and must not modify them, their Keys maps included, afterwards.
-// Safe for concurrent use.
+// Safe for concurrent use; the chunk lives as long as a list or a Chunk
+// holds it.
 func MakeChunk(seq uint64, bufs []BufferDesc, mac string) (Chunk, error) {
 	if len(bufs) < 1 || len(bufs) > ChunkSize {
 		return Chunk{}, fmt.Errorf("%w: chunk %d of %d buffers, not 1 to %d", ErrBadDesc, seq, len(bufs), ChunkSize)
@@ -58,7 +59,8 @@ func MakeChunk(seq uint64, bufs []BufferDesc, mac string) (Chunk, error) {
 // events) as many. The pages made are of pageSize/4 to pageSize/2
 // chunks (a neighbour of too short a run of changed chunks is made again
 // with it). Any prev gives the same list, in content; only the sharing
-// differs. Safe for concurrent use; the list returned is immutable.
+// differs. Safe for concurrent use; the list returned is immutable, and
+// nothing but the garbage collector ends it.
 func JoinChunks(prev *BufferChunks, chunks []Chunk, signed bool) (*BufferChunks, error) {
 	list := make([]*chunk, len(chunks))
 	var end uint64
