@@ -1,6 +1,9 @@
 package segtable
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"unsafe"
+)
 
 // DescList holds the buffers of an engine's own descriptor, kept up to
 // date one registration at a time: a Put or Delete copies a leaf of them
@@ -24,12 +27,25 @@ type DescList struct {
 	remote ChunkList                 // the remote-accessible entries
 }
 
+// descEntry is a value of the list's Sorted: 16 bytes, so that the copy
+// of a leaf that a change makes is 1 KiB of them, not 1.5 (with the ID
+// and the remote bit beside the length; their place in descItem costs
+// nothing, a BufferDesc's 56 bytes taking an allocation of 64 either
+// way).
 type descEntry struct {
-	d      *BufferDesc // not modified once in the list
-	length uint64      // d.Length, beside the key: Find reads no BufferDesc
+	d      *descItem // not modified once in the list
+	length uint64    // d.Length, beside the key: Find reads no BufferDesc
+}
+
+// descItem is an entry's descriptor, with what the changes match on.
+type descItem struct {
+	BufferDesc
 	id     BufferID
 	remote bool
 }
+
+var _ [16 - unsafe.Sizeof(descEntry{})]byte // compile error if larger
+var _ [64 - unsafe.Sizeof(descItem{})]byte  // one size class with a BufferDesc
 
 type descCache struct {
 	header *SegmentDesc
@@ -48,12 +64,12 @@ func (l *DescList) Put(id BufferID, d BufferDesc, remote bool) {
 		if !ok || x.d.Addr+x.d.Length <= d.Addr {
 			break
 		}
-		l.s.Delete(x.d.Addr, func(y descEntry) bool { return y.id == x.id })
-		if x.remote {
+		l.s.Delete(x.d.Addr, func(y descEntry) bool { return y.d == x.d })
+		if x.d.remote {
 			l.remote.Delete(x.d.Addr)
 		}
 	}
-	l.s.Insert(d.Addr, descEntry{d: &d, length: d.Length, id: id, remote: remote})
+	l.s.Insert(d.Addr, descEntry{d: &descItem{BufferDesc: d, id: id, remote: remote}, length: d.Length})
 	if remote {
 		// It overlaps nothing now; a bad range (which the owner's table
 		// refuses first) is left out of what peers see.
@@ -65,7 +81,7 @@ func (l *DescList) Put(id BufferID, d BufferDesc, remote bool) {
 // there.
 func (l *DescList) Delete(id BufferID, addr uint64) {
 	remote := false
-	if l.s.Delete(addr, func(x descEntry) bool { remote = x.remote; return x.id == id }) && remote {
+	if l.s.Delete(addr, func(x descEntry) bool { remote = x.d.remote; return x.d.id == id }) && remote {
 		l.remote.Delete(addr)
 	}
 }
@@ -87,10 +103,12 @@ func (l *DescList) Rev() uint64 { return l.remote.Seq() }
 func (l *DescList) Reset(ids []BufferID, ds []BufferDesc, remote []bool) {
 	keys := make([]uint64, len(ds))
 	es := make([]descEntry, len(ds))
+	items := make([]descItem, len(ds))
 	var rs []BufferDesc
 	for i := range ds {
 		keys[i] = ds[i].Addr
-		es[i] = descEntry{d: &ds[i], length: ds[i].Length, id: ids[i], remote: remote[i]}
+		items[i] = descItem{BufferDesc: ds[i], id: ids[i], remote: remote[i]}
+		es[i] = descEntry{d: &items[i], length: ds[i].Length}
 		if remote[i] {
 			rs = append(rs, ds[i])
 		}
@@ -126,8 +144,8 @@ func (l *DescList) Buffers(remoteOnly bool) []BufferDesc {
 	}
 	out := make([]BufferDesc, 0, n)
 	l.s.Ascend(func(_ uint64, x descEntry) bool {
-		if x.remote || !remoteOnly {
-			out = append(out, *x.d)
+		if x.d.remote || !remoteOnly {
+			out = append(out, x.d.BufferDesc)
 		}
 		return true
 	})
@@ -146,7 +164,7 @@ func (l *DescList) desc(header *SegmentDesc) *SegmentDesc {
 	d := *header
 	d.Buffers = make([]BufferDesc, 0, l.s.Len())
 	l.s.Ascend(func(_ uint64, x descEntry) bool {
-		d.Buffers = append(d.Buffers, *x.d)
+		d.Buffers = append(d.Buffers, x.d.BufferDesc)
 		return true
 	})
 	l.cache.Store(&descCache{header: header, ver: ver, desc: &d})
