@@ -272,20 +272,36 @@ func (s *Sorted[T]) Insert(key uint64, v T) {
 		s.root.Store(newLeaf([]uint64{key}, []T{v}))
 		return
 	}
-	switch out := nd.insert(key, v); len(out) {
+	switch out := nd.insert(key, v); out.n {
 	case 0: // changed in place
 	case 2:
-		s.root.Store(newInner[T](out))
+		s.root.Store(newInner[T](nodes(at[T](out.p[0]), at[T](out.p[1]))))
 	default:
-		s.root.Store(at[T](out[0]))
+		s.root.Store(at[T](out.p[0]))
 	}
+}
+
+// replacement is what insert returns: the n nodes (none, one or two)
+// that replace a node, in an array rather than a slice, which would take
+// an allocation for each level of each insertion.
+type replacement struct {
+	p [2]unsafe.Pointer
+	n int
+}
+
+func replace1[T any](a *sortedNode[T]) replacement {
+	return replacement{p: [2]unsafe.Pointer{unsafe.Pointer(a)}, n: 1}
+}
+
+func replace2[T any](a, b *sortedNode[T]) replacement {
+	return replacement{p: [2]unsafe.Pointer{unsafe.Pointer(a), unsafe.Pointer(b)}, n: 2}
 }
 
 // insert inserts v under key (before everything when key is smaller than
 // every key of nd) and returns the nodes that replace nd: one, or two when
 // nd overflowed; none when it changed nd in place (a kid replaced by one
 // of the same first key, and the counts).
-func (nd *sortedNode[T]) insert(key uint64, v T) []unsafe.Pointer {
+func (nd *sortedNode[T]) insert(key uint64, v T) replacement {
 	if nd.h == 0 {
 		i := floorIndex(nd.keys, key) + 1
 		switch {
@@ -293,72 +309,73 @@ func (nd *sortedNode[T]) insert(key uint64, v T) []unsafe.Pointer {
 			// Past the end of a full leaf (whose parent found no room
 			// in the next one): a leaf of its own, which leaves the full
 			// one full rather than halves.
-			return nodes(nd, newLeaf([]uint64{key}, []T{v}))
+			return replace2(nd, newLeaf([]uint64{key}, []T{v}))
 		case len(nd.keys) >= maxChunk && i == 0:
 			// Before everything, at a full first leaf: a leaf of its own
 			// too (insertions in falling key order below everything, as
 			// mmap's top-down placement gives).
-			return nodes(newLeaf([]uint64{key}, []T{v}), nd)
+			return replace2(newLeaf([]uint64{key}, []T{v}), nd)
 		}
 		keys := insertAt(nd.keys, i, key)
 		vals := insertAt(nd.vals, i, v)
 		if len(keys) > maxChunk {
 			h := len(keys) / 2
-			return nodes(newLeaf(keys[:h:h], vals[:h:h]), newLeaf(keys[h:], vals[h:]))
+			return replace2(newLeaf(keys[:h:h], vals[:h:h]), newLeaf(keys[h:], vals[h:]))
 		}
-		return nodes(newLeaf(keys, vals))
+		return replace1(newLeaf(keys, vals))
 	}
 	c := max(floorIndex(nd.keys, key), 0)
 	kid := nd.kid(c)
 	if c+1 < len(nd.kids) && kid.pastFullEnd(key) && nd.kid(c+1).headRoom() {
 		// Past the end of a full leaf, before one with room: at its head
 		// (insertions in falling key order fill leaves too).
-		head := nodes(nd.kid(c+1).insertHead(key, v))
-		return nodes(newInner[T](splice(nd.kids, c+1, c+2, head)))
+		head := [1]unsafe.Pointer{unsafe.Pointer(nd.kid(c+1).insertHead(key, v))}
+		return replace1(newInner[T](splice(nd.kids, c+1, c+2, head[:])))
 	}
 	out := kid.insert(key, v)
-	if len(out) == 0 {
+	if out.n == 0 {
 		nd.grew(c, 1)
-		return nil
+		return out
 	}
-	if len(out) == 1 && at[T](out[0]).keys[0] == kid.keys[0] {
+	if out.n == 1 && at[T](out.p[0]).keys[0] == kid.keys[0] {
 		// The kid's first key as it was, so nd's keys hold: the new kid
 		// in place, nothing above copied.
-		atomic.StorePointer(&nd.kids[c], out[0])
+		atomic.StorePointer(&nd.kids[c], out.p[0])
 		nd.grew(c, 1)
-		return nil
+		return replacement{}
 	}
 	lo, hi := c, c+1
-	if len(out) == 2 && len(at[T](out[1]).keys) == 1 && c+1 < len(nd.kids) && len(nd.kid(c+1).keys) < nd.kid(c+1).max() {
+	if out.n == 2 && len(at[T](out.p[1]).keys) == 1 && c+1 < len(nd.kids) && len(nd.kid(c+1).keys) < nd.kid(c+1).max() {
 		// A node of one entry past the end of a full kid: at the head
 		// of the next kid, which has room.
-		out = nodes(at[T](out[0]), join(at[T](out[1]), nd.kid(c+1)))
+		out = replace2(at[T](out.p[0]), join(at[T](out.p[1]), nd.kid(c+1)))
 		hi = c + 2
 	}
-	if len(nd.kids)-(hi-lo)+len(out) > maxPage && len(out) == 2 {
+	a, b := at[T](out.p[0]), at[T](out.p[1])
+	if len(nd.kids)-(hi-lo)+out.n > maxPage && out.n == 2 {
 		// A kid past the end of a full node, or one of one entry before
 		// its first: a node of its own, beside nd itself when the kid
 		// that overflowed was left as it was (a full leaf, or a node
 		// this rule kept whole below).
 		switch {
-		case hi == len(nd.kids) && out[0] == unsafe.Pointer(kid):
-			return nodes(nd, newInner[T](out[1:2:2]))
+		case hi == len(nd.kids) && a == kid:
+			return replace2(nd, newInner[T](nodes(b)))
 		case hi == len(nd.kids):
-			kids := splice(nd.kids, lo, hi, out[:1])
-			return nodes(newInner[T](kids), newInner[T](out[1:2:2]))
-		case lo == 0 && len(at[T](out[0]).keys) == 1 && out[1] == unsafe.Pointer(kid):
-			return nodes(newInner[T](out[:1:1]), nd)
-		case lo == 0 && len(at[T](out[0]).keys) == 1:
-			kids := splice(nd.kids, lo, hi, out[1:])
-			return nodes(newInner[T](out[:1:1]), newInner[T](kids))
+			kids := splice(nd.kids, lo, hi, out.p[:1])
+			return replace2(newInner[T](kids), newInner[T](nodes(b)))
+		case lo == 0 && len(a.keys) == 1 && b == kid:
+			return replace2(newInner[T](nodes(a)), nd)
+		case lo == 0 && len(a.keys) == 1:
+			kids := splice(nd.kids, lo, hi, out.p[1:2])
+			return replace2(newInner[T](nodes(a)), newInner[T](kids))
 		}
 	}
-	kids := splice(nd.kids, lo, hi, out)
+	kids := splice(nd.kids, lo, hi, out.p[:out.n])
 	if len(kids) <= maxPage {
-		return nodes(newInner[T](kids))
+		return replace1(newInner[T](kids))
 	}
 	h := len(kids) / 2
-	return nodes(newInner[T](kids[:h:h]), newInner[T](kids[h:]))
+	return replace2(newInner[T](kids[:h:h]), newInner[T](kids[h:]))
 }
 
 // pastFullEnd reports whether key would go past the end of nd's last leaf,
