@@ -343,8 +343,8 @@ func TestHTTPChunksSigned(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.NumBuffers() != len(f.Buffers) || got.Buffers[0].Addr != f.Buffers[0].Addr {
-			t.Fatalf("flat Put %d: read %d buffers from %#x", i, got.NumBuffers(), got.Buffers[0].Addr)
+		if got.NumBuffers() != len(f.Buffers) || got.AllBuffers()[0].Addr != f.Buffers[0].Addr {
+			t.Fatalf("flat Put %d: read %d buffers from %#x", i, got.NumBuffers(), got.AllBuffers()[0].Addr)
 		}
 	}
 
