@@ -140,8 +140,8 @@ func checkTree[T any](root *sortedNode[T]) error {
 			return fmt.Errorf("node of height %d with %d entries", nd.h, len(nd.keys))
 		}
 		if nd.h == 0 {
-			if len(nd.vals) != len(nd.keys) || nd.n.Load() != int64(len(nd.keys)) || nd.kids != nil {
-				return fmt.Errorf("leaf of %d keys, %d values, count %d", len(nd.keys), len(nd.vals), nd.n.Load())
+			if len(nd.vals) != len(nd.keys) || nd.count() != len(nd.keys) || nd.kids != nil {
+				return fmt.Errorf("leaf of %d keys, %d values, count %d", len(nd.keys), len(nd.vals), nd.count())
 			}
 			for _, k := range nd.keys {
 				if k < last {
@@ -151,22 +151,22 @@ func checkTree[T any](root *sortedNode[T]) error {
 			}
 			return nil
 		}
-		if len(nd.kids) != len(nd.keys) || len(nd.offs) != len(nd.keys) || nd.vals != nil {
-			return fmt.Errorf("inner node of %d keys, %d kids, %d offsets", len(nd.keys), len(nd.kids), len(nd.offs))
+		if len(nd.kids) != len(nd.keys) || len(nd.counts()) != len(nd.keys)+1 || nd.vals != nil {
+			return fmt.Errorf("inner node of %d keys, %d kids, %d counts", len(nd.keys), len(nd.kids), len(nd.counts()))
 		}
-		n := int64(0)
+		n := 0
 		for c := range nd.kids {
 			kid := nd.kid(c)
-			if kid.h != nd.h-1 || nd.keys[c] != kid.keys[0] || int64(nd.offs[c].Load()) != n {
-				return fmt.Errorf("kid %d of a node of height %d: height %d, first key %d (node has %d), offset %d (want %d)", c, nd.h, kid.h, kid.keys[0], nd.keys[c], nd.offs[c].Load(), n)
+			if kid.h != nd.h-1 || nd.keys[c] != kid.keys[0] || nd.offset(c) != n {
+				return fmt.Errorf("kid %d of a node of height %d: height %d, first key %d (node has %d), offset %d (want %d)", c, nd.h, kid.h, kid.keys[0], nd.keys[c], nd.offset(c), n)
 			}
 			if err := walk(kid); err != nil {
 				return err
 			}
-			n += kid.n.Load()
+			n += kid.count()
 		}
-		if nd.n.Load() != n {
-			return fmt.Errorf("node of height %d counts %d values, holds %d", nd.h, nd.n.Load(), n)
+		if nd.count() != n {
+			return fmt.Errorf("node of height %d counts %d values, holds %d", nd.h, nd.count(), n)
 		}
 		return nil
 	}
