@@ -11,14 +11,20 @@ import (
 // maxPage children, each holding its children's first keys packed, their
 // pointers and how many values lie before each. Lookups load the root and
 // search one node a level, in O(log n) and without a lock. A change copies
-// one leaf and the inner nodes above it, O(maxChunk + maxPage log n)
-// bytes: a tree of two levels under one array of every page copied that
-// array on every change, which grew with n (57 pages, 1.1-1.4 KiB, at
-// 100k values), and the garbage of a register/unregister cycle beside
+// one leaf: a tree of two levels under one array of every page copied
+// that array on every change, which grew with n (57 pages, 1.1-1.4 KiB,
+// at 100k values), and the garbage of a register/unregister cycle beside
 // 100k buffers cost the collector more than the cycle's own work
-// (BenchmarkScaleChurn). Inner nodes of 16 children left less garbage a
-// change than 32, at the same height up to 250k values (four levels at
-// 100k, three at 10k). A value past the end of a full leaf goes to the
+// (BenchmarkScaleChurn). The new leaf takes the old one's place in its
+// parent in place (an atomic store, the counts above it changed in place
+// too) when its first key is the old one's and nothing splits or joins,
+// which is most changes: copying the inner nodes above it as well, O(maxPage
+// log n) bytes more, was a third of the garbage of a cycle in the middle
+// of 100k buffers. Otherwise the nodes above it are copied up to the first
+// whose first key stays, which takes the copy in place. Inner nodes of 16
+// children left less garbage a change than 32 when every change copied
+// them, at the same height up to 250k values (four levels at 100k, three
+// at 10k). A value past the end of a full leaf goes to the
 // head of the next leaf when that has room, else to a leaf of its own (and
 // one before everything, at a full first leaf, too), and a node that
 // overflows past its last child (or before its first) leaves the full
