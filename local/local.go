@@ -71,7 +71,7 @@ type Transport struct {
 	deliver atomic.Pointer[func(*transport.Notification) error]
 	mu      sync.Mutex // serializes changes of regs
 	// regs holds the registrations by address, read lock-free; a change
-	// copies a leaf of them and the nodes above it (see segtable.Sorted: a
+	// copies a leaf of them, at times nodes above it (see segtable.Sorted: a
 	// flat list copied whole made n registrations cost n²). The Self endpoint
 	// searches it, and so does a refused slice (to tell a range error
 	// from a denial).

@@ -7,7 +7,7 @@ import (
 
 // DescList holds the buffers of an engine's own descriptor, kept up to
 // date one registration at a time: a Put or Delete copies a leaf of them
-// and the nodes above it (see Sorted), where rebuilding the descriptor
+// (and at times nodes above it, see Sorted), where rebuilding the descriptor
 // from every buffer made each registration O(n) and n of them n². Find is
 // lock-free. A
 // Segment given a DescList (Segment.SetList) resolves requests with it
