@@ -162,6 +162,8 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 	}
 	r.ended(q.seg, q.path.Transport, q.op, q.userData, code, bytes, max(r.now-q.started, 0))
 	r.dequeue(idx)
+	r.qredo -= int(q.qredo) // its tokens there are dead now
+	q.qredo = 0
 	q.state = stZombie
 	if q.outstanding == 0 {
 		r.release(idx)

@@ -108,20 +108,26 @@ func (r *Ring) dequeue(idx int32) {
 // redoOn queues tok, a slice for ep, on ep's queue to post again (see
 // postQueue.redo).
 func (r *Ring) redoOn(ep transport.Endpoint, tok uint64) {
+	q := r.live(tok)
+	if q == nil {
+		return // its request ended: nothing to post
+	}
 	pq := r.queueOf(ep, true)
 	pq.redo = append(pq.redo, tok)
+	q.qredo++
 	r.qredo++
 }
 
 // postQueueRedo posts again the slices of pq's redo list, oldest first.
 // It reports whether it added any, stop as postQueue does, and full when
 // pq's endpoint refused slices again: the rest stay in the list, behind
-// those it refused. A slice whose request a failover moved to another
-// endpoint goes to the ring's redo list.
+// those it refused. The tokens of ended requests are dropped. A slice
+// whose request a failover moved to another endpoint goes to the ring's
+// redo list (when its old endpoint's queue is served: its waiting room
+// open; the request waits for its slices out on the old path anyway).
 func (r *Ring) postQueueRedo(pq *postQueue) (work, stop, full bool) {
 	redo := pq.redo
 	pq.redo = r.qspare[:0] // a refusal while posting appends here
-	r.qredo -= len(redo)
 	i := 0
 	for ; i < len(redo); i++ {
 		tok := redo[i]
@@ -129,22 +135,29 @@ func (r *Ring) postQueueRedo(pq *postQueue) (work, stop, full bool) {
 		if q == nil {
 			continue
 		}
-		if q.endpoint() != pq.ep {
-			r.redo = append(r.redo, tok)
-			continue
-		}
 		if r.outstanding+len(r.batch) >= r.done.Cap() {
 			stop = true
 			break
 		}
+		q.qredo-- // it leaves the list: posted, moved, or back through redoOn
+		r.qredo--
+		if q.endpoint() != pq.ep {
+			r.redo = append(r.redo, tok)
+			continue
+		}
 		if !r.add(q, tok) {
+			q.qredo++ // kept, at the head of the rest
+			r.qredo++
 			full = true
 			break
 		}
 		work = true
 	}
-	pq.redo = append(pq.redo, redo[i:]...)
-	r.qredo += len(redo) - i
+	for _, tok := range redo[i:] {
+		if r.live(tok) != nil {
+			pq.redo = append(pq.redo, tok)
+		}
+	}
 	r.qspare = redo[:0]
 	return work, stop, full
 }

@@ -189,3 +189,46 @@ func TestRefusedSlicesWaitWithTheirEndpoint(t *testing.T) {
 }
 
 func (f *fakeEP) offeredCount() int { f.mu.Lock(); defer f.mu.Unlock(); return f.offered }
+
+// TestEndedRequestsTokensWakeNothing: the slices a request left waiting on
+// a full endpoint's queue count for nothing once the request ends (here
+// it times out while the endpoint holds four of its slices): the ring
+// has no slice to post, so it sets no 100 µs timer to post them (a
+// poller would wake ten thousand times a second while the endpoint stays
+// full), and the queue drops them when it is next served.
+func TestEndedRequestsTokensWakeNothing(t *testing.T) {
+	full := &fakeEP{hold: true, capacity: 4}
+	h := newHarness(t, Config{SliceSize: 4096, Timeout: 10 * time.Millisecond}, full, true)
+	const slices = 40
+	h.submit(h.write(1, 0, 0, slices*4096))
+	h.step()
+	if h.r.qredo != slices-4 {
+		t.Fatalf("%d slices waiting on queues, want %d", h.r.qredo, slices-4)
+	}
+	if at := h.r.wakeAt(h.clock); at-h.clock > int64(time.Millisecond) {
+		t.Fatalf("live slices wait for room, yet the ring wakes in %v", time.Duration(at-h.clock))
+	}
+	h.clock += int64(50 * time.Millisecond)
+	h.step()
+	if c := h.r.Peek(); c == nil || c.UserData != 1 || c.Status != cq.Timeout {
+		t.Fatalf("completion %+v; want request 1 TIMEOUT", c)
+	}
+	h.r.Advance(1)
+	if h.r.qredo != 0 {
+		t.Fatalf("%d slices of an ended request still counted", h.r.qredo)
+	}
+	if at := h.r.wakeAt(h.clock); at-h.clock <= int64(time.Millisecond) {
+		t.Fatalf("the ring wakes in %v for the slices of an ended request", time.Duration(at-h.clock))
+	}
+	full.setHold(false)
+	full.release(-1, nil) // the endpoint's room opens: its queue drops the dead slices
+	for range 3 {
+		h.step()
+	}
+	if len(h.r.queues) != 0 || h.r.qredo != 0 {
+		t.Fatalf("%d queues and %d slices left after the request", len(h.r.queues), h.r.qredo)
+	}
+	if got := len(full.postsCopy()); got != 4 {
+		t.Fatalf("%d slices posted, want the 4 taken before the request ended", got)
+	}
+}

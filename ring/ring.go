@@ -178,7 +178,7 @@ type Ring struct {
 	queued      int
 	redo        []uint64 // slice tokens to post again
 	spare       []uint64 // redo's other buffer
-	qredo       int      // slice tokens in the queues' redo lists (postQueue.redo)
+	qredo       int      // live requests' slice tokens in the queues' redo lists (postQueue.redo)
 	qspare      []uint64 // a queue's redo list's other buffer
 	batch       []transport.Slice
 	errs        []error // results of a BatchCopier, as long as batch's capacity
@@ -317,6 +317,11 @@ type request struct {
 	// (postq.go), qnext and qprev its neighbours there.
 	pq           *postQueue
 	qnext, qprev int32
+	// qredo counts its slices in queues' redo lists (postQueue.redo),
+	// which Ring.qredo sums over the live requests: finish takes them
+	// off, so that the tokens an ended request leaves there (dropped
+	// when their queue is next served) keep no poller awake.
+	qredo int32
 	// gone is set when the request ends with slices still out (a
 	// zombie), cleared when its slot is released: a copy worker skips
 	// the slices of a request that is gone (share.go). The only field a

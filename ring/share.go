@@ -216,8 +216,11 @@ func (r *Ring) share(cp transport.Copier) {
 // ring is not yielding to a higher class after yieldBytes (its batches
 // would never reach shareBatch).
 func (r *Ring) sharing(n uint64, ep transport.Endpoint) bool {
-	return r.poller.copiers != nil && r.more && n >= shareSlice &&
-		r.queued == 0 && r.qredo == 0 && !r.waitingFor(ep) && r.yieldAt == noYield &&
+	if r.poller.copiers == nil || !r.more || n < shareSlice {
+		return false
+	}
+	pq := r.queueOf(ep, false) // ep's own slices waiting to go again, if any
+	return r.queued == 0 && (pq == nil || (len(pq.redo) == 0 && !r.waiting(pq))) && r.yieldAt == noYield &&
 		(len(r.batch) == 0 || r.batchEP == ep) && len(r.free) >= 2 &&
 		r.outstanding+len(r.batch)+1 < r.done.Cap()
 }
