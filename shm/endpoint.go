@@ -49,11 +49,16 @@ type Endpoint struct {
 	// the shape of its chunks (a slice inside one but not granted is
 	// denied, not out of range): an update makes entries for, and asks
 	// for the grants of, only the chunks that changed. regrant (under
-	// mu) makes the next update ask for every buffer again: a grant
-	// failed.
+	// mu) makes the next update ask for every buffer again: an update
+	// failed before it asked for all it had to.
 	descs   atomic.Pointer[segtable.Mirror[span]]
 	regrant bool
-	closed  atomic.Bool
+	// refusedAsks are the listed buffers the last update asked for and
+	// the target refused (or this side could not install), asked for
+	// again at the next update while listed: as every ungranted buffer
+	// was before the Mirror. Under mu.
+	refusedAsks []*segtable.BufferDesc
+	closed      atomic.Bool
 }
 
 type span struct{ addr, length uint64 }
@@ -125,29 +130,49 @@ func (e *Endpoint) connect(ctx context.Context, desc *segtable.SegmentDesc) erro
 		old = nil // a new connection holds no grant
 	}
 	// The buffers of the chunks that are not old's (all of them for a
-	// flat desc, a networked store's: O(n) then, as always), to ask for
-	// unless granted already.
+	// flat desc: O(n) then, as always), to ask for unless granted
+	// already, and those refused before that the descriptor still lists
+	// (a refusal may pass: a grant this side could not install, say at
+	// the kernel's limit of mappings).
 	var asks []*segtable.BufferDesc
-	e.descs.Store(segtable.NewMirror(old, segtable.ChunksOf(desc), func(b *segtable.BufferDesc) (span, bool) {
+	m := segtable.NewMirror(old, segtable.ChunksOf(desc), func(b *segtable.BufferDesc) (span, bool) {
 		if _, ok := b.Keys[Name]; !ok {
 			return span{}, false
 		}
 		asks = append(asks, b)
 		return span{b.Addr, b.Length}, true
-	}))
+	})
+	e.descs.Store(m)
+	if old != nil && len(e.refusedAsks) > 0 {
+		fresh := make(map[uint64]bool, len(asks)) // a changed chunk that lists it again asks for it
+		for _, b := range asks {
+			fresh[b.Addr] = true
+		}
+		for _, b := range e.refusedAsks {
+			if sp, _ := m.Floor(b.Addr); !fresh[b.Addr] && sp != nil && sp.addr == b.Addr && sp.length == b.Length {
+				asks = append(asks, b)
+			}
+		}
+	}
 	e.regrant = true // until every ask below is answered
+	var refused []*segtable.BufferDesc
 	for _, b := range asks {
 		if g, _, ok := e.maps.FloorValue(b.Addr); ok && g.raddr == b.Addr {
-			continue
+			continue // granted already
 		}
 		var key [16]byte
 		if h, err := hex.DecodeString(b.Keys[Name]); err == nil && len(h) == 16 {
 			copy(key[:], h)
 		} // else: a zero key, which the target refuses
-		if err := c.grant(b.Addr, b.Length, &key, e.t.cfg.NoMap); err != nil && !errors.Is(err, transport.ErrDenied) && !errors.Is(err, transport.ErrRange) {
+		err := c.grant(b.Addr, b.Length, &key, e.t.cfg.NoMap)
+		switch {
+		case errors.Is(err, transport.ErrDenied) || errors.Is(err, transport.ErrRange):
+			refused = append(refused, b)
+		case err != nil:
 			return err
 		}
 	}
+	e.refusedAsks = refused
 	e.regrant = false
 	return nil
 }

@@ -279,12 +279,9 @@ func (t *Transport) Register(b *segtable.Buffer) (segtable.Registration, error) 
 		r.close()
 		return segtable.Registration{}, fmt.Errorf("shm: register: %w", transport.ErrClosed)
 	}
-	if r.addr > 0 {
-		// The buffer before r, the only one whose file's tail r may be in.
-		if p, _, ok := t.regs.FloorValue(uint64(r.addr) - 1); ok && p.shared && r.addr < p.addr+uintptr(p.size) {
-			r.close()
-			return segtable.Registration{}, fmt.Errorf("shm: register %#x: in the last page of the file of buffer %#x, which peers have mapped whole: %w", b.Addr, p.addr, segtable.ErrOverlap)
-		}
+	if p := t.sharedBefore(r.addr); p != nil {
+		r.close()
+		return segtable.Registration{}, fmt.Errorf("shm: register %#x: in the last page of the file of buffer %#x, which peers have mapped whole: %w", b.Addr, p.addr, segtable.ErrOverlap)
 	}
 	t.seq++
 	r.handle = t.seq
@@ -370,6 +367,31 @@ func (t *Transport) UnregisterContext(ctx context.Context, b *segtable.Buffer, r
 		return fmt.Errorf("shm: unregister %#x: %w", b.Addr, err)
 	}
 	return nil
+}
+
+// sharedBefore returns a registration at the nearest start below addr
+// whose file peers have mapped whole and whose span holds addr, or nil:
+// every registration there, as one may be draining while the same buffer
+// is registered again (only the one that was granted whole is shared).
+// t.mu must be held.
+func (t *Transport) sharedBefore(addr uintptr) *region {
+	if addr == 0 {
+		return nil
+	}
+	var found *region
+	at, seen := uint64(0), false
+	t.regs.Descend(uint64(addr)-1, func(k uint64, p *region) bool {
+		if seen && k != at {
+			return false
+		}
+		at, seen = k, true
+		if p.shared && addr < p.addr+uintptr(p.size) {
+			found = p
+			return false
+		}
+		return true
+	})
+	return found
 }
 
 // forget drops r from the registered buffers. t.mu must be held.
