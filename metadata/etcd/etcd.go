@@ -951,6 +951,7 @@ func (w *etcdWatch) update(ctx context.Context, kv *mvccpb.KeyValue, rev int64) 
 		}
 	} else {
 		w.set = nil
+		w.e.chunks.Store(w.name, nil) // a flat value: no chunk of the name is listed
 		d, err = decode(w.name, kv.Value)
 	}
 	if err != nil {
@@ -997,4 +998,5 @@ func (w *etcdWatch) gone() {
 	}
 	metadata.SendLatest(w.ch, metadata.Event{Desc: w.last, Deleted: true})
 	w.last, w.lastRev, w.set = nil, 0, nil
+	w.e.chunks.Store(w.name, nil) // the store's Gets hold none of its chunks either
 }
