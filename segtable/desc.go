@@ -197,7 +197,7 @@ func (d *SegmentDesc) NumBuffers() int {
 // AllBuffers returns the descriptor's buffers in address order: Buffers,
 // or a new slice of a Chunked descriptor's (whose Keys maps are shared and
 // must not be modified), O(n): the flat path of the transports that keep
-// no per-chunk tables (shm, efa, rdma, nvlink, mctcp).
+// no per-chunk tables (efa, rdma, nvlink, mctcp).
 func (d *SegmentDesc) AllBuffers() []BufferDesc {
 	if d.Chunked != nil {
 		return d.Chunked.Buffers()
