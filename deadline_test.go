@@ -3,6 +3,7 @@ package moonring
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -63,5 +64,50 @@ func TestDeadlineCtx(t *testing.T) {
 	})
 	if allocs > 1 {
 		t.Errorf("%.0f allocations a context whose Done is not called, want 1", allocs)
+	}
+}
+
+// TestDeadlineCtxDerived: contexts derived from a publish's context (a
+// networked store's calls) follow it through its AfterFunc, with no
+// goroutine each, end when it ends, and a stopped AfterFunc is not
+// called.
+func TestDeadlineCtxDerived(t *testing.T) {
+	c := newDeadlineCtx(time.Hour)
+	before := runtime.NumGoroutine()
+	var stops []context.CancelFunc
+	var kids []context.Context
+	for range 100 {
+		k, stop := context.WithTimeout(c, time.Hour)
+		kids, stops = append(kids, k), append(stops, stop)
+	}
+	if n := runtime.NumGoroutine() - before; n > 10 {
+		t.Errorf("100 derived contexts started %d goroutines", n)
+	}
+	stops[0]()
+	called := make(chan struct{}, 1)
+	stop := c.AfterFunc(func() { called <- struct{}{} })
+	if !stop() || stop() {
+		t.Fatal("stop: want true once, then false")
+	}
+	ran := make(chan struct{})
+	c.AfterFunc(func() { close(ran) })
+	c.cancel()
+	for i, k := range kids {
+		<-k.Done()
+		if want := context.Canceled; !errors.Is(k.Err(), want) {
+			t.Fatalf("derived context %d: Err %v, want %v", i, k.Err(), want)
+		}
+	}
+	<-ran
+	select {
+	case <-called:
+		t.Fatal("a stopped AfterFunc was called")
+	case <-time.After(10 * time.Millisecond):
+	}
+	late := make(chan struct{})
+	c.AfterFunc(func() { close(late) }) // after the end: at once
+	<-late
+	for _, s := range stops {
+		s()
 	}
 }

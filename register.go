@@ -278,7 +278,8 @@ type deadlineCtx struct {
 	deadline time.Time
 	mu       sync.Mutex
 	done     chan struct{} // made by Done
-	timer    *time.Timer   // started by Done
+	timer    *time.Timer   // started by Done or AfterFunc
+	afters   []*func()     // AfterFunc's, called when the context ends
 	err      error
 }
 
@@ -306,10 +307,48 @@ func (c *deadlineCtx) Done() <-chan struct{} {
 		if c.err != nil {
 			close(c.done)
 		} else {
-			c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.end(context.DeadlineExceeded) })
+			c.startTimerLocked()
 		}
 	}
 	return c.done
+}
+
+// startTimerLocked starts the timer that ends the context at its
+// deadline, unless it runs. mu must be held.
+func (c *deadlineCtx) startTimerLocked() {
+	if c.timer == nil {
+		c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.end(context.DeadlineExceeded) })
+	}
+}
+
+// AfterFunc calls f in a goroutine of its own once the context ends, as
+// context.AfterFunc does; stop keeps f from being called and reports
+// whether it did. The context package takes it for the contexts derived
+// from this one (WithCancel, WithTimeout: a store's calls), which then
+// start no goroutine to follow it, as they would for a context without
+// it.
+func (c *deadlineCtx) AfterFunc(f func()) (stop func() bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.expireLocked()
+	if c.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	p := &f
+	c.afters = append(c.afters, p)
+	c.startTimerLocked()
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, q := range c.afters {
+			if q == p {
+				c.afters = append(c.afters[:i], c.afters[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // Err returns nil until the context ends, then why: DeadlineExceeded or
@@ -349,5 +388,9 @@ func (c *deadlineCtx) endLocked(err error) {
 		if c.done != nil {
 			close(c.done)
 		}
+		for _, f := range c.afters {
+			go (*f)()
+		}
+		c.afters = nil
 	}
 }

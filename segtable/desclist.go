@@ -153,9 +153,9 @@ func (l *DescList) Buffers(remoteOnly bool) []BufferDesc {
 }
 
 // desc returns header with the buffers of every entry, built once per
-// change of either. Built during a change, it holds each entry the change
-// touched as it was or as it is after, and the next call builds it
-// again.
+// change of either. Built during changes, it holds the entries of the
+// version its walk began on (a change publishes a new root), and the next
+// call builds it again.
 func (l *DescList) desc(header *SegmentDesc) *SegmentDesc {
 	ver := l.s.version()
 	if c := l.cache.Load(); c != nil && c.header == header && c.ver == ver {

@@ -331,50 +331,60 @@ func checkSorted(s *Sorted[int], model []kv, key uint64) string {
 	return ""
 }
 
-// TestSortedChangeInPlace: a change in the middle of a large sequence
-// that leaves its leaf's first key as it was copies that leaf only: the
-// root stays, and an insertion and a deletion allocate what two leaves
-// take (a node, its keys, its values) and the short lists that carry the
-// new nodes up.
-func TestSortedChangeInPlace(t *testing.T) {
+// TestSortedWalkIsASnapshot: a walk that runs while values change sees
+// the sequence as it was when it began: changes in the middle of a tall
+// tree between its first and second step (a value deleted and inserted
+// again under its key, as an address unregistered and registered again)
+// neither list a value twice nor put one out of order (with leaves swapped
+// into their parents in place, a walk inside a copied node saw both).
+func TestSortedWalkIsASnapshot(t *testing.T) {
 	var s Sorted[int]
-	keys, vals := make([]uint64, 20000), make([]int, 20000)
+	const n = 5000
+	keys, vals := make([]uint64, n), make([]int, n)
 	for i := range keys {
 		keys[i], vals[i] = uint64(2*i), i
 	}
-	s.Reset(keys, vals) // leaves half full: room for the insertion
-	root := s.root.Load()
-	if root.h < 2 {
-		t.Fatalf("a tree of height %d: want inner nodes under the root", root.h)
+	s.Reset(keys, vals)
+	if s.root.Load().h < 2 {
+		t.Fatalf("a tree of height %d: want inner nodes under the root", s.root.Load().h)
 	}
-	key := uint64(2*10000 + 1) // between two values, after a leaf's first
-	allocs := testing.AllocsPerRun(100, func() {
-		s.Insert(key, -1)
-		if !s.Delete(key, func(v int) bool { return v == -1 }) {
-			t.Fatal("Delete found nothing")
+	mid := uint64(2 * (n / 2))
+	var got []uint64
+	var gotVals []int
+	s.Ascend(func(k uint64, v int) bool {
+		if len(got) == 0 {
+			if !s.Delete(mid, func(int) bool { return true }) {
+				t.Fatal("Delete found nothing")
+			}
+			s.Insert(mid, -1)
+			s.Insert(mid+1, -2)
+			s.Insert(3, -3)
 		}
+		got, gotVals = append(got, k), append(gotVals, v)
+		return true
 	})
-	if s.root.Load() != root {
-		t.Error("the root was copied")
+	if len(got) != n {
+		t.Fatalf("the walk saw %d values, want the %d it began with", len(got), n)
 	}
-	t.Logf("%.0f allocations an insertion and deletion", allocs)
-	if allocs > 8 {
-		t.Errorf("%.0f allocations an insertion and deletion, want at most 8", allocs)
+	for i := range got {
+		if got[i] != keys[i] || gotVals[i] != vals[i] {
+			t.Fatalf("value %d of the walk: %d under %d, want %d under %d", i, gotVals[i], got[i], vals[i], keys[i])
+		}
 	}
 	if err := checkTree(s.root.Load()); err != nil {
 		t.Fatal(err)
 	}
-	if s.Len() != 20000 {
-		t.Fatalf("Len %d", s.Len())
+	if s.Len() != n+2 {
+		t.Fatalf("Len %d after the changes, want %d", s.Len(), n+2)
 	}
 }
 
 // TestSortedConcurrent: lookups without a lock while one changer inserts
 // and deletes values between fixed ones (splitting, joining and changing
-// leaves in place, in a tree of tiny fan-outs): every fixed value is
+// leaves, in a tree of tiny fan-outs): every fixed value is
 // found under its key at every moment, and a key between two fixed ones
 // finds the value inserted under it or the fixed one below. Run with
-// -race, it also checks that what changes in place is read atomically.
+// -race, it also checks that what a change writes is read atomically.
 func TestSortedConcurrent(t *testing.T) {
 	mc, mp := maxChunk, maxPage
 	maxChunk, maxPage = 4, 4
