@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"weak"
 
 	"github.com/moonring/moonring/segtable"
 )
@@ -140,28 +141,35 @@ func AssembleChunked(h *Header, s *Set, got map[uint64]Held) (*segtable.SegmentD
 // Cache holds a Set per name for the reads of a store that keep nothing
 // of their own (its Gets), and that its watches share, so that
 // successive reads of a name share the chunks that did not change with
-// each other and with the watches' events. It holds the chunks of at
-// most MaxBuffers buffers in all: a Set that would take it past starts
-// it afresh (the next read of each other name makes its chunks again).
-// Safe for
-// concurrent use; the zero value is empty and ready. What it holds lives
-// until Store replaces or drops it, or the Cache goes.
+// each other and with the watches' events. It keeps the chunks of at
+// most MaxBuffers buffers alive in all: a Set that would take it past
+// starts that afresh. Past it, and for a name no read has stored since,
+// it still finds a Set that something else keeps alive (a watch's),
+// through a weak pointer: a long-lived reader holds no more of the
+// segments it once read than that. Safe for concurrent use; the zero
+// value is empty and ready. What it keeps alive lives until Store
+// replaces or drops it, or the Cache goes.
 type Cache struct {
-	mu   sync.Mutex
-	sets map[string]*Set
-	n    int // buffers
+	mu    sync.Mutex
+	sets  map[string]*Set // kept alive, MaxBuffers in all
+	n     int             // buffers
+	weak  map[string]weak.Pointer[Set]
+	prune int // len(weak) at which Store next drops the names whose Set is gone
 }
 
-// MaxBuffers bounds the buffers of the chunks a Cache holds (some 100 to
-// 300 bytes each with their keys): ten descriptors of 100k buffers. A
-// watch keeps its own Set besides, so that past it only Gets read more.
-const MaxBuffers = 1 << 20
+// MaxBuffers bounds the buffers of the chunks a Cache keeps alive (some
+// 100 to 300 bytes each with their keys): about one descriptor of 100k
+// buffers. A watch keeps its own Set besides, which the Cache finds too.
+const MaxBuffers = 1 << 17
 
 // Load returns the Set held for name, or nil.
 func (c *Cache) Load(name string) *Set {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.sets[name]
+	if s := c.sets[name]; s != nil {
+		return s
+	}
+	return c.weak[name].Value()
 }
 
 // Store holds s for name in place of what was held (nil: nothing is);
@@ -175,9 +183,22 @@ func (c *Cache) Store(name string, s *Set) {
 		c.n -= old.Len()
 		delete(c.sets, name)
 	}
+	delete(c.weak, name)
 	if s == nil {
 		return
 	}
+	if c.weak == nil {
+		c.weak = make(map[string]weak.Pointer[Set])
+	}
+	if len(c.weak) >= c.prune {
+		for k, w := range c.weak {
+			if w.Value() == nil {
+				delete(c.weak, k)
+			}
+		}
+		c.prune = max(2*len(c.weak), 64)
+	}
+	c.weak[name] = weak.Make(s)
 	if c.n+s.Len() > MaxBuffers {
 		clear(c.sets)
 		c.n = 0

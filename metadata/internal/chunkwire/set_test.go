@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"testing"
 
 	"github.com/moonring/moonring/segtable"
@@ -187,8 +188,9 @@ func TestAssembleChunkedRefuses(t *testing.T) {
 	}
 }
 
-// TestCache: a Set per name, the chunks of at most MaxBuffers buffers in
-// all.
+// TestCache: a Set per name, the chunks of at most MaxBuffers buffers
+// kept alive in all; past that a Set is still found while something else
+// keeps it alive (a watch), and not once nothing does.
 func TestCache(t *testing.T) {
 	var c Cache
 	if c.Load("a") != nil {
@@ -200,13 +202,30 @@ func TestCache(t *testing.T) {
 	if c.Load("a") != a || c.n != MaxBuffers/2 {
 		t.Fatalf("a: %v, %d buffers", c.Load("a"), c.n)
 	}
-	c.Store("b", b) // past MaxBuffers: a goes
-	if c.Load("a") != nil || c.Load("b") != b || c.n != b.n {
-		t.Fatalf("past MaxBuffers: a %v, b %v, %d buffers", c.Load("a"), c.Load("b"), c.n)
+	c.Store("b", b) // past MaxBuffers: a is no longer kept alive
+	if c.sets["a"] != nil || c.Load("b") != b || c.n != b.n {
+		t.Fatalf("past MaxBuffers: a kept %v, b %v, %d buffers", c.sets["a"], c.Load("b"), c.n)
+	}
+	if c.Load("a") != a {
+		t.Fatal("a, alive elsewhere, not found past MaxBuffers")
+	}
+	runtime.KeepAlive(a)
+	a = nil
+	runtime.GC()
+	runtime.GC()
+	if c.Load("a") != nil {
+		t.Fatal("the cache keeps a alive past MaxBuffers")
 	}
 	c.Store("b", nil)
 	if c.Load("b") != nil || c.n != 0 {
 		t.Fatalf("b dropped: %v, %d buffers", c.Load("b"), c.n)
+	}
+	for i := range 200 { // names whose Sets are gone are dropped as the map grows
+		c.Store(fmt.Sprint("n", i), &Set{n: MaxBuffers}) // each evicts the last from what is kept alive
+		runtime.GC()
+	}
+	if len(c.weak) > 150 {
+		t.Fatalf("%d weak entries for 200 names stored and dropped", len(c.weak))
 	}
 }
 
