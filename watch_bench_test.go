@@ -38,12 +38,19 @@ func BenchmarkPeerRepublish(b *testing.B) {
 func peerRepublish(b *testing.B, n int, via string, signed bool) {
 	store := metadata.NewMemory()
 	defer store.Close()
+	peerRepublishThrough(b, n, via, signed, b.Name()+"-t", store, store, 30*time.Second)
+}
+
+// peerRepublishThrough is the cycles of BenchmarkPeerRepublish with the
+// publisher on pub and the peer on peer (one store, or two clients of
+// one server), the publisher's segment named name; a step that the peer
+// has not applied within wait fails.
+func peerRepublishThrough(b *testing.B, n int, via string, signed bool, name string, pub, peer metadata.Store, wait time.Duration) {
 	var key []byte
 	if signed {
 		key = []byte("bench key")
 	}
-	name := b.Name() + "-t"
-	t, err := moonring.New(moonring.Config{Name: name, Metadata: store, Key: key, TCP: &tcp.Config{Key: key}})
+	t, err := moonring.New(moonring.Config{Name: name, Metadata: pub, Key: key, TCP: &tcp.Config{Key: key}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -60,7 +67,7 @@ func peerRepublish(b *testing.B, n int, via string, signed bool) {
 	if _, err := t.RegisterLocalMemoryBatch(specs); err != nil {
 		b.Fatal(err)
 	}
-	a, err := moonring.New(moonring.Config{Name: b.Name() + "-a", Metadata: store, Key: key, TCP: &tcp.Config{Key: key}, Transports: []string{via}})
+	a, err := moonring.New(moonring.Config{Name: name + "-a", Metadata: peer, Key: key, TCP: &tcp.Config{Key: key}, Transports: []string{via}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -78,7 +85,7 @@ func peerRepublish(b *testing.B, n int, via string, signed bool) {
 	// buffers (register and unregister alternate, so each step changes
 	// the count; a descriptor's Rev does not always grow unsigned).
 	applied := func(want int) {
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(wait)
 		for spins := 0; moonring.PeerBuffers(a, seg) != want; spins++ {
 			if time.Now().After(deadline) {
 				b.Fatalf("the peer did not apply a descriptor of %d buffers (has %d)", want, moonring.PeerBuffers(a, seg))

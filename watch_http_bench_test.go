@@ -1,16 +1,12 @@
 package moonring_test
 
 import (
-	"context"
 	"fmt"
 	"net/http/httptest"
-	"runtime"
 	"testing"
 	"time"
 
-	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/metadata"
-	"github.com/moonring/moonring/tcp"
 )
 
 // BenchmarkPeerRepublishHTTP is BenchmarkPeerRepublish through a
@@ -49,68 +45,8 @@ func peerRepublishHTTP(b *testing.B, n int, signed bool) {
 		}
 		return s
 	}
-	var key []byte
-	if signed {
-		key = []byte("bench key")
-	}
 	pubStore, peerStore := store(time.Second), store(time.Millisecond)
 	defer pubStore.Close()
 	defer peerStore.Close()
-	name := "peer-republish-http"
-	t, err := moonring.New(moonring.Config{Name: name, Metadata: pubStore, Key: key, TCP: &tcp.Config{Key: key}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer t.Close()
-	mem, err := t.Alloc((n+1)*scaleBlock, "cpu:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer t.Free(mem)
-	specs := make([]moonring.BufferSpec, n)
-	for i := range specs {
-		specs[i] = moonring.BufferSpec{Buf: mem[i*scaleBlock : (i+1)*scaleBlock], Location: "cpu:0", Remote: true}
-	}
-	if _, err := t.RegisterLocalMemoryBatch(specs); err != nil {
-		b.Fatal(err)
-	}
-	a, err := moonring.New(moonring.Config{Name: name + "-a", Metadata: peerStore, Key: key, TCP: &tcp.Config{Key: key}, Transports: []string{"tcp"}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer a.Close()
-	seg, err := a.OpenSegment(b.Context(), name)
-	if err != nil {
-		b.Fatal(err)
-	}
-	last := mem[n*scaleBlock:]
-	ctx := context.Background()
-	applied := func(want int) {
-		deadline := time.Now().Add(60 * time.Second)
-		for spins := 0; moonring.PeerBuffers(a, seg) != want; spins++ {
-			if time.Now().After(deadline) {
-				b.Fatalf("the peer did not apply a descriptor of %d buffers (has %d)", want, moonring.PeerBuffers(a, seg))
-			}
-			if spins < 50 {
-				runtime.Gosched()
-			} else {
-				time.Sleep(20 * time.Microsecond)
-			}
-		}
-	}
-	applied(n)
-	time.Sleep(50 * time.Millisecond)
-	b.ReportAllocs()
-	cpu0 := cpuTime()
-	for b.Loop() {
-		if _, err := t.RegisterLocalMemory(last, "cpu:0", true); err != nil {
-			b.Fatal(err)
-		}
-		applied(n + 1)
-		if err := t.UnregisterLocalMemory(ctx, last); err != nil {
-			b.Fatal(err)
-		}
-		applied(n)
-	}
-	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	peerRepublishThrough(b, n, "tcp", signed, "peer-republish-http", pubStore, peerStore, 60*time.Second)
 }

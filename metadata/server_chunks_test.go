@@ -211,6 +211,20 @@ func rawPut(t *testing.T, url, path string, body []byte, header ...string) (int,
 	return resp.StatusCode, b.String()
 }
 
+// rawHeader is a header of chunks as the server serves it, for tests
+// that forge one.
+type rawHeader struct {
+	Layout string          `json:"layout"`
+	Signed bool            `json:"signed"`
+	Desc   json.RawMessage `json:"desc"`
+	Chunks []struct {
+		S uint64 `json:"s"`
+		N int    `json:"n"`
+		H uint64 `json:"h"`
+		M string `json:"m"`
+	} `json:"chunks"`
+}
+
 func sum64(v []byte) uint64 {
 	h := sha256.Sum256(v)
 	return binary.BigEndian.Uint64(h[:8])
@@ -350,17 +364,7 @@ func TestHTTPChunksSigned(t *testing.T) {
 
 	// A forged chunk under a listed seq, and a header listing it.
 	hdr := rawGet(t, url, seg+"s/header")
-	var h struct {
-		Layout string          `json:"layout"`
-		Signed bool            `json:"signed"`
-		Desc   json.RawMessage `json:"desc"`
-		Chunks []struct {
-			S uint64 `json:"s"`
-			N int    `json:"n"`
-			H uint64 `json:"h"`
-			M string `json:"m"`
-		} `json:"chunks"`
-	}
+	var h rawHeader
 	if err := json.Unmarshal(hdr, &h); err != nil || !h.Signed || len(h.Chunks) == 0 {
 		t.Fatalf("header %.200s: %v", hdr, err)
 	}

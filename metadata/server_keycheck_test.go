@@ -34,17 +34,7 @@ func TestKeyServerChecksRepublishes(t *testing.T) {
 	}
 
 	hdr := rawGet(t, url, seg+"s/header")
-	var h struct {
-		Layout string          `json:"layout"`
-		Signed bool            `json:"signed"`
-		Desc   json.RawMessage `json:"desc"`
-		Chunks []struct {
-			S uint64 `json:"s"`
-			N int    `json:"n"`
-			H uint64 `json:"h"`
-			M string `json:"m"`
-		} `json:"chunks"`
-	}
+	var h rawHeader
 	if err := json.Unmarshal(hdr, &h); err != nil || !h.Signed || len(h.Chunks) < 2 {
 		t.Fatalf("header %.200s: %v", hdr, err)
 	}
