@@ -14,37 +14,9 @@ import (
 
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/metadata/internal/chunkwire"
+	"github.com/moonring/moonring/metadata/storetest"
 	"github.com/moonring/moonring/segtable"
 )
-
-// chunkIDs returns the identity of each chunk of d by seq: the address of
-// its first buffer, which two descriptors that hold the same chunk share
-// (segtable.BufferChunks.EachChunk).
-func chunkIDs(t testing.TB, d *segtable.SegmentDesc) map[uint64]*segtable.BufferDesc {
-	t.Helper()
-	if d.Chunked == nil {
-		t.Fatalf("%q: a flat descriptor of %d buffers, not Chunked", d.Name, len(d.Buffers))
-	}
-	ids := map[uint64]*segtable.BufferDesc{}
-	d.Chunked.EachChunk(func(info segtable.ChunkInfo, bufs []segtable.BufferDesc) bool {
-		ids[info.Seq] = &bufs[0]
-		return true
-	})
-	return ids
-}
-
-// shared returns how many chunks of b are a's, by pointer, and how many
-// b has.
-func shared(t testing.TB, a, b *segtable.SegmentDesc) (same, all int) {
-	t.Helper()
-	ia, ib := chunkIDs(t, a), chunkIDs(t, b)
-	for seq, p := range ib {
-		if ia[seq] == p {
-			same++
-		}
-	}
-	return same, len(ib)
-}
 
 // sameBuffers fails the test unless got holds the buffers of want, keys
 // included (MACs aside: a Signed store's reader reads them signed).
@@ -96,14 +68,14 @@ func testSharesChunks(t *testing.T, pub, rd metadata.Store, name string, redo fu
 		t.Fatal(err)
 	}
 	e1 := next(t, ch).Desc
-	if same, all := shared(t, d1, e1); same != all || all != l.Chunks().Count() {
+	if same, all := storetest.SharedChunks(t, d1, e1); same != all || all != l.Chunks().Count() {
 		t.Fatalf("a Get and the first event share %d chunks of %d (%d published)", same, all, l.Chunks().Count())
 	}
 	d2, err := rd.Get(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if same, all := shared(t, d1, d2); same != all {
+	if same, all := storetest.SharedChunks(t, d1, d2); same != all {
 		t.Fatalf("two Gets share %d chunks of %d", same, all)
 	}
 	d2.Endpoints["tcp"] = "changed"
@@ -126,7 +98,7 @@ func testSharesChunks(t *testing.T, pub, rd metadata.Store, name string, redo fu
 			e2 = next(t, ch).Desc
 		}
 		sameBuffers(t, "watch after a republish", e2, want)
-		same, all := shared(t, e1, e2)
+		same, all := storetest.SharedChunks(t, e1, e2)
 		if made := all - same; made < 1 || made > hi-lo {
 			t.Fatalf("republish %d: the event shares %d chunks of %d with the one before; the republish made %d", i, same, all, hi-lo)
 		}
@@ -137,7 +109,7 @@ func testSharesChunks(t *testing.T, pub, rd metadata.Store, name string, redo fu
 		if err != nil {
 			t.Fatal(err)
 		}
-		if same, all := shared(t, e2, g); same != all {
+		if same, all := storetest.SharedChunks(t, e2, g); same != all {
 			t.Fatalf("republish %d: a Get shares %d chunks of %d with the watch's event", i, same, all)
 		}
 		e1 = e2
@@ -150,7 +122,7 @@ func testSharesChunks(t *testing.T, pub, rd metadata.Store, name string, redo fu
 	for ev.Deleted || ev.Desc.Epoch != 4 {
 		ev = next(t, ch)
 	}
-	if same, _ := shared(t, e1, ev.Desc); same != 0 {
+	if same, _ := storetest.SharedChunks(t, e1, ev.Desc); same != 0 {
 		t.Fatalf("%d chunks shared across epochs", same)
 	}
 }
