@@ -90,9 +90,12 @@ const (
 type Endpoint struct {
 	t      *Transport
 	postMu sync.Mutex // Post, reconnects, eviction and Close
-	addr   string     // under postMu
-	key    []byte     // the segment key, under postMu
-	mc     mcPeer     // in Mooncake mode, the peer's RPC port and NICs, under postMu
+	// updMu serializes Updates, which build the new table of buffers
+	// outside postMu (posts go on meanwhile) and store it under it.
+	updMu  sync.Mutex
+	addr   string // under postMu
+	key    []byte // the segment key, under postMu
+	mc     mcPeer // in Mooncake mode, the peer's RPC port and NICs, under postMu
 	nrdev  int
 	rails  []rail   // under postMu
 	ch     *chooser // each slice's rail (choose.go); set by Open
@@ -206,13 +209,21 @@ func (t *Transport) Open(ctx context.Context, desc *segtable.SegmentDesc) (trans
 // matrix (ep.mc) and the rails' peer NICs as they are now. The caller holds
 // postMu, or is Open.
 func (ep *Endpoint) setBuffers(desc *segtable.SegmentDesc) {
-	ds := slices.Clone(desc.AllBuffers()) // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
-	sort.Slice(ds, func(i, j int) bool { return ds[i].Addr < ds[j].Addr })
-	bs := make([]rbuf, 0, len(ds))
 	var np *nicPicker
 	if ep.t != nil && ep.t.mc != nil && len(ep.mc.matrix) > 0 {
 		np = newNICPicker(ep.mc.matrix, ep.rdev())
 	}
+	ep.bufs.Store(ep.buildBuffers(desc, np))
+}
+
+// buildBuffers returns the table of desc's buffers: their ranges, and the
+// keys of each (and its NICs, from np when not nil). O(n log n): outside
+// Mooncake mode an Update builds it before it takes postMu, so that a
+// republish beside many buffers does not hold posts back for as long.
+func (ep *Endpoint) buildBuffers(desc *segtable.SegmentDesc, np *nicPicker) *rbufs {
+	ds := slices.Clone(desc.AllBuffers()) // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
+	sort.Slice(ds, func(i, j int) bool { return ds[i].Addr < ds[j].Addr })
+	bs := make([]rbuf, 0, len(ds))
 	for _, b := range ds {
 		rb := rbuf{addr: b.Addr, length: b.Length}
 		name, parse := Name, parseKey
@@ -230,7 +241,7 @@ func (ep *Endpoint) setBuffers(desc *segtable.SegmentDesc) {
 		}
 		bs = append(bs, rb)
 	}
-	ep.bufs.Store(&rbufs{ranges: segtable.SegmentDesc{Buffers: ds}, bufs: bs})
+	return &rbufs{ranges: segtable.SegmentDesc{Buffers: ds}, bufs: bs}
 }
 
 // rdev returns the peer NIC of each local device's rails. The caller holds
@@ -253,13 +264,19 @@ func (ep *Endpoint) Rails() int { return len(ep.rails) }
 // connect to the new NIC when next used, and each buffer's NICs are
 // chosen anew.
 func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
+	ep.updMu.Lock()
+	defer ep.updMu.Unlock()
 	var (
 		addr  string
 		rdevs []string
 		key   []byte
 		mc    mcPeer
 		err   error
+		built *rbufs
 	)
+	if ep.t.mc == nil {
+		built = ep.buildBuffers(desc, nil) // no NICs to pick: before postMu
+	}
 	if ep.t.mc != nil {
 		mc, err = parseMooncakePeer(desc)
 		addr, rdevs = mc.rpc, mc.devs
@@ -286,7 +303,11 @@ func (ep *Endpoint) Update(desc *segtable.SegmentDesc) {
 			ep.key = key
 		}
 	}
-	ep.setBuffers(desc)
+	if built != nil {
+		ep.bufs.Store(built)
+	} else {
+		ep.setBuffers(desc) // the NICs from the rails as they are now
+	}
 	ep.postMu.Unlock()
 }
 
