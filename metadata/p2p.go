@@ -540,6 +540,12 @@ func (p *P2P) Close() error {
 // descriptor, or 304 when the asker's copy is current, or 404.
 func (p *P2P) serveSegment(w http.ResponseWriter, r *http.Request) {
 	body, etag := p.wholeBody() // never modified in place: Put replaces them
+	serveBody(w, r, body, etag)
+}
+
+// serveBody answers a GET of the segment's descriptor or header: body
+// (nil: 404) under etag, or 304 when the asker's copy is current.
+func serveBody(w http.ResponseWriter, r *http.Request, body []byte, etag string) {
 	h := w.Header()
 	h.Set("Cache-Control", "no-cache")
 	h.Set(headerChunks, "1")

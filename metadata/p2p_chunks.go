@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strconv"
 
 	"github.com/moonring/moonring/segtable"
 )
@@ -72,27 +71,13 @@ func (p *P2P) serveHeader(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	pub, etag := p.pub, p.etag
 	p.mu.Unlock()
-	h := w.Header()
-	h.Set("Cache-Control", "no-cache")
-	h.Set(headerChunks, "1")
 	var body []byte
 	if pub != nil {
 		body = pub.header
 	} else {
 		body, etag = p.wholeBody()
 	}
-	if body == nil {
-		http.Error(w, "no segment published", http.StatusNotFound)
-		return
-	}
-	h.Set("ETag", etag)
-	if etagMatch(r.Header.Get("If-None-Match"), etag) {
-		w.WriteHeader(http.StatusNotModified)
-		return
-	}
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	w.Write(body)
+	serveBody(w, r, body, etag)
 }
 
 // serveChunks answers GET /moonring/v1/segment/chunks?epoch=E&seq=S1,..:

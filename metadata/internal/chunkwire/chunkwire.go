@@ -13,6 +13,7 @@ package chunkwire
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
@@ -201,17 +202,9 @@ func Assemble(h *Header, chunk func(seq uint64) Held, clone bool) (*segtable.Seg
 			d.Chunks[i] = segtable.ChunkInfo{Seq: c.Seq, N: c.N, MAC: c.MAC}
 		}
 	}
-	cmp := func(a, b segtable.BufferDesc) int {
-		switch {
-		case a.Addr < b.Addr:
-			return -1
-		case a.Addr > b.Addr:
-			return 1
-		}
-		return 0
-	}
-	if !slices.IsSortedFunc(d.Buffers, cmp) {
-		slices.SortStableFunc(d.Buffers, cmp)
+	byAddr := func(a, b segtable.BufferDesc) int { return cmp.Compare(a.Addr, b.Addr) }
+	if !slices.IsSortedFunc(d.Buffers, byAddr) {
+		slices.SortStableFunc(d.Buffers, byAddr)
 	}
 	if err := d.Validate(); err != nil {
 		return nil, err
