@@ -16,8 +16,15 @@ import (
 // at 100k values), and the garbage of a register/unregister cycle beside
 // 100k buffers cost the collector more than the cycle's own work
 // (BenchmarkScaleChurn). The inner nodes above the leaf are copied too,
-// O(maxPage log n) bytes, and a new root published (see changeInPlace for
-// what swapping the leaf in place would save, and cost). Inner nodes of 16
+// O(maxPage log n) bytes, and a new root published. Swapping the new leaf
+// into its parent in place (an atomic store, the counts above changed in
+// place) was tried and dropped: a third less garbage a change in the
+// middle of 100k values, but a lookup or walk that overlapped two changes
+// then read old subtrees beside current ones (a reader inside a node that
+// one change copied kept it while another changed its kids in place): a
+// walk listed a value twice (DescList's flat list, so Segment.Buffer(i) of
+// the engine's own segment off by one) and Floor returned a key and an
+// index of no version. Inner nodes of 16
 // children left less garbage a change than 32, at the same height up to
 // 250k values (four levels at 100k, three at 10k). A value past the end of a full leaf goes to the
 // head of the next leaf when that has room, else to a leaf of its own (and
@@ -35,23 +42,9 @@ import (
 type Sorted[T any] struct {
 	root atomic.Pointer[sortedNode[T]] // nil when empty
 	// ver counts the changes, for caches of what was built from the
-	// values (with changeInPlace, a change may leave root as it was).
+	// values.
 	ver atomic.Uint64
 }
-
-// changeInPlace would let a change that keeps a leaf's first key swap the
-// new leaf into its parent in place (an atomic store, the counts above
-// changed in place) rather than copy the nodes above it: less garbage a
-// change (remote-mid churn beside 100k buffers: 17.5 to 12.2 KB a
-// cycle), but a lookup or walk that overlaps two changes then reads old
-// subtrees beside current ones (a reader inside a node that a change
-// copied keeps the old node, whose other kids change in place): a walk
-// can list a value twice, or out of order (DescList's flat list, and so
-// Segment.Buffer(i) of the engine's own segment, off by one: a request to
-// buffer i reaching another buffer), and Floor can return a key and an
-// index of no version. Off: every change publishes a new root, and every
-// reader walks one version.
-const changeInPlace = false
 
 // The tree's fan-outs: variables only so that tests can make tall trees
 // from few values.
@@ -61,11 +54,8 @@ var (
 )
 
 // sortedNode is a leaf (h 0: keys and vals) or an inner node (h > 0: its
-// children's first keys in keys, and kids). A leaf is never modified once
-// published, nor are an inner node's keys; with changeInPlace the one
-// changer would replace a kid of an inner node in place by one of the
-// same first key, and change the node's counts with it (hence atomics:
-// lookups read them without a lock).
+// children's first keys in keys, and kids). A node is never modified once
+// published: a change copies what it changes.
 //
 // An inner node's counts lie in the array of its keys, past their length
 // (up to the capacity): for each kid how many values of the node lie
@@ -76,9 +66,10 @@ var (
 type sortedNode[T any] struct {
 	keys []uint64
 	vals []T
-	// kids are the children, *sortedNode[T] as unsafe.Pointer for
-	// atomic.LoadPointer and StorePointer: Go pointers all the same,
-	// which the collector traces.
+	// kids are the children, *sortedNode[T] as unsafe.Pointer (Go
+	// pointers all the same, which the collector traces), read with
+	// atomic loads: a remnant of the in-place swap (see Sorted), as
+	// cheap as plain loads on amd64.
 	kids []unsafe.Pointer
 	h    int // height above the leaves
 }
@@ -101,16 +92,6 @@ func (nd *sortedNode[T]) count() int {
 		return len(nd.keys)
 	}
 	return int(atomic.LoadUint64(&nd.counts()[len(nd.kids)]))
-}
-
-// grew records, in an inner node whose kid c was changed in place below
-// it, that the kid holds by values more (or fewer): the offsets of the
-// kids after it and the node's count.
-func (nd *sortedNode[T]) grew(c int, by int) {
-	n := nd.counts()
-	for i := c + 1; i < len(n); i++ {
-		atomic.AddUint64(&n[i], uint64(by))
-	}
 }
 
 // nodes returns a list of node pointers as kids holds them.
@@ -306,7 +287,6 @@ func (s *Sorted[T]) Insert(key uint64, v T) {
 		return
 	}
 	switch out := nd.insert(key, v); out.n {
-	case 0: // changed in place
 	case 2:
 		s.root.Store(newInner[T](nodes(at[T](out.p[0]), at[T](out.p[1]))))
 	default:
@@ -332,8 +312,7 @@ func replace2[T any](a, b *sortedNode[T]) replacement {
 
 // insert inserts v under key (before everything when key is smaller than
 // every key of nd) and returns the nodes that replace nd: one, or two when
-// nd overflowed; none when it changed nd in place (a kid replaced by one
-// of the same first key, and the counts).
+// nd overflowed.
 func (nd *sortedNode[T]) insert(key uint64, v T) replacement {
 	if nd.h == 0 {
 		i := floorIndex(nd.keys, key) + 1
@@ -366,17 +345,6 @@ func (nd *sortedNode[T]) insert(key uint64, v T) replacement {
 		return replace1(newInner[T](splice(nd.kids, c+1, c+2, head[:])))
 	}
 	out := kid.insert(key, v)
-	if out.n == 0 {
-		nd.grew(c, 1)
-		return out
-	}
-	if changeInPlace && out.n == 1 && at[T](out.p[0]).keys[0] == kid.keys[0] {
-		// The kid's first key as it was, so nd's keys hold: the new kid
-		// in place, nothing above copied.
-		atomic.StorePointer(&nd.kids[c], out.p[0])
-		nd.grew(c, 1)
-		return replacement{}
-	}
 	lo, hi := c, c+1
 	if out.n == 2 && len(at[T](out.p[1]).keys) == 1 && c+1 < len(nd.kids) && len(nd.kid(c+1).keys) < nd.kid(c+1).max() {
 		// A node of one entry past the end of a full kid: at the head
@@ -467,14 +435,11 @@ func (s *Sorted[T]) Delete(key uint64, match func(T) bool) bool {
 	if nd == nil {
 		return false
 	}
-	out, found, _, inPlace := nd.delete(key, false, match, true)
+	out, found, _ := nd.delete(key, false, match, true)
 	if !found {
 		return false
 	}
 	defer s.ver.Add(1)
-	if inPlace {
-		return true
-	}
 	for out != nil && out.h > 0 && len(out.kids) == 1 {
 		out = out.kid(0)
 	}
@@ -484,15 +449,14 @@ func (s *Sorted[T]) Delete(key uint64, match func(T) bool) bool {
 
 // delete returns nd without the first value under key, from the last
 // down (from its end when all), for which match reports true (nil when
-// nothing is left), and whether there was one; inPlace reports that it
-// changed nd in place (then out is nd); more reports, when there was
+// nothing is left), and whether there was one; more reports, when there was
 // none, that nd's values down to its first are all under key, so the one
 // may lie in the node before. root says nd is the root, which Delete
 // replaces by its only kid: of a root of two kids, one of which goes, out
 // is the other (not a node of one kid made only to be dropped: a cycle of
 // registering and unregistering a buffer below every other one built
 // and dropped one each time).
-func (nd *sortedNode[T]) delete(key uint64, all bool, match func(T) bool, root bool) (out *sortedNode[T], found, more, inPlace bool) {
+func (nd *sortedNode[T]) delete(key uint64, all bool, match func(T) bool, root bool) (out *sortedNode[T], found, more bool) {
 	i := len(nd.keys) - 1
 	if !all {
 		i = floorIndex(nd.keys, key)
@@ -501,39 +465,29 @@ func (nd *sortedNode[T]) delete(key uint64, all bool, match func(T) bool, root b
 		for ; i >= 0 && nd.keys[i] == key; i-- {
 			if match(nd.vals[i]) {
 				if len(nd.keys) == 1 {
-					return nil, true, false, false
+					return nil, true, false
 				}
 				keys := append(append(make([]uint64, 0, len(nd.keys)-1), nd.keys[:i]...), nd.keys[i+1:]...)
 				vals := append(append(make([]T, 0, len(nd.vals)-1), nd.vals[:i]...), nd.vals[i+1:]...)
-				return newLeaf(keys, vals), true, false, false
+				return newLeaf(keys, vals), true, false
 			}
 		}
-		return nd, false, i < 0, false
+		return nd, false, i < 0
 	}
 	for ; i >= 0; i-- {
-		old := nd.kid(i)
-		kid, found, more, in := old.delete(key, all, match, false)
+		kid, found, more := nd.kid(i).delete(key, all, match, false)
 		if found {
-			switch {
-			case in:
-			case root && kid == nil && len(nd.kids) == 2:
-				return nd.kid(1 - i), true, false, false
-			case changeInPlace && kid != nil && kid.keys[0] == old.keys[0] && nd.joinWith(i, kid) < 0:
-				// The kid's first key as it was and nothing to join:
-				// the new kid in place, nothing above copied.
-				atomic.StorePointer(&nd.kids[i], unsafe.Pointer(kid))
-			default:
-				return nd.replace(i, kid), true, false, false
+			if root && kid == nil && len(nd.kids) == 2 {
+				return nd.kid(1 - i), true, false
 			}
-			nd.grew(i, -1)
-			return nd, true, false, true
+			return nd.replace(i, kid), true, false
 		}
 		if !more {
-			return nd, false, false, false
+			return nd, false, false
 		}
 		all = true
 	}
-	return nd, false, true, false
+	return nd, false, true
 }
 
 // joinWith returns the kid of nd that kid, which is to replace kid c,
