@@ -44,9 +44,15 @@
 // # Concurrency
 //
 // A Transport and its endpoints are safe for concurrent use: libfabric is
-// opened with FI_THREAD_SAFE, and a read-write lock keeps Close and
-// Unregister from closing objects under a Post or Poll in progress.
-// Complete is never called with a lock held.
+// opened with FI_THREAD_SAFE, and two read-write locks keep Close and
+// Unregister from closing objects under a Post or Poll in progress: one
+// that posts hold shared, one that Poll holds shared around reading the
+// completion queue, taken exclusively only while no post is in the
+// provider. Neither Post nor Poll waits for a lock that a post in the
+// provider holds up (a software provider's post may wait for progress,
+// which only Poll makes): Post takes no slices meanwhile, and Poll leaves
+// what needs the lock (the timeout scan, a peer's removal or reset) to a
+// goroutine that waits for it. Complete is never called with a lock held.
 //
 // # Lifetimes
 //

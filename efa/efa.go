@@ -46,12 +46,33 @@ type Transport struct {
 	strAddr  bool // FI_ADDR_STR: addresses are NUL-terminated strings
 	nameLen  int  // the length of a fabric address, when not a string
 
-	// guard is held shared by every call into libfabric on the endpoint,
-	// completion queue and address vector, and exclusively by Close and
-	// by Unregister (so that no Post uses an MR being closed).
-	guard   sync.RWMutex
-	closing atomic.Bool // Close began: no new slices, registrations, endpoints
-	closed  atomic.Bool // Close drained what it could: libfabric's objects go
+	// guard is held shared by every call into libfabric on the endpoint
+	// and address vector (mr_post, fi_av_insert, fi_mr_reg), and
+	// exclusively by Close, by Unregister (so that no Post uses an MR
+	// being closed), and by the few changes that Post and retryDue must
+	// not overlap: the timeout scan (expire), drop, reset, dropRetries.
+	//
+	// The data path (Post, Poll and all they call, Complete's re-entrant
+	// Posts included) never waits for it: a post may stay inside the
+	// provider until progress is made, on this side or the peer's, and a
+	// goroutine waiting for the guard while that post holds it shared
+	// would poll no more. Post and retryDue take it with TryRLock, and
+	// take nothing while a writer holds it or waits for it (a waiting
+	// writer fails TryRLock, so writers are not starved); the data path's
+	// own writers take it with TryLock, or leave the work to a goroutine
+	// that waits (soon, scan). cq_poll is not under it at all: see pollMu.
+	guard sync.RWMutex
+	// pollMu keeps Close and Unregister from closing objects under a
+	// cq_poll: Poll holds it shared around cq_poll. It is taken
+	// exclusively only by holders of the guard's write lock, around their
+	// calls into libfabric (Close, Unregister, and the address vector
+	// changes of drop and reset): no post is in the provider then, so its
+	// writer waits only for the cq_polls in progress, which never wait,
+	// and Poll waits behind it for no post.
+	pollMu   sync.RWMutex
+	scanning atomic.Bool // a timeout scan waits for the guard (scan)
+	closing  atomic.Bool // Close began: no new slices, registrations, endpoints
+	closed   atomic.Bool // Close drained what it could: libfabric's objects go
 
 	regMu  sync.Mutex                // serializes changes of regs
 	regSeq uint64                    // the last Registration handle, under regMu
@@ -219,9 +240,13 @@ func (t *Transport) Close() error {
 			time.Sleep(20 * time.Microsecond)
 		}
 	}
-	t.StopProgress()
-	t.closed.Store(true)
+	// The write lock waits out the posts in the provider while Polls (the
+	// progress goroutine's, the engine's) go on, which such a post may be
+	// waiting for; new Posts see closing. Then no cq_poll starts (closed)
+	// and pollMu waits out those in progress.
 	t.guard.Lock()
+	t.closed.Store(true)
+	t.pollMu.Lock()
 	for _, r := range t.regList() {
 		C.fi_unreg(r.mr) // the scratch MR among them
 	}
@@ -240,7 +265,12 @@ func (t *Transport) Close() error {
 	C.free(t.scratch)
 	C.free(unsafe.Pointer(t.res))
 	t.ctxs, t.res, t.scratch = nil, nil, nil
+	t.pollMu.Unlock()
 	t.guard.Unlock()
+	// Only now: the progress goroutine polled while the write lock waited
+	// for posts in the provider, and a Complete it calls could wait for
+	// the guard (a user's Unregister from it).
+	t.StopProgress()
 	// fi_teardown closed the address vector, and every entry with it.
 	// (peerMu is taken after the guard, never under it: peer and drop
 	// take them the other way round.)

@@ -24,8 +24,13 @@ func PeerAddr(ep transport.Endpoint) uint64 {
 // ResetPeer gives ep's peer a fresh address vector entry, as a failed
 // operation does. Safe for concurrent use.
 func ResetPeer(ep transport.Endpoint) {
+	t := ep.(*Endpoint).t
 	p := ep.(*Endpoint).peer.Load()
-	ep.(*Endpoint).t.reset(p, p.gen.Load())
+	t.peerMu.Lock()
+	defer t.peerMu.Unlock()
+	t.guard.Lock()
+	defer t.guard.Unlock()
+	t.resetLocked(p, p.gen.Load())
 }
 
 // SlotsFree returns how many operation slots t has free. Safe for
@@ -101,3 +106,38 @@ func HoldGuard(t *Transport) (release func()) {
 // ExpireAll runs the timeout scan as if every busy slot were overdue, and
 // returns how many slices it failed.
 func ExpireAll(t *Transport) int { return t.expire(time.Now().UnixNano()+1, nil, errTimeout) }
+
+// WriterWaiting reports whether a writer holds t's guard or waits for it
+// (a reader's TryRLock then fails).
+func WriterWaiting(t *Transport) bool {
+	if t.guard.TryRLock() {
+		t.guard.RUnlock()
+		return false
+	}
+	return true
+}
+
+// PeerOps returns how many operations to ep's peer the provider holds (or
+// a Post is posting). Safe for concurrent use.
+func PeerOps(ep transport.Endpoint) int64 {
+	return ep.(*Endpoint).peer.Load().ops.Load()
+}
+
+// PeerGen returns the generation of ep's peer: how often its address was
+// reset. Safe for concurrent use.
+func PeerGen(ep transport.Endpoint) uint64 {
+	return ep.(*Endpoint).peer.Load().gen.Load()
+}
+
+// PlantBroken does what deliver does with an operation of ep that failed
+// as if its connection broke, the first time: it resets the peer and
+// queues the slot's retry, due in a millisecond, through queueRetries.
+// The slot holds no operation: its keys are none of the endpoint's, so
+// the retry fails (ErrPeer) rather than posts. c hears of it with token.
+func PlantBroken(ep transport.Endpoint, c transport.Completer, token uint64) {
+	e, s, idx := plant(ep, c, token)
+	p := e.peer.Load()
+	s.keys, s.peer, s.gen = nil, p, p.gen.Load()
+	s.state.Store(slotRetry)
+	e.t.queueRetries(idx[:])
+}

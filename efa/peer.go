@@ -140,6 +140,8 @@ func (t *Transport) unuse(p *peer) {
 // which then calls drop again) or starts after, and finds the endpoint
 // closed, another peer in it, or p gone. Endpoints are closed and updated
 // seldom, so the write lock costs the data path little.
+//
+// drop waits for peerMu and the guard: the data path calls dropSoon.
 func (t *Transport) drop(p *peer) {
 	t.peerMu.Lock()
 	defer t.peerMu.Unlock()
@@ -148,7 +150,18 @@ func (t *Transport) drop(p *peer) {
 	}
 	t.guard.Lock()
 	defer t.guard.Unlock()
-	if p.ops.Load() != 0 {
+	t.dropLocked(p)
+}
+
+// dropSoon is drop for the data path (Poll, Post), which never waits for
+// the guard: see soon.
+func (t *Transport) dropSoon(p *peer) {
+	t.soon(func() { t.dropLocked(p) })
+}
+
+// dropLocked is drop with peerMu and the guard's write lock held.
+func (t *Transport) dropLocked(p *peer) {
+	if p.users.Load() != 0 || p.gone.Load() || p.ops.Load() != 0 {
 		return
 	}
 	if !t.closed.Load() {
@@ -157,11 +170,41 @@ func (t *Transport) drop(p *peer) {
 	t.forget(p)
 }
 
+// soon runs fn holding peerMu and the guard's write lock, for the data
+// path, which never waits for the guard (see Transport.guard) nor for
+// peerMu (peer holds it while it waits for the guard): at once when both
+// are free, else in a goroutine of its own that waits for them. That
+// goroutine, a waiting writer, holds Posts back (they take nothing
+// meanwhile), never Poll. fn runs rarely (a peer's last operation
+// returned, a connection broke), and seldom finds the locks taken.
+func (t *Transport) soon(fn func()) {
+	if t.peerMu.TryLock() {
+		if t.guard.TryLock() {
+			fn()
+			t.guard.Unlock()
+			t.peerMu.Unlock()
+			return
+		}
+		t.peerMu.Unlock()
+	}
+	go func() {
+		t.peerMu.Lock()
+		t.guard.Lock()
+		fn()
+		t.guard.Unlock()
+		t.peerMu.Unlock()
+	}()
+}
+
 // remove takes p's address out of the address vector; a failure leaves
 // nothing to undo (the entry goes with the vector at Close). The caller
-// holds the guard exclusively, and the transport is not closed.
+// holds the guard exclusively, and the transport is not closed. It also
+// takes pollMu, so that the vector changes with nothing else in the
+// provider, as before cq_poll left the guard.
 func (t *Transport) remove(p *peer) {
+	t.pollMu.Lock()
 	C.fi_remove(t.res, C.uint64_t(p.addr.Load()))
+	t.pollMu.Unlock()
 }
 
 // forget marks p gone, its address out of the vector, and takes it out of
@@ -179,11 +222,11 @@ func (p *peer) returned() bool {
 }
 
 // opsDone counts n operations to p as returned by the provider (or never
-// posted), and drops p when they were the last and no endpoint uses it.
-// The caller holds no lock.
+// posted), and drops p (dropSoon: Post calls it) when they were the last
+// and no endpoint uses it. The caller holds no lock.
 func (t *Transport) opsDone(p *peer, n int64) {
 	if p.ops.Add(-n) == 0 && p.users.Load() == 0 {
-		t.drop(p)
+		t.dropSoon(p)
 	}
 }
 
@@ -202,20 +245,25 @@ func (t *Transport) insert(addr []byte) (uint64, error) {
 // later generation already did. It holds the guard exclusively, as drop
 // does: Post and retryDue load a peer's fi_addr and post to it under the
 // read side, and tcp;ofi_rxm dereferences a NULL peer when an operation
-// names an address that has left the vector.
+// names an address that has left the vector. Its callers are on the data
+// path (a failed operation, a stalled Post): it does not wait for the
+// locks (see soon).
 func (t *Transport) reset(p *peer, gen uint64) {
-	t.peerMu.Lock()
-	defer t.peerMu.Unlock()
 	if p.gen.Load() != gen || p.gone.Load() {
 		return // a later generation reset it, or its address left the AV (drop)
 	}
-	t.guard.Lock()
-	defer t.guard.Unlock()
-	if t.closed.Load() {
+	t.soon(func() { t.resetLocked(p, gen) })
+}
+
+// resetLocked is reset with peerMu and the guard's write lock held.
+func (t *Transport) resetLocked(p *peer, gen uint64) {
+	if p.gen.Load() != gen || p.gone.Load() || t.closed.Load() {
 		return
 	}
-	t.remove(p)
+	t.pollMu.Lock() // as remove: the vector changes with nothing else in the provider
+	C.fi_remove(t.res, C.uint64_t(p.addr.Load()))
 	a, err := t.insert(p.name)
+	t.pollMu.Unlock()
 	if err != nil {
 		// The old address has left the vector and no new one came:
 		// the peer is gone (Post fails its slices with ErrPeer), and

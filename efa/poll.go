@@ -34,14 +34,16 @@ type completion struct {
 func (t *Transport) Poll() int {
 	polls := t.polls.Add(1)
 	var ents [chunk]C.cq_ent
-	t.guard.RLock()
+	// pollMu, not the guard: a writer waiting for the guard behind a post
+	// in the provider must not keep the progress that post may wait for.
+	t.pollMu.RLock()
 	if t.closed.Load() {
-		t.guard.RUnlock()
+		t.pollMu.RUnlock()
 		return 0
 	}
 	n := int(C.cq_poll(t.res, &ents[0], chunk))
-	base := uintptr(t.ctxs) // under the guard: Close clears it
-	t.guard.RUnlock()
+	base := uintptr(t.ctxs) // under pollMu: Close clears it
+	t.pollMu.RUnlock()
 	nd := 0
 	if n > 0 {
 		nd = t.deliver(ents[:n], base)
@@ -53,7 +55,7 @@ func (t *Transport) Poll() int {
 		now := time.Now().UnixNano()
 		last := t.lastScan.Load()
 		if now-last > int64(min(t.cfg.Timeout/4, time.Second)) && t.lastScan.CompareAndSwap(last, now) {
-			nd += t.expire(now-int64(t.cfg.Timeout), nil, errTimeout)
+			nd += t.scan(now - int64(t.cfg.Timeout))
 		}
 	}
 	return nd
@@ -138,9 +140,10 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 		t.queueRetries(retry[:nr])
 	}
 	// Before the slices complete: whoever waits on them then finds the
-	// peers that they were the last use of gone.
+	// peers that they were the last use of gone (unless a Post holds the
+	// guard: then soon after, see dropSoon).
 	for _, p := range idle[:ni] {
-		t.drop(p)
+		t.dropSoon(p)
 	}
 	for _, d := range done[:nd] {
 		d.c.Complete(d.token, d.err)
@@ -150,18 +153,52 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 
 var errTimeout = fmt.Errorf("efa: no completion from the provider within the timeout: %w", transport.ErrPeer)
 
+// scan is Poll's timeout scan: expire of every endpoint's slots posted
+// before cutoff, with errTimeout. Poll does not wait for the guard (see
+// Transport.guard): when it is held, a goroutine waits for it and scans,
+// one at a time, and Poll returns at once.
+func (t *Transport) scan(cutoff int64) int {
+	if t.guard.TryLock() {
+		done := t.expireLocked(cutoff, nil, errTimeout)
+		t.guard.Unlock()
+		for _, d := range done {
+			d.c.Complete(d.token, d.err)
+		}
+		return len(done)
+	}
+	if t.scanning.CompareAndSwap(false, true) {
+		go func() {
+			defer t.scanning.Store(false)
+			t.expire(cutoff, nil, errTimeout)
+		}()
+	}
+	return 0
+}
+
 // expire abandons the busy slots posted before cutoff (of endpoint e when
 // not nil) and completes them with err. The provider still holds them: they
-// become free when their completion comes, or at Close.
+// become free when their completion comes, or at Close. It waits for the
+// guard's write lock: not for the data path (scan).
+func (t *Transport) expire(cutoff int64, e *Endpoint, err error) int {
+	t.guard.Lock()
+	done := t.expireLocked(cutoff, e, err)
+	t.guard.Unlock()
+	for _, d := range done {
+		d.c.Complete(d.token, d.err)
+	}
+	return len(done)
+}
+
+// expireLocked is expire's scan; it returns the completions to make once
+// the guard is free.
 //
 // It scans under the guard's write lock: Post and retryDue hold it shared
 // from marking their slots busy until those are posted or taken back (a
 // plain store to free), so every busy slot the scan sees is the
 // provider's. (Without it, a scan could fail a slot that Post then gave
 // back as not taken: the slice completed and posted again, or lost.)
-func (t *Transport) expire(cutoff int64, e *Endpoint, err error) int {
+func (t *Transport) expireLocked(cutoff int64, e *Endpoint, err error) []completion {
 	var done []completion
-	t.guard.Lock()
 	for i := range t.slots {
 		s := &t.slots[i]
 		if s.state.Load() != slotBusy || s.posted.Load() >= cutoff || (e != nil && s.ep.Load() != e) {
@@ -182,9 +219,5 @@ func (t *Transport) expire(cutoff int64, e *Endpoint, err error) int {
 		s.c = nil
 		s.state.Store(slotAbandoned)
 	}
-	t.guard.Unlock()
-	for _, d := range done {
-		d.c.Complete(d.token, d.err)
-	}
-	return len(done)
+	return done
 }

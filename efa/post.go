@@ -37,7 +37,11 @@ var (
 // slices. Slices that cannot be valid (range in no published buffer, no
 // valid key, unknown local handle) are completed at once with an error. It
 // accepts fewer slices when every slot is in flight or the provider's
-// queue is full (-FI_EAGAIN): Poll frees both. While the peer's
+// queue is full (-FI_EAGAIN): Poll frees both; and none while a change
+// that posts must not overlap (Close, Unregister, an endpoint's Close, a
+// peer's removal or reset, the timeout scan) holds the transport's lock
+// or waits for it, which takes microseconds unless a post in progress
+// waits for the provider. While the peer's
 // descriptor lists no efa endpoint (see Update) it takes none, and fails
 // with an error wrapping ErrPeer.
 func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
@@ -83,7 +87,13 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 	if b := int(p.budget.Load()); b > 0 && b < len(s) {
 		s = s[:b]
 	}
-	t.guard.RLock()
+	// Not RLock: a writer waiting for the guard behind another post in
+	// the provider would keep this goroutine, an engine's poller maybe,
+	// from polling (see Transport.guard). The slices wait for a later
+	// Post, as when the provider's queue is full.
+	if !t.guard.TryRLock() {
+		return 0, false, nil
+	}
 	if t.closing.Load() || e.closed.Load() {
 		t.guard.RUnlock()
 		return 0, false, errClosed

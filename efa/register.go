@@ -115,7 +115,10 @@ func (t *Transport) Unregister(b *segtable.Buffer, reg segtable.Registration) er
 	rs = slices.Delete(slices.Clone(rs), i, i+1)
 	t.regs.Store(&rs)
 	t.regMu.Unlock()
-	if rc := C.fi_unreg(r.mr); rc != 0 {
+	t.pollMu.Lock() // nor a cq_poll (see Transport.pollMu)
+	rc := C.fi_unreg(r.mr)
+	t.pollMu.Unlock()
+	if rc != 0 {
 		return fmt.Errorf("efa: unregister %#x: fi_close: %s", b.Addr, fiStrerror(int(rc)))
 	}
 	return nil

@@ -29,13 +29,21 @@ const (
 // queues the slots for Poll to post again when due.
 func (t *Transport) queueRetries(idx []uint32) {
 	now := time.Now().UnixNano()
+	var (
+		last    *peer
+		lastGen uint64
+	)
 	for _, i := range idx {
 		s := &t.slots[i]
 		if s.tries == 0 {
 			// The peer the operation went to: after an Update, the
 			// endpoint's peer is another, whose generations s.gen
-			// does not count.
-			t.reset(s.peer, s.gen)
+			// does not count. (Once per peer and generation: those
+			// after are no-ops, but may start goroutines, see soon.)
+			if s.peer != last || s.gen != lastGen {
+				t.reset(s.peer, s.gen)
+				last, lastGen = s.peer, s.gen
+			}
 			s.failed = now
 		}
 		s.due = now + int64(retryDelay)<<(2*s.tries)
@@ -57,6 +65,11 @@ func (t *Transport) retryDue() int {
 	)
 	now := time.Now().UnixNano()
 	n := 0
+	// Not RLock: Poll never waits for the guard (see Transport.guard).
+	// While a writer holds it or waits, the retries wait for a later Poll.
+	if !t.guard.TryRLock() {
+		return 0
+	}
 	t.retryMu.Lock()
 	for k := 0; k < len(t.retries) && n < chunk; {
 		i := t.retries[k]
@@ -72,6 +85,7 @@ func (t *Transport) retryDue() int {
 	t.nretry.Store(int64(len(t.retries)))
 	t.retryMu.Unlock()
 	if n == 0 {
+		t.guard.RUnlock()
 		return 0
 	}
 	var (
@@ -81,7 +95,6 @@ func (t *Transport) retryDue() int {
 		idle [chunk]*peer // peers that may be dropped now
 	)
 	ni := 0
-	t.guard.RLock()
 	m := 0
 	if !t.closed.Load() {
 		for k, i := range idx[:n] {
@@ -183,7 +196,7 @@ func (t *Transport) retryDue() int {
 	t.guard.RUnlock()
 	t.release(freed[:nf])
 	for _, p := range idle[:ni] {
-		t.drop(p)
+		t.dropSoon(p)
 	}
 	for _, d := range done[:nd] {
 		d.c.Complete(d.token, d.err)
