@@ -7,6 +7,7 @@
 package efa
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,14 +65,7 @@ func (e *Endpoint) probe(ctx context.Context) error {
 }
 
 func (e *Endpoint) probeOnce(ctx context.Context) error {
-	var kr *keyRange
-	kt := e.keys.Load()
-	for i, k := range kt.ks {
-		if k.ok {
-			kr = &kt.ks[i]
-			break
-		}
-	}
+	kr := e.keys.Load().first()
 	if kr == nil {
 		return nil
 	}
@@ -140,25 +134,40 @@ type Endpoint struct {
 	withdrawn atomic.Bool
 }
 
-// keyTable is the peer's buffers: ranges holds their address ranges
-// sorted, searched with segtable.SegmentDesc.Find, and ks[i] the key of
-// ranges.Buffers[i]. Buffers of no bytes or past the address space are
-// left out.
+// keyTable is the peer's buffers and their keys, in the shape of its
+// descriptor's chunks (segtable.Mirror): an Update makes the entries of
+// the chunks that changed and shares the others' with the table before.
+// Buffers of no bytes or past the address space are left out. Update
+// replaces it whole: a slot's keys, compared by pointer, tell whether an
+// Update came since the slot's Post.
 type keyTable struct {
-	ranges segtable.SegmentDesc
-	ks     []keyRange
+	m *segtable.Mirror[keyRange]
 }
 
 // lookup returns the key range holding [addr, addr+n); none for n == 0.
+// It allocates nothing.
 func (t *keyTable) lookup(addr, n uint64) (*keyRange, bool) {
 	if n == 0 {
 		return nil, false
 	}
-	i := t.ranges.Find(addr, n)
-	if i < 0 {
+	kr, _ := t.m.Floor(addr) // kr.addr <= addr
+	if kr == nil || n > kr.length || addr-kr.addr > kr.length-n {
 		return nil, false
 	}
-	return &t.ks[i], true
+	return kr, true
+}
+
+// first returns the key range of the first buffer, in address order,
+// whose key is valid; nil when none. O(n log n) at worst: for Open's
+// probe.
+func (t *keyTable) first() *keyRange {
+	for i := range t.m.Len() {
+		b := t.m.Buffer(i)
+		if kr, _ := t.m.Floor(b.Addr); kr != nil && kr.addr == b.Addr && kr.ok {
+			return kr
+		}
+	}
+	return nil
 }
 
 // keyRange is one of the peer's buffers as its descriptor published it.
@@ -210,28 +219,51 @@ func (e *Endpoint) Update(desc *segtable.SegmentDesc) {
 	}
 }
 
+// setKeys makes the endpoint's keys those of desc, from its keys before:
+// the entries of desc's chunks that the descriptor before shared (by
+// pointer: a republish after one registration shares all but one or two)
+// are reused, the others' keys parsed. Callers serialize it (mu, or an
+// endpoint not yet shared).
 func (e *Endpoint) setKeys(desc *segtable.SegmentDesc) {
-	bufs := desc.AllBuffers() // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
-	ks := make([]keyRange, 0, len(bufs))
-	for _, b := range bufs {
-		if b.Length == 0 || b.Addr+b.Length < b.Addr {
-			continue
-		}
-		kr := keyRange{addr: b.Addr, length: b.Length}
-		if k, err := parseKey(b.Keys[Name]); err == nil && k.base == b.Addr && k.length == b.Length {
-			kr.key, kr.ok = k.key, true
-			if !e.t.virt {
-				kr.delta = k.base
-			}
-		}
-		ks = append(ks, kr)
+	var old *segtable.Mirror[keyRange]
+	if kt := e.keys.Load(); kt != nil {
+		old = kt.m
 	}
-	slices.SortFunc(ks, func(x, y keyRange) int { return cmpU64(x.addr, y.addr) })
-	rs := make([]segtable.BufferDesc, len(ks))
-	for i, k := range ks {
-		rs[i] = segtable.BufferDesc{Addr: k.addr, Length: k.length}
+	virt := e.t.virt // the same for every table of the endpoint, as NewMirror needs
+	m := segtable.NewMirror(old, chunksOf(desc), func(b *segtable.BufferDesc) (keyRange, bool) {
+		return keyEntry(b, virt)
+	})
+	e.keys.Store(&keyTable{m: m})
+}
+
+// keyEntry is b's entry in a keyTable; b is left out (false) when it has no
+// bytes or runs past the address space.
+func keyEntry(b *segtable.BufferDesc, virt bool) (keyRange, bool) {
+	if b.Length == 0 || b.Addr+b.Length < b.Addr {
+		return keyRange{}, false
 	}
-	e.keys.Store(&keyTable{ranges: segtable.SegmentDesc{Buffers: rs}, ks: ks})
+	kr := keyRange{addr: b.Addr, length: b.Length}
+	if k, err := parseKey(b.Keys[Name]); err == nil && k.base == b.Addr && k.length == b.Length {
+		kr.key, kr.ok = k.key, true
+		if !virt {
+			kr.delta = k.base
+		}
+	}
+	return kr, true
+}
+
+// chunksOf is segtable.ChunksOf, but sorts a flat descriptor's buffers
+// first when they are not sorted by address (Validate refuses such a
+// descriptor; the keys were looked up in a sorted copy before the
+// Mirror, and still are). A flat descriptor costs O(n) anyway.
+func chunksOf(d *segtable.SegmentDesc) *segtable.BufferChunks {
+	byAddr := func(x, y segtable.BufferDesc) int { return cmp.Compare(x.Addr, y.Addr) }
+	if d.Chunked == nil && !slices.IsSortedFunc(d.Buffers, byAddr) {
+		bufs := slices.Clone(d.Buffers)
+		slices.SortFunc(bufs, byAddr)
+		return segtable.ChunksOf(&segtable.SegmentDesc{Buffers: bufs})
+	}
+	return segtable.ChunksOf(d)
 }
 
 // Close refuses new slices and waits, polling, up to Config.Linger for
