@@ -48,7 +48,8 @@ type Transport struct {
 
 	// guard is held shared by every call into libfabric on the endpoint
 	// and address vector (mr_post, fi_av_insert, fi_mr_reg), and
-	// exclusively by Close, by Unregister (so that no Post uses an MR
+	// exclusively by Close and an Endpoint's Close (both polling while
+	// they wait: lockPolling), by Unregister (so that no Post uses an MR
 	// being closed), and by the few changes that Post and retryDue must
 	// not overlap: the timeout scan (expire), drop, reset, dropRetries.
 	//
@@ -62,6 +63,9 @@ type Transport struct {
 	// own writers take it with TryLock, or leave the work to a goroutine
 	// that waits (soon, scan). cq_poll is not under it at all: see pollMu.
 	guard sync.RWMutex
+	// soonWaiting counts soon's goroutines not yet ended, soonWrote those
+	// of them that took the guard (tests).
+	soonWaiting, soonWrote atomic.Int64
 	// pollMu keeps Close and Unregister from closing objects under a
 	// cq_poll: Poll holds it shared around cq_poll. It is taken
 	// exclusively only by holders of the guard's write lock, around their
@@ -244,7 +248,7 @@ func (t *Transport) Close() error {
 	// progress goroutine's, the engine's) go on, which such a post may be
 	// waiting for; new Posts see closing. Then no cq_poll starts (closed)
 	// and pollMu waits out those in progress.
-	t.guard.Lock()
+	t.lockPolling()
 	t.closed.Store(true)
 	t.pollMu.Lock()
 	for _, r := range t.regList() {
@@ -268,8 +272,7 @@ func (t *Transport) Close() error {
 	t.pollMu.Unlock()
 	t.guard.Unlock()
 	// Only now: the progress goroutine polled while the write lock waited
-	// for posts in the provider, and a Complete it calls could wait for
-	// the guard (a user's Unregister from it).
+	// for posts in the provider.
 	t.StopProgress()
 	// fi_teardown closed the address vector, and every entry with it.
 	// (peerMu is taken after the guard, never under it: peer and drop
@@ -284,6 +287,34 @@ func (t *Transport) Close() error {
 		d.c.Complete(d.token, d.err)
 	}
 	return nil
+}
+
+// lockPolling takes the guard's write lock, polling the transport until
+// it has it: a post that holds the guard shared may wait inside the
+// provider for progress on this side, and a transport with neither a
+// progress goroutine nor an engine's pollers gets that only from the
+// goroutine that waits here. The lock is asked for at once (a writer
+// waiting holds new Posts back, so a stream of them cannot starve it);
+// Poll does not need the guard.
+func (t *Transport) lockPolling() {
+	if t.guard.TryLock() {
+		return
+	}
+	got := make(chan struct{})
+	go func() {
+		t.guard.Lock()
+		close(got)
+	}()
+	for {
+		select {
+		case <-got:
+			return
+		default:
+		}
+		if t.Poll() == 0 {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
 }
 
 var errClosed = fmt.Errorf("efa: %w", transport.ErrClosed)

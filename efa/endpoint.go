@@ -287,7 +287,7 @@ func (e *Endpoint) Close() error {
 	// slots busy but not yet posted or undone: it finishes before the
 	// write lock is granted, and a Post after it sees closed. Then the
 	// slots that expire abandons are the provider's alone.
-	t.guard.Lock()
+	t.lockPolling()
 	t.guard.Unlock()
 	if e.inflight.Load() > 0 {
 		t.expire(time.Now().UnixNano()+1, e, errClosed)

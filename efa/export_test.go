@@ -141,3 +141,19 @@ func PlantBroken(ep transport.Endpoint, c transport.Completer, token uint64) {
 	s.state.Store(slotRetry)
 	e.t.queueRetries(idx[:])
 }
+
+// ResetSoon asks for a reset of ep's peer at its current generation, as a
+// failed operation does (reset), and returns that generation.
+func ResetSoon(ep transport.Endpoint) uint64 {
+	e := ep.(*Endpoint)
+	p := e.peer.Load()
+	gen := p.gen.Load()
+	e.t.reset(p, gen)
+	return gen
+}
+
+// SoonCounts returns how many of soon's goroutines are waiting or running,
+// and how many took the guard's write lock so far.
+func SoonCounts(t *Transport) (waiting, wrote int64) {
+	return t.soonWaiting.Load(), t.soonWrote.Load()
+}

@@ -42,9 +42,10 @@ type peer struct {
 	// It rises only under guard's read lock, and never once gone is set
 	// (see drop).
 	ops atomic.Int64
-	// gone is set, under peerMu and guard's write lock, when addr left the
-	// address vector (drop) or the transport closed: nothing may be
-	// posted to addr, nor reset, after.
+	// gone is set when addr left the address vector: under peerMu and
+	// the guard's write lock by drop, under peerMu by Close once the
+	// transport is closed (no Post or reset gets past closed then).
+	// Nothing may be posted to addr, nor reset, after.
 	gone atomic.Bool
 	// stalled is the UnixNano of the first Post that the provider refused
 	// with -FI_EAGAIN without taking anything since; 0 when none.
@@ -119,7 +120,8 @@ func (t *Transport) unuse(p *peer) {
 // drop removes p's address from the address vector, and p from
 // t.peers, when no endpoint uses p and the provider holds no operation to
 // it; otherwise it does nothing, and the last of those to go calls it
-// again (unuse, or the completion that brings ops to 0).
+// again (unuse), or has it called (dropSoon, from the completion that
+// brings ops to 0).
 //
 // Why wait for ops: libfabric leaves undefined what becomes of operations
 // in progress to a removed address (fi_av(3)); the software providers free
@@ -156,7 +158,8 @@ func (t *Transport) drop(p *peer) {
 // dropSoon is drop for the data path (Poll, Post), which never waits for
 // the guard: see soon.
 func (t *Transport) dropSoon(p *peer) {
-	t.soon(func() { t.dropLocked(p) })
+	t.soon(func() bool { return p.users.Load() == 0 && !p.gone.Load() && p.ops.Load() == 0 },
+		func() { t.dropLocked(p) })
 }
 
 // dropLocked is drop with peerMu and the guard's write lock held.
@@ -174,10 +177,15 @@ func (t *Transport) dropLocked(p *peer) {
 // path, which never waits for the guard (see Transport.guard) nor for
 // peerMu (peer holds it while it waits for the guard): at once when both
 // are free, else in a goroutine of its own that waits for them. That
-// goroutine, a waiting writer, holds Posts back (they take nothing
-// meanwhile), never Poll. fn runs rarely (a peer's last operation
-// returned, a connection broke), and seldom finds the locks taken.
-func (t *Transport) soon(fn func()) {
+// goroutine, a waiting writer, holds Posts and retryDue back (they take
+// nothing meanwhile), never Poll's cq_poll. fn runs rarely (a peer's last
+// operation returned, a connection broke), and seldom finds the locks
+// taken. needed, checked under peerMu before the goroutine asks for the
+// guard, says whether fn still has anything to do: the changes fn makes
+// happen under peerMu, so a goroutine queued behind one that did the
+// work (a reset asked for by every failed operation of a batch) gives up
+// without holding Posts back for nothing.
+func (t *Transport) soon(needed func() bool, fn func()) {
 	if t.peerMu.TryLock() {
 		if t.guard.TryLock() {
 			fn()
@@ -187,12 +195,18 @@ func (t *Transport) soon(fn func()) {
 		}
 		t.peerMu.Unlock()
 	}
+	t.soonWaiting.Add(1)
 	go func() {
+		defer t.soonWaiting.Add(-1)
 		t.peerMu.Lock()
+		defer t.peerMu.Unlock()
+		if !needed() {
+			return
+		}
+		t.soonWrote.Add(1)
 		t.guard.Lock()
 		fn()
 		t.guard.Unlock()
-		t.peerMu.Unlock()
 	}()
 }
 
@@ -215,8 +229,8 @@ func (t *Transport) forget(p *peer) {
 }
 
 // returned counts one operation to p as returned by the provider, and
-// reports whether p may be dropped now (its caller then calls drop, with
-// no lock held).
+// reports whether p may be dropped now (its caller then calls dropSoon,
+// with no lock held).
 func (p *peer) returned() bool {
 	return p.ops.Add(-1) == 0 && p.users.Load() == 0
 }
@@ -252,7 +266,8 @@ func (t *Transport) reset(p *peer, gen uint64) {
 	if p.gen.Load() != gen || p.gone.Load() {
 		return // a later generation reset it, or its address left the AV (drop)
 	}
-	t.soon(func() { t.resetLocked(p, gen) })
+	t.soon(func() bool { return p.gen.Load() == gen && !p.gone.Load() && !t.closed.Load() },
+		func() { t.resetLocked(p, gen) })
 }
 
 // resetLocked is reset with peerMu and the guard's write lock held.

@@ -241,3 +241,52 @@ func TestProgressPastPostInProvider(t *testing.T) {
 		waitPeers(t, p.init, 0, limit)
 	})
 }
+
+// TestResetsQueuedOnce: the resets that a batch of failed operations asks
+// for while a Post is in the provider each wait in a goroutine (soon);
+// the first to get the locks resets the peer, and the others give up
+// under peerMu without taking the guard's write lock, which would hold
+// every Post of the transport back for nothing.
+func TestResetsQueuedOnce(t *testing.T) {
+	icfg := testConfig("tcp")
+	icfg.Progress = false
+	p := newPair(t, "tcp", icfg, testConfig("tcp"))
+	release := efa.HoldGuard(p.init)
+	gen := uint64(0)
+	for range 16 {
+		gen = efa.ResetSoon(p.ep)
+	}
+	if waiting, wrote := efa.SoonCounts(p.init); waiting != 16 || wrote != 1 {
+		// One goroutine has peerMu and waits for the guard; the others
+		// wait for peerMu.
+		deadline := time.Now().Add(time.Second)
+		for time.Now().Before(deadline) {
+			if waiting, wrote = efa.SoonCounts(p.init); waiting == 16 && wrote == 1 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if waiting != 16 || wrote != 1 {
+			release()
+			t.Fatalf("with the guard held: %d resets waiting (want 16), %d asked for the write lock (want 1)", waiting, wrote)
+		}
+	}
+	release()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		waiting, wrote := efa.SoonCounts(p.init)
+		if waiting == 0 {
+			if wrote != 1 {
+				t.Errorf("%d of the 16 queued resets took the guard's write lock; want 1", wrote)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d resets still waiting %v after the guard was let go", waiting, 3*time.Second)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if g := efa.PeerGen(p.ep); g != gen+1 {
+		t.Errorf("the peer's generation is %d after 16 resets asked at %d; want %d", g, gen, gen+1)
+	}
+}
