@@ -249,6 +249,7 @@ type keyRange struct {
 var (
 	_ transport.Endpoint      = (*Endpoint)(nil)
 	_ transport.HoldingCopier = (*Endpoint)(nil)
+	_ transport.InlineCopier  = (*Endpoint)(nil)
 )
 
 // Rails returns 1: a copy has one lane.
@@ -331,21 +332,86 @@ func (e *Endpoint) Copy(s *transport.Slice) error { return e.copy(s, nil) }
 // (see transport.HoldingCopier).
 func (e *Endpoint) CopyHold(s *transport.Slice, h *transport.Holds) error { return e.copy(s, h) }
 
+// CopyNow moves s at once, as CopyHold does: a memory copy gains nothing
+// from waiting for a batch (transport.InlineCopier). It always reports
+// true.
+func (e *Endpoint) CopyNow(s *transport.Slice, h *transport.Holds) (bool, error) {
+	return true, e.copy(s, h)
+}
+
+// CopyBatch moves the slices in order, as Copy would, and before each copy
+// asks the CPU for the start of the next slice's source and destination
+// (fastcopy.Prefetch): one goroutine's copies of scattered blocks (a KV
+// cache's pages) then keep the next block's first misses in flight while
+// a block moves. It implements transport.BatchCopier.
+func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
+	var next *region
+	var nextErr error
+	for i := range s {
+		r, err := next, nextErr
+		if i == 0 {
+			r, err = e.lookup(&s[0])
+		}
+		if i+1 < len(s) {
+			next, nextErr = e.lookup(&s[i+1])
+			if nextErr == nil && next != nil {
+				prefetch(&s[i+1], next)
+			}
+		}
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		errs[i] = e.move(&s[i], r, nil)
+	}
+}
+
+// prefetch starts loading the head of s's source and destination; r is
+// the region lookup found for it. A hint: r may be going (a prefetch
+// reads nothing and cannot fault); move takes the reference.
+func prefetch(s *transport.Slice, r *region) {
+	remote := unsafe.Add(r.base, s.Remote-uint64(r.addr))
+	if s.Op == transport.Write {
+		fastcopy.Prefetch(remote, s.Local, uintptr(s.Length))
+	} else {
+		fastcopy.Prefetch(s.Local, remote, uintptr(s.Length))
+	}
+}
+
 func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {
+	r, err := e.lookup(s)
+	if err != nil {
+		return err
+	}
+	return e.move(s, r, h)
+}
+
+// lookup checks s and returns the region it reaches (nil for a
+// notification), or why it may not.
+func (e *Endpoint) lookup(s *transport.Slice) (*region, error) {
 	to := e.to.Load()
 	if e.closed.Load() || to.closed.Load() || e.from.closed.Load() {
-		return transport.ErrClosed
+		return nil, transport.ErrClosed
 	}
 	if s.Op == transport.Notify {
-		return e.notify(s)
+		return nil, nil
 	}
 	var r *region
 	if e.self {
 		if r = find(&to.regs, s.Remote, s.Length); r == nil {
-			return transport.ErrRange
+			return nil, transport.ErrRange
 		}
 	} else if r = e.target(to, s); r == nil {
-		return refused(to, s)
+		return nil, refused(to, s)
+	}
+	return r, nil
+}
+
+// move moves s to or from r, the region lookup found for it (nil for a
+// notification), holding r's reference in h when h is not nil.
+func (e *Endpoint) move(s *transport.Slice, r *region, h *transport.Holds) error {
+	if s.Op == transport.Notify {
+		return e.notify(s)
 	}
 	ok, release := h.Take(&r.ref)
 	if !ok {

@@ -376,12 +376,28 @@ func (e *Endpoint) copyHold(c *client, m *mapping, s *transport.Slice, h *transp
 	return err
 }
 
+// prefetch starts loading the head of s's source and destination in m, a
+// mapping. A hint: m may be going (a prefetch reads nothing and cannot
+// fault); copyHold takes the reference.
+func prefetch(s *transport.Slice, m *mapping) {
+	remote := unsafe.Add(m.base, s.Remote-m.raddr)
+	if s.Op == transport.Write {
+		fastcopy.Prefetch(remote, s.Local, uintptr(s.Length))
+	} else {
+		fastcopy.Prefetch(s.Local, remote, uintptr(s.Length))
+	}
+}
+
 // maxIov bounds the slices one process_vm call moves.
 const maxIov = 64
 
 // CopyBatch moves the slices in order, as Copy would, but the runs of
 // consecutive slices in the same direction that go through process_vm
-// calls move with one call per run.
+// calls move with one call per run. Before a copy through a mapping it
+// asks the CPU for the start of the next slice's source and destination
+// when that one is a copy through a mapping too (fastcopy.Prefetch), so
+// that a run of scattered blocks keeps the next one's first misses in
+// flight.
 func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 	c := e.conn.Load()
 	if e.closed.Load() || c == nil {
@@ -390,12 +406,25 @@ func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 		}
 		return
 	}
-	for i := 0; i < len(s); {
-		var m *mapping
-		if s[i].Op != transport.Notify {
-			m = e.find(s[i].Remote, s[i].Length)
+	find := func(s *transport.Slice) *mapping {
+		if s.Op == transport.Notify {
+			return nil
 		}
+		return e.find(s.Remote, s.Length)
+	}
+	var next *mapping // s[i]'s, found on the round before
+	for i := 0; i < len(s); {
+		m := next
+		if next == nil {
+			m = find(&s[i])
+		}
+		next = nil
 		if m == nil || m.base != nil {
+			if m != nil && i+1 < len(s) {
+				if next = find(&s[i+1]); next != nil && next.base != nil {
+					prefetch(&s[i+1], next)
+				}
+			}
 			errs[i] = e.copy(c, m, &s[i])
 			i++
 			continue

@@ -49,6 +49,31 @@ func Copy(dst, src []byte) int {
 	return large(dst, src)
 }
 
+// prefetchBytes is how much of the next copy's source and destination
+// Prefetch asks for: enough for the misses of its start to be in flight
+// while the copy before it runs, few enough instructions to cost little.
+const prefetchBytes = 1 << 10
+
+// Prefetch asks the CPU to start loading the first bytes (up to 1 KiB) of
+// src, and of dst for writing, for a copy of n bytes between them that
+// comes after the one about to run. A loop of copies of scattered blocks
+// then has the first misses of each block in flight while the block
+// before it moves: the hardware prefetchers start on a block only at its
+// own first accesses, and stop at every 4 KiB page. On the development VM
+// (AMD EPYC, Zen 4) one goroutine's copies of blocks at random in two
+// 1 GiB pools moved 20-25 % more bytes a second with it, 4 KiB and 32 KiB
+// blocks alike (BenchmarkScattered), and the kv pattern over shm (memfd
+// pages of 4 KiB) went from 0.49 to 0.61 of the contiguous rate. It reads
+// and writes nothing, and cannot fault, whatever the addresses (dst and
+// src may be stale or unmapped); where the CPU or the build (the race
+// detector, the sanitizers) has no such hint, it does nothing. Safe for
+// concurrent use.
+func Prefetch(dst, src unsafe.Pointer, n uintptr) {
+	if canPrefetch && n > 0 {
+		prefetch(dst, src, min(n, prefetchBytes), prefetchW)
+	}
+}
+
 func large(dst, src []byte) int {
 	n := min(len(dst), len(src))
 	d, s := unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0])

@@ -11,7 +11,27 @@ import (
 var (
 	erms = cpuid.CPU.Has(cpuid.ERMS)
 	wide = cpuid.CPU.VendorID == cpuid.AMD && cpuid.CPU.Has(cpuid.AVX512F)
+	// prefetchW: the CPU has PREFETCHW (CPUID 0x80000001, ECX bit 8,
+	// 3DNowPrefetch): every AMD64 CPU, and Intel's since Broadwell.
+	prefetchW = func() bool {
+		if top, _ := cpuidLeaf(0x80000000); top < 0x80000001 {
+			return false
+		}
+		_, ecx := cpuidLeaf(0x80000001)
+		return ecx&(1<<8) != 0
+	}()
+	// canPrefetch: Prefetch does something.
+	canPrefetch = true
 )
+
+// prefetch issues a prefetch for every 64 bytes of the first n > 0 bytes
+// of src, and of dst (PREFETCHW when write, else PREFETCHT0).
+//
+//go:noescape
+func prefetch(dst, src unsafe.Pointer, n uintptr, write bool)
+
+// cpuidLeaf returns EAX and ECX of CPUID leaf, sub-leaf 0.
+func cpuidLeaf(leaf uint32) (eax, ecx uint32)
 
 // moveString copies n bytes from src to dst with REP MOVSB; the ranges
 // must not overlap.
@@ -25,3 +45,9 @@ func moveString(dst, src unsafe.Pointer, n uintptr)
 //
 //go:noescape
 func move512(dst, src unsafe.Pointer, n uintptr)
+
+// cpuVendorAMD reports whether the CPU is AMD's, and the vendor's name
+// (for tests).
+func cpuVendorAMD() (bool, string) {
+	return cpuid.CPU.VendorID == cpuid.AMD, cpuid.CPU.VendorString
+}

@@ -46,3 +46,38 @@ tail:
 done:
 	VZEROUPPER
 	RET
+
+// func prefetch(dst, src unsafe.Pointer, n uintptr, write bool)
+// n > 0. Prefetches never fault, whatever the address.
+TEXT ·prefetch(SB), NOSPLIT, $0-25
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVBLZX write+24(FP), AX
+	TESTQ AX, AX
+	JZ   read
+both:
+	PREFETCHT0 0(SI)
+	BYTE $0x0F; BYTE $0x0D; BYTE $0x0F // PREFETCHW (DI): for the store to come
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $64, CX
+	JA   both
+	RET
+read:
+	PREFETCHT0 0(SI)
+	PREFETCHT0 0(DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $64, CX
+	JA   read
+	RET
+
+// func cpuidLeaf(leaf uint32) (eax, ecx uint32)
+TEXT ·cpuidLeaf(SB), NOSPLIT, $0-16
+	MOVL leaf+0(FP), AX
+	XORL CX, CX
+	CPUID
+	MOVL AX, eax+8(FP)
+	MOVL CX, ecx+12(FP)
+	RET

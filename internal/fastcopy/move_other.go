@@ -6,8 +6,10 @@ import "unsafe"
 
 // Copy is copy() here.
 const (
-	erms = false
-	wide = false
+	erms        = false
+	wide        = false
+	prefetchW   = false
+	canPrefetch = false
 )
 
 func moveString(dst, src unsafe.Pointer, n uintptr) {
@@ -15,3 +17,7 @@ func moveString(dst, src unsafe.Pointer, n uintptr) {
 }
 
 func move512(dst, src unsafe.Pointer, n uintptr) { moveString(dst, src, n) }
+
+func prefetch(dst, src unsafe.Pointer, n uintptr, write bool) {}
+
+func cpuVendorAMD() (bool, string) { return false, "" }
