@@ -7,9 +7,10 @@ import (
 
 // DescList holds the buffers of an engine's own descriptor, kept up to
 // date one registration at a time: a Put or Delete copies a leaf of them
-// (and at times nodes above it, see Sorted), where rebuilding the descriptor
-// from every buffer made each registration O(n) and n of them n². Find is
-// lock-free. A
+// and the nodes above it, or nothing for a value pending (see Sorted: a
+// buffer registered and unregistered again with few registrations
+// between), where rebuilding the descriptor from every buffer made each
+// registration O(n) and n of them n². Find is lock-free. A
 // Segment given a DescList (Segment.SetList) resolves requests with it
 // and builds its flat descriptor only when asked for one, once per change.
 //
@@ -19,8 +20,9 @@ import (
 //
 // The remote-accessible entries are also kept as a ChunkList (Remote),
 // which a publish hands the store as it is: a change copies one chunk of
-// at most ChunkSize buffers, and the descriptors published before share
-// every other chunk.
+// at most ChunkSize buffers (half of one when it splits a full one, none
+// when a Delete undoes the Put before it), and the descriptors published
+// before share every other chunk.
 type DescList struct {
 	s      Sorted[descEntry]
 	cache  atomic.Pointer[descCache] // the last flat descriptor built

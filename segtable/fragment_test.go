@@ -39,10 +39,10 @@ func TestFallingInsertsFillChunks(t *testing.T) {
 	if maxPages := 2 * cs.Count() / pageSize; len(cs.pages) > maxPages+1 {
 		t.Errorf("%d pages for %d chunks, want at most %d", len(cs.pages), cs.Count(), maxPages+1)
 	}
-	if err := checkTree(s.root.Load()); err != nil {
+	if err := checkTree(s.tree()); err != nil {
 		t.Fatal(err)
 	}
-	counts := levelCounts(s.root.Load())
+	counts := levelCounts(s.tree())
 	if maxLeaves := 2 * n / maxChunk; counts[0] > maxLeaves {
 		t.Errorf("Sorted: %d leaves for %d keys, want at most %d", counts[0], n, maxLeaves)
 	}
@@ -79,10 +79,10 @@ func TestFallingBelowFillsChunks(t *testing.T) {
 	if cs.Len() != n || cs.Count() > n/ChunkSize+1 || len(cs.pages) > cs.Count()/pageSize+1 {
 		t.Errorf("%d buffers in %d chunks and %d pages, want %d in at most %d and %d", cs.Len(), cs.Count(), len(cs.pages), n, n/ChunkSize+1, cs.Count()/pageSize+1)
 	}
-	if err := checkTree(s.root.Load()); err != nil {
+	if err := checkTree(s.tree()); err != nil {
 		t.Fatal(err)
 	}
-	if counts := levelCounts(s.root.Load()); counts[0] > n/maxChunk+1 {
+	if counts := levelCounts(s.tree()); counts[0] > n/maxChunk+1 {
 		t.Errorf("Sorted: %d leaves for %d keys, want at most %d", counts[0], n, n/maxChunk+1)
 	}
 	bufs := cs.Buffers()

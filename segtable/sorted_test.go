@@ -22,14 +22,16 @@ import (
 // them again. After each change every lookup agrees with the model.
 func TestSortedModel(t *testing.T) {
 	t.Run("default", testSortedModel)
-	t.Run("small", func(t *testing.T) {
-		// Leaves of 4 under nodes of 4: a tree five or six levels
-		// high, its nodes split and joined at every level.
-		mc, mp := maxChunk, maxPage
-		maxChunk, maxPage = 4, 4
-		defer func() { maxChunk, maxPage = mc, mp }()
-		testSortedModel(t)
-	})
+	for _, pend := range []int{0, 1, pendCap} {
+		t.Run(fmt.Sprintf("small-pend%d", pend), func(t *testing.T) {
+			// Leaves of 4 under nodes of 4: a tree five or six levels
+			// high, its nodes split and joined at every level.
+			mc, mp, mq := maxChunk, maxPage, maxPend
+			maxChunk, maxPage, maxPend = 4, 4, pend
+			defer func() { maxChunk, maxPage, maxPend = mc, mp, mq }()
+			testSortedModel(t)
+		})
+	}
 }
 
 func testSortedModel(t *testing.T) {
@@ -47,7 +49,7 @@ func testSortedModel(t *testing.T) {
 				t.Fatalf("step %d: value %d is %d, want %d", step, i, got[i], x.v)
 			}
 		}
-		if err := checkTree(s.root.Load()); err != nil {
+		if err := checkTree(s.tree()); err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
 		for range 20 {
@@ -99,7 +101,7 @@ func testSortedModel(t *testing.T) {
 		model = model[1:]
 	}
 	check(-1)
-	if s.root.Load() != nil {
+	if s.tree() != nil {
 		t.Fatal("nodes left when empty")
 	}
 }
@@ -193,8 +195,9 @@ func levelCounts[T any](root *sortedNode[T]) []int {
 
 // sortedOp is one step of TestSortedProperty: insert a value under key A
 // (a run of B%8+1 of them under rising, falling or equal keys), delete
-// the value at model index A, delete a key and value it does not hold, or
-// reset to the model's values.
+// the value at model index A, delete the value inserted last (as a buffer
+// registered and unregistered again), delete a key and value it does not
+// hold, or reset to the model's values.
 type sortedOp struct {
 	Kind int
 	A, B uint32
@@ -206,20 +209,22 @@ const (
 	sortedDelete
 	sortedDeleteMissing
 	sortedReset
+	sortedDeleteLast
 )
 
 // TestSortedProperty runs random sequences of insertions (single, and
 // runs in rising, falling and equal key order), deletions and resets on a
-// Sorted of tiny fan-outs (leaves of 4 under nodes of 4, then of 8 and 4)
-// against a sorted slice, checking after every step the tree's shape
-// (checkTree) and every lookup: Len, Values, Floor with its index, and
-// Descend.
+// Sorted of tiny fan-outs (leaves of 4 under nodes of 4, then of 8 and 4;
+// none, one and pendCap values pending) against a sorted slice, checking
+// after every step the tree's shape (checkTree), the pending values' order
+// and every lookup: Len, Values, Floor with its index, FloorValue,
+// Descend and Ascend stopped early.
 func TestSortedProperty(t *testing.T) {
-	for _, f := range [][2]int{{4, 4}, {8, 4}} {
-		t.Run(fmt.Sprintf("leaf%d-node%d", f[0], f[1]), func(t *testing.T) {
-			mc, mp := maxChunk, maxPage
-			maxChunk, maxPage = f[0], f[1]
-			defer func() { maxChunk, maxPage = mc, mp }()
+	for _, f := range [][3]int{{4, 4, 0}, {4, 4, 1}, {4, 4, pendCap}, {8, 4, pendCap}} {
+		t.Run(fmt.Sprintf("leaf%d-node%d-pend%d", f[0], f[1], f[2]), func(t *testing.T) {
+			mc, mp, mq := maxChunk, maxPage, maxPend
+			maxChunk, maxPage, maxPend = f[0], f[1], f[2]
+			defer func() { maxChunk, maxPage, maxPend = mc, mp, mq }()
 			props := proptest.Properties(t, 100)
 			props.Property("Sorted matches a sorted slice", prop.ForAll(runSortedOps,
 				gen.SliceOfN(300, gen.Struct(reflect.TypeOf(sortedOp{}), map[string]gopter.Gen{
@@ -229,6 +234,7 @@ func TestSortedProperty(t *testing.T) {
 						{Weight: 5, Gen: gen.Const(sortedDelete)},
 						{Weight: 1, Gen: gen.Const(sortedDeleteMissing)},
 						{Weight: 1, Gen: gen.Const(sortedReset)},
+						{Weight: 3, Gen: gen.Const(sortedDeleteLast)},
 					}),
 					"A": gen.UInt32(),
 					"B": gen.UInt32(),
@@ -243,7 +249,9 @@ func runSortedOps(ops []sortedOp) string {
 	var s Sorted[int]
 	var model []kv
 	next := 0
+	last := kv{} // the value inserted last, v 0 when none or deleted
 	insert := func(k uint64) {
+		last = kv{k, next + 1}
 		next++
 		s.Insert(k, next)
 		i := floorOf(model, k) + 1
@@ -275,6 +283,19 @@ func runSortedOps(ops []sortedOp) string {
 				return fmt.Sprintf("step %d: Delete(%d, %d) found nothing", step, x.k, x.v)
 			}
 			model = slices.Delete(model, i, i+1)
+		case sortedDeleteLast:
+			if last.v == 0 {
+				continue
+			}
+			i := slices.Index(model, last)
+			if i < 0 {
+				continue // deleted at random since
+			}
+			if !s.Delete(last.k, func(v int) bool { return v == last.v }) {
+				return fmt.Sprintf("step %d: Delete of the last inserted (%d, %d) found nothing", step, last.k, last.v)
+			}
+			model = slices.Delete(model, i, i+1)
+			last = kv{}
 		case sortedDeleteMissing:
 			if s.Delete(uint64(op.A%220), func(v int) bool { return v < 0 }) {
 				return fmt.Sprintf("step %d: Delete of a value never inserted", step)
@@ -296,8 +317,18 @@ func runSortedOps(ops []sortedOp) string {
 // checkSorted compares s with model: shape, Len, Values, and Floor and
 // Descend at key: "" when they agree.
 func checkSorted(s *Sorted[int], model []kv, key uint64) string {
-	if err := checkTree(s.root.Load()); err != nil {
+	if err := checkTree(s.tree()); err != nil {
 		return err.Error()
+	}
+	if w := s.view.Load(); w != nil {
+		if w.n > maxPend || !slices.IsSorted(w.keys[:w.n]) {
+			return fmt.Sprintf("pending keys %v (maxPend %d)", w.keys[:w.n], maxPend)
+		}
+		for j := w.n; j < pendCap; j++ {
+			if w.vals[j] != 0 {
+				return fmt.Sprintf("pending value %d past the %d pending", j, w.n)
+			}
+		}
 	}
 	if s.Len() != len(model) {
 		return fmt.Sprintf("Len %d, want %d", s.Len(), len(model))
@@ -311,6 +342,19 @@ func checkSorted(s *Sorted[int], model []kv, key uint64) string {
 	v, k, idx, ok := s.Floor(key)
 	if ok != (i >= 0) || ok && (v != model[i].v || k != model[i].k || idx != i) {
 		return fmt.Sprintf("Floor(%d) = %d, %d, %d, %v; want index %d", key, v, k, idx, ok, i)
+	}
+	if fv, fk, fok := s.FloorValue(key); fok != ok || fv != v || fk != k {
+		return fmt.Sprintf("FloorValue(%d) = %d, %d, %v; Floor %d, %d, %v", key, fv, fk, fok, v, k, ok)
+	}
+	var asc []int
+	s.Ascend(func(_ uint64, v int) bool { asc = append(asc, v); return len(asc) <= i })
+	for a, v := range asc {
+		if model[a].v != v {
+			return fmt.Sprintf("Ascend stopped after %d: value %d is %d, want %d", i+1, a, v, model[a].v)
+		}
+	}
+	if want := min(i+1, len(model)); len(asc) != want && !(i < 0 && len(asc) == min(1, len(model))) {
+		return fmt.Sprintf("Ascend stopped after %d values, want %d", len(asc), want)
 	}
 	j := i
 	var bad string
@@ -345,8 +389,8 @@ func TestSortedWalkIsASnapshot(t *testing.T) {
 		keys[i], vals[i] = uint64(2*i), i
 	}
 	s.Reset(keys, vals)
-	if s.root.Load().h < 2 {
-		t.Fatalf("a tree of height %d: want inner nodes under the root", s.root.Load().h)
+	if s.tree().h < 2 {
+		t.Fatalf("a tree of height %d: want inner nodes under the root", s.tree().h)
 	}
 	mid := uint64(2 * (n / 2))
 	var got []uint64
@@ -371,12 +415,74 @@ func TestSortedWalkIsASnapshot(t *testing.T) {
 			t.Fatalf("value %d of the walk: %d under %d, want %d under %d", i, gotVals[i], got[i], vals[i], keys[i])
 		}
 	}
-	if err := checkTree(s.root.Load()); err != nil {
+	if err := checkTree(s.tree()); err != nil {
 		t.Fatal(err)
 	}
 	if s.Len() != n+2 {
 		t.Fatalf("Len %d after the changes, want %d", s.Len(), n+2)
 	}
+}
+
+// TestSortedPendingWalkIsASnapshot: a walk that begins with values
+// pending sees them, in order, and not the changes made during the walk:
+// a pending value deleted, others inserted until the pending ones go into
+// the tree, a value of the tree deleted.
+func TestSortedPendingWalkIsASnapshot(t *testing.T) {
+	const n = 5000
+	keys, vals := make([]uint64, n), make([]int, n)
+	for i := range keys {
+		keys[i], vals[i] = uint64(4*i), i
+	}
+	mid := uint64(4 * (n / 2))
+	want := slices.Insert(slices.Clone(vals), n/2+1, -2, -1)
+	for _, walk := range []string{"ascend", "descend"} {
+		var s Sorted[int]
+		s.Reset(keys, vals)
+		s.Insert(mid+1, -1)
+		s.Insert(mid, -2) // after the tree's value under mid
+		var got []int
+		changed := false
+		fn := func(k uint64, v int) bool {
+			if !changed {
+				changed = true
+				if !s.Delete(mid+1, func(v int) bool { return v == -1 }) {
+					t.Fatal("Delete of a pending value found nothing")
+				}
+				for i := range 2 * pendCap {
+					s.Insert(mid+2, -10-i)
+				}
+				if !s.Delete(0, func(int) bool { return true }) {
+					t.Fatal("Delete found nothing")
+				}
+			}
+			got = append(got, v)
+			return true
+		}
+		if walk == "ascend" {
+			s.Ascend(fn)
+		} else {
+			s.Descend(^uint64(0), fn)
+			slices.Reverse(got)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: the walk saw %d values, want the %d it began with (first difference at %d)", walk, len(got), len(want), firstDiff(got, want))
+		}
+		if err := checkTree(s.tree()); err != nil {
+			t.Fatal(err)
+		}
+		if s.Len() != n+2*pendCap {
+			t.Fatalf("Len %d after the changes, want %d", s.Len(), n+2*pendCap)
+		}
+	}
+}
+
+func firstDiff(a, b []int) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
 }
 
 // TestSortedConcurrent: lookups without a lock while one changer inserts
@@ -386,6 +492,17 @@ func TestSortedWalkIsASnapshot(t *testing.T) {
 // finds the value inserted under it or the fixed one below. Run with
 // -race, it also checks that what a change writes is read atomically.
 func TestSortedConcurrent(t *testing.T) {
+	for _, pend := range []int{0, pendCap} {
+		t.Run(fmt.Sprintf("pend%d", pend), func(t *testing.T) {
+			mq := maxPend
+			maxPend = pend
+			defer func() { maxPend = mq }()
+			testSortedConcurrent(t)
+		})
+	}
+}
+
+func testSortedConcurrent(t *testing.T) {
 	mc, mp := maxChunk, maxPage
 	maxChunk, maxPage = 4, 4
 	defer func() { maxChunk, maxPage = mc, mp }()
@@ -443,7 +560,7 @@ func TestSortedConcurrent(t *testing.T) {
 	if msg := bad.Load(); msg != nil {
 		t.Fatal(msg)
 	}
-	if err := checkTree(s.root.Load()); err != nil {
+	if err := checkTree(s.tree()); err != nil {
 		t.Fatal(err)
 	}
 	if s.Len() != fixed+len(extra) {
@@ -457,8 +574,12 @@ func TestSortedConcurrent(t *testing.T) {
 // others: the tree comes back to its shape, and the cycle copies no full
 // leaf or node, only makes small ones (a leaf of one, the nodes of one
 // kid above it, the root); under a full root too, which the cycle makes
-// a new root above and drops again.
+// a new root above and drops again. With nothing pending (maxPend 0),
+// as every insertion into a full pending array goes into the tree.
 func TestSortedChurnBelowAll(t *testing.T) {
+	mp := maxPend
+	maxPend = 0
+	defer func() { maxPend = mp }()
 	t.Run("default", func(t *testing.T) { testSortedChurnBelowAll(t, 20000, 1200) })
 	t.Run("full", func(t *testing.T) {
 		mc, mp := maxChunk, maxPage
@@ -473,7 +594,7 @@ func testSortedChurnBelowAll(t *testing.T, n int, maxBytes float64) {
 	for i := range n {
 		s.Insert(uint64(1000+i), i)
 	}
-	root := s.root.Load()
+	root := s.tree()
 	shape := levelCounts(root)
 	cycle := func() {
 		s.Insert(1, -1)
@@ -482,7 +603,7 @@ func testSortedChurnBelowAll(t *testing.T, n int, maxBytes float64) {
 		}
 	}
 	cycle()
-	if got := levelCounts(s.root.Load()); !slices.Equal(got, shape) {
+	if got := levelCounts(s.tree()); !slices.Equal(got, shape) {
 		t.Fatalf("nodes at each height %v after the cycle, %v before", got, shape)
 	}
 	var ms0, ms1 runtime.MemStats
@@ -497,7 +618,59 @@ func testSortedChurnBelowAll(t *testing.T, n int, maxBytes float64) {
 	if bytes > maxBytes {
 		t.Errorf("%.0f bytes a cycle, want at most %.0f (a full leaf copied is %d values)", bytes, maxBytes, maxChunk)
 	}
-	if err := checkTree(s.root.Load()); err != nil {
+	if err := checkTree(s.tree()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSortedChurnPending: a value inserted and deleted again in the
+// middle of many, where leaves and nodes are full (values inserted in
+// rising order, a gap left), with at most maxPend-1 other insertions
+// between, copies no node: the tree stays the one it was, and a cycle
+// allocates one version, whatever the number of values. With nothing
+// pending, the same cycle copies a leaf and the nodes above it, twice.
+func TestSortedChurnPending(t *testing.T) {
+	const n = 100000
+	var s Sorted[int]
+	for i := range n + 1 {
+		if i != n/2 {
+			s.Insert(uint64(16*i), i)
+		}
+	}
+	mid := uint64(16 * (n / 2))
+	cycle := func() {
+		s.Insert(mid, -1)
+		if !s.Delete(mid, func(v int) bool { return v == -1 }) {
+			t.Fatal("Delete found nothing")
+		}
+	}
+	measure := func() (allocs, bytes float64) {
+		cycle()
+		var ms0, ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
+		allocs = testing.AllocsPerRun(100, cycle)
+		runtime.ReadMemStats(&ms1)
+		return allocs, float64(ms1.TotalAlloc-ms0.TotalAlloc) / 101
+	}
+	cycle() // the insertion into a full pending array puts it into the tree
+	root := s.tree()
+	allocs, bytes := measure()
+	t.Logf("pending: %.0f allocations, %.0f bytes a cycle (height %d)", allocs, bytes, root.h)
+	if s.tree() != root {
+		t.Error("the cycle changed the tree")
+	}
+	if allocs > 1 || bytes > 96 {
+		t.Errorf("%.0f allocations, %.0f bytes a cycle: want one version, at most 96 bytes", allocs, bytes)
+	}
+	if s.Len() != n {
+		t.Fatalf("Len %d, want %d", s.Len(), n)
+	}
+	mp := maxPend
+	maxPend = 0
+	defer func() { maxPend = mp }()
+	allocs, bytes = measure()
+	t.Logf("nothing pending: %.0f allocations, %.0f bytes a cycle", allocs, bytes)
+	if err := checkTree(s.tree()); err != nil {
 		t.Fatal(err)
 	}
 }
