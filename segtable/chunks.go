@@ -14,12 +14,16 @@ import (
 // registration makes one new chunk (two when it splits a full one, one
 // when it joins two small ones), one new page and a new array of pages,
 // and every other page and chunk is shared, by pointer, with the
-// descriptors published before. Signing (sign.go) follows the same
-// chunks: a publish signs the new chunk and the header, and stores keep
-// the chunks by pointer.
+// descriptors published before. A full chunk or page splits where the
+// new buffer goes when that is away from its ends, its larger side kept
+// as a slice of what it held (neither ever changes), so that a split
+// copies at most half; and deleting the buffer inserted last, with no
+// change between, brings back the list before it (ChunkList.Delete).
+// Signing (sign.go) follows the same chunks: a publish signs the new chunk
+// and the header, and stores keep the chunks by pointer.
 
 // ChunkSize bounds the buffers of one chunk: one that grows past it splits
-// in two halves; one that shrinks under ChunkSize/4 joins a neighbour
+// in two (see insert); one that shrinks under ChunkSize/4 joins a neighbour
 // that has room. It is small enough that copying and signing a chunk cost
 // little beside a registration, large enough that the pages of chunk
 // pointers (copied on every change) stay short. A chunk of 128 buffers
@@ -206,6 +210,12 @@ type ChunkInfo struct {
 type ChunkList struct {
 	cur *BufferChunks
 	seq uint64 // the last chunk sequence number given
+	// undo is the list before the last Insert, which made undoOf (the
+	// current list while nothing changed since) by adding the buffer at
+	// undoAddr: a Delete of that buffer makes undo current again (see
+	// Delete). undoOf is nil when there is none.
+	undo, undoOf *BufferChunks
+	undoAddr     uint64
 }
 
 // String describes the list without its set-hash state (fmt would print
@@ -262,6 +272,15 @@ func (cs *BufferChunks) locate(addr uint64) (p, c int) {
 // Insert adds b, which must not be empty, overflow or overlap a buffer of
 // the list (ErrBadDesc otherwise, and nothing changes).
 func (l *ChunkList) Insert(b BufferDesc) error {
+	old := l.cur
+	if err := l.insert(b); err != nil {
+		return err
+	}
+	l.undo, l.undoOf, l.undoAddr = old, l.cur, b.Addr
+	return nil
+}
+
+func (l *ChunkList) insert(b BufferDesc) error {
 	if b.Length == 0 || b.Addr+b.Length < b.Addr {
 		return fmt.Errorf("%w: buffer [%#x, +%d)", ErrBadDesc, b.Addr, b.Length)
 	}
@@ -336,6 +355,20 @@ func (l *ChunkList) Insert(b BufferDesc) error {
 		// Past the end of a full chunk (registrations in address order):
 		// a chunk of its own, which leaves c full rather than two halves.
 		with = []*chunk{c, l.newChunk([]BufferDesc{b})}
+	case len(bufs) == ChunkSize && min(at, len(bufs)-at) >= ChunkSize/4:
+		// Inside a full chunk, away from its ends: split where b goes,
+		// the larger side kept as it is (a slice of c's buffers, which
+		// never change), b joining a copy of the smaller. Two halves
+		// copied the whole chunk (1.8 KiB of BufferDesc, a register/
+		// unregister cycle's largest garbage beside 100k buffers); this
+		// copies at most half, and leaves two chunks as halves do.
+		if at <= len(bufs)/2 {
+			nb := make([]BufferDesc, 0, at+1)
+			with = []*chunk{l.newChunk(append(append(nb, bufs[:at]...), b)), l.newChunk(bufs[at:len(bufs):len(bufs)])}
+		} else {
+			nb := make([]BufferDesc, 0, len(bufs)-at+1)
+			with = []*chunk{l.newChunk(bufs[:at:at]), l.newChunk(append(append(nb, b), bufs[at:]...))}
+		}
 	default:
 		nb := make([]BufferDesc, 0, len(bufs)+1)
 		nb = append(append(append(nb, bufs[:at]...), b), bufs[at:]...)
@@ -351,8 +384,18 @@ func (l *ChunkList) Insert(b BufferDesc) error {
 }
 
 // Delete removes the buffer that starts at addr and reports whether there
-// was one.
+// was one. Deleting the buffer the last change inserted makes the list
+// before that insertion current again, the very one (its chunks and
+// pages, immutable, were published before and may be again), and makes
+// no chunk: a buffer registered and unregistered again with no other
+// change between costs one chunk made and copied, not two. Seq moves
+// all the same, as with every change.
 func (l *ChunkList) Delete(addr uint64) bool {
+	if l.undoOf != nil && l.cur == l.undoOf && addr == l.undoAddr {
+		l.cur, l.undo, l.undoOf = l.undo, nil, nil
+		l.seq++
+		return true
+	}
 	cs := l.Chunks()
 	p, ci := cs.locate(addr)
 	if p < 0 {
@@ -364,6 +407,7 @@ func (l *ChunkList) Delete(addr uint64) bool {
 	if at == len(c.bufs) || c.bufs[at].Addr != addr {
 		return false
 	}
+	l.undo, l.undoOf = nil, nil // no longer current, and kept for nothing
 	if len(c.bufs) == 1 {
 		l.seq++ // no chunk made, but Seq (a publisher's Rev) moves with every change
 		l.replaceIn(p, ci, ci+1, nil)
@@ -405,6 +449,7 @@ func (l *ChunkList) Reset(bufs []BufferDesc) error {
 	if err := checkRun(bufs, 0, false); err != nil {
 		return err
 	}
+	l.undo, l.undoOf = nil, nil
 	var list []*chunk
 	for lo := 0; lo < len(bufs); lo += ChunkSize / 2 {
 		hi := min(lo+ChunkSize/2, len(bufs))
@@ -451,9 +496,25 @@ func (l *ChunkList) insertPage(p int, pg *chunkPage) {
 func (l *ChunkList) replaceIn(p, lo, hi int, with []*chunk) {
 	old := l.Chunks()
 	pg := old.pages[p]
+	plo, phi := p, p+1
+	if head, tail := pg.chunks[:lo:lo], pg.chunks[hi:len(pg.chunks):len(pg.chunks)]; len(head)+len(with)+len(tail) > pageSize &&
+		min(len(head), len(tail)) >= pageSize/4 {
+		// A full page split where the chunks change, its larger side
+		// kept as it is (a slice of the page's chunks, which never
+		// change), as a full chunk splits (insert).
+		var pages [2]*chunkPage
+		if len(head) >= len(tail) {
+			c := append(append(make([]*chunk, 0, len(with)+len(tail)), with...), tail...)
+			pages = [2]*chunkPage{newChunkPage(head), newChunkPage(c)}
+		} else {
+			c := append(append(make([]*chunk, 0, len(head)+len(with)), head...), with...)
+			pages = [2]*chunkPage{newChunkPage(c), newChunkPage(tail)}
+		}
+		l.setPages(old, plo, phi, pages[:])
+		return
+	}
 	chunks := make([]*chunk, 0, len(pg.chunks)-(hi-lo)+len(with))
 	chunks = append(append(append(chunks, pg.chunks[:lo]...), with...), pg.chunks[hi:]...)
-	plo, phi := p, p+1
 	if len(chunks) > 0 && len(chunks) < pageSize/4 {
 		n := -1
 		if p > 0 {
@@ -480,6 +541,12 @@ func (l *ChunkList) replaceIn(p, lo, hi int, with []*chunk) {
 	case len(chunks) > 0:
 		pages = []*chunkPage{newChunkPage(chunks)}
 	}
+	l.setPages(old, plo, phi, pages)
+}
+
+// setPages makes the current list old with its pages [plo, phi) replaced
+// by pages.
+func (l *ChunkList) setPages(old *BufferChunks, plo, phi int, pages []*chunkPage) {
 	cs := &BufferChunks{pages: make([]*chunkPage, 0, len(old.pages)-(phi-plo)+len(pages)), n: old.n, count: old.count}
 	cs.pages = append(append(append(cs.pages, old.pages[:plo]...), pages...), old.pages[phi:]...)
 	for _, pg := range old.pages[plo:phi] {

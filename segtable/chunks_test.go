@@ -17,15 +17,25 @@ type chunkModel struct {
 	rng  *rand.Rand
 	l    segtable.ChunkList
 	bufs map[uint64]segtable.BufferDesc // by address; each at slot*64, 1-64 bytes
+	last uint64                         // the address inserted last, ^0 when none
 }
 
 func newChunkModel(seed uint64) *chunkModel {
-	return &chunkModel{rng: rand.New(rand.NewPCG(seed, 19)), bufs: map[uint64]segtable.BufferDesc{}}
+	return &chunkModel{rng: rand.New(rand.NewPCG(seed, 19)), bufs: map[uint64]segtable.BufferDesc{}, last: ^uint64(0)}
 }
 
-// step inserts (more often while small) or deletes one buffer.
+// step inserts (more often while small) or deletes one buffer: at times
+// the one inserted last (the list before it comes back: ChunkList.Delete).
 func (m *chunkModel) step(t *testing.T, slots int) {
 	t.Helper()
+	if _, ok := m.bufs[m.last]; ok && m.rng.IntN(4) == 0 {
+		before := m.l.Seq()
+		if !m.l.Delete(m.last) || m.l.Seq() <= before {
+			t.Fatalf("Delete %#x, inserted last: not found, or Seq %d after %d", m.last, m.l.Seq(), before)
+		}
+		delete(m.bufs, m.last)
+		return
+	}
 	if len(m.bufs) == 0 || m.rng.IntN(3) > 0 && len(m.bufs) < slots/2 || m.rng.IntN(2) == 0 {
 		addr := uint64(m.rng.IntN(slots)) * 64
 		if _, ok := m.bufs[addr]; ok {
@@ -37,6 +47,7 @@ func (m *chunkModel) step(t *testing.T, slots int) {
 			t.Fatalf("Insert %#x: %v", addr, err)
 		}
 		m.bufs[addr] = b
+		m.last = addr
 		return
 	}
 	for addr := range m.bufs { // a random one: map order

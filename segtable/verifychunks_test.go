@@ -200,6 +200,77 @@ func TestVerifySinceRefusesSplice(t *testing.T) {
 	}
 }
 
+// TestUndoRelists: deleting the buffer inserted last, with no change
+// between, makes the list before the insertion current again, the very
+// one; Seq moves on; and the descriptors published through such
+// changes (chunks replaced, then listed again) sign incrementally as
+// from scratch and verify against the last one accepted as whole.
+func TestUndoRelists(t *testing.T) {
+	var l ChunkList
+	for i := range 4 * ChunkSize {
+		if i != 2*ChunkSize+5 {
+			if err := l.Insert(BufferDesc{Addr: uint64(i) * 64, Length: 64}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	hole := uint64(2*ChunkSize+5) * 64
+	before, seq := l.Chunks(), l.Seq()
+	if err := l.Insert(BufferDesc{Addr: hole, Length: 64}); err != nil {
+		t.Fatal(err)
+	}
+	if !l.Delete(hole) || l.Chunks() != before || l.Seq() <= seq {
+		t.Fatalf("after an insertion and its deletion: list %p (was %p), Seq %d (was %d)", l.Chunks(), before, l.Seq(), seq)
+	}
+	// Another change between: no undo.
+	if err := l.Insert(BufferDesc{Addr: hole, Length: 64}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Insert(BufferDesc{Addr: 4 * ChunkSize * 64, Length: 64}); err != nil {
+		t.Fatal(err)
+	}
+	mid := l.Chunks()
+	if !l.Delete(hole) || l.Chunks() == before || l.Chunks() == mid || l.Chunks().Len() != before.Len()+1 {
+		t.Fatalf("a deletion after another change: list of %d buffers", l.Chunks().Len())
+	}
+
+	s, err := NewSigner([]byte("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := map[uint64]bool{}
+	x := 0
+	var last uint64
+	change := func(l *ChunkList, i int) {
+		if i%3 == 2 && live[last] { // the one inserted last, alone
+			l.Delete(last)
+			delete(live, last)
+			return
+		}
+		x = (x*7919 + 13) % 2000
+		addr := uint64(x) * 64
+		if live[addr] {
+			l.Delete(addr)
+			delete(live, addr)
+		} else if err := l.Insert(BufferDesc{Addr: addr, Length: 64, Keys: map[string]string{"tcp": fmt.Sprint(x)}}); err == nil {
+			live[addr], last = true, addr
+		}
+	}
+	ds := signedSeq(t, s, "seg", 3, 900, change)
+	var v *Verified
+	for i, d := range ds {
+		nv, err := s.VerifySince(d, v)
+		if err != nil {
+			t.Fatalf("descriptor %d: %v", i, err)
+		}
+		full, err := s.VerifySince(d, nil)
+		if err != nil || full.acc != nv.acc || full.chunks != nv.chunks || full.n != nv.n || nv.n != len(live) && i == len(ds)-1 {
+			t.Fatalf("descriptor %d: state %d chunks %d buffers, from scratch %d, %d (%v)", i, nv.chunks, nv.n, full.chunks, full.n, err)
+		}
+		v = nv
+	}
+}
+
 // TestDeleteGrowsSeq: every change of a ChunkList moves Seq, a
 // publisher's Rev, a deletion that empties a chunk too.
 func TestDeleteGrowsSeq(t *testing.T) {
