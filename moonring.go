@@ -383,6 +383,11 @@ type Engine struct {
 	// withdrawn is set by RemoveLocalSegment and cleared by
 	// PublishLocalSegment; guarded by mu.
 	withdrawn bool
+	// pubEndpoints is the Endpoints map of the last descriptor published,
+	// never changed once made: the next publish hands it on again while
+	// the transports' endpoints are the same (publishEndpoints). Guarded
+	// by mu.
+	pubEndpoints map[string]string
 	// retiring holds the memory of buffers whose transport unregister gave
 	// up on its context: Free refuses it until Close. Guarded by mu.
 	retiring []span

@@ -127,14 +127,46 @@ func (e *Engine) PublishLocalSegment(ctx context.Context) error {
 // header returns the engine's descriptor without buffers: name, epoch,
 // endpoints. mu must be held (or the engine not yet shared).
 func (e *Engine) header() *segtable.SegmentDesc {
-	d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: e.cfg.Name, Epoch: e.epoch, Endpoints: map[string]string{}}
+	return &segtable.SegmentDesc{Version: segtable.DescVersion, Name: e.cfg.Name, Epoch: e.epoch, Endpoints: e.endpoints()}
+}
+
+// endpoints returns a new map of the transports' endpoints. mu must be
+// held (or the engine not yet shared).
+func (e *Engine) endpoints() map[string]string {
+	eps := map[string]string{}
 	for _, t := range e.transports {
 		if t != nil {
-			d.Endpoints[t.Name()] = t.Endpoint()
+			eps[t.Name()] = t.Endpoint()
 		}
 	}
-	e.mooncakeEndpoints(d.Endpoints)
-	return d
+	e.mooncakeEndpoints(eps)
+	return eps
+}
+
+// publishEndpoints returns the endpoints for a publish: the map the last
+// publish handed the store while every transport's endpoint is as it has
+// it (none of the publish's readers changes it: stores copy what they
+// keep), else a new one. A map a publish (two a register/unregister
+// cycle) was 300 bytes of garbage. mu must be held.
+func (e *Engine) publishEndpoints() map[string]string {
+	if eps := e.pubEndpoints; eps != nil && e.mooncake == nil {
+		n := 0
+		for _, t := range e.transports {
+			if t == nil {
+				continue
+			}
+			if ep, ok := eps[t.Name()]; !ok || ep != t.Endpoint() {
+				n = -1
+				break
+			}
+			n++
+		}
+		if n == len(eps) {
+			return eps
+		}
+	}
+	e.pubEndpoints = e.endpoints()
+	return e.pubEndpoints
 }
 
 // bufferDesc returns b's entry in the descriptor: its range, location and
@@ -220,7 +252,7 @@ func (e *Engine) publishCtx(ctx context.Context) error {
 	if e.withdrawn {
 		return nil
 	}
-	d := e.header()
+	d := &segtable.SegmentDesc{Version: segtable.DescVersion, Name: e.cfg.Name, Epoch: e.epoch, Endpoints: e.publishEndpoints()}
 	l := e.descList()
 	d.Chunked, d.Rev = l.Remote(), l.Rev()
 	if err := e.store.Put(ctx, d); err != nil {

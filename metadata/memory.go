@@ -90,10 +90,11 @@ func (m *Memory) Put(ctx context.Context, d *segtable.SegmentDesc) error {
 	if d.Chunked != nil {
 		// The chunks are immutable and shared by pointer: a republish
 		// after one registration costs the header, whatever the number of
-		// buffers.
+		// buffers. Endpoints and devices as the copy it replaces has them
+		// are shared with it (the store never changes what it holds, and
+		// hands out copies: CloneShared), so the header is all it costs.
 		c := *d
-		c.Endpoints = maps.Clone(d.Endpoints)
-		c.Devices = slices.Clone(d.Devices)
+		c.Endpoints, c.Devices = sameOr(old, d)
 		d = &c
 	} else {
 		d = cloneSharing(d, old)
@@ -203,6 +204,23 @@ func (m *Memory) Close() error {
 	m.watches = nil
 	m.descs = nil
 	return nil
+}
+
+// sameOr returns old's endpoints when d's are equal, else a copy of d's,
+// and so with the devices: the store's own for d, shared with old (nil
+// when there is none) where they did not change.
+func sameOr(old, d *segtable.SegmentDesc) (map[string]string, []segtable.DeviceDesc) {
+	if old == nil {
+		return maps.Clone(d.Endpoints), slices.Clone(d.Devices)
+	}
+	eps, devs := old.Endpoints, old.Devices
+	if !maps.Equal(eps, d.Endpoints) || (eps == nil) != (d.Endpoints == nil) {
+		eps = maps.Clone(d.Endpoints)
+	}
+	if !slices.Equal(devs, d.Devices) || (devs == nil) != (d.Devices == nil) {
+		devs = slices.Clone(d.Devices)
+	}
+	return eps, devs
 }
 
 // cloneSharing copies a flat d for the store, sharing with old, the copy it
