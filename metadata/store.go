@@ -54,6 +54,9 @@ type Event struct {
 //
 // Put checks d with Validate ([segtable.ErrBadDesc] if it fails, or if d is
 // nil) and stores a copy: changing d afterwards does not change the store.
+// Put must not change d, nor keep and later change anything d refers to:
+// the engine hands every Put the same Endpoints map while its endpoints
+// are unchanged.
 // The chunks of a Chunked descriptor (an engine's, see
 // [segtable.ChunkList]) are immutable: a store may keep them by pointer,
 // and the in-process Memory does, so that a republish after one

@@ -156,7 +156,7 @@ func (l *DescList) Buffers(remoteOnly bool) []BufferDesc {
 
 // desc returns header with the buffers of every entry, built once per
 // change of either. Built during changes, it holds the entries of the
-// version its walk began on (a change publishes a new root), and the next
+// version its walk began on (a change publishes a new view), and the next
 // call builds it again.
 func (l *DescList) desc(header *SegmentDesc) *SegmentDesc {
 	ver := l.s.version()

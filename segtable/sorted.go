@@ -9,8 +9,8 @@ import (
 // address), kept as a B+ tree: leaves of at most maxChunk values (their
 // keys packed, apart from the values) under inner nodes of at most
 // maxPage children, each holding its children's first keys packed, their
-// pointers and how many values lie before each. Lookups load the root and
-// search one node a level, in O(log n) and without a lock. A change copies
+// pointers and how many values lie before each. Lookups load the published
+// view (the root and the few values pending beside it) and search one node a level, in O(log n) and without a lock. A change copies
 // one leaf: a tree of two levels under one array of every page copied
 // that array on every change, which grew with n (57 pages, 1.1-1.4 KiB,
 // at 100k values), and the garbage of a register/unregister cycle beside
