@@ -249,7 +249,7 @@ type keyRange struct {
 var (
 	_ transport.Endpoint      = (*Endpoint)(nil)
 	_ transport.HoldingCopier = (*Endpoint)(nil)
-	_ transport.InlineCopier  = (*Endpoint)(nil)
+	_ transport.Prefetcher    = (*Endpoint)(nil)
 )
 
 // Rails returns 1: a copy has one lane.
@@ -332,43 +332,17 @@ func (e *Endpoint) Copy(s *transport.Slice) error { return e.copy(s, nil) }
 // (see transport.HoldingCopier).
 func (e *Endpoint) CopyHold(s *transport.Slice, h *transport.Holds) error { return e.copy(s, h) }
 
-// CopyNow moves s at once, as CopyHold does: a memory copy gains nothing
-// from waiting for a batch (transport.InlineCopier). It always reports
-// true.
-func (e *Endpoint) CopyNow(s *transport.Slice, h *transport.Holds) (bool, error) {
-	return true, e.copy(s, h)
-}
-
-// CopyBatch moves the slices in order, as Copy would, and before each copy
-// asks the CPU for the start of the next slice's source and destination
-// (fastcopy.Prefetch): one goroutine's copies of scattered blocks (a KV
-// cache's pages) then keep the next block's first misses in flight while
-// a block moves. It implements transport.BatchCopier.
-func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
-	var next *region
-	var nextErr error
-	for i := range s {
-		r, err := next, nextErr
-		if i == 0 {
-			r, err = e.lookup(&s[0])
-		}
-		if i+1 < len(s) {
-			next, nextErr = e.lookup(&s[i+1])
-			if nextErr == nil && next != nil {
-				prefetch(&s[i+1], next)
-			}
-		}
-		if err != nil {
-			errs[i] = err
-			continue
-		}
-		errs[i] = e.move(&s[i], r, nil)
+// Prefetch starts loading the head of s's source and destination
+// (fastcopy.Prefetch), when s reaches a region (transport.Prefetcher).
+func (e *Endpoint) Prefetch(s *transport.Slice) {
+	if r, err := e.lookup(s); err == nil && r != nil {
+		prefetch(s, r)
 	}
 }
 
 // prefetch starts loading the head of s's source and destination; r is
 // the region lookup found for it. A hint: r may be going (a prefetch
-// reads nothing and cannot fault); move takes the reference.
+// reads nothing and cannot fault); the copy takes the reference.
 func prefetch(s *transport.Slice, r *region) {
 	remote := unsafe.Add(r.base, s.Remote-uint64(r.addr))
 	if s.Op == transport.Write {

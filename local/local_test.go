@@ -15,10 +15,10 @@ import (
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
-// TestConformance: Post, Copy, Batch and Hold variants; losing Copier,
-// BatchCopier, InlineCopier, HoldingCopier or Notifier fails it.
+// TestConformance: Post, Copy and Hold variants; losing Copier,
+// HoldingCopier or Notifier fails it.
 func TestConformance(t *testing.T) {
-	want := []transporttest.Interface{transporttest.Copier, transporttest.BatchCopier, transporttest.InlineCopier, transporttest.HoldingCopier, transporttest.Notifier}
+	want := []transporttest.Interface{transporttest.Copier, transporttest.HoldingCopier, transporttest.Notifier}
 	transporttest.RunWith(t, transporttest.Options{Want: want}, func(t *testing.T) (transport.Transport, transport.Transport) {
 		return local.New(), local.New()
 	})

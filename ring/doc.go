@@ -46,7 +46,10 @@
 // This holds for synchronous copies too (local, shm) once the poller's
 // copy workers take part of a batch (share.go): a slice a worker is
 // copying when its request ends still lands, and the request's later
-// slices at the worker are skipped.
+// slices at the worker are skipped (but for a transport.BatchCopier's,
+// shm's: a worker hands its whole part to one CopyBatch, which lands
+// them all; a slice in flight landing after its request ended is the
+// rule above, and skipping is only a saving).
 //
 // # Order
 //

@@ -412,16 +412,11 @@ func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 		}
 		return e.find(s.Remote, s.Length)
 	}
-	var next *mapping // s[i]'s, found on the round before
 	for i := 0; i < len(s); {
-		m := next
-		if next == nil {
-			m = find(&s[i])
-		}
-		next = nil
+		m := find(&s[i])
 		if m == nil || m.base != nil {
 			if m != nil && i+1 < len(s) {
-				if next = find(&s[i+1]); next != nil && next.base != nil {
+				if next := find(&s[i+1]); next != nil && next.base != nil {
 					prefetch(&s[i+1], next)
 				}
 			}
