@@ -344,6 +344,11 @@ type harness struct {
 	r      *Ring
 	p      *Poller
 	manual bool
+	// clock is the time a manual harness's steps pass. It starts at the
+	// ring's real clock: a round that moved 256 KiB or more reads that
+	// clock again (step), and a fixed start (it was 1 s) put a request's
+	// deadline behind it once the test binary had run for a few seconds,
+	// so such a request timed out at its first round.
 	clock  int64
 	bufs   segtable.Buffers
 	segs   segtable.Segments[transport.Endpoint]
@@ -375,7 +380,7 @@ func newHarness(t *testing.T, cfg Config, ep *fakeEP, manual bool) *harness {
 // (manual false).
 func newHarnessPoller(t *testing.T, cfg Config, ep *fakeEP, manual bool, pcfg PollerConfig) *harness {
 	t.Helper()
-	h := &harness{t: t, ep: ep, manual: manual, clock: 1e9}
+	h := &harness{t: t, ep: ep, manual: manual, clock: now()}
 	if ep.rails == 0 {
 		ep.rails = 1
 	}
