@@ -29,11 +29,11 @@ func TestPrefetchTouchesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	none := unsafe.Pointer(&m[0])
+	Prefetch(none, none, 4<<10) // mapped with no access
 	if err := unix.Munmap(m); err != nil {
 		t.Fatal(err)
 	}
-	// Unmapped now, PROT_NONE before: neither faults, nor does nil.
-	Prefetch(none, none, 4<<10)
+	Prefetch(none, none, 4<<10) // not mapped at all
 	Prefetch(nil, nil, 1<<20)
 	Prefetch(unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0]), 0)
 }
