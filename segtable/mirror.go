@@ -210,9 +210,9 @@ func (m *Mirror[T]) Buffer(i int) *BufferDesc {
 	if i < 0 || i >= m.n {
 		return nil
 	}
-	p := floorInt(m.bases, i)
+	p := floorIndex(m.bases, i)
 	mp := m.pages[p]
-	c := floorInt(mp.bases, i-m.bases[p])
+	c := floorIndex(mp.bases, i-m.bases[p])
 	return &mp.chunks[c].src.bufs[i-m.bases[p]-mp.bases[c]]
 }
 
@@ -225,19 +225,4 @@ func (m *Mirror[T]) Index(pos Pos) int {
 	}
 	p, c := int(pos>>(posPageBits+posChunkBits)), int(pos>>posChunkBits&(1<<posPageBits-1))
 	return m.bases[p] + m.pages[p].bases[c] + int(pos&(1<<posChunkBits-1))
-}
-
-// floorInt returns the index of the last element of a, sorted, at most
-// key, or -1.
-func floorInt(a []int, key int) int {
-	i, j := 0, len(a)
-	for i < j {
-		h := int(uint(i+j) >> 1)
-		if a[h] > key {
-			j = h
-		} else {
-			i = h + 1
-		}
-	}
-	return i - 1
 }

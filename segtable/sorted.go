@@ -218,7 +218,7 @@ func (s *Sorted[T]) version() uint64 { return s.ver.Load() }
 // whose branches a CPU predicts and whose loads it runs ahead, took twice
 // as long at 10k buffers (BenchmarkScaleBuffers to=last 155 ns against
 // 80).
-func floorIndex(a []uint64, key uint64) int {
+func floorIndex[T uint64 | int](a []T, key T) int {
 	i, j := 0, len(a)
 	for i < j {
 		h := int(uint(i+j) >> 1)
