@@ -249,7 +249,6 @@ type keyRange struct {
 var (
 	_ transport.Endpoint      = (*Endpoint)(nil)
 	_ transport.HoldingCopier = (*Endpoint)(nil)
-	_ transport.Prefetcher    = (*Endpoint)(nil)
 )
 
 // Rails returns 1: a copy has one lane.
@@ -331,26 +330,6 @@ func (e *Endpoint) Copy(s *transport.Slice) error { return e.copy(s, nil) }
 // CopyHold is Copy that leaves its reference on the target region in h
 // (see transport.HoldingCopier).
 func (e *Endpoint) CopyHold(s *transport.Slice, h *transport.Holds) error { return e.copy(s, h) }
-
-// Prefetch starts loading the head of s's source and destination
-// (fastcopy.Prefetch), when s reaches a region (transport.Prefetcher).
-func (e *Endpoint) Prefetch(s *transport.Slice) {
-	if r, err := e.lookup(s); err == nil && r != nil {
-		prefetch(s, r)
-	}
-}
-
-// prefetch starts loading the head of s's source and destination; r is
-// the region lookup found for it. A hint: r may be going (a prefetch
-// reads nothing and cannot fault); the copy takes the reference.
-func prefetch(s *transport.Slice, r *region) {
-	remote := unsafe.Add(r.base, s.Remote-uint64(r.addr))
-	if s.Op == transport.Write {
-		fastcopy.Prefetch(remote, s.Local, uintptr(s.Length))
-	} else {
-		fastcopy.Prefetch(s.Local, remote, uintptr(s.Length))
-	}
-}
 
 func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {
 	r, err := e.lookup(s)

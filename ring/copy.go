@@ -125,18 +125,13 @@ func (r *Ring) copyBatch(cp transport.Copier) {
 }
 
 // copyEach moves the batch one slice at a time, each checked live just
-// before its copy; a Prefetcher is asked for the next slice's memory
-// before each.
+// before its copy.
 func (r *Ring) copyEach(cp transport.Copier, copied *uint64) {
-	pf, _ := cp.(transport.Prefetcher)
 	for i := range r.batch {
 		s := &r.batch[i]
 		q := r.live(s.Token)
 		if q == nil {
 			continue
-		}
-		if pf != nil && i+1 < len(r.batch) {
-			pf.Prefetch(&r.batch[i+1]) // a hint: its request may end before its turn
 		}
 		q.outstanding++
 		r.outstanding++

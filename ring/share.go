@@ -121,13 +121,9 @@ func (j *copyJob) copy() {
 		}
 		clear(errs)
 	} else {
-		pf, _ := j.cp.(transport.Prefetcher)
 		for i := range s {
 			err := transport.ErrClosed
 			if !r.gone(s[i].Token) {
-				if pf != nil && i+1 < len(s) {
-					pf.Prefetch(&s[i+1])
-				}
 				err = j.cp.Copy(&s[i])
 			}
 			r.queueDone(s[i].Token, err)

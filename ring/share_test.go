@@ -1,7 +1,6 @@
 package ring
 
 import (
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -233,68 +232,6 @@ func TestShareSkipsGone(t *testing.T) {
 	for i, b := range h.local[9*shareBlock : 16*shareBlock] {
 		if b != 0 {
 			t.Fatalf("byte %d of the failed READ's buffer written after its completion", 9*shareBlock+i)
-		}
-	}
-}
-
-// pfEP is a parEP that is a transport.Prefetcher: it notes, in one
-// sequence, each slice it is asked to prefetch and each it copies.
-type pfEP struct {
-	*parEP
-	mu     sync.Mutex
-	seq    int
-	pf, cp map[uint64]int // remote address -> the sequence number of its prefetch, of its copy
-}
-
-func (p *pfEP) note(m map[uint64]int, s *transport.Slice) {
-	p.mu.Lock()
-	p.seq++
-	if _, ok := m[s.Remote]; !ok {
-		m[s.Remote] = p.seq
-	}
-	p.mu.Unlock()
-}
-
-func (p *pfEP) Prefetch(s *transport.Slice) { p.note(p.pf, s) }
-
-func (p *pfEP) Copy(s *transport.Slice) error {
-	p.note(p.cp, s)
-	return p.parEP.Copy(s)
-}
-
-// TestPrefetchNextSlice: the poller and its copy worker ask a Prefetcher
-// for the next slice of their part of a shared batch before they copy the
-// current one, and the data still lands.
-func TestPrefetchNextSlice(t *testing.T) {
-	f := &fakeEP{}
-	h := newHarnessPoller(t, Config{SliceSize: 64 << 10}, f, false, PollerConfig{CopyWorkers: 1})
-	ep := &pfEP{parEP: &parEP{fakeEP: f, r1: h.r1}, pf: map[uint64]int{}, cp: map[uint64]int{}}
-	h.seg.Path().Endpoint = ep
-	fillPattern(h.local, 5)
-	es := shareWrites(h, 16)
-	h.submit(es...)
-	for _, c := range h.collect(len(es)) {
-		expectCode(t, c, cq.CodeOK)
-	}
-	for _, e := range es {
-		r := e.Remote - h.r1
-		if string(h.remote[r:r+e.Length]) != string(h.local[e.Local:e.Local+e.Length]) {
-			t.Fatalf("write %d: data differs", e.UserData)
-		}
-	}
-	ep.mu.Lock()
-	defer ep.mu.Unlock()
-	if h.r.Stats().Shared == 0 {
-		t.Fatal("no slice was shared with the worker: the batch path did not run")
-	}
-	// Each part's first slice is copied unasked; every other copied in a
-	// batch was prefetched first.
-	if len(ep.pf) < len(ep.cp)-3 {
-		t.Fatalf("%d of %d copied slices prefetched; want all but each part's first and the inline ones", len(ep.pf), len(ep.cp))
-	}
-	for remote, at := range ep.pf {
-		if c, ok := ep.cp[remote]; !ok || c < at {
-			t.Fatalf("slice at %#x prefetched at step %d, copied at %d (0: never)", remote, at, c)
 		}
 	}
 }

@@ -264,19 +264,6 @@ type BatchCopier interface {
 	CopyBatch(s []Slice, errs []error)
 }
 
-// Prefetcher is a Copier that can start loading the memory of a slice it
-// will copy soon: the engine calls Prefetch for the next slice of a batch
-// (one still live) before it copies the current one, so that one
-// goroutine's copies of scattered blocks (a KV cache's pages) keep the
-// next block's first misses in flight. It is a hint: Prefetch checks only
-// what it must to find the addresses, reads and writes no byte, may do
-// nothing, and reports nothing; the Copy that follows makes every check.
-// Safe for concurrent use.
-type Prefetcher interface {
-	Copier
-	Prefetch(s *Slice)
-}
-
 // InlineCopier is a BatchCopier that can tell, slice by slice, whether
 // a slice gains from joining a batch (one that takes a system call does;
 // a plain memory copy does not), so the engine moves the others as it
