@@ -332,39 +332,20 @@ func (e *Endpoint) Copy(s *transport.Slice) error { return e.copy(s, nil) }
 func (e *Endpoint) CopyHold(s *transport.Slice, h *transport.Holds) error { return e.copy(s, h) }
 
 func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {
-	r, err := e.lookup(s)
-	if err != nil {
-		return err
-	}
-	return e.move(s, r, h)
-}
-
-// lookup checks s and returns the region it reaches (nil for a
-// notification), or why it may not.
-func (e *Endpoint) lookup(s *transport.Slice) (*region, error) {
 	to := e.to.Load()
 	if e.closed.Load() || to.closed.Load() || e.from.closed.Load() {
-		return nil, transport.ErrClosed
+		return transport.ErrClosed
 	}
 	if s.Op == transport.Notify {
-		return nil, nil
+		return e.notify(s)
 	}
 	var r *region
 	if e.self {
 		if r = find(&to.regs, s.Remote, s.Length); r == nil {
-			return nil, transport.ErrRange
+			return transport.ErrRange
 		}
 	} else if r = e.target(to, s); r == nil {
-		return nil, refused(to, s)
-	}
-	return r, nil
-}
-
-// move moves s to or from r, the region lookup found for it (nil for a
-// notification), holding r's reference in h when h is not nil.
-func (e *Endpoint) move(s *transport.Slice, r *region, h *transport.Holds) error {
-	if s.Op == transport.Notify {
-		return e.notify(s)
+		return refused(to, s)
 	}
 	ok, release := h.Take(&r.ref)
 	if !ok {

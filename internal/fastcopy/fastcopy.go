@@ -63,7 +63,9 @@ const prefetchBytes = 1 << 10
 // (AMD EPYC, Zen 4) one goroutine's copies of blocks at random in two
 // 1 GiB pools moved 20-25 % more bytes a second with it, 4 KiB and 32 KiB
 // blocks alike (BenchmarkScattered), and the kv pattern over shm (memfd
-// pages of 4 KiB) went from 0.49 to 0.61 of the contiguous rate. It reads
+// pages of 4 KiB, shm's CopyBatch) from 0.60 to 0.66 of the contiguous
+// rate for WRITEs and 0.50 to 0.60 for READs. In process, on huge pages
+// or memfds, it gained nothing against the lookup of the next slice. It reads
 // and writes nothing, and cannot fault, whatever the addresses (dst and
 // src may be stale or unmapped); where the CPU or the build (the race
 // detector, the sanitizers) has no such hint, it does nothing. Safe for

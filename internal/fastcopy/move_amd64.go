@@ -45,9 +45,3 @@ func moveString(dst, src unsafe.Pointer, n uintptr)
 //
 //go:noescape
 func move512(dst, src unsafe.Pointer, n uintptr)
-
-// cpuVendorAMD reports whether the CPU is AMD's, and the vendor's name
-// (for tests).
-func cpuVendorAMD() (bool, string) {
-	return cpuid.CPU.VendorID == cpuid.AMD, cpuid.CPU.VendorString
-}

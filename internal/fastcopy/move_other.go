@@ -19,5 +19,3 @@ func moveString(dst, src unsafe.Pointer, n uintptr) {
 func move512(dst, src unsafe.Pointer, n uintptr) { moveString(dst, src, n) }
 
 func prefetch(dst, src unsafe.Pointer, n uintptr, write bool) {}
-
-func cpuVendorAMD() (bool, string) { return false, "" }

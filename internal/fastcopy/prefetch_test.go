@@ -8,6 +8,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/klauspost/cpuid/v2"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,7 +45,7 @@ func TestPrefetchDetected(t *testing.T) {
 	if runtime.GOARCH != "amd64" || !canPrefetch {
 		t.Skipf("SKIP: Prefetch does nothing in this build (%s, race or sanitizer): nothing to detect", runtime.GOARCH)
 	}
-	if vendor, _ := cpuVendorAMD(); vendor && !prefetchW {
+	if cpuid.CPU.VendorID == cpuid.AMD && !prefetchW {
 		t.Fatal("an AMD CPU without PREFETCHW: the CPUID check is wrong")
 	}
 }
