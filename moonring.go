@@ -206,7 +206,8 @@ type Config struct {
 	// be copied one at a time when more wait behind them) with it, each
 	// taking an equal part while the poller copies the rest: one copy
 	// stream leaves memory bandwidth unused when blocks are scattered, as
-	// a KV cache's are. They park between batches. Requests in flight at
+	// a KV cache's are. Each polls for its next part for 100 µs after one
+	// (none while GOMAXPROCS is 1), then parks. Requests in flight at
 	// once are then copied in no set order (see ring's package doc).
 	// Default: GOMAXPROCS-1, at most 3; negative: none.
 	CopyWorkers int

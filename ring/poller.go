@@ -36,10 +36,18 @@ type PollerConfig struct {
 	// CopyWorkers is how many goroutines share large batches of
 	// synchronous copies (transport.Copier endpoints: plain memory) with
 	// the poller, each taking an equal part of the batch's bytes while
-	// the poller copies the rest; 0: none. A worker parks between batches
-	// and is pinned as the poller is. See share.go.
+	// the poller copies the rest; 0: none. A worker polls for CopySpin
+	// after a part, then parks until the next, and is pinned as the
+	// poller is. See share.go.
 	CopyWorkers int
+	// CopySpin is how long a copy worker polls for its next job after
+	// one before it parks (default 100 µs, DefaultCopySpin; negative:
+	// none; none while GOMAXPROCS is 1). See nextJob in share.go.
+	CopySpin time.Duration
 }
+
+// DefaultCopySpin is PollerConfig.CopySpin's default.
+const DefaultCopySpin = 100 * time.Microsecond
 
 // DefaultSpin is PollerConfig.Spin's default.
 const DefaultSpin = 20 * time.Microsecond
@@ -97,6 +105,9 @@ type Poller struct {
 func NewPoller(cfg PollerConfig) *Poller {
 	if cfg.Spin == 0 {
 		cfg.Spin = DefaultSpin
+	}
+	if cfg.CopySpin == 0 {
+		cfg.CopySpin = DefaultCopySpin
 	}
 	if cfg.Promote <= 0 {
 		cfg.Promote = DefaultPromote
@@ -538,6 +549,9 @@ type PollerStats struct {
 	Up, Parked time.Duration
 	// Parks counts the times it went to sleep.
 	Parks uint64
+	// CopyParks counts the times its copy workers went to sleep waiting
+	// for a part (see PollerConfig.CopySpin).
+	CopyParks uint64
 }
 
 // Stats returns the poller's counters, read on its goroutine (a round
@@ -547,6 +561,9 @@ func (p *Poller) Stats() PollerStats {
 	p.do(func() {
 		st = PollerStats{Up: time.Duration(now() - p.started), Parked: time.Duration(p.parked), Parks: p.parks}
 	})
+	if c := p.copiers; c != nil {
+		st.CopyParks = c.parks.Load()
+	}
 	return st
 }
 

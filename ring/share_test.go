@@ -166,6 +166,40 @@ func TestCopyWorkerHoldsSlot(t *testing.T) {
 	}
 }
 
+// TestCopyWorkerPolls: a copy worker with CopySpin polls for its next
+// part rather than park between batches a little apart, and one without
+// parks before each (PollerStats.CopyParks); both copy every part.
+func TestCopyWorkerPolls(t *testing.T) {
+	const rounds = 6
+	for _, spin := range []time.Duration{time.Minute, -1} {
+		f := &fakeEP{}
+		h := newHarnessPoller(t, Config{SliceSize: 64 << 10}, f, false, PollerConfig{CopyWorkers: 1, CopySpin: spin})
+		h.seg.Path().Endpoint = &plainCopier{f}
+		fillPattern(h.local, 3)
+		for range rounds {
+			es := shareWrites(h, 16) // 512 KiB: shared
+			h.submit(es...)
+			for _, c := range h.collect(len(es)) {
+				expectCode(t, c, cq.CodeOK)
+			}
+			time.Sleep(time.Millisecond) // the worker waits for the next
+		}
+		if st := h.r.Stats(); st.Shared < rounds {
+			t.Fatalf("spin %v: %d slices shared; want some in each of %d batches", spin, st.Shared, rounds)
+		}
+		parks := h.p.Stats().CopyParks
+		switch {
+		case spin > 0 && parks != 0:
+			t.Fatalf("spin %v: the worker parked %d times; want none", spin, parks)
+		case spin < 0 && parks < rounds/2:
+			t.Fatalf("no spin: the worker parked %d times in %d waits; want one a wait", parks, rounds+1)
+		}
+		if string(h.remote[:16*shareBlock]) != string(h.local[:16*shareBlock]) {
+			t.Fatalf("spin %v: the bytes did not land", spin)
+		}
+	}
+}
+
 // plainCopier is a fakeEP that copies synchronously, one slice a call.
 type plainCopier struct{ *fakeEP }
 
