@@ -91,7 +91,7 @@ type conn struct {
 	werr      error
 
 	// The reading of answers (drive.go): rd says who holds it, the
-	// receiver goroutine or a driving caller; the holder owns rdr, br and
+	// receiver goroutine or a driving caller; the holder owns rdr, br, plan and
 	// the queue's consumer side. lastDriven is whether the last slice
 	// posted was Driven; resume wakes the parked receiver; interrupt asks
 	// a driver to leave.
@@ -101,6 +101,7 @@ type conn struct {
 	resume     chan struct{}
 	rdr        reader
 	hdr        [respSize]byte
+	plan       readPlan // the answers the last payload read took (readplan.go)
 
 	quit     chan struct{} // closed when the connection fails
 	sendDone chan struct{}

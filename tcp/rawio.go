@@ -1,5 +1,6 @@
 // rawio.go holds the raw system calls on non-blocking TCP sockets: reads
-// (nbReader: the target's requests, the initiator's answers) and writev
+// and readv (nbReader: the target's requests, the initiator's answers,
+// readv's buffers planned by readplan.go) and writev
 // (rawWriter: the target's responses, the initiator's sender).
 //
 // A plain system call enters and leaves the Go scheduler's syscall state.
@@ -39,7 +40,7 @@ func newNBReader(raw net.Conn) *nbReader {
 			r.rawRead(fd)
 			return r.err != unix.EAGAIN // else the netpoller waits
 		}
-		r.aheadFn = func(fd uintptr) bool {
+		r.readvFn = func(fd uintptr) bool {
 			r.rawReadv(fd)
 			return r.err != unix.EAGAIN
 		}
@@ -47,21 +48,15 @@ func newNBReader(raw net.Conn) *nbReader {
 	return r
 }
 
-// readAhead is Read (waiting for bytes) into p, whose bytes are the end
-// of a response, with the bytes that follow p in the stream up to a
-// response header's worth read in the same system call: a stream of
-// large READ responses then costs one read a response, its payload and
-// the next one's header, where reading the header and the payload apart
-// cost two. The bytes read past p are held and returned first by the
-// next Read, so the stream's order holds; readAhead is Read when bytes
-// are held already or without raw reads (TLS).
-func (r *nbReader) readAhead(p []byte) (int, error) {
-	if r.rc == nil || r.aheadEnd > r.aheadOff || len(p) == 0 {
-		return r.Read(p)
-	}
-	r.p = p
-	err := r.rc.Read(r.aheadFn)
-	r.p = nil
+// readv is Read (waiting for bytes) into the buffers of v, in order, in
+// one system call: a read plan (readplan.go) puts there the rest of a
+// payload and the answers that follow it, and sees to the bytes that came
+// past the first buffer. The caller reads what over holds first (with
+// Read), and uses readv only with raw reads (rc set: not TLS).
+func (r *nbReader) readv(v []unix.Iovec) (int, error) {
+	r.v = v
+	err := r.rc.Read(r.readvFn)
+	r.v = nil
 	switch {
 	case err != nil:
 		return 0, err
@@ -70,23 +65,12 @@ func (r *nbReader) readAhead(p []byte) (int, error) {
 	case r.n == 0:
 		return 0, io.EOF
 	}
-	n := r.n
-	if n > len(p) {
-		r.aheadOff, r.aheadEnd = 0, n-len(p)
-		r.aheads++
-		n = len(p)
-	}
-	return n, nil
+	return r.n, nil
 }
 
-// held is how many bytes readAhead read past its buffer that no Read
-// has returned yet.
-func (r *nbReader) held() int { return r.aheadEnd - r.aheadOff }
-
-// aheadReader is an nbReader whose Read is readAhead.
-type aheadReader nbReader
-
-func (a *aheadReader) Read(p []byte) (int, error) { return (*nbReader)(a).readAhead(p) }
+// held is how many bytes of the stream were read before they were asked
+// for and wait for the next Read (over).
+func (r *nbReader) held() int { return len(r.over) }
 
 // maxIovecs is the most iovecs one writev takes (Linux's IOV_MAX).
 const maxIovecs = 1024
@@ -185,22 +169,18 @@ func rawWritev(fd uintptr, v []unix.Iovec, bufs [][]byte) (int, syscall.Errno) {
 	return int(n), e
 }
 
-// rawReadv reads what the socket holds into r.p and then r.ahead,
-// without blocking: readv(2), as rawRead.
+// rawReadv reads what the socket holds into the buffers of r.v, without
+// blocking: readv(2), as rawRead.
 func (r *nbReader) rawReadv(fd uintptr) {
-	r.iov[0].Base = unsafe.SliceData(r.p)
-	r.iov[0].SetLen(len(r.p))
-	r.iov[1].Base = &r.ahead[0]
-	r.iov[1].SetLen(len(r.ahead))
 	var n uintptr
 	var e syscall.Errno
 	for {
-		n, _, e = unix.RawSyscall(unix.SYS_READV, fd, uintptr(unsafe.Pointer(&r.iov[0])), uintptr(len(r.iov)))
+		r.calls++
+		n, _, e = unix.RawSyscall(unix.SYS_READV, fd, uintptr(unsafe.Pointer(unsafe.SliceData(r.v))), uintptr(len(r.v)))
 		if e != unix.EINTR {
 			break
 		}
 	}
-	r.iov[0].Base = nil // hold no pointer into the caller's buffer
 	r.n, r.err = int(n), nil
 	if e != 0 {
 		r.n, r.err = 0, e
@@ -215,6 +195,7 @@ func (r *nbReader) rawRead(fd uintptr) {
 	var n uintptr
 	var e syscall.Errno
 	for {
+		r.calls++
 		n, _, e = unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(r.p))), uintptr(len(r.p)))
 		if e != unix.EINTR {
 			break

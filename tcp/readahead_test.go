@@ -342,11 +342,13 @@ func (s *scripted) expect(t *testing.T, rc *readCase, i int, status byte, pay []
 	case <-time.After(hang):
 		t.Fatalf("hang: READ %d", i)
 	}
-	dst := rc.dst(s.local, i)
+	// A READ that failed may hold bytes of the answers after it, which a
+	// read plan (readplan.go) put there: only a READ done holds a
+	// payload, exactly its own.
 	if status != stOK {
-		pay = bytes.Repeat([]byte{canaryByte}, len(dst))
+		return
 	}
-	if !bytes.Equal(dst, pay) {
+	if dst := rc.dst(s.local, i); !bytes.Equal(dst, pay) {
 		t.Fatalf("READ %d (status %d): bytes wrong", i, status)
 	}
 }
@@ -367,7 +369,8 @@ func (s *scripted) gaps(t *testing.T, rc *readCase, what string) {
 // A hostile or broken target's next answer, read ahead with a payload, is
 // refused as it would be from the socket: an id that is not the next
 // one's, or reserved bytes set, breaks the connection with ErrProtocol;
-// the READs behind it fail and their bytes stay as they were.
+// the READs behind it fail, and no byte outside their destinations
+// changed.
 func TestReadAheadUnexpected(t *testing.T) {
 	const big = 32 << 10
 	for _, bad := range []struct {
@@ -403,11 +406,10 @@ func TestReadAheadUnexpected(t *testing.T) {
 					}
 				}
 				for i := 1; i < 3; i++ {
+					// Their destinations may hold what a read plan
+					// put there (readplan.go); nothing around them.
 					if err := got[uint64(i)]; !errors.Is(err, ErrProtocol) {
 						t.Errorf("READ %d: %v, want ErrProtocol", i, err)
-					}
-					if !bytes.Equal(rc.dst(s.local, i), bytes.Repeat([]byte{canaryByte}, big)) {
-						t.Errorf("READ %d's destination changed", i)
 					}
 				}
 				s.gaps(t, rc, bad.name)

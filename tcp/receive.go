@@ -56,24 +56,15 @@ func (c *conn) receive() {
 func (c *conn) receiveOne() error {
 	hdr := &c.hdr // a field: a local passed to Read would escape, once per answer
 	r := &c.rdr
-	// The next response answers the oldest frame posted: when that is
-	// a large READ and nothing is buffered, its header and payload
-	// come straight from the socket (see reader.payload).
-	// A header read ahead with the last payload (reader.payload) comes
-	// first from either: src returns those bytes before the socket's.
-	src := io.Reader(c.br)
-	if c.br.Buffered() == 0 && c.directNext() {
-		src = c.src
-	}
-	ahead := c.held() >= respSize // r.last is when they came
-	if err := r.read(src, hdr[:], true); err != nil {
-		if err == errLeave {
-			return err
-		}
-		return fmt.Errorf("%w: receive: %v", transport.ErrPeer, err)
-	}
-	if !ahead {
-		r.last = time.Now().UnixNano()
+	// An answer the last payload's readv took (readplan.go) is taken from
+	// the plan, its header and as much of its payload as came: in bytes
+	// of the planned payload, planned, which the answer is checked
+	// against. Else (planned -1) it is read from the stream.
+	in, planned := 0, -1
+	if c.plan.pending() {
+		in, planned = c.plan.take(hdr)
+	} else if err := c.readHeader(); err != nil {
+		return err
 	}
 	id, status, err := decodeResp(hdr[:])
 	pos := c.q.Head()
@@ -99,8 +90,22 @@ func (c *conn) receiveOne() error {
 	case stBusy:
 		result = transport.ErrNotifyFull
 	}
+	size := 0 // the payload that follows the header
 	if status == stOK && p.s.Op == transport.Read {
-		if err := r.payload(unsafe.Slice((*byte)(p.s.Local), p.s.Length)); err != nil {
+		size = int(p.s.Length)
+	}
+	if planned >= 0 && size != planned {
+		// A READ planned that failed: what came after its header is
+		// the stream's next answers.
+		var cur []byte
+		if in > 0 {
+			cur = unsafe.Slice((*byte)(p.s.Local), in)
+		}
+		c.unplan(cur)
+		in = 0
+	}
+	if in < size {
+		if err := r.payload(unsafe.Slice((*byte)(p.s.Local), size), in); err != nil {
 			return fmt.Errorf("%w: receive: %v", transport.ErrPeer, err)
 		}
 	}
@@ -125,6 +130,31 @@ func (c *conn) receiveOne() error {
 	return nil
 }
 
+// readHeader reads the next answer's header from the stream into c.hdr.
+func (c *conn) readHeader() error {
+	r := &c.rdr
+	// The next response answers the oldest frame posted: when that is
+	// a large READ and nothing is buffered, its header and payload
+	// come straight from the socket (see reader.payload).
+	// A header read ahead with the last payload (reader.payload) comes
+	// first from either: src returns those bytes before the socket's.
+	src := io.Reader(c.br)
+	if c.br.Buffered() == 0 && c.directNext() {
+		src = c.src
+	}
+	ahead := c.held() >= respSize // r.last is when they came
+	if err := r.read(src, c.hdr[:], true); err != nil {
+		if err == errLeave {
+			return err
+		}
+		return fmt.Errorf("%w: receive: %v", transport.ErrPeer, err)
+	}
+	if !ahead {
+		r.last = time.Now().UnixNano()
+	}
+	return nil
+}
+
 // directNext reports whether the next response answers a READ of at least
 // directMin bytes. Only the holder of the reading calls it (drive.go).
 func (c *conn) directNext() bool {
@@ -136,11 +166,12 @@ func (c *conn) directNext() bool {
 	return p.s.Op == transport.Read && p.s.Length >= directMin
 }
 
-// held is how many bytes of the next response were read ahead with the
-// last payload (reader.payload) and wait in c.src: the answer has begun.
+// held is how many bytes of the next responses were read with the last
+// payload (reader.payload) and wait in the read plan and c.src: the next
+// answer has begun.
 func (c *conn) held() int {
 	if nb, ok := c.src.(*nbReader); ok {
-		return nb.held()
+		return c.plan.held() + nb.held()
 	}
 	return 0
 }
@@ -238,19 +269,22 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 	return nil
 }
 
-// payload fills dst with the next bytes of the stream: what the buffer
-// holds first, and the rest straight from the socket when it is at least
-// directMin (the buffer is empty then, so the order of bytes holds).
-// When another answer is owed after this one, the last read of the rest
-// takes the next response's header with it (nbReader.readAhead): a
-// stream of large READs then costs one read system call a response, not
-// one for the header and one for the payload, and none of the next
-// payload passes through the buffer.
-func (r *reader) payload(dst []byte) error {
+// payload fills dst[off:] with the next bytes of the stream, the rest of
+// a payload whose first off bytes are in (a read plan's): what the buffer
+// holds first, and the rest straight from the socket when the payload is
+// at least directMin (the buffer is empty then, so the order of bytes
+// holds). When other answers are owed after this one, the last read of
+// the rest takes them with it (conn.readPlanned): their headers and
+// READ payloads, each into its destination, and a header's worth more. A
+// stream of large READs then costs one read system call per up to
+// planMax responses, not one for each header and payload, and none of
+// the next payloads passes through the buffer.
+func (r *reader) payload(dst []byte, off int) error {
 	c := r.c
-	n := 0
+	n := off
 	if k := c.br.Buffered(); k > 0 {
-		n, _ = c.br.Read(dst[:min(k, len(dst))])
+		k, _ = c.br.Read(dst[n:min(n+k, len(dst))])
+		n += k
 	}
 	// The rest of a large payload is read straight from the socket
 	// whatever its size: through the buffer, it would fill the buffer with
@@ -259,8 +293,8 @@ func (r *reader) payload(dst []byte) error {
 	// long as READs stream.
 	if rest := dst[n:]; len(rest) >= directMin || len(rest) > 0 && len(dst) >= directMin {
 		src := c.src
-		if nb, ok := src.(*nbReader); ok && c.q.Head()+1 < c.q.Committed() {
-			src = (*aheadReader)(nb)
+		if nb, ok := src.(*nbReader); ok && nb.rc != nil {
+			src = (*planReader)(c)
 		}
 		return r.read(src, rest, false)
 	} else if len(rest) > 0 {

@@ -80,25 +80,28 @@ type nbReader struct {
 	nonblock bool
 	readFn   func(fd uintptr) bool // a read that never waits
 	waitFn   func(fd uintptr) bool // a read that waits for bytes
-	aheadFn  func(fd uintptr) bool // readAhead's readv, waiting for bytes
+	readvFn  func(fd uintptr) bool // readv's, waiting for bytes
 	p        []byte
+	v        []unix.Iovec // readv's
 	n        int
 	err      error
-	// ahead[aheadOff:aheadEnd] are bytes readAhead read past the end of
-	// its buffer: the start of the next response. Read returns them
-	// before reading the socket again.
-	ahead              [respSize]byte
-	aheadOff, aheadEnd int
-	iov                [2]unix.Iovec // readAhead's
-	aheads             uint64        // readAheads that read past p (tests read it)
+	// over holds bytes of the stream read before they were asked for
+	// (the end of a readv, rawio.go, or the bytes a read plan gives back,
+	// readplan.go): Read returns them before reading the socket again.
+	over []byte
+	// ahead is the usual home of over: the start of the next response,
+	// read with the payload before it.
+	ahead  [respSize]byte
+	aheads uint64 // readvs that read past their first buffer (tests read it)
+	calls  uint64 // read and readv system calls (tests read it)
 }
 
 var errWouldBlock = errors.New("tcp: would block")
 
 func (r *nbReader) Read(p []byte) (int, error) {
-	if r.aheadEnd > r.aheadOff {
-		n := copy(p, r.ahead[r.aheadOff:r.aheadEnd])
-		r.aheadOff += n
+	if len(r.over) > 0 {
+		n := copy(p, r.over)
+		r.over = r.over[n:]
 		return n, nil
 	}
 	if r.rc == nil || len(p) == 0 {
