@@ -1,6 +1,7 @@
 # moonring: build, test, bench, fuzz, cover.
 #
-#   make test    vet, the whole suite with -race (property tests included),
+#   make test    vet, the whole suite with -race (property tests included;
+#                fastcopy, local and shm again without it, for the assembly),
 #                a short run of every fuzz target, and the short forms of
 #                the cluster in a box and the soak (scripts/cluster.sh,
 #                scripts/soak.sh)
@@ -37,8 +38,11 @@ vet:
 	CGO_ENABLED=0 $(GO) vet $(PKGS)
 	@if [ -f /usr/include/infiniband/verbs.h ]; then echo "$(GO) vet -tags rdma ./rdma/"; $(GO) vet -tags rdma ./rdma/; fi
 
+# The race detector turns fastcopy's assembly off (Copy is copy() there),
+# so the packages that copy with it run once more without it.
 race:
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(GO) test -count=1 -timeout 5m ./internal/fastcopy ./local ./shm
 
 # Every Fuzz target in the module, each for FUZZSHORT.
 fuzz-short:

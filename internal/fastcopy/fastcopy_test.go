@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+	"unsafe"
 
 	"github.com/leanovate/gopter/gen"
 	"github.com/leanovate/gopter/prop"
@@ -73,6 +74,58 @@ func TestCopyStaysInBounds(t *testing.T) {
 			short := dst[:n-1]
 			if got := Copy(short, src); got != n-1 || !bytes.Equal(short, src[:n-1]) || dst[n-1] != byte((n-1)*131)^1 {
 				t.Fatalf("Copy into %d of %d bytes: returned %d", n-1, n, got)
+			}
+		}
+	}
+}
+
+// guardedFront returns n bytes that begin where a PROT_NONE page ends, so
+// a copy that reads or writes one byte before them faults.
+func guardedFront(t testing.TB, n int) []byte {
+	t.Helper()
+	page := unix.Getpagesize()
+	span := page + (n+page-1)/page*page
+	m, err := unix.Mmap(-1, 0, span, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(m) })
+	if err := unix.Mprotect(m[:page], unix.PROT_NONE); err != nil {
+		t.Fatal(err)
+	}
+	return m[page : page+n]
+}
+
+// TestCopyEveryAlignment: copies from the threshold up (the non-temporal
+// loop where the CPU has it), at every offset of the destination and
+// source within a cache line, from a guard page before them or up to one
+// after them, move exactly their bytes and touch nothing else.
+func TestCopyEveryAlignment(t *testing.T) {
+	if !stream && !erms {
+		t.Skip("Copy is copy() from the threshold up in this build (no AVX2 or ERMS, or the race detector or a sanitizer): nothing of its own to test")
+	}
+	for _, n := range []int{threshold, threshold + 4096 + 129, 2*chunk + 1} {
+		for _, front := range []bool{true, false} {
+			get := guarded
+			if front {
+				get = guardedFront
+			}
+			src, dst := get(t, n+64), get(t, n+64)
+			fill(src, byte(n))
+			for off := range 64 {
+				d, s := dst[off:off+n], src[63-off:63-off+n]
+				if !front {
+					d, s = dst[64-off:64-off+n], src[1+off:1+off+n]
+				}
+				fill(dst, 0xee)
+				before := bytes.Clone(dst)
+				if got := Copy(d, s); got != n || !bytes.Equal(d, s) {
+					t.Fatalf("%d bytes at offset %d (front guard %v): returned %d, equal %v", n, off, front, got, bytes.Equal(d, s))
+				}
+				lo := int(uintptr(unsafe.Pointer(&d[0])) - uintptr(unsafe.Pointer(&dst[0])))
+				if !bytes.Equal(dst[:lo], before[:lo]) || !bytes.Equal(dst[lo+n:], before[lo+n:]) {
+					t.Fatalf("%d bytes at offset %d (front guard %v): bytes outside the destination changed", n, off, front)
+				}
 			}
 		}
 	}

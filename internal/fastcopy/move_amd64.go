@@ -20,15 +20,18 @@ var (
 		_, ecx := cpuidLeaf(0x80000001)
 		return ecx&(1<<8) != 0
 	}()
+	// stream: the CPU has moveStream's AVX2 loads and non-temporal
+	// stores (every AMD64 CPU since 2015, and Intel's since Haswell).
+	stream = cpuid.CPU.Has(cpuid.AVX2)
 	// canPrefetch: Prefetch does something.
 	canPrefetch = true
 )
 
 // prefetch issues a prefetch for every 64 bytes of the first n > 0 bytes
-// of src, and of dst (PREFETCHW when write, else PREFETCHT0).
+// of src, and of dst as mode says (prefSrc, prefRead, prefWrite).
 //
 //go:noescape
-func prefetch(dst, src unsafe.Pointer, n uintptr, write bool)
+func prefetch(dst, src unsafe.Pointer, n uintptr, mode uint8)
 
 // cpuidLeaf returns EAX and ECX of CPUID leaf, sub-leaf 0.
 func cpuidLeaf(leaf uint32) (eax, ecx uint32)
@@ -45,3 +48,13 @@ func moveString(dst, src unsafe.Pointer, n uintptr)
 //
 //go:noescape
 func move512(dst, src unsafe.Pointer, n uintptr)
+
+// moveStream copies n >= 128 bytes from src to dst with 32-byte AVX2
+// loads and non-temporal stores from dst's first 64-byte boundary on (the
+// bytes before it, and the last 64, with plain stores), prefetching the
+// source streamDist ahead while that is inside it, and ends with SFENCE:
+// the stores are seen before any store after it. The ranges must not
+// overlap.
+//
+//go:noescape
+func moveStream(dst, src unsafe.Pointer, n uintptr)

@@ -47,15 +47,18 @@ done:
 	VZEROUPPER
 	RET
 
-// func prefetch(dst, src unsafe.Pointer, n uintptr, write bool)
-// n > 0. Prefetches never fault, whatever the address.
+// func prefetch(dst, src unsafe.Pointer, n uintptr, mode uint8)
+// n > 0. Prefetches never fault, whatever the address. mode: prefSrc
+// (0), the source only; prefRead (1), the destination too with
+// PREFETCHT0; prefWrite (2), the destination with PREFETCHW.
 TEXT ·prefetch(SB), NOSPLIT, $0-25
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ n+16(FP), CX
-	MOVBLZX write+24(FP), AX
-	TESTQ AX, AX
-	JZ   read
+	MOVBLZX mode+24(FP), AX
+	CMPQ AX, $1
+	JB   srconly
+	JE   read
 both:
 	PREFETCHT0 0(SI)
 	BYTE $0x0F; BYTE $0x0D; BYTE $0x0F // PREFETCHW (DI): for the store to come
@@ -72,6 +75,12 @@ read:
 	SUBQ $64, CX
 	JA   read
 	RET
+srconly:
+	PREFETCHT0 0(SI)
+	ADDQ $64, SI
+	SUBQ $64, CX
+	JA   srconly
+	RET
 
 // func cpuidLeaf(leaf uint32) (eax, ecx uint32)
 TEXT ·cpuidLeaf(SB), NOSPLIT, $0-16
@@ -80,4 +89,74 @@ TEXT ·cpuidLeaf(SB), NOSPLIT, $0-16
 	CPUID
 	MOVL AX, eax+8(FP)
 	MOVL CX, ecx+12(FP)
+	RET
+
+// func moveStream(dst, src unsafe.Pointer, n uintptr)
+// n >= 128. Non-temporal 32-byte AVX2 stores to dst from its first
+// 64-byte boundary, the bytes before it and the last 64 with plain
+// stores (overlapping bytes get the same values twice), and a prefetch of
+// the source streamDist ahead while that is inside it; SFENCE at the end.
+TEXT ·moveStream(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	// The first and the last 64 bytes, plain.
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU -64(SI)(CX*1), Y2
+	VMOVDQU -32(SI)(CX*1), Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, -64(DI)(CX*1)
+	VMOVDQU Y3, -32(DI)(CX*1)
+	// On to dst's next 64-byte boundary (64 on when it is on one).
+	MOVQ DI, AX
+	ANDQ $63, AX
+	MOVQ $64, DX
+	SUBQ AX, DX
+	ADDQ DX, DI
+	ADDQ DX, SI
+	SUBQ DX, CX
+	CMPQ CX, $4352 // streamDist + 256
+	JB   near
+ahead:
+	PREFETCHT0 4096(SI)
+	PREFETCHT0 4160(SI)
+	PREFETCHT0 4224(SI)
+	PREFETCHT0 4288(SI)
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VMOVDQU 128(SI), Y4
+	VMOVDQU 160(SI), Y5
+	VMOVDQU 192(SI), Y6
+	VMOVDQU 224(SI), Y7
+	VMOVNTDQ Y0, 0(DI)
+	VMOVNTDQ Y1, 32(DI)
+	VMOVNTDQ Y2, 64(DI)
+	VMOVNTDQ Y3, 96(DI)
+	VMOVNTDQ Y4, 128(DI)
+	VMOVNTDQ Y5, 160(DI)
+	VMOVNTDQ Y6, 192(DI)
+	VMOVNTDQ Y7, 224(DI)
+	ADDQ $256, SI
+	ADDQ $256, DI
+	SUBQ $256, CX
+	CMPQ CX, $4352
+	JAE  ahead
+near:
+	CMPQ CX, $64
+	JB   end
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVNTDQ Y0, 0(DI)
+	VMOVNTDQ Y1, 32(DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $64, CX
+	JMP  near
+end:
+	SFENCE
+	VZEROUPPER
 	RET

@@ -12,10 +12,15 @@ const (
 	canPrefetch = false
 )
 
+// stream is a variable, as on amd64, for the benchmarks that turn it off.
+var stream = false
+
 func moveString(dst, src unsafe.Pointer, n uintptr) {
 	copy(unsafe.Slice((*byte)(dst), n), unsafe.Slice((*byte)(src), n))
 }
 
 func move512(dst, src unsafe.Pointer, n uintptr) { moveString(dst, src, n) }
 
-func prefetch(dst, src unsafe.Pointer, n uintptr, write bool) {}
+func prefetch(dst, src unsafe.Pointer, n uintptr, mode uint8) {}
+
+func moveStream(dst, src unsafe.Pointer, n uintptr) { moveString(dst, src, n) }

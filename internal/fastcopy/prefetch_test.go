@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -50,9 +51,13 @@ func TestPrefetchDetected(t *testing.T) {
 	}
 }
 
-// BenchmarkScattered copies blocks at random in two 1 GiB pools of
-// transparent huge pages (as the kv pattern's), with and without
-// Prefetch of the next block: the gain a copy loop gets from it.
+// BenchmarkScattered copies blocks at random between two 1 GiB pools of
+// huge pages, as a KV cache's transfers go, with one goroutine or two
+// (streams): plainly (store=plain: REP MOVSB from 32 KiB), plainly with
+// the next block's head prefetched (store=plain+prefetch, Prefetch), and
+// with Copy's non-temporal loop (store=stream, where the CPU has it), and
+// sequential blocks (order=seq) beside them: the rate the memory gives a
+// copy that the prefetchers follow.
 func BenchmarkScattered(b *testing.B) {
 	const pool = 1 << 30
 	get := func() []byte {
@@ -66,26 +71,48 @@ func BenchmarkScattered(b *testing.B) {
 		return m
 	}
 	src, dst := get(), get()
+	had := stream
+	defer func() { stream = had }()
 	for _, size := range []int{4 << 10, 32 << 10, 1 << 20} {
 		type move struct{ s, d int }
-		rng := rand.New(rand.NewPCG(1, 2))
-		ms := make([]move, (256<<20)/size)
-		for i := range ms {
-			ms[i] = move{rng.IntN(pool/size) * size, rng.IntN(pool/size) * size}
-		}
-		for _, pf := range []bool{false, true} {
-			b.Run(fmt.Sprintf("size=%dKiB/prefetch=%v", size>>10, pf), func(b *testing.B) {
-				b.SetBytes(int64(len(ms) * size))
-				for b.Loop() {
-					for i, m := range ms {
-						if pf && i+1 < len(ms) {
-							n := ms[i+1]
-							Prefetch(unsafe.Pointer(&dst[n.d]), unsafe.Pointer(&src[n.s]), uintptr(size))
-						}
-						Copy(dst[m.d:m.d+size], src[m.s:m.s+size])
-					}
+		for _, order := range []string{"rand", "seq"} {
+			rng := rand.New(rand.NewPCG(1, 2))
+			ms := make([]move, (256<<20)/size)
+			s0, d0 := rng.IntN(pool/(256<<20))*(256<<20), rng.IntN(pool/(256<<20))*(256<<20)
+			for i := range ms {
+				ms[i] = move{s0 + i*size, d0 + i*size}
+				if order == "rand" {
+					ms[i] = move{rng.IntN(pool/size) * size, rng.IntN(pool/size) * size}
 				}
-			})
+			}
+			for _, store := range []string{"plain", "plain+prefetch", "stream"} {
+				if store == "stream" && !had || order == "seq" && store == "plain+prefetch" {
+					continue
+				}
+				for _, streams := range []int{1, 2} {
+					b.Run(fmt.Sprintf("size=%dKiB/order=%s/store=%s/streams=%d", size>>10, order, store, streams), func(b *testing.B) {
+						stream = store == "stream"
+						pf := store == "plain+prefetch"
+						b.SetBytes(int64(len(ms) * size))
+						for b.Loop() {
+							var wg sync.WaitGroup
+							for g := range streams {
+								wg.Go(func() {
+									part := ms[g*len(ms)/streams : (g+1)*len(ms)/streams]
+									for i, m := range part {
+										if pf && i+1 < len(part) {
+											n := part[i+1]
+											Prefetch(unsafe.Pointer(&dst[n.d]), unsafe.Pointer(&src[n.s]), uintptr(size))
+										}
+										Copy(dst[m.d:m.d+size], src[m.s:m.s+size])
+									}
+								})
+							}
+							wg.Wait()
+						}
+					})
+				}
+			}
 		}
 	}
 }
