@@ -41,6 +41,9 @@ type readPlan struct {
 	// iov is the readv's: the rest of the payload being read, the
 	// headers and payloads planned, the nbReader's ahead.
 	iov [2 + 2*planMax]unix.Iovec
+	// taken counts the answers taken from plans, unplans the plans
+	// given back (tests read them).
+	taken, unplans uint64
 }
 
 // pending reports whether an answer of the plan waits to be taken.
@@ -61,6 +64,7 @@ func (pl *readPlan) held() int {
 func (pl *readPlan) take(hdr *[respSize]byte) (in, planned int) {
 	j := pl.next
 	*hdr = pl.hdrs[j]
+	pl.taken++
 	pl.next++
 	if pl.next == pl.n {
 		pl.n, pl.next = 0, 0
@@ -92,14 +96,25 @@ func (c *conn) readPlanned(p []byte) (int, error) {
 	// few bytes wait for an answer the sender may just have sent.
 	end := min(c.gathered.Load(), pl.first+planMax)
 	v := appendIovec(pl.iov[:0], p)
+	// The destinations planned overlap neither p nor one another: the
+	// bytes the readv puts in one are still there if a failed READ
+	// before it gives them back (unplan), and a READ completed cannot
+	// change them.
+	var spans [planMax + 1]span
+	spans[0] = spanOf(p)
 	k := 0
 	for pos := pl.first; pos < end; pos++ {
-		v = appendIovec(v, pl.hdrs[k][:])
-		pl.size[k] = 0
+		var dst []byte
 		if s := &c.q.Slot(pos).s; s.Op == transport.Read {
-			pl.size[k] = int(s.Length)
-			v = appendIovec(v, unsafe.Slice((*byte)(s.Local), s.Length))
+			dst = unsafe.Slice((*byte)(s.Local), s.Length)
+			if spanOf(dst).overlaps(spans[:k+1]) {
+				break
+			}
 		}
+		spans[k+1] = spanOf(dst)
+		v = appendIovec(v, pl.hdrs[k][:])
+		v = appendIovec(v, dst)
+		pl.size[k] = len(dst)
 		k++
 	}
 	v = appendIovec(v, nb.ahead[:])
@@ -151,6 +166,25 @@ func (c *conn) unplan(cur []byte) {
 	b = append(b, nb.over...)
 	nb.over = b
 	pl.n, pl.next = 0, 0
+	pl.unplans++
+}
+
+// span is the addresses of a buffer's bytes, [start, end).
+type span struct{ start, end uintptr }
+
+func spanOf(b []byte) span {
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return span{start, start + uintptr(len(b))}
+}
+
+// overlaps reports whether s shares a byte with one of spans.
+func (s span) overlaps(spans []span) bool {
+	for _, o := range spans {
+		if s.start < o.end && o.start < s.end {
+			return true
+		}
+	}
+	return false
 }
 
 // appendIovec appends an iovec for b to v when b is not empty.
