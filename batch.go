@@ -150,6 +150,10 @@ type batch struct {
 	unfinished atomic.Int64  // submitted and not terminal
 	done       chan struct{} // signaled when unfinished reaches 0 and waiting is set
 	waiting    atomic.Bool
+	// room times a submit's wait for room in a full SQ (see push); made
+	// at the slot's first such wait, kept for its later batches, used
+	// under mu.
+	room *time.Timer
 }
 
 // task returns task i, or nil when i is not one of the batch's. A reader
@@ -406,8 +410,9 @@ const batchFree = 1 << 16
 // SubmitTransfer checks reqs and appends them to the batch as tasks
 // (numbered from the number already submitted). It submits none when a
 // request is bad (an unregistered source range, an unknown segment, a
-// zero length) or the batch is too small. Without allocating, it waits
-// for room in the submission queue up to half the engine's Timeout; tasks it
+// zero length) or the batch is too small. Without allocating (but for a
+// timer made once per batch slot), it waits, parked, for room in the
+// submission queue up to half the engine's Timeout; tasks it
 // could not submit by then are FAILED and ErrSQFull is returned (the
 // tasks it did submit run, and all of reqs count as submitted). One
 // goroutine at a time should submit to a given batch.
@@ -512,11 +517,11 @@ func (e *Engine) submitTransfer(id BatchID, reqs []TransferRequest, drive bool, 
 				pushed, err = r.SubmitDriven(es[:n], b, deadline)
 				if err == ring.ErrSQFull {
 					var more int
-					more, err = e.push(r, es[pushed:n])
+					more, err = e.push(r, es[pushed:n], b)
 					pushed += more
 				}
 			} else {
-				pushed, err = e.push(r, es[:n])
+				pushed, err = e.push(r, es[:n], b)
 			}
 			if err != nil {
 				// Those pushed may all have ended meanwhile: a waiter
@@ -606,10 +611,14 @@ func (e *Engine) remote(req *TransferRequest) (uint64, error) {
 	return b.Addr + req.TargetOffset, nil
 }
 
-// push submits es, waiting for room up to the engine's timeout, and
+// push submits es, waiting for room up to half the engine's timeout, and
 // returns how many it pushed. On error the entries not pushed are counted
-// off by the caller; those pushed run.
-func (e *Engine) push(r *ring.Ring, es []sq.Entry) (int, error) {
+// off by the caller; those pushed run. With a batch (its mu held: the
+// batch's timer is the caller's) it parks until the poller takes entries
+// (ring.WaitRoom), its deadline on the batch's timer, made once per
+// batch slot; without one (a cancel, which may run beside a submit) it
+// polls, yielding, then sleeping.
+func (e *Engine) push(r *ring.Ring, es []sq.Entry, b *batch) (int, error) {
 	var deadline time.Time
 	pushed := 0
 	for spins := 0; ; spins++ {
@@ -626,12 +635,26 @@ func (e *Engine) push(r *ring.Ring, es []sq.Entry) (int, error) {
 			// starts timing out what waits in its SQ, and giving up here
 			// first keeps "pushed" and "failed here" apart.
 			deadline = time.Now().Add(e.cfg.Timeout / 2)
-		} else if time.Now().After(deadline) {
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
 			return pushed, err
 		}
-		if spins < 64 {
+		switch {
+		case b != nil:
+			if b.room == nil {
+				b.room = time.NewTimer(left)
+			} else {
+				b.room.Reset(left)
+			}
+			err = r.WaitRoom(b.room.C)
+			b.room.Stop()
+			if err != nil {
+				return pushed, err
+			}
+		case spins < 64:
 			runtime.Gosched()
-		} else {
+		default:
 			time.Sleep(50 * time.Microsecond)
 		}
 	}
@@ -729,7 +752,7 @@ func (e *Engine) CancelTransfer(id BatchID, taskID int) error {
 	}
 	// The ID's generation, not the slot's: were the batch freed and its
 	// slot reused meanwhile, this cancels nothing of the new batch.
-	_, err = e.push(r, []sq.Entry{{Op: sq.Cancel, Remote: userData(int(id&0xffff), id.gen(), taskID)}})
+	_, err = e.push(r, []sq.Entry{{Op: sq.Cancel, Remote: userData(int(id&0xffff), id.gen(), taskID)}}, nil)
 	return err
 }
 

@@ -169,6 +169,9 @@ func (r *Ring) take(t int64, limit int) bool {
 		r.blockedSince = 0
 	}
 	r.sq.Advance(i)
+	if i > 0 {
+		r.wakeRoom()
+	}
 	r.taking = false
 	r.took = i > 0
 	if i > 0 {

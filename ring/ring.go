@@ -158,7 +158,11 @@ type Ring struct {
 	// Stop, waits for it as the first does.
 	shut     chan struct{}
 	shutOnce sync.Once
-	_        cpu.CacheLinePad
+	// roomWaiters counts the submitters in WaitRoom; room carries the
+	// poller's wakeup to one of them (room.go).
+	roomWaiters atomic.Int32
+	room        chan struct{}
+	_           cpu.CacheLinePad
 
 	// Poller-owned state below: only the holder of the poller's token (its
 	// goroutine, or a goroutine it lent its rings to while parked) touches it.
@@ -347,7 +351,7 @@ func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
 		return nil, fmt.Errorf("ring: MaxSlices: %w", err)
 	}
 	r := &Ring{
-		sq: s, cq: c, done: d, poller: p, cfg: cfg, tables: tables, shut: make(chan struct{}), drv: make([]transport.Driver, 0, 4),
+		sq: s, cq: c, done: d, poller: p, cfg: cfg, tables: tables, shut: make(chan struct{}), room: make(chan struct{}, 1), drv: make([]transport.Driver, 0, 4),
 		reqs:      make([]request, cfg.MaxInFlight),
 		free:      make([]int32, cfg.MaxInFlight),
 		queueByEP: make(map[transport.Endpoint]*postQueue),
