@@ -204,7 +204,8 @@ type Config struct {
 	// of memory copies (the local and shm transports': a batch of 256 KiB
 	// or more, which one-slice requests of 16 KiB and up join rather than
 	// be copied one at a time when more wait behind them) with it, each
-	// taking an equal part while the poller copies the rest: one copy
+	// taking a part (equal to the poller's, or more while they wait for
+	// it) while the poller copies the rest: one copy
 	// stream leaves memory bandwidth unused when blocks are scattered, as
 	// a KV cache's are. Each polls for its next part for 100 µs after one
 	// (none while GOMAXPROCS is 1), then parks. Requests in flight at

@@ -35,8 +35,9 @@ type PollerConfig struct {
 	Promote time.Duration
 	// CopyWorkers is how many goroutines share large batches of
 	// synchronous copies (transport.Copier endpoints: plain memory) with
-	// the poller, each taking an equal part of the batch's bytes while
-	// the poller copies the rest; 0: none. A worker polls for CopySpin
+	// the poller, each taking a part of the batch's bytes (equal to the
+	// poller's, or up to four times it while the workers wait for the
+	// poller) while the poller copies the rest; 0: none. A worker polls for CopySpin
 	// after a part, then parks until the next, and is pinned as the
 	// poller is. See share.go.
 	CopyWorkers int

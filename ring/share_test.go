@@ -269,3 +269,33 @@ func TestShareSkipsGone(t *testing.T) {
 		}
 	}
 }
+
+// TestShareWeighs: the poller's weight in a shared batch falls a step
+// each time every worker is found idle, down to minWeight, and climbs
+// back a step each time a worker has a part queued, up to an equal share;
+// share splits a batch's bytes by it.
+func TestShareWeighs(t *testing.T) {
+	c := &copiers{n: 1, free: make(chan *copyJob, 2), jobs: make(chan *copyJob, 2), pw: fullWeight}
+	c.free <- &copyJob{}
+	c.free <- &copyJob{}
+	for i := 1; i <= fullWeight; i++ {
+		want := max(fullWeight-i, minWeight)
+		if got := c.weigh(); got != want {
+			t.Fatalf("idle worker, step %d: weight %d; want %d", i, got, want)
+		}
+	}
+	if got := c.weigh(); got != minWeight {
+		t.Fatalf("idle worker at the floor: weight %d; want %d", got, minWeight)
+	}
+	<-c.free // the worker copies one part
+	if got := c.weigh(); got != minWeight {
+		t.Fatalf("worker busy, nothing queued: weight %d; want it kept at %d", got, minWeight)
+	}
+	<-c.free // and has one queued
+	for i := 1; i <= fullWeight; i++ {
+		want := min(minWeight+i, fullWeight)
+		if got := c.weigh(); got != want {
+			t.Fatalf("backlogged worker, step %d: weight %d; want %d", i, got, want)
+		}
+	}
+}
