@@ -54,7 +54,7 @@ type copiers struct {
 	jobs chan *copyJob
 	// pw is the poller's weight in a shared batch against a worker's 64
 	// (see share); poller goroutine only.
-	pw int
+	pw   int
 	wg   sync.WaitGroup
 	stop sync.Once
 	// parks counts the workers' waits that went to sleep (PollerStats).
