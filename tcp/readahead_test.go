@@ -1,7 +1,7 @@
 package tcp
 
 // Tests of the read-ahead of a response header with the payload before it
-// (nbReader.readAhead, reader.payload), against a target scripted by hand:
+// (conn.readPlanned, reader.payload), against a target scripted by hand:
 // the answers come split at chosen bytes, with statuses and ids the test
 // picks, a hostile target's included.
 

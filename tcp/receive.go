@@ -380,5 +380,6 @@ func (c *conn) drain() {
 
 // directMin is the READ payload from which the receiver reads from the
 // socket into the destination itself rather than through its 64 KiB
-// buffer: a copy less per byte for one more read call per response.
+// buffer: a copy less per byte, and the answers queued behind it come in
+// the same read (readplan.go).
 const directMin = 16 << 10
