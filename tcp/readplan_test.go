@@ -1,3 +1,5 @@
+//go:build linux
+
 package tcp
 
 // Tests of the read plan (readplan.go): the readv of a payload takes the
