@@ -12,9 +12,10 @@
 // later, if at all, by another process, a device or the network, and the
 // cache keeps what the caller works on. Blocks scattered over large pools,
 // as a KV cache's are, gain most: on the development VM (AMD EPYC, Zen 4)
-// two goroutines copying 32 KiB blocks at random between two 2 GiB pools
-// of huge pages moved 18-19 GB/s with REP MOVSB and 24-25 with the loop,
-// about what REP MOVSB moves of sequential blocks (BenchmarkScattered).
+// two goroutines copying 32 KiB blocks at random between two 1 GiB pools
+// of huge pages moved 20.5 GB/s with REP MOVSB and 25.4 with the loop,
+// about what REP MOVSB moves of sequential blocks (26.2; the loop 30.5;
+// BenchmarkScattered, medians of 3).
 // From 1 KiB to 32 KiB the AVX-512 loop moved 4 KiB in L1 at 1.8x the
 // rate of copy(), whose AVX2 loop slows down between 16 and 32 KiB.
 // Elsewhere, under the race detector and the memory and address
