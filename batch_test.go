@@ -147,7 +147,19 @@ func TestBatchTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	err = p.a.UnregisterLocalMemory(ctx, p.src)
 	cancel()
-	if !errors.Is(err, moonring.ErrBusy) {
+	held := p.fa.heldCount()
+	switch {
+	case err == nil && held > 0:
+		t.Fatalf("UnregisterLocalMemory succeeded while a timed-out request's slice is still held by the transport")
+	case err == nil:
+		// The transport gave the slice back first (ErrClosed): a probe of
+		// the path (failover.go, 100 ms after it was marked down) closed
+		// the endpoint that held it, which on a loaded machine can fall
+		// in the 50 ms above. Then nothing held the buffer, and the rest
+		// has no late completion to see.
+		t.Logf("the held slice was released (its endpoint closed) before UnregisterLocalMemory: unregistered, as it should be")
+		return
+	case !errors.Is(err, moonring.ErrBusy):
 		t.Fatalf("UnregisterLocalMemory while a timed-out request's slice is out: %v; want ErrBusy", err)
 	}
 	p.fa.release(-1) // late: the bytes move, the status stays
