@@ -76,6 +76,8 @@ func (pl *readPlan) take(hdr *[respSize]byte) (in, planned int) {
 // (reader.payload): its Read is conn.readPlanned.
 type planReader conn
 
+// Read reads the rest of the head's payload into p, planning the answers
+// behind it (conn.readPlanned).
 func (pr *planReader) Read(p []byte) (int, error) { return (*conn)(pr).readPlanned(p) }
 
 // readPlanned reads into p, the rest of the payload of the answer at the
@@ -87,21 +89,27 @@ func (pr *planReader) Read(p []byte) (int, error) { return (*conn)(pr).readPlann
 func (c *conn) readPlanned(p []byte) (int, error) {
 	nb := c.src.(*nbReader)
 	head := c.q.Head()
-	if nb.held() > 0 || len(p) == 0 || head+1 >= c.q.Committed() {
+	pl := &c.plan
+	if nb.held() > 0 || len(p) == 0 || head+1 >= c.q.Committed() || pl.pending() {
+		// A pending plan is never planned over (none is, today: an
+		// answer taken from a plan but its last is wholly in).
 		return nb.Read(p)
 	}
-	pl := &c.plan
 	pl.first = head + 1
 	// Only the frames gathered can be answered; past them the ahead's
 	// few bytes wait for an answer the sender may just have sent.
 	end := min(c.gathered.Load(), pl.first+planMax)
 	v := appendIovec(pl.iov[:0], p)
-	// The destinations planned overlap neither p nor one another: the
-	// bytes the readv puts in one are still there if a failed READ
-	// before it gives them back (unplan), and a READ completed cannot
-	// change them.
+	// The destinations planned overlap neither the head's (all of it: p
+	// is only what is left of it, and the bytes before p are its own,
+	// read already) nor one another: the bytes the readv puts in one are
+	// still there if a failed READ before it gives them back (unplan),
+	// and a READ completed cannot change them.
 	var spans [planMax + 1]span
 	spans[0] = spanOf(p)
+	if hs := &c.q.Slot(head).s; hs.Op == transport.Read {
+		spans[0] = spanOf(unsafe.Slice((*byte)(hs.Local), hs.Length))
+	}
 	k := 0
 	for pos := pl.first; pos < end; pos++ {
 		var dst []byte
@@ -172,6 +180,7 @@ func (c *conn) unplan(cur []byte) {
 // span is the addresses of a buffer's bytes, [start, end).
 type span struct{ start, end uintptr }
 
+// spanOf returns b's span.
 func spanOf(b []byte) span {
 	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 	return span{start, start + uintptr(len(b))}
