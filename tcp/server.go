@@ -102,6 +102,9 @@ func (r *nbReader) Read(p []byte) (int, error) {
 	if len(r.over) > 0 {
 		n := copy(p, r.over)
 		r.over = r.over[n:]
+		if len(r.over) == 0 {
+			r.over = nil // a give-back's buffer is not kept alive
+		}
 		return n, nil
 	}
 	if r.rc == nil || len(p) == 0 {

@@ -181,7 +181,10 @@ func (c Class) String() string {
 // call to Complete that its Post also takes.
 type Completer interface {
 	// Complete reports that the slice carrying token finished: err is nil
-	// when every byte moved.
+	// when every byte moved. A READ that fails may have changed its local
+	// range (a connection broken mid-payload; over tcp, the bytes after a
+	// refused answer read with the READs planned behind it): only a READ
+	// that completes is defined, and nothing outside posted ranges changes.
 	Complete(token uint64, err error)
 }
 
