@@ -56,6 +56,14 @@ type conn struct {
 	// position never gathered: the receiver refuses an answer to one.
 	parts    [][3][]byte
 	gathered atomic.Uint64
+	// groups says the target takes group frames (its hello's features):
+	// runs of WRITEs then go out as one group frame, every header first
+	// (group.go has the target's side). pre holds each group frame's own
+	// header, by the slot of its first WRITE; groupEnd is the position
+	// after the last WRITE a group frame announced. Written by send.
+	groups   bool
+	pre      [][reqSize]byte
+	groupEnd uint64
 
 	// posting counts Posts in progress; failed is set once the connection
 	// broke. The failer waits for posting to drain after setting failed, so
@@ -141,8 +149,11 @@ func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf, 
 
 // frame appends the iovecs of the request frame at pos: its header (built
 // into hdrs), then a WRITE's payload or a NOTIFY's prefix and message,
-// skipping the first skip bytes. It returns the frame's size.
-func (c *conn) frame(iov [][]byte, pos uint64, skip int) ([][]byte, int) {
+// skipping the first skip bytes. It returns the frame's size. A WRITE
+// that starts a group (groupLen) is sent as the group frame, the headers
+// of its run and its own payload; one of the run after it, as its
+// payload alone. end is the first position not committed.
+func (c *conn) frame(iov [][]byte, pos, end uint64, skip int) ([][]byte, int) {
 	idx := int(pos) & (len(c.hdrs) - 1)
 	if pos < c.gathered.Load() {
 		// Gathered before and not wholly written: built again from what
@@ -157,6 +168,11 @@ func (c *conn) frame(iov [][]byte, pos uint64, skip int) ([][]byte, int) {
 	// Never gathered: the receiver refuses answers to it, so the slot
 	// stays as Post filled it while it is read here.
 	p := c.q.Slot(pos)
+	if pos < c.groupEnd {
+		// Its header went out in its group's frame.
+		c.parts[idx] = [3][]byte{unsafe.Slice((*byte)(p.s.Local), p.s.Length)}
+		return c.appendParts(iov, &c.parts[idx], skip)
+	}
 	h := c.hdrs[idx][:]
 	req := request{op: opRead, id: uint32(pos), buffer: p.buffer, length: uint32(p.s.Length), key: p.key, addr: p.addr}
 	parts := [3][]byte{h}
@@ -175,10 +191,44 @@ func (c *conn) frame(iov [][]byte, pos uint64, skip int) ([][]byte, int) {
 	case transport.Write:
 		req.op = opWrite
 		parts[1] = unsafe.Slice((*byte)(p.s.Local), p.s.Length)
+		if k := c.groupLen(pos, end, idx); k >= 2 {
+			for i := 1; i < k; i++ {
+				m := c.q.Slot(pos + uint64(i))
+				r := request{op: opWrite, id: uint32(pos) + uint32(i), buffer: m.buffer, length: uint32(m.s.Length), key: m.key, addr: m.addr}
+				r.encode(c.hdrs[idx+i][:])
+			}
+			g := request{op: opGroup, length: uint32(k)}
+			g.encode(c.pre[idx][:])
+			parts = [3][]byte{c.pre[idx][:], unsafe.Slice(&c.hdrs[idx][0], k*reqSize), parts[1]}
+			c.groupEnd = pos + uint64(k)
+		}
 	}
 	req.encode(h)
 	c.parts[idx] = parts
 	return c.appendParts(iov, &c.parts[idx], skip)
+}
+
+// groupBytes bounds the payload bytes of one group: the target answers a
+// group's WRITEs after all of its payloads (its ackAfter).
+const groupBytes = ackAfter
+
+// groupLen is how many WRITEs from pos (of slot idx) one group frame
+// takes: a run of committed WRITEs before end, at most maxGroup and
+// groupBytes, whose headers lie in hdrs without wrapping (they go out as
+// one iovec). Less than 2 means no group. The sending flag must be held.
+func (c *conn) groupLen(pos, end uint64, idx int) int {
+	if !c.groups {
+		return 0
+	}
+	k, bytes := 0, uint64(0)
+	for ; k < maxGroup && pos+uint64(k) < end && idx+k < len(c.hdrs); k++ {
+		p := c.q.Slot(pos + uint64(k))
+		if p.s.Op != transport.Write || bytes+p.s.Length > groupBytes {
+			break
+		}
+		bytes += p.s.Length
+	}
+	return k
 }
 
 // appendParts appends a frame's parts to iov, less its first skip bytes,
@@ -216,7 +266,7 @@ func (c *conn) gather(end uint64) [][]byte {
 	pos := c.next
 	for ; pos < end && len(iov) < cap(iov)-3; pos++ {
 		var size int
-		iov, size = c.frame(iov, pos, skip)
+		iov, size = c.frame(iov, pos, end, skip)
 		if size < 0 {
 			c.broken = true
 			break

@@ -70,7 +70,7 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 		src = newNBReader(raw) // raw reads (rawio.go)
 	}
 	br := bufio.NewReaderSize(src, 64<<10)
-	maxLen, err := clientHello(nc, br, to.key)
+	maxLen, features, err := clientHello(nc, br, to.key)
 	if !stop() && err == nil {
 		err = fmt.Errorf("%w: hello: %v", transport.ErrPeer, context.Cause(ctx))
 	}
@@ -79,8 +79,8 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 		return nil, err
 	}
 	raw.SetDeadline(time.Time{})
-	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, nc: nc, src: src, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
-		parts:  make([][3][]byte, e.t.cfg.Depth),
+	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, groups: features&featGroups != 0 && !e.t.cfg.noGroups, nc: nc, src: src, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
+		parts: make([][3][]byte, e.t.cfg.Depth), pre: make([][reqSize]byte, e.t.cfg.Depth),
 		resume: make(chan struct{}, 1), quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
 	c.rdr = reader{c: c, last: time.Now().UnixNano(), timeout: int64(e.t.cfg.ResponseTimeout)}
@@ -157,53 +157,54 @@ func helloErr(err error) error {
 	return fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
 }
 
-func clientHello(nc net.Conn, br *bufio.Reader, key []byte) (maxLen uint32, err error) {
+func clientHello(nc net.Conn, br *bufio.Reader, key []byte) (maxLen, features uint32, err error) {
 	var h [24]byte
 	copy(h[:], magic)
 	binary.BigEndian.PutUint16(h[4:], version)
 	cnonce := h[8:24]
 	rand.Read(cnonce)
 	if _, err := nc.Write(h[:]); err != nil {
-		return 0, helloErr(err)
+		return 0, 0, helloErr(err)
 	}
 	var ch [32]byte
 	if _, err := io.ReadFull(br, ch[:]); err != nil {
-		return 0, helloErr(err)
+		return 0, 0, helloErr(err)
 	}
 	if string(ch[:4]) != magic {
-		return 0, fmt.Errorf("%w: bad magic in challenge", ErrProtocol)
+		return 0, 0, fmt.Errorf("%w: bad magic in challenge", ErrProtocol)
 	}
 	switch binary.BigEndian.Uint16(ch[6:]) {
 	case helloOK:
 	case helloBadVersion:
-		return 0, fmt.Errorf("%w: we speak %d, it speaks %d", ErrVersion, version, binary.BigEndian.Uint16(ch[4:]))
+		return 0, 0, fmt.Errorf("%w: we speak %d, it speaks %d", ErrVersion, version, binary.BigEndian.Uint16(ch[4:]))
 	case helloTLS:
-		return 0, ErrTLSRequired
+		return 0, 0, ErrTLSRequired
 	default:
-		return 0, fmt.Errorf("%w: bad challenge status", ErrProtocol)
+		return 0, 0, fmt.Errorf("%w: bad challenge status", ErrProtocol)
 	}
 	snonce := ch[8:24]
 	maxLen = binary.BigEndian.Uint32(ch[24:])
+	features = binary.BigEndian.Uint32(ch[28:]) // bits this version does not know are ignored
 	if _, err := nc.Write(mac(key, "initiator", cnonce, snonce)); err != nil {
-		return 0, helloErr(err)
+		return 0, 0, helloErr(err)
 	}
 	var acc [36]byte
 	if _, err := io.ReadFull(br, acc[:]); err != nil {
 		// A wrong key is answered (status 3): a target that closes instead
 		// gave up on the connection (a cap, Close), which is no refusal of
 		// the key.
-		return 0, helloErr(err)
+		return 0, 0, helloErr(err)
 	}
 	switch binary.BigEndian.Uint16(acc[:]) {
 	case helloBadKey:
-		return 0, ErrAuth
+		return 0, 0, ErrAuth
 	case helloBusy:
-		return 0, fmt.Errorf("%w: %w", transport.ErrPeer, errBusy)
+		return 0, 0, fmt.Errorf("%w: %w", transport.ErrPeer, errBusy)
 	}
 	if !hmac.Equal(acc[4:], mac(key, "target", cnonce, snonce)) {
-		return 0, fmt.Errorf("%w: the target does not hold the key", ErrAuth)
+		return 0, 0, fmt.Errorf("%w: the target does not hold the key", ErrAuth)
 	}
-	return maxLen, nil
+	return maxLen, features, nil
 }
 
 // errCut marks a hello (or TLS handshake) that the target cut short by

@@ -110,6 +110,12 @@ func (ft *fuzzTarget) model(stream []byte) fuzzWant {
 		}
 		switch op {
 		case specRead, specWrite:
+		case specGroup:
+			var ok bool
+			if stream, ok = ft.modelGroup(&w, h, stream); !ok {
+				return w
+			}
+			continue
 		case 3: // NOTIFY
 			if buffer != 0 || key != 0 || addr != 0 || length < 10 || length > 10+255+4096 {
 				return w
@@ -134,19 +140,7 @@ func (ft *fuzzTarget) model(stream []byte) fuzzWant {
 		default:
 			return w
 		}
-		it := fuzzItem{id: id}
-		// PROTOCOL.md: the buffer and its key, then the address, then the
-		// range.
-		if buffer != ft.remote.id || key != fuzzKey || addr < fuzzAddr || addr-fuzzAddr >= size {
-			it.status = append(it.status, 1)
-		} else if uint64(length) > size-(addr-fuzzAddr) {
-			it.status = append(it.status, 2)
-		}
-		ok := len(it.status) == 0
-		if ok {
-			it.status = []uint8{0}
-		}
-		off := int(addr - fuzzAddr)
+		it, ok, off := ft.modelCheck(id, buffer, length, key, addr, size)
 		if op == specRead {
 			if ok {
 				it.payload = bytes.Clone(w.mem[off : off+int(length)])
@@ -155,19 +149,81 @@ func (ft *fuzzTarget) model(stream []byte) fuzzWant {
 			w.items = append(w.items, it)
 			continue
 		}
-		n := min(int(length), len(stream))
-		if ok {
-			copy(w.mem[off:], stream[:n])
-			for i := range w.items {
-				w.items[i].overwritten(off, n)
-			}
-		}
-		stream = stream[n:]
-		if n < int(length) {
+		var cut bool
+		if stream, cut = w.modelWrite(stream, ok, off, int(length)); cut {
 			return w // the payload ends early: its bytes landed, no response
 		}
 		w.items = append(w.items, it)
 	}
+}
+
+// modelCheck is PROTOCOL.md's checks of a READ or WRITE: the buffer and
+// its key, then the address, then the range. It returns the response
+// expected, whether the request moves bytes, and its offset in the buffer.
+func (ft *fuzzTarget) modelCheck(id, buffer, length uint32, key, addr, size uint64) (fuzzItem, bool, int) {
+	it := fuzzItem{id: id}
+	if buffer != ft.remote.id || key != fuzzKey || addr < fuzzAddr || addr-fuzzAddr >= size {
+		it.status = append(it.status, 1)
+	} else if uint64(length) > size-(addr-fuzzAddr) {
+		it.status = append(it.status, 2)
+	}
+	ok := len(it.status) == 0
+	if ok {
+		it.status = []uint8{0}
+	}
+	return it, ok, int(addr - fuzzAddr)
+}
+
+// modelWrite lands a WRITE's payload of length bytes from the stream
+// (when ok, at off) and returns the rest of the stream; cut reports a
+// payload the stream ends inside (its bytes up to there landed).
+func (w *fuzzWant) modelWrite(stream []byte, ok bool, off, length int) (rest []byte, cut bool) {
+	n := min(length, len(stream))
+	if ok {
+		copy(w.mem[off:], stream[:n])
+		for i := range w.items {
+			w.items[i].overwritten(off, n)
+		}
+	}
+	return stream[n:], n < length
+}
+
+// modelGroup runs a group frame (PROTOCOL.md, Groups) whose header is h:
+// the count of WRITE headers that follow, then their payloads in order.
+// It returns the stream after the group, and false where the connection
+// ends (a framing error, or a stream cut short).
+func (ft *fuzzTarget) modelGroup(w *fuzzWant, h, stream []byte) ([]byte, bool) {
+	size := uint64(len(w.mem))
+	k := binary.BigEndian.Uint32(h[12:])
+	if allEqual(h[1:12], 0) >= 0 || allEqual(h[16:32], 0) >= 0 || k < 2 || k > 16 {
+		return nil, false
+	}
+	if len(stream) < int(k)*specReqLen {
+		return nil, false
+	}
+	hs := stream[:k*specReqLen]
+	stream = stream[k*specReqLen:]
+	// Every header is read and checked before any payload.
+	for i := range k {
+		m := hs[i*specReqLen:]
+		if m[0] != specWrite || m[1]|m[2]|m[3] != 0 {
+			return nil, false
+		}
+		if l := binary.BigEndian.Uint32(m[12:]); l == 0 || l > fuzzMax {
+			return nil, false
+		}
+	}
+	for i := range k {
+		m := hs[i*specReqLen:]
+		length := binary.BigEndian.Uint32(m[12:])
+		it, ok, off := ft.modelCheck(binary.BigEndian.Uint32(m[4:]), binary.BigEndian.Uint32(m[8:]), length, binary.BigEndian.Uint64(m[16:]), binary.BigEndian.Uint64(m[24:]), size)
+		var cut bool
+		if stream, cut = w.modelWrite(stream, ok, off, int(length)); cut {
+			return nil, false
+		}
+		w.items = append(w.items, it)
+	}
+	return stream, true
 }
 
 // overwritten marks the bytes of a READ that a later WRITE of [off, off+n)
@@ -327,6 +383,28 @@ func FuzzServerFrames(f *testing.F) {
 	named := notifyFrame(1, 6, "n", data[:20])
 	binary.BigEndian.PutUint32(named[8:], rid) // a NOTIFY naming a buffer
 	f.Add(named)
+
+	// Group frames: the headers of 2 to 16 WRITEs, then their payloads.
+	group := func(ws ...[]byte) []byte {
+		g := specReq{op: specGroup, length: uint32(len(ws))}.frame(nil)
+		for _, x := range ws {
+			g = append(g, x[:specReqLen]...)
+		}
+		for _, x := range ws {
+			g = append(g, x[specReqLen:]...)
+		}
+		return g
+	}
+	f.Add(group(write(1, 0, data[:100]), write(2, 300, data[:200])))
+	f.Add(cat(read(1, 0, 64), group(write(2, 0, data[:64]), write(3, 64, data[:64]), write(4, 2*page-8, data[:16])), read(5, 0, 128)))
+	refused := specReq{op: specWrite, id: 2, buffer: rid, length: 64, key: fuzzKey ^ 1, addr: fuzzAddr}.frame(data[:64])
+	f.Add(cat(group(write(1, 0, data[:64]), refused, write(3, 8, data[:8])), read(4, 0, 8)))  // a refused member
+	f.Add(group(write(1, 0, data[:64]), write(2, 64, data[:64]))[:200])                       // cut in a payload
+	f.Add(group(write(1, 0, data[:64]), write(2, 64, data[:64]))[:50])                        // cut in the headers
+	f.Add(cat(group(write(1, 0, data[:8]), read(2, 0, 8)), read(3, 0, 8)))                    // a READ in a group
+	f.Add(specReq{op: specGroup, length: 17}.frame(nil))                                      // too many
+	f.Add(cat(specReq{op: specGroup, length: 1}.frame(write(1, 0, data[:8])), read(2, 0, 8))) // too few
+	f.Add(specReq{op: specGroup, id: 1, length: 2}.frame(cat(write(1, 0, data[:8])[:32], write(2, 0, data[:8]))))
 
 	f.Fuzz(ft.run)
 }

@@ -19,6 +19,14 @@ const (
 	opRead   = 1
 	opWrite  = 2
 	opNotify = 3
+	opGroup  = 4 // the headers of the WRITEs that follow (group.go)
+
+	// featGroups, in the challenge's features word, says the target
+	// takes group frames (opGroup).
+	featGroups = 1
+
+	// maxGroup bounds the WRITEs one group frame announces.
+	maxGroup = 16
 
 	stOK     = 0
 	stDenied = 1
@@ -90,8 +98,14 @@ func (r *request) decode(b []byte, maxLen uint32) error {
 		addr:   binary.BigEndian.Uint64(b[24:]),
 	}
 	switch {
-	case r.op < opRead || r.op > opNotify:
+	case r.op < opRead || r.op > opGroup:
 		return fmt.Errorf("%w: unknown op %d", ErrProtocol, r.op)
+	case r.op == opGroup:
+		// Its length is the count of WRITE headers that follow it.
+		if r.id != 0 || r.buffer != 0 || r.key != 0 || r.addr != 0 || b[1]|b[2]|b[3] != 0 || r.length < 2 || r.length > maxGroup {
+			return fmt.Errorf("%w: bad group frame", ErrProtocol)
+		}
+		return nil
 	case r.op == opNotify && (r.buffer != 0 || r.key != 0 || r.addr != 0 || r.length < 10 || r.length > maxNotify):
 		return fmt.Errorf("%w: bad notify frame", ErrProtocol)
 	case b[1]|b[2]|b[3] != 0:

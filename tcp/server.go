@@ -169,6 +169,9 @@ func (t *Transport) challenge(w io.Writer, status uint16, snonce []byte) error {
 	binary.BigEndian.PutUint16(b[6:], status)
 	copy(b[8:24], snonce)
 	binary.BigEndian.PutUint32(b[24:], t.cfg.MaxLength)
+	if status == helloOK && !t.cfg.noGroups {
+		binary.BigEndian.PutUint32(b[28:], featGroups)
+	}
 	_, err := w.Write(b[:])
 	return err
 }
@@ -234,6 +237,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 		iovs = make([][]byte, 0, 64)
 		held = make([]*region, 0, 32)
 		bufs net.Buffers
+		grp  *groupIn // made on the first group frame
 	)
 	w := respWriter(conn)
 	var rw *rawWriter // the socket's raw writev, without TLS (rawio.go)
@@ -358,6 +362,29 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 			if err := flush(); err != nil {
 				return err
 			}
+		}
+		if req.op == opGroup {
+			// The WRITEs' payloads may change bytes that READ payloads
+			// gathered by reference hold: those go first.
+			k := int(req.length)
+			if len(held) > 0 || cap(out)-len(out) < k*respSize {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			if grp == nil {
+				grp = new(groupIn)
+			}
+			if err := grp.read(t, br, nb, k, setDeadline, sv); err != nil {
+				return err
+			}
+			t.groups.Add(1)
+			for i := range k {
+				out = out[:len(out)+respSize]
+				encodeResp(out[len(out)-respSize:], grp.reqs[i].id, grp.st[i])
+				owed += int(grp.reqs[i].length)
+			}
+			continue
 		}
 		if req.op == opNotify {
 			if br.Buffered() < int(req.length) {

@@ -72,7 +72,7 @@ type specChallenge struct {
 	version, status uint16
 	snonce          []byte
 	maxLen          uint32
-	zero            uint32
+	features        uint32 // bit 0: group frames
 }
 
 func readChallenge(r io.Reader) (specChallenge, error) {
@@ -84,11 +84,11 @@ func readChallenge(r io.Reader) (specChallenge, error) {
 		return specChallenge{}, fmt.Errorf("challenge magic %q", b[:4])
 	}
 	return specChallenge{
-		version: binary.BigEndian.Uint16(b[4:]),
-		status:  binary.BigEndian.Uint16(b[6:]),
-		snonce:  bytes.Clone(b[8:24]),
-		maxLen:  binary.BigEndian.Uint32(b[24:]),
-		zero:    binary.BigEndian.Uint32(b[28:]),
+		version:  binary.BigEndian.Uint16(b[4:]),
+		status:   binary.BigEndian.Uint16(b[6:]),
+		snonce:   bytes.Clone(b[8:24]),
+		maxLen:   binary.BigEndian.Uint32(b[24:]),
+		features: binary.BigEndian.Uint32(b[28:]),
 	}, nil
 }
 
@@ -103,6 +103,7 @@ type specReq struct {
 const (
 	specRead  = 1
 	specWrite = 2
+	specGroup = 4
 )
 
 // frame encodes the header per PROTOCOL.md, followed by payload.
@@ -286,8 +287,8 @@ func helloRaw(t testing.TB, c net.Conn, k []byte) *rawConn {
 	if err != nil {
 		t.Fatalf("challenge: %v", err)
 	}
-	if ch.version != 1 || ch.status != 0 || ch.zero != 0 || ch.maxLen == 0 {
-		t.Fatalf("challenge: version %d status %d maxlen %d tail %d, want 1, 0, >0, 0", ch.version, ch.status, ch.maxLen, ch.zero)
+	if ch.version != 1 || ch.status != 0 || ch.features != 1 || ch.maxLen == 0 {
+		t.Fatalf("challenge: version %d status %d maxlen %d features %#x, want 1, 0, >0, 1 (group frames)", ch.version, ch.status, ch.maxLen, ch.features)
 	}
 	if _, err := c.Write(specMAC(k, "initiator", cnonce, ch.snonce)); err != nil {
 		t.Fatalf("proof: %v", err)

@@ -181,6 +181,10 @@ type Config struct {
 	// of the sender's path (io_uring) does not depend on how fast the
 	// target drains the socket on the machine it runs on.
 	senderOnly bool
+	// noGroups, set only by tests: as an initiator, send every WRITE as a
+	// frame of its own; as a target, do not offer group frames in the
+	// hello (as a target from before them).
+	noGroups bool
 	// idleWatch, set only by tests, replaces defaultIdleWatch (drive.go).
 	idleWatch time.Duration
 	// railConfig, set only by tests, configures each endpoint's rail
@@ -287,6 +291,7 @@ type Transport struct {
 	cert     *tls.Certificate // AutoTLS's, or nil
 	pin      string           // hex SHA-256 of cert's DER, or ""
 	deliver  atomic.Pointer[func(*transport.Notification) error]
+	groups   atomic.Uint64 // group frames served (tests read it)
 }
 
 type region struct {

@@ -1,0 +1,251 @@
+package tcp
+
+import (
+	"bytes"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moonring/moonring/internal/testpattern"
+	"github.com/moonring/moonring/transport"
+)
+
+// groupFrame is a group frame per PROTOCOL.md (Groups) of the WRITE
+// frames ws: the group header, every WRITE's header, then every payload.
+func groupFrame(ws ...[]byte) []byte {
+	g := specReq{op: specGroup, length: uint32(len(ws))}.frame(nil)
+	for _, w := range ws {
+		g = append(g, w[:specReqLen]...)
+	}
+	for _, w := range ws {
+		g = append(g, w[specReqLen:]...)
+	}
+	return g
+}
+
+// TestServerGroupPipeline: a long stream of group frames of 2 to 16
+// WRITEs (refused ones, ones past the buffer's end, payloads from 1 byte
+// to past the frames' 64 KiB buffer) between READs and lone WRITEs, sent
+// at once and in pieces with pauses between, so that a group's payloads
+// come from the frames' buffer, from the bytes its last readv read past
+// it and straight from the socket, cut at every kind of place. Every
+// response must come in order with the status PROTOCOL.md gives, every
+// READ with the bytes before the WRITEs, and the buffer must end as the
+// model says.
+func TestServerGroupPipeline(t *testing.T) {
+	for _, pieces := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pieces=%v", pieces), func(t *testing.T) {
+			testServerGroupPipeline(t, pieces)
+		})
+	}
+}
+
+func testServerGroupPipeline(t *testing.T, pieces bool) {
+	s := newSide(t, Config{})
+	const size = 512 << 10
+	buf := s.register(t, s.alloc(t, size, 0), true)
+	testpattern.Fill(buf.mem, 2)
+	model := bytes.Clone(buf.mem)
+	rng := mrand.New(mrand.NewPCG(5, 6))
+
+	type want struct {
+		id      uint32
+		status  uint8
+		payload []byte
+	}
+	var (
+		stream []byte
+		wants  []want
+		id     uint32
+	)
+	// req makes one READ or WRITE: READs in the first half of the buffer
+	// and WRITEs in the second, so that no READ's bytes depend on how the
+	// target orders it against a WRITE. bad: a wrong key; past: running
+	// past the buffer's end.
+	req := func(op byte, n int, bad, past bool) []byte {
+		id++
+		off := rng.IntN(size/2 - n + 1)
+		if op == specWrite {
+			off += size / 2
+		}
+		if past {
+			off = size - n + 1 + rng.IntN(n)
+		}
+		r := specReq{op: op, id: id, buffer: buf.id, length: uint32(n), key: buf.key, addr: buf.addr + uint64(off)}
+		w := want{id: id}
+		switch {
+		case bad:
+			r.key ^= 0x10
+			w.status = 1
+		case off >= size:
+			w.status = 1
+		case off+n > size:
+			w.status = 2
+		}
+		var payload []byte
+		if op == specWrite {
+			payload = make([]byte, n)
+			testpattern.Fill(payload, rng.Uint64())
+			if w.status == 0 {
+				copy(model[off:], payload)
+			}
+		} else if w.status == 0 {
+			w.payload = bytes.Clone(model[off : off+n])
+		}
+		wants = append(wants, w)
+		return r.frame(payload)
+	}
+	sizes := []int{1, 7, 8, 100, 4096, 16384, 32768, 65535, 65536, 70000}
+	odd := func() (bool, bool) { return rng.IntN(8) == 0, rng.IntN(12) == 0 }
+	for range 200 {
+		switch rng.IntN(4) {
+		case 0:
+			bad, past := odd()
+			stream = append(stream, req(specRead, sizes[rng.IntN(len(sizes))], bad, past)...)
+		case 1:
+			bad, past := odd()
+			stream = append(stream, req(specWrite, sizes[rng.IntN(len(sizes))], bad, past)...)
+		default:
+			k := 2 + rng.IntN(15)
+			n := sizes[rng.IntN(len(sizes))] // mostly one size, as a KV cache's blocks
+			var ws [][]byte
+			for range k {
+				if rng.IntN(4) == 0 {
+					n = sizes[rng.IntN(len(sizes))]
+				}
+				bad, past := odd()
+				ws = append(ws, req(specWrite, n, bad, past))
+			}
+			stream = append(stream, groupFrame(ws...)...)
+		}
+	}
+	before := s.tr.groups.Load()
+	rc := s.raw(t)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // write while the responses are read, or both sides could block
+		defer wg.Done()
+		if !pieces {
+			rc.c.Write(stream)
+			return
+		}
+		prng := mrand.New(mrand.NewPCG(7, 8))
+		for len(stream) > 0 {
+			n := min(len(stream), 1+prng.IntN(40000))
+			if prng.IntN(3) == 0 {
+				n = min(len(stream), 1+prng.IntN(64))
+			}
+			if _, err := rc.c.Write(stream[:n]); err != nil {
+				return
+			}
+			stream = stream[n:]
+			if prng.IntN(4) == 0 {
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+	}()
+	defer wg.Wait()
+	for i, w := range wants {
+		id, st := rc.resp()
+		if id != w.id || st != w.status {
+			t.Fatalf("response %d: id %#x status %d, want id %#x status %d", i, id, st, w.id, w.status)
+		}
+		if w.payload != nil {
+			if got := rc.payload(len(w.payload)); !bytes.Equal(got, w.payload) {
+				t.Fatalf("response %d: READ payload differs at %d", i, testpattern.FirstDiff(got, w.payload))
+			}
+		}
+	}
+	if i := testpattern.FirstDiff(buf.mem, model); i >= 0 {
+		t.Fatalf("buffer differs from the model at offset %d", i)
+	}
+	if g := s.tr.groups.Load() - before; g == 0 {
+		t.Fatal("the target served no group frame")
+	}
+}
+
+// TestServerGroupCutReleases: a group frame whose connection ends in its
+// headers or in a payload holds no region after: Unregister ends at once.
+// The bytes of the payloads that arrived may have landed; nothing is
+// answered.
+func TestServerGroupCutReleases(t *testing.T) {
+	for _, cut := range []int{specReqLen + 40, specReqLen + 3*specReqLen + 100, specReqLen + 3*specReqLen + 3*4096 - 1} {
+		t.Run(fmt.Sprint(cut), func(t *testing.T) {
+			s := newSide(t, Config{})
+			buf := s.register(t, s.alloc(t, 64<<10, 7), true)
+			var ws [][]byte
+			for i := range 3 {
+				ws = append(ws, specReq{op: specWrite, id: uint32(i + 1), buffer: buf.id, length: 4096, key: buf.key, addr: buf.addr + uint64(i)*8192}.frame(bytes.Repeat([]byte{byte(i + 1)}, 4096)))
+			}
+			rc := s.raw(t)
+			rc.send(groupFrame(ws...)[:cut])
+			rc.c.Close()
+			s.waitServed(t)
+			done := make(chan error, 1)
+			go func() { done <- s.tr.Unregister(buf.b, buf.r) }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("Unregister: %v", err)
+				}
+			case <-time.After(hang):
+				t.Fatal("hang: Unregister with a cut group's region still held")
+			}
+		})
+	}
+}
+
+// TestGroupsNegotiated: an initiator sends runs of WRITEs as group frames
+// only to a target whose hello offers them, and either way every WRITE
+// lands and completes.
+func TestGroupsNegotiated(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		target, initiate Config
+		groups           bool
+	}{
+		{"both", Config{}, Config{Rails: 1}, true},
+		{"initiator without", Config{}, Config{Rails: 1, noGroups: true}, false},
+		{"target without", Config{noGroups: true}, Config{Rails: 1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n, size = 64, 32 << 10
+			targ := newSide(t, tc.target)
+			remote := targ.register(t, targ.alloc(t, n*size, 0), true)
+			init := newSide(t, tc.initiate)
+			ep, err := init.tr.Open(t.Context(), targ.desc("", remote))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ep.Close()
+			local := init.alloc(t, n*size, 0)
+			testpattern.Fill(local, 9)
+			comp := make(chanCompleter, n)
+			var sl []transport.Slice
+			// Every other block in reverse order: scattered, as a KV cache's.
+			for i := range n {
+				j := n - 1 - i
+				sl = append(sl, localSlice(transport.Write, local[i*size:(i+1)*size], remote.addr+uint64(j*size), uint64(i+1)))
+			}
+			if got, err := ep.Post(comp, sl); got != n || err != nil {
+				t.Fatalf("Post: %d, %v", got, err)
+			}
+			for tok, err := range comp.await(t, n) {
+				if err != nil {
+					t.Fatalf("slice %d: %v", tok, err)
+				}
+			}
+			for i := range n {
+				j := n - 1 - i
+				if d := testpattern.FirstDiff(remote.mem[j*size:(j+1)*size], local[i*size:(i+1)*size]); d >= 0 {
+					t.Fatalf("block %d differs at %d", j, d)
+				}
+			}
+			if g := targ.tr.groups.Load(); (g > 0) != tc.groups {
+				t.Fatalf("the target served %d group frames; want some: %v", g, tc.groups)
+			}
+		})
+	}
+}
