@@ -22,18 +22,23 @@ func newSteadyPost(t testing.TB, op transport.Op) *steadyPost { return newSteady
 // newSteadyBatch is newSteadyPost with n 4 KiB slices posted at once, each
 // on its own block: the frames go out pipelined, many to a writev.
 func newSteadyBatch(t testing.TB, op transport.Op, n int) *steadyPost {
+	return newSteadySized(t, op, n, 4096)
+}
+
+// newSteadySized is newSteadyBatch with slices of size bytes.
+func newSteadySized(t testing.TB, op transport.Op, n, size int) *steadyPost {
 	targ := newSide(t, Config{})
-	remote := targ.register(t, targ.alloc(t, (n+1)*4096, 0), true)
+	remote := targ.register(t, targ.alloc(t, (n+1)*size, 0), true)
 	init := newSide(t, Config{Rails: 1})
 	ep, err := init.tr.Open(t.Context(), targ.desc("", remote))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ep.Close() })
-	local := init.alloc(t, n*4096, 7)
+	local := init.alloc(t, n*size, 7)
 	sp := &steadyPost{ep: ep, comp: make(chanCompleter, n), timer: time.NewTimer(hang)}
 	for i := range n {
-		sp.s = append(sp.s, localSlice(op, local[i*4096:(i+1)*4096], remote.addr+uint64(i+1)*4096, uint64(i+1)))
+		sp.s = append(sp.s, localSlice(op, local[i*size:(i+1)*size], remote.addr+uint64(i+1)*uint64(size), uint64(i+1)))
 	}
 	return sp
 }
@@ -82,6 +87,26 @@ func TestPostAllocs(t *testing.T) {
 			if allocs != 0 {
 				t.Errorf("op %d: %v allocations per batch of %d slices of 4 KiB, want 0", op, allocs, batch)
 			}
+		}
+	}
+}
+
+// TestPostAllocsLarge: batches of 32 KiB slices allocate nothing either.
+// Their WRITEs go out as group frames and the target reads their payloads
+// straight into the buffer (group.go); their READs' answers are read by
+// read plans (readplan.go), several to a readv.
+func TestPostAllocsLarge(t *testing.T) {
+	for _, op := range []transport.Op{transport.Write, transport.Read} {
+		sp := newSteadySized(t, op, 32, 32<<10)
+		for range 50 {
+			sp.one()
+		}
+		allocs := testing.AllocsPerRun(100, sp.one)
+		if sp.fails != 0 {
+			t.Fatalf("op %d: %d slices failed or hung", op, sp.fails)
+		}
+		if allocs != 0 {
+			t.Errorf("op %d: %v allocations per batch of 32 slices of 32 KiB, want 0", op, allocs)
 		}
 	}
 }
