@@ -122,6 +122,12 @@ func newScripted(t *testing.T, cfg Config) *scripted {
 	s := &scripted{remote: targ.register(t, targ.alloc(t, 1<<20, 0), true)}
 	s.st = newScriptTarget(t, targ.k)
 	cfg.Rails = 1
+	if cfg.idleWatch == 0 {
+		// The reading stays with whoever holds it: planStats reads the
+		// reader's counters, which an idle watch firing on a slow machine
+		// (-race) would hand to the receiver goroutine meanwhile.
+		cfg.idleWatch = time.Hour
+	}
 	init := newSide(t, cfg)
 	s.local = init.alloc(t, 1<<20, canaryByte)
 	ep, err := init.tr.Open(context.Background(), targ.desc(s.st.addr(), s.remote))
