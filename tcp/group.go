@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -18,9 +19,22 @@ import (
 // groupTail is the buffer a group's last readv reads past its payloads
 // into: the next frames' headers (a group frame and its headers take 544
 // bytes) and the start of the next payload. The frames' bufio.Reader gets
-// those bytes from nbReader.over without a system call, so it never reads
-// 64 KiB of payloads into its own buffer between two groups.
+// those bytes from nbReader.over without a system call, so between two
+// groups that follow each other closely it reads no payload bytes of its
+// own (it does when the tail ends inside the next group's headers).
 const groupTail = 4 << 10
+
+// groupStats counts, for tests, the group frames a target served, the
+// readvs of their payloads and those that read past a group into its tail.
+type groupStats struct{ frames, readvs, tails atomic.Uint64 }
+
+// add counts one group frame served by g, and g's reads since the last.
+func (s *groupStats) add(g *groupIn) {
+	s.frames.Add(1)
+	s.readvs.Add(g.readvs)
+	s.tails.Add(g.tails)
+	g.readvs, g.tails = 0, 0
+}
 
 // groupIn is a connection's state for the group frames it serves; made on
 // the first one and owned by the connection's goroutine.
@@ -34,19 +48,21 @@ type groupIn struct {
 	dsb  [maxGroup][]byte
 	v    []unix.Iovec
 	tail [groupTail]byte
+	// readvs counts the readvs of payloads, tails those that read past
+	// the group into the tail (tests read them, through Transport.groups).
+	readvs, tails uint64
 }
 
 // read serves a group frame announcing k WRITEs: it reads and checks
 // their headers, then their payloads, each into its destination or, when
 // the WRITE is refused, dropped. The requests and statuses to answer are
-// g.reqs[:k] and g.st[:k]. wait is called before anything that may wait
-// for the initiator (it arms the frame timeout). Every region read() holds
-// is released on every way out.
-func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, wait func(), sv *served) error {
+// g.reqs[:k] and g.st[:k]. The caller has armed the connection's
+// deadline for the whole group (FrameTimeout): a stalled initiator holds
+// the group's regions no longer. Every region read holds is released on
+// every way out, and no pointer into registered memory is kept.
+func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, sv *served) error {
+	defer g.forget()
 	h := g.hdrs[:k*reqSize]
-	if br.Buffered() < len(h) {
-		wait()
-	}
 	if _, err := io.ReadFull(br, h); err != nil {
 		return err
 	}
@@ -72,11 +88,7 @@ func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, wait
 	}
 	for i := 0; i < k; {
 		if g.dst[i] == nil {
-			n := int(g.reqs[i].length)
-			if br.Buffered() < n {
-				wait()
-			}
-			if _, err := br.Discard(n); err != nil {
+			if _, err := br.Discard(int(g.reqs[i].length)); err != nil {
 				return err
 			}
 			sv.denied.Add(1)
@@ -87,7 +99,7 @@ func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, wait
 		for j < k && g.dst[j] != nil {
 			j++
 		}
-		if err := g.fill(br, nb, g.dst[i:j], j == k, wait); err != nil {
+		if err := g.fill(br, nb, g.dst[i:j], j == k); err != nil {
 			return err
 		}
 		for ; i < j; i++ {
@@ -98,6 +110,14 @@ func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, wait
 		}
 	}
 	return nil
+}
+
+// forget drops the group's pointers into registered memory.
+func (g *groupIn) forget() {
+	clear(g.dst[:])
+	clear(g.dsb[:])
+	clear(g.v[:cap(g.v)])
+	g.ds = nil
 }
 
 // release lets go of the regions still held.
@@ -114,7 +134,7 @@ func (g *groupIn) release(k int) {
 // frames' buffer and nb's over hold (copies), then the rest straight from
 // the socket. last adds the tail buffer to the readvs (the group's end:
 // what follows is the next frame).
-func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool, wait func()) error {
+func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool) error {
 	g.ds = append(g.dsb[:0], dsts...)
 	// Bytes the buffer holds come before any the socket has: Read copies
 	// them without reading the socket while Buffered is not 0.
@@ -125,10 +145,6 @@ func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool,
 	if nb == nil || nb.rc == nil {
 		// TLS: the records go through the buffer.
 		for _, d := range g.ds {
-			if len(d) == 0 {
-				continue
-			}
-			wait()
 			if _, err := io.ReadFull(br, d); err != nil {
 				return err
 			}
@@ -138,9 +154,6 @@ func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool,
 	for len(g.ds) > 0 && nb.held() > 0 {
 		n, _ := nb.Read(g.ds[0])
 		g.consume(n)
-	}
-	if len(g.ds) > 0 {
-		wait()
 	}
 	for len(g.ds) > 0 {
 		g.v = appendIovecs(g.v[:0], g.ds)
@@ -153,8 +166,10 @@ func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool,
 		if err != nil {
 			return err
 		}
+		g.readvs++
 		n = g.consume(n)
 		if n > 0 {
+			g.tails++
 			// Past the payloads: the next frames' bytes, read next (over
 			// was empty, and no readv runs again before it is).
 			nb.over = g.tail[:n]

@@ -268,6 +268,15 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 			idleArmed = false
 		}
 	}
+	// armGroup gives a group frame (group.go) a whole FrameTimeout, from
+	// now, for its headers and all of its payloads: one timer update per
+	// group, and the regions it holds are held no longer than that.
+	armGroup := func() {
+		now := time.Now()
+		conn.SetDeadline(now.Add(t.cfg.FrameTimeout))
+		deadline, setAt = true, now
+		idleArmed = false
+	}
 	armIdle := func() {
 		conn.SetReadDeadline(time.Now().Add(t.cfg.IdleTimeout))
 		idleArmed, servedAtArm = true, served
@@ -375,10 +384,11 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 			if grp == nil {
 				grp = new(groupIn)
 			}
-			if err := grp.read(t, br, nb, k, setDeadline, sv); err != nil {
+			armGroup()
+			if err := grp.read(t, br, nb, k, sv); err != nil {
 				return err
 			}
-			t.groups.Add(1)
+			t.groups.add(grp)
 			for i := range k {
 				out = out[:len(out)+respSize]
 				encodeResp(out[len(out)-respSize:], grp.reqs[i].id, grp.st[i])

@@ -291,7 +291,7 @@ type Transport struct {
 	cert     *tls.Certificate // AutoTLS's, or nil
 	pin      string           // hex SHA-256 of cert's DER, or ""
 	deliver  atomic.Pointer[func(*transport.Notification) error]
-	groups   atomic.Uint64 // group frames served (tests read it)
+	groups   groupStats // what group frames the target served (tests read it)
 }
 
 type region struct {
