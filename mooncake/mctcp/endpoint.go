@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -29,7 +28,7 @@ type Endpoint struct {
 	t      *Transport
 	name   string
 	dest   atomic.Pointer[dest]
-	spans  atomic.Pointer[[]span] // the descriptor's buffers, by address
+	spans  atomic.Pointer[segtable.Mirror[span]] // the descriptor's buffers, by address
 	rails  []atomic.Pointer[conn]
 	mu     sync.Mutex // orders connection installs against Close
 	closed atomic.Bool
@@ -191,15 +190,16 @@ func (e *Endpoint) redial(i int) {
 	}
 }
 
+// setSpans takes desc's buffers. The Mirror shares the tables of the
+// chunks desc shares with the descriptor before it, so a republish after
+// one registration among n buffers costs a chunk's spans, not n.
 func (e *Endpoint) setSpans(desc *segtable.SegmentDesc) {
-	bufs := desc.AllBuffers() // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
-	s := make([]span, 0, len(bufs))
-	for _, b := range bufs {
-		s = append(s, span{b.Addr, b.Length})
-	}
-	slices.SortFunc(s, func(a, b span) int { return cmpU64(a.addr, b.addr) })
-	e.spans.Store(&s)
+	e.spans.Store(segtable.NewMirror(e.spans.Load(), segtable.ChunksOf(desc), spanOf))
 }
+
+// spanOf is a buffer's span: Mooncake's descriptors give a buffer no key
+// for TCP, so every buffer is kept.
+func spanOf(b *segtable.BufferDesc) (span, bool) { return span{b.Addr, b.Length}, true }
 
 // inside reports whether [addr, addr+n) lies wholly in one buffer of the
 // descriptor.
@@ -207,17 +207,8 @@ func (e *Endpoint) inside(addr, n uint64) bool {
 	if n == 0 || addr+n < addr {
 		return false
 	}
-	s := *e.spans.Load()
-	i, j := 0, len(s)
-	for i < j {
-		h := int(uint(i+j) >> 1)
-		if s[h].addr <= addr {
-			i = h + 1
-		} else {
-			j = h
-		}
-	}
-	return i > 0 && addr-s[i-1].addr < s[i-1].length && n <= s[i-1].length-(addr-s[i-1].addr)
+	s, _ := e.spans.Load().Floor(addr)
+	return s != nil && addr-s.addr < s.length && n <= s.length-(addr-s.addr)
 }
 
 // Rails returns Config.Rails.

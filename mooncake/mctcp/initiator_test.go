@@ -12,7 +12,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -322,6 +324,85 @@ func TestInitiatorLocalChecks(t *testing.T) {
 	ep.Post(c, []transport.Slice{{Op: transport.Notify, Local: unsafe.Pointer(&buf[0])}})
 	if r := c.wait(t); !errors.Is(r.err, transport.ErrDenied) {
 		t.Fatalf("Notify: %v, want ErrDenied", r.err)
+	}
+}
+
+// TestInitiatorUpdateSpans: after each republish, Post's check passes the
+// ranges inside the descriptor's buffers then and no others (a buffer
+// removed, a range across a buffer's end or start, a gap), over hundreds
+// of chunks of buffers, with descriptors flat and chunked (a DescList's,
+// whose republishes share the chunks a change did not touch).
+func TestInitiatorUpdateSpans(t *testing.T) {
+	ft := newFakeTarget(t, func(c net.Conn) { io.Copy(io.Discard, c) })
+	ep := initiator(t, mctcp.Config{Rails: 1}, ft, "2")
+	defer ep.Close()
+	const n = 5000
+	const base = uint64(0x10_0000_0000)
+	at := func(i int) (addr, length uint64) { return base + uint64(i)*0x2000, 0x1000 + uint64(i%7) }
+	rng := mrand.New(mrand.NewPCG(1, 2))
+	live := make([]bool, n)
+	var l segtable.DescList
+	for round := range 6 {
+		for i := range live {
+			if rng.IntN(3) == 0 || round == 0 {
+				live[i] = !live[i]
+				a, ln := at(i)
+				if live[i] {
+					l.Put(segtable.BufferID(i+1), segtable.BufferDesc{Addr: a, Length: ln, Keys: map[string]string{mctcp.Name: ""}}, true)
+				} else {
+					l.Delete(segtable.BufferID(i+1), a)
+				}
+			}
+		}
+		d := ft.desc("2")
+		if round%2 == 0 {
+			d.Buffers = l.Buffers(true)
+		} else {
+			d.Buffers, d.Chunked = nil, l.Remote()
+		}
+		ep.Update(d)
+		for i := range n {
+			a, ln := at(i)
+			for _, c := range []struct {
+				addr, n uint64
+				want    bool
+			}{
+				{a, ln, live[i]}, {a, 1, live[i]}, {a + ln - 1, 1, live[i]}, {a + 8, ln - 8, live[i]},
+				{a, ln + 1, false}, {a + ln, 1, false}, {a - 1, 2, false}, {a + ln - 4, 0x1000, false},
+			} {
+				if got := mctcp.Inside(ep, c.addr, c.n); got != c.want {
+					t.Fatalf("round %d, buffer %d (live %v): [%#x, +%#x) inside: %v, want %v", round, i, live[i], c.addr, c.n, got, c.want)
+				}
+			}
+		}
+	}
+	// A republish after one change (a chunked descriptor) makes the spans
+	// of the chunk it changed, not of every chunk (n/ChunkSize of them,
+	// each a table of its own when built anew).
+	d := ft.desc("2")
+	d.Buffers = nil
+	a, ln := at(n / 2)
+	flip := live[n/2]
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	allocs := testing.AllocsPerRun(20, func() {
+		flip = !flip
+		if flip {
+			l.Put(segtable.BufferID(n/2+1), segtable.BufferDesc{Addr: a, Length: ln, Keys: map[string]string{mctcp.Name: ""}}, true)
+		} else {
+			l.Delete(segtable.BufferID(n/2+1), a)
+		}
+		d.Chunked = l.Remote()
+		ep.Update(d)
+	})
+	runtime.ReadMemStats(&after)
+	bytes := (after.TotalAlloc - before.TotalAlloc) / 21 // AllocsPerRun runs it once more
+	t.Logf("%v allocations, %d bytes a republish of %d buffers after one change", allocs, bytes, l.Len())
+	// Spans built anew take 16 bytes a buffer (flat) or an allocation a
+	// chunk (each chunk's table); the one change itself costs the
+	// DescList and the Mirror a chunk's copy and their page arrays.
+	if chunks := l.Len() / segtable.ChunkSize; allocs > float64(chunks)/2 || bytes > uint64(l.Len())*16 {
+		t.Errorf("%v allocations and %d bytes a republish after one change, with %d buffers in %d chunks: the spans are built anew", allocs, bytes, l.Len(), chunks)
 	}
 }
 
