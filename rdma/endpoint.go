@@ -15,6 +15,7 @@ import "C"
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -27,16 +28,28 @@ import (
 	"github.com/moonring/moonring/transport"
 )
 
-// rbufs is the remote segment's buffers: ranges holds their descriptors
-// sorted by address, searched with segtable.SegmentDesc.Find, and bufs[i]
-// the keys of ranges.Buffers[i].
+// rbufs is the remote segment's buffers. Where a buffer's entry is a
+// function of the buffer alone (no NICs to pick: outside Mooncake mode
+// with a priority matrix) they are the Mirror m, which a republish makes
+// from the one before, converting the chunks that changed. Otherwise
+// ranges holds their descriptors sorted by address, searched with
+// segtable.SegmentDesc.Find, and bufs[i] the keys of ranges.Buffers[i].
 type rbufs struct {
+	m      *segtable.Mirror[rbuf]
 	ranges segtable.SegmentDesc
 	bufs   []rbuf
 }
 
-// find returns the buffer holding [addr, addr+n), or nil.
+// find returns the buffer holding [addr, addr+n) (for n == 0, the one addr
+// lies in), or nil.
 func (r *rbufs) find(addr, n uint64) *rbuf {
+	if r.m != nil {
+		b, _ := r.m.Floor(addr)
+		if b == nil || addr-b.addr >= b.length || n > b.length-(addr-b.addr) {
+			return nil
+		}
+		return b
+	}
 	if i := r.ranges.Find(addr, n); i >= 0 {
 		return &r.bufs[i]
 	}
@@ -217,31 +230,59 @@ func (ep *Endpoint) setBuffers(desc *segtable.SegmentDesc) {
 }
 
 // buildBuffers returns the table of desc's buffers: their ranges, and the
-// keys of each (and its NICs, from np when not nil). O(n log n): outside
-// Mooncake mode an Update builds it before it takes postMu, so that a
-// republish beside many buffers does not hold posts back for as long.
+// keys of each (and its NICs, from np when not nil). Without NICs to pick
+// it is a Mirror made from the table before (the chunks desc shares with
+// the last descriptor are not converted again: a republish after one
+// registration among n buffers parses one chunk's keys); with them,
+// O(n log n). Outside Mooncake mode an Update builds it before it takes
+// postMu, so that a republish does not hold posts back. updMu is held, or
+// the endpoint is being opened.
 func (ep *Endpoint) buildBuffers(desc *segtable.SegmentDesc, np *nicPicker) *rbufs {
+	if np == nil {
+		var old *segtable.Mirror[rbuf]
+		if cur := ep.bufs.Load(); cur != nil {
+			old = cur.m
+		}
+		return &rbufs{m: segtable.NewMirror(old, sortedChunks(desc), ep.rbufOf)}
+	}
 	ds := slices.Clone(desc.AllBuffers()) // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
 	sort.Slice(ds, func(i, j int) bool { return ds[i].Addr < ds[j].Addr })
 	bs := make([]rbuf, 0, len(ds))
-	for _, b := range ds {
-		rb := rbuf{addr: b.Addr, length: b.Length}
-		name, parse := Name, parseKey
-		if ep.t != nil && ep.t.mc != nil {
-			name, parse = MooncakeName, parseMooncakeKey
-		}
-		if np != nil {
-			rb.nics = np.pick(b.Location, b.Length)
-		}
-		rkeys, err := parse(b.Keys[name], ep.nrdev)
-		if err != nil {
-			rb.why = err.Error()
-		} else {
-			rb.rkeys = rkeys
-		}
+	for i := range ds {
+		rb, _ := ep.rbufOf(&ds[i])
+		rb.nics = np.pick(ds[i].Location, ds[i].Length)
 		bs = append(bs, rb)
 	}
 	return &rbufs{ranges: segtable.SegmentDesc{Buffers: ds}, bufs: bs}
+}
+
+// rbufOf is b's entry: its range and its keys, or why it has none (a
+// slice to it is then denied, not out of range: every buffer is kept).
+func (ep *Endpoint) rbufOf(b *segtable.BufferDesc) (rbuf, bool) {
+	rb := rbuf{addr: b.Addr, length: b.Length}
+	name, parse := Name, parseKey
+	if ep.t != nil && ep.t.mc != nil {
+		name, parse = MooncakeName, parseMooncakeKey
+	}
+	rkeys, err := parse(b.Keys[name], ep.nrdev)
+	if err != nil {
+		rb.why = err.Error()
+	} else {
+		rb.rkeys = rkeys
+	}
+	return rb, true
+}
+
+// sortedChunks is desc's buffers as chunks in address order: a descriptor
+// from a store or a publisher is sorted already (SegmentDesc's contract);
+// a flat one that is not gets a sorted copy.
+func sortedChunks(desc *segtable.SegmentDesc) *segtable.BufferChunks {
+	if desc.Chunked == nil && !slices.IsSortedFunc(desc.Buffers, func(a, b segtable.BufferDesc) int { return cmp.Compare(a.Addr, b.Addr) }) {
+		ds := slices.Clone(desc.Buffers)
+		slices.SortFunc(ds, func(a, b segtable.BufferDesc) int { return cmp.Compare(a.Addr, b.Addr) })
+		return segtable.ChunksOf(&segtable.SegmentDesc{Buffers: ds})
+	}
+	return segtable.ChunksOf(desc)
 }
 
 // rdev returns the peer NIC of each local device's rails. The caller holds

@@ -4,6 +4,7 @@ package rdma
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"github.com/moonring/moonring/segtable"
@@ -56,4 +57,75 @@ func randomBuffers(r *rand.Rand) ([]segtable.BufferDesc, uint64) {
 	}
 	r.Shuffle(len(bufs), func(i, j int) { bufs[i], bufs[j] = bufs[j], bufs[i] })
 	return bufs, addr
+}
+
+// After each republish an endpoint finds exactly the buffers of the new
+// descriptor, with their keys, flat and chunked (a DescList's, whose
+// republishes share the chunks a change did not touch); and a republish
+// after one change costs a chunk's entries, not a table of every buffer.
+func TestBufferFindRepublish(t *testing.T) {
+	const n = 8000
+	at := func(i int) (addr, length uint64) { return 0x10_0000 + uint64(i)*0x2000, 0x1000 + uint64(i%5) }
+	desc := func(i int) segtable.BufferDesc {
+		a, l := at(i)
+		return segtable.BufferDesc{Addr: a, Length: l, Keys: map[string]string{Name: formatKey([]uint32{uint32(i + 1)})}}
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	ep := &Endpoint{nrdev: 1}
+	live := make([]bool, n)
+	var l segtable.DescList
+	for round := range 6 {
+		for i := range live {
+			if round == 0 || r.IntN(3) == 0 {
+				live[i] = !live[i]
+				if live[i] {
+					l.Put(segtable.BufferID(i+1), desc(i), true)
+				} else {
+					l.Delete(segtable.BufferID(i+1), desc(i).Addr)
+				}
+			}
+		}
+		d := &segtable.SegmentDesc{Buffers: l.Buffers(true)}
+		if round%2 == 1 {
+			d = &segtable.SegmentDesc{Chunked: l.Remote()}
+		}
+		ep.setBuffers(d)
+		rb := ep.bufs.Load()
+		for i := range n {
+			a, ln := at(i)
+			for _, c := range []struct {
+				addr, n uint64
+				in      bool
+			}{{a, ln, true}, {a, 0, true}, {a + ln - 1, 1, true}, {a + 8, 16, true}, {a, ln + 1, false}, {a + ln, 1, false}, {a - 1, 2, false}} {
+				got := rb.find(c.addr, c.n)
+				want := c.in && live[i]
+				switch {
+				case !want && got != nil:
+					t.Fatalf("round %d: find(%#x, %d): buffer at %#x, want none (buffer %d live %v)", round, c.addr, c.n, got.addr, i, live[i])
+				case want && (got == nil || got.addr != a || formatKey(got.rkeys) != desc(i).Keys[Name]):
+					t.Fatalf("round %d: find(%#x, %d): %+v, want buffer %d", round, c.addr, c.n, got, i)
+				}
+			}
+		}
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	flip := live[n/2]
+	const runs = 20
+	for range runs {
+		flip = !flip
+		if flip {
+			l.Put(segtable.BufferID(n/2+1), desc(n/2), true)
+		} else {
+			l.Delete(segtable.BufferID(n/2+1), desc(n/2).Addr)
+		}
+		ep.setBuffers(&segtable.SegmentDesc{Chunked: l.Remote()})
+	}
+	runtime.ReadMemStats(&after)
+	bytes := (after.TotalAlloc - before.TotalAlloc) / runs
+	t.Logf("%d bytes a republish of %d buffers after one change", bytes, l.Len())
+	// A table of every buffer takes an rbuf (56 bytes) and a key each.
+	if bytes > uint64(l.Len())*16 {
+		t.Errorf("%d bytes a republish after one change among %d buffers: the table is built anew", bytes, l.Len())
+	}
 }
