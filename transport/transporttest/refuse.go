@@ -12,6 +12,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
@@ -126,5 +127,86 @@ func testWrongKey(t *testing.T, su suite) {
 			t.Errorf("WRITE to C with the right key through the endpoint with %s: %v", v.name, err)
 		}
 	}
+	c.check(t, nil)
+}
+
+// testPipelinedRefusals posts refusals in one batch among transfers that
+// succeed, as a KV cache's batch meets blocks evicted or never granted:
+// READs and WRITEs of a buffer whose published key is another buffer's
+// (refused by the target, where it checks keys) and of the gap between
+// two buffers (refused wherever the transport checks ranges), beside
+// READs and WRITEs of A, runs of WRITEs among them. Each refusal fails
+// with a final error; each transfer around it succeeds with exactly its
+// bytes; nothing else changes on either side, except a refused READ's own
+// destination, which transport.Completer leaves undefined.
+func testPipelinedRefusals(t *testing.T, su suite) {
+	f := newFixture(t, su)
+	regs := f.targ.regs
+	keyed := regs[f.b].Key != ""
+	ep := f.open(f.makeDesc(func(b *segtable.Buffer, k string) string {
+		if b == f.b && keyed {
+			return regs[f.c].Key // well formed and granted, but not for B
+		}
+		return k
+	}))
+	c := newCollector()
+	const n = 16 << 10
+	aAddr, bAddr := uint64(f.a.Addr), uint64(f.b.Addr)
+	gap := bAddr + f.b.Length + 1
+	aOff, lOff := f.tOff(aAddr), page
+	testpattern.Fill(f.tarena[aOff:aOff+int(f.a.Length)], 21)
+	testpattern.Fill(f.iarena[lOff:lOff+int(f.l.Length)], 22)
+	wantT, wantI := slices.Clone(f.tarena), slices.Clone(f.iarena)
+	type xfer struct {
+		op     transport.Op
+		loff   int
+		remote uint64
+		length int
+		ok     bool
+	}
+	var xs []xfer
+	for i := range 16 {
+		xs = append(xs, xfer{transport.Read, (6*i + 0) * n, aAddr + uint64(i)*n, n, true})
+		if keyed { // a transport without keys reaches B: no refusal to make there
+			xs = append(xs, xfer{transport.Read, (6*i + 1) * n, bAddr + uint64(i%4)*n, n, false})
+		}
+		xs = append(xs, xfer{transport.Write, (6*i + 2) * n, aAddr + uint64(16+i)*n, n, true})
+		if keyed {
+			xs = append(xs, xfer{transport.Write, (6*i + 3) * n, bAddr + uint64(i%4)*n, n, false})
+		}
+		xs = append(xs,
+			xfer{transport.Write, (6*i + 4) * n, aAddr + uint64(32+i)*n, n, true},
+			xfer{transport.Read, (6*i + 5) * n, gap, 100, false},
+		)
+	}
+	var s []transport.Slice
+	for i, x := range xs {
+		s = append(s, f.slice(x.op, uint64(x.loff), x.remote, uint64(x.length), i%ep.Rails()))
+		lo := lOff + x.loff
+		switch {
+		case x.ok && x.op == transport.Write:
+			copy(wantT[f.tOff(x.remote):], f.iarena[lo:lo+x.length])
+		case x.ok:
+			copy(wantI[lo:], f.tarena[f.tOff(x.remote):f.tOff(x.remote)+x.length])
+		}
+	}
+	errs := f.run(ep, c, s)
+	for i, x := range xs {
+		err := errs[i]
+		switch {
+		case x.ok && err != nil:
+			t.Errorf("%s %d of %d bytes at %#x, among refusals: %v", opName(x.op), i, x.length, x.remote, err)
+		case !x.ok && err == nil:
+			t.Errorf("%s %d of %d bytes at %#x succeeded; want a refusal", opName(x.op), i, x.length, x.remote)
+		case !x.ok && !errors.Is(err, transport.ErrDenied) && !errors.Is(err, transport.ErrRange):
+			t.Errorf("%s %d: error %v; want one wrapping transport.ErrRange or ErrDenied", opName(x.op), i, err)
+		}
+		if !x.ok && x.op == transport.Read {
+			lo := lOff + x.loff // undefined: whatever it holds
+			copy(wantI[lo:lo+x.length], f.iarena[lo:lo+x.length])
+		}
+	}
+	expectArena(t, "target", f.tarena, wantT)
+	expectArena(t, "initiator", f.iarena, wantI)
 	c.check(t, nil)
 }

@@ -194,7 +194,7 @@ func probe(t *testing.T, newPair func(t *testing.T) (initiator, target transport
 }
 
 // subtests are the names runAll gives its subtests.
-var subtests = []string{"Basics", "ReadWriteSizes", "Bounds", "LocalOnlyDenied", "WrongKeyDenied", "Concurrent",
+var subtests = []string{"Basics", "ReadWriteSizes", "Bounds", "LocalOnlyDenied", "WrongKeyDenied", "PipelinedRefusals", "Concurrent",
 	"PostAfterEndpointClose", "PostAfterInitiatorClose", "PostAfterTargetClose", "EndpointCloseInFlight",
 	"InitiatorCloseInFlight", "TargetCloseInFlight", "UnregisterTarget"}
 
@@ -232,6 +232,7 @@ func runAll(t *testing.T, su suite) {
 	run("Bounds", testBounds)
 	run("LocalOnlyDenied", testLocalOnly)
 	run("WrongKeyDenied", testWrongKey)
+	run("PipelinedRefusals", testPipelinedRefusals)
 	run("Concurrent", testConcurrent)
 	run("PostAfterEndpointClose", testPostAfterEndpointClose)
 	run("PostAfterInitiatorClose", closing(true))
