@@ -15,7 +15,6 @@ import "C"
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -243,7 +242,7 @@ func (ep *Endpoint) buildBuffers(desc *segtable.SegmentDesc, np *nicPicker) *rbu
 		if cur := ep.bufs.Load(); cur != nil {
 			old = cur.m
 		}
-		return &rbufs{m: segtable.NewMirror(old, sortedChunks(desc), ep.rbufOf)}
+		return &rbufs{m: segtable.NewMirror(old, segtable.ChunksOf(desc), ep.rbufOf)}
 	}
 	ds := slices.Clone(desc.AllBuffers()) // flat: O(n) a republish (see segtable.SegmentDesc.AllBuffers)
 	sort.Slice(ds, func(i, j int) bool { return ds[i].Addr < ds[j].Addr })
@@ -271,18 +270,6 @@ func (ep *Endpoint) rbufOf(b *segtable.BufferDesc) (rbuf, bool) {
 		rb.rkeys = rkeys
 	}
 	return rb, true
-}
-
-// sortedChunks is desc's buffers as chunks in address order: a descriptor
-// from a store or a publisher is sorted already (SegmentDesc's contract);
-// a flat one that is not gets a sorted copy.
-func sortedChunks(desc *segtable.SegmentDesc) *segtable.BufferChunks {
-	if desc.Chunked == nil && !slices.IsSortedFunc(desc.Buffers, func(a, b segtable.BufferDesc) int { return cmp.Compare(a.Addr, b.Addr) }) {
-		ds := slices.Clone(desc.Buffers)
-		slices.SortFunc(ds, func(a, b segtable.BufferDesc) int { return cmp.Compare(a.Addr, b.Addr) })
-		return segtable.ChunksOf(&segtable.SegmentDesc{Buffers: ds})
-	}
-	return segtable.ChunksOf(desc)
 }
 
 // rdev returns the peer NIC of each local device's rails. The caller holds

@@ -1,5 +1,10 @@
 package segtable
 
+import (
+	"cmp"
+	"slices"
+)
+
 // Tables that follow a descriptor's chunks. A peer's tables of a
 // segment's buffers (the engine's packed starts for Resolve, a
 // transport's keys) were rebuilt from every buffer on each republish:
@@ -78,7 +83,10 @@ type mirrorChunk[T any] struct {
 // the networked stores hand out a descriptor read as chunks Chunked, see
 // JoinChunks) its Buffers cut into chunks that share their
 // BufferDescs (O(n), made anew each call: a Mirror updated from it
-// rebuilds every table, as a flat descriptor always did).
+// rebuilds every table, as a flat descriptor always did). A flat d whose
+// Buffers are not in address order (which SegmentDesc's contract asks
+// for, and Validate checks; a descriptor made by hand may break it) is
+// cut from a sorted copy, so that a Mirror of it finds every buffer.
 func ChunksOf(d *SegmentDesc) *BufferChunks {
 	if d.Chunked != nil {
 		return d.Chunked
@@ -86,10 +94,16 @@ func ChunksOf(d *SegmentDesc) *BufferChunks {
 	if len(d.Buffers) == 0 {
 		return noChunks
 	}
-	list := make([]*chunk, 0, (len(d.Buffers)+ChunkSize-1)/ChunkSize)
-	for lo := 0; lo < len(d.Buffers); lo += ChunkSize {
-		hi := min(lo+ChunkSize, len(d.Buffers))
-		list = append(list, &chunk{first: d.Buffers[lo].Addr, bufs: d.Buffers[lo:hi:hi]})
+	bufs := d.Buffers
+	byAddr := func(a, b BufferDesc) int { return cmp.Compare(a.Addr, b.Addr) }
+	if !slices.IsSortedFunc(bufs, byAddr) {
+		bufs = slices.Clone(bufs)
+		slices.SortFunc(bufs, byAddr)
+	}
+	list := make([]*chunk, 0, (len(bufs)+ChunkSize-1)/ChunkSize)
+	for lo := 0; lo < len(bufs); lo += ChunkSize {
+		hi := min(lo+ChunkSize, len(bufs))
+		list = append(list, &chunk{first: bufs[lo].Addr, bufs: bufs[lo:hi:hi]})
 	}
 	return newBufferChunks(list)
 }

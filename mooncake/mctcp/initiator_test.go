@@ -342,25 +342,9 @@ func TestInitiatorUpdateSpans(t *testing.T) {
 	rng := mrand.New(mrand.NewPCG(1, 2))
 	live := make([]bool, n)
 	var l segtable.DescList
-	for round := range 6 {
-		for i := range live {
-			if rng.IntN(3) == 0 || round == 0 {
-				live[i] = !live[i]
-				a, ln := at(i)
-				if live[i] {
-					l.Put(segtable.BufferID(i+1), segtable.BufferDesc{Addr: a, Length: ln, Keys: map[string]string{mctcp.Name: ""}}, true)
-				} else {
-					l.Delete(segtable.BufferID(i+1), a)
-				}
-			}
-		}
-		d := ft.desc("2")
-		if round%2 == 0 {
-			d.Buffers = l.Buffers(true)
-		} else {
-			d.Buffers, d.Chunked = nil, l.Remote()
-		}
-		ep.Update(d)
+	// sweep checks every buffer's ranges against the endpoint's spans now.
+	sweep := func(round int) {
+		t.Helper()
 		for i := range n {
 			a, ln := at(i)
 			for _, c := range []struct {
@@ -375,6 +359,32 @@ func TestInitiatorUpdateSpans(t *testing.T) {
 				}
 			}
 		}
+	}
+	for round := range 6 {
+		for i := range live {
+			if rng.IntN(3) == 0 || round == 0 {
+				live[i] = !live[i]
+				a, ln := at(i)
+				if live[i] {
+					l.Put(segtable.BufferID(i+1), segtable.BufferDesc{Addr: a, Length: ln, Keys: map[string]string{mctcp.Name: ""}}, true)
+				} else {
+					l.Delete(segtable.BufferID(i+1), a)
+				}
+			}
+		}
+		// Flat, then chunked twice (the second Mirror made from the
+		// first's shared tables), and so on; the first round's flat
+		// descriptor out of address order.
+		d := ft.desc("2")
+		d.Buffers = l.Buffers(true)
+		if round == 0 {
+			rng.Shuffle(len(d.Buffers), func(i, j int) { d.Buffers[i], d.Buffers[j] = d.Buffers[j], d.Buffers[i] })
+		}
+		if round%3 != 0 {
+			d.Buffers, d.Chunked = nil, l.Remote()
+		}
+		ep.Update(d)
+		sweep(round)
 	}
 	// A republish after one change (a chunked descriptor) makes the spans
 	// of the chunk it changed, not of every chunk (n/ChunkSize of them,
@@ -397,6 +407,8 @@ func TestInitiatorUpdateSpans(t *testing.T) {
 	})
 	runtime.ReadMemStats(&after)
 	bytes := (after.TotalAlloc - before.TotalAlloc) / 21 // AllocsPerRun runs it once more
+	live[n/2] = flip
+	sweep(6) // the Mirrors made from shared tables answer as they should
 	t.Logf("%v allocations, %d bytes a republish of %d buffers after one change", allocs, bytes, l.Len())
 	// Spans built anew take 16 bytes a buffer (flat) or an allocation a
 	// chunk (each chunk's table); the one change itself costs the

@@ -163,25 +163,30 @@ func testPipelinedRefusals(t *testing.T, su suite) {
 		remote uint64
 		length int
 		ok     bool
+		rail   int
 	}
 	var xs []xfer
+	// Each round's transfers on one rail (for transports that route by
+	// Slice.Rail), so that refusals fall between transfers that succeed
+	// on one connection.
 	for i := range 16 {
-		xs = append(xs, xfer{transport.Read, (6*i + 0) * n, aAddr + uint64(i)*n, n, true})
+		rail := i % ep.Rails()
+		xs = append(xs, xfer{transport.Read, (6*i + 0) * n, aAddr + uint64(i)*n, n, true, rail})
 		if keyed { // a transport without keys reaches B: no refusal to make there
-			xs = append(xs, xfer{transport.Read, (6*i + 1) * n, bAddr + uint64(i%4)*n, n, false})
+			xs = append(xs, xfer{transport.Read, (6*i + 1) * n, bAddr + uint64(i%4)*n, n, false, rail})
 		}
-		xs = append(xs, xfer{transport.Write, (6*i + 2) * n, aAddr + uint64(16+i)*n, n, true})
+		xs = append(xs, xfer{transport.Write, (6*i + 2) * n, aAddr + uint64(16+i)*n, n, true, rail})
 		if keyed {
-			xs = append(xs, xfer{transport.Write, (6*i + 3) * n, bAddr + uint64(i%4)*n, n, false})
+			xs = append(xs, xfer{transport.Write, (6*i + 3) * n, bAddr + uint64(i%4)*n, n, false, rail})
 		}
 		xs = append(xs,
-			xfer{transport.Write, (6*i + 4) * n, aAddr + uint64(32+i)*n, n, true},
-			xfer{transport.Read, (6*i + 5) * n, gap, 100, false},
+			xfer{transport.Write, (6*i + 4) * n, aAddr + uint64(32+i)*n, n, true, rail},
+			xfer{transport.Read, (6*i + 5) * n, gap, 100, false, rail},
 		)
 	}
 	var s []transport.Slice
-	for i, x := range xs {
-		s = append(s, f.slice(x.op, uint64(x.loff), x.remote, uint64(x.length), i%ep.Rails()))
+	for _, x := range xs {
+		s = append(s, f.slice(x.op, uint64(x.loff), x.remote, uint64(x.length), x.rail))
 		lo := lOff + x.loff
 		switch {
 		case x.ok && x.op == transport.Write:
