@@ -291,17 +291,18 @@ func TestGroupsNegotiated(t *testing.T) {
 // headers after it, a payload) and are resumed from the frames' parts;
 // with queues of 2 and 4 slots groups stop at the end of the header
 // array and start again at its head. Every WRITE must land whole and
-// complete once, through the poller's kick and through the sender alike.
+// complete once, through the poller's kick, the sender's writev and its
+// io_uring alike.
 func TestGroupsPartialWrites(t *testing.T) {
 	for _, tc := range []struct {
-		depth      int
-		senderOnly bool
-	}{{2, false}, {4, false}, {128, false}, {128, true}} {
-		t.Run(fmt.Sprintf("depth=%d,senderOnly=%v", tc.depth, tc.senderOnly), func(t *testing.T) {
+		depth               int
+		senderOnly, iouring bool
+	}{{2, false, false}, {4, false, false}, {128, false, false}, {128, true, false}, {128, true, true}} {
+		t.Run(fmt.Sprintf("depth=%d,senderOnly=%v,iouring=%v", tc.depth, tc.senderOnly, tc.iouring), func(t *testing.T) {
 			const size = 1 << 20
 			targ := newSide(t, Config{LoopbackSendBuffer: 4096})
 			remote := targ.register(t, targ.alloc(t, size, 0), true)
-			init := newSide(t, Config{Rails: 1, Depth: tc.depth, LoopbackSendBuffer: 4096, senderOnly: tc.senderOnly})
+			init := newSide(t, Config{Rails: 1, Depth: tc.depth, LoopbackSendBuffer: 4096, senderOnly: tc.senderOnly, IOUring: tc.iouring})
 			ep, err := init.tr.Open(t.Context(), targ.desc("", remote))
 			if err != nil {
 				t.Fatal(err)
