@@ -209,8 +209,9 @@ func (c *conn) frame(iov [][]byte, pos, end uint64, skip int) ([][]byte, int) {
 }
 
 // groupBytes bounds the payload bytes of one group: the target answers a
-// group's WRITEs after all of its payloads (its ackAfter).
-const groupBytes = ackAfter
+// group's WRITEs after all of its payloads (its ackAfter), and takes no
+// more (maxGroupBytes).
+const groupBytes = min(ackAfter, maxGroupBytes)
 
 // groupLen is how many WRITEs from pos (of slot idx) one group frame
 // takes: a run of committed WRITEs before end, at most maxGroup and

@@ -204,14 +204,20 @@ func (ft *fuzzTarget) modelGroup(w *fuzzWant, h, stream []byte) ([]byte, bool) {
 	hs := stream[:k*specReqLen]
 	stream = stream[k*specReqLen:]
 	// Every header is read and checked before any payload.
+	total := 0
 	for i := range k {
 		m := hs[i*specReqLen:]
 		if m[0] != specWrite || m[1]|m[2]|m[3] != 0 {
 			return nil, false
 		}
-		if l := binary.BigEndian.Uint32(m[12:]); l == 0 || l > fuzzMax {
+		l := binary.BigEndian.Uint32(m[12:])
+		if l == 0 || l > fuzzMax {
 			return nil, false
 		}
+		total += int(l)
+	}
+	if total > 1<<20 { // at most 1 MiB of payloads a group
+		return nil, false
 	}
 	for i := range k {
 		m := hs[i*specReqLen:]

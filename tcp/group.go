@@ -68,6 +68,7 @@ func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, sv *
 	}
 	// Every header is decoded before any region is held: a framing error
 	// leaves nothing to release.
+	total := 0
 	for i := range k {
 		r := &g.reqs[i]
 		if err := r.decode(h[i*reqSize:], t.cfg.MaxLength); err != nil {
@@ -76,6 +77,12 @@ func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, sv *
 		if r.op != opWrite {
 			return fmt.Errorf("%w: a group holds op %d (WRITEs only)", ErrProtocol, r.op)
 		}
+		total += int(r.length)
+	}
+	if total > maxGroupBytes {
+		// One FrameTimeout covers the group: more than this bound would
+		// let a peer hold its regions for a longer payload than a frame.
+		return fmt.Errorf("%w: a group of %d payload bytes (at most %d)", ErrProtocol, total, maxGroupBytes)
 	}
 	defer g.release(k)
 	for i := range k {

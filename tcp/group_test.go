@@ -111,12 +111,22 @@ func testServerGroupPipeline(t *testing.T, pieces bool) {
 			k := 2 + rng.IntN(15)
 			n := sizes[rng.IntN(len(sizes))] // mostly one size, as a KV cache's blocks
 			var ws [][]byte
-			for range k {
+			for total := 0; len(ws) < k; total += n {
 				if rng.IntN(4) == 0 {
 					n = sizes[rng.IntN(len(sizes))]
 				}
+				if total+n > 1<<20 { // a group's payloads: 1 MiB at most
+					break
+				}
 				bad, past := odd()
 				ws = append(ws, req(specWrite, n, bad, past))
+			}
+			if len(ws) < 2 {
+				// Too few for a group: the WRITE made goes alone.
+				for _, w := range ws {
+					stream = append(stream, w...)
+				}
+				continue
 			}
 			stream = append(stream, groupFrame(ws...)...)
 		}
@@ -352,5 +362,27 @@ func TestGroupsPartialWrites(t *testing.T) {
 				t.Fatal("no group frame was sent")
 			}
 		})
+	}
+}
+
+// TestServerGroupTooLarge: a group whose WRITEs ask for more than 1 MiB of
+// payloads in all closes the connection before any of them lands, even
+// though each alone is within MaxLength.
+func TestServerGroupTooLarge(t *testing.T) {
+	s := newSide(t, Config{MaxLength: 4 << 20})
+	buf := s.register(t, s.alloc(t, 2<<20, 7), true)
+	half := 512<<10 + 1
+	ws := [][]byte{
+		specReq{op: specWrite, id: 1, buffer: buf.id, length: uint32(half), key: buf.key, addr: buf.addr}.frame(make([]byte, half)),
+		specReq{op: specWrite, id: 2, buffer: buf.id, length: uint32(half), key: buf.key, addr: buf.addr + 1<<20}.frame(make([]byte, half)),
+	}
+	rc := s.raw(t)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); rc.c.Write(groupFrame(ws...)) }() // fails once the target closes
+	rc.expectClosed("a group of 1 MiB + 2 bytes")
+	wg.Wait()
+	if i := allEqual(buf.mem, 7); i >= 0 {
+		t.Fatalf("byte %d of the buffer changed: a payload landed", i)
 	}
 }

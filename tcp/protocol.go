@@ -25,8 +25,10 @@ const (
 	// takes group frames (opGroup).
 	featGroups = 1
 
-	// maxGroup bounds the WRITEs one group frame announces.
-	maxGroup = 16
+	// maxGroup bounds the WRITEs one group frame announces, and
+	// maxGroupBytes their payloads together.
+	maxGroup      = 16
+	maxGroupBytes = 1 << 20
 
 	stOK     = 0
 	stDenied = 1
