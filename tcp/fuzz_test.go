@@ -391,16 +391,7 @@ func FuzzServerFrames(f *testing.F) {
 	f.Add(named)
 
 	// Group frames: the headers of 2 to 16 WRITEs, then their payloads.
-	group := func(ws ...[]byte) []byte {
-		g := specReq{op: specGroup, length: uint32(len(ws))}.frame(nil)
-		for _, x := range ws {
-			g = append(g, x[:specReqLen]...)
-		}
-		for _, x := range ws {
-			g = append(g, x[specReqLen:]...)
-		}
-		return g
-	}
+	group := groupFrame
 	f.Add(group(write(1, 0, data[:100]), write(2, 300, data[:200])))
 	f.Add(cat(read(1, 0, 64), group(write(2, 0, data[:64]), write(3, 64, data[:64]), write(4, 2*page-8, data[:16])), read(5, 0, 128)))
 	refused := specReq{op: specWrite, id: 2, buffer: rid, length: 64, key: fuzzKey ^ 1, addr: fuzzAddr}.frame(data[:64])

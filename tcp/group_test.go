@@ -50,14 +50,9 @@ func testServerGroupPipeline(t *testing.T, pieces bool) {
 	model := bytes.Clone(buf.mem)
 	rng := mrand.New(mrand.NewPCG(5, 6))
 
-	type want struct {
-		id      uint32
-		status  uint8
-		payload []byte
-	}
 	var (
 		stream []byte
-		wants  []want
+		wants  []pipeWant
 		id     uint32
 	)
 	// req makes one READ or WRITE: READs in the first half of the buffer
@@ -74,24 +69,24 @@ func testServerGroupPipeline(t *testing.T, pieces bool) {
 			off = size - n + 1 + rng.IntN(n)
 		}
 		r := specReq{op: op, id: id, buffer: buf.id, length: uint32(n), key: buf.key, addr: buf.addr + uint64(off)}
-		w := want{id: id}
+		w := pipeWant{id: id, status: []uint8{0}}
 		switch {
 		case bad:
 			r.key ^= 0x10
-			w.status = 1
+			w.status[0] = 1
 		case off >= size:
-			w.status = 1
+			w.status[0] = 1
 		case off+n > size:
-			w.status = 2
+			w.status[0] = 2
 		}
 		var payload []byte
 		if op == specWrite {
 			payload = make([]byte, n)
 			testpattern.Fill(payload, rng.Uint64())
-			if w.status == 0 {
+			if w.status[0] == 0 {
 				copy(model[off:], payload)
 			}
-		} else if w.status == 0 {
+		} else if w.status[0] == 0 {
 			w.payload = bytes.Clone(model[off : off+n])
 		}
 		wants = append(wants, w)
@@ -158,20 +153,7 @@ func testServerGroupPipeline(t *testing.T, pieces bool) {
 		}
 	}()
 	defer wg.Wait()
-	for i, w := range wants {
-		id, st := rc.resp()
-		if id != w.id || st != w.status {
-			t.Fatalf("response %d: id %#x status %d, want id %#x status %d", i, id, st, w.id, w.status)
-		}
-		if w.payload != nil {
-			if got := rc.payload(len(w.payload)); !bytes.Equal(got, w.payload) {
-				t.Fatalf("response %d: READ payload differs at %d", i, testpattern.FirstDiff(got, w.payload))
-			}
-		}
-	}
-	if i := testpattern.FirstDiff(buf.mem, model); i >= 0 {
-		t.Fatalf("buffer differs from the model at offset %d", i)
-	}
+	rc.expectPipeline(wants, buf.mem, model)
 	g, rv, tl := s.tr.groups.frames.Load()-before, s.tr.groups.readvs.Load()-readvs, s.tr.groups.tails.Load()-tails
 	t.Logf("%d group frames, %d readvs of their payloads, %d into the tail", g, rv, tl)
 	if g == 0 || rv == 0 {
@@ -197,16 +179,7 @@ func TestServerGroupCutReleases(t *testing.T) {
 			rc.send(groupFrame(ws...)[:cut])
 			rc.c.Close()
 			s.waitServed(t)
-			done := make(chan error, 1)
-			go func() { done <- s.tr.Unregister(buf.b, buf.r) }()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("Unregister: %v", err)
-				}
-			case <-time.After(hang):
-				t.Fatal("hang: Unregister with a cut group's region still held")
-			}
+			unregisterSoon(t, s, buf, "a cut group's")
 		})
 	}
 }
@@ -230,6 +203,13 @@ func TestServerGroupStalls(t *testing.T) {
 	if took := time.Since(start); took < 100*time.Millisecond {
 		t.Fatalf("closed after %v: before its FrameTimeout", took)
 	}
+	unregisterSoon(t, s, buf, "a stalled group's")
+}
+
+// unregisterSoon unregisters buf, which must be held by no frame of whose:
+// Unregister waits up to a minute for one, the test only until hang.
+func unregisterSoon(t *testing.T, s *side, buf testBuf, whose string) {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- s.tr.Unregister(buf.b, buf.r) }()
 	select {
@@ -238,7 +218,7 @@ func TestServerGroupStalls(t *testing.T) {
 			t.Fatalf("Unregister: %v", err)
 		}
 	case <-time.After(hang):
-		t.Fatal("hang: Unregister with a stalled group's regions still held")
+		t.Fatalf("hang: Unregister with %s regions still held", whose)
 	}
 }
 

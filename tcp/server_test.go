@@ -762,14 +762,9 @@ func TestServerPipeline(t *testing.T) {
 	model := bytes.Clone(buf.mem)
 	rng := mrand.New(mrand.NewPCG(3, 4))
 
-	type want struct {
-		id      uint32
-		status  []uint8
-		payload []byte
-	}
 	var (
 		stream []byte
-		wants  []want
+		wants  []pipeWant
 		ids    = map[uint32]bool{}
 	)
 	add := func(op byte, off, n int, good bool) {
@@ -779,7 +774,7 @@ func TestServerPipeline(t *testing.T) {
 		}
 		ids[id] = true
 		r := specReq{op: op, id: id, buffer: buf.id, length: uint32(n), key: buf.key, addr: buf.addr + uint64(off)}
-		w := want{id: id}
+		w := pipeWant{id: id}
 		// PROTOCOL.md: the key first, then the address, then the range.
 		if !good {
 			r.key ^= 0x8000
@@ -837,19 +832,34 @@ func TestServerPipeline(t *testing.T) {
 		rc.c.Write(stream)
 	}()
 	defer wg.Wait()
+	rc.expectPipeline(wants, buf.mem, model)
+}
+
+// pipeWant is a response a pipelined stream's model expects: its id, the
+// statuses PROTOCOL.md allows, and a READ's payload.
+type pipeWant struct {
+	id      uint32
+	status  []uint8
+	payload []byte
+}
+
+// expectPipeline reads the responses wants describe, in order, and then
+// checks that mem is as model says.
+func (rc *rawConn) expectPipeline(wants []pipeWant, mem, model []byte) {
+	rc.t.Helper()
 	for i, w := range wants {
 		id, st := rc.resp()
 		if id != w.id || !bytes.Contains(w.status, []byte{st}) {
-			t.Fatalf("response %d: id %#x status %d, want id %#x status in %v", i, id, st, w.id, w.status)
+			rc.t.Fatalf("response %d: id %#x status %d, want id %#x status in %v", i, id, st, w.id, w.status)
 		}
 		if w.payload != nil {
 			if got := rc.payload(len(w.payload)); !bytes.Equal(got, w.payload) {
-				t.Fatalf("response %d: READ payload differs at %d", i, testpattern.FirstDiff(got, w.payload))
+				rc.t.Fatalf("response %d: READ payload differs at %d", i, testpattern.FirstDiff(got, w.payload))
 			}
 		}
 	}
-	if i := testpattern.FirstDiff(buf.mem, model); i >= 0 {
-		t.Fatalf("buffer differs from the model at offset %d", i)
+	if i := testpattern.FirstDiff(mem, model); i >= 0 {
+		rc.t.Fatalf("buffer differs from the model at offset %d", i)
 	}
 }
 
