@@ -165,9 +165,7 @@ func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool)
 	for len(g.ds) > 0 {
 		g.v = appendIovecs(g.v[:0], g.ds)
 		if last {
-			iv := unix.Iovec{Base: &g.tail[0]}
-			iv.SetLen(len(g.tail))
-			g.v = append(g.v, iv)
+			g.v = appendIovec(g.v, g.tail[:])
 		}
 		n, err := nb.readv(g.v)
 		if err != nil {

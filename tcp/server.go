@@ -260,22 +260,18 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 	// no request came since it was armed, else it is armed again.
 	idleArmed := false
 	var served, servedAtArm uint64 // requests read, and when the idle deadline was armed
-	setDeadline := func() {
-		now := time.Now()
-		if !deadline || now.Sub(setAt) > t.cfg.FrameTimeout/2 {
-			conn.SetDeadline(now.Add(t.cfg.FrameTimeout))
-			deadline, setAt = true, now
-			idleArmed = false
-		}
-	}
-	// armGroup gives a group frame (group.go) a whole FrameTimeout, from
-	// now, for its headers and all of its payloads: one timer update per
-	// group, and the regions it holds are held no longer than that.
-	armGroup := func() {
-		now := time.Now()
+	// armFrame sets the deadline a whole FrameTimeout from now. A group
+	// frame (group.go) gets one for its headers and all of its payloads:
+	// one timer update per group, and its regions are held no longer.
+	armFrame := func(now time.Time) {
 		conn.SetDeadline(now.Add(t.cfg.FrameTimeout))
 		deadline, setAt = true, now
 		idleArmed = false
+	}
+	setDeadline := func() {
+		if now := time.Now(); !deadline || now.Sub(setAt) > t.cfg.FrameTimeout/2 {
+			armFrame(now)
+		}
 	}
 	armIdle := func() {
 		conn.SetReadDeadline(time.Now().Add(t.cfg.IdleTimeout))
@@ -384,7 +380,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 			if grp == nil {
 				grp = new(groupIn)
 			}
-			armGroup()
+			armFrame(time.Now())
 			if err := grp.read(t, br, nb, k, sv); err != nil {
 				return err
 			}
