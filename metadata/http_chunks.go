@@ -257,19 +257,25 @@ func (h *HTTP) chunkWatch(name string) *chunkWatch {
 // held, or "") and the chunks the watch lacks, and returns the assembled
 // descriptor, with the header as its body; a whole descriptor from a
 // server that serves no header, or holds one not sent as chunks.
+//
+// A republish between the header and the chunks (the other side serves
+// the chunks of its newest header only) makes it read the header again;
+// after chunkPutTries such races in a row, which a publisher that
+// republishes faster than a round trip wins every time, it reads the
+// whole descriptor, one answer that cannot be torn. A reader of a busy
+// publisher so gets a descriptor each poll; were the races counted as
+// failed polls instead, it would report the publisher gone.
 func (cw *chunkWatch) fetch(ctx context.Context, ifNoneMatch string) (peerAnswer, error) {
 	if cw.flat || (cw.flatReads != nil && cw.flatReads.Load()) {
 		return cw.whole(ctx, ifNoneMatch)
 	}
-	var err error
 	for range chunkPutTries {
-		var a peerAnswer
-		a, err = cw.fetchOnce(ctx, ifNoneMatch)
+		a, err := cw.fetchOnce(ctx, ifNoneMatch)
 		if !errors.Is(err, errMissingChunks) {
 			return a, err
 		}
 	}
-	return peerAnswer{}, err
+	return cw.whole(ctx, ifNoneMatch)
 }
 
 func (cw *chunkWatch) fetchOnce(ctx context.Context, ifNoneMatch string) (peerAnswer, error) {

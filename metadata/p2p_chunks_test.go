@@ -161,3 +161,86 @@ func TestChunksSuite(t *testing.T) {
 			Peer: func(t *testing.T, _ metadata.Store) metadata.Store { return newP2P(t, metadata.P2PConfig{}) }})
 	})
 }
+
+// rtFunc is an http.RoundTripper of a function.
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestP2PWatchBusyPublisher: a publisher that republishes before each
+// header a peer's watch reads and between it and the chunks it then asks
+// for (here on cue, as one that republishes faster than a round trip
+// does) is read
+// whole, one answer that cannot be torn: the watch delivers its newer
+// descriptors, every one as published, and never reports it gone.
+func TestP2PWatchBusyPublisher(t *testing.T) {
+	ctx := t.Context()
+	a := newP2P(t, metadata.P2PConfig{})
+	l := chList(t, 100)
+	n := 100
+	var mu sync.Mutex
+	published := map[int]*segtable.SegmentDesc{} // by buffer count
+	republish := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if err := l.Insert(chBuffer(n)); err != nil {
+			t.Error(err)
+			return
+		}
+		n++
+		d := chDesc(a.Name(), 1, l)
+		// The watch may poll once more as the test ends: not t's context.
+		if err := a.Put(context.Background(), d); err != nil {
+			t.Error(err)
+		}
+		published[n] = d
+	}
+	wholes := 0
+	client := &http.Client{Transport: rtFunc(func(r *http.Request) (*http.Response, error) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/chunks"), strings.HasSuffix(r.URL.Path, "/header"):
+			republish()
+		case strings.HasSuffix(r.URL.Path, "/segment"):
+			mu.Lock()
+			wholes++
+			mu.Unlock()
+		}
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	t.Cleanup(client.CloseIdleConnections)
+	b := newP2P(t, metadata.P2PConfig{Client: client})
+	d := chDesc(a.Name(), 1, l)
+	if err := a.Put(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	published[n] = d
+	ch, err := b.Watch(ctx, a.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := 0
+	for range 5 {
+		ev := next(t, ch)
+		if ev.Deleted {
+			t.Fatalf("a busy publisher reported gone after %d buffers", last)
+		}
+		got := ev.Desc.NumBuffers()
+		if got <= last {
+			t.Fatalf("an event of %d buffers after one of %d", got, last)
+		}
+		mu.Lock()
+		want := published[got]
+		mu.Unlock()
+		if want == nil {
+			t.Fatalf("an event of %d buffers, never published", got)
+		}
+		sameJSON(t, "event", ev.Desc, want)
+		last = got
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if wholes == 0 {
+		t.Fatal("the watch never read the whole descriptor")
+	}
+	t.Logf("%d events up to %d buffers, %d whole reads", 5, last, wholes)
+}
