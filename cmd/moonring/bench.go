@@ -87,7 +87,7 @@ flags:
 // bench starts and of the key it handed it.
 var targetStarted func(cmd *exec.Cmd, key []byte)
 
-func bench(args []string, out io.Writer) error {
+func bench(args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	mode := fs.String("mode", "initiator", "initiator, or target (serve a buffer until stdin closes or a signal)")
 	protocol := fs.String("protocol", "tcp", "tcp or shm (a target process on this host; shm maps its buffer), or local (engines in this process)")
@@ -125,6 +125,8 @@ func bench(args []string, out io.Writer) error {
 	mc := addMooncakeFlags(fs, false)
 	expectSeed := fs.Uint64("expect-seed", 0, "with --segment: instead of a sweep, READ the target's first buffer (--buffer-size bytes) and check that it holds the seeded pattern S (as serve --fill-seed)")
 	writeSeed := fs.Uint64("write-seed", 0, "with --segment: instead of a sweep (after --expect-seed's check), WRITE the seeded pattern S over the target's first buffer (for serve --check-seed)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (pprof's format: go tool pprof) over the whole run into this file")
+	traceFile := fs.String("trace", "", "write a Go execution trace of this process (go tool trace) over the whole run into this file")
 	useTLS := fs.Bool("tls", false, "--protocol tcp: the target serves TLS 1.3 with a certificate its signed descriptor pins (as serve --tls; the target bench starts gets it too); with --segment, a target without it is refused")
 	if err := parseFlags(fs, args, out, benchHelp); err != nil {
 		return err
@@ -175,6 +177,15 @@ func bench(args []string, out io.Writer) error {
 	if *mode != "initiator" {
 		return fmt.Errorf("bad mode %q (want initiator or target)", *mode)
 	}
+	stopProfiles, err := startProfiles(*cpuProfile, *traceFile)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	defer func() {
+		if perr := stopProfiles(); perr != nil && err == nil {
+			err = fmt.Errorf("bench: %w", perr)
+		}
+	}()
 	if err := mc.check(set); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}

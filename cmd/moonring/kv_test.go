@@ -12,11 +12,17 @@ import (
 // tokens (4 blocks: 16 transfers, 64 KiB) per request, 1 MiB pools.
 var kvArgs = []string{"bench", "--json", "--pattern", "kv", "--layers", "2", "--block-size", "4K", "--tokens", "64", "--pool", "1M", "--duration", "200ms"}
 
-func kvJSON(t *testing.T, args ...string) []result {
+// kvJSONErr runs the small KV run with args added and returns its output.
+func kvJSONErr(t *testing.T, args ...string) (*bytes.Buffer, error) {
 	t.Helper()
 	var out bytes.Buffer
-	args = append(append([]string{}, kvArgs...), args...)
-	if err := run(args, &out); err != nil {
+	return &out, run(append(append([]string{}, kvArgs...), args...), &out)
+}
+
+func kvJSON(t *testing.T, args ...string) []result {
+	t.Helper()
+	out, err := kvJSONErr(t, args...)
+	if err != nil {
 		t.Fatalf("moonring %s: %v", strings.Join(args, " "), err)
 	}
 	var rs []result
