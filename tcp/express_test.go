@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -247,5 +248,59 @@ func TestExpressAllocs(t *testing.T) {
 				t.Errorf("op %d: %v allocations per batch of %d high-class slices, want 0", op, allocs, batch)
 			}
 		}
+	}
+}
+
+// TestExpressLaneGroups: high-class WRITEs posted together go on the
+// express lane as group frames when the target offers them, as a rail's
+// do, and every one lands where it was sent; the rail carries none.
+func TestExpressLaneGroups(t *testing.T) {
+	const n, size = 64, 32 << 10
+	targ := newSide(t, Config{})
+	remote := targ.register(t, targ.alloc(t, n*size, 0), true)
+	init := newSide(t, Config{Rails: 1})
+	ep, err := init.tr.Open(t.Context(), targ.desc("", remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	e := ep.(*Endpoint)
+	local := init.alloc(t, n*size, 0)
+	o := order{make(chanCompleter, n)}
+	// The first high-class slice starts the lane (and takes the rail).
+	start := localSlice(transport.Read, local[:size], remote.addr, 1000)
+	start.Class = transport.ClassHigh
+	if k, err := ep.Post(o.ch, []transport.Slice{start}); k != 1 || err != nil {
+		t.Fatalf("Post: %d, %v", k, err)
+	}
+	o.next(t, 1)
+	lane := expressUp(t, e)
+	testpattern.Fill(local, 4)
+	framesBefore := targ.tr.groups.frames.Load()
+	railBefore := e.rails[0].Load().q.Committed()
+	s := make([]transport.Slice, n)
+	for i := range s { // every block to another place, in reverse
+		j := n - 1 - i
+		s[i] = localSlice(transport.Write, local[i*size:(i+1)*size], remote.addr+uint64(j*size), uint64(i+1))
+		s[i].Class = transport.ClassHigh
+	}
+	if k, err := ep.Post(o.ch, s); k != n || err != nil {
+		t.Fatalf("Post: %d, %v", k, err)
+	}
+	o.next(t, n)
+	for i := range n {
+		j := n - 1 - i
+		if d := testpattern.FirstDiff(remote.mem[j*size:(j+1)*size], local[i*size:(i+1)*size]); d >= 0 {
+			t.Fatalf("block %d differs at %d", j, d)
+		}
+	}
+	if got := e.rails[0].Load().q.Committed() - railBefore; got != 0 {
+		t.Fatalf("the rail took %d high-class slices while the express lane was up", got)
+	}
+	if got := lane.q.Committed(); got != n {
+		t.Fatalf("the express lane took %d slices, want %d", got, n)
+	}
+	if g := targ.tr.groups.frames.Load() - framesBefore; g == 0 {
+		t.Fatal("the express lane sent no group frame")
 	}
 }
