@@ -437,29 +437,44 @@ func (e *Engine) submitTransfer(id BatchID, reqs []TransferRequest, drive bool, 
 	if done, size := int(b.submitted.Load()), int(b.size.Load()); done+len(reqs) > size {
 		return fmt.Errorf("moonring: submit %d tasks to batch of %d with %d submitted: %w", len(reqs), size, done, ErrBatchFull)
 	}
+	var last *segtable.Buffer // the buffer of the request before: a batch's tasks mostly share one
 	for i := range reqs {
-		if _, err := e.check(&reqs[i]); err != nil {
+		buf, err := e.check(&reqs[i], last)
+		if err != nil {
 			return fmt.Errorf("moonring: submit task %d: %w", int(b.submitted.Load())+i, err)
 		}
+		last = buf
 	}
 	slot, gen := int(id&0xffff), id.gen()
 	base := int(b.submitted.Load())
 	var es [32]sq.Entry
 	submitted := ring.Now() // tasks' deadlines count from here
+	lastNode := 0
+	last = nil
 	for next := 0; next < len(reqs); {
 		node, class, n := -1, Class(0), 0
 		for next < len(reqs) && n < len(es) {
 			req := &reqs[next]
 			task := base + next
-			buf, err := e.check(req)
-			if err != nil {
-				// Checked above; the buffer went away since (unregistered
-				// by another goroutine): this task fails on its own.
-				e.failTasks(b, task, 1, cq.CodeOf(err))
+			// Checked above: only the buffer is looked up again (a
+			// buffer unregistered since, or one its ID names no more,
+			// fails the task when the poller takes it).
+			buf := e.localBuffer(req, last)
+			if buf == nil {
+				// Unregistered by another goroutine since: this task
+				// fails on its own.
+				gone := ErrNotRegistered
+				if req.Buffer != 0 {
+					gone = ErrBadBuffer
+				}
+				e.failTasks(b, task, 1, cq.CodeOf(gone))
 				next++
 				continue
 			}
-			tn := nodeOf(buf.Location)
+			if buf != last {
+				last, lastNode = buf, nodeOf(buf.Location)
+			}
+			tn := lastNode
 			if node >= 0 && (tn != node || req.Class != class) {
 				break // one ring per push
 			}
@@ -545,8 +560,9 @@ func (e *Engine) submitTransfer(id BatchID, reqs []TransferRequest, drive bool, 
 }
 
 // check resolves a request's local side to its buffer and checks its
-// length and segment.
-func (e *Engine) check(req *TransferRequest) (*segtable.Buffer, error) {
+// length and segment. hint, if not nil, is a buffer registered a moment
+// ago (the request before's), tried before the lookup by address.
+func (e *Engine) check(req *TransferRequest, hint *segtable.Buffer) (*segtable.Buffer, error) {
 	if req.Opcode != Read && req.Opcode != Write {
 		return nil, fmt.Errorf("opcode %s (want Read or Write): %w", req.Opcode, ErrInvalid)
 	}
@@ -571,7 +587,7 @@ func (e *Engine) check(req *TransferRequest) (*segtable.Buffer, error) {
 			return nil, fmt.Errorf("buffer %d [%d, +%d): %w", req.Buffer, req.Local, req.Length, ErrLocalRange)
 		}
 	default:
-		if buf = e.buffers.Find(req.Source, req.Length); buf == nil {
+		if buf = e.localBuffer(req, hint); buf == nil {
 			return nil, fmt.Errorf("source [%#x, +%d): %w", req.Source, req.Length, ErrNotRegistered)
 		}
 	}
@@ -589,6 +605,19 @@ func (e *Engine) check(req *TransferRequest) (*segtable.Buffer, error) {
 		return nil, err
 	}
 	return buf, nil
+}
+
+// localBuffer returns the registered buffer of a request's local side, or
+// nil: the one Buffer names, or the one that holds [Source, +Length),
+// hint when it does (no lookup), else the one the address index finds.
+func (e *Engine) localBuffer(req *TransferRequest, hint *segtable.Buffer) *segtable.Buffer {
+	if req.Buffer != 0 {
+		return e.buffers.Get(req.Buffer)
+	}
+	if hint != nil && req.Source >= hint.Addr && hint.Contains(uint64(req.Source-hint.Addr), req.Length) {
+		return hint
+	}
+	return e.buffers.Find(req.Source, req.Length)
 }
 
 // remote returns a request's remote address: TargetOffset, or the offset

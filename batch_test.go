@@ -550,3 +550,96 @@ func TestBatchProperty(t *testing.T) {
 	))
 	props.TestingRun(t)
 }
+
+// TestSubmitTransferManyBuffers submits one batch whose tasks' sources
+// hop between three registered buffers, two of them adjacent in memory,
+// named by address and by buffer ID in turn: SubmitTransfer looks up a
+// task's buffer from the task before's when it can, and every byte must
+// still come from the buffer the task names, while a task that runs from
+// one buffer into its neighbour is refused though both are registered.
+func TestSubmitTransferManyBuffers(t *testing.T) {
+	const blk = 4096
+	a := startEngine(t, moonring.Config{})
+	b := startEngine(t, moonring.Config{})
+	whole := make([]byte, 3*blk)
+	testpattern.Fill(whole, 3)
+	bufs := [][]byte{whole[:blk], whole[blk : 2*blk], whole[2*blk:]} // the first two adjacent
+	ids := make([]moonring.BufferID, len(bufs))
+	for i, buf := range bufs[:2] {
+		id, err := a.RegisterLocalMemory(buf, "cpu:0", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = id
+	}
+	third := make([]byte, blk) // a buffer of its own, elsewhere
+	testpattern.Fill(third, 5)
+	bufs[2] = third
+	id, err := a.RegisterLocalMemory(third, "cpu:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids[2] = id
+	dst := make([]byte, 64*blk)
+	if _, err := b.RegisterLocalMemory(dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+	defer cancel()
+	seg, err := a.OpenSegment(ctx, b.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	want := make([]byte, len(dst))
+	var reqs []moonring.TransferRequest
+	for task := range 64 {
+		k, off, n := rng.IntN(3), rng.IntN(blk/2), 1+rng.IntN(blk/2)
+		req := moonring.TransferRequest{Opcode: moonring.Write, TargetID: seg,
+			TargetOffset: uint64(moonring.AddressOf(dst[task*blk:])), Length: uint64(n)}
+		if task%5 == 4 {
+			req.Buffer, req.Local = ids[k], uint64(off)
+		} else {
+			req.Source = moonring.AddressOf(bufs[k][off:])
+		}
+		reqs = append(reqs, req)
+		copy(want[task*blk:], bufs[k][off:off+n])
+	}
+	bid, err := a.AllocateBatchID(len(reqs) + 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// First, a task from the first buffer, then one running from its end
+	// into the second: refused as a whole, nothing submitted.
+	straddle := moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(bufs[0][blk-100:]), TargetID: seg,
+		TargetOffset: uint64(moonring.AddressOf(dst)), Length: 200}
+	if err := a.SubmitTransfer(bid, []moonring.TransferRequest{reqs[0], straddle}); !errors.Is(err, moonring.ErrNotRegistered) {
+		t.Fatalf("a task across two adjacent buffers: %v; want ErrNotRegistered", err)
+	}
+	below := straddle
+	below.Source = moonring.AddressOf(bufs[1]) - 100 // below the hint: the first buffer's end and the second's start
+	if err := a.SubmitTransfer(bid, []moonring.TransferRequest{reqs[1], below}); !errors.Is(err, moonring.ErrNotRegistered) {
+		t.Fatalf("a task from below its buffer into it: %v; want ErrNotRegistered", err)
+	}
+	if err := a.SubmitTransfer(bid, reqs); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.WaitBatch(ctx, bid); err != nil {
+		t.Fatal(err)
+	}
+	for i := range reqs {
+		if st := statusOf(t, a, bid, i); st.Status != moonring.COMPLETED || st.Bytes != reqs[i].Length {
+			t.Fatalf("task %d: %+v", i, st)
+		}
+	}
+	if err := a.FreeBatchID(bid); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, want) {
+		i := 0
+		for dst[i] == want[i] {
+			i++
+		}
+		t.Fatalf("target differs from byte %d (task %d)", i, i/blk)
+	}
+}
