@@ -20,9 +20,15 @@ type countUntil struct {
 	ch   chanCompleter
 	got  atomic.Int32
 	want atomic.Int32
+	// at, if set, runs at each completion, before it is counted: it sees
+	// the memory as the completion leaves it.
+	at func(tok uint64, err error)
 }
 
 func (u *countUntil) Complete(tok uint64, err error) {
+	if u.at != nil {
+		u.at(tok, err)
+	}
 	u.got.Add(1)
 	u.ch.Complete(tok, err)
 }
