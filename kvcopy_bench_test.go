@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -177,36 +178,86 @@ func BenchmarkKVBatch(b *testing.B) {
 }
 
 // BenchmarkKVAPIs sets the batch API beside the ring API on the kv
-// pattern in one process, request by request: one op is a request of
-// 8,192 WRITEs of 32 KiB between random blocks of two 1 GiB pools (the
-// local transport, the engine's default copy workers) moved through the
-// batch API (AllocateBatchID, SubmitTransfer, WaitBatch, FreeBatchID)
-// and a request of the same shape moved through a ring of 4,096 entries
-// (Submit, PeekBatch, Advance, the CQ's Wait), in turn, the first of the
-// two alternating. Interleaving at a request's grain (tens of ms) keeps
-// the machine's drift out of the ratio: batch/ring is the batch API's
-// rate over the ring's, and what it lacks of 1 is the batch API's own
-// per-task cost (its submit and its task table) against the ring's.
+// pattern, request by request: one op is a request of 8,192 WRITEs of 32
+// KiB between random blocks of two 1 GiB pools moved through the batch
+// API (AllocateBatchID, SubmitTransfer, GetTransferStatus of every task,
+// FreeBatchID) and a request of the same shape moved through a ring of
+// 4,096 entries (Submit, PeekBatch, Advance, the CQ's Wait), in turn, the
+// first of the two alternating; the engine's default copy workers; one
+// or two requests in flight (inflight), as `moonring bench --pattern kv`
+// keeps two. The
+// target is an engine of this process (transport=local) or a child
+// process whose pool the initiator maps (transport=shm). Interleaving at
+// a request's grain (tens of ms) keeps the machine's drift out of the
+// ratio: batch/ring is the batch API's rate over the ring's, and what it
+// lacks of 1 is the batch API's own cost (its submit, its task table,
+// its waits) against the ring's.
 func BenchmarkKVAPIs(b *testing.B) {
-	const pool, size, tasks = 1 << 30, 32 << 10, 8192
-	t, err := moonring.New(moonring.Config{Name: "kvapis-t", Metadata: metadata.NewMemory()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer t.Close()
-	tmem, err := t.Alloc(pool, "cpu:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer t.Free(tmem)
-	if _, err := t.RegisterLocalMemory(tmem, "cpu:0", true); err != nil {
-		b.Fatal(err)
-	}
-	a, err := moonring.New(moonring.Config{Name: "kvapis-a", Metadata: t.Config().Metadata})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer a.Close()
+	const pool = 1 << 30
+	b.Run("transport=local", func(b *testing.B) {
+		t, err := moonring.New(moonring.Config{Name: "kvapis-t", Metadata: metadata.NewMemory()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer t.Close()
+		tmem, err := t.Alloc(pool, "cpu:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer t.Free(tmem)
+		if _, err := t.RegisterLocalMemory(tmem, "cpu:0", true); err != nil {
+			b.Fatal(err)
+		}
+		a, err := moonring.New(moonring.Config{Name: "kvapis-a", Metadata: t.Config().Metadata})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer a.Close()
+		seg, err := a.OpenSegment(b.Context(), t.Name())
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, blk := range kvAPIBlocks {
+			for _, inflight := range []int{1, 2} {
+				b.Run(fmt.Sprintf("pattern=%s/inflight=%d", blk.pattern, inflight), func(b *testing.B) {
+					kvAPIs(b, a, seg, uint64(moonring.AddressOf(tmem)), pool, inflight, blk.size)
+				})
+			}
+		}
+	})
+	b.Run("transport=shm", func(b *testing.B) {
+		c := startChild(b, "target", "MOONRING_SIZE="+strconv.Itoa(pool), "MOONRING_SHM=1")
+		cfg := benchConfig()
+		cfg.SHM = &shm.Config{}
+		a, seg, d := remoteEngine(b, c, cfg)
+		if name, _ := a.SegmentTransport(seg); name != shm.Name {
+			b.Fatalf("segment opened over %q, want shm", name)
+		}
+		for _, blk := range kvAPIBlocks {
+			for _, inflight := range []int{1, 2} {
+				b.Run(fmt.Sprintf("pattern=%s/inflight=%d", blk.pattern, inflight), func(b *testing.B) {
+					kvAPIs(b, a, seg, d.Buffers[0].Addr, pool, inflight, blk.size)
+				})
+			}
+		}
+	})
+}
+
+// kvAPIBlocks are BenchmarkKVAPIs' patterns: the kv pattern's scattered
+// 32 KiB blocks, and the same bytes as 1 MiB blocks (the contig rows of
+// `moonring bench --pattern kv`).
+var kvAPIBlocks = []struct {
+	pattern string
+	size    int
+}{{"kv", 32 << 10}, {"contig", 1 << 20}}
+
+// kvAPIs is BenchmarkKVAPIs against a target pool of pool bytes at base
+// in segment seg, open on a, with inflight requests in flight: each phase
+// starts one request per stream, all through one API, and ends when all
+// have (each stream with a ring of its own for the ring API; the batch
+// API's streams share the engine's batch ring, as its callers do).
+func kvAPIs(b *testing.B, a *moonring.Engine, seg moonring.SegmentID, base uint64, pool, inflight, size int) {
+	tasks := 256 << 20 / size
 	amem, err := a.Alloc(pool, "cpu:0")
 	if err != nil {
 		b.Fatal(err)
@@ -217,98 +268,123 @@ func BenchmarkKVAPIs(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer a.UnregisterLocalMemory(context.Background(), amem)
-	seg, err := a.OpenSegment(b.Context(), t.Name())
-	if err != nil {
-		b.Fatal(err)
+	type stream struct {
+		reqs []moonring.TransferRequest
+		es   []moonring.Entry
+		ring *moonring.Ring
+		cqes []moonring.Completion
 	}
-	ring, err := a.NewRing(moonring.RingConfig{Entries: 4096})
-	if err != nil {
-		b.Fatal(err)
-	}
-	base := uint64(moonring.AddressOf(tmem))
-	rng := rand.New(rand.NewPCG(7, 8))
-	// Mooncake names a task's local side by address (Source), the ring
-	// by buffer and offset: each API as its users call it.
-	reqs := make([]moonring.TransferRequest, tasks)
-	es := make([]moonring.Entry, tasks)
-	draw := func() {
-		for i := range reqs {
-			l, r := uint64(rng.IntN(pool/size)*size), uint64(rng.IntN(pool/size)*size)
-			reqs[i] = moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(amem) + uintptr(l),
-				TargetID: seg, TargetOffset: base + r, Length: size}
-			es[i] = moonring.Entry{Op: moonring.OpWrite, Segment: seg, Buffer: id, Local: l, Remote: base + r, Length: size, UserData: uint64(i)}
-		}
-	}
-	viaBatch := func() {
-		bid, err := a.AllocateBatchID(tasks)
+	streams := make([]stream, inflight)
+	for w := range streams {
+		ring, err := a.NewRing(moonring.RingConfig{Entries: 4096})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := a.SubmitTransfer(bid, reqs); err != nil {
-			b.Fatal(err)
-		}
-		if err := a.WaitBatch(b.Context(), bid); err != nil {
-			b.Fatal(err)
-		}
-		for i := range tasks {
-			if st, err := a.GetTransferStatus(bid, i); err != nil || st.Status != moonring.COMPLETED {
-				b.Fatalf("batch task %d: %+v, %v", i, st, err)
+		defer ring.Close()
+		streams[w] = stream{make([]moonring.TransferRequest, tasks), make([]moonring.Entry, tasks), ring, make([]moonring.Completion, 256)}
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	// Mooncake names a task's local side by address (Source), the ring
+	// by buffer and offset: each API as its users call it. Streams never
+	// share a block in flight.
+	draw := func() {
+		blocks := rng.Perm(pool / size)
+		for w := range streams {
+			st := &streams[w]
+			for i := range st.reqs {
+				l, r := uint64(blocks[(w*tasks+i)%len(blocks)]*size), uint64(rng.IntN(pool/size)*size)
+				st.reqs[i] = moonring.TransferRequest{Opcode: moonring.Write, Source: moonring.AddressOf(amem) + uintptr(l),
+					TargetID: seg, TargetOffset: base + r, Length: uint64(size)}
+				st.es[i] = moonring.Entry{Op: moonring.OpWrite, Segment: seg, Buffer: id, Local: l, Remote: base + r, Length: uint64(size), UserData: uint64(i)}
 			}
 		}
-		if err := a.FreeBatchID(bid); err != nil {
-			b.Fatal(err)
-		}
 	}
-	cqes := make([]moonring.Completion, 256)
-	viaRing := func() {
+	viaBatch := func(st *stream) error {
+		bid, err := a.AllocateBatchID(tasks)
+		if err != nil {
+			return err
+		}
+		defer a.FreeBatchID(bid)
+		if err := a.SubmitTransfer(bid, st.reqs); err != nil {
+			return err
+		}
+		if err := a.WaitBatch(b.Context(), bid); err != nil {
+			return err
+		}
+		for i := range tasks {
+			if s, err := a.GetTransferStatus(bid, i); err != nil || s.Status != moonring.COMPLETED {
+				return fmt.Errorf("batch task %d: %+v, %v", i, s, err)
+			}
+		}
+		return nil
+	}
+	viaRing := func(st *stream) error {
 		next, done := 0, 0
 		for done < tasks {
 			if next < tasks {
-				n, err := ring.Submit(es[next:min(tasks, done+4096)])
+				n, err := st.ring.Submit(st.es[next:min(tasks, done+4096)])
 				next += n
 				if err != nil && !errors.Is(err, moonring.ErrSQFull) {
-					b.Fatal(err)
+					return err
 				}
 			}
-			n := ring.PeekBatch(cqes)
+			n := st.ring.PeekBatch(st.cqes)
 			if n == 0 {
 				if done < next {
-					if err := ring.CQ().Wait(b.Context(), 1); err != nil {
-						b.Fatal(err)
+					if err := st.ring.CQ().Wait(b.Context(), 1); err != nil {
+						return err
 					}
 				}
 				continue
 			}
-			for _, c := range cqes[:n] {
+			for _, c := range st.cqes[:n] {
 				if c.Status != moonring.COMPLETED {
-					b.Fatalf("ring entry %d: %+v", c.UserData, c)
+					return fmt.Errorf("ring entry %d: %+v", c.UserData, c)
 				}
 			}
-			ring.Advance(n)
+			st.ring.Advance(n)
 			done += n
 		}
+		return nil
+	}
+	errs := make([]error, inflight)
+	phase := func(batch bool) time.Duration {
+		start := time.Now()
+		var wg sync.WaitGroup
+		for w := range streams {
+			wg.Go(func() {
+				if batch {
+					errs[w] = viaBatch(&streams[w])
+				} else {
+					errs[w] = viaRing(&streams[w])
+				}
+			})
+		}
+		wg.Wait()
+		d := time.Since(start)
+		if err := errors.Join(errs...); err != nil {
+			b.Fatal(err)
+		}
+		return d
 	}
 	draw()
-	viaBatch() // the batch ring made, the task table grown
-	viaRing()
+	phase(true) // the batch ring made, the task table grown
+	phase(false)
 	var inBatch, inRing time.Duration
-	b.SetBytes(2 * tasks * size)
+	b.SetBytes(int64(2 * inflight * tasks * size))
 	round := 0
 	for b.Loop() {
 		draw()
 		for k := range 2 {
-			start := time.Now()
 			if (round+k)%2 == 0 {
-				viaBatch()
-				inBatch += time.Since(start)
+				inBatch += phase(true)
 			} else {
-				viaRing()
-				inRing += time.Since(start)
+				inRing += phase(false)
 			}
 		}
 		round++
 	}
-	gbps := func(d time.Duration) float64 { return float64(round) * tasks * size / d.Seconds() / 1e9 }
+	gbps := func(d time.Duration) float64 { return float64(round*inflight*tasks*size) / d.Seconds() / 1e9 }
 	b.ReportMetric(gbps(inBatch), "batch-GB/s")
 	b.ReportMetric(gbps(inRing), "ring-GB/s")
 	b.ReportMetric(gbps(inBatch)/gbps(inRing), "batch/ring")
