@@ -80,3 +80,81 @@ func TestWaitRoom(t *testing.T) {
 		t.Fatalf("%d waiters counted after every wait ended", n)
 	}
 }
+
+// TestWaitRoomLow: a submitter waiting for room in a full SQ of 16 stays
+// parked while the poller takes entries one at a time (one slot in
+// flight, each slice held by the transport until released) and fewer than
+// a quarter of the SQ are free, and wakes once four are; a wait that
+// expires with less room than that, but some, returns nil, not
+// ErrSQFull.
+func TestWaitRoomLow(t *testing.T) {
+	ep := &fakeEP{hold: true}
+	h := newHarness(t, Config{Entries: 16, MaxInFlight: 1}, ep, true)
+	for i := range 16 {
+		if n, err := h.r.Submit([]sq.Entry{h.write(uint64(i), 0, 0, 8)}); n != 1 || err != nil {
+			t.Fatalf("entry %d: %d, %v", i, n, err)
+		}
+	}
+	if _, err := h.r.Submit([]sq.Entry{h.write(99, 0, 0, 8)}); err != ErrSQFull {
+		t.Fatalf("Submit to a full SQ: %v", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- h.r.WaitRoom(nil) }()
+	for h.r.roomWaiters.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	free := func() int { return h.r.sq.Cap() - h.r.sq.Len() }
+	// One entry a step: the one slot is taken by the first WRITE, and
+	// freed when the transport gives its slice back.
+	for want := 1; want <= 3; want++ {
+		h.step()
+		if free() != want {
+			t.Fatalf("after step %d: %d entries free, want %d", want, free(), want)
+		}
+		select {
+		case err := <-got:
+			t.Fatalf("WaitRoom returned %v with %d of 16 entries free", err, free())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if ep.release(1, nil) != 1 {
+			t.Fatal("no slice held")
+		}
+	}
+	h.step() // the fourth: a quarter free
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("WaitRoom with a quarter free: %v", err)
+		}
+	case <-time.After(hang):
+		t.Fatalf("the waiter was not woken with %d of 16 entries free", free())
+	}
+	// Full again; the poller then frees one entry, less than it wakes
+	// for: the wait, expiring, finds that room and returns nil.
+	for free() > 0 {
+		if _, err := h.r.Submit([]sq.Entry{h.write(50, 0, 0, 8)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expire := make(chan time.Time)
+	go func() { got <- h.r.WaitRoom(expire) }()
+	for h.r.roomWaiters.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	ep.release(1, nil)
+	h.step()
+	if free() != 1 {
+		t.Fatalf("%d entries free, want 1", free())
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("WaitRoom returned %v with 1 of 16 entries free, before its expiry", err)
+	case <-time.After(10 * time.Millisecond):
+	}
+	expire <- time.Now()
+	if err := <-got; err != nil {
+		t.Fatalf("WaitRoom expiring with an entry free: %v; want nil", err)
+	}
+	ep.setHold(false)
+	ep.release(-1, nil)
+}
