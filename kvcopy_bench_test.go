@@ -88,6 +88,30 @@ func BenchmarkKVCopy(b *testing.B) {
 	}
 }
 
+// kvTarget starts a target engine of this process, with its own memory
+// metadata store, and registers a pool of size bytes from its Alloc,
+// remote-accessible; b's cleanup closes the engine, then frees the pool.
+func kvTarget(b *testing.B, name string, size int) (*moonring.Engine, []byte) {
+	t, err := moonring.New(moonring.Config{Name: name, Metadata: metadata.NewMemory()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var mem []byte
+	b.Cleanup(func() {
+		t.Close()
+		if mem != nil {
+			t.Free(mem)
+		}
+	})
+	if mem, err = t.Alloc(size, "cpu:0"); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := t.RegisterLocalMemory(mem, "cpu:0", true); err != nil {
+		b.Fatal(err)
+	}
+	return t, mem
+}
+
 // BenchmarkKVBatch is the engine's per-task cost on the kv pattern: a
 // batch of 4,096 READs of 32 KiB between random blocks of two 256 MiB
 // pools of one process (the local transport: the copy is the engine's
@@ -98,19 +122,7 @@ func BenchmarkKVCopy(b *testing.B) {
 // (api=copy). The difference per task is the engine's.
 func BenchmarkKVBatch(b *testing.B) {
 	const pool, size, tasks = 256 << 20, 32 << 10, 4096
-	t, err := moonring.New(moonring.Config{Name: "kvbatch-t", Metadata: metadata.NewMemory()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer t.Close()
-	tmem, err := t.Alloc(pool, "cpu:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer t.Free(tmem)
-	if _, err := t.RegisterLocalMemory(tmem, "cpu:0", true); err != nil {
-		b.Fatal(err)
-	}
+	t, tmem := kvTarget(b, "kvbatch-t", pool)
 	amem, err := t.Alloc(pool, "cpu:0")
 	if err != nil {
 		b.Fatal(err)
@@ -195,19 +207,7 @@ func BenchmarkKVBatch(b *testing.B) {
 func BenchmarkKVAPIs(b *testing.B) {
 	const pool = 1 << 30
 	b.Run("transport=local", func(b *testing.B) {
-		t, err := moonring.New(moonring.Config{Name: "kvapis-t", Metadata: metadata.NewMemory()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer t.Close()
-		tmem, err := t.Alloc(pool, "cpu:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer t.Free(tmem)
-		if _, err := t.RegisterLocalMemory(tmem, "cpu:0", true); err != nil {
-			b.Fatal(err)
-		}
+		t, tmem := kvTarget(b, "kvapis-t", pool)
 		a, err := moonring.New(moonring.Config{Name: "kvapis-a", Metadata: t.Config().Metadata})
 		if err != nil {
 			b.Fatal(err)
