@@ -211,8 +211,10 @@ func (t *Transport) accept() {
 				}
 				t.mu.Unlock()
 				if pc != nil {
-					pc.c.Close()
+					// Counted before the close: a peer, or a test,
+					// that sees the close finds it in Refusals.
 					t.refuse(rDescriptors, pc.c.RemoteAddr(), nil)
+					pc.c.Close()
 					// The descriptor is released once its goroutine's read
 					// has returned: let it run, then accept again.
 					runtime.Gosched()
@@ -251,8 +253,8 @@ func (t *Transport) accept() {
 		t.wg.Add(1)
 		t.mu.Unlock()
 		if evict != nil {
+			t.refuse(why, evict.c.RemoteAddr(), nil) // counted before the close
 			evict.c.Close()
-			t.refuse(why, evict.c.RemoteAddr(), nil)
 		}
 		go t.serveConn(pc)
 	}

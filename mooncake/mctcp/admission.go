@@ -143,10 +143,13 @@ func (t *Transport) accept() {
 		} else {
 			bound = 0
 		}
+		// A refusal is counted before the close (as serveConn's are), so
+		// that a peer, or a test, that sees the close finds it in
+		// Refusals.
 		if bound > 0 && victim == nil {
 			t.mu.Unlock()
-			c.Close()
 			t.refuse(why, c.RemoteAddr(), nil, "bound", bound, "closed", "the new connection (none idle)")
+			c.Close()
 			continue
 		}
 		t.conns[sc] = struct{}{}
@@ -154,8 +157,8 @@ func (t *Transport) accept() {
 		t.wg.Add(1)
 		t.mu.Unlock()
 		if victim != nil {
-			victim.c.Close()
 			t.refuse(why, victim.c.RemoteAddr(), nil, "bound", bound, "closed", "the one idle longest")
+			victim.c.Close()
 		}
 		go t.serveConn(sc)
 	}
