@@ -19,9 +19,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/rails"
 	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/transport"
 	"golang.org/x/sys/unix"
@@ -555,5 +557,34 @@ func TestReadPlanLoopback(t *testing.T) {
 	// The plan's counters only: the receiver is reading again (calls).
 	if taken := rail0(t, ep).plan.taken; taken == 0 {
 		t.Error("no answer was taken from a plan")
+	}
+}
+
+// A run of answers that come in one read (WRITEs' and small READs', all in
+// the socket before the driver reads) reads the clocks once for the run,
+// not once per answer: each answer's time, for the response deadline and
+// the rails picker's Done, is the time its bytes came.
+func TestAnswersClockPerRead(t *testing.T) {
+	var calls atomic.Int64
+	start := time.Now()
+	s := newScripted(t, Config{railConfig: rails.Config{Now: func() int64 {
+		calls.Add(1)
+		return int64(time.Since(start))
+	}}})
+	s.owe(t)
+	var ops []planOp
+	for i := range 32 {
+		if i%2 == 0 {
+			ops = append(ops, wr(4096, stOK))
+		} else {
+			ops = append(ops, rd(200, stOK))
+		}
+	}
+	pr := s.postRun(t, 50, ops, -1)
+	calls.Store(0)
+	got := s.deliver(t, pr, nil)
+	s.check(t, pr, got, -1, "the run")
+	if n := calls.Load(); n > 2 {
+		t.Fatalf("the picker's clock read %d times for %d answers that came in one read", n, len(ops))
 	}
 }

@@ -121,7 +121,7 @@ func (c *conn) receiveOne() error {
 		// can move) from one that found room, and counts what the rail
 		// completes per second of wall time. Only answers with status
 		// OK count; the failures of a connection are fail's.
-		c.e.pick.Done(c.rail, p.s.Length, p.posted, c.e.pick.Now())
+		c.e.pick.Done(c.rail, p.s.Length, p.posted, c.rdr.at)
 	}
 	comp, tok := p.c, p.s.Token
 	p.c, p.s.Local = nil, nil
@@ -142,15 +142,20 @@ func (c *conn) readHeader() error {
 	if c.br.Buffered() == 0 && c.directNext() {
 		src = c.src
 	}
-	ahead := c.held() >= respSize // r.last is when they came
+	// An answer's time is when its bytes came. A header read ahead with
+	// the last payload, or wholly in the buffer, came with an earlier
+	// read and keeps that read's time (r.last and r.at): a burst of
+	// answers read together costs one reading of the clocks, not one
+	// each.
+	came := c.held() >= respSize || src == io.Reader(c.br) && c.br.Buffered() >= respSize
 	if err := r.read(src, c.hdr[:], true); err != nil {
 		if err == errLeave {
 			return err
 		}
 		return fmt.Errorf("%w: receive: %v", transport.ErrPeer, err)
 	}
-	if !ahead {
-		r.last = time.Now().UnixNano()
+	if !came {
+		r.stamp()
 	}
 	return nil
 }
@@ -188,6 +193,7 @@ func (c *conn) held() int {
 type reader struct {
 	c        *conn
 	last     int64 // UnixNano of the last response, or payload bytes (or the start)
+	at       int64 // when the last answer's bytes came, on the rails picker's clock (its Done's)
 	deadline int64 // the read deadline set, UnixNano
 	timeout  int64
 	// until is a driving caller's deadline (UnixNano), 0 for the
@@ -198,6 +204,13 @@ type reader struct {
 
 // errLeave ends a driver's read between two answers: its wait is over.
 var errLeave = errors.New("tcp: driver leaves")
+
+// stamp records that answer bytes came now: r.last for the response
+// deadline, r.at for the rails picker.
+func (r *reader) stamp() {
+	r.last = time.Now().UnixNano()
+	r.at = r.c.e.pick.Now()
+}
 
 // read fills dst from src, a response header (header) or payload bytes.
 func (r *reader) read(src io.Reader, dst []byte, header bool) error {
@@ -235,10 +248,11 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 		if between && r.until != 0 && c.interrupt.Load() {
 			return errLeave
 		}
+		buffered := src == io.Reader(c.br) && c.br.Buffered() >= len(dst)-got // came with an earlier read
 		k, err := src.Read(dst[got:])
 		got += k
-		if k > 0 && !header {
-			r.last = time.Now().UnixNano()
+		if k > 0 && !header && !buffered {
+			r.stamp()
 		}
 		if err == nil {
 			continue
