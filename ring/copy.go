@@ -135,8 +135,23 @@ func (r *Ring) copyEach(cp transport.Copier, copied *uint64) {
 		}
 		q.outstanding++
 		r.outstanding++
-		err := cp.Copy(s)
+		err := copyOne(cp, s, &r.holds)
 		r.applySlice(s.Token, codeOf(err), err != nil && isPath(err))
 		*copied += s.Length
 	}
+}
+
+// copyOne moves s on cp. An endpoint that can (a HoldingCopier) leaves
+// its reference on the target's memory in h, so that a run of copies
+// into one region takes and gives back its reference once, not once per
+// slice: the reference is a counter that every copier into the region
+// writes. A notification goes out with h emptied first: no reference is
+// held across a call that may wait on another goroutine (see flush).
+// The caller gives back what h holds when its run is done.
+func copyOne(cp transport.Copier, s *transport.Slice, h *transport.Holds) error {
+	if hc, ok := cp.(transport.HoldingCopier); ok && s.Op != transport.Notify {
+		return hc.CopyHold(s, h)
+	}
+	h.Release()
+	return cp.Copy(s)
 }

@@ -43,6 +43,9 @@ type copyJob struct {
 	cp   transport.Copier
 	s    []transport.Slice
 	errs []error
+	// holds are the references the job's copies keep on the target's
+	// memory (copyOne), given back when the job is done.
+	holds transport.Holds
 }
 
 // copiers are a poller's copy workers and the jobs they share: free holds
@@ -187,10 +190,11 @@ func (j *copyJob) copy() {
 		for i := range s {
 			err := transport.ErrClosed
 			if !r.gone(s[i].Token) {
-				err = j.cp.Copy(&s[i])
+				err = copyOne(j.cp, &s[i], &j.holds)
 			}
 			r.queueDone(s[i].Token, err)
 		}
+		j.holds.Release()
 	}
 	clear(s) // no pointer into a buffer outlives the copy
 	j.s, j.r, j.cp = s[:0], nil, nil

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/sq"
 	"github.com/moonring/moonring/transport"
 )
@@ -298,4 +299,65 @@ func TestShareWeighs(t *testing.T) {
 			t.Fatalf("backlogged worker, step %d: weight %d; want %d", i, got, want)
 		}
 	}
+}
+
+// parHoldEP is a parEP whose memory is one region with a reference count,
+// as local's: CopyHold leaves the reference in the Holds it is given, Copy
+// takes and drops its own.
+type parHoldEP struct {
+	*parEP
+	ref      segtable.Ref
+	acquires atomic.Int32
+}
+
+func (p *parHoldEP) Copy(s *transport.Slice) error { return p.CopyHold(s, nil) }
+
+func (p *parHoldEP) CopyHold(s *transport.Slice, h *transport.Holds) error {
+	held := h != nil && h.Has(&p.ref)
+	ok, release := h.Take(&p.ref)
+	if !ok {
+		return transport.ErrDenied
+	}
+	if !held {
+		p.acquires.Add(1)
+	}
+	err := p.parEP.Copy(s)
+	if release {
+		p.ref.Release()
+	}
+	return err
+}
+
+// TestCopyWorkerHolds: a batch shared with a copy worker, on an endpoint
+// that can hold its reference (a HoldingCopier), takes the reference once
+// per run of copies, on the poller and on the worker, not once per slice,
+// and nothing holds it once the requests are done.
+func TestCopyWorkerHolds(t *testing.T) {
+	f := &fakeEP{}
+	h := newHarnessPoller(t, Config{SliceSize: 64 << 10}, f, false, PollerConfig{CopyWorkers: 1})
+	ep := &parHoldEP{parEP: &parEP{fakeEP: f, linger: 20 * time.Millisecond, r1: h.r1}}
+	h.seg.Path().Endpoint = ep
+	fillPattern(h.local, 9)
+	es := shareWrites(h, 16)
+	h.submit(es...)
+	for _, c := range h.collect(len(es)) {
+		expectCode(t, c, cq.CodeOK)
+	}
+	for _, e := range es {
+		r := e.Remote - h.r1
+		if string(h.remote[r:r+e.Length]) != string(h.local[e.Local:e.Local+e.Length]) {
+			t.Fatalf("write %d: data differs", e.UserData)
+		}
+	}
+	st := h.r.Stats()
+	if ep.most.Load() < 2 || st.Shared == 0 {
+		t.Fatalf("at most %d copies at once, %d slices shared; want 2 and some", ep.most.Load(), st.Shared)
+	}
+	if n := ep.ref.InUse(); n != 0 {
+		t.Fatalf("%d references held after every request completed", n)
+	}
+	if a := ep.acquires.Load(); a > 4 {
+		t.Fatalf("%d acquires for 16 slices in one round shared with one worker", a)
+	}
+	t.Logf("%d acquires, %d slices shared", ep.acquires.Load(), st.Shared)
 }

@@ -406,28 +406,38 @@ func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 		}
 		return
 	}
-	find := func(s *transport.Slice) *mapping {
-		if s.Op == transport.Notify {
+	find := func(i int) *mapping {
+		if i >= len(s) || s[i].Op == transport.Notify {
 			return nil
 		}
-		return e.find(s.Remote, s.Length)
+		return e.find(s[i].Remote, s[i].Length)
 	}
-	for i := 0; i < len(s); {
-		m := find(&s[i])
+	// The batch holds each mapping it copies through from its first copy
+	// to its end (up to the Holds' few; the others are taken per copy):
+	// the references are one counter per mapping that every copier
+	// writes, and a batch of scattered blocks copies through one mapping
+	// again and again. A notification's round trip holds none.
+	var h transport.Holds
+	for i, m := 0, find(0); i < len(s); {
 		if m == nil || m.base != nil {
-			if m != nil && i+1 < len(s) {
-				if next := find(&s[i+1]); next != nil && next.base != nil {
-					prefetch(&s[i+1], next)
-				}
+			next := find(i + 1) // looked up once: it is the next round's m
+			if m != nil && next != nil && next.base != nil {
+				prefetch(&s[i+1], next)
 			}
-			errs[i] = e.copy(c, m, &s[i])
+			if s[i].Op == transport.Notify {
+				h.Release()
+			}
+			errs[i] = e.copyHold(c, m, &s[i], &h)
 			i++
+			m = next
 			continue
 		}
 		n := e.vmRun(s[i:min(len(s), i+maxIov)])
 		e.vmBatch(s[i:i+n], errs[i:i+n])
 		i += n
+		m = find(i)
 	}
+	h.Release()
 }
 
 // vmRun counts the leading slices of s (at least the first, which must)

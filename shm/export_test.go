@@ -9,3 +9,14 @@ func Closing(t *Transport) bool {
 	defer t.mu.Unlock()
 	return t.closed
 }
+
+// HeldRefs is how many references to e's mappings are held: none when no
+// copy runs.
+func HeldRefs(e *Endpoint) int {
+	n := 0
+	e.maps.Ascend(func(_ uint64, g *mapping) bool {
+		n += g.ref.InUse()
+		return true
+	})
+	return n
+}

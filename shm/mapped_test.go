@@ -6,7 +6,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -378,6 +381,109 @@ func TestCopyBatch(t *testing.T) {
 	errs := make([]error, 2)
 	if n := testing.AllocsPerRun(100, func() { ep.CopyBatch(s, errs) }); n != 0 {
 		t.Fatalf("CopyBatch allocates %v times", n)
+	}
+}
+
+// TestCopyBatchMapped moves a batch of slices through six mapped buffers
+// in turn, more than a batch holds references to at once, with a
+// notification among them: every byte lands both ways, a batch of copies
+// allocates nothing, and it keeps no reference when it returns (one kept
+// would hold the target's withdrawal of the buffer for ever): the target
+// withdraws every buffer after it.
+func TestCopyBatchMapped(t *testing.T) {
+	w := newWorld(t, shm.Config{})
+	var got atomic.Int64
+	w.targ.SetNotify("target", func(n *transport.Notification) error {
+		got.Add(1)
+		return nil
+	})
+	w.init.SetNotify("initiator", func(*transport.Notification) error { return nil })
+	const nbuf, size = 6, 64 << 10
+	var bufs []*segtable.Buffer
+	var mems [][]byte
+	for range nbuf {
+		b, m := w.shared(size, true)
+		bufs, mems = append(bufs, b), append(mems, m)
+	}
+	ep := w.open()
+	if mp, v := ep.Granted(); mp != nbuf || v != 0 {
+		t.Fatalf("granted %d mapped, %d vm; want %d mapped", mp, v, nbuf)
+	}
+	lm := w.local.Bytes()
+	const per = 10 // slices per buffer
+	batch := func(op transport.Op) []transport.Slice {
+		var s []transport.Slice
+		for i := range nbuf * per {
+			b, k := i%nbuf, i/nbuf // each buffer in turn
+			n := uint64(1000 + 37*i)
+			s = append(s, w.slice(op, uint64(i)*8192, uint64(bufs[b].Addr)+uint64(k)*6000, n))
+			if i == nbuf*per/2 {
+				copy(lm[7<<20:], "note")
+				s = append(s, transport.Slice{Op: transport.Notify, Local: w.local.Pointer(7 << 20), Remote: 3, Length: 4, Token: w.tok.Add(1)})
+			}
+		}
+		return s
+	}
+	for _, op := range []transport.Op{transport.Write, transport.Read} {
+		testpattern.Fill(lm[:nbuf*per*8192], 21)
+		for i, m := range mems {
+			testpattern.Fill(m, uint64(30+i))
+		}
+		s := batch(op)
+		errs := make([]error, len(s))
+		ep.CopyBatch(s, errs)
+		if n := shm.HeldRefs(ep); n != 0 {
+			// Not Fatal, nor a panic: the cleanups (Close) would wait
+			// for them for ever.
+			fmt.Fprintf(os.Stderr, "--- FAIL: TestCopyBatchMapped: %v: %d references held after CopyBatch returned\n", op, n)
+			os.Exit(1)
+		}
+		for i := range s {
+			if errs[i] != nil {
+				t.Fatalf("%v slice %d: %v", op, i, errs[i])
+			}
+			if s[i].Op == transport.Notify {
+				continue
+			}
+			local := unsafe.Slice((*byte)(s[i].Local), s[i].Length)
+			b := slices.IndexFunc(bufs, func(b *segtable.Buffer) bool {
+				return uint64(b.Addr) <= s[i].Remote && s[i].Remote < uint64(b.Addr)+b.Length
+			})
+			off := s[i].Remote - uint64(bufs[b].Addr)
+			if d := testpattern.FirstDiff(local, mems[b][off:off+s[i].Length]); d >= 0 {
+				t.Fatalf("%v slice %d: byte %d differs", op, i, d)
+			}
+		}
+	}
+	if got.Load() != 2 {
+		t.Fatalf("%d notifications reached the target, want 2", got.Load())
+	}
+	// Without the notification, whose pool the race detector empties.
+	s := slices.DeleteFunc(batch(transport.Write), func(s transport.Slice) bool { return s.Op == transport.Notify })
+	errs := make([]error, len(s))
+	if n := testing.AllocsPerRun(20, func() { ep.CopyBatch(s, errs) }); n != 0 {
+		t.Fatalf("CopyBatch allocates %v times", n)
+	}
+	done := make(chan error, 1)
+	go func() {
+		for _, b := range bufs {
+			if err := w.targ.Unregister(b, w.tregs[b]); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Unregister: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("hang: withdrawing the buffers after CopyBatch (a reference kept)")
+	}
+	if mp, _ := ep.Granted(); mp != 0 {
+		t.Fatalf("still %d mapped after Unregister", mp)
 	}
 }
 
