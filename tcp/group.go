@@ -16,24 +16,37 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// groupTail is the buffer a group's last readv reads past its payloads
-// into: the next frames' headers (a group frame and its headers take 544
-// bytes) and the start of the next payload. The frames' bufio.Reader gets
-// those bytes from nbReader.over without a system call, so between two
-// groups that follow each other closely it reads no payload bytes of its
-// own (it does when the tail ends inside the next group's headers).
-const groupTail = 4 << 10
+// headRoom is the most bytes of headers a frame takes: a group frame and
+// the headers of its WRITEs.
+const headRoom = reqSize * (1 + maxGroup)
+
+// groupTail is the buffer a payload's last readv reads past it into: the
+// next frame's headers, which the frames' bufio.Reader then gets from
+// nbReader.over without a system call. It holds no more than a frame's
+// headers, so that little of the next payload is read into it (and
+// copied out again).
+const groupTail = headRoom
 
 // groupStats counts, for tests, the group frames a target served, the
-// readvs of their payloads and those that read past a group into its tail.
-type groupStats struct{ frames, readvs, tails atomic.Uint64 }
+// readvs of their payloads (and of WRITEs read as one, fillOne), those
+// that read past a payload into its tail, the waits that set a low-water
+// mark (lowat.go), and the payload bytes copied out of the frames' buffer
+// or the tail rather than read into their destinations.
+type groupStats struct{ frames, readvs, tails, marks, copied atomic.Uint64 }
 
 // add counts one group frame served by g, and g's reads since the last.
 func (s *groupStats) add(g *groupIn) {
 	s.frames.Add(1)
+	s.flush(g)
+}
+
+// flush adds g's counts of reads since the last and zeroes them.
+func (s *groupStats) flush(g *groupIn) {
 	s.readvs.Add(g.readvs)
 	s.tails.Add(g.tails)
-	g.readvs, g.tails = 0, 0
+	s.marks.Add(g.marks)
+	s.copied.Add(g.copied)
+	g.readvs, g.tails, g.marks, g.copied = 0, 0, 0, 0
 }
 
 // groupIn is a connection's state for the group frames it serves; made on
@@ -47,10 +60,11 @@ type groupIn struct {
 	ds   [][]byte         // what is left of the destinations being filled, in dsb
 	dsb  [maxGroup][]byte
 	v    []unix.Iovec
+	one  [1][]byte // fillOne's destination
 	tail [groupTail]byte
-	// readvs counts the readvs of payloads, tails those that read past
-	// the group into the tail (tests read them, through Transport.groups).
-	readvs, tails uint64
+	// The counts groupStats sums (tests read them, through
+	// Transport.groups).
+	readvs, tails, marks, copied uint64
 }
 
 // read serves a group frame announcing k WRITEs: it reads and checks
@@ -63,7 +77,16 @@ type groupIn struct {
 func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, sv *served) error {
 	defer g.forget()
 	h := g.hdrs[:k*reqSize]
-	if _, err := io.ReadFull(br, h); err != nil {
+	if nb != nil && br.Buffered() < len(h) {
+		// The headers and not a byte more: a payload byte read with them
+		// would be copied out of the frames' buffer.
+		nb.limit = len(h) - br.Buffered()
+	}
+	_, err := io.ReadFull(br, h)
+	if nb != nil {
+		nb.limit = 0
+	}
+	if err != nil {
 		return err
 	}
 	// Every header is decoded before any region is held: a framing error
@@ -119,10 +142,21 @@ func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, sv *
 	return nil
 }
 
+// fillOne reads one WRITE's payload into dst as fill reads a group's
+// last run: what the buffers hold, then straight from the socket, with
+// the next frame's headers in the same readv.
+func (g *groupIn) fillOne(br *bufio.Reader, nb *nbReader, dst []byte) error {
+	g.one[0] = dst
+	err := g.fill(br, nb, g.one[:], true)
+	g.forget()
+	return err
+}
+
 // forget drops the group's pointers into registered memory.
 func (g *groupIn) forget() {
 	clear(g.dst[:])
 	clear(g.dsb[:])
+	g.one[0] = nil
 	clear(g.v[:cap(g.v)])
 	g.ds = nil
 }
@@ -147,6 +181,7 @@ func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool)
 	// them without reading the socket while Buffered is not 0.
 	for len(g.ds) > 0 && br.Buffered() > 0 {
 		n, _ := br.Read(g.ds[0])
+		g.copied += uint64(n)
 		g.consume(n)
 	}
 	if nb == nil || nb.rc == nil {
@@ -160,14 +195,22 @@ func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool)
 	}
 	for len(g.ds) > 0 && nb.held() > 0 {
 		n, _ := nb.Read(g.ds[0])
+		g.copied += uint64(n)
 		g.consume(n)
 	}
+	marks := nb.lowats
 	for len(g.ds) > 0 {
+		owed := 0
+		for _, d := range g.ds {
+			owed += len(d)
+		}
+		nb.expect(owed) // the initiator has sent the frame's header: they come
 		g.v = appendIovecs(g.v[:0], g.ds)
 		if last {
 			g.v = appendIovec(g.v, g.tail[:])
 		}
 		n, err := nb.readv(g.v)
+		nb.expect(0)
 		if err != nil {
 			return err
 		}
@@ -180,6 +223,7 @@ func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool)
 			nb.over = g.tail[:n]
 		}
 	}
+	g.marks += nb.lowats - marks
 	return nil
 }
 

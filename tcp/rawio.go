@@ -38,11 +38,11 @@ func newNBReader(raw net.Conn) *nbReader {
 		}
 		r.waitFn = func(fd uintptr) bool {
 			r.rawRead(fd)
-			return r.err != unix.EAGAIN // else the netpoller waits
+			return r.ready(fd) // else the netpoller waits
 		}
 		r.readvFn = func(fd uintptr) bool {
 			r.rawReadv(fd)
-			return r.err != unix.EAGAIN
+			return r.ready(fd)
 		}
 	}
 	return r
@@ -66,6 +66,17 @@ func (r *nbReader) readv(v []unix.Iovec) (int, error) {
 		return 0, io.EOF
 	}
 	return r.n, nil
+}
+
+// ready reports whether the read just made is done (bytes, an error, the
+// end); when it found nothing it sets the low-water mark the wait takes
+// (lowat.go) and reports false, and the netpoller waits.
+func (r *nbReader) ready(fd uintptr) bool {
+	if r.err != unix.EAGAIN {
+		return true
+	}
+	r.setLowat(fd, r.lowat)
+	return false
 }
 
 // held is how many bytes of the stream were read before they were asked

@@ -94,6 +94,15 @@ type nbReader struct {
 	ahead  [respSize]byte
 	aheads uint64 // readvs that read past their first buffer (tests read it)
 	calls  uint64 // read and readv system calls (tests read it)
+	// lowat is the low-water mark the next wait sets (0: one byte), and
+	// lowatSet the socket's (lowat.go); lowats counts the marks set
+	// (tests read it).
+	lowat, lowatSet int
+	lowats          uint64
+	// limit, when not 0, bounds what a Read takes from the socket: the
+	// frames' buffer then reads a frame's headers without the start of
+	// the payload behind them, which would be copied out of it.
+	limit int
 }
 
 var errWouldBlock = errors.New("tcp: would block")
@@ -109,6 +118,9 @@ func (r *nbReader) Read(p []byte) (int, error) {
 	}
 	if r.rc == nil || len(p) == 0 {
 		return r.Conn.Read(p)
+	}
+	if r.limit > 0 && len(p) > r.limit {
+		p = p[:r.limit]
 	}
 	r.p = p
 	fn := r.waitFn
@@ -313,7 +325,15 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 	// owed counts the WRITE payload bytes read since the last flush at the
 	// loop's top (the others leave it: at worst an ack goes out early).
 	owed := 0
+	// bulk says the last frame carried a bulk payload (a group, or a WRITE
+	// of at least bulkMin): the next header is then read with no more
+	// than a frame's headers (nbReader.limit), as the next payload's
+	// bytes read into the frames' buffer would be copied out of it.
+	bulk := false
 	for {
+		if nb != nil && bulk {
+			nb.limit = headRoom
+		}
 		// Write what is gathered before waiting for more requests, so a
 		// pipelined burst leaves in one writev and a lone request at once,
 		// and after ackAfter bytes of WRITE payload in any case.
@@ -356,6 +376,10 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 			gotAtArm = got
 			armIdle()
 		}
+		if nb != nil {
+			nb.limit = 0
+		}
+		bulk = false
 		served++
 		if err := req.decode(hdr[:], t.cfg.MaxLength); err != nil {
 			return err
@@ -380,6 +404,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 			if grp == nil {
 				grp = new(groupIn)
 			}
+			bulk = true
 			armFrame(time.Now())
 			if err := grp.read(t, br, nb, k, sv); err != nil {
 				return err
@@ -425,10 +450,23 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 				}
 				sv.denied.Add(1)
 			} else {
-				if br.Buffered() < int(req.length) {
+				dst := unsafe.Slice((*byte)(unsafe.Add(r.base, req.addr-r.addr)), req.length)
+				var err error
+				if br.Buffered() < len(dst) {
 					setDeadline()
 				}
-				_, err := io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(r.base, req.addr-r.addr)), req.length))
+				if len(dst) >= bulkMin && nb != nil && nb.rc != nil {
+					// Straight from the socket, not through the frames'
+					// buffer and a copy.
+					if grp == nil {
+						grp = new(groupIn)
+					}
+					bulk = true
+					err = grp.fillOne(br, nb, dst)
+					t.groups.flush(grp)
+				} else {
+					_, err = io.ReadFull(br, dst)
+				}
 				r.ref.Release()
 				if err != nil {
 					return err
@@ -460,6 +498,11 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 		held = append(held, r)
 	}
 }
+
+// bulkMin is the least WRITE payload the target reads straight from the
+// socket into its destination; a smaller one comes through the frames'
+// buffer (one read system call for many frames) and a copy.
+const bulkMin = 16 << 10
 
 // ackAfter bounds how many WRITE payload bytes the target reads while it
 // holds a gathered response back. A stream of pipelined WRITEs always has
