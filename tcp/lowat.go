@@ -8,8 +8,9 @@
 // other's CPU.
 //
 // The mark is raised only for bytes the initiator has committed to send:
-// it writes a frame whole (PROTOCOL.md), so the payloads of a group or a
-// WRITE whose header came are on their way. Every other wait (the next
+// a frame's payloads must follow its headers within the frame timeout
+// (PROTOCOL.md), and this initiator writes a frame whole, so the payloads
+// of a group or a WRITE whose header came are on their way. Every other wait (the next
 // request) puts the mark back to one byte before it waits. The kernel
 // caps the mark at half the receive buffer and wakes the reader anyway
 // when the receive window has closed or memory is short, so a mark never
