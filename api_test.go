@@ -61,7 +61,7 @@ func (p *tcpPair) writeAt(off, n int) moonring.TransferRequest {
 // caller tells its deadline from a CancelTransfer.
 func TestTransferContextErrors(t *testing.T) {
 	const part = 32 << 20
-	p := newTCPPair(t, 3*part)
+	p := newTCPPair(t, 2*part)
 	canceled, cancel := context.WithCancel(t.Context())
 	cancel()
 	err := p.ini.Transfer(canceled, p.writeAt(0, part))
@@ -74,20 +74,28 @@ func TestTransferContextErrors(t *testing.T) {
 	if !errors.Is(err, moonring.ErrCanceled) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Transfer past its deadline: %v, want ErrCanceled and context.DeadlineExceeded", err)
 	}
-	id, err := p.ini.AllocateBatchID(1)
+	// WaitBatch: the task is held by the transport, so the batch cannot
+	// have finished before the wait (a WRITE over TCP could, on a loaded
+	// machine, and WaitBatch then rightly returns nil).
+	fp := newFaultPair(t, moonring.Config{}, 1<<16)
+	fp.fa.setHold(true)
+	id, err := fp.a.AllocateBatchID(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.ini.SubmitTransfer(id, []moonring.TransferRequest{p.writeAt(2*part, part)}); err != nil {
+	if err := fp.a.SubmitTransfer(id, []moonring.TransferRequest{fp.write(0, 4096)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.ini.WaitBatch(expired, id); !errors.Is(err, context.DeadlineExceeded) {
+	fp.fa.waitHeld(t, 1)
+	if err := fp.a.WaitBatch(expired, id); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitBatch past its deadline: %v", err)
 	}
-	if err := p.ini.WaitBatch(t.Context(), id); err != nil {
+	fp.fa.setHold(false)
+	fp.fa.release(-1)
+	if err := fp.a.WaitBatch(t.Context(), id); err != nil {
 		t.Fatal(err)
 	}
-	p.ini.FreeBatchID(id)
+	fp.a.FreeBatchID(id)
 }
 
 // TestUnregisterContextError: an unregister that gives up on its context
