@@ -19,7 +19,11 @@
 //
 // The initiator's reads of READ payloads take no mark: its response
 // timeout bounds the wait for each part of a payload, and a mark would
-// hide a slow payload's progress until the mark's worth was in.
+// hide a slow payload's progress until the mark's worth was in. One was
+// tried, with the deadline counting bytes the mark left unread as come
+// when TCP_INFO said the last one did: 1 MiB READs took 40 % fewer
+// readvs and half the epoll waits, and no less CPU per GB (5 interleaved
+// rounds), so it was left out.
 
 package tcp
 

@@ -125,6 +125,27 @@ func TestResponseTimeoutSlowPayload(t *testing.T) {
 	}
 }
 
+// A READ payload that trickles in and then stops fails with ErrPeer once
+// ResponseTimeout passes with no byte more: the bytes that kept coming
+// before held the slice up, the silence after them does not.
+func TestResponseTimeoutStalledPayload(t *testing.T) {
+	tp := newTimeoutPair(t, 300*time.Millisecond, 5, true)
+	ep, local, remote, px := tp.ep, tp.local, tp.remote, tp.px
+	px.trickle.Store(int64(10 * time.Millisecond))
+	comp := make(chanCompleter, 1)
+	s := []transport.Slice{localSlice(transport.Read, local, remote.addr, 1)}
+	if k, err := ep.Post(comp, s); k != 1 || err != nil {
+		t.Fatalf("Post: %d, %v", k, err)
+	}
+	time.Sleep(150 * time.Millisecond) // some 120 KiB in
+	px.hold.Store(true)
+	for _, err := range comp.await(t, 1) {
+		if !errors.Is(err, transport.ErrPeer) {
+			t.Fatalf("a READ whose payload stopped coming: %v, want ErrPeer after the response timeout", err)
+		}
+	}
+}
+
 // A notification larger than the target's MaxLength allows (tag, name and
 // message) completes with ErrRange at once; it used to go out, fail the
 // connection at the target, and fail it again on every retry.
