@@ -162,6 +162,9 @@ func bench(args []string, out io.Writer) (err error) {
 			sargs = append(append(sargs, mc.args()...), "--mooncake-rpc", *mc.rpc)
 		} else {
 			sargs = append(sargs, "--metadata", *meta)
+			if !strings.HasPrefix(*meta, "p2p") {
+				sargs = append(sargs, "--name", targetName())
+			}
 		}
 		if set["ttl"] {
 			sargs = append(sargs, "--ttl", ttl.String())

@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"io"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -175,14 +177,22 @@ func TestBenchPlot(t *testing.T) {
 }
 
 // A deployment with a metadata server: the bench's target process
-// publishes there, the initiator resolves it there.
+// publishes there, the initiator resolves it there. The target's segment
+// name is serve's default and a random suffix: a later run's target
+// given the same process id (and a key of its own) must not find its
+// name held by a killed one's entry (a soak in CI was refused so).
 func TestBenchWithMetadataServer(t *testing.T) {
 	addr, stop := startMetaServer(t, "--listen", "127.0.0.1:0", "--dir", t.TempDir())
 	defer stop()
-	for _, r := range benchJSON(t, "--metadata", addr) {
+	rs := benchJSON(t, "--metadata", addr)
+	for _, r := range rs {
 		if r.Transport != "tcp" {
 			t.Errorf("transport %q", r.Transport)
 		}
+	}
+	hn, _ := os.Hostname()
+	if run := rs[0].Run; run == nil || !regexp.MustCompile(fmt.Sprintf(`^%s-%d-[0-9a-f]{8}$`, regexp.QuoteMeta(hn), run.TargetPID)).MatchString(run.Target) {
+		t.Errorf("run %+v: want the target named <hostname>-<its pid>-<8 hex digits>", run)
 	}
 }
 

@@ -8,6 +8,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -360,6 +361,19 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 		}
 	}
 	return t, nil
+}
+
+// targetName is the segment name of a target process this command
+// starts (bench --mode target) with a metadata server: serve's default,
+// <hostname>-<pid>, and a random suffix. Each run's targets hold a key of
+// their own, and a killed one's entry outlives it until its TTL: a later
+// target given the same PID (a busy host reuses them within seconds)
+// would find its name held under another key, and be refused.
+func targetName() string {
+	hn, _ := os.Hostname()
+	var b [4]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%x", hn, os.Getpid(), b)
 }
 
 // start starts a target process on loopback with key and returns its
