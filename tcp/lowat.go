@@ -9,13 +9,14 @@
 //
 // The mark is raised only for bytes the initiator has committed to send:
 // a frame's payloads must follow its headers within the frame timeout
-// (PROTOCOL.md), and this initiator writes a frame whole, so the payloads
-// of a group or a WRITE whose header came are on their way. Every other wait (the next
-// request) puts the mark back to one byte before it waits. The kernel
-// caps the mark at half the receive buffer and wakes the reader anyway
-// when the receive window has closed or memory is short, so a mark never
-// stalls a connection; an initiator that stops mid-payload meets the
-// frame's deadline, which bounds the whole payload, as before.
+// (PROTOCOL.md), and this initiator writes a frame whole, so the
+// payloads of a group or a WRITE whose header came are on their way.
+// Every other wait (the next request) puts the mark back to one byte
+// before it waits. The kernel caps the mark at half the receive buffer
+// and wakes the reader anyway when the receive window has closed or
+// memory is short, so a mark never stalls a connection; an initiator
+// that stops mid-payload meets the frame's deadline, which bounds the
+// whole payload, as before.
 //
 // The initiator's reads of READ payloads take no mark: its response
 // timeout bounds the wait for each part of a payload, and a mark would

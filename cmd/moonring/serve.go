@@ -85,6 +85,13 @@ the key; Mooncake peers over Mooncake's TCP, without one.
 flags:
 `
 
+// defaultSegName is serve's segment name with a metadata server when
+// --name is not given: <hostname>-<pid>.
+func defaultSegName() string {
+	hn, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d", hn, os.Getpid())
+}
+
 // serve runs a standing target: it registers a buffer remote-accessible,
 // publishes its segment through its own p2p endpoint (the segment's name),
 // serves /metrics there, and runs until SIGINT or SIGTERM (or until stop is
@@ -216,8 +223,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		if store != nil {
 			closers = append(closers, func() { store.Close() })
 			if segName == "" {
-				hn, _ := os.Hostname()
-				segName = fmt.Sprintf("%s-%d", hn, os.Getpid())
+				segName = defaultSegName()
 			}
 		}
 		if err := metricsOnListen(); err != nil {
@@ -251,8 +257,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		}
 		defer store.Close()
 		if segName == "" {
-			hn, _ := os.Hostname()
-			segName = fmt.Sprintf("%s-%d", hn, os.Getpid())
+			segName = defaultSegName()
 		}
 		// No p2p endpoint to host /metrics: serve it on --listen alone.
 		if err := metricsOnListen(); err != nil {

@@ -370,10 +370,9 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 // target given the same PID (a busy host reuses them within seconds)
 // would find its name held under another key, and be refused.
 func targetName() string {
-	hn, _ := os.Hostname()
 	var b [4]byte
 	rand.Read(b[:])
-	return fmt.Sprintf("%s-%d-%x", hn, os.Getpid(), b)
+	return fmt.Sprintf("%s-%x", defaultSegName(), b)
 }
 
 // start starts a target process on loopback with key and returns its
