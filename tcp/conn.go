@@ -47,8 +47,11 @@ type conn struct {
 	br     *bufio.Reader // over src
 	q      *mpsc.Queue[pending]
 	bell   *bell.Doorbell
-	hdrs   [][reqSize]byte  // request headers by slot, written by send
-	notes  [][10 + 255]byte // NOTIFY payload prefixes by slot, written by send
+	hdrs   [][reqSize]byte // request headers by slot, written by send
+	// notes are NOTIFY payload prefixes by slot, written by send, made
+	// at the connection's first NOTIFY (a connection that sends none
+	// keeps 265 bytes a slot less).
+	notes [][10 + 255]byte
 	// parts holds, by slot, the pieces of each frame as first gathered
 	// (header, payload or NOTIFY prefix, message): a frame gathered again
 	// (not wholly written) is built from them, never from its slot, which
@@ -179,6 +182,9 @@ func (c *conn) frame(iov [][]byte, pos, end uint64, skip int) ([][]byte, int) {
 	switch p.s.Op {
 	case transport.Notify:
 		name := c.e.t.self
+		if c.notes == nil {
+			c.notes = make([][10 + 255]byte, len(c.hdrs))
+		}
 		pre := c.notes[int(pos)&(len(c.notes)-1)][:10+len(name)]
 		binary.BigEndian.PutUint64(pre, p.s.Remote)
 		binary.BigEndian.PutUint16(pre[8:], uint16(len(name)))

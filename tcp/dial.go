@@ -79,7 +79,7 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 		return nil, err
 	}
 	raw.SetDeadline(time.Time{})
-	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, groups: features&featGroups != 0 && !e.t.cfg.noGroups, nc: nc, src: src, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth), notes: make([][10 + 255]byte, e.t.cfg.Depth),
+	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, groups: features&featGroups != 0 && !e.t.cfg.noGroups, nc: nc, src: src, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth),
 		parts: make([][3][]byte, e.t.cfg.Depth), pre: make([][reqSize]byte, e.t.cfg.Depth),
 		resume: make(chan struct{}, 1), quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
