@@ -18,7 +18,15 @@ import (
 // request, both sides' work. What it shows growing with n is the cost of
 // the shape (64 requests on 64 sockets pay 64 writes, 64 wake-ups and 64
 // reads where one socket's 64 share one of each), which no engine avoids.
-func BenchmarkScalePeersRaw(b *testing.B) {
+func BenchmarkScalePeersRaw(b *testing.B) { scalePeersRaw(b, true) }
+
+// BenchmarkScalePeersTurnRaw is BenchmarkScalePeersTurn's baseline: n
+// pairs connected, each round's 64 requests on one pair, the next in turn.
+func BenchmarkScalePeersTurnRaw(b *testing.B) { scalePeersRaw(b, false) }
+
+// scalePeersRaw runs BenchmarkScalePeersRaw (spread: a round over the
+// next pairs) or BenchmarkScalePeersTurnRaw (a round on the next pair).
+func scalePeersRaw(b *testing.B, spread bool) {
 	for _, n := range scaleCounts(b, 1, 10, 100, 1000) {
 		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -28,12 +36,16 @@ func BenchmarkScalePeersRaw(b *testing.B) {
 			var wg sync.WaitGroup
 			defer wg.Wait()
 			defer ln.Close()
+			// One answer buffer for every pair, as the engine's target
+			// answers every peer from its one buffer: a buffer per pair
+			// would put 1,000 pairs' 256 KiB each out of the caches,
+			// which is the program's cost, not the connections'.
+			answer := make([]byte, 4096*64)
 			serve := func(c net.Conn) {
 				defer wg.Done()
 				defer c.Close()
 				br := bufio.NewReaderSize(c, 4096)
 				var req [32]byte
-				resp := make([]byte, 4096*64)
 				for {
 					// Every request already here is answered in one
 					// write, as the engine's target gathers its answers.
@@ -44,7 +56,7 @@ func BenchmarkScalePeersRaw(b *testing.B) {
 					for ; k < 64 && br.Buffered() >= len(req); k++ {
 						br.Discard(len(req))
 					}
-					if _, err := c.Write(resp[:4096*k]); err != nil {
+					if _, err := c.Write(answer[:4096*k]); err != nil {
 						return
 					}
 				}
@@ -64,7 +76,10 @@ func BenchmarkScalePeersRaw(b *testing.B) {
 				conns[i] = c
 				defer c.Close()
 			}
-			per := max(1, 64/n)
+			per, width := 64, 1 // requests per pair per round, pairs per round
+			if spread {
+				per, width = max(1, 64/n), min(n, 64)
+			}
 			reqs := make([]byte, 32*per)
 			resp := make([]byte, 4096*per)
 			used := make([]int, 0, 128)
@@ -74,7 +89,7 @@ func BenchmarkScalePeersRaw(b *testing.B) {
 			b.ResetTimer()
 			for done := 0; done < b.N; {
 				used = used[:0]
-				k := min(per*min(n, 64), b.N-done)
+				k := min(per*width, b.N-done)
 				for j := 0; j < k; {
 					i := next % n
 					next++

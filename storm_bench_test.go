@@ -183,11 +183,28 @@ func stormOnce(b *testing.B, n int) {
 // MOONRING_SCALE_MAX bounding the count): rounds of 64 READs of 4 KiB in
 // flight, each round spread over the next 64 peers in turn (so with 1000
 // peers every connection is used, 64 at a time), every completion
-// checked. ns/op is per request, both sides' work.
-func BenchmarkScalePeers(b *testing.B) {
+// checked. ns/op is per request, both sides' work. The shape changes with
+// the count: one peer's 64 requests share a system call and a wake-up of
+// each side, 64 peers' pay 64 of each (BenchmarkScalePeersRaw).
+func BenchmarkScalePeers(b *testing.B) { scalePeers(b, true) }
+
+// BenchmarkScalePeersTurn is BenchmarkScalePeers with the shape held: all
+// n peers connected and warm, each round's 64 READs from one peer, the
+// next peer in turn, so what grows is only the count of engines and
+// connections the work moves among (their state out of the caches, the
+// target's connections), not the system calls per request
+// (BenchmarkScalePeersTurnRaw is its baseline).
+func BenchmarkScalePeersTurn(b *testing.B) { scalePeers(b, false) }
+
+// scalePeers runs BenchmarkScalePeers (spread: a round over the next
+// peers) or BenchmarkScalePeersTurn (a round on the next peer).
+func scalePeers(b *testing.B, spread bool) {
 	for _, n := range scaleCounts(b, 1, 10, 100, 1000) {
 		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
-			per := max(1, 64/n) // requests per peer per round
+			per, width := 64, 1 // requests per peer per round, peers per round
+			if spread {
+				per, width = max(1, 64/n), min(n, 64)
+			}
 			entries := 2
 			for entries < per {
 				entries <<= 1
@@ -204,12 +221,12 @@ func BenchmarkScalePeers(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			used := make([]int, 0, 64)
+			used := make([]int, 0, 128)
 			next := 0
 			b.ResetTimer()
 			for done := 0; done < b.N; {
 				used = used[:0]
-				k := min(per*min(n, 64), b.N-done) // no peer twice in a round
+				k := min(per*width, b.N-done) // no peer twice in a round
 				for j := 0; j < k; {
 					i := next % n
 					next++
