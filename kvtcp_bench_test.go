@@ -67,17 +67,9 @@ func BenchmarkKVRawTCP(b *testing.B) {
 			defer ln.Close()
 			var senders, receivers [conns]*net.TCPConn
 			for i := range conns {
-				c, err := net.Dial("tcp", ln.Addr().String())
-				if err != nil {
-					b.Fatal(err)
-				}
-				s, err := ln.Accept()
-				if err != nil {
-					b.Fatal(err)
-				}
-				senders[i], receivers[i] = c.(*net.TCPConn), s.(*net.TCPConn)
-				defer c.Close()
-				defer s.Close()
+				senders[i], receivers[i] = dialPair(b, ln)
+				defer senders[i].Close()
+				defer receivers[i].Close()
 				senders[i].SetWriteBuffer(tcp.DefaultLoopbackSendBuffer)
 				receivers[i].SetWriteBuffer(tcp.DefaultLoopbackSendBuffer)
 			}

@@ -63,14 +63,7 @@ func scalePeersRaw(b *testing.B, spread bool) {
 			}
 			conns := make([]net.Conn, n)
 			for i := range conns {
-				c, err := net.Dial("tcp", ln.Addr().String())
-				if err != nil {
-					b.Fatal(err)
-				}
-				s, err := ln.Accept()
-				if err != nil {
-					b.Fatal(err)
-				}
+				c, s := dialPair(b, ln)
 				wg.Add(1)
 				go serve(s)
 				conns[i] = c
@@ -109,4 +102,19 @@ func scalePeersRaw(b *testing.B, spread bool) {
 			}
 		})
 	}
+}
+
+// dialPair returns both ends of a new loopback TCP connection to ln; the
+// caller closes them.
+func dialPair(b *testing.B, ln net.Listener) (client, server *net.TCPConn) {
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		c.Close()
+		b.Fatal(err)
+	}
+	return c.(*net.TCPConn), s.(*net.TCPConn)
 }
