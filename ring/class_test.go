@@ -3,6 +3,7 @@ package ring
 import (
 	"context"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -190,6 +191,7 @@ func TestLowCompletesUnderHighLoad(t *testing.T) {
 	hi := h.classRing(transport.ClassHigh)
 	stop := make(chan struct{})
 	highDone := make(chan int)
+	var highSoFar atomic.Int64
 	go func() {
 		n := 0
 		var cqes [64]cq.Completion
@@ -206,6 +208,7 @@ func TestLowCompletesUnderHighLoad(t *testing.T) {
 			k := hi.PeekBatch(cqes[:])
 			hi.Advance(k)
 			n += k
+			highSoFar.Store(int64(n))
 		}
 	}()
 	const lowN = 500
@@ -228,6 +231,12 @@ func TestLowCompletesUnderHighLoad(t *testing.T) {
 			t.Fatalf("hang: %d of %d low-class requests completed under high-class load (%+v)", got, lowN, lo.Stats())
 		}
 		got += drainWait(t, lo, 1)
+	}
+	// The low ring may finish before the high goroutine first runs (CI,
+	// under -race beside other packages): the high ring has until the
+	// deadline to show it is served too.
+	for highSoFar.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
 	}
 	close(stop)
 	if n := <-highDone; n == 0 {
