@@ -73,9 +73,10 @@ type Config struct {
 	// Each slot costs about 240 bytes of the connection's memory, made
 	// when it is dialed (1024: about 240 KiB a rail); a fleet with many
 	// idle peers can take less. A request's KV cache as 32 KiB WRITEs
-	// moved 10-40 % faster at 1024 than at 128 (BENCHMARKS.md, the
-	// twenty-third session): with 128 a connection's 4 MiB in flight did
-	// not cover the target's answers' delays on a busy host.
+	// moved 9-41 % faster by round (median 13 %) at 1024 than at 128
+	// (BENCHMARKS.md, the twenty-third session): with 128 a connection's
+	// 4 MiB in flight did not cover the target's answers' delays on a
+	// busy host.
 	Depth int
 	// SliceSize is the slice size the engine uses (default 1 MiB: on
 	// loopback, with 2 rails, it reaches a raw stream's rate; see
