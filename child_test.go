@@ -42,6 +42,8 @@ func runChild() bool {
 		err = childTarget()
 	case "sink", "source", "pong":
 		err = childRaw(role)
+	case "answer":
+		err = childAnswer()
 	default:
 		err = fmt.Errorf("unknown child role %q", role)
 	}
@@ -196,6 +198,26 @@ func childRaw(role string) error {
 		err = nil // the parent closed the connection: the normal end
 	}
 	return err
+}
+
+// childAnswer is BenchmarkScalePeersApartRaw's far end: it prints its
+// listen address, then serves every connection to it with rawAnswer until
+// stdin closes.
+func childAnswer() error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go func() { childproc.Serve(ln.Addr().String(), nil); os.Exit(0) }()
+	answer := rawAnswerBuffer()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		c.(*net.TCPConn).SetNoDelay(true)
+		go rawAnswer(c, answer)
+	}
 }
 
 // child is a running child process; Line is the first line it printed.

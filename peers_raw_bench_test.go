@@ -36,71 +36,84 @@ func scalePeersRaw(b *testing.B, spread bool) {
 			var wg sync.WaitGroup
 			defer wg.Wait()
 			defer ln.Close()
-			// One answer buffer for every pair, as the engine's target
-			// answers every peer from its one buffer: a buffer per pair
-			// would put 1,000 pairs' 256 KiB each out of the caches,
-			// which is the program's cost, not the connections'.
-			answer := make([]byte, 4096*64)
-			serve := func(c net.Conn) {
-				defer wg.Done()
-				defer c.Close()
-				br := bufio.NewReaderSize(c, 4096)
-				var req [32]byte
-				for {
-					// Every request already here is answered in one
-					// write, as the engine's target gathers its answers.
-					if _, err := io.ReadFull(br, req[:]); err != nil {
-						return
-					}
-					k := 1
-					for ; k < 64 && br.Buffered() >= len(req); k++ {
-						br.Discard(len(req))
-					}
-					if _, err := c.Write(answer[:4096*k]); err != nil {
-						return
-					}
-				}
-			}
+			answer := rawAnswerBuffer()
 			conns := make([]net.Conn, n)
 			for i := range conns {
 				c, s := dialPair(b, ln)
 				wg.Add(1)
-				go serve(s)
+				go func() {
+					defer wg.Done()
+					rawAnswer(s, answer)
+				}()
 				conns[i] = c
 				defer c.Close()
 			}
-			per, width := 64, 1 // requests per pair per round, pairs per round
-			if spread {
-				per, width = max(1, 64/n), min(n, 64)
-			}
-			reqs := make([]byte, 32*per)
-			resp := make([]byte, 4096*per)
-			used := make([]int, 0, 128)
-			next := 0
+			rawRounds(b, warmRounds(n, spread), conns, spread) // accepted, warm
 			b.SetBytes(4096)
 			b.ReportAllocs()
 			b.ResetTimer()
-			for done := 0; done < b.N; {
-				used = used[:0]
-				k := min(per*width, b.N-done)
-				for j := 0; j < k; {
-					i := next % n
-					next++
-					m := min(per, k-j)
-					if _, err := conns[i].Write(reqs[:32*m]); err != nil {
-						b.Fatal(err)
-					}
-					used = append(used, i, m)
-					j += m
-				}
-				for u := 0; u < len(used); u += 2 {
-					if _, err := io.ReadFull(conns[used[u]], resp[:4096*used[u+1]]); err != nil {
-						b.Fatal(err)
-					}
-				}
-				done += k
-			}
+			rawRounds(b, b.N, conns, spread)
 		})
+	}
+}
+
+// rawAnswerBuffer is the one answer buffer every raw pair is answered
+// from, as the engine's target answers every peer from its one buffer: a
+// buffer per pair would put 1,000 pairs' 256 KiB each out of the caches,
+// which is the program's cost, not the connections'.
+func rawAnswerBuffer() []byte { return make([]byte, 4096*64) }
+
+// rawAnswer serves the raw baseline's far end of c until it fails: it
+// answers 32-byte requests with 4 KiB each of answer, every request
+// already read answered in one write, as the engine's target gathers its
+// answers. It closes c.
+func rawAnswer(c net.Conn, answer []byte) {
+	defer c.Close()
+	br := bufio.NewReaderSize(c, 4096)
+	var req [32]byte
+	for {
+		if _, err := io.ReadFull(br, req[:]); err != nil {
+			return
+		}
+		k := 1
+		for ; k < 64 && br.Buffered() >= len(req); k++ {
+			br.Discard(len(req))
+		}
+		if _, err := c.Write(answer[:4096*k]); err != nil {
+			return
+		}
+	}
+}
+
+// rawRounds sends total 32-byte requests over conns in rounds of 64
+// (roundShape: spread over the next conns, or on one, the next in turn)
+// and reads every 4 KiB answer.
+func rawRounds(b *testing.B, total int, conns []net.Conn, spread bool) {
+	n := len(conns)
+	per, width := roundShape(n, spread)
+	reqs := make([]byte, 32*per)
+	resp := make([]byte, 4096*per)
+	used := make([]int, 0, 128)
+	next := 0
+	for done := 0; done < total; {
+		used = used[:0]
+		k := min(per*width, total-done)
+		for j := 0; j < k; {
+			i := next % n
+			next++
+			m := min(per, k-j)
+			if _, err := conns[i].Write(reqs[:32*m]); err != nil {
+				b.Fatal(err)
+			}
+			used = append(used, i, m)
+			j += m
+		}
+		for u := 0; u < len(used); u += 2 {
+			if _, err := io.ReadFull(conns[used[u]], resp[:4096*used[u+1]]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		done += k
 	}
 }
 

@@ -73,33 +73,41 @@ func newStorm(b *testing.B, n, ringEntries int) *stormSide {
 	if _, err := target.RegisterLocalMemory(mem, "cpu:0", true); err != nil {
 		b.Fatal(err)
 	}
-	s := &stormSide{target: target, base: uint64(moonring.AddressOf(mem)),
-		peers: make([]*moonring.Engine, n), rings: make([]*moonring.Ring, n), ids: make([]moonring.BufferID, n)}
+	s := &stormSide{target: target, base: uint64(moonring.AddressOf(mem))}
+	s.peers, s.rings, s.ids = newPeers(b, "storm-peer", n, ringEntries, store, key)
+	return s
+}
+
+// newPeers makes n initiator engines named prefix-i (the TCP transport,
+// one rail, store and key), each with a buffer of 4 KiB and a ring of
+// ringEntries; the benchmark's cleanup closes them.
+func newPeers(b *testing.B, prefix string, n, ringEntries int, store metadata.Store, key []byte) ([]*moonring.Engine, []*moonring.Ring, []moonring.BufferID) {
+	peers, rings, ids := make([]*moonring.Engine, n), make([]*moonring.Ring, n), make([]moonring.BufferID, n)
 	b.Cleanup(func() {
-		for _, p := range s.peers {
+		for _, p := range peers {
 			if p != nil {
 				p.Close()
 			}
 		}
 	})
-	for i := range s.peers {
-		p, err := moonring.New(moonring.Config{Name: fmt.Sprintf("storm-peer-%d", i), Metadata: store, Key: key, Transports: []string{"tcp"},
+	for i := range peers {
+		p, err := moonring.New(moonring.Config{Name: fmt.Sprintf("%s-%d", prefix, i), Metadata: store, Key: key, Transports: []string{"tcp"},
 			TCP: &tcp.Config{Rails: 1}})
 		if err != nil {
 			b.Fatalf("peer %d of %d: %v", i, n, err)
 		}
-		s.peers[i] = p
-		if s.ids[i], err = p.RegisterLocalMemory(make([]byte, 4096), "cpu:0", false); err != nil {
+		peers[i] = p
+		if ids[i], err = p.RegisterLocalMemory(make([]byte, 4096), "cpu:0", false); err != nil {
 			b.Fatal(err)
 		}
 		// A small ring of its own: the batch API's rings are sized for
 		// thousands of tasks, which is the peer's own cost, not the
 		// connection's.
-		if s.rings[i], err = p.NewRing(moonring.RingConfig{Entries: ringEntries}); err != nil {
+		if rings[i], err = p.NewRing(moonring.RingConfig{Entries: ringEntries}); err != nil {
 			b.Fatal(err)
 		}
 	}
-	return s
+	return peers, rings, ids
 }
 
 // read is one 4 KiB READ of the target's buffer from peer i, waited for.
@@ -201,15 +209,7 @@ func BenchmarkScalePeersTurn(b *testing.B) { scalePeers(b, false) }
 func scalePeers(b *testing.B, spread bool) {
 	for _, n := range scaleCounts(b, 1, 10, 100, 1000) {
 		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
-			per, width := 64, 1 // requests per peer per round, peers per round
-			if spread {
-				per, width = max(1, 64/n), min(n, 64)
-			}
-			entries := 2
-			for entries < per {
-				entries <<= 1
-			}
-			s := newStorm(b, n, entries)
+			s := newStorm(b, n, roundEntries(n, spread))
 			ctx := context.Background()
 			segs := make([]moonring.SegmentID, n)
 			for i, p := range s.peers {
@@ -217,35 +217,73 @@ func scalePeers(b *testing.B, spread bool) {
 				if segs[i], err = p.OpenSegment(ctx, "storm-target"); err != nil {
 					b.Fatal(err)
 				}
-				if err := s.read(ctx, i, segs[i]); err != nil { // connected, warm
+			}
+			peerRounds(b, warmRounds(n, spread), s.rings, segs, s.ids, s.base, spread) // connected, warm
+			b.ResetTimer()
+			peerRounds(b, b.N, s.rings, segs, s.ids, s.base, spread)
+		})
+	}
+}
+
+// roundShape is the shape of a round of 64 READs over n peers: per
+// requests from each of width peers (spread), or 64 from one.
+func roundShape(n int, spread bool) (per, width int) {
+	if spread {
+		return max(1, 64/n), min(n, 64)
+	}
+	return 64, 1
+}
+
+// warmRounds is the count of requests that gives each of n peers its
+// share of a round once: what the peers move before they are timed, so
+// that whatever a peer and its connection make at their first full round
+// (a grown stack, a gathering list) is made.
+func warmRounds(n int, spread bool) int {
+	per, _ := roundShape(n, spread)
+	return n * per
+}
+
+// roundEntries is the ring size a peer needs for its share of a round.
+func roundEntries(n int, spread bool) int {
+	per, _ := roundShape(n, spread)
+	entries := 2
+	for entries < per {
+		entries <<= 1
+	}
+	return entries
+}
+
+// peerRounds moves total READs of 4 KiB from the target's buffer at base
+// into peer i's buffer ids[i] of segment segs[i], through its ring
+// rings[i], in rounds of 64 (roundShape), the peers taken in turn, and
+// checks every completion. A total of warmRounds(n, spread) gives every
+// peer its share of a round once.
+func peerRounds(b *testing.B, total int, rings []*moonring.Ring, segs []moonring.SegmentID, ids []moonring.BufferID, base uint64, spread bool) {
+	ctx := context.Background()
+	n := len(rings)
+	per, width := roundShape(n, spread)
+	used := make([]int, 0, 128)
+	next := 0
+	for done := 0; done < total; {
+		used = used[:0]
+		k := min(per*width, total-done) // no peer twice in a round
+		for j := 0; j < k; {
+			i := next % n
+			next++
+			m := min(per, k-j)
+			for range m {
+				if err := rings[i].SubmitOne(&moonring.Entry{Op: moonring.OpRead, Segment: segs[i], Buffer: ids[i], Remote: base, Length: 4096}); err != nil {
 					b.Fatal(err)
 				}
 			}
-			used := make([]int, 0, 128)
-			next := 0
-			b.ResetTimer()
-			for done := 0; done < b.N; {
-				used = used[:0]
-				k := min(per*width, b.N-done) // no peer twice in a round
-				for j := 0; j < k; {
-					i := next % n
-					next++
-					m := min(per, k-j)
-					for range m {
-						if err := s.rings[i].SubmitOne(&moonring.Entry{Op: moonring.OpRead, Segment: segs[i], Buffer: s.ids[i], Remote: s.base, Length: 4096}); err != nil {
-							b.Fatal(err)
-						}
-					}
-					used = append(used, i, m)
-					j += m
-				}
-				for u := 0; u < len(used); u += 2 {
-					if err := reap(ctx, s.rings[used[u]], used[u+1]); err != nil {
-						b.Fatal(err)
-					}
-				}
-				done += k
+			used = append(used, i, m)
+			j += m
+		}
+		for u := 0; u < len(used); u += 2 {
+			if err := reap(ctx, rings[used[u]], used[u+1]); err != nil {
+				b.Fatal(err)
 			}
-		})
+		}
+		done += k
 	}
 }

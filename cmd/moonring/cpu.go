@@ -5,56 +5,11 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
-	"os"
-	"strconv"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/moonring/moonring/internal/proccpu"
 )
-
-// clockTick is the unit of utime and stime in /proc/PID/stat (USER_HZ,
-// 100 on every Linux architecture Go runs on).
-const clockTick = 10 * time.Millisecond
-
-func rusageCPU(who int) time.Duration {
-	var ru unix.Rusage
-	if unix.Getrusage(who, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// selfCPU is the user and system time of this process, all its threads.
-func selfCPU() time.Duration { return rusageCPU(unix.RUSAGE_SELF) }
-
-// threadCPU is the calling thread's (the goroutine must be locked to it).
-func threadCPU() time.Duration { return rusageCPU(unix.RUSAGE_THREAD) }
-
-// procCPU is utime+stime of process pid from /proc/PID/stat.
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// The command name, in parentheses, may hold spaces: fields count
-	// from after its last ')'. utime and stime are fields 14 and 15.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no ')'", pid)
-	}
-	f := bytes.Fields(b[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
-	}
-	ut, err1 := strconv.ParseInt(string(f[11]), 10, 64)
-	st, err2 := strconv.ParseInt(string(f[12]), 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad utime or stime", pid)
-	}
-	return time.Duration(ut+st) * clockTick, nil
-}
 
 // cpuSample is the CPU time of each side at one moment and the bytes
 // moved until then.
@@ -74,9 +29,9 @@ type cpuWindow struct {
 }
 
 func takeSample(pids []int) cpuSample {
-	s := cpuSample{at: time.Now(), self: selfCPU(), moved: moved.Load()}
+	s := cpuSample{at: time.Now(), self: proccpu.Self(), moved: moved.Load()}
 	for _, pid := range pids {
-		c, err := procCPU(pid)
+		c, err := proccpu.Of(pid)
 		if err != nil && s.err == nil {
 			s.err = err
 		}

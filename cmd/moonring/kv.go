@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/proccpu"
 )
 
 // kvLayout is the paged pool of one side: for each layer a K and a V
@@ -432,9 +433,9 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 				ch := make(chan error, 1)
 				check := func() {
 					runtime.LockOSThread()
-					c0 := threadCPU()
+					c0 := proccpu.Thread()
 					err := k.check(ctx, w, op, r, crng, &checks[w])
-					c1 := threadCPU()
+					c1 := proccpu.Thread()
 					runtime.UnlockOSThread()
 					if e := time.Now(); e.After(ws) && e.Before(we) {
 						checkCPU.Add(int64(c1 - c0))
