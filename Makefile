@@ -59,7 +59,7 @@ fuzz:
 	@scripts/fuzz.sh $(FUZZTIME)
 
 bench:
-	$(GO) test -run '^$$' -bench 'RingNop|ChanBaseline|LocalWrite|CopyBaseline|TCP|UringNop' \
+	$(GO) test -run '^$$' -bench 'RingNop|ChanBaseline|LocalWrite|CopyBaseline|^Benchmark(Raw)?TCP|UringNop' \
 		-benchtime $(BENCHTIME) -count $(BENCHCOUNT) . ./internal/uring | tee bench.out
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(BENCHCOUNT) ./internal/fastcopy | tee -a bench.out
 	$(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da bench.out

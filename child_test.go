@@ -44,6 +44,8 @@ func runChild() bool {
 		err = childRaw(role)
 	case "answer":
 		err = childAnswer()
+	case "peers":
+		err = childPeers()
 	default:
 		err = fmt.Errorf("unknown child role %q", role)
 	}

@@ -78,36 +78,51 @@ func newStorm(b *testing.B, n, ringEntries int) *stormSide {
 	return s
 }
 
-// newPeers makes n initiator engines named prefix-i (the TCP transport,
-// one rail, store and key), each with a buffer of 4 KiB and a ring of
-// ringEntries; the benchmark's cleanup closes them.
+// newPeers makes n initiator engines named prefix-i (makePeers); the
+// benchmark's cleanup closes them.
 func newPeers(b *testing.B, prefix string, n, ringEntries int, store metadata.Store, key []byte) ([]*moonring.Engine, []*moonring.Ring, []moonring.BufferID) {
+	peers, rings, ids, err := makePeers(prefix, n, ringEntries, store, key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { closePeers(peers) })
+	return peers, rings, ids
+}
+
+// makePeers makes n initiator engines named prefix-i (the TCP transport,
+// one rail, store and key), each with a buffer of 4 KiB and a ring of
+// ringEntries. On an error it closes those it made; else the caller
+// closes them (closePeers).
+func makePeers(prefix string, n, ringEntries int, store metadata.Store, key []byte) ([]*moonring.Engine, []*moonring.Ring, []moonring.BufferID, error) {
 	peers, rings, ids := make([]*moonring.Engine, n), make([]*moonring.Ring, n), make([]moonring.BufferID, n)
-	b.Cleanup(func() {
-		for _, p := range peers {
-			if p != nil {
-				p.Close()
-			}
-		}
-	})
 	for i := range peers {
 		p, err := moonring.New(moonring.Config{Name: fmt.Sprintf("%s-%d", prefix, i), Metadata: store, Key: key, Transports: []string{"tcp"},
 			TCP: &tcp.Config{Rails: 1}})
+		if err == nil {
+			peers[i] = p
+			ids[i], err = p.RegisterLocalMemory(make([]byte, 4096), "cpu:0", false)
+		}
+		if err == nil {
+			// A small ring of its own: the batch API's rings are sized
+			// for thousands of tasks, which is the peer's own cost, not
+			// the connection's.
+			rings[i], err = p.NewRing(moonring.RingConfig{Entries: ringEntries})
+		}
 		if err != nil {
-			b.Fatalf("peer %d of %d: %v", i, n, err)
-		}
-		peers[i] = p
-		if ids[i], err = p.RegisterLocalMemory(make([]byte, 4096), "cpu:0", false); err != nil {
-			b.Fatal(err)
-		}
-		// A small ring of its own: the batch API's rings are sized for
-		// thousands of tasks, which is the peer's own cost, not the
-		// connection's.
-		if rings[i], err = p.NewRing(moonring.RingConfig{Entries: ringEntries}); err != nil {
-			b.Fatal(err)
+			closePeers(peers)
+			return nil, nil, nil, fmt.Errorf("peer %d of %d: %w", i, n, err)
 		}
 	}
-	return peers, rings, ids
+	return peers, rings, ids, nil
+}
+
+// closePeers closes the engines of peers that were made.
+func closePeers(peers []*moonring.Engine) {
+	for _, p := range peers {
+		if p != nil {
+			p.Close()
+		}
+	}
 }
 
 // read is one 4 KiB READ of the target's buffer from peer i, waited for.
@@ -218,9 +233,10 @@ func scalePeers(b *testing.B, spread bool) {
 					b.Fatal(err)
 				}
 			}
-			peerRounds(b, warmRounds(n, spread), s.rings, segs, s.ids, s.base, spread) // connected, warm
+			set := &peerSet{rings: s.rings, segs: segs, ids: s.ids, base: s.base}
+			peerRounds(b, set, warmRounds(n, spread), spread) // connected, warm
 			b.ResetTimer()
-			peerRounds(b, b.N, s.rings, segs, s.ids, s.base, spread)
+			peerRounds(b, set, b.N, spread)
 		})
 	}
 }
@@ -253,37 +269,55 @@ func roundEntries(n int, spread bool) int {
 	return entries
 }
 
-// peerRounds moves total READs of 4 KiB from the target's buffer at base
+// peerSet is n peers' rings, their buffers and the target's segment as
+// each opened it, and the target buffer's address they read; rounds
+// moves READs through them.
+type peerSet struct {
+	rings []*moonring.Ring
+	segs  []moonring.SegmentID
+	ids   []moonring.BufferID
+	base  uint64
+	next  int   // the peer the next round starts at
+	used  []int // a round's peers and their counts
+}
+
+// rounds moves total READs of 4 KiB from the target's buffer at base
 // into peer i's buffer ids[i] of segment segs[i], through its ring
-// rings[i], in rounds of 64 (roundShape), the peers taken in turn, and
-// checks every completion. A total of warmRounds(n, spread) gives every
-// peer its share of a round once.
-func peerRounds(b *testing.B, total int, rings []*moonring.Ring, segs []moonring.SegmentID, ids []moonring.BufferID, base uint64, spread bool) {
+// rings[i], in rounds of 64 (roundShape), the peers taken in turn from
+// where the last call left off, and checks every completion. A total of
+// warmRounds(n, spread) gives every peer its share of a round once.
+func (p *peerSet) rounds(total int, spread bool) error {
 	ctx := context.Background()
-	n := len(rings)
+	n := len(p.rings)
 	per, width := roundShape(n, spread)
-	used := make([]int, 0, 128)
-	next := 0
 	for done := 0; done < total; {
-		used = used[:0]
+		p.used = p.used[:0]
 		k := min(per*width, total-done) // no peer twice in a round
 		for j := 0; j < k; {
-			i := next % n
-			next++
+			i := p.next % n
+			p.next++
 			m := min(per, k-j)
 			for range m {
-				if err := rings[i].SubmitOne(&moonring.Entry{Op: moonring.OpRead, Segment: segs[i], Buffer: ids[i], Remote: base, Length: 4096}); err != nil {
-					b.Fatal(err)
+				if err := p.rings[i].SubmitOne(&moonring.Entry{Op: moonring.OpRead, Segment: p.segs[i], Buffer: p.ids[i], Remote: p.base, Length: 4096}); err != nil {
+					return err
 				}
 			}
-			used = append(used, i, m)
+			p.used = append(p.used, i, m)
 			j += m
 		}
-		for u := 0; u < len(used); u += 2 {
-			if err := reap(ctx, rings[used[u]], used[u+1]); err != nil {
-				b.Fatal(err)
+		for u := 0; u < len(p.used); u += 2 {
+			if err := reap(ctx, p.rings[p.used[u]], p.used[u+1]); err != nil {
+				return err
 			}
 		}
 		done += k
+	}
+	return nil
+}
+
+// peerRounds is p.rounds, failing b on an error.
+func peerRounds(b *testing.B, p *peerSet, total int, spread bool) {
+	if err := p.rounds(total, spread); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -8,9 +8,10 @@
 # (BenchmarkScalePeers, beside BenchmarkScalePeersRaw: the same rounds
 # over raw TCP pairs with no engine; and BenchmarkScalePeersTurn beside
 # BenchmarkScalePeersTurnRaw, the shape held: each round's 64 on one peer,
-# the next in turn; and BenchmarkScalePeersApart, the shape held with the
-# target in a process of its own, its CPU per request apart), requests in
-# flight
+# the next in turn; BenchmarkScalePeersApart, the shape held with the
+# target in a process of its own, its CPU per request apart, beside
+# BenchmarkScalePeersApartRaw; BenchmarkScalePeersProcs, the peers spread
+# over up to 4 processes as well), requests in flight
 # (BenchmarkScaleDepth), batch size through the batch API
 # (BenchmarkScaleBatch, per task), and a register/unregister cycle against
 # the buffers held (BenchmarkScaleChurn at its defaults, CPU time per
@@ -30,11 +31,11 @@
 # default run takes about 4 minutes (5 rounds: 7).
 #
 # Knobs (environment):
-#   CURVES               which curves (default: buffers segments peers peers-turn peers-apart depth batch churn)
+#   CURVES               which curves (default: buffers segments peers peers-turn peers-apart peers-procs depth batch churn)
 #   BENCHTIME            -benchtime of the in-process ring curves (default 1s)
 #   PEERS_BENCHTIME      -benchtime of the peers curve (default 20000x; it sets up
 #                        its engines again for each b.N tried, so a count)
-#   TURN_BENCHTIME       -benchtime of the peers-turn and peers-apart curves
+#   TURN_BENCHTIME       -benchtime of the peers-turn, -apart and -procs curves
 #                        (default 640000x: every one of 1,000 peers takes 10
 #                        rounds)
 #   MOONRING_SCALE_MAX   leaves out every point above this count (buffers,
@@ -45,7 +46,7 @@
 set -eu
 rounds=${1:-3}
 dir=${2:-$(mktemp -d /tmp/bench-curves.XXXXXX)}
-curves=${CURVES:-buffers segments peers peers-turn peers-apart depth batch churn}
+curves=${CURVES:-buffers segments peers peers-turn peers-apart peers-procs depth batch churn}
 benchtime=${BENCHTIME:-1s}
 cd "$(dirname "$0")/.."
 mkdir -p "$dir"
@@ -72,7 +73,8 @@ for i in $(seq "$rounds"); do
 		segments) run '^BenchmarkScaleSegments$' "$benchtime" ;;
 		peers) run '^BenchmarkScalePeers(Raw)?$' "${PEERS_BENCHTIME:-20000x}" ;;
 		peers-turn) run '^BenchmarkScalePeersTurn(Raw)?$' "${TURN_BENCHTIME:-640000x}" ;;
-		peers-apart) run '^BenchmarkScalePeersApart$' "${TURN_BENCHTIME:-640000x}" ;;
+		peers-apart) run '^BenchmarkScalePeersApart(Raw)?$' "${TURN_BENCHTIME:-640000x}" ;;
+		peers-procs) run '^BenchmarkScalePeersProcs$' "${TURN_BENCHTIME:-640000x}" ;;
 		depth) run '^BenchmarkScaleDepth$' "$benchtime" ;;
 		batch) run '^BenchmarkScaleBatch$' "$benchtime" ;;
 		churn) run '^BenchmarkScaleChurn$' 1x ;;
