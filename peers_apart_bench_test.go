@@ -29,31 +29,12 @@ func BenchmarkScalePeersApart(b *testing.B) {
 	for _, n := range scaleCounts(b, 1, 10, 100, 1000) {
 		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
 			c := startChild(b, "target", "MOONRING_SIZE=1048576")
-			d := c.targetDesc(b)
-			ctx := context.Background()
-			store := metadata.NewMemory()
-			b.Cleanup(func() { store.Close() })
-			if err := store.Put(ctx, d); err != nil {
+			set, closeAll, err := apartPeers("apart-peer", n, c.targetDesc(b))
+			if err != nil {
 				b.Fatal(err)
 			}
-			peers, rings, ids := newPeers(b, "apart-peer", n, roundEntries(n, false), store, childKey)
-			segs := make([]moonring.SegmentID, n)
-			base := d.Buffers[0].Addr
-			for i := range rings {
-				var err error
-				if segs[i], err = peers[i].OpenSegment(ctx, d.Name); err != nil {
-					b.Fatal(err)
-				}
-			}
-			set := &peerSet{rings: rings, segs: segs, ids: ids, base: base}
-			peerRounds(b, set, warmRounds(n, false), false) // connected, warm
-			tgt0, own0 := childCPU(b, c), proccpu.Self()
-			b.ResetTimer()
-			peerRounds(b, set, b.N, false)
-			b.StopTimer()
-			tgt, own := childCPU(b, c)-tgt0, proccpu.Self()-own0
-			b.ReportMetric(float64(tgt.Nanoseconds())/float64(b.N), "tgt-cpu-ns/op")
-			b.ReportMetric(float64(own.Nanoseconds())/float64(b.N), "own-cpu-ns/op")
+			b.Cleanup(closeAll)
+			timeApart(b, c, func(total int) { peerRounds(b, set, total, false) })
 		})
 	}
 }
@@ -77,13 +58,7 @@ func BenchmarkScalePeersApartRaw(b *testing.B) {
 				conns[i] = cn
 			}
 			rawRounds(b, warmRounds(n, false), conns, false) // accepted, warm
-			tgt0, own0 := childCPU(b, c), proccpu.Self()
-			b.ResetTimer()
-			rawRounds(b, b.N, conns, false)
-			b.StopTimer()
-			tgt, own := childCPU(b, c)-tgt0, proccpu.Self()-own0
-			b.ReportMetric(float64(tgt.Nanoseconds())/float64(b.N), "tgt-cpu-ns/op")
-			b.ReportMetric(float64(own.Nanoseconds())/float64(b.N), "own-cpu-ns/op")
+			timeApart(b, c, func(total int) { rawRounds(b, total, conns, false) })
 		})
 	}
 }
@@ -151,26 +126,11 @@ func childPeers() error {
 	if err != nil {
 		return fmt.Errorf("MOONRING_DESC: %w", err)
 	}
-	ctx := context.Background()
-	store := metadata.NewMemory()
-	defer store.Close()
-	if err := store.Put(ctx, d); err != nil {
-		return err
-	}
-	peers, rings, ids, err := makePeers(os.Getenv("MOONRING_NAME"), n, roundEntries(n, false), store, childKey)
+	set, closeAll, err := apartPeers(os.Getenv("MOONRING_NAME"), n, d)
 	if err != nil {
 		return err
 	}
-	defer closePeers(peers)
-	set := &peerSet{rings: rings, segs: make([]moonring.SegmentID, n), ids: ids, base: d.Buffers[0].Addr}
-	for i, p := range peers {
-		if set.segs[i], err = p.OpenSegment(ctx, d.Name); err != nil {
-			return err
-		}
-	}
-	if err := set.rounds(warmRounds(n, false), false); err != nil {
-		return err
-	}
+	defer closeAll()
 	return childproc.Serve("ready", func(cmd string) string {
 		var total int
 		if _, err := fmt.Sscanf(cmd, "run %d", &total); err != nil || total < 1 {
@@ -181,6 +141,50 @@ func childPeers() error {
 		}
 		return "ok"
 	})
+}
+
+// apartPeers makes n peers of this process (makePeers, named prefix-i,
+// with the children's key) for the target whose descriptor is d, opens
+// its segment on each and moves a round on each (warmRounds), so they are
+// connected and warm. closeAll closes them and their store.
+func apartPeers(prefix string, n int, d *segtable.SegmentDesc) (set *peerSet, closeAll func(), err error) {
+	ctx := context.Background()
+	store := metadata.NewMemory()
+	if err := store.Put(ctx, d); err != nil {
+		store.Close()
+		return nil, nil, err
+	}
+	peers, rings, ids, err := makePeers(prefix, n, roundEntries(n, false), store, childKey)
+	if err != nil {
+		store.Close()
+		return nil, nil, err
+	}
+	closeAll = func() { closePeers(peers); store.Close() }
+	set = &peerSet{rings: rings, segs: make([]moonring.SegmentID, n), ids: ids, base: d.Buffers[0].Addr}
+	for i, p := range peers {
+		if set.segs[i], err = p.OpenSegment(ctx, d.Name); err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+	}
+	if err := set.rounds(warmRounds(n, false), false); err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return set, closeAll, nil
+}
+
+// timeApart times move(b.N) and reports, besides ns/op, the CPU a
+// request of the child c (tgt-cpu-ns/op) and of this process
+// (own-cpu-ns/op).
+func timeApart(b *testing.B, c *child, move func(total int)) {
+	tgt0, own0 := childCPU(b, c), proccpu.Self()
+	b.ResetTimer()
+	move(b.N)
+	b.StopTimer()
+	tgt, own := childCPU(b, c)-tgt0, proccpu.Self()-own0
+	b.ReportMetric(float64(tgt.Nanoseconds())/float64(b.N), "tgt-cpu-ns/op")
+	b.ReportMetric(float64(own.Nanoseconds())/float64(b.N), "own-cpu-ns/op")
 }
 
 // childCPU is the CPU time child c has used.
