@@ -307,9 +307,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 		if set["fill-seed"] {
 			seedPattern(b, *fillSeed)
 		} else {
-			for i := range b {
-				b[i] = pattern(i)
-			}
+			fillPattern(b)
 		}
 		if _, err := e.RegisterLocalMemory(b, "cpu:0", true); err != nil {
 			return err

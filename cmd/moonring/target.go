@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +34,37 @@ import (
 // pattern is what a bench target's buffer holds at offset i before any
 // WRITE: the initiator checks READs against it.
 func pattern(i int) byte { return byte(i*7 ^ i>>9) }
+
+// patternRun is pattern over one 512-byte run that starts at a multiple of
+// 512 with i>>9 == 0, as words: byte(i*7) repeats every 256 bytes, so
+// every such run is this one with its bytes XORed with i>>9.
+var patternRun = func() (w [64]uint64) {
+	var b [512]byte
+	for i := range b {
+		b[i] = pattern(i)
+	}
+	for k := range w {
+		w[k] = binary.LittleEndian.Uint64(b[8*k:])
+	}
+	return w
+}()
+
+// fillPattern sets b[i] to pattern(i), 8 bytes at a time: about 15 GB/s
+// on the development VM where a byte at a time filled 1.5-2.0
+// (BenchmarkFillPattern), 1-1.4 s of a 2 GiB bench target's start.
+func fillPattern(b []byte) {
+	i := 0
+	for ; i+512 <= len(b); i += 512 {
+		x := uint64(byte(i>>9)) * 0x0101010101010101
+		run := b[i : i+512 : i+512]
+		for k, w := range patternRun {
+			binary.LittleEndian.PutUint64(run[8*k:], w^x)
+		}
+	}
+	for ; i < len(b); i++ {
+		b[i] = pattern(i)
+	}
+}
 
 // target is what a sweep runs against: an initiator engine, the target's
 // segment and buffer, and what the buffer holds.
@@ -208,9 +240,7 @@ func localTarget(ctx context.Context, size, n int, model bool) (*target, error) 
 			return nil, err
 		}
 		if model {
-			for i := range remote {
-				remote[i] = pattern(i)
-			}
+			fillPattern(remote)
 		}
 		if _, err := tgt.RegisterLocalMemory(remote, "cpu:0", true); err != nil {
 			t.close()
@@ -348,9 +378,7 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 	t.name, t.seg, t.base, t.pid = p.name, p.seg, p.base, p.pid
 	if model {
 		t.model = make([]byte, size)
-		for i := range t.model {
-			t.model[i] = pattern(i)
-		}
+		fillPattern(t.model)
 		if mc != nil && !started {
 			// A Mooncake engine's buffer holds what it holds: write the
 			// model into it first, so that READs can be checked.
