@@ -6,13 +6,12 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/proccpu"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/tcp"
 )
@@ -73,8 +72,7 @@ func BenchmarkKVRawTCP(b *testing.B) {
 				senders[i].SetWriteBuffer(tcp.DefaultLoopbackSendBuffer)
 				receivers[i].SetWriteBuffer(tcp.DefaultLoopbackSendBuffer)
 			}
-			var ru0 syscall.Rusage
-			syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+			cpu0 := proccpu.Self()
 			b.SetBytes(request)
 			round := uint64(0)
 			for b.Loop() {
@@ -118,9 +116,7 @@ func BenchmarkKVRawTCP(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			var ru1 syscall.Rusage
-			syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
-			cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
+			cpu := proccpu.Self() - cpu0
 			gb := float64(b.N) * request / 1e9
 			b.ReportMetric(gb/b.Elapsed().Seconds(), "GB/s")
 			b.ReportMetric(cpu.Seconds()/gb, "cpu-s/GB")

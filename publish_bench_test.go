@@ -3,11 +3,10 @@ package moonring_test
 import (
 	"context"
 	"fmt"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/proccpu"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/tcp"
 )
@@ -46,7 +45,7 @@ func BenchmarkPublish(b *testing.B) {
 				last := mem[n*size:]
 				ctx := context.Background()
 				b.ReportAllocs()
-				cpu0 := cpuTime()
+				cpu0 := proccpu.Self()
 				for b.Loop() {
 					if _, err := e.RegisterLocalMemory(last, "cpu:0", true); err != nil {
 						b.Fatal(err)
@@ -55,17 +54,8 @@ func BenchmarkPublish(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+				b.ReportMetric(float64((proccpu.Self()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 			})
 		}
 	}
-}
-
-// cpuTime returns the CPU time, user and system, the process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

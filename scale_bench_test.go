@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/proccpu"
 	"github.com/moonring/moonring/metadata"
 )
 
@@ -233,21 +234,21 @@ func BenchmarkScaleChurn(b *testing.B) {
 					h0 := heap()
 					var m0, m1 runtime.MemStats
 					runtime.ReadMemStats(&m0)
-					start, cpu := time.Now(), cpuTime()
+					start, cpu := time.Now(), proccpu.Self()
 					all := cpu
 					for range 1000 {
 						cycle()
 					}
-					first, firstCPU := time.Since(start), cpuTime()-cpu
+					first, firstCPU := time.Since(start), proccpu.Self()-cpu
 					for range cycles - 2000 {
 						cycle()
 					}
-					start, cpu = time.Now(), cpuTime()
+					start, cpu = time.Now(), proccpu.Self()
 					for range 1000 {
 						cycle()
 					}
-					last, lastCPU := time.Since(start), cpuTime()-cpu
-					allCPU := cpuTime() - all
+					last, lastCPU := time.Since(start), proccpu.Self()-cpu
+					allCPU := proccpu.Self() - all
 					runtime.ReadMemStats(&m1)
 					h1 := heap()
 					b.ReportMetric(float64(first.Nanoseconds())/1e6, "µs/cycle-first1k")

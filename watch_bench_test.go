@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/proccpu"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/tcp"
 )
@@ -100,7 +101,7 @@ func peerRepublishThrough(b *testing.B, n int, via string, signed bool, name str
 	applied(n)
 	time.Sleep(50 * time.Millisecond) // the watcher's first event, the descriptor as opened
 	b.ReportAllocs()
-	cpu0 := cpuTime()
+	cpu0 := proccpu.Self()
 	for b.Loop() {
 		if _, err := t.RegisterLocalMemory(last, "cpu:0", true); err != nil {
 			b.Fatal(err)
@@ -111,5 +112,5 @@ func peerRepublishThrough(b *testing.B, n int, via string, signed bool, name str
 		}
 		applied(n)
 	}
-	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64((proccpu.Self()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }

@@ -3,10 +3,10 @@ package tcp
 import (
 	"fmt"
 	"math/rand/v2"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/proccpu"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -52,10 +52,9 @@ func BenchmarkReadStream(b *testing.B) {
 					}
 				}
 			}
-			var ru0, ru1 syscall.Rusage
 			b.SetBytes(int64(sz.size))
 			b.ResetTimer()
-			syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+			cpu0 := proccpu.Self()
 			inflight, sent := 0, 0
 			for ; sent < min(sz.depth, b.N); sent++ {
 				post(uint64(sent))
@@ -77,8 +76,7 @@ func BenchmarkReadStream(b *testing.B) {
 					flush()
 				}
 			}
-			syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
-			cpu := time.Duration(ru1.Utime.Nano() - ru0.Utime.Nano() + ru1.Stime.Nano() - ru0.Stime.Nano())
+			cpu := proccpu.Self() - cpu0
 			gb := float64(b.N) * float64(sz.size) / 1e9
 			b.ReportMetric(gb/b.Elapsed().Seconds(), "GB/s")
 			b.ReportMetric(cpu.Seconds()*1e3/gb, "cpu-ms/GB")

@@ -2,10 +2,10 @@ package etcd_test
 
 import (
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/moonring/moonring/internal/proccpu"
 	"github.com/moonring/moonring/metadata"
 	"github.com/moonring/moonring/metadata/etcdtest"
 	"github.com/moonring/moonring/segtable"
@@ -72,7 +72,7 @@ func BenchmarkEtcdPeerRepublish(b *testing.B) {
 				take(n)
 				extra := testBuffer(n + 1)
 				b.ReportAllocs()
-				cpu0 := cpuTime()
+				cpu0 := proccpu.Self()
 				for b.Loop() {
 					if err := l.Insert(extra); err != nil {
 						b.Fatal(err)
@@ -87,17 +87,8 @@ func BenchmarkEtcdPeerRepublish(b *testing.B) {
 					}
 					take(n)
 				}
-				b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+				b.ReportMetric(float64((proccpu.Self()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 			})
 		}
 	}
-}
-
-// cpuTime returns the CPU time, user and system, the process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
