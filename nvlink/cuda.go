@@ -26,9 +26,10 @@ const (
 )
 
 // cudaDriver calls libcuda.so.1 through purego: hot-path functions
-// (copies, events, setCurrent) through purego.SyscallN with plain integer
-// arguments, which neither allocates nor uses reflection; the few calls
-// with a struct argument or a C string through purego.RegisterFunc.
+// (copies, events, setCurrent) through purego.SyscallN with their
+// arguments in a pooled array (hot), which neither allocates nor uses
+// reflection; the few calls with a struct argument or a C string through
+// purego.RegisterFunc.
 //
 // It is UNTESTED on real hardware until a session with a GPU runs
 // scripts/gpu-check.sh: the development machine has none.
@@ -44,6 +45,12 @@ type cudaDriver struct {
 		memcpyDtoDAsync, memcpyHtoDAsync, memcpyDtoHAsync, memHostAllocFn uintptr
 		memFreeHost                                                       uintptr
 	}
+	// memcpyBatchAsync is cuMemcpyBatchAsync_v2 (CUDA 13: no failIdx),
+	// else cuMemcpyBatchAsync (CUDA 12.8: failIdx before the stream, when
+	// batchFailIdx), else 0: the driver has neither.
+	memcpyBatchAsync uintptr
+	batchFailIdx     bool
+	failIdx          uint64 // where a 12.8 driver writes a failed batch's index; never read
 	ipcOpenMemHandle func(dptr *uint64, h ipcHandle, flags uint32) int32
 	getErrorString   func(code int32, str **byte) int32
 
@@ -116,6 +123,11 @@ func loadCUDA(lib string) (driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nvlink: %s: %v: %w", lib, err, transport.ErrNotSupported)
 	}
+	if p, err := sym(h, "cuMemcpyBatchAsync_v2"); err == nil {
+		d.memcpyBatchAsync = p
+	} else if p, err := sym(h, "cuMemcpyBatchAsync"); err == nil {
+		d.memcpyBatchAsync, d.batchFailIdx = p, true
+	}
 	// RegisterFunc passes the 64-byte handle by value as the C ABI wants
 	// (on the stack on amd64); SyscallN has no way to say that.
 	purego.RegisterFunc(&d.ipcOpenMemHandle, ipcOpen)
@@ -149,6 +161,26 @@ func sym(h uintptr, names ...string) (uintptr, error) {
 func (d *cudaDriver) call(fn uintptr, args ...uintptr) int32 {
 	r, _, _ := purego.SyscallN(fn, args...)
 	return int32(r) // CUresult is a 32-bit enum; the upper half of RAX is undefined
+}
+
+// hotArgs holds the arguments of hot calls (see hot).
+var hotArgs = sync.Pool{New: func() any { return new([maxHotArgs]uintptr) }}
+
+// maxHotArgs is the most arguments a hot call takes (cuMemcpyBatchAsync).
+const maxHotArgs = 9
+
+// hot runs a driver function of the hot path (copies, events,
+// setCurrent) without allocating. Its n arguments are integers, device
+// addresses and addresses of memory that outlives the call (the lane's
+// arrays, package variables). Through call, SyscallN's variadic slice
+// escapes (go:uintptrescapes) and costs an allocation a call; here the
+// arguments travel in a pooled array.
+func (d *cudaDriver) hot(fn uintptr, n int, a [maxHotArgs]uintptr) int32 {
+	p := hotArgs.Get().(*[maxHotArgs]uintptr)
+	*p = a
+	r, _, _ := purego.SyscallN(fn, p[:n]...)
+	hotArgs.Put(p)
+	return int32(r)
 }
 
 // check turns a CUresult into an error; nil on success without allocating.
@@ -231,7 +263,7 @@ func (d *cudaDriver) release(ordinal int) error {
 }
 
 func (d *cudaDriver) setCurrent(ctx uintptr) error {
-	return d.check("cuCtxSetCurrent", d.call(d.fn.ctxSetCurrent, ctx))
+	return d.check("cuCtxSetCurrent", d.hot(d.fn.ctxSetCurrent, 1, [maxHotArgs]uintptr{ctx}))
 }
 
 func (d *cudaDriver) memAlloc(n uint64) (unsafe.Pointer, error) {
@@ -319,11 +351,11 @@ func (d *cudaDriver) eventCreate() (uintptr, error) {
 }
 
 func (d *cudaDriver) eventRecord(e, s uintptr) error {
-	return d.check("cuEventRecord", d.call(d.fn.eventRecord, e, s))
+	return d.check("cuEventRecord", d.hot(d.fn.eventRecord, 2, [maxHotArgs]uintptr{e, s}))
 }
 
 func (d *cudaDriver) eventQuery(e uintptr) (bool, error) {
-	switch code := d.call(d.fn.eventQuery, e); code {
+	switch code := d.hot(d.fn.eventQuery, 1, [maxHotArgs]uintptr{e}); code {
 	case cuSuccess:
 		return true, nil
 	case cuErrNotReady:
@@ -338,15 +370,54 @@ func (d *cudaDriver) eventDestroy(e uintptr) error {
 }
 
 func (d *cudaDriver) copyDtoD(dst, src uintptr, n uint64, s uintptr) error {
-	return d.check("cuMemcpyDtoDAsync_v2", d.call(d.fn.memcpyDtoDAsync, dst, src, uintptr(n), s))
+	return d.check("cuMemcpyDtoDAsync_v2", d.hot(d.fn.memcpyDtoDAsync, 4, [maxHotArgs]uintptr{dst, src, uintptr(n), s}))
+}
+
+// memcpyAttributes is a CUmemcpyAttributes: the source's access order,
+// the operands' location hints (for managed memory only; zero: none) and
+// flags.
+type memcpyAttributes struct {
+	srcAccessOrder uint32
+	srcLocType     uint32
+	srcLocID       int32
+	dstLocType     uint32
+	dstLocID       int32
+	flags          uint32
+}
+
+var _ [24 - unsafe.Sizeof(memcpyAttributes{})]byte
+var _ [unsafe.Sizeof(memcpyAttributes{}) - 24]byte
+
+// batchAttrs applies to every copy of a batch (batchAttrIdx: from index
+// 0): sources are read in stream order (CU_MEMCPY_SRC_ACCESS_ORDER_STREAM),
+// as an async copy's are. Read-only after init; the driver only reads them.
+var (
+	batchAttrs   = [1]memcpyAttributes{{srcAccessOrder: 1}}
+	batchAttrIdx = [1]uintptr{0}
+)
+
+func (d *cudaDriver) canBatch() bool { return d.memcpyBatchAsync != 0 }
+
+func (d *cudaDriver) copyBatch(dsts, srcs []uintptr, sizes []uint64, s uintptr) error {
+	n := len(dsts)
+	if n == 0 || len(srcs) != n || len(sizes) != n || d.memcpyBatchAsync == 0 {
+		return &cudaError{fn: "cuMemcpyBatchAsync", code: cuErrInvalidValue}
+	}
+	args := [maxHotArgs]uintptr{uintptr(unsafe.Pointer(&dsts[0])), uintptr(unsafe.Pointer(&srcs[0])), uintptr(unsafe.Pointer(&sizes[0])), uintptr(n),
+		uintptr(unsafe.Pointer(&batchAttrs[0])), uintptr(unsafe.Pointer(&batchAttrIdx[0])), 1, s}
+	if d.batchFailIdx {
+		args[7], args[8] = uintptr(unsafe.Pointer(&d.failIdx)), s
+		return d.check("cuMemcpyBatchAsync", d.hot(d.memcpyBatchAsync, 9, args))
+	}
+	return d.check("cuMemcpyBatchAsync_v2", d.hot(d.memcpyBatchAsync, 8, args))
 }
 
 func (d *cudaDriver) copyHtoD(dst uintptr, src unsafe.Pointer, n uint64, s uintptr) error {
-	return d.check("cuMemcpyHtoDAsync_v2", d.call(d.fn.memcpyHtoDAsync, dst, uintptr(src), uintptr(n), s))
+	return d.check("cuMemcpyHtoDAsync_v2", d.hot(d.fn.memcpyHtoDAsync, 4, [maxHotArgs]uintptr{dst, uintptr(src), uintptr(n), s}))
 }
 
 func (d *cudaDriver) copyDtoH(dst unsafe.Pointer, src uintptr, n uint64, s uintptr) error {
-	return d.check("cuMemcpyDtoHAsync_v2", d.call(d.fn.memcpyDtoHAsync, uintptr(dst), src, uintptr(n), s))
+	return d.check("cuMemcpyDtoHAsync_v2", d.hot(d.fn.memcpyDtoHAsync, 4, [maxHotArgs]uintptr{uintptr(dst), src, uintptr(n), s}))
 }
 
 func (d *cudaDriver) hostAlloc(n uint64) (unsafe.Pointer, error) {

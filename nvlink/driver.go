@@ -163,6 +163,13 @@ type driver interface {
 	eventQuery(e uintptr) (done bool, err error)
 	eventDestroy(e uintptr) error
 	copyDtoD(dst, src uintptr, n uint64, s uintptr) error
+	// copyBatch queues len(dsts) device-to-device copies in one call
+	// (cuMemcpyBatchAsync), in no order among themselves, all before
+	// anything queued on s after it. The arrays may be reused once it
+	// returns. Only when canBatch.
+	copyBatch(dsts, srcs []uintptr, sizes []uint64, s uintptr) error
+	// canBatch reports whether the driver has copyBatch.
+	canBatch() bool
 	copyHtoD(dst uintptr, src unsafe.Pointer, n uint64, s uintptr) error
 	copyDtoH(dst unsafe.Pointer, src uintptr, n uint64, s uintptr) error
 	// hostAlloc allocates pinned, portable host memory.

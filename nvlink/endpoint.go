@@ -260,29 +260,46 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 	defer unlockThread()
 	var cur uintptr // the context current on this thread, 0 when unknown
 	queued := false
+	// held is the lane whose lock this Post holds, with a group open on it
+	// (see lane). Every unlock flushes the group first, and a slice that
+	// fails is completed only after the unlock: a Completer may post.
+	var held *lane
+	let := func() {
+		if held != nil {
+			queued = held.flush(t.drv) || queued
+			held.mu.Unlock()
+			held = nil
+		}
+	}
 	// A classic loop: a slice whose view Update replaced is checked again
 	// (i--), which a range loop would not allow.
 	for i := 0; i < len(s); i++ {
 		sl := &s[i]
 		view, r, loc, err := e.check(sl)
 		if err != nil {
+			let()
 			c.Complete(sl.Token, err)
 			cur = 0
 			continue
 		}
 		l := r.dev.lane
-		l.mu.Lock()
+		if held != l {
+			let()
+			l.mu.Lock()
+			held = l
+		}
 		if e.closed.Load() || t.closed.Load() {
-			l.mu.Unlock()
+			let()
 			c.Complete(sl.Token, transport.ErrClosed)
 			cur = 0
 			continue
 		}
 		// r's mapping and table are only sure to be there while its view
 		// is current under this lock (see retired): everything that
-		// touches them, the grant included, happens before the unlock.
+		// touches them, the grant and the group's flush included, happens
+		// before the unlock.
 		if e.remotes.Load() != view {
-			l.mu.Unlock()
+			let()
 			i--
 			continue
 		}
@@ -291,40 +308,36 @@ func (e *Endpoint) Post(c transport.Completer, s []transport.Slice) (int, error)
 			if r.tab.closed() {
 				err = transport.ErrClosed
 			}
-			l.mu.Unlock()
+			let()
 			c.Complete(sl.Token, err)
 			cur = 0
 			continue
 		}
-		tail := l.tail.Load()
-		if tail-l.head.Load() > l.mask {
+		if cur != r.dev.ctx {
+			if err := t.drv.setCurrent(r.dev.ctx); err != nil {
+				r.tab.release(r.slot)
+				let()
+				c.Complete(sl.Token, fmt.Errorf("nvlink: post on GPU %d: %w", r.dev.ordinal, err))
+				cur = 0
+				continue
+			}
+			cur = r.dev.ctx
+		}
+		idx, room := l.add(pending{c: c, token: sl.Token, closed: &e.closed, tab: r.tab, slot: r.slot})
+		if !room {
 			r.tab.release(r.slot)
-			l.mu.Unlock()
+			let()
 			if queued {
 				t.wakeup() // as below: the copies queued before this one
 			}
 			return i, nil // full: the caller retries the rest after a Poll
 		}
-		if cur != r.dev.ctx {
-			if err = t.drv.setCurrent(r.dev.ctx); err == nil {
-				cur = r.dev.ctx
-			}
+		e.enqueue(l, sl, r, loc, idx)
+		if l.full() {
+			queued = l.flush(t.drv) || queued
 		}
-		if err == nil {
-			err = e.enqueue(l, sl, r, loc, tail)
-		}
-		if err != nil {
-			r.tab.release(r.slot)
-			l.mu.Unlock()
-			c.Complete(sl.Token, fmt.Errorf("nvlink: post on GPU %d: %w", r.dev.ordinal, err))
-			cur = 0
-			continue
-		}
-		l.ring[tail&l.mask] = pending{c: c, token: sl.Token, closed: &e.closed, tab: r.tab, slot: r.slot}
-		l.tail.Store(tail + 1)
-		l.mu.Unlock()
-		queued = true
 	}
+	let()
 	if queued {
 		// From a goroutine a parked poller lent its rings, nothing else
 		// would wake it to see the copies finish.
@@ -366,32 +379,36 @@ func (e *Endpoint) check(sl *transport.Slice) (*[]remote, *remote, *region, erro
 	return view, r, loc, nil
 }
 
-// enqueue queues the copy of sl and records the lane's event at index
-// tail. l.mu is held and r's context is current.
-func (e *Endpoint) enqueue(l *lane, sl *transport.Slice, r *remote, loc *region, tail uint64) error {
+// enqueue queues the copy of sl, the entry at ring index idx of l's open
+// group: a device-to-device copy into the batch arrays when the lane
+// batches, any other at once. A copy that cannot be queued leaves its
+// error in the entry. l.mu is held and r's context is current.
+func (e *Endpoint) enqueue(l *lane, sl *transport.Slice, r *remote, loc *region, idx uint64) {
 	d := e.t.drv
 	rp := r.ptr + uintptr(sl.Remote-r.addr)
 	var err error
 	switch {
-	case loc.dev != nil && sl.Op == transport.Write:
-		err = d.copyDtoD(rp, uintptr(sl.Local), sl.Length, l.stream)
 	case loc.dev != nil:
-		err = d.copyDtoD(uintptr(sl.Local), rp, sl.Length, l.stream)
+		dst, src := rp, uintptr(sl.Local)
+		if sl.Op == transport.Read {
+			dst, src = src, dst
+		}
+		if l.batch {
+			l.bdst[l.nb], l.bsrc[l.nb], l.bsize[l.nb], l.bidx[l.nb] = dst, src, sl.Length, idx
+			l.nb++
+			return
+		}
+		err = d.copyDtoD(dst, src, sl.Length, l.stream)
 	case sl.Op == transport.Write:
 		err = d.copyHtoD(rp, sl.Local, sl.Length, l.stream)
 	default:
 		err = d.copyDtoH(sl.Local, rp, sl.Length, l.stream)
 	}
 	if err != nil {
-		return err
+		l.ring[idx&l.mask].err = fmt.Errorf("nvlink: post on GPU %d: %w", r.dev.ordinal, err)
+		return
 	}
-	if err := d.eventRecord(l.events[tail&l.mask], l.stream); err != nil {
-		// The copy is queued but has no event: wait for it here (a failure
-		// path) so that the grant is not dropped under a running copy.
-		d.streamSync(l.stream)
-		return err
-	}
-	return nil
+	l.queued = true
 }
 
 // Close completes the endpoint's slices in flight with ErrClosed once

@@ -76,7 +76,14 @@ type enginePair struct {
 
 func newEnginePair(tb testing.TB, size int) *enginePair {
 	tb.Helper()
-	p := &enginePair{tr: openGPU(tb)}
+	return newEnginePairWith(tb, size, testConfig())
+}
+
+// newEnginePairWith is newEnginePair with this engine's nvlink configured
+// by cfg.
+func newEnginePairWith(tb testing.TB, size int, cfg Config) *enginePair {
+	tb.Helper()
+	p := &enginePair{tr: openGPUWith(tb, cfg)}
 	c := startChildEnv(tb, engineChildEnv, size)
 	store := metadata.NewMemory()
 	var err error

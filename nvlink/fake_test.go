@@ -31,6 +31,9 @@ type fakeDriver struct {
 	opens     int    // ipcOpen calls
 	closes    int    // ipcClose calls
 	copies    int    // copies run
+	batches   int    // copyBatch calls
+	records   int    // eventRecord calls
+	noBatch   bool   // canBatch says no: a driver before CUDA 12.8
 	failLen   uint64 // a copy of this length fails when queued
 	asyncLen  uint64 // a copy of this length fails when it runs
 	ctxErr    error  // setCurrent fails with it
@@ -276,6 +279,7 @@ func (f *fakeDriver) eventRecord(e, s uintptr) error {
 		return fakeErr("cuEventRecord", cuErrInvalidHandle)
 	}
 	*ev = fakeEvent{s: st, pos: len(st.ops)}
+	f.records++
 	return nil
 }
 
@@ -354,6 +358,33 @@ func (f *fakeDriver) copyDtoD(dst, src uintptr, n uint64, s uintptr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.enqueue("cuMemcpyDtoDAsync", s, n, f.dev("dst", dst, n), f.dev("src", src, n))
+}
+
+func (f *fakeDriver) canBatch() bool { return !f.noBatch }
+
+// copyBatch checks every copy before queuing any: a batch with a copy of
+// failLen fails whole, as the driver validates the batch in the call.
+func (f *fakeDriver) copyBatch(dsts, srcs []uintptr, sizes []uint64, s uintptr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.noBatch || len(dsts) == 0 || len(srcs) != len(dsts) || len(sizes) != len(dsts) {
+		return fakeErr("cuMemcpyBatchAsync", cuErrInvalidValue)
+	}
+	if f.streams[s] == nil {
+		return fakeErr("cuMemcpyBatchAsync", cuErrInvalidHandle)
+	}
+	for _, n := range sizes {
+		if n == f.failLen {
+			return fakeErr("cuMemcpyBatchAsync", cuErrInvalidValue)
+		}
+	}
+	f.batches++
+	for i := range dsts {
+		if err := f.enqueue("cuMemcpyBatchAsync", s, sizes[i], f.dev("dst", dsts[i], sizes[i]), f.dev("src", srcs[i], sizes[i])); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (f *fakeDriver) copyHtoD(dst uintptr, src unsafe.Pointer, n uint64, s uintptr) error {

@@ -1,6 +1,7 @@
 package nvlink
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,16 +12,24 @@ import (
 	"github.com/moonring/moonring/transport"
 )
 
-// lane is one GPU's stream and the ring of copies queued on it. Each ring
-// index owns one event, recorded right after the index's copy; events of
-// one stream fire in order, so the poller queries only the oldest.
+// lane is one GPU's stream and the ring of copies queued on it.
 //
-// Posting side: Post takes mu, checks room (tail-head < depth), queues the
-// copy and records the event, fills ring[tail] and publishes it by storing
-// tail+1. Completing side: the poller that holds pollMu reads entries below
-// tail, queries their events in order and publishes each reaped entry by
-// storing head+1, after which Post may reuse the index. Complete is called
-// with only pollMu held, which Post never takes, so a Completer may post.
+// Copies are queued in groups: the slices one Post puts on the lane (up to
+// groupMax), or one staged copy. A group's copies are queued one call each,
+// or device-to-device ones in one cuMemcpyBatchAsync where the driver has
+// it, and one event is recorded after the group's last copy, at the
+// group's last ring index. Events of one stream fire in order, so the
+// poller queries only the oldest group's event and completes the group
+// whole when it has fired.
+//
+// Posting side: Post takes mu, checks room (tail+grp-head < depth), fills
+// the ring entries of the open group above tail, and on flush queues the
+// batched copies, records the event and publishes the group by storing
+// tail past it; no group stays open across an unlock. Completing side: the
+// poller that holds pollMu reads groups below tail, queries their events in
+// order and publishes each reaped entry by storing head+1, after which Post
+// may reuse the index. Complete is called with only pollMu held, which Post
+// never takes, so a Completer may post.
 type lane struct {
 	dev    *device
 	stream uintptr
@@ -30,13 +39,27 @@ type lane struct {
 
 	mu   sync.Mutex    // the posting side
 	tail atomic.Uint64 // written by Post under mu; read by pollers
-	_    cpu.CacheLinePad
+	// The open group, under mu: grp entries above tail, of which nb
+	// device-to-device copies wait in the batch arrays (batch only).
+	grp    int
+	queued bool // a copy of the open group is queued on the stream
+	batch  bool // queue device-to-device copies with copyBatch
+	nb     int
+	bdst   []uintptr
+	bsrc   []uintptr
+	bsize  []uint64
+	bidx   []uint64 // the ring index of each batched copy
+	_      cpu.CacheLinePad
 
 	pollMu sync.Mutex    // the completing side
 	head   atomic.Uint64 // written by the poller under pollMu; read by Post
 	dead   bool          // destroyed; under pollMu
 	_      cpu.CacheLinePad
 }
+
+// groupMax bounds a group: the copies one event covers, and one
+// cuMemcpyBatchAsync's count.
+const groupMax = 256
 
 // pending is one copy in flight.
 type pending struct {
@@ -45,12 +68,19 @@ type pending struct {
 	closed *atomic.Bool // the posting endpoint's: set, the copy ends ErrClosed
 	tab    *table       // the target's grant table, whose slot the copy counts on; nil for staging
 	slot   int
+	end    uint64 // on a group's first entry: the ring index of its last
+	synced bool   // on a group's last entry: no event; the group is done (its copies failed, or the stream was waited for)
+	err    error  // the copy failed when queued: completed with this, whatever the event says
 }
 
 // newLane makes the stream and events of d. The caller made d's context
 // current on its locked thread.
-func newLane(drv driver, d *device, depth int) (*lane, error) {
-	l := &lane{dev: d, ring: make([]pending, depth), mask: uint64(depth - 1)}
+func newLane(drv driver, d *device, depth int, batch bool) (*lane, error) {
+	l := &lane{dev: d, ring: make([]pending, depth), mask: uint64(depth - 1), batch: batch}
+	if batch {
+		n := min(depth, groupMax)
+		l.bdst, l.bsrc, l.bsize, l.bidx = make([]uintptr, n), make([]uintptr, n), make([]uint64, n), make([]uint64, n)
+	}
 	var err error
 	if l.stream, err = drv.streamCreate(); err != nil {
 		return nil, err
@@ -94,7 +124,7 @@ func (l *lane) poll(drv driver) int {
 	return n
 }
 
-// reap completes finished copies in order; with all, it first waits for
+// reap completes finished groups in order; with all, it first waits for
 // the stream (Close only). pollMu is held.
 func (l *lane) reap(drv driver, all bool) int {
 	if l.dead {
@@ -109,20 +139,24 @@ func (l *lane) reap(drv driver, all bool) int {
 	current := false
 	var syncErr error
 	n := 0
-	for ; h != t; h++ {
-		if !current {
-			if err := drv.setCurrent(l.dev.ctx); err != nil {
-				if !all {
-					return n
+	for h != t {
+		end := l.ring[h&l.mask].end // h starts a group: groups are reaped whole
+		done, err := true, error(nil)
+		if !l.ring[end&l.mask].synced {
+			if !current {
+				if err := drv.setCurrent(l.dev.ctx); err != nil {
+					if !all {
+						return n
+					}
+					syncErr = err
 				}
-				syncErr = err
+				current = true
+				if all && syncErr == nil {
+					syncErr = drv.streamSync(l.stream)
+				}
 			}
-			current = true
-			if all && syncErr == nil {
-				syncErr = drv.streamSync(l.stream)
-			}
+			done, err = drv.eventQuery(l.events[end&l.mask])
 		}
-		done, err := drv.eventQuery(l.events[h&l.mask])
 		if !done && !all {
 			break
 		}
@@ -132,25 +166,101 @@ func (l *lane) reap(drv driver, all bool) int {
 				err = fmt.Errorf("nvlink: copy not done after the stream synchronized")
 			}
 		}
-		p := l.ring[h&l.mask]
-		l.ring[h&l.mask] = pending{}
-		// The grant first: once head passes h, Endpoint.reclaim may unmap
-		// the table of a replaced view that this copy counted on.
-		if p.tab != nil {
-			p.tab.release(p.slot)
-		}
-		l.head.Store(h + 1)
-		switch {
-		case p.closed.Load():
-			err = transport.ErrClosed
-		case err != nil:
+		if err != nil {
 			err = fmt.Errorf("nvlink: copy on GPU %d: %w", l.dev.ordinal, err)
 		}
-		p.c.Complete(p.token, err)
+		for ; h <= end; h++ {
+			p := l.ring[h&l.mask]
+			l.ring[h&l.mask] = pending{}
+			// The grant first: once head passes h, Endpoint.reclaim may
+			// unmap the table of a replaced view that this copy counted on.
+			if p.tab != nil {
+				p.tab.release(p.slot)
+			}
+			l.head.Store(h + 1)
+			perr := err
+			switch {
+			case p.closed.Load():
+				perr = transport.ErrClosed
+			case p.err != nil:
+				perr = p.err
+			}
+			p.c.Complete(p.token, perr)
+			n++
+		}
 		current = false // the Completer may have posted, on another context
-		n++
 	}
 	return n
+}
+
+// add opens or extends the group with the entry at ring index tail+grp,
+// which it returns; room reports none (tail+grp-head reached the depth).
+// l.mu is held.
+func (l *lane) add(p pending) (idx uint64, room bool) {
+	idx = l.tail.Load() + uint64(l.grp)
+	if idx-l.head.Load() > l.mask {
+		return 0, false
+	}
+	l.ring[idx&l.mask] = p
+	l.grp++
+	return idx, true
+}
+
+// full reports whether the open group reached groupMax (or the batch
+// arrays' size): the caller flushes before adding more.
+func (l *lane) full() bool {
+	return l.grp >= groupMax || (l.batch && l.nb == len(l.bdst))
+}
+
+// flush ends the open group: its batched copies in one call (one call
+// each if the driver refuses the batch), the event after its last copy,
+// and tail stored past it. A copy that could not be queued keeps its error
+// in its entry; if the event cannot be recorded,
+// the stream is waited for and the group marked synced, every entry
+// failed. l.mu is held and the lane's context is current. It reports
+// whether it published a group.
+func (l *lane) flush(drv driver) bool {
+	if l.grp == 0 {
+		return false
+	}
+	tail := l.tail.Load()
+	last := tail + uint64(l.grp) - 1
+	if l.nb > 1 {
+		err := drv.copyBatch(l.bdst[:l.nb], l.bsrc[:l.nb], l.bsize[:l.nb], l.stream)
+		if err == nil {
+			l.queued, l.nb = true, 0
+		} else if errors.Is(err, transport.ErrNotSupported) {
+			l.batch = false // this driver batches no such copy: one call each from now on
+		}
+	}
+	// One copy, or a batch the driver refused: a call each, so that one bad
+	// copy fails alone.
+	for k := range l.nb {
+		if err := drv.copyDtoD(l.bdst[k], l.bsrc[k], l.bsize[k], l.stream); err != nil {
+			l.ring[l.bidx[k]&l.mask].err = fmt.Errorf("nvlink: post on GPU %d: %w", l.dev.ordinal, err)
+		} else {
+			l.queued = true
+		}
+	}
+	l.nb = 0
+	l.ring[tail&l.mask].end = last
+	if !l.queued {
+		l.ring[last&l.mask].synced = true // nothing runs: each entry has its error
+	} else if err := drv.eventRecord(l.events[last&l.mask], l.stream); err != nil {
+		// Queued without an event: wait for the copies here (a failure
+		// path) so that no grant is dropped under a running copy.
+		drv.streamSync(l.stream)
+		err = fmt.Errorf("nvlink: post on GPU %d: %w", l.dev.ordinal, err)
+		for i := tail; i <= last; i++ {
+			if l.ring[i&l.mask].err == nil {
+				l.ring[i&l.mask].err = err
+			}
+		}
+		l.ring[last&l.mask].synced = true
+	}
+	l.grp, l.queued = 0, false
+	l.tail.Store(last + 1)
+	return true
 }
 
 // settle waits for every GPU's stream and completes the copies queued on
@@ -203,7 +313,7 @@ func (l *lane) stage(t *Transport, toDevice bool, dev uintptr, host unsafe.Point
 	if err != nil {
 		return false, fmt.Errorf("nvlink: staging copy on GPU %d: %w", l.dev.ordinal, err)
 	}
-	l.ring[tail&l.mask] = pending{c: c, token: token, closed: closed, slot: -1}
+	l.ring[tail&l.mask] = pending{c: c, token: token, closed: closed, slot: -1, end: tail}
 	l.tail.Store(tail + 1)
 	t.wakeup() // queued from the inner transport's goroutine, as a rule
 	return false, nil

@@ -34,11 +34,11 @@ func TestMockCUDA(t *testing.T) {
 	}
 	out, err := childproc.Run(childproc.Config{Env: []string{libraryEnv + "=" + lib},
 		Args: []string{"-test.run", "^TestGPU", "-test.v", "-test.count=1",
-			"-test.bench", "NVLink|RawDtoD|StagedTCP", "-test.benchtime", "2x"}}, 5*time.Minute)
+			"-test.bench", "NVLink|RawDtoD|RawKV|StagedTCP", "-test.benchtime", "2x"}}, 5*time.Minute)
 	if err != nil {
 		t.Fatalf("GPU tests against the model: %v\n%s", err, out)
 	}
-	for _, want := range []string{"--- PASS: TestGPUDriverError", "--- PASS: TestGPUTwoProcesses", "--- PASS: TestGPUStagingTCP", "--- PASS: TestGPUEngineStaging", "--- PASS: TestGPUEngineNVLink", "BenchmarkNVLinkWrite", "BenchmarkNVLinkRead", "BenchmarkRawDtoD", "BenchmarkStagedTCP", "BenchmarkEngineNVLink"} {
+	for _, want := range []string{"--- PASS: TestGPUDriverError", "--- PASS: TestGPUTwoProcesses", "--- PASS: TestGPUStagingTCP", "--- PASS: TestGPUEngineStaging", "--- PASS: TestGPUEngineNVLink", "--- PASS: TestGPUScattered", "BenchmarkKVNVLink", "BenchmarkRawKV", "BenchmarkNVLinkWrite", "BenchmarkNVLinkRead", "BenchmarkRawDtoD", "BenchmarkStagedTCP", "BenchmarkEngineNVLink"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("no %q in the output:\n%s", want, out)
 		}

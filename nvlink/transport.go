@@ -69,6 +69,11 @@ type Config struct {
 	// (DefaultStagingUnits): the arena bounds both the longest slice
 	// that can be staged and the bytes staged at once.
 	StagingUnits int
+	// NoBatchCopies queues every copy with its own call. By default the
+	// device-to-device copies of one Post go to the GPU in one
+	// cuMemcpyBatchAsync (CUDA 12.8 and later), which costs the CPU about
+	// what one copy does; a driver without it gets a call per copy anyway.
+	NoBatchCopies bool
 }
 
 func (c *Config) defaults() error {
@@ -281,7 +286,7 @@ func (t *Transport) start(d *device) error {
 		t.drv.release(d.ordinal)
 		return fmt.Errorf("nvlink: GPU %d: %w", d.ordinal, err)
 	}
-	l, err := newLane(t.drv, d, t.cfg.Depth)
+	l, err := newLane(t.drv, d, t.cfg.Depth, !t.cfg.NoBatchCopies && t.drv.canBatch())
 	if err != nil {
 		t.drv.release(d.ordinal)
 		return fmt.Errorf("nvlink: GPU %d: %w", d.ordinal, err)

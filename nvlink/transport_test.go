@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +17,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 	"github.com/moonring/moonring/transport/transporttest"
@@ -357,6 +361,112 @@ func (p *pair) target(n int) (tmem []byte, tb *segtable.Buffer, treg segtable.Re
 	return
 }
 
+// TestGroupedCopies: the slices of one Post are one group: one event for
+// up to groupMax copies, their device-to-device copies in one batch call
+// where the driver batches (none where it does not, or with
+// NoBatchCopies), host memory's copies a call each; scattered WRITEs and
+// READs land byte for byte.
+func TestGroupedCopies(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		noBatch, cfgNone bool
+	}{{"batch", false, false}, {"driver-without", true, false}, {"NoBatchCopies", false, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			fake := newFake(1)
+			fake.noBatch = c.noBatch
+			p := newPair(t, fake, Config{Depth: 1024, NoBatchCopies: c.cfgNone})
+			const blk, n = 1 << 10, 600 // 3 groups: 256, 256, 88
+			tmem, tb, _, lmem, lreg, ep := p.target(n * blk)
+			testpattern.Fill(lmem, 5)
+			perm := rand.New(rand.NewPCG(1, 2)).Perm(n)
+			s := make([]transport.Slice, n)
+			for i := range s {
+				s[i] = transport.Slice{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[i*blk]), Remote: uint64(tb.Addr) + uint64(perm[i]*blk), Length: blk, Token: uint64(i + 1)}
+			}
+			batches, records := fake.batches, fake.records
+			r := newRecorder()
+			if k, err := ep.Post(r, s); k != n || err != nil {
+				t.Fatalf("Post = %d, %v", k, err)
+			}
+			pollUntil(t, p.init, r, n)
+			for i := range s {
+				if err := r.result(t, s[i].Token); err != nil {
+					t.Fatalf("WRITE slice %d: %v", i, err)
+				}
+				if d := testpattern.FirstDiff(tmem[perm[i]*blk:(perm[i]+1)*blk], lmem[i*blk:(i+1)*blk]); d >= 0 {
+					t.Fatalf("WRITE slice %d: byte %d differs", i, d)
+				}
+			}
+			wantBatches := 3
+			if c.noBatch || c.cfgNone {
+				wantBatches = 0
+			}
+			if got := fake.batches - batches; got != wantBatches {
+				t.Errorf("%d batch calls for 600 copies, want %d", got, wantBatches)
+			}
+			if got := fake.records - records; got != 3 {
+				t.Errorf("%d events recorded for 600 copies in one Post, want 3 (one a group)", got)
+			}
+			// READ them back into a cleared buffer, in the other order.
+			clear(lmem)
+			for i := range s {
+				s[i].Op, s[i].Token = transport.Read, uint64(n+i+1)
+			}
+			slices.Reverse(s)
+			r = newRecorder()
+			if k, err := ep.Post(r, s); k != n || err != nil {
+				t.Fatalf("Post = %d, %v", k, err)
+			}
+			pollUntil(t, p.init, r, n)
+			for i := range s {
+				if err := r.result(t, s[i].Token); err != nil {
+					t.Fatalf("READ slice %d: %v", i, err)
+				}
+			}
+			want := make([]byte, n*blk)
+			testpattern.Fill(want, 5)
+			if d := testpattern.FirstDiff(lmem, want); d >= 0 {
+				t.Fatalf("READ back: byte %d differs", d)
+			}
+		})
+	}
+}
+
+// TestGroupMixedMemory: one Post with GPU and host memory as the local
+// side: the device-to-device copies go in one batch, the host one by
+// itself, all under one event.
+func TestGroupMixedMemory(t *testing.T) {
+	fake := newFake(1)
+	p := newPair(t, fake, Config{})
+	tmem, tb, _, lmem, lreg, ep := p.target(1 << 16)
+	hmem := make([]byte, 4096)
+	h, rh := p.register(p.init, &p.ibufs, hmem, segtable.CPU(0), false)
+	testpattern.Fill(lmem, 8)
+	testpattern.Fill(hmem, 9)
+	s := []transport.Slice{
+		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: uint64(tb.Addr), Length: 4096, Token: 1},
+		{Op: transport.Write, LocalHandle: rh.Handle, Local: h.Pointer(0), Remote: uint64(tb.Addr) + 4096, Length: 4096, Token: 2},
+		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[8192]), Remote: uint64(tb.Addr) + 8192, Length: 4096, Token: 3},
+	}
+	batches, records := fake.batches, fake.records
+	r := newRecorder()
+	if k, err := ep.Post(r, s); k != 3 || err != nil {
+		t.Fatalf("Post = %d, %v", k, err)
+	}
+	pollUntil(t, p.init, r, 3)
+	for tok := uint64(1); tok <= 3; tok++ {
+		if err := r.result(t, tok); err != nil {
+			t.Fatalf("slice %d: %v", tok, err)
+		}
+	}
+	if !bytes.Equal(tmem[:4096], lmem[:4096]) || !bytes.Equal(tmem[4096:8192], hmem) || !bytes.Equal(tmem[8192:12288], lmem[8192:12288]) {
+		t.Error("bytes differ at the target")
+	}
+	if fake.batches-batches != 1 || fake.records-records != 1 {
+		t.Errorf("%d batch calls and %d events for one Post of two GPU copies and a host one, want 1 and 1", fake.batches-batches, fake.records-records)
+	}
+}
+
 func TestDepthBackpressure(t *testing.T) {
 	p := newPair(t, newFake(1), Config{Depth: 4})
 	_, tb, _, lmem, lreg, ep := p.target(1 << 16)
@@ -392,28 +502,57 @@ func TestDepthBackpressure(t *testing.T) {
 	}
 }
 
+// TestCopyFailures: a copy the driver refuses when queued and one that
+// fails on the GPU each fail alone and drop their grants, whether the
+// lane batches copies (the refused one in a batch: the batch is queued
+// again a copy at a time) or not.
 func TestCopyFailures(t *testing.T) {
+	for _, noBatch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noBatch=%v", noBatch), func(t *testing.T) { copyFailures(t, noBatch) })
+	}
+}
+
+func copyFailures(t *testing.T, noBatch bool) {
 	fake := newFake(1)
+	fake.noBatch = noBatch
 	p := newPair(t, fake, Config{})
-	_, tb, treg, lmem, lreg, ep := p.target(1 << 16)
+	tmem, tb, treg, lmem, lreg, ep := p.target(1 << 16)
 	fake.failLen = 33  // fails when queued
 	fake.asyncLen = 44 // fails when it runs
 	r := newRecorder()
+	// The refused copy with a good one in one Post; the copy failing on
+	// the GPU by itself, after them: a failure on the GPU is sticky (all
+	// after it on the stream fail, as CUDA's context does), and it fails
+	// the whole group its event covers.
 	s := []transport.Slice{
 		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: uint64(tb.Addr), Length: 33, Token: 1},
-		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: uint64(tb.Addr), Length: 44, Token: 2},
+		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[100]), Remote: uint64(tb.Addr) + 100, Length: 55, Token: 2},
+	}
+	for i := range lmem[100:155] {
+		lmem[100+i] = byte(i + 1)
 	}
 	if n, err := ep.Post(r, s); n != 2 || err != nil {
 		t.Fatalf("Post = %d, %v", n, err)
 	}
+	pollUntil(t, p.init, r, 2)
 	if err := r.result(t, 1); !errors.Is(err, ErrDriver) {
 		t.Errorf("copy refused by the driver: %v, want ErrDriver", err)
 	}
-	pollUntil(t, p.init, r, 2)
-	if err := r.result(t, 2); !errors.Is(err, ErrDriver) || errors.Is(err, transport.ErrDenied) {
+	if err := r.result(t, 2); err != nil {
+		t.Errorf("a good copy posted with a refused one: %v", err)
+	}
+	if !bytes.Equal(tmem[100:155], lmem[100:155]) {
+		t.Errorf("the good copy's bytes did not land")
+	}
+	bad := transport.Slice{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: uint64(tb.Addr), Length: 44, Token: 3}
+	if n, err := ep.Post(r, []transport.Slice{bad}); n != 1 || err != nil {
+		t.Fatalf("Post = %d, %v", n, err)
+	}
+	pollUntil(t, p.init, r, 3)
+	if err := r.result(t, 3); !errors.Is(err, ErrDriver) || errors.Is(err, transport.ErrDenied) {
 		t.Errorf("copy failing on the GPU: %v, want ErrDriver (retryable)", err)
 	}
-	// Both dropped their grants: Unregister does not wait.
+	// All dropped their grants: Unregister does not wait.
 	ctxDone := make(chan error, 1)
 	go func() { ctxDone <- p.targ.Unregister(tb, treg) }()
 	select {
@@ -424,9 +563,9 @@ func TestCopyFailures(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Unregister hangs: a failed copy kept its grant")
 	}
-	ok := transport.Slice{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: uint64(tb.Addr), Length: 8, Token: 3}
+	ok := transport.Slice{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: uint64(tb.Addr), Length: 8, Token: 4}
 	ep.Post(r, []transport.Slice{ok})
-	if err := r.result(t, 3); !errors.Is(err, transport.ErrDenied) {
+	if err := r.result(t, 4); !errors.Is(err, transport.ErrDenied) {
 		t.Errorf("slice to an unregistered buffer: %v, want ErrDenied", err)
 	}
 }

@@ -31,8 +31,11 @@
 #      against RawDtoD at its depth (Transfer: 1); then
 #      StagedTCP: 64 MiB
 #      requests between two engines over TCP on loopback from GPU memory
-#      (staged) beside the same from host memory. It takes about two
-#      minutes.
+#      (staged) beside the same from host memory; then the KV workload:
+#      KVNVLink, a request's 16,384 scattered 32 KiB blocks between two
+#      engines, batched copies and a call each, beside the same bytes as
+#      contiguous 1 MiB blocks, and RawKV, the same copies in one
+#      process. It takes about four minutes.
 #      The log comes back as $OUT/gpu-check.log (and on stdout); put the
 #      figures in BENCHMARKS.md (nvlink section) with the date.
 #
@@ -67,7 +70,7 @@ run() {
 	status=0
 	# Tests run from the package directory (testdata/ paths).
 	(cd nvlink && timeout 150 "../$bin/nvlink.test" -test.v -test.count=1 -test.timeout 140s) >"$out/tests.log" 2>&1 || status=1
-	grep -E '^(--- |ok|FAIL|PASS)|^\s+gpu_test.go|^\s+mock_test.go' "$out/tests.log" | tee -a "$log"
+	grep -E '^(--- |ok|FAIL|PASS)|^\s+gpu_test.go|^\s+kv_test.go|^\s+mock_test.go' "$out/tests.log" | tee -a "$log"
 	if grep -q -- '--- SKIP: TestGPU' "$out/tests.log"; then
 		echo "gpu-check: GPU tests SKIPPED on the GPU machine:" | tee -a "$log"
 		grep -A2 -- '--- SKIP: TestGPU' "$out/tests.log" | tee -a "$log"
@@ -79,6 +82,11 @@ run() {
 	fi
 	(cd nvlink && timeout 150 "../$bin/nvlink.test" -test.run '^$' -test.bench 'NVLinkWrite|NVLinkRead|RawDtoD|EngineNVLink|StagedTCP' \
 		-test.benchtime 1s -test.count 3 -test.timeout 140s) >"$out/bench.log" 2>&1 || status=1
+	# The KV workload: a request's 16,384 scattered 32 KiB blocks between
+	# two engines (batched copies and a call each) beside the same bytes
+	# as contiguous 1 MiB blocks, and the raw copies in one process.
+	(cd nvlink && timeout 200 "../$bin/nvlink.test" -test.run '^$' -test.bench 'KVNVLink|RawKV' \
+		-test.benchtime 1s -test.count 3 -test.timeout 190s) >>"$out/bench.log" 2>&1 || status=1
 	grep -E '^Benchmark|^(ok|FAIL|PASS)|Error|error' "$out/bench.log" | tee -a "$log"
 	# Mean MB/s per benchmark, and each NVLink figure against the raw copy
 	# at the same depth.
@@ -96,7 +104,17 @@ run() {
 					printf "%-36s %5.1f %% of %s (staging through pinned host memory)\n", k, 100 * mean[k] / mean[raw], raw
 				continue
 			}
-			if (k !~ /NVLink/) continue
+			if (k ~ /KVNVLink\/[a-z]+\/kv-/) {
+				c = k; sub(/kv-(batch|percopy)/, "contiguous", c)
+				if (c in mean && mean[c] > 0)
+					printf "%-36s %5.1f %% of %s (scattered 32 KiB blocks against 1 MiB ones)\n", k, 100 * mean[k] / mean[c], c
+				continue
+			}
+			if (k ~ /RawKV\/(percopy|batch)/ && ("BenchmarkRawKV/contiguous" in mean) && mean["BenchmarkRawKV/contiguous"] > 0) {
+				printf "%-36s %5.1f %% of BenchmarkRawKV/contiguous\n", k, 100 * mean[k] / mean["BenchmarkRawKV/contiguous"]
+				continue
+			}
+			if (k !~ /NVLink/ || k ~ /KV/) continue
 			raw = k; sub(/NVLink(Write|Read)/, "RawDtoD", raw)
 			if (k ~ /EngineNVLink/) raw = (k ~ /depth=4/ ? "BenchmarkRawDtoD/depth=4" : "BenchmarkRawDtoD/depth=1")
 			if (!(raw in mean) || mean[raw] == 0) continue

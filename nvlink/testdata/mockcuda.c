@@ -268,6 +268,40 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream s
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) { return copy(d, (uintptr_t)s, n, st, 1, 0); }
 CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st) { return copy((uintptr_t)d, s, n, st, 0, 1); }
 
+/* CUmemcpyAttributes: source access order, two CUmemLocation hints, flags. */
+typedef struct {
+	int srcAccessOrder;
+	struct { int type, id; } srcLocHint, dstLocHint;
+	unsigned flags;
+} CUmemcpyAttributes;
+
+/*
+ * CUDA 13's batch copy (no failIdx). The model insists on what the
+ * transport passes: one attribute for every copy, sources in stream order
+ * (1), no hints, and a copy count the arrays agree with; the copies run
+ * at once, every one checked before any runs.
+ */
+CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                               CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream st) {
+	if (!st) return INVALID_HANDLE;
+	if (!dsts || !srcs || !sizes || count == 0 || !attrs || !attrsIdxs || numAttrs != 1 || attrsIdxs[0] != 0)
+		return INVALID_VALUE;
+	if (attrs[0].srcAccessOrder != 1 || attrs[0].srcLocHint.type || attrs[0].dstLocHint.type || attrs[0].flags)
+		return INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	for (size_t i = 0; i < count; i++) {
+		struct alloc *d = find(dsts[i]), *r = find(srcs[i]);
+		if (!d || !r || dsts[i] + sizes[i] > d->base + d->size || srcs[i] + sizes[i] > r->base + r->size) {
+			pthread_mutex_unlock(&mu);
+			return 700; /* CUDA_ERROR_ILLEGAL_ADDRESS */
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	for (size_t i = 0; i < count; i++)
+		memcpy((void *)dsts[i], (const void *)srcs[i], sizes[i]);
+	return OK;
+}
+
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {
 	if (flags != 1) return INVALID_VALUE; /* CU_MEMHOSTALLOC_PORTABLE */
 	*p = malloc(n);

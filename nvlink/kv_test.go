@@ -1,0 +1,304 @@
+package nvlink
+
+// The KV-cache workload on a GPU: a request's cache is thousands of small
+// blocks scattered over a paged pool on each side (32 KiB per layer per K
+// or V in a Llama-3-8B-like layout), not one large buffer. Each block is a
+// slice and a copy; what a copy costs the CPU, not NVLink's bandwidth,
+// decides the rate. These run on a GPU (scripts/gpu-check.sh) and, small,
+// against the C model (TestMockCUDA).
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync/atomic"
+	"testing"
+	"unsafe"
+
+	"github.com/moonring/moonring"
+	"github.com/moonring/moonring/internal/testpattern"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/transport"
+)
+
+// kvBlock is one block of the KV workload: 16 tokens of one layer's K or
+// V in Llama-3-8B (16 x 8 heads x 128 x 2 bytes).
+const kvBlock = 32 << 10
+
+// kvShape returns the blocks of one request and the pool they are drawn
+// from on each side: a 4k-token request, 16,384 blocks (512 MiB) of a
+// 1 GiB pool, on a GPU; 256 blocks of a 16 MiB pool against the C model,
+// whose copies are memcpy on the CPU.
+func kvShape() (blocks, pool int) {
+	if os.Getenv(libraryEnv) != "" {
+		return 256, 16 << 20
+	}
+	return 16384, 1 << 30
+}
+
+// kvPlan returns where each block of a request sits in the local pool and
+// in the remote one: distinct blocks of each pool, in random order.
+func kvPlan(seed uint64, blocks, pool int) (local, remote []uint64) {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	lp, rp := rng.Perm(pool/kvBlock), rng.Perm(pool/kvBlock)
+	local, remote = make([]uint64, blocks), make([]uint64, blocks)
+	for i := range blocks {
+		local[i], remote[i] = uint64(lp[i]*kvBlock), uint64(rp[i]*kvBlock)
+	}
+	return local, remote
+}
+
+// counter is a Completer that counts completions and failures without
+// allocating.
+type counter struct{ n, failed atomic.Int64 }
+
+func (c *counter) Complete(_ uint64, err error) {
+	if err != nil {
+		c.failed.Add(1)
+	}
+	c.n.Add(1)
+}
+
+// TestGPUScattered: a request's blocks scattered over both pools, READ
+// into this process's GPU memory and WRITTEN back to the target's, each
+// block checked where it landed; posting and reaping a Post's worth of
+// block copies allocates nothing.
+func TestGPUScattered(t *testing.T) {
+	tr := openGPU(t)
+	defer tr.Close()
+	blocks, pool := kvShape()
+	blocks = min(blocks, 2048) // enough for 8 groups; the check copies it all to the host
+	c := startChild(t, pool)
+	ep, err := tr.Open(context.Background(), c.desc)
+	if err != nil {
+		t.Fatalf("Open the target's segment: %v", err)
+	}
+	defer ep.Close()
+	remote := c.desc.Buffers[0].Addr
+	mem, err := tr.Alloc(pool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bufs segtable.Buffers
+	b, err := bufs.Register(mem, segtable.CUDA(0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := tr.Register(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		tr.Unregister(b, reg)
+		bufs.Unregister(context.Background(), b.ID)
+	}()
+	loff, roff := kvPlan(3, blocks, pool)
+	s := make([]transport.Slice, blocks)
+	for i := range s {
+		s[i] = transport.Slice{Op: transport.Read, LocalHandle: reg.Handle, Local: b.Pointer(loff[i]), Remote: remote + roff[i], Length: kvBlock, Token: uint64(i + 1)}
+	}
+	if err := run(t, tr, ep, s); err != nil {
+		t.Fatalf("scattered READ: %v", err)
+	}
+	got := make([]byte, pool)
+	if err := syncCopy(tr, 0, b.Pointer(0), got, false); err != nil {
+		t.Fatal(err)
+	}
+	for i := range s {
+		if err := testpattern.Check(got[loff[i]:loff[i]+kvBlock], childSeed, roff[i]); err != nil {
+			t.Fatalf("scattered READ, block %d (local %d, remote %d): %v", i, loff[i], roff[i], err)
+		}
+	}
+	// WRITE them back over a refilled target: its pattern is whole again
+	// where the blocks landed.
+	c.ask(t, "fill 9")
+	for i := range s {
+		s[i].Op, s[i].Token = transport.Write, uint64(blocks+i+1)
+	}
+	if err := run(t, tr, ep, s); err != nil {
+		t.Fatalf("scattered WRITE: %v", err)
+	}
+	for i := range s {
+		c.ask(t, fmt.Sprintf("check %d %d %d", childSeed, roff[i], kvBlock))
+		if i == 64 {
+			break // the child checks a block a round trip: 64 are enough to see the order right
+		}
+	}
+	// A Post of 64 block copies and its reaping allocate nothing.
+	var cnt counter
+	group := s[:64]
+	allocs := testing.AllocsPerRun(20, func() {
+		want := cnt.n.Load() + int64(len(group))
+		for done := 0; done < len(group); {
+			n, err := ep.Post(&cnt, group[done:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			done += n
+			tr.Poll()
+		}
+		for cnt.n.Load() < want {
+			tr.Poll()
+		}
+	})
+	if cnt.failed.Load() != 0 {
+		t.Fatalf("%d of the repeated copies failed", cnt.failed.Load())
+	}
+	if raceEnabled {
+		t.Logf("%.1f allocations a Post of 64 and its reaping, not checked: the race detector's sync.Pool drops items", allocs)
+	} else if allocs != 0 {
+		t.Errorf("a Post of 64 block copies and its reaping: %.1f allocations, want 0", allocs)
+	}
+}
+
+// BenchmarkKVNVLink moves one request's KV cache between two engines in
+// two processes through a ring (up to 4,096 blocks in flight): as its
+// scattered 32 KiB blocks, with the copies of a Post batched (the
+// default) and a call each (NoBatchCopies), and the same bytes as
+// contiguous 1 MiB blocks. Bytes are the request's; set beside RawKV.
+func BenchmarkKVNVLink(b *testing.B) {
+	blocks, pool := kvShape()
+	pairs := map[string]*enginePair{
+		"batch":   newEnginePairWith(b, pool, testConfig()),
+		"percopy": newEnginePairWith(b, pool, Config{Library: os.Getenv(libraryEnv), NoBatchCopies: true}),
+	}
+	loff, roff := kvPlan(5, blocks, pool)
+	for _, op := range []struct {
+		name string
+		op   moonring.Op
+	}{{"write", moonring.OpWrite}, {"read", moonring.OpRead}} {
+		for _, shape := range []string{"kv-batch", "kv-percopy", "contiguous"} {
+			b.Run(op.name+"/"+shape, func(b *testing.B) {
+				p := pairs["batch"]
+				if shape == "kv-percopy" {
+					p = pairs["percopy"]
+				}
+				var es []moonring.Entry
+				if shape == "contiguous" {
+					for off := 0; off < blocks*kvBlock; off += 1 << 20 {
+						es = append(es, moonring.Entry{Op: op.op, Segment: p.seg, Buffer: p.id, Local: uint64(off), Remote: p.dst + uint64(off), Length: 1 << 20})
+					}
+				} else {
+					for i := range blocks {
+						es = append(es, moonring.Entry{Op: op.op, Segment: p.seg, Buffer: p.id, Local: loff[i], Remote: p.dst + roff[i], Length: kvBlock})
+					}
+				}
+				for i := range es {
+					es[i].UserData = uint64(i)
+				}
+				r, err := p.e.NewRing(moonring.RingConfig{Entries: 4096})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer r.Close()
+				cqes := make([]moonring.Completion, 4096)
+				b.SetBytes(int64(blocks * kvBlock))
+				for b.Loop() {
+					sent, done := 0, 0
+					for done < len(es) {
+						if sent < len(es) {
+							n, err := r.Submit(es[sent:])
+							if err != nil {
+								b.Fatal(err)
+							}
+							sent += n
+						}
+						n := r.PeekBatch(cqes)
+						for i := range n {
+							if err := cqes[i].Err(); err != nil {
+								b.Fatalf("completion: %v", err)
+							}
+						}
+						r.Advance(n)
+						done += n
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkRawKV is the baseline of BenchmarkKVNVLink: the request's
+// blocks copied between two pools of GPU 0 in this process on one stream,
+// one event at the end waited for by polling: a cuMemcpyDtoDAsync per
+// block ("percopy"), a cuMemcpyBatchAsync per 256 blocks ("batch", where
+// the driver has it), and the same bytes as contiguous 1 MiB copies.
+func BenchmarkRawKV(b *testing.B) {
+	tr := openGPU(b)
+	defer tr.Close()
+	blocks, pool := kvShape()
+	src, err := tr.Alloc(pool, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dst, err := tr.Alloc(pool, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sp, dp := uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
+	loff, roff := kvPlan(5, blocks, pool)
+	for _, shape := range []string{"percopy", "batch", "contiguous"} {
+		b.Run(shape, func(b *testing.B) {
+			drv := tr.drv
+			if shape == "batch" && !drv.canBatch() {
+				b.Skip("the driver has no cuMemcpyBatchAsync (CUDA before 12.8)")
+			}
+			lockThread()
+			defer unlockThread()
+			if err := drv.setCurrent(tr.devs[0].ctx); err != nil {
+				b.Fatal(err)
+			}
+			s, err := drv.streamCreate()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer drv.streamDestroy(s)
+			ev, err := drv.eventCreate()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer drv.eventDestroy(ev)
+			var dsts, srcs []uintptr
+			var sizes []uint64
+			if shape == "contiguous" {
+				for off := 0; off < blocks*kvBlock; off += 1 << 20 {
+					dsts, srcs, sizes = append(dsts, dp+uintptr(off)), append(srcs, sp+uintptr(off)), append(sizes, 1<<20)
+				}
+			} else {
+				for i := range blocks {
+					dsts, srcs, sizes = append(dsts, dp+uintptr(roff[i])), append(srcs, sp+uintptr(loff[i])), append(sizes, kvBlock)
+				}
+			}
+			b.SetBytes(int64(blocks * kvBlock))
+			for b.Loop() {
+				if shape == "batch" {
+					for i := 0; i < len(dsts); i += groupMax {
+						j := min(i+groupMax, len(dsts))
+						if err := drv.copyBatch(dsts[i:j], srcs[i:j], sizes[i:j], s); err != nil {
+							b.Fatal(err)
+						}
+					}
+				} else {
+					for i := range dsts {
+						if err := drv.copyDtoD(dsts[i], srcs[i], sizes[i], s); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				if err := drv.eventRecord(ev, s); err != nil {
+					b.Fatal(err)
+				}
+				for {
+					done, err := drv.eventQuery(ev)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if done {
+						break
+					}
+				}
+			}
+		})
+	}
+}

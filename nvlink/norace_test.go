@@ -1,0 +1,5 @@
+//go:build !race
+
+package nvlink
+
+const raceEnabled = false
