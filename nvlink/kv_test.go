@@ -69,6 +69,9 @@ func TestGPUScattered(t *testing.T) {
 	defer tr.Close()
 	blocks, pool := kvShape()
 	blocks = min(blocks, 2048) // enough for 8 groups; the check copies it all to the host
+	if d, ok := tr.drv.(*cudaDriver); ok {
+		t.Logf("the driver batches copies: %v (CUDA 12.8's signature with failIdx: %v)", d.canBatch(), d.batchFailIdx)
+	}
 	c := startChild(t, pool)
 	ep, err := tr.Open(context.Background(), c.desc)
 	if err != nil {
@@ -222,7 +225,9 @@ func BenchmarkKVNVLink(b *testing.B) {
 // BenchmarkRawKV is the baseline of BenchmarkKVNVLink: the request's
 // blocks copied between two pools of GPU 0 in this process on one stream,
 // one event at the end waited for by polling: a cuMemcpyDtoDAsync per
-// block ("percopy"), a cuMemcpyBatchAsync per 256 blocks ("batch", where
+// block ("percopy"; "percopy-events" records an event after each, as
+// nvlink did before it grouped a Post's copies), a cuMemcpyBatchAsync per
+// 256 blocks ("batch", where
 // the driver has it), and the same bytes as contiguous 1 MiB copies.
 func BenchmarkRawKV(b *testing.B) {
 	tr := openGPU(b)
@@ -238,7 +243,7 @@ func BenchmarkRawKV(b *testing.B) {
 	}
 	sp, dp := uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
 	loff, roff := kvPlan(5, blocks, pool)
-	for _, shape := range []string{"percopy", "batch", "contiguous"} {
+	for _, shape := range []string{"percopy", "percopy-events", "batch", "contiguous"} {
 		b.Run(shape, func(b *testing.B) {
 			drv := tr.drv
 			if shape == "batch" && !drv.canBatch() {
@@ -259,6 +264,13 @@ func BenchmarkRawKV(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer drv.eventDestroy(ev)
+			evs := make([]uintptr, DefaultDepth)
+			for i := range evs {
+				if evs[i], err = drv.eventCreate(); err != nil {
+					b.Fatal(err)
+				}
+				defer drv.eventDestroy(evs[i])
+			}
 			var dsts, srcs []uintptr
 			var sizes []uint64
 			if shape == "contiguous" {
@@ -283,6 +295,11 @@ func BenchmarkRawKV(b *testing.B) {
 					for i := range dsts {
 						if err := drv.copyDtoD(dsts[i], srcs[i], sizes[i], s); err != nil {
 							b.Fatal(err)
+						}
+						if shape == "percopy-events" { // an event a copy, as nvlink recorded before copies were grouped
+							if err := drv.eventRecord(evs[i%len(evs)], s); err != nil {
+								b.Fatal(err)
+							}
 						}
 					}
 				}

@@ -110,7 +110,7 @@ run() {
 					printf "%-36s %5.1f %% of %s (scattered 32 KiB blocks against 1 MiB ones)\n", k, 100 * mean[k] / mean[c], c
 				continue
 			}
-			if (k ~ /RawKV\/(percopy|batch)/ && ("BenchmarkRawKV/contiguous" in mean) && mean["BenchmarkRawKV/contiguous"] > 0) {
+			if (k ~ /RawKV\/(percopy|batch)/ && k !~ /contiguous/ && ("BenchmarkRawKV/contiguous" in mean) && mean["BenchmarkRawKV/contiguous"] > 0) {
 				printf "%-36s %5.1f %% of BenchmarkRawKV/contiguous\n", k, 100 * mean[k] / mean["BenchmarkRawKV/contiguous"]
 				continue
 			}
