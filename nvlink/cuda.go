@@ -50,6 +50,9 @@ type cudaDriver struct {
 	// batchFailIdx), else 0: the driver has neither.
 	memcpyBatchAsync uintptr
 	batchFailIdx     bool
+	// The gather kernel's calls; 0 where the driver lacks one (then
+	// loadGather fails and lanes stay on copy engines).
+	moduleLoadData, moduleGetFunction, moduleUnload, launchKernel, hostGetDevicePointer uintptr
 	failIdx          uint64 // where a 12.8 driver writes a failed batch's index; never read
 	ipcOpenMemHandle func(dptr *uint64, h ipcHandle, flags uint32) int32
 	getErrorString   func(code int32, str **byte) int32
@@ -128,6 +131,11 @@ func loadCUDA(lib string) (driver, error) {
 	} else if p, err := sym(h, "cuMemcpyBatchAsync"); err == nil {
 		d.memcpyBatchAsync, d.batchFailIdx = p, true
 	}
+	d.moduleLoadData, _ = sym(h, "cuModuleLoadData")
+	d.moduleGetFunction, _ = sym(h, "cuModuleGetFunction")
+	d.moduleUnload, _ = sym(h, "cuModuleUnload")
+	d.launchKernel, _ = sym(h, "cuLaunchKernel")
+	d.hostGetDevicePointer, _ = sym(h, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
 	// RegisterFunc passes the 64-byte handle by value as the C ABI wants
 	// (on the stack on amd64); SyscallN has no way to say that.
 	purego.RegisterFunc(&d.ipcOpenMemHandle, ipcOpen)
@@ -166,8 +174,8 @@ func (d *cudaDriver) call(fn uintptr, args ...uintptr) int32 {
 // hotArgs holds the arguments of hot calls (see hot).
 var hotArgs = sync.Pool{New: func() any { return new([maxHotArgs]uintptr) }}
 
-// maxHotArgs is the most arguments a hot call takes (cuMemcpyBatchAsync).
-const maxHotArgs = 9
+// maxHotArgs is the most arguments a hot call takes (cuLaunchKernel).
+const maxHotArgs = 11
 
 // hot runs a driver function of the hot path (copies, events,
 // setCurrent) without allocating. Its n arguments are integers, device
@@ -426,6 +434,56 @@ func (d *cudaDriver) hostAlloc(n uint64) (unsafe.Pointer, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// cuMemHostAllocDeviceMap: CU_MEMHOSTALLOC_DEVICEMAP, pinned memory
+// mapped into the GPUs' address space.
+const cuMemHostAllocDeviceMap = 0x2
+
+func (d *cudaDriver) hostAllocMapped(n uint64) (unsafe.Pointer, uintptr, error) {
+	if d.hostGetDevicePointer == 0 {
+		return nil, 0, &cudaError{fn: "cuMemHostGetDevicePointer", code: cuErrNotSupported}
+	}
+	var p unsafe.Pointer
+	if err := d.check("cuMemHostAlloc", d.call(d.fn.memHostAllocFn, uintptr(unsafe.Pointer(&p)), uintptr(n), cuMemHostAllocPortable|cuMemHostAllocDeviceMap)); err != nil {
+		return nil, 0, err
+	}
+	var dev uintptr
+	if err := d.check("cuMemHostGetDevicePointer", d.call(d.hostGetDevicePointer, uintptr(unsafe.Pointer(&dev)), uintptr(p), 0)); err != nil {
+		d.hostFree(p)
+		return nil, 0, err
+	}
+	return p, dev, nil
+}
+
+// The kernel's image and name as C strings.
+var (
+	gatherImage = []byte(gatherPTX + "\x00")
+	gatherCName = []byte(gatherName + "\x00")
+)
+
+func (d *cudaDriver) loadGather() (uintptr, uintptr, error) {
+	if d.moduleLoadData == 0 || d.moduleGetFunction == 0 || d.moduleUnload == 0 || d.launchKernel == 0 {
+		return 0, 0, &cudaError{fn: "cuModuleLoadData", code: cuErrNotSupported}
+	}
+	var mod, fn uintptr
+	if err := d.check("cuModuleLoadData", d.call(d.moduleLoadData, uintptr(unsafe.Pointer(&mod)), uintptr(unsafe.Pointer(&gatherImage[0])))); err != nil {
+		return 0, 0, err
+	}
+	if err := d.check("cuModuleGetFunction", d.call(d.moduleGetFunction, uintptr(unsafe.Pointer(&fn)), mod, uintptr(unsafe.Pointer(&gatherCName[0])))); err != nil {
+		d.unloadGather(mod)
+		return 0, 0, err
+	}
+	return fn, mod, nil
+}
+
+func (d *cudaDriver) unloadGather(mod uintptr) error {
+	return d.check("cuModuleUnload", d.call(d.moduleUnload, mod))
+}
+
+func (d *cudaDriver) launchGather(fn uintptr, a *gatherArgs, n uint32, s uintptr) error {
+	a.ptrs = [3]uintptr{uintptr(unsafe.Pointer(&a.desc)), uintptr(unsafe.Pointer(&a.start)), uintptr(unsafe.Pointer(&a.mask))}
+	return d.check("cuLaunchKernel", d.hot(d.launchKernel, 11, [maxHotArgs]uintptr{fn, uintptr(n), 1, 1, gatherThreads, 1, 1, 0, s, uintptr(unsafe.Pointer(&a.ptrs[0])), 0}))
 }
 
 func (d *cudaDriver) hostFree(p unsafe.Pointer) error {

@@ -174,5 +174,15 @@ type driver interface {
 	copyDtoH(dst unsafe.Pointer, src uintptr, n uint64, s uintptr) error
 	// hostAlloc allocates pinned, portable host memory.
 	hostAlloc(n uint64) (unsafe.Pointer, error)
+	// hostAllocMapped allocates pinned, portable host memory that
+	// kernels read at the device address it also returns; hostFree frees it.
+	hostAllocMapped(n uint64) (unsafe.Pointer, uintptr, error)
+	// loadGather loads the gather kernel (gatherPTX) into the current
+	// context: its function, and the module for unloadGather.
+	loadGather() (fn, mod uintptr, err error)
+	unloadGather(mod uintptr) error
+	// launchGather queues fn on s over n descriptors from a.start (see
+	// gatherArgs); a is read during the call only.
+	launchGather(fn uintptr, a *gatherArgs, n uint32, s uintptr) error
 	hostFree(p unsafe.Pointer) error
 }

@@ -380,8 +380,9 @@ func (e *Endpoint) check(sl *transport.Slice) (*[]remote, *remote, *region, erro
 }
 
 // enqueue queues the copy of sl, the entry at ring index idx of l's open
-// group: a device-to-device copy into the batch arrays when the lane
-// batches, any other at once. A copy that cannot be queued leaves its
+// group: a small aligned device-to-device copy to the gather kernel when
+// the lane has it, another into the batch arrays when the lane batches,
+// any other at once. A copy that cannot be queued leaves its
 // error in the entry. l.mu is held and r's context is current.
 func (e *Endpoint) enqueue(l *lane, sl *transport.Slice, r *remote, loc *region, idx uint64) {
 	d := e.t.drv
@@ -392,6 +393,11 @@ func (e *Endpoint) enqueue(l *lane, sl *transport.Slice, r *remote, loc *region,
 		dst, src := rp, uintptr(sl.Local)
 		if sl.Op == transport.Read {
 			dst, src = src, dst
+		}
+		if l.gather != 0 && gatherable(dst, src, sl.Length) {
+			l.descs[idx&l.mask] = gatherDesc{dst: uint64(dst), src: uint64(src), n: sl.Length}
+			l.nk++
+			return
 		}
 		if l.batch {
 			l.bdst[l.nb], l.bsrc[l.nb], l.bsize[l.nb], l.bidx[l.nb] = dst, src, sl.Length, idx

@@ -34,6 +34,11 @@ type fakeDriver struct {
 	batches   int    // copyBatch calls
 	records   int    // eventRecord calls
 	noBatch   bool   // canBatch says no: a driver before CUDA 12.8
+	noKernel  bool   // loadGather fails: a driver that cannot load PTX
+	launchErr error  // launchGather fails with it
+	launches  int    // gather kernels launched
+	modules   int    // gather modules loaded and not unloaded
+	mapped    map[uintptr][]byte // hostAllocMapped's memory by device address
 	failLen   uint64 // a copy of this length fails when queued
 	asyncLen  uint64 // a copy of this length fails when it runs
 	ctxErr    error  // setCurrent fails with it
@@ -362,6 +367,75 @@ func (f *fakeDriver) copyDtoD(dst, src uintptr, n uint64, s uintptr) error {
 
 func (f *fakeDriver) canBatch() bool { return !f.noBatch }
 
+func (f *fakeDriver) hostAllocMapped(n uint64) (unsafe.Pointer, uintptr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := make([]byte, n)
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	f.hostMem[p] = b
+	if f.mapped == nil {
+		f.mapped = map[uintptr][]byte{}
+	}
+	f.mapped[uintptr(p)] = b
+	return p, uintptr(p), nil
+}
+
+func (f *fakeDriver) loadGather() (uintptr, uintptr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.noKernel {
+		return 0, 0, fakeErr("cuModuleLoadData", cuErrNotSupported)
+	}
+	f.modules++
+	return f.id(), f.id(), nil
+}
+
+func (f *fakeDriver) unloadGather(mod uintptr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.modules--
+	return nil
+}
+
+// launchGather queues the kernel's work as the GPU would run it: when the
+// stream reaches it, each of the n descriptors from a.start is read from
+// the mapped ring and copied, both ranges checked like any copy's.
+func (f *fakeDriver) launchGather(fn uintptr, a *gatherArgs, n uint32, s uintptr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.launchErr != nil {
+		return f.launchErr
+	}
+	st := f.streams[s]
+	ring := f.mapped[uintptr(a.desc)]
+	if st == nil || fn == 0 || ring == nil {
+		return fakeErr("cuLaunchKernel", cuErrInvalidHandle)
+	}
+	f.launches++
+	start, mask := a.start, a.mask
+	st.ops = append(st.ops, func() error {
+		for b := range n {
+			i := (start + b) & mask
+			d := ring[i*24 : i*24+24]
+			dst, src, m := binary.LittleEndian.Uint64(d), binary.LittleEndian.Uint64(d[8:]), binary.LittleEndian.Uint64(d[16:])
+			if m == 0 {
+				continue
+			}
+			db, err := f.dev("dst", uintptr(dst), m)()
+			if err != nil {
+				return err
+			}
+			sb, err := f.dev("src", uintptr(src), m)()
+			if err != nil {
+				return err
+			}
+			copy(db, sb)
+		}
+		return nil
+	})
+	return nil
+}
+
 // copyBatch checks every copy before queuing any: a batch with a copy of
 // failLen fails whole, as the driver validates the batch in the call.
 func (f *fakeDriver) copyBatch(dsts, srcs []uintptr, sizes []uint64, s uintptr) error {
@@ -415,6 +489,7 @@ func (f *fakeDriver) hostFree(p unsafe.Pointer) error {
 		return fakeErr("cuMemFreeHost", cuErrInvalidValue)
 	}
 	delete(f.hostMem, p)
+	delete(f.mapped, uintptr(p))
 	return nil
 }
 
@@ -431,6 +506,9 @@ func (f *fakeDriver) leaks() error {
 	}
 	if len(f.hostMem) > 0 {
 		errs = append(errs, fmt.Errorf("%d pinned host allocations left", len(f.hostMem)))
+	}
+	if f.modules != 0 {
+		errs = append(errs, fmt.Errorf("%d gather modules left loaded", f.modules))
 	}
 	for o, n := range f.retained {
 		if n != 0 {

@@ -9,6 +9,7 @@ package nvlink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -69,9 +70,6 @@ func TestGPUScattered(t *testing.T) {
 	defer tr.Close()
 	blocks, pool := kvShape()
 	blocks = min(blocks, 2048) // enough for 8 groups; the check copies it all to the host
-	if d, ok := tr.drv.(*cudaDriver); ok {
-		t.Logf("the driver batches copies: %v (CUDA 12.8's signature with failIdx: %v)", d.canBatch(), d.batchFailIdx)
-	}
 	c := startChild(t, pool)
 	ep, err := tr.Open(context.Background(), c.desc)
 	if err != nil {
@@ -96,6 +94,12 @@ func TestGPUScattered(t *testing.T) {
 		tr.Unregister(b, reg)
 		bufs.Unregister(context.Background(), b.ID)
 	}()
+	if d, ok := tr.drv.(*cudaDriver); ok {
+		t.Logf("the driver batches copies: %v (CUDA 12.8's signature with failIdx: %v)", d.canBatch(), d.batchFailIdx)
+	}
+	if l := tr.devs[0].lane; l.gather == 0 {
+		t.Errorf("GPU 0's lane has no gather kernel: %v", l.gatherErr)
+	}
 	loff, roff := kvPlan(3, blocks, pool)
 	s := make([]transport.Slice, blocks)
 	for i := range s {
@@ -157,26 +161,28 @@ func TestGPUScattered(t *testing.T) {
 
 // BenchmarkKVNVLink moves one request's KV cache between two engines in
 // two processes through a ring (up to 4,096 blocks in flight): as its
-// scattered 32 KiB blocks, with the copies of a Post batched (the
-// default) and a call each (NoBatchCopies), and the same bytes as
-// contiguous 1 MiB blocks. Bytes are the request's; set beside RawKV.
+// scattered 32 KiB blocks, copied by the gather kernel (the default), by
+// copy engines with the copies of a Post batched (NoCopyKernel) and a
+// call each (NoBatchCopies too), and the same bytes as contiguous 1 MiB
+// blocks (the default: the kernel too). Bytes are the request's; set
+// beside RawKV.
 func BenchmarkKVNVLink(b *testing.B) {
 	blocks, pool := kvShape()
+	lib := os.Getenv(libraryEnv)
 	pairs := map[string]*enginePair{
-		"batch":   newEnginePairWith(b, pool, testConfig()),
-		"percopy": newEnginePairWith(b, pool, Config{Library: os.Getenv(libraryEnv), NoBatchCopies: true}),
+		"kv":         newEnginePairWith(b, pool, Config{Library: lib}),
+		"kv-batch":   newEnginePairWith(b, pool, Config{Library: lib, NoCopyKernel: true}),
+		"kv-percopy": newEnginePairWith(b, pool, Config{Library: lib, NoCopyKernel: true, NoBatchCopies: true}),
 	}
+	pairs["contiguous"] = pairs["kv"]
 	loff, roff := kvPlan(5, blocks, pool)
 	for _, op := range []struct {
 		name string
 		op   moonring.Op
 	}{{"write", moonring.OpWrite}, {"read", moonring.OpRead}} {
-		for _, shape := range []string{"kv-batch", "kv-percopy", "contiguous"} {
+		for _, shape := range []string{"kv", "kv-batch", "kv-percopy", "contiguous"} {
 			b.Run(op.name+"/"+shape, func(b *testing.B) {
-				p := pairs["batch"]
-				if shape == "kv-percopy" {
-					p = pairs["percopy"]
-				}
+				p := pairs[shape]
 				var es []moonring.Entry
 				if shape == "contiguous" {
 					for off := 0; off < blocks*kvBlock; off += 1 << 20 {
@@ -190,19 +196,22 @@ func BenchmarkKVNVLink(b *testing.B) {
 				for i := range es {
 					es[i].UserData = uint64(i)
 				}
-				r, err := p.e.NewRing(moonring.RingConfig{Entries: 4096})
+				// Fewer entries than blocks: the submission queue fills and
+				// the loop goes on as completions free it.
+				entries := min(4096, blocks/4)
+				r, err := p.e.NewRing(moonring.RingConfig{Entries: entries})
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer r.Close()
-				cqes := make([]moonring.Completion, 4096)
+				cqes := make([]moonring.Completion, 2*entries)
 				b.SetBytes(int64(blocks * kvBlock))
 				for b.Loop() {
 					sent, done := 0, 0
 					for done < len(es) {
 						if sent < len(es) {
 							n, err := r.Submit(es[sent:])
-							if err != nil {
+							if err != nil && !errors.Is(err, moonring.ErrSQFull) {
 								b.Fatal(err)
 							}
 							sent += n
@@ -224,7 +233,8 @@ func BenchmarkKVNVLink(b *testing.B) {
 
 // BenchmarkRawKV is the baseline of BenchmarkKVNVLink: the request's
 // blocks copied between two pools of GPU 0 in this process on one stream,
-// one event at the end waited for by polling: a cuMemcpyDtoDAsync per
+// one event at the end waited for by polling: one launch of the gather
+// kernel over all of them ("kernel"), a cuMemcpyDtoDAsync per
 // block ("percopy"; "percopy-events" records an event after each, as
 // nvlink did before it grouped a Post's copies), a cuMemcpyBatchAsync per
 // 256 blocks ("batch", where
@@ -243,11 +253,15 @@ func BenchmarkRawKV(b *testing.B) {
 	}
 	sp, dp := uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
 	loff, roff := kvPlan(5, blocks, pool)
-	for _, shape := range []string{"percopy", "percopy-events", "batch", "contiguous"} {
+	for _, shape := range []string{"kernel", "percopy", "percopy-events", "batch", "contiguous"} {
 		b.Run(shape, func(b *testing.B) {
 			drv := tr.drv
 			if shape == "batch" && !drv.canBatch() {
 				b.Skip("the driver has no cuMemcpyBatchAsync (CUDA before 12.8)")
+			}
+			l := tr.devs[0].lane
+			if shape == "kernel" && l.gather == 0 {
+				b.Fatalf("no gather kernel: %v", l.gatherErr)
 			}
 			lockThread()
 			defer unlockThread()
@@ -282,9 +296,28 @@ func BenchmarkRawKV(b *testing.B) {
 					dsts, srcs, sizes = append(dsts, dp+uintptr(roff[i])), append(srcs, sp+uintptr(loff[i])), append(sizes, kvBlock)
 				}
 			}
+			var ka gatherArgs
+			if shape == "kernel" {
+				// One launch over the whole request: its own descriptor
+				// ring, as large as the request.
+				host, dev, err := drv.hostAllocMapped(uint64(blocks) * 24)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer drv.hostFree(host)
+				ds := unsafe.Slice((*gatherDesc)(host), blocks)
+				for i := range ds {
+					ds[i] = gatherDesc{dst: uint64(dsts[i]), src: uint64(srcs[i]), n: sizes[i]}
+				}
+				ka = gatherArgs{desc: uint64(dev), mask: uint32(blocks - 1)}
+			}
 			b.SetBytes(int64(blocks * kvBlock))
 			for b.Loop() {
-				if shape == "batch" {
+				if shape == "kernel" {
+					if err := drv.launchGather(l.gather, &ka, uint32(blocks), s); err != nil {
+						b.Fatal(err)
+					}
+				} else if shape == "batch" {
 					for i := 0; i < len(dsts); i += groupMax {
 						j := min(i+groupMax, len(dsts))
 						if err := drv.copyBatch(dsts[i:j], srcs[i:j], sizes[i:j], s); err != nil {

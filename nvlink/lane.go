@@ -49,7 +49,17 @@ type lane struct {
 	bsrc   []uintptr
 	bsize  []uint64
 	bidx   []uint64 // the ring index of each batched copy
-	_      cpu.CacheLinePad
+	// The gather kernel (kernel.go), when the lane has it: gather is its
+	// function (0: none), descs the descriptor ring in mapped host memory,
+	// nk the open group's slices for it.
+	gather    uintptr
+	gatherMod uintptr
+	descs     []gatherDesc
+	descHost  unsafe.Pointer
+	args      gatherArgs
+	nk        int
+	gatherErr error // why the lane has no kernel, when one was wanted
+	_         cpu.CacheLinePad
 
 	pollMu sync.Mutex    // the completing side
 	head   atomic.Uint64 // written by the poller under pollMu; read by Post
@@ -73,16 +83,22 @@ type pending struct {
 	err    error  // the copy failed when queued: completed with this, whatever the event says
 }
 
-// newLane makes the stream and events of d. The caller made d's context
-// current on its locked thread.
-func newLane(drv driver, d *device, depth int, batch bool) (*lane, error) {
+// newLane makes the stream and events of d, and loads the gather kernel
+// when kernel is set (a driver that cannot leaves the lane on copy
+// engines; gatherErr says why). The caller made d's context current on
+// its locked thread.
+func newLane(drv driver, d *device, depth int, batch, kernel bool) (*lane, error) {
 	l := &lane{dev: d, ring: make([]pending, depth), mask: uint64(depth - 1), batch: batch}
 	if batch {
 		n := min(depth, groupMax)
 		l.bdst, l.bsrc, l.bsize, l.bidx = make([]uintptr, n), make([]uintptr, n), make([]uint64, n), make([]uint64, n)
 	}
+	if kernel {
+		l.gatherErr = l.loadGather(drv, depth)
+	}
 	var err error
 	if l.stream, err = drv.streamCreate(); err != nil {
+		l.destroy(drv)
 		return nil, err
 	}
 	for i := 0; i < depth; i++ {
@@ -94,6 +110,23 @@ func newLane(drv driver, d *device, depth int, batch bool) (*lane, error) {
 		l.events = append(l.events, e)
 	}
 	return l, nil
+}
+
+// loadGather loads the kernel and maps its descriptor ring.
+func (l *lane) loadGather(drv driver, depth int) error {
+	fn, mod, err := drv.loadGather()
+	if err != nil {
+		return err
+	}
+	p, dev, err := drv.hostAllocMapped(uint64(depth) * uint64(unsafe.Sizeof(gatherDesc{})))
+	if err != nil {
+		drv.unloadGather(mod)
+		return err
+	}
+	l.gather, l.gatherMod, l.descHost = fn, mod, p
+	l.descs = unsafe.Slice((*gatherDesc)(p), depth)
+	l.args.desc, l.args.mask = uint64(dev), uint32(depth-1)
+	return nil
 }
 
 // destroy releases the stream and events. pollMu is held (or the lane was
@@ -111,6 +144,11 @@ func (l *lane) destroy(drv driver) {
 	}
 	if l.stream != 0 {
 		drv.streamDestroy(l.stream)
+	}
+	if l.gather != 0 {
+		drv.unloadGather(l.gatherMod)
+		drv.hostFree(l.descHost)
+		l.gather, l.descs, l.descHost = 0, nil, nil
 	}
 }
 
@@ -202,6 +240,9 @@ func (l *lane) add(p pending) (idx uint64, room bool) {
 		return 0, false
 	}
 	l.ring[idx&l.mask] = p
+	if l.gather != 0 {
+		l.descs[idx&l.mask].n = 0 // a launch covers the group: not the kernel's unless enqueue says so
+	}
 	l.grp++
 	return idx, true
 }
@@ -212,8 +253,9 @@ func (l *lane) full() bool {
 	return l.grp >= groupMax || (l.batch && l.nb == len(l.bdst))
 }
 
-// flush ends the open group: its batched copies in one call (one call
-// each if the driver refuses the batch), the event after its last copy,
+// flush ends the open group: its kernel's slices in one launch, its
+// batched copies in one call (one call each if the driver refuses the
+// launch or the batch), the event after its last copy,
 // and tail stored past it. A copy that could not be queued keeps its error
 // in its entry; if the event cannot be recorded,
 // the stream is waited for and the group marked synced, every entry
@@ -225,6 +267,26 @@ func (l *lane) flush(drv driver) bool {
 	}
 	tail := l.tail.Load()
 	last := tail + uint64(l.grp) - 1
+	if l.nk > 0 {
+		l.args.start = uint32(tail) // the kernel masks it: the ring's size divides 2^32
+		if err := drv.launchGather(l.gather, &l.args, uint32(l.grp), l.stream); err == nil {
+			l.queued = true
+		} else {
+			// Not launched: a copy each on the copy engine.
+			for i := tail; i <= last; i++ {
+				d := &l.descs[i&l.mask]
+				if d.n == 0 {
+					continue
+				}
+				if err := drv.copyDtoD(uintptr(d.dst), uintptr(d.src), d.n, l.stream); err != nil {
+					l.ring[i&l.mask].err = fmt.Errorf("nvlink: post on GPU %d: %w", l.dev.ordinal, err)
+				} else {
+					l.queued = true
+				}
+			}
+		}
+		l.nk = 0
+	}
 	if l.nb > 1 {
 		err := drv.copyBatch(l.bdst[:l.nb], l.bsrc[:l.nb], l.bsize[:l.nb], l.stream)
 		if err == nil {

@@ -74,6 +74,12 @@ type Config struct {
 	// cuMemcpyBatchAsync (CUDA 12.8 and later), which costs the CPU about
 	// what one copy does; a driver without it gets a call per copy anyway.
 	NoBatchCopies bool
+	// NoCopyKernel leaves every copy to the GPU's copy engines. By
+	// default the device-to-device slices of one Post of up to 1 MiB
+	// each, their addresses and lengths multiples of 16, are copied by
+	// one launch of a small kernel on the GPU's SMs (see kernel.go): a
+	// copy engine spends microseconds on each copy, whatever its size.
+	NoCopyKernel bool
 }
 
 func (c *Config) defaults() error {
@@ -286,7 +292,7 @@ func (t *Transport) start(d *device) error {
 		t.drv.release(d.ordinal)
 		return fmt.Errorf("nvlink: GPU %d: %w", d.ordinal, err)
 	}
-	l, err := newLane(t.drv, d, t.cfg.Depth, !t.cfg.NoBatchCopies && t.drv.canBatch())
+	l, err := newLane(t.drv, d, t.cfg.Depth, !t.cfg.NoBatchCopies && t.drv.canBatch(), !t.cfg.NoCopyKernel)
 	if err != nil {
 		t.drv.release(d.ordinal)
 		return fmt.Errorf("nvlink: GPU %d: %w", d.ordinal, err)

@@ -362,19 +362,30 @@ func (p *pair) target(n int) (tmem []byte, tb *segtable.Buffer, treg segtable.Re
 }
 
 // TestGroupedCopies: the slices of one Post are one group: one event for
-// up to groupMax copies, their device-to-device copies in one batch call
-// where the driver batches (none where it does not, or with
-// NoBatchCopies), host memory's copies a call each; scattered WRITEs and
-// READs land byte for byte.
+// up to groupMax copies, their device-to-device copies in one launch of
+// the gather kernel, or in one batch call where the lane has no kernel
+// and the driver batches, or a call each; a failed launch falls back to a
+// call each. Scattered WRITEs and READs land byte for byte every way.
 func TestGroupedCopies(t *testing.T) {
 	for _, c := range []struct {
-		name             string
-		noBatch, cfgNone bool
-	}{{"batch", false, false}, {"driver-without", true, false}, {"NoBatchCopies", false, true}} {
+		name              string
+		cfg               Config
+		noBatch, noKernel bool
+		launchErr         error
+		launches, batches int // for each 600-slice Post
+	}{
+		{name: "kernel", launches: 3},
+		{name: "batch", cfg: Config{NoCopyKernel: true}, batches: 3},
+		{name: "driver-without-kernel", noKernel: true, batches: 3},
+		{name: "launch-fails", launchErr: fakeErr("cuLaunchKernel", cuErrInvalidValue)},
+		{name: "driver-without-batch", cfg: Config{NoCopyKernel: true}, noBatch: true},
+		{name: "NoBatchCopies", cfg: Config{NoCopyKernel: true, NoBatchCopies: true}},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			fake := newFake(1)
-			fake.noBatch = c.noBatch
-			p := newPair(t, fake, Config{Depth: 1024, NoBatchCopies: c.cfgNone})
+			fake.noBatch, fake.noKernel, fake.launchErr = c.noBatch, c.noKernel, c.launchErr
+			c.cfg.Depth = 1024
+			p := newPair(t, fake, c.cfg)
 			const blk, n = 1 << 10, 600 // 3 groups: 256, 256, 88
 			tmem, tb, _, lmem, lreg, ep := p.target(n * blk)
 			testpattern.Fill(lmem, 5)
@@ -383,7 +394,7 @@ func TestGroupedCopies(t *testing.T) {
 			for i := range s {
 				s[i] = transport.Slice{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[i*blk]), Remote: uint64(tb.Addr) + uint64(perm[i]*blk), Length: blk, Token: uint64(i + 1)}
 			}
-			batches, records := fake.batches, fake.records
+			batches, records, launches := fake.batches, fake.records, fake.launches
 			r := newRecorder()
 			if k, err := ep.Post(r, s); k != n || err != nil {
 				t.Fatalf("Post = %d, %v", k, err)
@@ -397,12 +408,11 @@ func TestGroupedCopies(t *testing.T) {
 					t.Fatalf("WRITE slice %d: byte %d differs", i, d)
 				}
 			}
-			wantBatches := 3
-			if c.noBatch || c.cfgNone {
-				wantBatches = 0
+			if got := fake.batches - batches; got != c.batches {
+				t.Errorf("%d batch calls for 600 copies, want %d", got, c.batches)
 			}
-			if got := fake.batches - batches; got != wantBatches {
-				t.Errorf("%d batch calls for 600 copies, want %d", got, wantBatches)
+			if got := fake.launches - launches; got != c.launches {
+				t.Errorf("%d kernel launches for 600 copies, want %d", got, c.launches)
 			}
 			if got := fake.records - records; got != 3 {
 				t.Errorf("%d events recorded for 600 copies in one Post, want 3 (one a group)", got)
@@ -433,37 +443,47 @@ func TestGroupedCopies(t *testing.T) {
 }
 
 // TestGroupMixedMemory: one Post with GPU and host memory as the local
-// side: the device-to-device copies go in one batch, the host one by
-// itself, all under one event.
+// side, slices the kernel takes and slices it does not (past gatherMax,
+// or not 16-byte aligned): the small aligned device-to-device ones go to
+// one launch, the others to one batch, the host one by itself, all under
+// one event.
 func TestGroupMixedMemory(t *testing.T) {
 	fake := newFake(1)
 	p := newPair(t, fake, Config{})
-	tmem, tb, _, lmem, lreg, ep := p.target(1 << 16)
+	tmem, tb, _, lmem, lreg, ep := p.target(4 << 20)
 	hmem := make([]byte, 4096)
 	h, rh := p.register(p.init, &p.ibufs, hmem, segtable.CPU(0), false)
 	testpattern.Fill(lmem, 8)
 	testpattern.Fill(hmem, 9)
+	ta := uint64(tb.Addr)
 	s := []transport.Slice{
-		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: uint64(tb.Addr), Length: 4096, Token: 1},
-		{Op: transport.Write, LocalHandle: rh.Handle, Local: h.Pointer(0), Remote: uint64(tb.Addr) + 4096, Length: 4096, Token: 2},
-		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[8192]), Remote: uint64(tb.Addr) + 8192, Length: 4096, Token: 3},
+		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: ta, Length: 4096, Token: 1},
+		{Op: transport.Write, LocalHandle: rh.Handle, Local: h.Pointer(0), Remote: ta + 4096, Length: 4096, Token: 2},
+		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[8192]), Remote: ta + 8192, Length: 4096, Token: 3},
+		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[1 << 20]), Remote: ta + 1<<20, Length: 2 << 20, Token: 4}, // past gatherMax
+		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[20001]), Remote: ta + 20001, Length: 999, Token: 5},     // unaligned
 	}
-	batches, records := fake.batches, fake.records
+	batches, records, launches := fake.batches, fake.records, fake.launches
 	r := newRecorder()
-	if k, err := ep.Post(r, s); k != 3 || err != nil {
+	if k, err := ep.Post(r, s); k != len(s) || err != nil {
 		t.Fatalf("Post = %d, %v", k, err)
 	}
-	pollUntil(t, p.init, r, 3)
-	for tok := uint64(1); tok <= 3; tok++ {
-		if err := r.result(t, tok); err != nil {
-			t.Fatalf("slice %d: %v", tok, err)
+	pollUntil(t, p.init, r, int64(len(s)))
+	for i := range s {
+		if err := r.result(t, s[i].Token); err != nil {
+			t.Fatalf("slice %d: %v", s[i].Token, err)
+		}
+		want := hmem
+		if s[i].LocalHandle != rh.Handle {
+			at := uint64(uintptr(s[i].Local) - uintptr(unsafe.Pointer(&lmem[0])))
+			want = lmem[at : at+s[i].Length]
+		}
+		if off := s[i].Remote - ta; !bytes.Equal(tmem[off:off+s[i].Length], want) {
+			t.Errorf("slice %d: bytes differ at the target", s[i].Token)
 		}
 	}
-	if !bytes.Equal(tmem[:4096], lmem[:4096]) || !bytes.Equal(tmem[4096:8192], hmem) || !bytes.Equal(tmem[8192:12288], lmem[8192:12288]) {
-		t.Error("bytes differ at the target")
-	}
-	if fake.batches-batches != 1 || fake.records-records != 1 {
-		t.Errorf("%d batch calls and %d events for one Post of two GPU copies and a host one, want 1 and 1", fake.batches-batches, fake.records-records)
+	if fake.launches-launches != 1 || fake.batches-batches != 1 || fake.records-records != 1 {
+		t.Errorf("%d launches, %d batch calls and %d events, want 1, 1 and 1", fake.launches-launches, fake.batches-batches, fake.records-records)
 	}
 }
 

@@ -33,9 +33,9 @@
 #      requests between two engines over TCP on loopback from GPU memory
 #      (staged) beside the same from host memory; then the KV workload:
 #      KVNVLink, a request's 16,384 scattered 32 KiB blocks between two
-#      engines, batched copies and a call each, beside the same bytes as
-#      contiguous 1 MiB blocks, and RawKV, the same copies in one
-#      process. It takes about four minutes.
+#      engines (the gather kernel; copy engines batched and a call each)
+#      beside the same bytes as contiguous 1 MiB blocks, and RawKV, the
+#      same copies in one process. It takes about four minutes.
 #      The log comes back as $OUT/gpu-check.log (and on stdout); put the
 #      figures in BENCHMARKS.md (nvlink section) with the date.
 #
@@ -104,13 +104,13 @@ run() {
 					printf "%-36s %5.1f %% of %s (staging through pinned host memory)\n", k, 100 * mean[k] / mean[raw], raw
 				continue
 			}
-			if (k ~ /KVNVLink\/[a-z]+\/kv-/) {
-				c = k; sub(/kv-(batch|percopy)/, "contiguous", c)
+			if (k ~ /KVNVLink\/[a-z]+\/kv/) {
+				c = k; sub(/kv(-batch|-percopy)?$/, "contiguous", c)
 				if (c in mean && mean[c] > 0)
 					printf "%-36s %5.1f %% of %s (scattered 32 KiB blocks against 1 MiB ones)\n", k, 100 * mean[k] / mean[c], c
 				continue
 			}
-			if (k ~ /RawKV\/(percopy|batch)/ && k !~ /contiguous/ && ("BenchmarkRawKV/contiguous" in mean) && mean["BenchmarkRawKV/contiguous"] > 0) {
+			if (k ~ /RawKV\/(kernel|percopy|batch)/ && ("BenchmarkRawKV/contiguous" in mean) && mean["BenchmarkRawKV/contiguous"] > 0) {
 				printf "%-36s %5.1f %% of BenchmarkRawKV/contiguous\n", k, 100 * mean[k] / mean["BenchmarkRawKV/contiguous"]
 				continue
 			}

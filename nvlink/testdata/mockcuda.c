@@ -303,12 +303,64 @@ CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *siz
 }
 
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {
-	if (flags != 1) return INVALID_VALUE; /* CU_MEMHOSTALLOC_PORTABLE */
+	if (flags != 1 && flags != 3) return INVALID_VALUE; /* PORTABLE, with or without DEVICEMAP */
 	*p = malloc(n);
 	return *p ? OK : 2;
 }
 
 CUresult cuMemFreeHost(void *p) { free(p); return OK; }
+
+/* Mapped pinned memory: the model's device address of it is its address. */
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) {
+	if (!d || !p || flags) return INVALID_VALUE;
+	*d = (CUdeviceptr)p;
+	return OK;
+}
+
+/*
+ * The gather kernel. The model does not compile PTX: it checks the image
+ * looks like the transport's kernel and, on a launch, does what the
+ * kernel does: block b copies descriptor (start+b)&mask, {dst, src, len}
+ * of 8 bytes each, from the ring the first parameter points at.
+ */
+typedef void *CUmodule;
+typedef void *CUfunction;
+static int module_tag, function_tag;
+
+CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+	if (!m || !image) return INVALID_VALUE;
+	const char *ptx = image;
+	if (strncmp(ptx, ".version ", 9) || !strstr(ptx, ".entry moonring_gather(") || !strstr(ptx, "ld.global.v4.u32"))
+		return 218; /* CUDA_ERROR_INVALID_PTX */
+	*m = &module_tag;
+	return OK;
+}
+
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+	if (!f || m != &module_tag) return INVALID_HANDLE;
+	if (strcmp(name, "moonring_gather")) return NOT_FOUND;
+	*f = &function_tag;
+	return OK;
+}
+
+CUresult cuModuleUnload(CUmodule m) { return m == &module_tag ? OK : INVALID_HANDLE; }
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, CUstream st, void **params, void **extra) {
+	if (f != &function_tag || !st) return INVALID_HANDLE;
+	if (gx == 0 || gy != 1 || gz != 1 || bx != 256 || by != 1 || bz != 1 || shared || !params || extra)
+		return INVALID_VALUE;
+	const uint64_t *ring = (const uint64_t *)*(uint64_t *)params[0];
+	uint32_t start = *(uint32_t *)params[1], mask = *(uint32_t *)params[2];
+	for (unsigned b = 0; b < gx; b++) {
+		const uint64_t *d = ring + 3 * ((start + b) & mask);
+		if (d[2] == 0) continue;
+		if (d[2] % 16 || d[0] % 16 || d[1] % 16) return 716; /* CUDA_ERROR_MISALIGNED_ADDRESS */
+		CUresult r = copy(d[0], d[1], d[2], st, 1, 1);
+		if (r != OK) return r;
+	}
+	return OK;
+}
 
 CUresult cuGetErrorString(CUresult r, const char **s) {
 	switch (r) {
