@@ -53,9 +53,9 @@ type cudaDriver struct {
 	// The gather kernel's calls; 0 where the driver lacks one (then
 	// loadGather fails and lanes stay on copy engines).
 	moduleLoadData, moduleGetFunction, moduleUnload, launchKernel, hostGetDevicePointer uintptr
-	failIdx          uint64 // where a 12.8 driver writes a failed batch's index; never read
-	ipcOpenMemHandle func(dptr *uint64, h ipcHandle, flags uint32) int32
-	getErrorString   func(code int32, str **byte) int32
+	failIdx                                                                             uint64 // where a 12.8 driver writes a failed batch's index; never read
+	ipcOpenMemHandle                                                                    func(dptr *uint64, h ipcHandle, flags uint32) int32
+	getErrorString                                                                      func(code int32, str **byte) int32
 
 	mu   sync.Mutex
 	devs map[int]int32 // ordinal -> CUdevice

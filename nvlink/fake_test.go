@@ -28,23 +28,23 @@ type fakeDriver struct {
 	events    map[uintptr]*fakeEvent
 	hostMem   map[unsafe.Pointer][]byte
 	retained  map[int]int
-	opens     int    // ipcOpen calls
-	closes    int    // ipcClose calls
-	copies    int    // copies run
-	batches   int    // copyBatch calls
-	records   int    // eventRecord calls
-	noBatch   bool   // canBatch says no: a driver before CUDA 12.8
-	noKernel  bool   // loadGather fails: a driver that cannot load PTX
-	launchErr error  // launchGather fails with it
-	launches  int    // gather kernels launched
-	modules   int    // gather modules loaded and not unloaded
+	opens     int                // ipcOpen calls
+	closes    int                // ipcClose calls
+	copies    int                // copies run
+	batches   int                // copyBatch calls
+	records   int                // eventRecord calls
+	noBatch   bool               // canBatch says no: a driver before CUDA 12.8
+	noKernel  bool               // loadGather fails: a driver that cannot load PTX
+	launchErr error              // launchGather fails with it
+	launches  int                // gather kernels launched
+	modules   int                // gather modules loaded and not unloaded
 	mapped    map[uintptr][]byte // hostAllocMapped's memory by device address
-	failLen   uint64 // a copy of this length fails when queued
-	asyncLen  uint64 // a copy of this length fails when it runs
-	ctxErr    error  // setCurrent fails with it
-	openErr   error  // ipcOpen fails with it
-	memDevErr bool   // memoryDevice says no for everything
-	cur       int    // the GPU of the last setCurrent: one "thread" is enough for a fake
+	failLen   uint64             // a copy of this length fails when queued
+	asyncLen  uint64             // a copy of this length fails when it runs
+	ctxErr    error              // setCurrent fails with it
+	openErr   error              // ipcOpen fails with it
+	memDevErr bool               // memoryDevice says no for everything
+	cur       int                // the GPU of the last setCurrent: one "thread" is enough for a fake
 }
 
 type fakeMem struct {

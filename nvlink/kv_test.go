@@ -63,10 +63,16 @@ func (c *counter) Complete(_ uint64, err error) {
 
 // TestGPUScattered: a request's blocks scattered over both pools, READ
 // into this process's GPU memory and WRITTEN back to the target's, each
-// block checked where it landed; posting and reaping a Post's worth of
+// block checked where it landed, by copy engines and by the gather kernel; posting and reaping a Post's worth of
 // block copies allocates nothing.
 func TestGPUScattered(t *testing.T) {
-	tr := openGPU(t)
+	lib := os.Getenv(libraryEnv)
+	t.Run("copy-engines", func(t *testing.T) { gpuScattered(t, Config{Library: lib}) })
+	t.Run("kernel", func(t *testing.T) { gpuScattered(t, Config{Library: lib, CopyKernel: true}) })
+}
+
+func gpuScattered(t *testing.T, cfg Config) {
+	tr := openGPUWith(t, cfg)
 	defer tr.Close()
 	blocks, pool := kvShape()
 	blocks = min(blocks, 2048) // enough for 8 groups; the check copies it all to the host
@@ -97,7 +103,7 @@ func TestGPUScattered(t *testing.T) {
 	if d, ok := tr.drv.(*cudaDriver); ok {
 		t.Logf("the driver batches copies: %v (CUDA 12.8's signature with failIdx: %v)", d.canBatch(), d.batchFailIdx)
 	}
-	if l := tr.devs[0].lane; l.gather == 0 {
+	if l := tr.devs[0].lane; cfg.CopyKernel && l.gather == 0 {
 		t.Errorf("GPU 0's lane has no gather kernel: %v", l.gatherErr)
 	}
 	loff, roff := kvPlan(3, blocks, pool)
@@ -161,18 +167,18 @@ func TestGPUScattered(t *testing.T) {
 
 // BenchmarkKVNVLink moves one request's KV cache between two engines in
 // two processes through a ring (up to 4,096 blocks in flight): as its
-// scattered 32 KiB blocks, copied by the gather kernel (the default), by
-// copy engines with the copies of a Post batched (NoCopyKernel) and a
-// call each (NoBatchCopies too), and the same bytes as contiguous 1 MiB
-// blocks (the default: the kernel too). Bytes are the request's; set
+// scattered 32 KiB blocks, copied by copy engines with the copies of a
+// Post batched (the default), a call each (NoBatchCopies), and by the
+// gather kernel (CopyKernel), and the same bytes as contiguous 1 MiB
+// blocks (the default). Bytes are the request's; set
 // beside RawKV.
 func BenchmarkKVNVLink(b *testing.B) {
 	blocks, pool := kvShape()
 	lib := os.Getenv(libraryEnv)
 	pairs := map[string]*enginePair{
 		"kv":         newEnginePairWith(b, pool, Config{Library: lib}),
-		"kv-batch":   newEnginePairWith(b, pool, Config{Library: lib, NoCopyKernel: true}),
-		"kv-percopy": newEnginePairWith(b, pool, Config{Library: lib, NoCopyKernel: true, NoBatchCopies: true}),
+		"kv-kernel":  newEnginePairWith(b, pool, Config{Library: lib, CopyKernel: true}),
+		"kv-percopy": newEnginePairWith(b, pool, Config{Library: lib, NoBatchCopies: true}),
 	}
 	pairs["contiguous"] = pairs["kv"]
 	loff, roff := kvPlan(5, blocks, pool)
@@ -180,7 +186,7 @@ func BenchmarkKVNVLink(b *testing.B) {
 		name string
 		op   moonring.Op
 	}{{"write", moonring.OpWrite}, {"read", moonring.OpRead}} {
-		for _, shape := range []string{"kv", "kv-batch", "kv-percopy", "contiguous"} {
+		for _, shape := range []string{"kv", "kv-kernel", "kv-percopy", "contiguous"} {
 			b.Run(op.name+"/"+shape, func(b *testing.B) {
 				p := pairs[shape]
 				var es []moonring.Entry
@@ -240,7 +246,7 @@ func BenchmarkKVNVLink(b *testing.B) {
 // 256 blocks ("batch", where
 // the driver has it), and the same bytes as contiguous 1 MiB copies.
 func BenchmarkRawKV(b *testing.B) {
-	tr := openGPU(b)
+	tr := openGPUWith(b, Config{Library: os.Getenv(libraryEnv), CopyKernel: true})
 	defer tr.Close()
 	blocks, pool := kvShape()
 	src, err := tr.Alloc(pool, 0)

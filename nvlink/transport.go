@@ -74,12 +74,13 @@ type Config struct {
 	// cuMemcpyBatchAsync (CUDA 12.8 and later), which costs the CPU about
 	// what one copy does; a driver without it gets a call per copy anyway.
 	NoBatchCopies bool
-	// NoCopyKernel leaves every copy to the GPU's copy engines. By
-	// default the device-to-device slices of one Post of up to 1 MiB
-	// each, their addresses and lengths multiples of 16, are copied by
-	// one launch of a small kernel on the GPU's SMs (see kernel.go): a
-	// copy engine spends microseconds on each copy, whatever its size.
-	NoCopyKernel bool
+	// CopyKernel copies the device-to-device slices of one Post of up to
+	// 1 MiB each, their addresses and lengths multiples of 16, in one
+	// launch of a small kernel on the GPU's SMs (see kernel.go) instead of
+	// on copy engines, which spend microseconds on each copy whatever its
+	// size. Off by default until a GPU has run it: the fake driver and
+	// the C model test its logic, not its PTX (scripts/gpu-check.sh does).
+	CopyKernel bool
 }
 
 func (c *Config) defaults() error {
@@ -292,7 +293,7 @@ func (t *Transport) start(d *device) error {
 		t.drv.release(d.ordinal)
 		return fmt.Errorf("nvlink: GPU %d: %w", d.ordinal, err)
 	}
-	l, err := newLane(t.drv, d, t.cfg.Depth, !t.cfg.NoBatchCopies && t.drv.canBatch(), !t.cfg.NoCopyKernel)
+	l, err := newLane(t.drv, d, t.cfg.Depth, !t.cfg.NoBatchCopies && t.drv.canBatch(), t.cfg.CopyKernel)
 	if err != nil {
 		t.drv.release(d.ordinal)
 		return fmt.Errorf("nvlink: GPU %d: %w", d.ordinal, err)

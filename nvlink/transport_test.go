@@ -363,8 +363,8 @@ func (p *pair) target(n int) (tmem []byte, tb *segtable.Buffer, treg segtable.Re
 
 // TestGroupedCopies: the slices of one Post are one group: one event for
 // up to groupMax copies, their device-to-device copies in one launch of
-// the gather kernel, or in one batch call where the lane has no kernel
-// and the driver batches, or a call each; a failed launch falls back to a
+// the gather kernel (CopyKernel), or in one batch call where the lane has
+// no kernel and the driver batches, or a call each; a failed launch falls back to a
 // call each. Scattered WRITEs and READs land byte for byte every way.
 func TestGroupedCopies(t *testing.T) {
 	for _, c := range []struct {
@@ -374,12 +374,12 @@ func TestGroupedCopies(t *testing.T) {
 		launchErr         error
 		launches, batches int // for each 600-slice Post
 	}{
-		{name: "kernel", launches: 3},
-		{name: "batch", cfg: Config{NoCopyKernel: true}, batches: 3},
-		{name: "driver-without-kernel", noKernel: true, batches: 3},
-		{name: "launch-fails", launchErr: fakeErr("cuLaunchKernel", cuErrInvalidValue)},
-		{name: "driver-without-batch", cfg: Config{NoCopyKernel: true}, noBatch: true},
-		{name: "NoBatchCopies", cfg: Config{NoCopyKernel: true, NoBatchCopies: true}},
+		{name: "kernel", cfg: Config{CopyKernel: true}, launches: 3},
+		{name: "batch", batches: 3},
+		{name: "driver-without-kernel", cfg: Config{CopyKernel: true}, noKernel: true, batches: 3},
+		{name: "launch-fails", cfg: Config{CopyKernel: true}, launchErr: fakeErr("cuLaunchKernel", cuErrInvalidValue)},
+		{name: "driver-without-batch", noBatch: true},
+		{name: "NoBatchCopies", cfg: Config{NoBatchCopies: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			fake := newFake(1)
@@ -442,14 +442,14 @@ func TestGroupedCopies(t *testing.T) {
 	}
 }
 
-// TestGroupMixedMemory: one Post with GPU and host memory as the local
-// side, slices the kernel takes and slices it does not (past gatherMax,
+// TestGroupMixedMemory: one Post (CopyKernel on) with GPU and host memory
+// as the local side, slices the kernel takes and slices it does not (past gatherMax,
 // or not 16-byte aligned): the small aligned device-to-device ones go to
 // one launch, the others to one batch, the host one by itself, all under
 // one event.
 func TestGroupMixedMemory(t *testing.T) {
 	fake := newFake(1)
-	p := newPair(t, fake, Config{})
+	p := newPair(t, fake, Config{CopyKernel: true})
 	tmem, tb, _, lmem, lreg, ep := p.target(4 << 20)
 	hmem := make([]byte, 4096)
 	h, rh := p.register(p.init, &p.ibufs, hmem, segtable.CPU(0), false)
@@ -460,7 +460,7 @@ func TestGroupMixedMemory(t *testing.T) {
 		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[0]), Remote: ta, Length: 4096, Token: 1},
 		{Op: transport.Write, LocalHandle: rh.Handle, Local: h.Pointer(0), Remote: ta + 4096, Length: 4096, Token: 2},
 		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[8192]), Remote: ta + 8192, Length: 4096, Token: 3},
-		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[1 << 20]), Remote: ta + 1<<20, Length: 2 << 20, Token: 4}, // past gatherMax
+		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[1<<20]), Remote: ta + 1<<20, Length: 2 << 20, Token: 4}, // past gatherMax
 		{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[20001]), Remote: ta + 20001, Length: 999, Token: 5},     // unaligned
 	}
 	batches, records, launches := fake.batches, fake.records, fake.launches

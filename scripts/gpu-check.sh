@@ -33,7 +33,7 @@
 #      requests between two engines over TCP on loopback from GPU memory
 #      (staged) beside the same from host memory; then the KV workload:
 #      KVNVLink, a request's 16,384 scattered 32 KiB blocks between two
-#      engines (the gather kernel; copy engines batched and a call each)
+#      engines (copy engines batched and a call each; the gather kernel)
 #      beside the same bytes as contiguous 1 MiB blocks, and RawKV, the
 #      same copies in one process. It takes about four minutes.
 #      The log comes back as $OUT/gpu-check.log (and on stdout); put the
@@ -105,7 +105,7 @@ run() {
 				continue
 			}
 			if (k ~ /KVNVLink\/[a-z]+\/kv/) {
-				c = k; sub(/kv(-batch|-percopy)?$/, "contiguous", c)
+				c = k; sub(/kv(-kernel|-percopy)?$/, "contiguous", c)
 				if (c in mean && mean[c] > 0)
 					printf "%-36s %5.1f %% of %s (scattered 32 KiB blocks against 1 MiB ones)\n", k, 100 * mean[k] / mean[c], c
 				continue
