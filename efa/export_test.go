@@ -157,3 +157,6 @@ func ResetSoon(ep transport.Endpoint) uint64 {
 func SoonCounts(t *Transport) (waiting, wrote int64) {
 	return t.soonWaiting.Load(), t.soonWrote.Load()
 }
+
+// ErrPeerExited is errPeerExited, for the two-process tests.
+var ErrPeerExited = errPeerExited

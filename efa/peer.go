@@ -62,6 +62,14 @@ type peer struct {
 	// 4 KiB WRITE at a time, and preparing 64 to undo 63 cost more than
 	// the provider's own work.
 	budget atomic.Int32
+	// pid is the process of a shm peer (from its address; 0 for other
+	// providers). Once suspect (an operation to it failed or timed out;
+	// a completion that succeeds clears it), Post checks the process is
+	// still there before going into the provider (see exited.go), and
+	// once it is not, dead stays set.
+	pid     int
+	suspect atomic.Bool
+	dead    atomic.Bool
 }
 
 // peer returns the peer that published ep, inserting its address into the
@@ -95,7 +103,7 @@ func (t *Transport) peer(ep string) (*peer, error) {
 	if t.closed.Load() {
 		return nil, transport.ErrClosed
 	}
-	p := &peer{key: ep, name: addr}
+	p := &peer{key: ep, name: addr, pid: shmPid(addr)}
 	a, err := t.insert(addr)
 	if err != nil {
 		return nil, err

@@ -100,6 +100,11 @@ func (t *Transport) deliver(ents []C.cq_ent, base uintptr) int {
 				// (Retried enough, it fails: the state never leaves
 				// busy, so a Close sweeping at once cannot see it twice.)
 				retryable = errors.Is(err, transport.ErrPeer) && s.tries < maxTries && !s.ep.Load().closed.Load()
+				if s.peer != nil && !s.peer.suspect.Load() {
+					s.peer.suspect.Store(true)
+				}
+			} else if s.peer != nil && s.peer.suspect.Load() {
+				s.peer.suspect.Store(false)
 			}
 			switch s.claim(retryable) {
 			case slotAbandoned:
@@ -215,6 +220,9 @@ func (t *Transport) expireLocked(cutoff int64, e *Endpoint, err error) []complet
 			continue
 		}
 		s.ep.Load().inflight.Add(-1)
+		if s.peer != nil && err == errTimeout {
+			s.peer.suspect.Store(true) // no word from it within the timeout
+		}
 		done = append(done, completion{s.c, s.token, err})
 		s.c = nil
 		s.state.Store(slotAbandoned)

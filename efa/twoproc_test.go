@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/moonring/moonring/efa"
 	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
@@ -200,6 +201,25 @@ func twoProcesses(t *testing.T, prov string) {
 	w.wait(t, inflight, 2*cfg.Timeout+10*time.Second)
 	start := time.Now()
 	after := cut(transport.Write, reg.Handle, mem[:4096], base, tr.SliceSize())
+	if prov == "shm" {
+		// Once its operations failed or timed out (those in flight, as a
+		// rule; else the first after them), Post asks whether the
+		// process is there and posts nothing into the region it left,
+		// whose lock it may hold.
+		_, err := ep.Post(w, after)
+		if err == nil {
+			errs := w.wait(t, after, 2*cfg.Timeout+10*time.Second)
+			if !errors.Is(errs[0], transport.ErrPeer) {
+				t.Fatalf("WRITE to a dead shm peer: %v, want ErrPeer", errs[0])
+			}
+			_, err = ep.Post(w, after)
+		}
+		if !errors.Is(err, efa.ErrPeerExited) {
+			t.Fatalf("Post to a dead shm peer whose operations failed: %v, want ErrPeerExited", err)
+		}
+		t.Logf("shm: Post to the dead child refused after %v: %v", time.Since(start).Round(time.Millisecond), err)
+		return
+	}
 	postAll(t, ep, w, after)
 	errs := w.wait(t, after, 2*cfg.Timeout+10*time.Second)
 	if errs[0] == nil {

@@ -1,0 +1,68 @@
+//go:build efa && cgo
+
+// exited.go: whether a shm peer's process is gone. libfabric's shm
+// provider posts into the peer's shared region under a lock that lives
+// there; a peer killed while holding it leaves every later post to it
+// spinning in the provider, a goroutine's thread lost for good (seen with
+// libfabric 1.17 in TestTwoProcessesSHM). shm's address carries the
+// peer's pid ("fi_shm://PID:..."), so once operations to a peer have
+// failed or timed out, Post asks the kernel whether that process is still
+// there before it goes into the provider.
+
+package efa
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moonring/moonring/transport"
+)
+
+// errPeerExited: the shm peer's process is gone; nothing is posted to it
+// until its segment is opened again.
+var errPeerExited = fmt.Errorf("efa: the shm peer's process has exited: %w", transport.ErrPeer)
+
+// shmPrefix starts the addresses of libfabric's shm provider.
+const shmPrefix = "fi_shm://"
+
+// shmPid returns the pid in a shm provider address ("fi_shm://PID:..."
+// or "fi_shm://PID", NUL-terminated or not), or 0 for any other address.
+func shmPid(addr []byte) int {
+	rest, ok := bytes.CutPrefix(addr, []byte(shmPrefix))
+	if !ok {
+		return 0
+	}
+	end := bytes.IndexAny(rest, ":\x00")
+	if end < 0 {
+		end = len(rest)
+	}
+	pid, err := strconv.Atoi(string(rest[:end]))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}
+
+// exited reports whether process pid is gone or a zombie. A process this
+// one cannot see (another pid namespace) reads as gone; Post asks only
+// about a peer whose operations already failed.
+func exited(pid int) bool {
+	if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	// The state follows the command's closing parenthesis and a space.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] == 'Z' || b[i+2] == 'X'
+}
