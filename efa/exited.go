@@ -5,9 +5,11 @@
 // there; a peer killed while holding it leaves every later post to it
 // spinning in the provider, a goroutine's thread lost for good (seen with
 // libfabric 1.17 in TestTwoProcessesSHM). shm's address carries the
-// peer's pid ("fi_shm://PID:..."), so once operations to a peer have
-// failed or timed out, Post asks the kernel whether that process is still
-// there before it goes into the provider.
+// peer's pid ("fi_shm://PID:..."), so Post asks the kernel whether that
+// process is still there before it goes into the provider: at once after
+// operations to the peer failed or timed out, else every livenessEvery.
+// A peer that dies between the question and the post can still catch a
+// poster; the provider's own fix is the only whole one.
 
 package efa
 
@@ -17,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -26,6 +29,30 @@ import (
 // errPeerExited: the shm peer's process is gone; nothing is posted to it
 // until its segment is opened again.
 var errPeerExited = fmt.Errorf("efa: the shm peer's process has exited: %w", transport.ErrPeer)
+
+// livenessEvery is how often Post asks whether a shm peer's process is
+// there while nothing failed: a peer that dies mid-stream is seen within
+// it, at a cost of a kill(2) and a /proc read a peer that often.
+const livenessEvery = 10 * time.Millisecond
+
+// exitedPeer reports whether p, a shm peer, is known or found to be gone:
+// asked at once when its operations failed or timed out, else at most
+// every livenessEvery. Once gone, always gone.
+func (p *peer) exitedPeer() bool {
+	if p.dead.Load() {
+		return true
+	}
+	now := time.Now().UnixNano()
+	if !p.suspect.Load() && now-p.checked.Load() < int64(livenessEvery) {
+		return false
+	}
+	p.checked.Store(now)
+	if !exited(p.pid) {
+		return false
+	}
+	p.dead.Store(true)
+	return true
+}
 
 // shmPrefix starts the addresses of libfabric's shm provider.
 const shmPrefix = "fi_shm://"

@@ -66,3 +66,41 @@ func TestExited(t *testing.T) {
 		t.Errorf("a running child reads as exited")
 	}
 }
+
+// TestExitedPeer: a shm peer's process is asked after at most
+// livenessEvery, and at once once the peer is suspect; gone stays gone.
+func TestExitedPeer(t *testing.T) {
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &peer{pid: child.Process.Pid}
+	if p.exitedPeer() {
+		t.Fatal("a running peer reads as exited")
+	}
+	child.Process.Kill()
+	child.Wait()
+	p.suspect.Store(true)
+	if !p.exitedPeer() {
+		t.Fatal("a suspect peer whose process was killed and waited for reads as running")
+	}
+	p.suspect.Store(false)
+	if !p.exitedPeer() {
+		t.Fatal("a peer found gone reads as running again")
+	}
+
+	quiet := exec.Command("sleep", "60")
+	if err := quiet.Start(); err != nil {
+		t.Fatal(err)
+	}
+	q := &peer{pid: quiet.Process.Pid}
+	if q.exitedPeer() {
+		t.Fatal("a running peer reads as exited")
+	}
+	quiet.Process.Kill()
+	quiet.Wait()
+	time.Sleep(2 * livenessEvery)
+	if !q.exitedPeer() {
+		t.Fatalf("a peer killed %v ago, nothing failed to it, reads as running", 2*livenessEvery)
+	}
+}

@@ -63,13 +63,15 @@ type peer struct {
 	// the provider's own work.
 	budget atomic.Int32
 	// pid is the process of a shm peer (from its address; 0 for other
-	// providers). Once suspect (an operation to it failed or timed out;
-	// a completion that succeeds clears it), Post checks the process is
-	// still there before going into the provider (see exited.go), and
-	// once it is not, dead stays set.
+	// providers). Post checks the process is still there before going
+	// into the provider (exitedPeer): at once while suspect (an operation
+	// to it failed or timed out; a completion that succeeds clears it),
+	// else when checked (UnixNano) is livenessEvery old. Once it is gone,
+	// dead stays set.
 	pid     int
 	suspect atomic.Bool
 	dead    atomic.Bool
+	checked atomic.Int64
 }
 
 // peer returns the peer that published ep, inserting its address into the

@@ -107,10 +107,9 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 		t.guard.RUnlock()
 		return 0, false, errPeerGone
 	}
-	if p.pid != 0 && p.suspect.Load() && (p.dead.Load() || exited(p.pid)) {
+	if p.pid != 0 && p.exitedPeer() {
 		// A shm peer that died may have left the provider's lock in its
 		// region held: a post would spin there for good.
-		p.dead.Store(true)
 		t.guard.RUnlock()
 		return 0, false, errPeerExited
 	}
