@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -244,7 +245,8 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 		// Responses gather in out; READ payloads join them as iovecs that
 		// point into registered memory, whose regions stay held until the
 		// flush. out[mark:] is not yet in iovs.
-		out  = make([]byte, 0, 64<<10)
+		out  []byte // from outs while the connection has requests; nil while it waits
+		buf  *outBuf
 		mark int
 		iovs = make([][]byte, 0, 64)
 		held = make([]*region, 0, 32)
@@ -321,6 +323,10 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 			r.ref.Release()
 		}
 		clear(held)
+		if buf != nil {
+			outs.Put(buf)
+			t.outsHeld.Add(-1)
+		}
 	}()
 	// owed counts the WRITE payload bytes read since the last flush at the
 	// loop's top (the others leave it: at worst an ack goes out early).
@@ -357,6 +363,15 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 			if idle && !idleArmed && t.cfg.IdleTimeout > 0 {
 				armIdle()
 			}
+			if idle && buf != nil {
+				// Written out: while the connection waits, its buffer
+				// serves others. A thousand peers taking turns then
+				// gather in a few buffers warm in cache, not in a
+				// thousand cold ones, and an idle peer holds none.
+				outs.Put(buf)
+				t.outsHeld.Add(-1)
+				buf, out = nil, nil
+			}
 		}
 		for got, gotAtArm := 0, 0; ; {
 			n, err := io.ReadFull(br, hdr[got:])
@@ -378,6 +393,11 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 		}
 		if nb != nil {
 			nb.limit = 0
+		}
+		if buf == nil {
+			buf = outs.Get().(*outBuf)
+			t.outsHeld.Add(1)
+			out = buf[:0]
 		}
 		bulk = false
 		served++
@@ -498,6 +518,13 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 		held = append(held, r)
 	}
 }
+
+// outBuf is where a connection gathers its responses and small READ
+// payloads between two flushes.
+type outBuf [64 << 10]byte
+
+// outs holds the gathering buffers of connections waiting for requests.
+var outs = sync.Pool{New: func() any { return new(outBuf) }}
 
 // bulkMin is the least WRITE payload the target reads straight from the
 // socket into its destination; a smaller one comes through the frames'

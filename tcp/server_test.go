@@ -955,3 +955,63 @@ func TestServerStalledNotifyReleases(t *testing.T) {
 		t.Fatal("hang: Unregister with the READ's region still held")
 	}
 }
+
+// TestIdleConnsHoldNoResponseBuffer: the target's connections take a
+// response buffer from a shared pool while they have requests and give it
+// back when they wait: eight initiators READing their own bytes at once
+// each get theirs (the buffers pass from connection to connection), and
+// once they are idle the target holds no buffer.
+func TestIdleConnsHoldNoResponseBuffer(t *testing.T) {
+	const peers, size, rounds = 8, 4096, 200
+	targ := newSide(t, Config{})
+	m := targ.alloc(t, peers*size, 0)
+	for i := range m {
+		m[i] = byte(i/size*31 + i%251)
+	}
+	remote := targ.register(t, m, true)
+	var wg sync.WaitGroup
+	errs := make(chan error, peers)
+	for p := range peers {
+		init := newSide(t, Config{Rails: 1})
+		ep, err := init.tr.Open(t.Context(), targ.desc("", remote))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ep.Close() })
+		local := init.alloc(t, size, 0)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comp := make(chanCompleter, 1)
+			want := m[p*size : (p+1)*size]
+			for r := range rounds {
+				clear(local)
+				s := []transport.Slice{localSlice(transport.Read, local, remote.addr+uint64(p*size), uint64(r))}
+				if n, err := ep.Post(comp, s); n != 1 || err != nil {
+					errs <- fmt.Errorf("peer %d: Post = %d, %v", p, n, err)
+					return
+				}
+				if c := <-comp; c.err != nil {
+					errs <- fmt.Errorf("peer %d: READ: %v", p, c.err)
+					return
+				}
+				if !bytes.Equal(local, want) {
+					errs <- fmt.Errorf("peer %d, round %d: read other bytes than its own", p, r)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for targ.tr.outsHeld.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d response buffers held by idle connections 10 s after the last READ", targ.tr.outsHeld.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

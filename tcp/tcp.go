@@ -286,6 +286,9 @@ type Transport struct {
 	// and a registration copies nothing (see regionIndex).
 	regs     regionIndex
 	conns    map[net.Conn]*peerConn
+	// outsHeld counts the response buffers (server.go, outs) that
+	// connections hold: those with requests in hand, not the idle ones.
+	outsHeld atomic.Int64
 	retired  map[netip.Addr]*served // what ended connections served, per source; under mu
 	adm      admission              // under mu
 	refused  [nReasons]atomic.Uint64
