@@ -204,6 +204,31 @@ func (c *child) ask(tb testing.TB, cmd string) {
 	}
 }
 
+// localGPU allocates size bytes of GPU 0's memory through tr and
+// registers them, local-only; tb's cleanup unregisters them (after tr's
+// Close, if the test closes it first: that Unregister returns at once).
+func localGPU(tb testing.TB, tr *Transport, size int) (*segtable.Buffer, segtable.Registration) {
+	tb.Helper()
+	mem, err := tr.Alloc(size, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	bufs := new(segtable.Buffers)
+	b, err := bufs.Register(mem, segtable.CUDA(0), false)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	reg, err := tr.Register(b)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		tr.Unregister(b, reg)
+		bufs.Unregister(context.Background(), b.ID)
+	})
+	return b, reg
+}
+
 // run posts s on ep and polls tr until every slice completed; it returns
 // the first error.
 func run(tb testing.TB, tr *Transport, ep transport.Endpoint, s []transport.Slice) error {
@@ -390,23 +415,7 @@ func benchNVLink(b *testing.B, op transport.Op, depth int) {
 		b.Fatal(err)
 	}
 	defer ep.Close()
-	mem, err := tr.Alloc(gpuSize, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var bufs segtable.Buffers
-	lb, err := bufs.Register(mem, segtable.CUDA(0), false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	reg, err := tr.Register(lb)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		tr.Unregister(lb, reg)
-		bufs.Unregister(context.Background(), lb.ID)
-	}()
+	lb, reg := localGPU(b, tr, gpuSize)
 	r := newRecorder()
 	sl := []transport.Slice{{Op: op, LocalHandle: reg.Handle, Local: lb.Pointer(0), Remote: c.desc.Buffers[0].Addr, Length: gpuSize}}
 	b.SetBytes(gpuSize)

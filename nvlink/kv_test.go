@@ -19,7 +19,6 @@ import (
 
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/internal/testpattern"
-	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
 )
 
@@ -83,23 +82,7 @@ func gpuScattered(t *testing.T, cfg Config) {
 	}
 	defer ep.Close()
 	remote := c.desc.Buffers[0].Addr
-	mem, err := tr.Alloc(pool, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var bufs segtable.Buffers
-	b, err := bufs.Register(mem, segtable.CUDA(0), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := tr.Register(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		tr.Unregister(b, reg)
-		bufs.Unregister(context.Background(), b.ID)
-	}()
+	b, reg := localGPU(t, tr, pool)
 	if d, ok := tr.drv.(*cudaDriver); ok {
 		t.Logf("the driver batches copies: %v (CUDA 12.8's signature with failIdx: %v)", d.canBatch(), d.batchFailIdx)
 	}
