@@ -75,16 +75,16 @@ func shmPid(addr []byte) int {
 	return pid
 }
 
-// exited reports whether process pid is gone or a zombie. A process this
-// one cannot see (another pid namespace) reads as gone; Post asks only
-// about a peer whose operations already failed.
+// exited reports whether process pid is gone (kill(2) finds none) or a
+// zombie (its /proc state). A process kill finds but /proc does not show
+// (hidepid, no /proc) reads as there.
 func exited(pid int) bool {
 	if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
 		return true
 	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return errors.Is(err, os.ErrNotExist)
+		return false
 	}
 	// The state follows the command's closing parenthesis and a space.
 	i := bytes.LastIndexByte(b, ')')
@@ -92,4 +92,16 @@ func exited(pid int) bool {
 		return false
 	}
 	return b[i+2] == 'Z' || b[i+2] == 'X'
+}
+
+// shmPeerPid is the pid to watch for a shm peer at addr, asked when the
+// peer is first opened: 0 (not watched) for other providers, and for a
+// process this one cannot see even then, when it has just published its
+// descriptor: another pid namespace, whose pids mean nothing here.
+func shmPeerPid(addr []byte) int {
+	pid := shmPid(addr)
+	if pid == 0 || exited(pid) {
+		return 0
+	}
+	return pid
 }

@@ -3,6 +3,7 @@
 package efa
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -55,6 +56,12 @@ func TestExited(t *testing.T) {
 	}
 	if !exited(pid) {
 		t.Errorf("child %d reads as running after it was waited for", pid)
+	}
+	if got := shmPeerPid([]byte(fmt.Sprintf("fi_shm://%d:0:0\x00", pid))); got != 0 {
+		t.Errorf("a shm peer whose process is gone when it is opened is watched as pid %d, want 0 (not watched)", got)
+	}
+	if got := shmPeerPid([]byte(fmt.Sprintf("fi_shm://%d:0:0\x00", os.Getpid()))); got != os.Getpid() {
+		t.Errorf("a shm peer whose process is there when it is opened: pid %d watched, want %d", got, os.Getpid())
 	}
 	live := exec.Command("sleep", "60")
 	if err := live.Start(); err != nil {

@@ -105,7 +105,7 @@ func (t *Transport) peer(ep string) (*peer, error) {
 	if t.closed.Load() {
 		return nil, transport.ErrClosed
 	}
-	p := &peer{key: ep, name: addr, pid: shmPid(addr)}
+	p := &peer{key: ep, name: addr, pid: shmPeerPid(addr)}
 	a, err := t.insert(addr)
 	if err != nil {
 		return nil, err

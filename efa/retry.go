@@ -109,6 +109,12 @@ func (t *Transport) retryDue() int {
 			if p.gone.Load() || e.closed.Load() || e.withdrawn.Load() {
 				continue
 			}
+			// A shm peer that died may hold the lock of its region: a
+			// retry would spin in the provider as a Post would (see
+			// exited.go).
+			if p.pid != 0 && p.exitedPeer() {
+				continue
+			}
 			// Its rkey and remote address came from the keys of the
 			// Post: after an Update (a restarted peer whose Go heap,
 			// and provider-chosen keys, may well look the same) they

@@ -394,7 +394,9 @@ func (e *Endpoint) enqueue(l *lane, sl *transport.Slice, r *remote, loc *region,
 		if sl.Op == transport.Read {
 			dst, src = src, dst
 		}
-		if l.gather != 0 && gatherable(dst, src, sl.Length) {
+		// The kernel runs on the remote buffer's GPU: a local buffer of
+		// another GPU would need peer access, which copy engines do not.
+		if l.gather != 0 && loc.dev == r.dev && gatherable(dst, src, sl.Length) {
 			l.descs[idx&l.mask] = gatherDesc{dst: uint64(dst), src: uint64(src), n: sl.Length}
 			l.nk++
 			return

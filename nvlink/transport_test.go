@@ -487,6 +487,54 @@ func TestGroupMixedMemory(t *testing.T) {
 	}
 }
 
+// TestGatherSameGPUOnly: the kernel runs on the remote buffer's GPU, so
+// only slices whose local buffer is on that GPU go to it; a local buffer
+// of another GPU goes to the copy engines (which need no peer access).
+func TestGatherSameGPUOnly(t *testing.T) {
+	fake := newFake(2)
+	p := newPair(t, fake, Config{CopyKernel: true})
+	tmem, err := p.targ.Alloc(1<<16, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb, treg := p.register(p.targ, &p.tbufs, tmem, segtable.CUDA(1), true)
+	ep := p.open(p.desc(map[*segtable.Buffer]segtable.Registration{tb: treg}))
+	defer ep.Close()
+	for _, gpu := range []int{0, 1} {
+		lmem, err := p.init.Alloc(1<<16, gpu)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lb, lreg := p.register(p.init, &p.ibufs, lmem, segtable.CUDA(gpu), false)
+		testpattern.Fill(lmem, uint64(gpu+20))
+		s := []transport.Slice{
+			{Op: transport.Write, LocalHandle: lreg.Handle, Local: lb.Pointer(0), Remote: uint64(tb.Addr), Length: 4096, Token: 1},
+			{Op: transport.Write, LocalHandle: lreg.Handle, Local: lb.Pointer(8192), Remote: uint64(tb.Addr) + 8192, Length: 4096, Token: 2},
+		}
+		launches, batches := fake.launches, fake.batches
+		r := newRecorder()
+		if k, err := ep.Post(r, s); k != 2 || err != nil {
+			t.Fatalf("Post = %d, %v", k, err)
+		}
+		pollUntil(t, p.init, r, 2)
+		for i := range s {
+			if err := r.result(t, s[i].Token); err != nil {
+				t.Fatalf("local GPU %d, slice %d: %v", gpu, i, err)
+			}
+		}
+		if !bytes.Equal(tmem[:4096], lmem[:4096]) || !bytes.Equal(tmem[8192:12288], lmem[8192:12288]) {
+			t.Errorf("local GPU %d: bytes differ at the target", gpu)
+		}
+		wantLaunch, wantBatch := 0, 1
+		if gpu == 1 {
+			wantLaunch, wantBatch = 1, 0
+		}
+		if fake.launches-launches != wantLaunch || fake.batches-batches != wantBatch {
+			t.Errorf("local GPU %d, remote GPU 1: %d launches and %d batch calls, want %d and %d", gpu, fake.launches-launches, fake.batches-batches, wantLaunch, wantBatch)
+		}
+	}
+}
+
 func TestDepthBackpressure(t *testing.T) {
 	p := newPair(t, newFake(1), Config{Depth: 4})
 	_, tb, _, lmem, lreg, ep := p.target(1 << 16)

@@ -111,6 +111,11 @@ func (w *rawWriter) writeAll(bufs [][]byte) (int64, error) {
 	w.bufs, w.n, w.err = bufs, 0, nil
 	err := w.rc.Write(w.fn)
 	w.bufs = nil
+	// Nothing of the written buffers stays reachable from here: a
+	// connection's pooled response buffer (server.go) goes back to the
+	// pool, and registered memory may be unregistered.
+	clear(w.iov[:cap(w.iov)])
+	w.iov = w.iov[:0]
 	if err == nil {
 		err = w.err
 	}

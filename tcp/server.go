@@ -11,8 +11,8 @@ import (
 	"io"
 	"net"
 	"os"
-	"syscall"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 
