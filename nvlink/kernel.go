@@ -8,7 +8,10 @@ import "unsafe"
 // whatever its size (an H200 moved a 4k-token request's 16,384 blocks of
 // 32 KiB at 6-7 GB/s, a call each or batched, against 1.5-2 TB/s for one
 // 64 MiB copy), so scattered KV-cache blocks go through the kernel and
-// large slices through the copy engine.
+// large slices through the copy engine. The kernel runs on the remote
+// buffer's GPU (the lane's), so it takes only slices whose local buffer
+// is on that GPU too: another GPU's memory would need peer access, which
+// copy engines do without.
 //
 // The kernel reads its slices from a ring of descriptors in mapped,
 // pinned host memory: the lane's ring indices name them, so a launch

@@ -75,7 +75,8 @@ type Config struct {
 	// what one copy does; a driver without it gets a call per copy anyway.
 	NoBatchCopies bool
 	// CopyKernel copies the device-to-device slices of one Post of up to
-	// 1 MiB each, their addresses and lengths multiples of 16, in one
+	// 1 MiB each, their addresses and lengths multiples of 16 and their
+	// local buffer on the remote buffer's GPU, in one
 	// launch of a small kernel on the GPU's SMs (see kernel.go) instead of
 	// on copy engines, which spend microseconds on each copy whatever its
 	// size. Off by default until a GPU has run it: the fake driver and
