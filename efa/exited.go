@@ -5,11 +5,13 @@
 // there; a peer killed while holding it leaves every later post to it
 // spinning in the provider, a goroutine's thread lost for good (seen with
 // libfabric 1.17 in TestTwoProcessesSHM). shm's address carries the
-// peer's pid ("fi_shm://PID:..."), so Post asks the kernel whether that
-// process is still there before it goes into the provider: at once after
-// operations to the peer failed or timed out, else every livenessEvery.
-// A peer that dies between the question and the post can still catch a
-// poster; the provider's own fix is the only whole one.
+// peer's pid ("fi_shm://PID:..."), so Post and a retry ask the kernel
+// whether that process is still there before they go into the provider:
+// at once after operations to the peer failed or timed out, else every
+// livenessEvery. A peer whose process cannot be seen when it is opened
+// (another pid namespace) is not watched. A peer that dies between the
+// question and the post can still catch a poster; the provider's own fix
+// is the only whole one.
 
 package efa
 
@@ -35,19 +37,20 @@ var errPeerExited = fmt.Errorf("efa: the shm peer's process has exited: %w", tra
 // it, at a cost of a kill(2) and a /proc read a peer that often.
 const livenessEvery = 10 * time.Millisecond
 
-// exitedPeer reports whether p, a shm peer, is known or found to be gone:
-// asked at once when its operations failed or timed out, else at most
-// every livenessEvery. Once gone, always gone.
-func (p *peer) exitedPeer() bool {
+// exitedPeer reports whether p, a shm peer, is known or found to be gone
+// at now (UnixNano): asked at once when its operations failed or timed
+// out since the last answer, else at most every livenessEvery. Once gone,
+// always gone.
+func (p *peer) exitedPeer(now int64) bool {
 	if p.dead.Load() {
 		return true
 	}
-	now := time.Now().UnixNano()
 	if !p.suspect.Load() && now-p.checked.Load() < int64(livenessEvery) {
 		return false
 	}
 	p.checked.Store(now)
 	if !exited(p.pid) {
+		p.suspect.Store(false) // answered: the next failure asks again
 		return false
 	}
 	p.dead.Store(true)

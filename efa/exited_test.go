@@ -63,51 +63,63 @@ func TestExited(t *testing.T) {
 	if got := shmPeerPid([]byte(fmt.Sprintf("fi_shm://%d:0:0\x00", os.Getpid()))); got != os.Getpid() {
 		t.Errorf("a shm peer whose process is there when it is opened: pid %d watched, want %d", got, os.Getpid())
 	}
-	live := exec.Command("sleep", "60")
-	if err := live.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer live.Wait()
-	defer live.Process.Kill()
-	if exited(live.Process.Pid) {
+	if exited(sleeper(t).Process.Pid) {
 		t.Errorf("a running child reads as exited")
 	}
 }
 
-// TestExitedPeer: a shm peer's process is asked after at most
-// livenessEvery, and at once once the peer is suspect; gone stays gone.
-func TestExitedPeer(t *testing.T) {
-	child := exec.Command("sleep", "60")
-	if err := child.Start(); err != nil {
+// sleeper starts a child that sleeps; the test's cleanup kills it and
+// waits for it (once more is harmless).
+func sleeper(t *testing.T) *exec.Cmd {
+	c := exec.Command("sleep", "60")
+	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &peer{pid: child.Process.Pid}
-	if p.exitedPeer() {
+	t.Cleanup(func() {
+		c.Process.Kill()
+		c.Wait()
+	})
+	return c
+}
+
+// TestExitedPeer: a shm peer's process is asked at once while the peer is
+// suspect (an answer that it is there clears that), else once
+// livenessEvery passed since the last question; gone stays gone. The
+// clock is the caller's: no sleeping.
+func TestExitedPeer(t *testing.T) {
+	now := time.Now().UnixNano()
+	c := sleeper(t)
+	p := &peer{pid: c.Process.Pid}
+	if p.exitedPeer(now) {
 		t.Fatal("a running peer reads as exited")
 	}
-	child.Process.Kill()
-	child.Wait()
 	p.suspect.Store(true)
-	if !p.exitedPeer() {
-		t.Fatal("a suspect peer whose process was killed and waited for reads as running")
+	if p.exitedPeer(now) || p.suspect.Load() {
+		t.Fatalf("a suspect running peer: exited or still suspect (%v) once asked", p.suspect.Load())
 	}
-	p.suspect.Store(false)
-	if !p.exitedPeer() {
+	c.Process.Kill()
+	c.Wait()
+	if p.exitedPeer(now + int64(livenessEvery)/2) {
+		t.Fatal("asked again within livenessEvery of the last question, with nothing failed")
+	}
+	if !p.exitedPeer(now + 2*int64(livenessEvery)) {
+		t.Fatalf("a peer killed, asked %v after the last question, reads as running", 2*livenessEvery)
+	}
+	if !p.exitedPeer(now + 2*int64(livenessEvery)) {
 		t.Fatal("a peer found gone reads as running again")
 	}
 
-	quiet := exec.Command("sleep", "60")
-	if err := quiet.Start(); err != nil {
-		t.Fatal(err)
-	}
-	q := &peer{pid: quiet.Process.Pid}
-	if q.exitedPeer() {
+	q := &peer{pid: sleeper(t).Process.Pid}
+	if q.exitedPeer(now) {
 		t.Fatal("a running peer reads as exited")
 	}
-	quiet.Process.Kill()
-	quiet.Wait()
-	time.Sleep(2 * livenessEvery)
-	if !q.exitedPeer() {
-		t.Fatalf("a peer killed %v ago, nothing failed to it, reads as running", 2*livenessEvery)
+	k := exec.Command("true")
+	if err := k.Run(); err != nil {
+		t.Fatal(err)
+	}
+	q.pid = k.Process.Pid // a process that ended: as if q's had
+	q.suspect.Store(true)
+	if !q.exitedPeer(now) {
+		t.Fatal("a suspect peer whose process ended reads as running when asked at once")
 	}
 }

@@ -107,7 +107,8 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 		t.guard.RUnlock()
 		return 0, false, errPeerGone
 	}
-	if p.pid != 0 && p.exitedPeer() {
+	now := time.Now().UnixNano()
+	if p.pid != 0 && p.exitedPeer(now) {
 		// A shm peer that died may have left the provider's lock in its
 		// region held: a post would spin there for good.
 		t.guard.RUnlock()
@@ -122,7 +123,6 @@ func (e *Endpoint) post(c transport.Completer, s []transport.Slice) (int, bool, 
 	kp := e.keys.Load()
 	gen := p.gen.Load()
 	dest := C.uint64_t(p.addr.Load())
-	now := time.Now().UnixNano()
 	var last *region
 	end := len(s) // where the slots ran out
 	m := 0

@@ -112,7 +112,7 @@ func (t *Transport) retryDue() int {
 			// A shm peer that died may hold the lock of its region: a
 			// retry would spin in the provider as a Post would (see
 			// exited.go).
-			if p.pid != 0 && p.exitedPeer() {
+			if p.pid != 0 && p.exitedPeer(now) {
 				continue
 			}
 			// Its rkey and remote address came from the keys of the

@@ -31,8 +31,9 @@ const (
 // reflection; the few calls with a struct argument or a C string through
 // purego.RegisterFunc.
 //
-// It is UNTESTED on real hardware until a session with a GPU runs
-// scripts/gpu-check.sh: the development machine has none.
+// It has run on an H200 (scripts/gpu-check.sh, BENCHMARKS.md) but for the
+// gather kernel's calls (loadGather, launchGather, hostAllocMapped): the
+// development machine has no GPU.
 type cudaDriver struct {
 	lib string
 	fn  struct {
@@ -53,9 +54,11 @@ type cudaDriver struct {
 	// The gather kernel's calls; 0 where the driver lacks one (then
 	// loadGather fails and lanes stay on copy engines).
 	moduleLoadData, moduleGetFunction, moduleUnload, launchKernel, hostGetDevicePointer uintptr
-	failIdx                                                                             uint64 // where a 12.8 driver writes a failed batch's index; never read
-	ipcOpenMemHandle                                                                    func(dptr *uint64, h ipcHandle, flags uint32) int32
-	getErrorString                                                                      func(code int32, str **byte) int32
+
+	failIdx uint64 // where a 12.8 driver writes a failed batch's index; never read
+
+	ipcOpenMemHandle func(dptr *uint64, h ipcHandle, flags uint32) int32
+	getErrorString   func(code int32, str **byte) int32
 
 	mu   sync.Mutex
 	devs map[int]int32 // ordinal -> CUdevice

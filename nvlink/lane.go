@@ -16,8 +16,10 @@ import (
 //
 // Copies are queued in groups: the slices one Post puts on the lane (up to
 // groupMax), or one staged copy. A group's copies are queued one call each,
-// or device-to-device ones in one cuMemcpyBatchAsync where the driver has
-// it, and one event is recorded after the group's last copy, at the
+// or small device-to-device ones in one launch of the gather kernel
+// (kernel.go, when the lane has it), or device-to-device ones in one
+// cuMemcpyBatchAsync where the driver has it, and one event is recorded
+// after the group's last copy, at the
 // group's last ring index. Events of one stream fire in order, so the
 // poller queries only the oldest group's event and completes the group
 // whole when it has fired.
@@ -55,7 +57,6 @@ type lane struct {
 	gather    uintptr
 	gatherMod uintptr
 	descs     []gatherDesc
-	descHost  unsafe.Pointer
 	args      gatherArgs
 	nk        int
 	gatherErr error // why the lane has no kernel, when one was wanted
@@ -123,7 +124,7 @@ func (l *lane) loadGather(drv driver, depth int) error {
 		drv.unloadGather(mod)
 		return err
 	}
-	l.gather, l.gatherMod, l.descHost = fn, mod, p
+	l.gather, l.gatherMod = fn, mod
 	l.descs = unsafe.Slice((*gatherDesc)(p), depth)
 	l.args.desc, l.args.mask = uint64(dev), uint32(depth-1)
 	return nil
@@ -147,8 +148,8 @@ func (l *lane) destroy(drv driver) {
 	}
 	if l.gather != 0 {
 		drv.unloadGather(l.gatherMod)
-		drv.hostFree(l.descHost)
-		l.gather, l.descs, l.descHost = 0, nil, nil
+		drv.hostFree(unsafe.Pointer(unsafe.SliceData(l.descs)))
+		l.gather, l.descs = 0, nil
 	}
 }
 
@@ -253,6 +254,16 @@ func (l *lane) full() bool {
 	return l.grp >= groupMax || (l.batch && l.nb == len(l.bdst))
 }
 
+// copyOne queues one device-to-device copy of the open group, the entry
+// at ring index idx, on the copy engine; a refusal stays in the entry.
+func (l *lane) copyOne(drv driver, dst, src uintptr, n uint64, idx uint64) {
+	if err := drv.copyDtoD(dst, src, n, l.stream); err != nil {
+		l.ring[idx&l.mask].err = fmt.Errorf("nvlink: post on GPU %d: %w", l.dev.ordinal, err)
+		return
+	}
+	l.queued = true
+}
+
 // flush ends the open group: its kernel's slices in one launch, its
 // batched copies in one call (one call each if the driver refuses the
 // launch or the batch), the event after its last copy,
@@ -274,14 +285,8 @@ func (l *lane) flush(drv driver) bool {
 		} else {
 			// Not launched: a copy each on the copy engine.
 			for i := tail; i <= last; i++ {
-				d := &l.descs[i&l.mask]
-				if d.n == 0 {
-					continue
-				}
-				if err := drv.copyDtoD(uintptr(d.dst), uintptr(d.src), d.n, l.stream); err != nil {
-					l.ring[i&l.mask].err = fmt.Errorf("nvlink: post on GPU %d: %w", l.dev.ordinal, err)
-				} else {
-					l.queued = true
+				if d := &l.descs[i&l.mask]; d.n != 0 {
+					l.copyOne(drv, uintptr(d.dst), uintptr(d.src), d.n, i)
 				}
 			}
 		}
@@ -298,11 +303,7 @@ func (l *lane) flush(drv driver) bool {
 	// One copy, or a batch the driver refused: a call each, so that one bad
 	// copy fails alone.
 	for k := range l.nb {
-		if err := drv.copyDtoD(l.bdst[k], l.bsrc[k], l.bsize[k], l.stream); err != nil {
-			l.ring[l.bidx[k]&l.mask].err = fmt.Errorf("nvlink: post on GPU %d: %w", l.dev.ordinal, err)
-		} else {
-			l.queued = true
-		}
+		l.copyOne(drv, l.bdst[k], l.bsrc[k], l.bsize[k], l.bidx[k])
 	}
 	l.nb = 0
 	l.ring[tail&l.mask].end = last

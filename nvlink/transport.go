@@ -71,15 +71,15 @@ type Config struct {
 	StagingUnits int
 	// NoBatchCopies queues every copy with its own call. By default the
 	// device-to-device copies of one Post go to the GPU in one
-	// cuMemcpyBatchAsync (CUDA 12.8 and later), which costs the CPU about
-	// what one copy does; a driver without it gets a call per copy anyway.
+	// cuMemcpyBatchAsync (CUDA 12.8 and later): one driver call instead
+	// of one a copy (on an H200 the copy engine's own ~5 µs a copy stays,
+	// BENCHMARKS.md); a driver without it gets a call per copy anyway.
 	NoBatchCopies bool
 	// CopyKernel copies the device-to-device slices of one Post of up to
-	// 1 MiB each, their addresses and lengths multiples of 16 and their
-	// local buffer on the remote buffer's GPU, in one
-	// launch of a small kernel on the GPU's SMs (see kernel.go) instead of
-	// on copy engines, which spend microseconds on each copy whatever its
-	// size. Off by default until a GPU has run it: the fake driver and
+	// 1 MiB each (their addresses and lengths multiples of 16, their local
+	// buffer on the remote buffer's GPU) in one launch of a small kernel
+	// on the GPU's SMs (see kernel.go) instead of on copy engines, which
+	// spend microseconds on each copy whatever its size. Off by default until a GPU has run it: the fake driver and
 	// the C model test its logic, not its PTX (scripts/gpu-check.sh does).
 	CopyKernel bool
 }

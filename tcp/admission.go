@@ -120,6 +120,9 @@ type peerConn struct {
 	// served counts what the connection served: written by its
 	// goroutine, read by Served.
 	served served
+	// holdsOut says the connection holds a response buffer (server.go,
+	// outs): while it has requests in hand, not while it waits.
+	holdsOut atomic.Bool
 }
 
 type connState uint8

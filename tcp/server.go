@@ -64,7 +64,7 @@ func (t *Transport) serve(pc *peerConn) error {
 		return err
 	}
 	raw.SetDeadline(time.Time{})
-	return t.frames(conn, br, nb, &pc.served)
+	return t.frames(conn, br, nb, pc)
 }
 
 // nbReader is the connection as the frames' bufio.Reader sees it. With
@@ -237,7 +237,8 @@ func (t *Transport) hello(conn net.Conn, br *bufio.Reader, pc *peerConn) error {
 // frames serves requests until the connection ends. Responses gather in
 // out and go out with the READ payloads in one writev, flushed whenever no
 // further request is already buffered.
-func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *served) error {
+func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *peerConn) error {
+	sv := &pc.served
 	var (
 		hdr  [reqSize]byte
 		req  request
@@ -325,7 +326,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 		clear(held)
 		if buf != nil {
 			outs.Put(buf)
-			t.outsHeld.Add(-1)
+			pc.holdsOut.Store(false)
 		}
 	}()
 	// owed counts the WRITE payload bytes read since the last flush at the
@@ -369,7 +370,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 				// gather in a few buffers warm in cache, not in a
 				// thousand cold ones, and an idle peer holds none.
 				outs.Put(buf)
-				t.outsHeld.Add(-1)
+				pc.holdsOut.Store(false)
 				buf, out = nil, nil
 			}
 		}
@@ -396,7 +397,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, sv *se
 		}
 		if buf == nil {
 			buf = outs.Get().(*outBuf)
-			t.outsHeld.Add(1)
+			pc.holdsOut.Store(true)
 			out = buf[:0]
 		}
 		bulk = false

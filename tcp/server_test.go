@@ -1007,10 +1007,27 @@ func TestIdleConnsHoldNoResponseBuffer(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+	held := func() (conns, holding int) {
+		targ.tr.mu.Lock()
+		defer targ.tr.mu.Unlock()
+		for _, pc := range targ.tr.conns {
+			if pc.holdsOut.Load() {
+				holding++
+			}
+		}
+		return len(targ.tr.conns), holding
+	}
 	deadline := time.Now().Add(10 * time.Second)
-	for targ.tr.outsHeld.Load() != 0 {
+	for {
+		conns, holding := held()
+		if conns < peers {
+			t.Fatalf("the target has %d connections, want %d", conns, peers)
+		}
+		if holding == 0 {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d response buffers held by idle connections 10 s after the last READ", targ.tr.outsHeld.Load())
+			t.Fatalf("%d of %d idle connections hold a response buffer 10 s after the last READ", holding, conns)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -284,11 +284,8 @@ type Transport struct {
 	// first within one id (a buffer registered again while its old
 	// registration drains): a lookup takes no lock and searches nothing,
 	// and a registration copies nothing (see regionIndex).
-	regs  regionIndex
-	conns map[net.Conn]*peerConn
-	// outsHeld counts the response buffers (server.go, outs) that
-	// connections hold: those with requests in hand, not the idle ones.
-	outsHeld atomic.Int64
+	regs     regionIndex
+	conns    map[net.Conn]*peerConn
 	retired  map[netip.Addr]*served // what ended connections served, per source; under mu
 	adm      admission              // under mu
 	refused  [nReasons]atomic.Uint64
