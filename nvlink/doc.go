@@ -102,7 +102,11 @@
 // layer (cuda.go: purego bindings, argument order, the IPC handle passed by
 // value) and the two-process path run in `make test` against
 // testdata/mockcuda.c, a C model of libcuda built by the test: that checks
-// the bindings against a C ABI, not CUDA's behaviour. On a real GPU the
+// the bindings against a C ABI, not CUDA's behaviour. The gather kernel's
+// PTX is assembled by NVIDIA's ptxas for Volta, Ampere and Hopper in `make
+// test` too (TestGatherPTXAssembles; scripts/ptxas.sh fetches ptxas from
+// Debian's non-free CUDA toolkit package): that checks the PTX, not what
+// it copies. On a real GPU the
 // package runs through scripts/gpu-check.sh, on a machine lent for it (an
 // H200, on 2026-11-29: every test passed; figures in BENCHMARKS.md).
 package nvlink

@@ -406,6 +406,9 @@ func (f *fakeDriver) launchGather(fn uintptr, a *gatherArgs, n uint32, s uintptr
 	if f.launchErr != nil {
 		return f.launchErr
 	}
+	if t := a.blockThreads(); t > 1024 || t%32 != 0 {
+		return fakeErr("cuLaunchKernel", cuErrInvalidValue)
+	}
 	st := f.streams[s]
 	ring := f.mapped[uintptr(a.desc)]
 	if st == nil || fn == 0 || ring == nil {

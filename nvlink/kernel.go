@@ -29,7 +29,8 @@ const gatherName = "moonring_gather"
 
 // Gather kernel limits: a slice goes to the kernel when its addresses and
 // length are multiples of gatherAlign and it is at most gatherMax bytes
-// (one thread block copies it); gatherThreads threads a block.
+// (one thread block copies it); gatherThreads threads a block unless a
+// launch says otherwise (gatherArgs.threads).
 const (
 	gatherAlign   = 16
 	gatherMax     = 1 << 20
@@ -93,10 +94,19 @@ var _ [unsafe.Sizeof(gatherDesc{}) - 24]byte
 // posting lock): the driver passes the addresses of desc, start and mask
 // as the launch's kernelParams, through ptrs.
 type gatherArgs struct {
-	desc  uint64 // device address of the descriptor ring
-	start uint32 // ring index of the launch's first descriptor
-	mask  uint32 // the ring's size - 1
-	ptrs  [3]uintptr
+	desc    uint64 // device address of the descriptor ring
+	start   uint32 // ring index of the launch's first descriptor
+	mask    uint32 // the ring's size - 1
+	threads uint32 // threads a block, a multiple of 32 up to 1024; 0: gatherThreads
+	ptrs    [3]uintptr
+}
+
+// blockThreads is the launch's threads a block.
+func (a *gatherArgs) blockThreads() uint32 {
+	if a.threads == 0 {
+		return gatherThreads
+	}
+	return a.threads
 }
 
 // gatherable reports whether a device-to-device copy may go to the kernel.

@@ -222,8 +222,10 @@ func BenchmarkKVNVLink(b *testing.B) {
 
 // BenchmarkRawKV is the baseline of BenchmarkKVNVLink: the request's
 // blocks copied between two pools of GPU 0 in this process on one stream,
-// one event at the end waited for by polling: one launch of the gather
-// kernel over all of them ("kernel"), a cuMemcpyDtoDAsync per
+// one event at the end waited for by polling: the gather kernel, in one
+// launch over all of them ("kernel") or in launches of 64 blocks as a
+// ring's Posts make ("kernel-64"), with 256 threads a block or 1024
+// ("-t1024"), a cuMemcpyDtoDAsync per
 // block ("percopy"; "percopy-events" records an event after each, as
 // nvlink did before it grouped a Post's copies), a cuMemcpyBatchAsync per
 // 256 blocks ("batch", where
@@ -242,14 +244,24 @@ func BenchmarkRawKV(b *testing.B) {
 	}
 	sp, dp := uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
 	loff, roff := kvPlan(5, blocks, pool)
-	for _, shape := range []string{"kernel", "percopy", "percopy-events", "batch", "contiguous"} {
+	shapes := []string{"kernel", "percopy", "percopy-events", "batch", "contiguous"}
+	// The kernel's launch geometry: threads a block, and launches over the
+	// whole request or of 64 blocks each (a ring's Post of 64 slices is
+	// one group, one launch).
+	geometry := map[string]struct{ threads, per int }{
+		"kernel": {gatherThreads, blocks}, "kernel-t1024": {1024, blocks},
+		"kernel-64": {gatherThreads, 64}, "kernel-64-t1024": {1024, 64},
+	}
+	shapes = append(shapes, "kernel-t1024", "kernel-64", "kernel-64-t1024")
+	for _, shape := range shapes {
+		geo, isKernel := geometry[shape]
 		b.Run(shape, func(b *testing.B) {
 			drv := tr.drv
 			if shape == "batch" && !drv.canBatch() {
 				b.Skip("the driver has no cuMemcpyBatchAsync (CUDA before 12.8)")
 			}
 			l := tr.devs[0].lane
-			if shape == "kernel" && l.gather == 0 {
+			if isKernel && l.gather == 0 {
 				b.Fatalf("no gather kernel: %v", l.gatherErr)
 			}
 			lockThread()
@@ -286,9 +298,9 @@ func BenchmarkRawKV(b *testing.B) {
 				}
 			}
 			var ka gatherArgs
-			if shape == "kernel" {
-				// One launch over the whole request: its own descriptor
-				// ring, as large as the request.
+			if isKernel {
+				// The request's descriptors in a ring of their own, as
+				// large as the request.
 				host, dev, err := drv.hostAllocMapped(uint64(blocks) * 24)
 				if err != nil {
 					b.Fatal(err)
@@ -298,13 +310,16 @@ func BenchmarkRawKV(b *testing.B) {
 				for i := range ds {
 					ds[i] = gatherDesc{dst: uint64(dsts[i]), src: uint64(srcs[i]), n: sizes[i]}
 				}
-				ka = gatherArgs{desc: uint64(dev), mask: uint32(blocks - 1)}
+				ka = gatherArgs{desc: uint64(dev), mask: uint32(blocks - 1), threads: uint32(geo.threads)}
 			}
 			b.SetBytes(int64(blocks * kvBlock))
 			for b.Loop() {
-				if shape == "kernel" {
-					if err := drv.launchGather(l.gather, &ka, uint32(blocks), s); err != nil {
-						b.Fatal(err)
+				if isKernel {
+					for i := 0; i < blocks; i += geo.per {
+						ka.start = uint32(i)
+						if err := drv.launchGather(l.gather, &ka, uint32(min(geo.per, blocks-i)), s); err != nil {
+							b.Fatal(err)
+						}
 					}
 				} else if shape == "batch" {
 					for i := 0; i < len(dsts); i += groupMax {

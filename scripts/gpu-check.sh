@@ -35,7 +35,10 @@
 #      KVNVLink, a request's 16,384 scattered 32 KiB blocks between two
 #      engines (copy engines batched and a call each; the gather kernel)
 #      beside the same bytes as contiguous 1 MiB blocks, and RawKV, the
-#      same copies in one process. It takes about four minutes.
+#      same copies in one process (the kernel in one launch or in
+#      launches of 64 blocks, 256 or 1024 threads a block: the geometry
+#      to choose before CopyKernel becomes the default). It takes about
+#      four minutes.
 #      The log comes back as $OUT/gpu-check.log (and on stdout); put the
 #      figures in BENCHMARKS.md (nvlink section) with the date.
 #
