@@ -5,6 +5,7 @@ package efa_test
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"testing"
 	"time"
 	"unsafe"
@@ -232,6 +233,44 @@ func TestExpireSparesPostInProgress(t *testing.T) {
 	}
 	if n := efa.SlotsFree(p.init); n != free {
 		t.Errorf("%d slots free after the undo, want %d", n, free)
+	}
+}
+
+// TestRetryToExitedPeer: a slice waiting for its retry to a shm peer whose
+// process is gone is not posted into the region that process left (whose
+// lock it may hold): it fails with ErrPeerExited, an ErrPeer that says
+// why, and Post refuses the next slice the same way.
+func TestRetryToExitedPeer(t *testing.T) {
+	icfg := testConfig("shm")
+	icfg.Progress = false
+	p := newPair(t, "shm", icfg, testConfig("shm"))
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	efa.WatchPeerPid(p.ep, gone.Process.Pid) // as if the target's process had ended
+	free := efa.SlotsFree(p.init)
+	w := newWaiter()
+	efa.PlantRetry(p.ep, w, 9)
+	deadline := time.Now().Add(5 * time.Second) // the retry is due in about 64 ms
+	var err error
+	for done := false; !done; {
+		if time.Now().After(deadline) {
+			t.Fatal("the retry did not complete")
+		}
+		p.init.Poll()
+		w.mu.Lock()
+		err, done = w.got[9]
+		w.mu.Unlock()
+	}
+	if !errors.Is(err, efa.ErrPeerExited) || !errors.Is(err, transport.ErrPeer) {
+		t.Fatalf("the retry to an exited shm peer ended %v; want ErrPeerExited (an ErrPeer)", err)
+	}
+	if n := efa.SlotsFree(p.init); n != free {
+		t.Errorf("%d slots free, want %d", n, free)
+	}
+	if n, err := p.ep.Post(w, []transport.Slice{p.slice(transport.Write, 64)}); n != 0 || !errors.Is(err, efa.ErrPeerExited) {
+		t.Fatalf("Post to the exited peer: %d taken, %v; want 0, ErrPeerExited", n, err)
 	}
 }
 

@@ -160,3 +160,15 @@ func SoonCounts(t *Transport) (waiting, wrote int64) {
 
 // ErrPeerExited is errPeerExited, for the two-process tests.
 var ErrPeerExited = errPeerExited
+
+// WatchPeerPid makes ep's peer one whose process is pid, and suspect (an
+// operation to it failed): the next Post or retry asks whether pid is
+// there. Call it before anything polls the transport.
+func WatchPeerPid(ep transport.Endpoint, pid int) {
+	p := ep.(*Endpoint).peer.Load()
+	p.pid = pid
+	p.suspect.Store(true)
+}
+
+// ErrPeerRetry is errPeerRetry, for the two-process tests.
+var ErrPeerRetry = errPeerRetry

@@ -93,6 +93,7 @@ func (t *Transport) retryDue() int {
 		ok   [chunk]bool  // idx[k]'s operation was posted
 		wait [chunk]bool  // idx[k]'s operation waits for room at the provider
 		idle [chunk]*peer // peers that may be dropped now
+		dead [chunk]bool  // idx[k]'s peer is a shm peer whose process is gone
 	)
 	ni := 0
 	m := 0
@@ -113,6 +114,7 @@ func (t *Transport) retryDue() int {
 			// retry would spin in the provider as a Post would (see
 			// exited.go).
 			if p.pid != 0 && p.exitedPeer(now) {
+				dead[k] = true
 				continue
 			}
 			// Its rkey and remote address came from the keys of the
@@ -186,6 +188,8 @@ func (t *Transport) retryDue() int {
 		err := errPeerRetry
 		if t.closed.Load() || e.closed.Load() {
 			err = errClosed
+		} else if dead[k] {
+			err = errPeerExited
 		}
 		done[nd] = completion{s.c, s.token, err}
 		s.c = nil

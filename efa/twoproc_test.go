@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -198,10 +199,21 @@ func twoProcesses(t *testing.T, prov string) {
 	}
 	postAll(t, ep, w, inflight)
 	tg.KillWait()
-	w.wait(t, inflight, 2*cfg.Timeout+10*time.Second)
+	ended := w.wait(t, inflight, 2*cfg.Timeout+10*time.Second)
 	start := time.Now()
 	after := cut(transport.Write, reg.Handle, mem[:4096], base, tr.SliceSize())
 	if prov == "shm" {
+		// A slice in flight that failed and waited for a retry is not
+		// posted again into the region the child left: its failure made
+		// the peer suspect, the retry asked, and it ends saying why.
+		kinds := map[string]int{}
+		for j, err := range ended {
+			if errors.Is(err, efa.ErrPeerRetry) {
+				t.Errorf("in-flight slice %d to the dead shm peer ended %v, want ErrPeerExited (its process was asked before the retry)", j, err)
+			}
+			kinds[fmt.Sprint(err)]++
+		}
+		t.Logf("shm: the %d slices in flight ended: %v", len(ended), kinds)
 		// Once its operations failed or timed out (those in flight, as a
 		// rule; else the first after them), Post asks whether the
 		// process is there and posts nothing into the region it left,
