@@ -123,6 +123,10 @@ type peerConn struct {
 	// holdsOut says the connection holds a response buffer (server.go,
 	// outs): while it has requests in hand, not while it waits.
 	holdsOut atomic.Bool
+	// holdsIn says the connection, one with raw reads (not TLS), holds a
+	// frames' read buffer (server.go, ins): while it has requests in
+	// hand, not while it waits.
+	holdsIn atomic.Bool
 }
 
 type connState uint8

@@ -44,8 +44,48 @@ func newNBReader(raw net.Conn) *nbReader {
 			r.rawReadv(fd)
 			return r.ready(fd)
 		}
+		r.idleFn = func(fd uintptr) bool {
+			if r.waited {
+				// Woken: bytes came (or an end, an error) since the
+				// peek below found none. A wake with nothing to read
+				// would only make the next read wait, with a buffer.
+				return true
+			}
+			r.waited = true
+			// After RawConn.Read reset the poller's readiness: a byte
+			// that came before is seen here, not lost.
+			return r.readable(fd)
+		}
 	}
 	return r
+}
+
+// waitIdle waits until the socket has bytes to read (or an end, an error,
+// the read deadline), reading none, so that the caller holds no buffer
+// for it meanwhile: the target's frames wait for the next request so
+// (server.go). Its error is the one the next read gets; only raw reads
+// (rc set) wait here.
+func (r *nbReader) waitIdle() error {
+	r.waited = false
+	return r.rc.Read(r.idleFn)
+}
+
+// readable reports whether the socket has bytes to read, an end or an
+// error, peeking at one byte without taking it; when it has none it sets
+// the low-water mark the wait takes and reports false.
+func (r *nbReader) readable(fd uintptr) bool {
+	for {
+		r.calls++
+		_, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&r.peek[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			r.setLowat(fd, r.lowat)
+			return false
+		}
+		return true
+	}
 }
 
 // readv is Read (waiting for bytes) into the buffers of v, in order, in

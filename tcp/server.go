@@ -40,7 +40,19 @@ func (t *Transport) serve(pc *peerConn) error {
 		raw.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout))
 	}
 	nb := newNBReader(raw)
-	br := bufio.NewReaderSize(nb, 64<<10)
+	// The read buffer comes from ins: a storm of connections takes turns
+	// in the few that handshakes in progress hold (MaxHandshakes) and
+	// makes no buffer a connection. frames gives it back; so does this,
+	// on a way out before.
+	br := ins.Get().(*bufio.Reader)
+	br.Reset(nb)
+	pooled := true
+	defer func() {
+		if pooled {
+			br.Reset(nil)
+			ins.Put(br)
+		}
+	}()
 	first, err := br.Peek(1)
 	if err != nil {
 		return err
@@ -52,7 +64,8 @@ func (t *Transport) serve(pc *peerConn) error {
 			return fmt.Errorf("%w: %w", errTLSHandshake, err)
 		}
 		conn = tc
-		br = bufio.NewReaderSize(tc, 64<<10)
+		pooled = false // conn reads through it for good
+		br = bufio.NewReaderSize(tc, inSize)
 		nb = nil // TLS records: no peeking at the socket underneath
 	} else if t.cfg.RequireTLS {
 		var hello [24]byte
@@ -64,6 +77,7 @@ func (t *Transport) serve(pc *peerConn) error {
 		return err
 	}
 	raw.SetDeadline(time.Time{})
+	pooled = false // frames has it now
 	return t.frames(conn, br, nb, pc)
 }
 
@@ -82,6 +96,9 @@ type nbReader struct {
 	readFn   func(fd uintptr) bool // a read that never waits
 	waitFn   func(fd uintptr) bool // a read that waits for bytes
 	readvFn  func(fd uintptr) bool // readv's, waiting for bytes
+	idleFn   func(fd uintptr) bool // waitIdle's: waits, reading nothing
+	waited   bool                  // idleFn peeked once
+	peek     [1]byte               // readable's
 	p        []byte
 	v        []unix.Iovec // readv's
 	n        int
@@ -258,6 +275,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 	var rw *rawWriter // the socket's raw writev, without TLS (rawio.go)
 	if nb != nil && nb.rc != nil {
 		rw = newRawWriter(nb.rc)
+		pc.holdsIn.Store(true) // br, from ins: given back while idle
 	}
 	// The deadline bounds the moving of payloads (FrameTimeout): set for a
 	// payload, cleared before waiting for the next request, so an idle
@@ -328,6 +346,12 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 			outs.Put(buf)
 			pc.holdsOut.Store(false)
 		}
+		if nb != nil && nb.rc != nil {
+			// From ins: nothing else reads it once frames returns.
+			br.Reset(nil)
+			ins.Put(br)
+			pc.holdsIn.Store(false)
+		}
 	}()
 	// owed counts the WRITE payload bytes read since the last flush at the
 	// loop's top (the others leave it: at worst an ack goes out early).
@@ -372,6 +396,19 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 				outs.Put(buf)
 				pc.holdsOut.Store(false)
 				buf, out = nil, nil
+			}
+			if idle && nb != nil && nb.rc != nil && br.Buffered() == 0 && nb.held() == 0 {
+				// So does its read buffer, empty: the connection waits
+				// for the socket with none, and takes one when bytes
+				// come. An error of the wait (the idle deadline, a
+				// broken connection) is the next read's too.
+				br.Reset(nil)
+				ins.Put(br)
+				pc.holdsIn.Store(false)
+				nb.waitIdle()
+				br = ins.Get().(*bufio.Reader)
+				br.Reset(nb)
+				pc.holdsIn.Store(true)
 			}
 		}
 		for got, gotAtArm := 0, 0; ; {
@@ -526,6 +563,13 @@ type outBuf [64 << 10]byte
 
 // outs holds the gathering buffers of connections waiting for requests.
 var outs = sync.Pool{New: func() any { return new(outBuf) }}
+
+// inSize is the size of the frames' read buffer of a connection.
+const inSize = 64 << 10
+
+// ins holds the frames' read buffers of connections waiting for requests
+// (raw reads only: a TLS connection keeps its own).
+var ins = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, inSize) }}
 
 // bulkMin is the least WRITE payload the target reads straight from the
 // socket into its destination; a smaller one comes through the frames'

@@ -956,12 +956,13 @@ func TestServerStalledNotifyReleases(t *testing.T) {
 	}
 }
 
-// TestIdleConnsHoldNoResponseBuffer: the target's connections take a
-// response buffer from a shared pool while they have requests and give it
-// back when they wait: eight initiators READing their own bytes at once
-// each get theirs (the buffers pass from connection to connection), and
-// once they are idle the target holds no buffer.
-func TestIdleConnsHoldNoResponseBuffer(t *testing.T) {
+// TestIdleConnsHoldNoBuffers: the target's connections take a response
+// buffer and a read buffer from shared pools while they have requests
+// and give them back when they wait: eight initiators WRITE bytes of
+// their own (small payloads, read through the read buffer) and READ them
+// back at once, and each gets its own (the buffers pass from connection
+// to connection); once they are idle the target holds no buffer.
+func TestIdleConnsHoldNoBuffers(t *testing.T) {
 	const peers, size, rounds = 8, 4096, 200
 	targ := newSide(t, Config{})
 	m := targ.alloc(t, peers*size, 0)
@@ -978,25 +979,38 @@ func TestIdleConnsHoldNoResponseBuffer(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { ep.Close() })
-		local := init.alloc(t, size, 0)
+		local := init.alloc(t, 2*size, 0)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			comp := make(chanCompleter, 1)
-			want := m[p*size : (p+1)*size]
+			src, got := local[:size], local[size:]
+			at := remote.addr + uint64(p*size)
 			for r := range rounds {
-				clear(local)
-				s := []transport.Slice{localSlice(transport.Read, local, remote.addr+uint64(p*size), uint64(r))}
+				op := transport.Read
+				if r%2 == 0 { // every other round writes new bytes first
+					op = transport.Write
+					for i := range src {
+						src[i] = byte(p*37 + r*11 + i%253)
+					}
+				}
+				buf := got
+				if op == transport.Write {
+					buf = src
+				} else {
+					clear(got)
+				}
+				s := []transport.Slice{localSlice(op, buf, at, uint64(r))}
 				if n, err := ep.Post(comp, s); n != 1 || err != nil {
 					errs <- fmt.Errorf("peer %d: Post = %d, %v", p, n, err)
 					return
 				}
 				if c := <-comp; c.err != nil {
-					errs <- fmt.Errorf("peer %d: READ: %v", p, c.err)
+					errs <- fmt.Errorf("peer %d: %v: %v", p, op, c.err)
 					return
 				}
-				if !bytes.Equal(local, want) {
-					errs <- fmt.Errorf("peer %d, round %d: read other bytes than its own", p, r)
+				if op == transport.Read && !bytes.Equal(got, src) {
+					errs <- fmt.Errorf("peer %d, round %d: read other bytes than it wrote", p, r)
 					return
 				}
 			}
@@ -1011,7 +1025,7 @@ func TestIdleConnsHoldNoResponseBuffer(t *testing.T) {
 		targ.tr.mu.Lock()
 		defer targ.tr.mu.Unlock()
 		for _, pc := range targ.tr.conns {
-			if pc.holdsOut.Load() {
+			if pc.holdsOut.Load() || pc.holdsIn.Load() {
 				holding++
 			}
 		}
@@ -1027,7 +1041,7 @@ func TestIdleConnsHoldNoResponseBuffer(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d idle connections hold a response buffer 10 s after the last READ", holding, conns)
+			t.Fatalf("%d of %d idle connections hold a response or read buffer 10 s after the last request", holding, conns)
 		}
 		time.Sleep(time.Millisecond)
 	}
