@@ -1,7 +1,8 @@
 # moonring: build, test, bench, fuzz, cover.
 #
 #   make test    vet, the whole suite with -race (property tests included;
-#                fastcopy, local and shm again without it, for the assembly),
+#                fastcopy, local and shm again without it, for the assembly,
+#                and tcp's allocation counts),
 #                a short run of every fuzz target, and the short forms of
 #                the cluster in a box and the soak (scripts/cluster.sh,
 #                scripts/soak.sh)
@@ -39,10 +40,13 @@ vet:
 	@if [ -f /usr/include/infiniband/verbs.h ]; then echo "$(GO) vet -tags rdma ./rdma/"; $(GO) vet -tags rdma ./rdma/; fi
 
 # The race detector turns fastcopy's assembly off (Copy is copy() there),
-# so the packages that copy with it run once more without it.
+# so the packages that copy with it run once more without it; and its
+# sync.Pool drops items at random, so tcp's allocation counts (its target's
+# pooled buffers) are asserted without it.
 race:
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(GO) test -count=1 -timeout 5m ./internal/fastcopy ./local ./shm
+	$(GO) test -count=1 -timeout 5m -run 'Allocs' ./tcp
 
 # Every Fuzz target in the module, each for FUZZSHORT.
 fuzz-short:

@@ -84,7 +84,7 @@ func TestPostAllocs(t *testing.T) {
 			if sp.fails != 0 {
 				t.Fatalf("op %d, %d at a time: %d slices failed or hung", op, batch, sp.fails)
 			}
-			if allocs != 0 {
+			if allocs != 0 && countAllocs(t) {
 				t.Errorf("op %d: %v allocations per batch of %d slices of 4 KiB, want 0", op, allocs, batch)
 			}
 		}
@@ -105,7 +105,7 @@ func TestPostAllocsLarge(t *testing.T) {
 		if sp.fails != 0 {
 			t.Fatalf("op %d: %d slices failed or hung", op, sp.fails)
 		}
-		if allocs != 0 {
+		if allocs != 0 && countAllocs(t) {
 			t.Errorf("op %d: %v allocations per batch of 32 slices of 32 KiB, want 0", op, allocs)
 		}
 	}
@@ -122,4 +122,17 @@ func BenchmarkPost4K(b *testing.B) {
 	if sp.fails != 0 {
 		b.Fatalf("%d slices failed or hung", sp.fails)
 	}
+}
+
+// countAllocs reports whether allocations are counted in this build: not
+// under -race, whose sync.Pool drops a quarter of what is put, at random
+// and by design, so that the target's pooled buffers (server.go's ins and
+// outs) are made again now and then. make test runs the tests that count
+// them again without -race.
+func countAllocs(t testing.TB) bool {
+	if raceEnabled {
+		t.Log("allocations not counted under -race (its sync.Pool drops items at random); make test counts them without it")
+		return false
+	}
+	return true
 }

@@ -8,6 +8,9 @@ import (
 	"unsafe"
 )
 
+// raceEnabled says whether the race detector is on.
+const raceEnabled = true
+
 // raceRelease tells the race detector that what this goroutine wrote
 // happens before the peer reads the bytes about to be sent. The runtime
 // annotates plain write(2) and read(2) this way but not writev(2), which

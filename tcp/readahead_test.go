@@ -497,7 +497,7 @@ func TestReadAheadAllocs(t *testing.T) {
 		if sp.fails != 0 {
 			t.Fatalf("%d at a time: %d slices failed or hung", batch, sp.fails)
 		}
-		if allocs != 0 {
+		if allocs != 0 && countAllocs(t) {
 			t.Errorf("%v allocations per batch of %d READs of 32 KiB, want 0", allocs, batch)
 		}
 		ep.Close()
