@@ -17,6 +17,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/ebitengine/purego"
+
 	"github.com/moonring/moonring"
 	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/transport"
@@ -146,6 +148,34 @@ func gpuScattered(t *testing.T, cfg Config) {
 	} else if allocs != 0 {
 		t.Errorf("a Post of 64 block copies and its reaping: %.1f allocations, want 0", allocs)
 	}
+	// Against the C model, the kernel's last launch: a block a slice of
+	// the Post of 64, gatherThreads threads a block (cuLaunchKernel's
+	// grid and block in their places).
+	if grid, block, ok := mockLastLaunch(t, cfg.Library); ok && cfg.CopyKernel {
+		if grid != uint32(len(group)) || block != gatherThreads {
+			t.Errorf("the last gather launch: grid %d, block %d; want %d blocks of %d threads", grid, block, len(group), gatherThreads)
+		}
+	}
+}
+
+// mockLastLaunch returns the grid and block sizes of the last kernel
+// launch of lib when lib is the C model (testdata/mockcuda.c); ok is false
+// for any other library.
+func mockLastLaunch(t *testing.T, lib string) (grid, block uint32, ok bool) {
+	if lib == "" {
+		return 0, 0, false
+	}
+	h, err := purego.Dlopen(lib, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	if err != nil {
+		t.Fatalf("dlopen %s: %v", lib, err)
+	}
+	fn, err := purego.Dlsym(h, "mock_last_launch")
+	if err != nil {
+		return 0, 0, false // not the model
+	}
+	var b uint32
+	g, _, _ := purego.SyscallN(fn, uintptr(unsafe.Pointer(&b)))
+	return uint32(g), b, true
 }
 
 // BenchmarkKVNVLink moves one request's KV cache between two engines in

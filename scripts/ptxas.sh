@@ -25,7 +25,7 @@ done
 if [ "${1:-}" = "--check" ]; then
 	exit 1
 fi
-if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg >/dev/null 2>&1; then
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg-deb >/dev/null 2>&1; then
 	echo "ptxas.sh: no ptxas here, and fetching Debian's needs root and apt-get" >&2
 	exit 1
 fi
@@ -44,14 +44,21 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
 echo "deb [signed-by=$keyring] http://deb.debian.org/debian $codename non-free" >"$work/sources.list"
-set -- -q -o Dir::Etc::SourceList="$work/sources.list" -o Dir::Etc::SourceParts=/nonexistent \
+# The system's update hooks (appstream, packagekit, an image's cleaners)
+# are not this update's business.
+cat >"$work/apt.conf" <<'EOF2'
+#clear APT::Update::Pre-Invoke;
+#clear APT::Update::Post-Invoke;
+#clear APT::Update::Post-Invoke-Success;
+EOF2
+set -- -q -c "$work/apt.conf" -o Dir::Etc::SourceList="$work/sources.list" -o Dir::Etc::SourceParts=/nonexistent \
 	-o Dir::State::Lists="$work/lists" -o Dir::Cache="$work/cache" -o APT::Sandbox::User=root
 echo "ptxas.sh: fetching ptxas from Debian's nvidia-cuda-toolkit ($codename non-free)" >&2
 apt-get "$@" update >&2
 (cd "$work" && apt-get "$@" download nvidia-cuda-toolkit >&2)
 deb=$(ls "$work"/nvidia-cuda-toolkit_*.deb)
-dpkg -x "$deb" "$work/x"
-mkdir -p "$cache"
-cp "$work/x/usr/bin/ptxas" "$cache/ptxas.new"
-mv "$cache/ptxas.new" "$cache/ptxas"
+mkdir -p "$work/x" "$cache"
+dpkg-deb --fsys-tarfile "$deb" | tar -xf - -C "$work/x" ./usr/bin/ptxas
+cp "$work/x/usr/bin/ptxas" "$cache/ptxas.$$"
+mv "$cache/ptxas.$$" "$cache/ptxas"
 echo "$cache/ptxas"

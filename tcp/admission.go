@@ -127,6 +127,9 @@ type peerConn struct {
 	// frames' read buffer (server.go, ins): while it has requests in
 	// hand, not while it waits.
 	holdsIn atomic.Bool
+	// idleWaits counts the waits for a request made holding no read
+	// buffer (tests read it).
+	idleWaits atomic.Uint64
 }
 
 type connState uint8

@@ -78,6 +78,11 @@ func (t *Transport) serve(pc *peerConn) error {
 	}
 	raw.SetDeadline(time.Time{})
 	pooled = false // frames has it now
+	if nb != nil {
+		// frames reads through br and nb alone; peekConn would keep a
+		// reader frames gives back to ins while it waits.
+		conn = raw
+	}
 	return t.frames(conn, br, nb, pc)
 }
 
@@ -346,7 +351,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 			outs.Put(buf)
 			pc.holdsOut.Store(false)
 		}
-		if nb != nil && nb.rc != nil {
+		if nb != nil && nb.rc != nil && br != nil {
 			// From ins: nothing else reads it once frames returns.
 			br.Reset(nil)
 			ins.Put(br)
@@ -361,6 +366,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 	// than a frame's headers (nbReader.limit), as the next payload's
 	// bytes read into the frames' buffer would be copied out of it.
 	bulk := false
+next:
 	for {
 		if nb != nil && bulk {
 			nb.limit = headRoom
@@ -400,12 +406,17 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 			if idle && nb != nil && nb.rc != nil && br.Buffered() == 0 && nb.held() == 0 {
 				// So does its read buffer, empty: the connection waits
 				// for the socket with none, and takes one when bytes
-				// come. An error of the wait (the idle deadline, a
-				// broken connection) is the next read's too.
+				// come. The idle deadline ends the wait as it would
+				// the read below, which then sees it too; a closed
+				// connection ends it with no buffer taken.
 				br.Reset(nil)
 				ins.Put(br)
 				pc.holdsIn.Store(false)
-				nb.waitIdle()
+				pc.idleWaits.Add(1)
+				if err := nb.waitIdle(); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+					br = nil // given back
+					return err
+				}
 				br = ins.Get().(*bufio.Reader)
 				br.Reset(nb)
 				pc.holdsIn.Store(true)
@@ -428,6 +439,11 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 			}
 			gotAtArm = got
 			armIdle()
+			if got == 0 && nb != nil && nb.rc != nil {
+				// Nothing of a header yet: wait again without a
+				// buffer (above), not here with one.
+				continue next
+			}
 		}
 		if nb != nil {
 			nb.limit = 0

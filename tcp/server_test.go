@@ -1031,6 +1031,15 @@ func TestIdleConnsHoldNoBuffers(t *testing.T) {
 		}
 		return len(targ.tr.conns), holding
 	}
+	targ.tr.mu.Lock()
+	for _, pc := range targ.tr.conns {
+		// Each of its requests came after the answer to the one
+		// before: the connection waited for it holding no buffer.
+		if w := pc.idleWaits.Load(); w < rounds {
+			t.Errorf("a connection waited %d times without a read buffer; its peer made %d requests one at a time", w, rounds)
+		}
+	}
+	targ.tr.mu.Unlock()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		conns, holding := held()
@@ -1044,5 +1053,72 @@ func TestIdleConnsHoldNoBuffers(t *testing.T) {
 			t.Fatalf("%d of %d idle connections hold a response or read buffer 10 s after the last request", holding, conns)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestIdleRearmHoldsNoBuffer: when the idle deadline fires on a connection
+// whose requests came since it was armed, the connection waits again
+// holding no read buffer, as it does after an answer (it waited in a read
+// with one until the next request or IdleTimeout).
+func TestIdleRearmHoldsNoBuffer(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	targ := newSide(t, Config{IdleTimeout: idle})
+	m := targ.alloc(t, 4096, 0)
+	remote := targ.register(t, m, true)
+	init := newSide(t, Config{Rails: 1})
+	ep, err := init.tr.Open(t.Context(), targ.desc("", remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ep.Close() })
+	local := init.alloc(t, 64, 0)
+	comp := make(chanCompleter, 1)
+	for r := range 3 { // requests within the first IdleTimeout: it fires with requests since
+		if n, err := ep.Post(comp, []transport.Slice{localSlice(transport.Read, local, remote.addr, uint64(r))}); n != 1 || err != nil {
+			t.Fatalf("Post = %d, %v", n, err)
+		}
+		if c := <-comp; c.err != nil {
+			t.Fatal(c.err)
+		}
+		time.Sleep(idle / 10)
+	}
+	conn := func() *peerConn {
+		targ.tr.mu.Lock()
+		defer targ.tr.mu.Unlock()
+		for _, pc := range targ.tr.conns {
+			return pc
+		}
+		return nil
+	}
+	pc := conn()
+	if pc == nil {
+		t.Fatal("the target has no connection")
+	}
+	open := func() bool { // pc is still one of the target's connections
+		targ.tr.mu.Lock()
+		defer targ.tr.mu.Unlock()
+		for _, c := range targ.tr.conns {
+			if c == pc {
+				return true
+			}
+		}
+		return false
+	}
+	w0 := pc.idleWaits.Load()
+	deadline := time.Now().Add(20 * idle)
+	for pc.idleWaits.Load() == w0 {
+		if !open() {
+			t.Fatal("the connection was closed idle without waiting again holding no buffer after the deadline re-armed")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no wait without a buffer in %v after the last request (IdleTimeout %v)", 20*idle, idle)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Nothing more came: the connection ends at the next deadline.
+	for deadline = time.Now().Add(20 * idle); open(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("an idle connection still open %v after its deadline was re-armed", 20*idle)
+		}
 	}
 }

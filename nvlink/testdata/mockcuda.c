@@ -345,11 +345,21 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
 
 CUresult cuModuleUnload(CUmodule m) { return m == &module_tag ? OK : INVALID_HANDLE; }
 
+/* The last launch's grid and block sizes, for the tests (mock_last_launch). */
+static unsigned last_grid, last_block;
+
+unsigned mock_last_launch(unsigned *block) {
+	*block = last_block;
+	return last_grid;
+}
+
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, CUstream st, void **params, void **extra) {
 	if (f != &function_tag || !st) return INVALID_HANDLE;
 	if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 1024 || bx % 32 || by != 1 || bz != 1 || shared || !params || extra)
 		return INVALID_VALUE;
+	last_grid = gx;
+	last_block = bx;
 	const uint64_t *ring = (const uint64_t *)*(uint64_t *)params[0];
 	uint32_t start = *(uint32_t *)params[1], mask = *(uint32_t *)params[2];
 	for (unsigned b = 0; b < gx; b++) {
