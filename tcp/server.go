@@ -258,7 +258,9 @@ func (t *Transport) hello(conn net.Conn, br *bufio.Reader, pc *peerConn) error {
 
 // frames serves requests until the connection ends. Responses gather in
 // out and go out with the READ payloads in one writev, flushed whenever no
-// further request is already buffered.
+// further request is already buffered. With raw reads (nb.rc set) br must
+// come from ins: frames owns it, gives it back while it waits and when it
+// returns, and reads through br and nb only, never conn.
 func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *peerConn) error {
 	sv := &pc.served
 	var (
