@@ -44,13 +44,11 @@ func (t *Transport) serve(pc *peerConn) error {
 	// in the few that handshakes in progress hold (MaxHandshakes) and
 	// makes no buffer a connection. frames gives it back; so does this,
 	// on a way out before.
-	br := ins.Get().(*bufio.Reader)
-	br.Reset(nb)
+	br := takeIn(nb)
 	pooled := true
 	defer func() {
 		if pooled {
-			br.Reset(nil)
-			ins.Put(br)
+			giveIn(br)
 		}
 	}()
 	first, err := br.Peek(1)
@@ -279,10 +277,11 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 		grp  *groupIn // made on the first group frame
 	)
 	w := respWriter(conn)
-	var rw *rawWriter // the socket's raw writev, without TLS (rawio.go)
-	if nb != nil && nb.rc != nil {
+	var rw *rawWriter                // the socket's raw writev, without TLS (rawio.go)
+	raw := nb != nil && nb.rc != nil // br is from ins: given back while idle
+	if raw {
 		rw = newRawWriter(nb.rc)
-		pc.holdsIn.Store(true) // br, from ins: given back while idle
+		pc.holdsIn.Store(true)
 	}
 	// The deadline bounds the moving of payloads (FrameTimeout): set for a
 	// payload, cleared before waiting for the next request, so an idle
@@ -353,10 +352,9 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 			outs.Put(buf)
 			pc.holdsOut.Store(false)
 		}
-		if nb != nil && nb.rc != nil && br != nil {
-			// From ins: nothing else reads it once frames returns.
-			br.Reset(nil)
-			ins.Put(br)
+		if raw && br != nil {
+			// Nothing else reads it once frames returns.
+			giveIn(br)
 			pc.holdsIn.Store(false)
 		}
 	}()
@@ -405,22 +403,20 @@ next:
 				pc.holdsOut.Store(false)
 				buf, out = nil, nil
 			}
-			if idle && nb != nil && nb.rc != nil && br.Buffered() == 0 && nb.held() == 0 {
+			if idle && raw && br.Buffered() == 0 && nb.held() == 0 {
 				// So does its read buffer, empty: the connection waits
 				// for the socket with none, and takes one when bytes
 				// come. The idle deadline ends the wait as it would
 				// the read below, which then sees it too; a closed
 				// connection ends it with no buffer taken.
-				br.Reset(nil)
-				ins.Put(br)
+				giveIn(br)
 				pc.holdsIn.Store(false)
 				pc.idleWaits.Add(1)
 				if err := nb.waitIdle(); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 					br = nil // given back
 					return err
 				}
-				br = ins.Get().(*bufio.Reader)
-				br.Reset(nb)
+				br = takeIn(nb)
 				pc.holdsIn.Store(true)
 			}
 		}
@@ -441,7 +437,7 @@ next:
 			}
 			gotAtArm = got
 			armIdle()
-			if got == 0 && nb != nil && nb.rc != nil {
+			if got == 0 && raw {
 				// Nothing of a header yet: wait again without a
 				// buffer (above), not here with one.
 				continue next
@@ -588,6 +584,19 @@ const inSize = 64 << 10
 // ins holds the frames' read buffers of connections waiting for requests
 // (raw reads only: a TLS connection keeps its own).
 var ins = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, inSize) }}
+
+// takeIn returns a read buffer of ins reading r.
+func takeIn(r io.Reader) *bufio.Reader {
+	br := ins.Get().(*bufio.Reader)
+	br.Reset(r)
+	return br
+}
+
+// giveIn gives br back to ins; it keeps no reference to its reader.
+func giveIn(br *bufio.Reader) {
+	br.Reset(nil)
+	ins.Put(br)
+}
 
 // bulkMin is the least WRITE payload the target reads straight from the
 // socket into its destination; a smaller one comes through the frames'
