@@ -486,7 +486,7 @@ func (d *cudaDriver) unloadGather(mod uintptr) error {
 
 func (d *cudaDriver) launchGather(fn uintptr, a *gatherArgs, n uint32, s uintptr) error {
 	a.ptrs = [3]uintptr{uintptr(unsafe.Pointer(&a.desc)), uintptr(unsafe.Pointer(&a.start)), uintptr(unsafe.Pointer(&a.mask))}
-	return d.check("cuLaunchKernel", d.hot(d.launchKernel, 11, [maxHotArgs]uintptr{fn, uintptr(n), 1, 1, uintptr(a.blockThreads()), 1, 1, 0, s, uintptr(unsafe.Pointer(&a.ptrs[0])), 0}))
+	return d.check("cuLaunchKernel", d.hot(d.launchKernel, 11, [maxHotArgs]uintptr{fn, uintptr(n), uintptr(a.gridParts()), 1, uintptr(a.blockThreads()), 1, 1, 0, s, uintptr(unsafe.Pointer(&a.ptrs[0])), 0}))
 }
 
 func (d *cudaDriver) hostFree(p unsafe.Pointer) error {

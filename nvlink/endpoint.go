@@ -399,6 +399,7 @@ func (e *Endpoint) enqueue(l *lane, sl *transport.Slice, r *remote, loc *region,
 		if l.gather != 0 && loc.dev == r.dev && gatherable(dst, src, sl.Length) {
 			l.descs[idx&l.mask] = gatherDesc{dst: uint64(dst), src: uint64(src), n: sl.Length}
 			l.nk++
+			l.kmax = max(l.kmax, sl.Length)
 			return
 		}
 		if l.batch {

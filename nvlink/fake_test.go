@@ -37,6 +37,7 @@ type fakeDriver struct {
 	noKernel  bool               // loadGather fails: a driver that cannot load PTX
 	launchErr error              // launchGather fails with it
 	launches  int                // gather kernels launched
+	parts     []uint32           // each launch's blocks a slice
 	modules   int                // gather modules loaded and not unloaded
 	mapped    map[uintptr][]byte // hostAllocMapped's memory by device address
 	failLen   uint64             // a copy of this length fails when queued
@@ -406,7 +407,7 @@ func (f *fakeDriver) launchGather(fn uintptr, a *gatherArgs, n uint32, s uintptr
 	if f.launchErr != nil {
 		return f.launchErr
 	}
-	if t := a.blockThreads(); t > 1024 || t%32 != 0 {
+	if t := a.blockThreads(); t > 1024 || t%32 != 0 || a.gridParts() > 65535 {
 		return fakeErr("cuLaunchKernel", cuErrInvalidValue)
 	}
 	st := f.streams[s]
@@ -415,6 +416,7 @@ func (f *fakeDriver) launchGather(fn uintptr, a *gatherArgs, n uint32, s uintptr
 		return fakeErr("cuLaunchKernel", cuErrInvalidHandle)
 	}
 	f.launches++
+	f.parts = append(f.parts, a.gridParts())
 	start, mask := a.start, a.mask
 	st.ops = append(st.ops, func() error {
 		for b := range n {

@@ -29,16 +29,21 @@ const gatherName = "moonring_gather"
 
 // Gather kernel limits: a slice goes to the kernel when its addresses and
 // length are multiples of gatherAlign and it is at most gatherMax bytes
-// (one thread block copies it); gatherThreads threads a block unless a
-// launch says otherwise (gatherArgs.threads).
+// (up to gatherParts thread blocks copy it); gatherThreads threads a
+// block unless a launch says otherwise (gatherArgs.threads).
 const (
 	gatherAlign   = 16
 	gatherMax     = 1 << 20
 	gatherThreads = 256
 )
 
-// gatherPTX is the kernel: block b copies descriptor (start+b)&mask,
-// thread t the 16-byte words t, t+ntid, ... of it.
+// gatherPTX is the kernel: the blocks of grid column x (ctaid.x) copy
+// descriptor (start+x)&mask, its 16-byte words dealt out over the column's
+// nctaid.y blocks of ntid threads: thread t of block y takes words
+// y*ntid+t, then every ntid*nctaid.y-th after it. A group of 64 slices
+// is a grid of 64 columns, too few blocks to keep a GPU's SMs busy with
+// one block each: the rows (gatherArgs.parts) split each slice so that
+// a thread moves one or a few words.
 const gatherPTX = `.version 7.0
 .target sm_70
 .address_size 64
@@ -50,7 +55,7 @@ const gatherPTX = `.version 7.0
 )
 {
 	.reg .pred %p<2>;
-	.reg .b32 %r<12>;
+	.reg .b32 %r<16>;
 	.reg .b64 %rd<12>;
 
 	ld.param.u64 %rd1, [p_desc];
@@ -66,15 +71,19 @@ const gatherPTX = `.version 7.0
 	ld.global.u64 %rd6, [%rd3+16];
 	mov.u32 %r5, %tid.x;
 	mov.u32 %r6, %ntid.x;
-	mul.wide.u32 %rd7, %r5, 16;
-	mul.wide.u32 %rd8, %r6, 16;
+	mov.u32 %r7, %ctaid.y;
+	mov.u32 %r8, %nctaid.y;
+	mad.lo.u32 %r9, %r7, %r6, %r5;
+	mul.lo.u32 %r10, %r6, %r8;
+	mul.wide.u32 %rd7, %r9, 16;
+	mul.wide.u32 %rd8, %r10, 16;
 LOOP:
 	setp.ge.u64 %p1, %rd7, %rd6;
 	@%p1 bra DONE;
 	add.u64 %rd9, %rd5, %rd7;
 	add.u64 %rd10, %rd4, %rd7;
-	ld.global.v4.u32 {%r7, %r8, %r9, %r10}, [%rd9];
-	st.global.v4.u32 [%rd10], {%r7, %r8, %r9, %r10};
+	ld.global.v4.u32 {%r11, %r12, %r13, %r14}, [%rd9];
+	st.global.v4.u32 [%rd10], {%r11, %r12, %r13, %r14};
 	add.u64 %rd7, %rd7, %rd8;
 	bra LOOP;
 DONE:
@@ -98,6 +107,7 @@ type gatherArgs struct {
 	start   uint32 // ring index of the launch's first descriptor
 	mask    uint32 // the ring's size - 1
 	threads uint32 // threads a block, a multiple of 32 up to 1024; 0: gatherThreads
+	parts   uint32 // blocks a slice (the grid's rows), up to gatherMaxParts; 0: 1
 	ptrs    [3]uintptr
 }
 
@@ -107,6 +117,27 @@ func (a *gatherArgs) blockThreads() uint32 {
 		return gatherThreads
 	}
 	return a.threads
+}
+
+// gridParts is the launch's blocks a slice.
+func (a *gatherArgs) gridParts() uint32 {
+	return max(a.parts, 1)
+}
+
+// gatherWords is how many 16-byte words a thread of a launch moves at
+// most, and gatherMaxParts the most blocks a slice: the grid's y
+// dimension, whose limit is 65,535.
+const (
+	gatherWords    = 1
+	gatherMaxParts = gatherMax / (gatherAlign * 32)
+)
+
+// partsFor returns how many blocks of threads threads each a launch
+// gives a slice when its longest slice is n bytes: enough that no thread
+// moves more than gatherWords words.
+func partsFor(n uint64, threads uint32) uint32 {
+	per := uint64(threads) * gatherAlign * gatherWords
+	return uint32(min(max((n+per-1)/per, 1), gatherMaxParts))
 }
 
 // gatherable reports whether a device-to-device copy may go to the kernel.

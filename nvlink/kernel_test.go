@@ -15,7 +15,8 @@ import (
 // Ampere, Hopper), as the driver's cuModuleLoadData does at a lane's
 // start: no GPU needed, so the PTX is checked where no GPU is (the fake
 // driver and the C model run the kernel's logic, not its PTX). The entry
-// must be there by its name, with no spills and no stack frame. ptxas
+// must be there by its name, with no spills and no stack frame; a ptxas
+// that no longer has a target (CUDA 13 dropped Volta) skips it. ptxas
 // comes from scripts/ptxas.sh (PATH, /usr/local/cuda, or fetched from
 // Debian's non-free nvidia-cuda-toolkit); where there is none the test
 // skips loudly, and under MOONRING_CI=1 it fails.
@@ -27,11 +28,19 @@ func TestGatherPTXAssembles(t *testing.T) {
 		t.Fatal(err)
 	}
 	props := regexp.MustCompile(`(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads`)
+	assembled := 0
 	for _, arch := range []string{"sm_70", "sm_80", "sm_90"} {
 		out, err := exec.Command(ptxas, "-arch="+arch, "-v", "-o", filepath.Join(dir, arch+".cubin"), src).CombinedOutput()
+		if err != nil && strings.Contains(string(out), "is not defined for option 'gpu-name'") {
+			// CUDA 13's ptxas no longer targets Volta (sm_70); the PTX
+			// still loads there through an older driver's JIT.
+			t.Logf("ptxas -arch=%s: this ptxas has no such target: %s", arch, strings.TrimSpace(string(out)))
+			continue
+		}
 		if err != nil {
 			t.Fatalf("ptxas -arch=%s: %v\n%s", arch, err, out)
 		}
+		assembled++
 		text := string(out)
 		if !strings.Contains(text, fmt.Sprintf("entry function '%s' for '%s'", gatherName, arch)) {
 			t.Errorf("%s: ptxas compiled no entry %q:\n%s", arch, gatherName, text)
@@ -47,6 +56,9 @@ func TestGatherPTXAssembles(t *testing.T) {
 		if fi, err := os.Stat(filepath.Join(dir, arch+".cubin")); err != nil || fi.Size() == 0 {
 			t.Errorf("%s: no cubin: %v", arch, err)
 		}
+	}
+	if assembled < 2 {
+		t.Errorf("ptxas assembled the kernel for %d of sm_70, sm_80, sm_90; want at least Ampere and Hopper", assembled)
 	}
 }
 

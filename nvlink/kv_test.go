@@ -148,22 +148,23 @@ func gpuScattered(t *testing.T, cfg Config) {
 	} else if allocs != 0 {
 		t.Errorf("a Post of 64 block copies and its reaping: %.1f allocations, want 0", allocs)
 	}
-	// Against the C model, the kernel's last launch: a block a slice of
-	// the Post of 64, gatherThreads threads a block (cuLaunchKernel's
-	// grid and block in their places).
-	if grid, block, ok := mockLastLaunch(t, cfg.Library); ok && cfg.CopyKernel {
-		if grid != uint32(len(group)) || block != gatherThreads {
-			t.Errorf("the last gather launch: grid %d, block %d; want %d blocks of %d threads", grid, block, len(group), gatherThreads)
+	// Against the C model, the kernel's last launch: a column a slice of
+	// the Post of 64, partsFor(32 KiB) rows of gatherThreads threads a
+	// block (cuLaunchKernel's grid and block in their places).
+	if grid, rows, block, ok := mockLastLaunch(t, cfg.Library); ok && cfg.CopyKernel {
+		want := partsFor(kvBlock, gatherThreads)
+		if grid != uint32(len(group)) || rows != want || block != gatherThreads {
+			t.Errorf("the last gather launch: grid %d x %d, block %d; want %d x %d blocks of %d threads", grid, rows, block, len(group), want, gatherThreads)
 		}
 	}
 }
 
-// mockLastLaunch returns the grid and block sizes of the last kernel
-// launch of lib when lib is the C model (testdata/mockcuda.c); ok is false
-// for any other library.
-func mockLastLaunch(t *testing.T, lib string) (grid, block uint32, ok bool) {
+// mockLastLaunch returns the grid (x, y) and block sizes of the last
+// kernel launch of lib when lib is the C model (testdata/mockcuda.c); ok
+// is false for any other library.
+func mockLastLaunch(t *testing.T, lib string) (grid, rows, block uint32, ok bool) {
 	if lib == "" {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	h, err := purego.Dlopen(lib, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	if err != nil {
@@ -171,11 +172,11 @@ func mockLastLaunch(t *testing.T, lib string) (grid, block uint32, ok bool) {
 	}
 	fn, err := purego.Dlsym(h, "mock_last_launch")
 	if err != nil {
-		return 0, 0, false // not the model
+		return 0, 0, 0, false // not the model
 	}
-	var b uint32
-	g, _, _ := purego.SyscallN(fn, uintptr(unsafe.Pointer(&b)))
-	return uint32(g), b, true
+	var y, b uint32
+	g, _, _ := purego.SyscallN(fn, uintptr(unsafe.Pointer(&y)), uintptr(unsafe.Pointer(&b)))
+	return uint32(g), y, b, true
 }
 
 // BenchmarkKVNVLink moves one request's KV cache between two engines in
@@ -253,9 +254,10 @@ func BenchmarkKVNVLink(b *testing.B) {
 // BenchmarkRawKV is the baseline of BenchmarkKVNVLink: the request's
 // blocks copied between two pools of GPU 0 in this process on one stream,
 // one event at the end waited for by polling: the gather kernel, in one
-// launch over all of them ("kernel") or in launches of 64 blocks as a
-// ring's Posts make ("kernel-64"), with 256 threads a block or 1024
-// ("-t1024"), a cuMemcpyDtoDAsync per
+// launch over all of them ("kernel") or in launches of 64 slices as a
+// ring's Posts make ("kernel-64") or 256, with 256 threads a block or
+// another count ("-t1024"), one block a slice or N ("-pN"), a
+// cuMemcpyDtoDAsync per
 // block ("percopy"; "percopy-events" records an event after each, as
 // nvlink did before it grouped a Post's copies), a cuMemcpyBatchAsync per
 // 256 blocks ("batch", where
@@ -275,14 +277,19 @@ func BenchmarkRawKV(b *testing.B) {
 	sp, dp := uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
 	loff, roff := kvPlan(5, blocks, pool)
 	shapes := []string{"kernel", "percopy", "percopy-events", "batch", "contiguous"}
-	// The kernel's launch geometry: threads a block, and launches over the
-	// whole request or of 64 blocks each (a ring's Post of 64 slices is
-	// one group, one launch).
-	geometry := map[string]struct{ threads, per int }{
-		"kernel": {gatherThreads, blocks}, "kernel-t1024": {1024, blocks},
-		"kernel-64": {gatherThreads, 64}, "kernel-64-t1024": {1024, 64},
+	// The kernel's launch geometry: threads a block, launches over the
+	// whole request or of 64 or 256 slices each (a ring's Post of 64
+	// slices is one group, one launch; a group holds up to 256), and
+	// blocks a slice (-pN; else 1).
+	geometry := map[string]struct{ threads, per, parts int }{
+		"kernel": {gatherThreads, blocks, 1}, "kernel-p8": {gatherThreads, blocks, 8},
+		"kernel-64": {gatherThreads, 64, 1}, "kernel-64-t1024": {1024, 64, 1},
+		"kernel-64-p2": {gatherThreads, 64, 2}, "kernel-64-p4": {gatherThreads, 64, 4},
+		"kernel-64-p8": {gatherThreads, 64, 8}, "kernel-64-t1024-p2": {1024, 64, 2},
+		"kernel-64-t128-p16": {128, 64, 16}, "kernel-256-p8": {gatherThreads, 256, 8},
 	}
-	shapes = append(shapes, "kernel-t1024", "kernel-64", "kernel-64-t1024")
+	shapes = append(shapes, "kernel-p8", "kernel-64", "kernel-64-t1024", "kernel-64-p2", "kernel-64-p4",
+		"kernel-64-p8", "kernel-64-t1024-p2", "kernel-64-t128-p16", "kernel-256-p8")
 	for _, shape := range shapes {
 		geo, isKernel := geometry[shape]
 		b.Run(shape, func(b *testing.B) {
@@ -340,7 +347,7 @@ func BenchmarkRawKV(b *testing.B) {
 				for i := range ds {
 					ds[i] = gatherDesc{dst: uint64(dsts[i]), src: uint64(srcs[i]), n: sizes[i]}
 				}
-				ka = gatherArgs{desc: uint64(dev), mask: uint32(blocks - 1), threads: uint32(geo.threads)}
+				ka = gatherArgs{desc: uint64(dev), mask: uint32(blocks - 1), threads: uint32(geo.threads), parts: uint32(geo.parts)}
 			}
 			b.SetBytes(int64(blocks * kvBlock))
 			for b.Loop() {

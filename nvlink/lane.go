@@ -53,12 +53,13 @@ type lane struct {
 	bidx   []uint64 // the ring index of each batched copy
 	// The gather kernel (kernel.go), when the lane has it: gather is its
 	// function (0: none), descs the descriptor ring in mapped host memory,
-	// nk the open group's slices for it.
+	// nk the open group's slices for it, kmax the longest of them.
 	gather    uintptr
 	gatherMod uintptr
 	descs     []gatherDesc
 	args      gatherArgs
 	nk        int
+	kmax      uint64
 	gatherErr error // why the lane has no kernel, when one was wanted
 	_         cpu.CacheLinePad
 
@@ -280,6 +281,7 @@ func (l *lane) flush(drv driver) bool {
 	last := tail + uint64(l.grp) - 1
 	if l.nk > 0 {
 		l.args.start = uint32(tail) // the kernel masks it: the ring's size divides 2^32
+		l.args.parts = partsFor(l.kmax, l.args.blockThreads())
 		if err := drv.launchGather(l.gather, &l.args, uint32(l.grp), l.stream); err == nil {
 			l.queued = true
 		} else {
@@ -290,7 +292,7 @@ func (l *lane) flush(drv driver) bool {
 				}
 			}
 		}
-		l.nk = 0
+		l.nk, l.kmax = 0, 0
 	}
 	if l.nb > 1 {
 		err := drv.copyBatch(l.bdst[:l.nb], l.bsrc[:l.nb], l.bsize[:l.nb], l.stream)

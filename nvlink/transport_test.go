@@ -962,3 +962,51 @@ func TestPollDoesNotBlock(t *testing.T) {
 	l.pollMu.Unlock()
 	pollUntil(t, p.init, r, 1)
 }
+
+// TestGatherParts: a launch gives each slice enough blocks that a thread
+// moves gatherWords words of the group's longest kernel slice; a slice
+// that goes to a copy engine (unaligned) does not count, and the next
+// group starts afresh.
+func TestGatherParts(t *testing.T) {
+	if got := partsFor(32<<10, 256); got != 8/gatherWords {
+		t.Errorf("partsFor(32 KiB, 256) = %d, want %d", got, 8/gatherWords)
+	}
+	if got := partsFor(16, 1024); got != 1 {
+		t.Errorf("partsFor(16, 1024) = %d, want 1", got)
+	}
+	if got := partsFor(gatherMax, 32); got != gatherMaxParts {
+		t.Errorf("partsFor(1 MiB, 32) = %d, want %d", got, gatherMaxParts)
+	}
+	fake := newFake(1)
+	p := newPair(t, fake, Config{CopyKernel: true, Depth: 1024})
+	const blk, big, n = 4 << 10, 64 << 10, groupMax + 16
+	tmem, tb, _, lmem, lreg, ep := p.target(n*blk + big + 1<<20)
+	testpattern.Fill(lmem, 7)
+	s := make([]transport.Slice, n)
+	for i := range s {
+		s[i] = transport.Slice{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[i*blk]), Remote: uint64(tb.Addr) + uint64(i*blk), Length: blk, Token: uint64(i + 1)}
+	}
+	// The first group: one 64 KiB slice among 4 KiB ones, and a longer
+	// unaligned one that goes to a copy engine.
+	s[3].Local, s[3].Remote, s[3].Length = unsafe.Pointer(&lmem[n*blk]), uint64(tb.Addr)+uint64(n*blk), big
+	s[5].Local, s[5].Remote, s[5].Length = unsafe.Pointer(&lmem[n*blk+big+1]), uint64(tb.Addr)+uint64(n*blk+big+1), 1<<20-1
+	r := newRecorder()
+	if k, err := ep.Post(r, s); k != n || err != nil {
+		t.Fatalf("Post = %d, %v", k, err)
+	}
+	pollUntil(t, p.init, r, n)
+	for i := range s {
+		if err := r.result(t, s[i].Token); err != nil {
+			t.Fatalf("slice %d: %v", i, err)
+		}
+		off := int(s[i].Remote - uint64(tb.Addr))
+		loc := int(uintptr(s[i].Local) - uintptr(unsafe.Pointer(&lmem[0])))
+		if d := testpattern.FirstDiff(tmem[off:off+int(s[i].Length)], lmem[loc:loc+int(s[i].Length)]); d >= 0 {
+			t.Fatalf("slice %d: byte %d differs", i, d)
+		}
+	}
+	want := []uint32{partsFor(big, gatherThreads), partsFor(blk, gatherThreads)}
+	if !slices.Equal(fake.parts, want) || want[0] != 16/gatherWords {
+		t.Errorf("blocks a slice in each launch: %v, want %v", fake.parts, want)
+	}
+}

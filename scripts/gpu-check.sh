@@ -129,9 +129,33 @@ run() {
 	exit "$status"
 }
 
+# kernel: the gather kernel alone, for a short run: its tests, the launch
+# geometry sweep (BenchmarkRawKV's kernel rows beside contiguous 1 MiB
+# copies), the engines' kv through it beside contiguous, and a CPU
+# profile of the initiator moving kv through it ($OUT/kv-kernel.prof; read
+# it here with go tool pprof bin/gpu-check/nvlink.test FILE). About a
+# minute and a half.
+kernel() {
+	out=${OUT:-$(mktemp -d)}
+	mkdir -p "$out"
+	log=$out/gpu-check.log
+	nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$log"
+	status=0
+	(cd nvlink && timeout 100 "../$bin/nvlink.test" -test.v -test.count=1 -test.run 'GPUScattered|GatherPTX|GPUTwoProcesses' -test.timeout 90s) >"$out/tests.log" 2>&1 || status=1
+	grep -E '^(--- |ok|FAIL|PASS)|^\s+(kv|kernel|gpu)_test.go' "$out/tests.log" | tee -a "$log"
+	(cd nvlink && timeout 150 "../$bin/nvlink.test" -test.run '^$' -test.bench 'RawKV/(kernel|contiguous)|KVNVLink/(write|read)/(kv-kernel|contiguous)' \
+		-test.benchtime 1s -test.count 3 -test.timeout 140s) >"$out/bench.log" 2>&1 || status=1
+	(cd nvlink && timeout 60 "../$bin/nvlink.test" -test.run '^$' -test.bench 'KVNVLink/write/kv-kernel' \
+		-test.benchtime 5s -test.count 1 -test.timeout 50s -test.cpuprofile "$out/kv-kernel.prof") >>"$out/bench.log" 2>&1 || status=1
+	grep -E '^Benchmark|^(ok|FAIL|PASS)|Error|error' "$out/bench.log" | tee -a "$log"
+	echo "gpu-check: exit $status" | tee -a "$log"
+	exit "$status"
+}
+
 case "${1:-all}" in
 build) build ;;
 run) run ;;
+kernel) kernel ;;
 all) build && run ;;
-*) echo "usage: $0 [build|run]" >&2; exit 2 ;;
+*) echo "usage: $0 [build|run|kernel]" >&2; exit 2 ;;
 esac

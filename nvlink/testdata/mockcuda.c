@@ -320,8 +320,9 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) {
 /*
  * The gather kernel. The model does not compile PTX: it checks the image
  * looks like the transport's kernel and, on a launch, does what the
- * kernel does: block b copies descriptor (start+b)&mask, {dst, src, len}
- * of 8 bytes each, from the ring the first parameter points at.
+ * kernel does: the blocks of column b (however many rows) copy descriptor
+ * (start+b)&mask, {dst, src, len} of 8 bytes each, from the ring the
+ * first parameter points at.
  */
 typedef void *CUmodule;
 typedef void *CUfunction;
@@ -345,10 +346,11 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
 
 CUresult cuModuleUnload(CUmodule m) { return m == &module_tag ? OK : INVALID_HANDLE; }
 
-/* The last launch's grid and block sizes, for the tests (mock_last_launch). */
-static unsigned last_grid, last_block;
+/* The last launch's grid (x and y) and block sizes, for the tests (mock_last_launch). */
+static unsigned last_grid, last_rows, last_block;
 
-unsigned mock_last_launch(unsigned *block) {
+unsigned mock_last_launch(unsigned *rows, unsigned *block) {
+	*rows = last_rows;
 	*block = last_block;
 	return last_grid;
 }
@@ -356,9 +358,10 @@ unsigned mock_last_launch(unsigned *block) {
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, CUstream st, void **params, void **extra) {
 	if (f != &function_tag || !st) return INVALID_HANDLE;
-	if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 1024 || bx % 32 || by != 1 || bz != 1 || shared || !params || extra)
+	if (gx == 0 || gy == 0 || gy > 65535 || gz != 1 || bx == 0 || bx > 1024 || bx % 32 || by != 1 || bz != 1 || shared || !params || extra)
 		return INVALID_VALUE;
 	last_grid = gx;
+	last_rows = gy;
 	last_block = bx;
 	const uint64_t *ring = (const uint64_t *)*(uint64_t *)params[0];
 	uint32_t start = *(uint32_t *)params[1], mask = *(uint32_t *)params[2];
