@@ -57,6 +57,14 @@ var _ transport.Endpoint = (*Endpoint)(nil)
 // Rails returns 1: one stream per GPU carries the copies.
 func (e *Endpoint) Rails() int { return 1 }
 
+// PostWidth asks the engine for Posts of up to groupMax slices (a group:
+// one event, one kernel launch or batched copy), or a quarter of the
+// depth when that is smaller, so that several groups are in flight while
+// the next is posted.
+func (e *Endpoint) PostWidth() int { return max(min(groupMax, e.t.cfg.Depth/4), 1) }
+
+var _ transport.WidePoster = (*Endpoint)(nil)
+
 // Update takes the segment's new descriptor: buffers added or removed,
 // and a restarted peer's new grant table. What the old view used and the
 // new one does not (the mappings of removed buffers, a restarted peer's

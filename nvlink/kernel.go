@@ -128,7 +128,7 @@ func (a *gatherArgs) gridParts() uint32 {
 // most, and gatherMaxParts the most blocks a slice: the grid's y
 // dimension, whose limit is 65,535.
 const (
-	gatherWords    = 1
+	gatherWords    = 2
 	gatherMaxParts = gatherMax / (gatherAlign * 32)
 )
 

@@ -282,14 +282,14 @@ func BenchmarkRawKV(b *testing.B) {
 	// slices is one group, one launch; a group holds up to 256), and
 	// blocks a slice (-pN; else 1).
 	geometry := map[string]struct{ threads, per, parts int }{
-		"kernel": {gatherThreads, blocks, 1}, "kernel-p8": {gatherThreads, blocks, 8},
-		"kernel-64": {gatherThreads, 64, 1}, "kernel-64-t1024": {1024, 64, 1},
-		"kernel-64-p2": {gatherThreads, 64, 2}, "kernel-64-p4": {gatherThreads, 64, 4},
-		"kernel-64-p8": {gatherThreads, 64, 8}, "kernel-64-t1024-p2": {1024, 64, 2},
-		"kernel-64-t128-p16": {128, 64, 16}, "kernel-256-p8": {gatherThreads, 256, 8},
+		"kernel":    {gatherThreads, blocks, 1},
+		"kernel-64": {gatherThreads, 64, 1}, "kernel-64-t1024": {1024, 64, 1}, "kernel-64-p4": {gatherThreads, 64, 4},
+		"kernel-256": {gatherThreads, 256, 1}, "kernel-256-p2": {gatherThreads, 256, 2},
+		"kernel-256-p4": {gatherThreads, 256, 4}, "kernel-256-p8": {gatherThreads, 256, 8},
+		"kernel-256-t1024": {1024, 256, 1}, "kernel-256-t512-p2": {512, 256, 2},
 	}
-	shapes = append(shapes, "kernel-p8", "kernel-64", "kernel-64-t1024", "kernel-64-p2", "kernel-64-p4",
-		"kernel-64-p8", "kernel-64-t1024-p2", "kernel-64-t128-p16", "kernel-256-p8")
+	shapes = append(shapes, "kernel-64", "kernel-64-t1024", "kernel-64-p4", "kernel-256", "kernel-256-p2",
+		"kernel-256-p4", "kernel-256-p8", "kernel-256-t1024", "kernel-256-t512-p2")
 	for _, shape := range shapes {
 		geo, isKernel := geometry[shape]
 		b.Run(shape, func(b *testing.B) {

@@ -21,7 +21,7 @@ const Name = "nvlink"
 const (
 	DefaultLibrary      = "libcuda.so.1"
 	DefaultSliceSize    = 64 << 20
-	DefaultDepth        = 256
+	DefaultDepth        = 1024
 	DefaultMaxBuffers   = 4096
 	DefaultDrainTimeout = 10 * time.Second
 	// DefaultStagingUnit and DefaultStagingUnits size the staging arena:

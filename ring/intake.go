@@ -124,7 +124,9 @@ func (r *Ring) wakeAt(t int64) int64 {
 	return at
 }
 
-// take pops new entries while slots are free.
+// take pops new entries while slots are free: maxTake a round, or more
+// while they fill the open batch of a transport.WidePoster (up to its
+// width).
 //
 // While every slot is taken the ring is blocked: a request at the head of
 // the SQ then times out once the ring has been blocked for longer than the
@@ -143,9 +145,16 @@ func (r *Ring) take(t int64, limit int) bool {
 		r.blockedSince = 0 // a slot came back: blocked again, the clock starts again
 	}
 	max := min(limit, len(r.free)+1) // +1: Nops and Cancels need no slot
+	if limit == maxTake {
+		// Past maxTake only while a wide endpoint's batch has room.
+		max = min(wideCap, len(r.free)+1)
+	}
 	pos, n := r.sq.Peek(max)
 	i := 0
 	for ; i < n; i++ {
+		if i >= limit && !r.widening() {
+			break
+		}
 		e := r.sq.Entry(pos + uint64(i))
 		if (e.Op == sq.Read || e.Op == sq.Write) && len(r.free) == 0 {
 			if r.blockedSince == 0 {
@@ -157,7 +166,7 @@ func (r *Ring) take(t int64, limit int) bool {
 			r.complete(e.UserData, cq.CodeTimeout, 0)
 			continue
 		}
-		r.more = i < n-1
+		r.more = i < min(n, limit)-1 || (i < n-1 && r.widening())
 		r.start(e, t)
 		if r.inlineBytes >= r.yieldAt {
 			i++
@@ -328,4 +337,10 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		return
 	}
 	r.postQueue(r.enqueue(idx))
+}
+
+// widening reports whether the open batch is a wide endpoint's with room:
+// take goes on past maxTake to fill it.
+func (r *Ring) widening() bool {
+	return len(r.batch) > 0 && r.batchMax > batchCap && len(r.batch) < r.batchMax
 }

@@ -139,7 +139,7 @@ func (r *Ring) add(q *request, tok uint64) bool {
 	if q.staged {
 		ep = q.path.Staged
 	}
-	if len(r.batch) == cap(r.batch) || (len(r.batch) > 0 && r.batchEP != ep) {
+	if len(r.batch) >= r.batchMax || (len(r.batch) > 0 && r.batchEP != ep) {
 		// A refusal by another endpoint closes that one's waiting room
 		// (flush), not ep's: tok goes into the emptied batch.
 		other := r.batchEP != ep
@@ -152,6 +152,9 @@ func (r *Ring) add(q *request, tok uint64) bool {
 	}
 	_, _, i := splitToken(tok)
 	rails := ep.Rails()
+	if len(r.batch) == 0 {
+		r.batchMax = postWidth(ep)
+	}
 	r.batchEP = ep
 	r.batch = r.batch[:len(r.batch)+1]
 	sl := &r.batch[len(r.batch)-1]
@@ -261,4 +264,13 @@ func (r *Ring) flush() bool {
 	r.batch = r.batch[:0]
 	r.batchEP = nil
 	return all
+}
+
+// postWidth is how many slices a batch for ep holds: batchCap, or what a
+// transport.WidePoster asks for, up to wideCap.
+func postWidth(ep transport.Endpoint) int {
+	if w, ok := ep.(transport.WidePoster); ok {
+		return min(max(w.PostWidth(), 1), wideCap)
+	}
+	return batchCap
 }

@@ -187,6 +187,7 @@ type Ring struct {
 	batch       []transport.Slice
 	errs        []error // results of a BatchCopier, as long as batch's capacity
 	batchEP     transport.Endpoint
+	batchMax    int // the batch's slices at most, for batchEP (postWidth)
 	cqes        []cq.Completion
 	sinkCQE     cq.Completion
 	inline      transport.Slice // copyInline's slice (a field: it would escape)
@@ -355,8 +356,8 @@ func New(cfg Config, tables *Tables, p *Poller) (*Ring, error) {
 		reqs:      make([]request, cfg.MaxInFlight),
 		free:      make([]int32, cfg.MaxInFlight),
 		queueByEP: make(map[transport.Endpoint]*postQueue),
-		batch:     make([]transport.Slice, 0, batchCap),
-		errs:      make([]error, 64),
+		batch:     make([]transport.Slice, 0, wideCap),
+		errs:      make([]error, wideCap),
 		cqes:      make([]cq.Completion, 0, 64),
 		yieldAt:   noYield,
 	}

@@ -197,7 +197,9 @@ type fakeEP struct {
 	out      map[uint64]bool // tokens accepted and not completed
 	dups     int             // tokens accepted while already out
 	posts    []transport.Slice
-	offered  int // slices offered to Post, taken or not
+	sizes    []int // each Post's slices offered
+	width    int   // > 0: the harness opens the segment through a wideEP
+	offered  int   // slices offered to Post, taken or not
 	done     int
 	closed   bool
 	wg       sync.WaitGroup
@@ -209,6 +211,11 @@ type fakeSlice struct {
 }
 
 var _ transport.Endpoint = (*fakeEP)(nil)
+
+// wideEP is a fakeEP that asks for Posts of its width (transport.WidePoster).
+type wideEP struct{ *fakeEP }
+
+func (w wideEP) PostWidth() int { return w.width }
 
 func (f *fakeEP) Rails() int                        { return f.rails }
 func (f *fakeEP) Update(desc *segtable.SegmentDesc) {}
@@ -225,6 +232,7 @@ func (f *fakeEP) Post(c transport.Completer, s []transport.Slice) (int, error) {
 	}
 	n := len(s)
 	f.offered += n
+	f.sizes = append(f.sizes, n)
 	if f.capacity > 0 {
 		n = max(0, min(n, f.capacity-f.inflight))
 	}
@@ -408,7 +416,11 @@ func newHarnessPoller(t *testing.T, cfg Config, ep *fakeEP, manual bool, pcfg Po
 	if err := desc.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	h.seg, err = h.segs.Open("remote", desc, 0, 0, ep, nil)
+	var tep transport.Endpoint = ep
+	if ep.width > 0 {
+		tep = wideEP{ep}
+	}
+	h.seg, err = h.segs.Open("remote", desc, 0, 0, tep, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1759,4 +1771,34 @@ func TestReadyDetached(t *testing.T) {
 	}
 	h.r.reap()
 	h.r.detached = false
+}
+
+// TestPostWidth: a round hands an endpoint up to 64 slices a Post, and a
+// transport.WidePoster up to its width (at most wideCap); every slice is
+// posted once and every request completes.
+func TestPostWidth(t *testing.T) {
+	for _, c := range []struct {
+		width, want int
+	}{{0, batchCap}, {200, 200}, {1000, wideCap}} {
+		t.Run(fmt.Sprint(c.width), func(t *testing.T) {
+			ep := &fakeEP{width: c.width}
+			h := newHarness(t, Config{Entries: 1024, MaxInFlight: 1024}, ep, true)
+			const n = 600
+			es := make([]sq.Entry, n)
+			for i := range es {
+				es[i] = h.write(uint64(i+1), uint64(i)*64, uint64(i)*64, 64)
+			}
+			h.submit(es...)
+			got := h.collect(n)
+			for _, c := range got {
+				expectCode(t, c, cq.CodeOK)
+			}
+			ep.mu.Lock()
+			sizes := slices.Clone(ep.sizes)
+			ep.mu.Unlock()
+			if slices.Max(sizes) != c.want || ep.offered != n {
+				t.Errorf("Post sizes %v (%d slices); want at most %d a Post, the first that many, and %d slices", sizes, ep.offered, c.want, n)
+			}
+		})
+	}
 }

@@ -22,8 +22,10 @@ import (
 // costs a wakeup (several µs here), so only batches that take much longer
 // than that are shared.
 const (
-	// batchCap is how many slices a batch for one endpoint holds.
+	// batchCap is how many slices a batch for one endpoint holds, and
+	// wideCap how many for a transport.WidePoster at most.
 	batchCap = 64
+	wideCap  = 256
 	// shareSlice is the smallest slice that skips the inline copy when
 	// the poller has workers and more entries wait behind it, so that it
 	// can join a batch that is shared.

@@ -246,6 +246,16 @@ type Endpoint interface {
 	Close() error
 }
 
+// WidePoster is implemented by endpoints whose cost is mostly per Post
+// rather than per slice (nvlink: one kernel launch and one event for a
+// Post's slices): the engine gathers up to PostWidth slices for one Post
+// where it would stop at its default (64); a larger width than the
+// engine's most (256) is cut to it. PostWidth must not change for an
+// endpoint's life and must be safe for concurrent use.
+type WidePoster interface {
+	PostWidth() int
+}
+
 // Copier is implemented by endpoints that move a slice synchronously on
 // the caller's goroutine (plain memory copies). The engine then calls Copy
 // instead of Post and applies the result at once, skipping the completion
