@@ -34,7 +34,7 @@ const gatherName = "moonring_gather"
 const (
 	gatherAlign   = 16
 	gatherMax     = 1 << 20
-	gatherThreads = 256
+	gatherThreads = 1024
 )
 
 // gatherPTX is the kernel: the blocks of grid column x (ctaid.x) copy

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"unsafe"
@@ -68,8 +69,8 @@ func (c *counter) Complete(_ uint64, err error) {
 // block copies allocates nothing.
 func TestGPUScattered(t *testing.T) {
 	lib := os.Getenv(libraryEnv)
-	t.Run("copy-engines", func(t *testing.T) { gpuScattered(t, Config{Library: lib}) })
-	t.Run("kernel", func(t *testing.T) { gpuScattered(t, Config{Library: lib, CopyKernel: true}) })
+	t.Run("copy-engines", func(t *testing.T) { gpuScattered(t, Config{Library: lib, NoCopyKernel: true}) })
+	t.Run("kernel", func(t *testing.T) { gpuScattered(t, Config{Library: lib}) })
 }
 
 func gpuScattered(t *testing.T, cfg Config) {
@@ -88,7 +89,7 @@ func gpuScattered(t *testing.T, cfg Config) {
 	if d, ok := tr.drv.(*cudaDriver); ok {
 		t.Logf("the driver batches copies: %v (CUDA 12.8's signature with failIdx: %v)", d.canBatch(), d.batchFailIdx)
 	}
-	if l := tr.devs[0].lane; cfg.CopyKernel && l.gather == 0 {
+	if l := tr.devs[0].lane; !cfg.NoCopyKernel && l.gather == 0 {
 		t.Errorf("GPU 0's lane has no gather kernel: %v", l.gatherErr)
 	}
 	loff, roff := kvPlan(3, blocks, pool)
@@ -151,7 +152,7 @@ func gpuScattered(t *testing.T, cfg Config) {
 	// Against the C model, the kernel's last launch: a column a slice of
 	// the Post of 64, partsFor(32 KiB) rows of gatherThreads threads a
 	// block (cuLaunchKernel's grid and block in their places).
-	if grid, rows, block, ok := mockLastLaunch(t, cfg.Library); ok && cfg.CopyKernel {
+	if grid, rows, block, ok := mockLastLaunch(t, cfg.Library); ok && !cfg.NoCopyKernel {
 		want := partsFor(kvBlock, gatherThreads)
 		if grid != uint32(len(group)) || rows != want || block != gatherThreads {
 			t.Errorf("the last gather launch: grid %d x %d, block %d; want %d x %d blocks of %d threads", grid, rows, block, len(group), want, gatherThreads)
@@ -181,30 +182,30 @@ func mockLastLaunch(t *testing.T, lib string) (grid, rows, block uint32, ok bool
 
 // BenchmarkKVNVLink moves one request's KV cache between two engines in
 // two processes through a ring (up to 4,096 blocks in flight): as its
-// scattered 32 KiB blocks, copied by copy engines with the copies of a
-// Post batched (the default), a call each (NoBatchCopies), and by the
-// gather kernel (CopyKernel), and the same bytes as contiguous 1 MiB
-// blocks (the default). Bytes are the request's; set
-// beside RawKV.
+// scattered 32 KiB blocks, copied by the gather kernel (the default), by
+// copy engines with the copies of a Post batched (NoCopyKernel) or a call
+// each (NoBatchCopies too), and the same bytes as contiguous 1 MiB blocks,
+// by the kernel (the default) and by copy engines. Bytes are the
+// request's; set beside RawKV.
 func BenchmarkKVNVLink(b *testing.B) {
 	blocks, pool := kvShape()
 	lib := os.Getenv(libraryEnv)
 	pairs := map[string]*enginePair{
-		"kv":         newEnginePairWith(b, pool, Config{Library: lib}),
-		"kv-kernel":  newEnginePairWith(b, pool, Config{Library: lib, CopyKernel: true}),
-		"kv-percopy": newEnginePairWith(b, pool, Config{Library: lib, NoBatchCopies: true}),
+		"kv":            newEnginePairWith(b, pool, Config{Library: lib}),
+		"kv-copyengine": newEnginePairWith(b, pool, Config{Library: lib, NoCopyKernel: true}),
+		"kv-percopy":    newEnginePairWith(b, pool, Config{Library: lib, NoBatchCopies: true, NoCopyKernel: true}),
 	}
-	pairs["contiguous"] = pairs["kv"]
+	pairs["contiguous"], pairs["contiguous-copyengine"] = pairs["kv"], pairs["kv-copyengine"]
 	loff, roff := kvPlan(5, blocks, pool)
 	for _, op := range []struct {
 		name string
 		op   moonring.Op
 	}{{"write", moonring.OpWrite}, {"read", moonring.OpRead}} {
-		for _, shape := range []string{"kv", "kv-kernel", "kv-percopy", "contiguous"} {
+		for _, shape := range []string{"kv", "kv-copyengine", "kv-percopy", "contiguous", "contiguous-copyengine"} {
 			b.Run(op.name+"/"+shape, func(b *testing.B) {
 				p := pairs[shape]
 				var es []moonring.Entry
-				if shape == "contiguous" {
+				if strings.HasPrefix(shape, "contiguous") {
 					for off := 0; off < blocks*kvBlock; off += 1 << 20 {
 						es = append(es, moonring.Entry{Op: op.op, Segment: p.seg, Buffer: p.id, Local: uint64(off), Remote: p.dst + uint64(off), Length: 1 << 20})
 					}
@@ -263,7 +264,7 @@ func BenchmarkKVNVLink(b *testing.B) {
 // 256 blocks ("batch", where
 // the driver has it), and the same bytes as contiguous 1 MiB copies.
 func BenchmarkRawKV(b *testing.B) {
-	tr := openGPUWith(b, Config{Library: os.Getenv(libraryEnv), CopyKernel: true})
+	tr := openGPUWith(b, Config{Library: os.Getenv(libraryEnv)})
 	defer tr.Close()
 	blocks, pool := kvShape()
 	src, err := tr.Alloc(pool, 0)

@@ -75,13 +75,18 @@ type Config struct {
 	// of one a copy (on an H200 the copy engine's own ~5 µs a copy stays,
 	// BENCHMARKS.md); a driver without it gets a call per copy anyway.
 	NoBatchCopies bool
-	// CopyKernel copies the device-to-device slices of one Post of up to
-	// 1 MiB each (their addresses and lengths multiples of 16, their local
-	// buffer on the remote buffer's GPU) in one launch of a small kernel
-	// on the GPU's SMs (see kernel.go) instead of on copy engines, which
-	// spend microseconds on each copy whatever its size. Off by default until a GPU has run it: the fake driver and
-	// the C model test its logic, not its PTX (scripts/gpu-check.sh does).
-	CopyKernel bool
+	// NoCopyKernel leaves every copy to the copy engines. By default the
+	// device-to-device slices of one Post of up to 1 MiB each (their
+	// addresses and lengths multiples of 16, their local buffer on the
+	// remote buffer's GPU) are copied in one launch of a small kernel on
+	// the GPU's SMs (see kernel.go), since a copy engine spends about 5 µs
+	// on each copy whatever its size: on an H200 a request's 16,384
+	// scattered 32 KiB blocks moved between two engines at 87-92 GB/s
+	// through the kernel against 7 GB/s on copy engines (BENCHMARKS.md).
+	// The kernel takes SMs from the application's own kernels while it
+	// runs; set NoCopyKernel where they must have every SM. A driver that
+	// cannot load the kernel leaves the lane on copy engines anyway.
+	NoCopyKernel bool
 }
 
 func (c *Config) defaults() error {
@@ -294,7 +299,7 @@ func (t *Transport) start(d *device) error {
 		t.drv.release(d.ordinal)
 		return fmt.Errorf("nvlink: GPU %d: %w", d.ordinal, err)
 	}
-	l, err := newLane(t.drv, d, t.cfg.Depth, !t.cfg.NoBatchCopies && t.drv.canBatch(), t.cfg.CopyKernel)
+	l, err := newLane(t.drv, d, t.cfg.Depth, !t.cfg.NoBatchCopies && t.drv.canBatch(), !t.cfg.NoCopyKernel)
 	if err != nil {
 		t.drv.release(d.ordinal)
 		return fmt.Errorf("nvlink: GPU %d: %w", d.ordinal, err)

@@ -363,7 +363,7 @@ func (p *pair) target(n int) (tmem []byte, tb *segtable.Buffer, treg segtable.Re
 
 // TestGroupedCopies: the slices of one Post are one group: one event for
 // up to groupMax copies, their device-to-device copies in one launch of
-// the gather kernel (CopyKernel), or in one batch call where the lane has
+// the gather kernel (the default), or in one batch call where the lane has
 // no kernel and the driver batches, or a call each; a failed launch falls back to a
 // call each. Scattered WRITEs and READs land byte for byte every way.
 func TestGroupedCopies(t *testing.T) {
@@ -374,12 +374,12 @@ func TestGroupedCopies(t *testing.T) {
 		launchErr         error
 		launches, batches int // for each 600-slice Post
 	}{
-		{name: "kernel", cfg: Config{CopyKernel: true}, launches: 3},
-		{name: "batch", batches: 3},
-		{name: "driver-without-kernel", cfg: Config{CopyKernel: true}, noKernel: true, batches: 3},
-		{name: "launch-fails", cfg: Config{CopyKernel: true}, launchErr: fakeErr("cuLaunchKernel", cuErrInvalidValue)},
-		{name: "driver-without-batch", noBatch: true},
-		{name: "NoBatchCopies", cfg: Config{NoBatchCopies: true}},
+		{name: "kernel", launches: 3},
+		{name: "batch", cfg: Config{NoCopyKernel: true}, batches: 3},
+		{name: "driver-without-kernel", noKernel: true, batches: 3},
+		{name: "launch-fails", launchErr: fakeErr("cuLaunchKernel", cuErrInvalidValue)},
+		{name: "driver-without-batch", cfg: Config{NoCopyKernel: true}, noBatch: true},
+		{name: "NoBatchCopies", cfg: Config{NoBatchCopies: true, NoCopyKernel: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			fake := newFake(1)
@@ -442,14 +442,14 @@ func TestGroupedCopies(t *testing.T) {
 	}
 }
 
-// TestGroupMixedMemory: one Post (CopyKernel on) with GPU and host memory
+// TestGroupMixedMemory: one Post (the kernel on) with GPU and host memory
 // as the local side, slices the kernel takes and slices it does not (past gatherMax,
 // or not 16-byte aligned): the small aligned device-to-device ones go to
 // one launch, the others to one batch, the host one by itself, all under
 // one event.
 func TestGroupMixedMemory(t *testing.T) {
 	fake := newFake(1)
-	p := newPair(t, fake, Config{CopyKernel: true})
+	p := newPair(t, fake, Config{})
 	tmem, tb, _, lmem, lreg, ep := p.target(4 << 20)
 	hmem := make([]byte, 4096)
 	h, rh := p.register(p.init, &p.ibufs, hmem, segtable.CPU(0), false)
@@ -492,7 +492,7 @@ func TestGroupMixedMemory(t *testing.T) {
 // of another GPU goes to the copy engines (which need no peer access).
 func TestGatherSameGPUOnly(t *testing.T) {
 	fake := newFake(2)
-	p := newPair(t, fake, Config{CopyKernel: true})
+	p := newPair(t, fake, Config{})
 	tmem, err := p.targ.Alloc(1<<16, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -978,7 +978,7 @@ func TestGatherParts(t *testing.T) {
 		t.Errorf("partsFor(1 MiB, 32) = %d, want %d (at most %d)", got, want, gatherMaxParts)
 	}
 	fake := newFake(1)
-	p := newPair(t, fake, Config{CopyKernel: true, Depth: 1024})
+	p := newPair(t, fake, Config{Depth: 1024})
 	const blk, big, n = 4 << 10, 64 << 10, groupMax + 16
 	tmem, tb, _, lmem, lreg, ep := p.target(n*blk + big + 1<<20)
 	testpattern.Fill(lmem, 7)
@@ -1006,7 +1006,7 @@ func TestGatherParts(t *testing.T) {
 		}
 	}
 	want := []uint32{partsFor(big, gatherThreads), partsFor(blk, gatherThreads)}
-	if !slices.Equal(fake.parts, want) || want[0] != 16/gatherWords {
+	if !slices.Equal(fake.parts, want) || want[0] != big/(gatherThreads*gatherAlign*gatherWords) || want[0] <= want[1] {
 		t.Errorf("blocks a slice in each launch: %v, want %v", fake.parts, want)
 	}
 }
