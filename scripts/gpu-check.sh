@@ -33,12 +33,12 @@
 #      requests between two engines over TCP on loopback from GPU memory
 #      (staged) beside the same from host memory; then the KV workload:
 #      KVNVLink, a request's 16,384 scattered 32 KiB blocks between two
-#      engines (copy engines batched and a call each; the gather kernel)
-#      beside the same bytes as contiguous 1 MiB blocks, and RawKV, the
-#      same copies in one process (the kernel in one launch or in
-#      launches of 64 blocks, 256 or 1024 threads a block: the geometry
-#      to choose before CopyKernel becomes the default). It takes about
-#      four minutes.
+#      engines (the gather kernel, the default; copy engines batched and a
+#      call each) beside the same bytes as contiguous 1 MiB blocks (the
+#      kernel; copy engines), and RawKV, the same copies in one process
+#      (the kernel in one launch or in launches of 64 or 256 slices, with
+#      other block sizes and blocks a slice: its geometry). It takes
+#      about three minutes.
 #      The log comes back as $OUT/gpu-check.log (and on stdout); put the
 #      figures in BENCHMARKS.md (nvlink section) with the date.
 #
