@@ -18,12 +18,18 @@
 //
 // An initiator on the same host (same boot id, another process) maps each
 // exported allocation once (cuIpcOpenMemHandle, shared by all endpoints of
-// the transport). Post turns each slice into one asynchronous copy
-// (cuMemcpyDtoDAsync, or HtoD/DtoH when the local buffer is host memory)
-// on a stream of the GPU that holds the remote buffer, with an event
-// recorded behind it. Poll queries the oldest events of each stream and
-// completes their slices: nothing on the hot path waits for the GPU. The
-// engine's pollers call Poll (Transport implements transport.Poller).
+// the transport). Post queues the slices of one call as a group on a
+// stream of the GPU that holds the remote buffer, with one event recorded
+// behind it: device-to-device slices of up to 1 MiB in one launch of the
+// gather kernel (kernel.go; Config.NoCopyKernel leaves them to the copy
+// engines, which spend microseconds on each copy), other device-to-device
+// ones (larger, unaligned, or from another GPU) in one cuMemcpyBatchAsync
+// where the driver has it, HtoD/DtoH copies when the local buffer is host
+// memory a call each. The engine hands an endpoint
+// up to a group's 256 slices a Post (Endpoint.PostWidth). Poll queries the
+// oldest events of each stream and completes their groups: nothing on the
+// hot path waits for the GPU. The engine's pollers call Poll (Transport
+// implements transport.Poller).
 //
 // One-sided copies leave the target no say per slice, so the target's
 // grants live in shared memory: a slot per exported buffer, with a
@@ -108,5 +114,6 @@
 // Debian's non-free CUDA toolkit package): that checks the PTX, not what
 // it copies. On a real GPU the
 // package runs through scripts/gpu-check.sh, on a machine lent for it (an
-// H200, on 2026-11-29: every test passed; figures in BENCHMARKS.md).
+// H200, on 2026-11-29 and 2026-12-04, the gather kernel too: every test
+// passed; figures in BENCHMARKS.md).
 package nvlink
