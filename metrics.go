@@ -29,8 +29,8 @@ import (
 // moonring_peer_bytes_total{ring,segment,transport,op},
 // moonring_request_duration_seconds{ring} (a histogram),
 // moonring_errors_total{ring,error},
-// moonring_poller_up_seconds_total{node},
-// moonring_poller_parked_seconds_total{node}, moonring_poller_parks_total{node},
+// moonring_poller_up_seconds_total{node,poller},
+// moonring_poller_parked_seconds_total{node,poller}, moonring_poller_parks_total{node,poller},
 // moonring_buffers_registered, moonring_segments_open,
 // moonring_notifications_queued,
 // moonring_path_failovers_total{segment,transport} (requests left the
@@ -62,9 +62,9 @@ var (
 	mHeld      = prometheus.NewDesc("moonring_ring_held_rounds_total", "Poller rounds in which a ring started nothing because a ring of a higher class was busy (RingConfig.Class).", []string{"ring"}, nil)
 	mPromoted  = prometheus.NewDesc("moonring_ring_promoted_rounds_total", "Poller rounds in which a held ring was promoted after waiting (RingConfig.Class).", []string{"ring"}, nil)
 	mInFlight  = prometheus.NewDesc("moonring_requests_in_flight", "Requests in the in-flight table, including ended ones whose slices are still out.", []string{"ring"}, nil)
-	mPollerUp  = prometheus.NewDesc("moonring_poller_up_seconds_total", "Time the poller of a NUMA node has run.", []string{"node"}, nil)
-	mPollerPk  = prometheus.NewDesc("moonring_poller_parked_seconds_total", "Time the poller slept (the rest it worked or spun).", []string{"node"}, nil)
-	mPollerNo  = prometheus.NewDesc("moonring_poller_parks_total", "Times the poller went to sleep.", []string{"node"}, nil)
+	mPollerUp  = prometheus.NewDesc("moonring_poller_up_seconds_total", "Time the poller (of its NUMA node's Config.Pollers) has run.", []string{"node", "poller"}, nil)
+	mPollerPk  = prometheus.NewDesc("moonring_poller_parked_seconds_total", "Time the poller slept (the rest it worked or spun).", []string{"node", "poller"}, nil)
+	mPollerNo  = prometheus.NewDesc("moonring_poller_parks_total", "Times the poller went to sleep.", []string{"node", "poller"}, nil)
 	mBuffers   = prometheus.NewDesc("moonring_buffers_registered", "Registered local buffers.", nil, nil)
 	mSegments  = prometheus.NewDesc("moonring_segments_open", "Open remote segments.", nil, nil)
 	mNotesWait = prometheus.NewDesc("moonring_notifications_queued", "Notifications waiting on Engine.Notifications.", nil, nil)
@@ -98,15 +98,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		r    *ring.Ring
 	}
 	var rings []named
-	pollers := map[int]*ring.Poller{}
+	pollers := map[pollerKey]*ring.Poller{}
 	e.mu.Lock()
-	for r, n := range e.rings {
+	for r, o := range e.rings {
 		if !r.Closed() {
-			rings = append(rings, named{"ring/" + strconv.Itoa(n), r})
+			rings = append(rings, named{"ring/" + strconv.Itoa(o.n), r})
 		}
 	}
-	for node, p := range e.pollers {
-		pollers[node] = p
+	for k, p := range e.pollers {
+		pollers[k] = p
 	}
 	var tnames [segtable.MaxTransports]string
 	for i, t := range e.transports {
@@ -176,12 +176,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			send(ch, mPeerBytes, float64(ss.Bytes), x.name, k.seg, k.tn, k.op)
 		}
 	}
-	for node, p := range pollers {
+	for k, p := range pollers {
 		st := p.Stats()
-		n := strconv.Itoa(node)
-		ch <- prometheus.MustNewConstMetric(mPollerUp, prometheus.CounterValue, st.Up.Seconds(), n)
-		ch <- prometheus.MustNewConstMetric(mPollerPk, prometheus.CounterValue, st.Parked.Seconds(), n)
-		ch <- prometheus.MustNewConstMetric(mPollerNo, prometheus.CounterValue, float64(st.Parks), n)
+		n, i := strconv.Itoa(k.node), strconv.Itoa(k.idx)
+		ch <- prometheus.MustNewConstMetric(mPollerUp, prometheus.CounterValue, st.Up.Seconds(), n, i)
+		ch <- prometheus.MustNewConstMetric(mPollerPk, prometheus.CounterValue, st.Parked.Seconds(), n, i)
+		ch <- prometheus.MustNewConstMetric(mPollerNo, prometheus.CounterValue, float64(st.Parks), n, i)
 	}
 	segs := 0
 	type segPath struct{ seg, tn string }

@@ -14,12 +14,56 @@ import (
 // Rings and their pollers: a poller per NUMA node, the caller's rings, and
 // whether requests in flight use a buffer or segment.
 
-// poller returns the poller of a NUMA node, starting it. mu must be held.
+// maxPollers bounds Config.Pollers.
+const maxPollers = 64
+
+// pollerKey names a poller: its NUMA node and its index among the node's.
+type pollerKey struct{ node, idx int }
+
+// poller returns the first poller of a NUMA node, starting it. mu must be
+// held.
 func (e *Engine) poller(node int) *ring.Poller {
+	return e.pollerAt(e.nodeOrZero(node), 0)
+}
+
+// nodeOrZero returns node when the machine has it, else 0.
+func (e *Engine) nodeOrZero(node int) int {
 	if n, ok := e.topo.Node(node); !ok || n.ID != node {
-		node = 0
+		return 0
 	}
-	if p := e.pollers[node]; p != nil {
+	return node
+}
+
+// ringPoller names the poller of node (of its Config.Pollers) with the
+// fewest of the caller's open rings, the first of equals. mu must be held.
+func (e *Engine) ringPoller(node int) pollerKey {
+	node = e.nodeOrZero(node)
+	load := make([]int, e.cfg.Pollers)
+	for r, o := range e.rings {
+		if !r.Closed() && o.poller.node == node {
+			load[o.poller.idx]++
+		}
+	}
+	best := 0
+	for i := range load {
+		if load[i] < load[best] {
+			best = i
+		}
+	}
+	return pollerKey{node, best}
+}
+
+// openRing is what the engine keeps of a caller's ring: its number (the
+// metrics' label) and its poller.
+type openRing struct {
+	n      int
+	poller pollerKey
+}
+
+// pollerAt returns poller idx of node, starting it. mu must be held.
+func (e *Engine) pollerAt(node, idx int) *ring.Poller {
+	k := pollerKey{node, idx}
+	if p := e.pollers[k]; p != nil {
 		return p
 	}
 	pc := ring.PollerConfig{Spin: e.cfg.PollerSpin, Busy: e.cfg.BusyPoll, Promote: e.cfg.PromoteAfter, CopyWorkers: max(e.cfg.CopyWorkers, 0)}
@@ -32,7 +76,7 @@ func (e *Engine) poller(node int) *ring.Poller {
 			p.AddHook(h)
 		}
 	}
-	e.pollers[node] = p
+	e.pollers[k] = p
 	list := make([]*ring.Poller, 0, len(e.pollers))
 	for _, p := range e.pollers {
 		list = append(list, p)
@@ -73,7 +117,8 @@ type RingConfig struct {
 	CQEntries int
 	// MaxInFlight bounds requests in flight (default Entries).
 	MaxInFlight int
-	// Node is the NUMA node whose poller drains the ring (default 0).
+	// Node is the NUMA node whose poller drains the ring (default 0): of
+	// its Config.Pollers, the one with the fewest open rings.
 	Node int
 	// Class is the ring's priority class (default ClassNormal): small
 	// latency-critical requests on a ClassHigh ring, bulk streams on a
@@ -81,18 +126,20 @@ type RingConfig struct {
 	Class Class
 }
 
-// NewRing returns a ring drained by the poller of cfg.Node. The caller owns
-// it and closes it; Engine.Close closes rings still open.
+// NewRing returns a ring drained by a poller of cfg.Node (the one with the
+// fewest open rings). The caller owns it and closes it; Engine.Close
+// closes rings still open.
 func (e *Engine) NewRing(cfg RingConfig) (*Ring, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed.Load() {
 		return nil, ErrClosed
 	}
+	pk := e.ringPoller(cfg.Node)
 	r, err := ring.New(ring.Config{
 		Entries: cfg.Entries, CQEntries: cfg.CQEntries, MaxInFlight: cfg.MaxInFlight, Class: cfg.Class,
 		SliceSize: e.cfg.SliceSize, RetryLimit: e.cfg.RetryLimit, Timeout: e.cfg.Timeout, Logger: e.cfg.Logger,
-	}, &e.tables, e.poller(cfg.Node))
+	}, &e.tables, e.pollerAt(pk.node, pk.idx))
 	if err != nil {
 		return nil, fmt.Errorf("moonring: new ring: %w", err)
 	}
@@ -102,6 +149,6 @@ func (e *Engine) NewRing(cfg RingConfig) (*Ring, error) {
 		}
 	}
 	e.ringSeq++
-	e.rings[r] = e.ringSeq
+	e.rings[r] = openRing{e.ringSeq, pk}
 	return r, nil
 }

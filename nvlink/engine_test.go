@@ -83,11 +83,18 @@ func newEnginePair(tb testing.TB, size int) *enginePair {
 // by cfg.
 func newEnginePairWith(tb testing.TB, size int, cfg Config) *enginePair {
 	tb.Helper()
+	return newEnginePairPollers(tb, size, cfg, 1)
+}
+
+// newEnginePairPollers is newEnginePairWith with pollers pollers a NUMA
+// node in this engine (moonring.Config.Pollers).
+func newEnginePairPollers(tb testing.TB, size int, cfg Config, pollers int) *enginePair {
+	tb.Helper()
 	p := &enginePair{tr: openGPUWith(tb, cfg)}
 	c := startChildEnv(tb, engineChildEnv, size)
 	store := metadata.NewMemory()
 	var err error
-	if p.e, err = moonring.New(moonring.Config{Name: fmt.Sprintf("%s-%d", tb.Name(), time.Now().UnixNano()), Metadata: store}); err != nil {
+	if p.e, err = moonring.New(moonring.Config{Name: fmt.Sprintf("%s-%d", tb.Name(), time.Now().UnixNano()), Metadata: store, Pollers: pollers}); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { p.e.Close() })

@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"unsafe"
@@ -185,8 +186,10 @@ func mockLastLaunch(t *testing.T, lib string) (grid, rows, block uint32, ok bool
 // scattered 32 KiB blocks, copied by the gather kernel (the default), by
 // copy engines with the copies of a Post batched (NoCopyKernel) or a call
 // each (NoBatchCopies too), and the same bytes as contiguous 1 MiB blocks,
-// by the kernel (the default) and by copy engines. Bytes are the
-// request's; set beside RawKV.
+// by the kernel (the default) and by copy engines; kv-rings4 moves the
+// scattered blocks through four rings on four pollers (Config.Pollers),
+// a quarter each, from four goroutines. Bytes are the request's; set
+// beside RawKV.
 func BenchmarkKVNVLink(b *testing.B) {
 	blocks, pool := kvShape()
 	lib := os.Getenv(libraryEnv)
@@ -196,12 +199,13 @@ func BenchmarkKVNVLink(b *testing.B) {
 		"kv-percopy":    newEnginePairWith(b, pool, Config{Library: lib, NoBatchCopies: true, NoCopyKernel: true}),
 	}
 	pairs["contiguous"], pairs["contiguous-copyengine"] = pairs["kv"], pairs["kv-copyengine"]
+	pairs["kv-rings4"] = newEnginePairPollers(b, pool, Config{Library: lib}, 4)
 	loff, roff := kvPlan(5, blocks, pool)
 	for _, op := range []struct {
 		name string
 		op   moonring.Op
 	}{{"write", moonring.OpWrite}, {"read", moonring.OpRead}} {
-		for _, shape := range []string{"kv", "kv-copyengine", "kv-percopy", "contiguous", "contiguous-copyengine"} {
+		for _, shape := range []string{"kv", "kv-rings4", "kv-copyengine", "kv-percopy", "contiguous", "contiguous-copyengine"} {
 			b.Run(op.name+"/"+shape, func(b *testing.B) {
 				p := pairs[shape]
 				var es []moonring.Entry
@@ -218,38 +222,65 @@ func BenchmarkKVNVLink(b *testing.B) {
 					es[i].UserData = uint64(i)
 				}
 				// Fewer entries than blocks: the submission queue fills and
-				// the loop goes on as completions free it.
-				entries := min(4096, blocks/4)
-				r, err := p.e.NewRing(moonring.RingConfig{Entries: entries})
-				if err != nil {
-					b.Fatal(err)
+				// the loop goes on as completions free it. kv-rings4 splits
+				// the request over 4 rings, each on a poller of its own.
+				nr := 1
+				if shape == "kv-rings4" {
+					nr = 4
 				}
-				defer r.Close()
-				cqes := make([]moonring.Completion, 2*entries)
+				entries := min(4096, blocks/4/nr)
+				rs := make([]*moonring.Ring, nr)
+				for i := range rs {
+					r, err := p.e.NewRing(moonring.RingConfig{Entries: entries})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer r.Close()
+					rs[i] = r
+				}
 				b.SetBytes(int64(blocks * kvBlock))
+				errs := make([]error, nr)
 				for b.Loop() {
-					sent, done := 0, 0
-					for done < len(es) {
-						if sent < len(es) {
-							n, err := r.Submit(es[sent:])
-							if err != nil && !errors.Is(err, moonring.ErrSQFull) {
-								b.Fatal(err)
-							}
-							sent += n
+					var wg sync.WaitGroup
+					for i, r := range rs {
+						part := es[i*len(es)/nr : (i+1)*len(es)/nr]
+						wg.Go(func() { errs[i] = moveAll(r, part, entries) })
+					}
+					wg.Wait()
+					for _, err := range errs {
+						if err != nil {
+							b.Fatal(err)
 						}
-						n := r.PeekBatch(cqes)
-						for i := range n {
-							if err := cqes[i].Err(); err != nil {
-								b.Fatalf("completion: %v", err)
-							}
-						}
-						r.Advance(n)
-						done += n
 					}
 				}
 			})
 		}
 	}
+}
+
+// moveAll submits es to r (of entries entries) and reaps their
+// completions, failing on the first that did not complete.
+func moveAll(r *moonring.Ring, es []moonring.Entry, entries int) error {
+	cqes := make([]moonring.Completion, 2*entries)
+	sent, done := 0, 0
+	for done < len(es) {
+		if sent < len(es) {
+			n, err := r.Submit(es[sent:])
+			if err != nil && !errors.Is(err, moonring.ErrSQFull) {
+				return err
+			}
+			sent += n
+		}
+		n := r.PeekBatch(cqes)
+		for i := range n {
+			if err := cqes[i].Err(); err != nil {
+				return fmt.Errorf("completion: %w", err)
+			}
+		}
+		r.Advance(n)
+		done += n
+	}
+	return nil
 }
 
 // BenchmarkRawKV is the baseline of BenchmarkKVNVLink: the request's
