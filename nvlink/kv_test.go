@@ -188,8 +188,9 @@ func mockLastLaunch(t *testing.T, lib string) (grid, rows, block uint32, ok bool
 // each (NoBatchCopies too), and the same bytes as contiguous 1 MiB blocks,
 // by the kernel (the default) and by copy engines; kv-rings4 moves the
 // scattered blocks through four rings on four pollers (Config.Pollers),
-// a quarter each, from four goroutines. Bytes are the request's; set
-// beside RawKV.
+// a quarter each, from four goroutines, with the default Depth (four
+// groups of 256 in flight on the GPU's lane: about one a ring) and with
+// 4,096. Bytes are the request's; set beside RawKV.
 func BenchmarkKVNVLink(b *testing.B) {
 	blocks, pool := kvShape()
 	lib := os.Getenv(libraryEnv)
@@ -200,12 +201,13 @@ func BenchmarkKVNVLink(b *testing.B) {
 	}
 	pairs["contiguous"], pairs["contiguous-copyengine"] = pairs["kv"], pairs["kv-copyengine"]
 	pairs["kv-rings4"] = newEnginePairPollers(b, pool, Config{Library: lib}, 4)
+	pairs["kv-rings4-depth4096"] = newEnginePairPollers(b, pool, Config{Library: lib, Depth: 4096}, 4)
 	loff, roff := kvPlan(5, blocks, pool)
 	for _, op := range []struct {
 		name string
 		op   moonring.Op
 	}{{"write", moonring.OpWrite}, {"read", moonring.OpRead}} {
-		for _, shape := range []string{"kv", "kv-rings4", "kv-copyengine", "kv-percopy", "contiguous", "contiguous-copyengine"} {
+		for _, shape := range []string{"kv", "kv-rings4", "kv-rings4-depth4096", "kv-copyengine", "kv-percopy", "contiguous", "contiguous-copyengine"} {
 			b.Run(op.name+"/"+shape, func(b *testing.B) {
 				p := pairs[shape]
 				var es []moonring.Entry
@@ -225,7 +227,7 @@ func BenchmarkKVNVLink(b *testing.B) {
 				// the loop goes on as completions free it. kv-rings4 splits
 				// the request over 4 rings, each on a poller of its own.
 				nr := 1
-				if shape == "kv-rings4" {
+				if strings.HasPrefix(shape, "kv-rings4") {
 					nr = 4
 				}
 				entries := min(4096, blocks/4/nr)
