@@ -99,6 +99,7 @@ func bench(args []string, out io.Writer) (err error) {
 	batches := fs.Int("batches", 4, "batches in flight per thread, each on blocks of its own: while one is checked the others keep the pipeline full (the default, 4 of 32, is the 128 in flight per thread of Mooncake's transfer_engine_bench, whose threads submit a batch of 128 and wait for it; 1: that too)")
 	threads := fs.Int("threads", 1, "goroutines submitting, each with its own ring or batches")
 	useRing := fs.Bool("ring", false, "drive the io_uring-style Ring API instead of the Mooncake-style batch API")
+	pollers := fs.Int("pollers", 1, "the initiator engine's pollers (Config.Pollers, 1 to 64): with --ring each ring (each --threads goroutine's, or each --inflight kv request's) goes to the one with the fewest")
 	duration := fs.Duration("duration", time.Second, "measured time per step (after a warm-up of a fifth of it)")
 	bufSize := fs.String("buffer-size", "64M", "the target's buffer (K, M, G suffixes; at most 64G)")
 	segment := fs.String("segment", "", "the target's segment (host:port of its p2p endpoint, or its name with --metadata http://...); default: start one")
@@ -307,9 +308,9 @@ func bench(args []string, out io.Writer) (err error) {
 		if set["ttl"] {
 			ttlSet = *ttl
 		}
-		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, ttlSet, bs[0], !kvMode && !seedMode, mcOn)
+		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, ttlSet, bs[0], *pollers, !kvMode && !seedMode, mcOn)
 	case "local":
-		tg, err = localTarget(ctx, bs[0], *targets, !kvMode)
+		tg, err = localTarget(ctx, bs[0], *targets, *pollers, !kvMode)
 	default:
 		return fmt.Errorf("protocol %q is not in this build (have: tcp, shm, local)", *protocol)
 	}
@@ -348,7 +349,7 @@ func bench(args []string, out io.Writer) (err error) {
 	}
 	run := &runInfo{Transport: tg.transport, Target: tg.name, TargetPID: tg.pid, TargetStarted: tg.started, Metadata: *meta,
 		Buffer: bs[0], Batch: *batch, Batches: *batches, Threads: *threads, API: api, Mode: runMode, Duration: duration.String(), Verify: *verify,
-		Host: hostname, Version: version(), Date: time.Now().UTC().Format(time.RFC3339), CopyWorkers: tg.ini.Config().CopyWorkers}
+		Host: hostname, Version: version(), Date: time.Now().UTC().Format(time.RFC3339), CopyWorkers: tg.ini.Config().CopyWorkers, Pollers: tg.ini.Config().Pollers}
 	if *protocol == "local" {
 		run.Metadata = "in this process"
 	}

@@ -63,6 +63,19 @@ func TestBenchLocal(t *testing.T) {
 	}
 }
 
+// --pollers gives the initiator engine that many pollers; two threads'
+// rings move and check their blocks on them, and the run says so.
+func TestBenchPollers(t *testing.T) {
+	for _, r := range benchJSON(t, "--protocol", "local", "--ring", "--threads", "2", "--pollers", "2") {
+		if r.Run == nil || r.Run.Pollers != 2 {
+			t.Fatalf("row's run %+v; want pollers 2", r.Run)
+		}
+	}
+	if err := run([]string{"bench", "--protocol", "local", "--pollers", "65"}, io.Discard); err == nil || !strings.Contains(err.Error(), "Pollers 65") {
+		t.Errorf("--pollers 65: %v; want an error naming Pollers 65", err)
+	}
+}
+
 // The default: a target in a child process, over TCP.
 func TestBenchTCP(t *testing.T) {
 	for _, r := range benchJSON(t) {

@@ -104,6 +104,9 @@ type runInfo struct {
 	// CopyWorkers is the initiator engine's copy workers per poller
 	// (moonring.Config.CopyWorkers, as filled in).
 	CopyWorkers int `json:"copy_workers"`
+	// Pollers is the initiator engine's pollers a NUMA node
+	// (moonring.Config.Pollers, as filled in: --pollers).
+	Pollers int `json:"pollers"`
 	// Pattern is "kv" with --pattern kv, Layout its pools and requests,
 	// Inflight its requests in flight and Targets its targets.
 	Pattern  string `json:"pattern,omitempty"`
@@ -149,8 +152,8 @@ func (r *runInfo) header() string {
 	}
 	return fmt.Sprintf("# moonring bench: %s to %s, metadata %s\n"+
 		"# %s, %s API, %s per step after a warm-up of a fifth of it, %s\n"+
-		"# host %s, moonring %s, %s; copy workers per poller %d (Config.CopyWorkers default: GOMAXPROCS-1, at most 3)\n%s",
-		r.Transport, target, r.Metadata, sizes, r.API, r.Duration, verify, r.Host, r.Version, r.Date, max(r.CopyWorkers, 0), mode)
+		"# host %s, moonring %s, %s; pollers %d, copy workers per poller %d (Config.CopyWorkers default: GOMAXPROCS-1, at most 3)\n%s",
+		r.Transport, target, r.Metadata, sizes, r.API, r.Duration, verify, r.Host, r.Version, r.Date, max(r.Pollers, 1), max(r.CopyWorkers, 0), mode)
 }
 
 // reporter prints the sweep's rows as each step ends; end finishes the

@@ -218,10 +218,11 @@ func (t *target) close() {
 }
 
 // localTarget is a second engine of this process (n of them for --targets
-// n). Without a model (kv) the buffers are left as Alloc made them.
-func localTarget(ctx context.Context, size, n int, model bool) (*target, error) {
+// n); the initiator engine runs pollers pollers a NUMA node. Without a
+// model (kv) the buffers are left as Alloc made them.
+func localTarget(ctx context.Context, size, n, pollers int, model bool) (*target, error) {
 	t := &target{transport: "local"}
-	ini, err := moonring.New(moonring.Config{})
+	ini, err := moonring.New(moonring.Config{Pollers: pollers})
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +269,7 @@ func localTarget(ctx context.Context, size, n int, model bool) (*target, error) 
 // time to live of what this process's store and the target processes it
 // starts publish. Without a model (kv) the first target's contents are not
 // modelled.
-func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names []string, n int, meta, localName, keyFile string, ttl time.Duration, size int, model bool, mc *mooncakeFlags) (*target, error) {
+func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names []string, n int, meta, localName, keyFile string, ttl time.Duration, size, pollers int, model bool, mc *mooncakeFlags) (*target, error) {
 	if localName != "" && meta == "p2p" {
 		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
 	}
@@ -317,7 +318,7 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 	if store != nil {
 		t.closers = append(t.closers, func() { store.Close() })
 	}
-	cfg := moonring.Config{Name: localName, Metadata: store, Transports: []string{proto}, TCP: &tcp.Config{Key: key}}
+	cfg := moonring.Config{Name: localName, Metadata: store, Transports: []string{proto}, TCP: &tcp.Config{Key: key}, Pollers: pollers}
 	if proto == "shm" {
 		cfg.SHM = &shm.Config{NoMap: noMap}
 	}
