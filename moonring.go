@@ -199,8 +199,10 @@ type Config struct {
 	// workload whose entries keep one poller's core busy (a KV cache's
 	// thousands of small blocks through nvlink cost about 370 ns each)
 	// then goes faster through several rings. Each poller is a goroutine
-	// that spins PollerSpin after its last work, then parks. The batch
-	// API's rings stay on a node's first poller.
+	// that spins PollerSpin after its last work, then parks; while a
+	// transport that must be polled has work out (nvlink's GPU copies)
+	// every poller keeps polling it, so N pollers spin on N cores then. The
+	// batch API's rings stay on a node's first poller.
 	Pollers int
 	// PromoteAfter is how long a ring waits behind a busy ring of a higher
 	// class before it may start one request (see Class); default 1 ms.

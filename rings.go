@@ -11,8 +11,8 @@ import (
 	"github.com/moonring/moonring/transport"
 )
 
-// Rings and their pollers: a poller per NUMA node, the caller's rings, and
-// whether requests in flight use a buffer or segment.
+// Rings and their pollers: Config.Pollers pollers per NUMA node, the
+// caller's rings, and whether requests in flight use a buffer or segment.
 
 // maxPollers bounds Config.Pollers.
 const maxPollers = 64

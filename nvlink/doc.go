@@ -26,7 +26,8 @@
 // ones (larger, unaligned, or from another GPU) in one cuMemcpyBatchAsync
 // where the driver has it, HtoD/DtoH copies when the local buffer is host
 // memory a call each. The engine hands an endpoint
-// up to a group's 256 slices a Post (Endpoint.PostWidth). Poll queries the
+// up to a group's 256 slices a Post, or a quarter of Depth when that is
+// fewer (Endpoint.PostWidth). Poll queries the
 // oldest events of each stream and completes their groups: nothing on the
 // hot path waits for the GPU. The engine's pollers call Poll (Transport
 // implements transport.Poller).

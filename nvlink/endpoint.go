@@ -60,7 +60,7 @@ func (e *Endpoint) Rails() int { return 1 }
 // PostWidth asks the engine for Posts of up to groupMax slices (a group:
 // one event, one kernel launch or batched copy), or a quarter of the
 // depth when that is smaller, so that several groups are in flight while
-// the next is posted.
+// the next is posted. Safe for concurrent use; it never changes.
 func (e *Endpoint) PostWidth() int { return max(min(groupMax, e.t.cfg.Depth/4), 1) }
 
 var _ transport.WidePoster = (*Endpoint)(nil)

@@ -3,8 +3,8 @@ package nvlink
 import "unsafe"
 
 // The gather kernel copies many small device-to-device slices in one
-// launch, on the GPU's SMs: one thread block a slice, each thread moving
-// 16 bytes at a time. A copy engine spends about 5 µs on each copy
+// launch, on the GPU's SMs: a column of thread blocks a slice (one block
+// for a 32 KiB slice), each thread moving 16 bytes at a time. A copy engine spends about 5 µs on each copy
 // whatever its size (an H200 moved a 4k-token request's 16,384 blocks of
 // 32 KiB at 6-7 GB/s, a call each or batched, against 1.5-2 TB/s for one
 // 64 MiB copy), so scattered KV-cache blocks go through the kernel and

@@ -231,8 +231,9 @@ func (r *Ring) complete(userData uint64, code cq.Code, bytes uint64) {
 	}
 	r.cqes = append(r.cqes, cq.Completion{UserData: userData, Bytes: bytes, Status: code.Status(), Code: code})
 	// While taking, cqes may grow past its capacity: take pops at most 64
-	// entries, but posting one can end earlier requests too (a failed
-	// post), so up to 64+MaxInFlight; rare, and the capacity is kept.
+	// entries (256 while filling a wide endpoint's batch), but posting one
+	// can end earlier requests too (a failed post), so up to
+	// 256+MaxInFlight; rare, and the capacity is kept.
 	if len(r.cqes) >= cap(r.cqes) && !r.taking {
 		r.flushCQ()
 	}

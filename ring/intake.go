@@ -126,7 +126,7 @@ func (r *Ring) wakeAt(t int64) int64 {
 
 // take pops new entries while slots are free: maxTake a round, or more
 // while they fill the open batch of a transport.WidePoster (up to its
-// width).
+// width; it stops at the first entry past maxTake that does not join it).
 //
 // While every slot is taken the ring is blocked: a request at the head of
 // the SQ then times out once the ring has been blocked for longer than the
@@ -167,10 +167,15 @@ func (r *Ring) take(t int64, limit int) bool {
 			continue
 		}
 		r.more = i < min(n, limit)-1 || (i < n-1 && r.widening())
+		had := len(r.batch)
 		r.start(e, t)
 		if r.inlineBytes >= r.yieldAt {
 			i++
 			break // a higher class may be waiting: see yieldBytes
+		}
+		if i >= limit && len(r.batch) <= had {
+			i++
+			break // past maxTake, and this entry did not join the wide batch
 		}
 	}
 	r.more = false

@@ -267,8 +267,12 @@ func (r *Ring) flush() bool {
 }
 
 // postWidth is how many slices a batch for ep holds: batchCap, or what a
-// transport.WidePoster asks for, up to wideCap.
+// transport.WidePoster asks for, up to wideCap. A Copier keeps batchCap:
+// its batches are shared with copy workers in jobs of that size.
 func postWidth(ep transport.Endpoint) int {
+	if _, ok := ep.(transport.Copier); ok {
+		return batchCap
+	}
 	if w, ok := ep.(transport.WidePoster); ok {
 		return min(max(w.PostWidth(), 1), wideCap)
 	}

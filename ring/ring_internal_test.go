@@ -1797,8 +1797,47 @@ func TestPostWidth(t *testing.T) {
 			sizes := slices.Clone(ep.sizes)
 			ep.mu.Unlock()
 			if slices.Max(sizes) != c.want || ep.offered != n {
-				t.Errorf("Post sizes %v (%d slices); want at most %d a Post, the first that many, and %d slices", sizes, ep.offered, c.want, n)
+				t.Errorf("Post sizes %v (%d slices); want at most %d a Post and %d slices", sizes, ep.offered, c.want, n)
 			}
 		})
+	}
+}
+
+// copierWide is a Copier that asks for wide Posts: it gets batchCap, the
+// size of the jobs its batches are shared out in.
+type copierWide struct{ wideEP }
+
+func (copierWide) Copy(*transport.Slice) error { return nil }
+
+// TestPostWidthStops: a round goes past maxTake only while its entries
+// join the wide batch: the first that does not (a Nop here) ends it, and
+// a Copier's batches stay at batchCap whatever width it asks.
+func TestPostWidthStops(t *testing.T) {
+	if got := postWidth(copierWide{wideEP{&fakeEP{width: 256}}}); got != batchCap {
+		t.Errorf("postWidth of a wide Copier = %d, want %d", got, batchCap)
+	}
+	ep := &fakeEP{width: 256}
+	h := newHarness(t, Config{Entries: 1024, MaxInFlight: 1024}, ep, true)
+	var es []sq.Entry
+	for i := range maxTake {
+		es = append(es, h.write(uint64(i+1), uint64(i)*64, uint64(i)*64, 64))
+	}
+	for i := range 100 {
+		es = append(es, sq.Entry{Op: sq.Nop, UserData: uint64(1000 + i)})
+	}
+	for i := range 100 {
+		es = append(es, h.write(uint64(2000+i), uint64(maxTake+i)*64, uint64(maxTake+i)*64, 64))
+	}
+	h.submit(es...)
+	h.step()
+	ep.mu.Lock()
+	sizes := slices.Clone(ep.sizes)
+	ep.mu.Unlock()
+	if len(sizes) == 0 || sizes[0] != maxTake {
+		t.Errorf("the first round's Posts %v; want one of %d (the Nop after them ends the round)", sizes, maxTake)
+	}
+	got := h.collect(len(es))
+	for _, c := range got {
+		expectCode(t, c, cq.CodeOK)
 	}
 }

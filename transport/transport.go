@@ -250,8 +250,9 @@ type Endpoint interface {
 // rather than per slice (nvlink: one kernel launch and one event for a
 // Post's slices): the engine gathers up to PostWidth slices for one Post
 // where it would stop at its default (64); a larger width than the
-// engine's most (256) is cut to it. PostWidth must not change for an
-// endpoint's life and must be safe for concurrent use.
+// engine's most (256) is cut to it, and a Copier gets the default
+// whatever it asks. PostWidth must not change for an endpoint's life and
+// must be safe for concurrent use.
 type WidePoster interface {
 	PostWidth() int
 }
