@@ -135,6 +135,22 @@ type recorder struct {
 
 func newRecorder() *recorder { return &recorder{got: map[uint64][]error{}} }
 
+// postWait posts every slice of s to ep in one Post, polls tr until each
+// has completed, and fails the test on a slice that did not move.
+func postWait(t *testing.T, tr *Transport, ep *Endpoint, s []transport.Slice) {
+	t.Helper()
+	r := newRecorder()
+	if k, err := ep.Post(r, s); k != len(s) || err != nil {
+		t.Fatalf("Post = %d of %d, %v", k, len(s), err)
+	}
+	pollUntil(t, tr, r, int64(len(s)))
+	for i := range s {
+		if err := r.result(t, s[i].Token); err != nil {
+			t.Fatalf("%v slice %d: %v", s[i].Op, i, err)
+		}
+	}
+}
+
 func (r *recorder) Complete(tok uint64, err error) {
 	r.mu.Lock()
 	r.got[tok] = append(r.got[tok], err)
@@ -395,15 +411,8 @@ func TestGroupedCopies(t *testing.T) {
 				s[i] = transport.Slice{Op: transport.Write, LocalHandle: lreg.Handle, Local: unsafe.Pointer(&lmem[i*blk]), Remote: uint64(tb.Addr) + uint64(perm[i]*blk), Length: blk, Token: uint64(i + 1)}
 			}
 			batches, records, launches := fake.batches, fake.records, fake.launches
-			r := newRecorder()
-			if k, err := ep.Post(r, s); k != n || err != nil {
-				t.Fatalf("Post = %d, %v", k, err)
-			}
-			pollUntil(t, p.init, r, n)
+			postWait(t, p.init, ep, s)
 			for i := range s {
-				if err := r.result(t, s[i].Token); err != nil {
-					t.Fatalf("WRITE slice %d: %v", i, err)
-				}
 				if d := testpattern.FirstDiff(tmem[perm[i]*blk:(perm[i]+1)*blk], lmem[i*blk:(i+1)*blk]); d >= 0 {
 					t.Fatalf("WRITE slice %d: byte %d differs", i, d)
 				}
@@ -423,16 +432,7 @@ func TestGroupedCopies(t *testing.T) {
 				s[i].Op, s[i].Token = transport.Read, uint64(n+i+1)
 			}
 			slices.Reverse(s)
-			r = newRecorder()
-			if k, err := ep.Post(r, s); k != n || err != nil {
-				t.Fatalf("Post = %d, %v", k, err)
-			}
-			pollUntil(t, p.init, r, n)
-			for i := range s {
-				if err := r.result(t, s[i].Token); err != nil {
-					t.Fatalf("READ slice %d: %v", i, err)
-				}
-			}
+			postWait(t, p.init, ep, s)
 			want := make([]byte, n*blk)
 			testpattern.Fill(want, 5)
 			if d := testpattern.FirstDiff(lmem, want); d >= 0 {
@@ -990,15 +990,8 @@ func TestGatherParts(t *testing.T) {
 	// unaligned one that goes to a copy engine.
 	s[3].Local, s[3].Remote, s[3].Length = unsafe.Pointer(&lmem[n*blk]), uint64(tb.Addr)+uint64(n*blk), big
 	s[5].Local, s[5].Remote, s[5].Length = unsafe.Pointer(&lmem[n*blk+big+1]), uint64(tb.Addr)+uint64(n*blk+big+1), 1<<20-1
-	r := newRecorder()
-	if k, err := ep.Post(r, s); k != n || err != nil {
-		t.Fatalf("Post = %d, %v", k, err)
-	}
-	pollUntil(t, p.init, r, n)
+	postWait(t, p.init, ep, s)
 	for i := range s {
-		if err := r.result(t, s[i].Token); err != nil {
-			t.Fatalf("slice %d: %v", i, err)
-		}
 		off := int(s[i].Remote - uint64(tb.Addr))
 		loc := int(uintptr(s[i].Local) - uintptr(unsafe.Pointer(&lmem[0])))
 		if d := testpattern.FirstDiff(tmem[off:off+int(s[i].Length)], lmem[loc:loc+int(s[i].Length)]); d >= 0 {
