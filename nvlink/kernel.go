@@ -4,8 +4,8 @@ import "unsafe"
 
 // The gather kernel copies many small device-to-device slices in one
 // launch, on the GPU's SMs: a column of thread blocks a slice (one block
-// for a 32 KiB slice), each thread moving 16 bytes at a time. A copy engine spends about 5 µs on each copy
-// whatever its size (an H200 moved a 4k-token request's 16,384 blocks of
+// for a 32 KiB slice), each thread moving 16 bytes at a time. A copy
+// engine spends about 5 µs on each copy whatever its size (an H200 moved a 4k-token request's 16,384 blocks of
 // 32 KiB at 6-7 GB/s, a call each or batched, against 1.5-2 TB/s for one
 // 64 MiB copy), so scattered KV-cache blocks go through the kernel and
 // large slices through the copy engine. The kernel runs on the remote
@@ -29,7 +29,7 @@ const gatherName = "moonring_gather"
 
 // Gather kernel limits: a slice goes to the kernel when its addresses and
 // length are multiples of gatherAlign and it is at most gatherMax bytes
-// (up to gatherParts thread blocks copy it); gatherThreads threads a
+// (up to gatherMaxParts thread blocks copy it); gatherThreads threads a
 // block unless a launch says otherwise (gatherArgs.threads).
 const (
 	gatherAlign   = 16

@@ -288,9 +288,9 @@ func moveAll(r *moonring.Ring, es []moonring.Entry, entries int) error {
 // BenchmarkRawKV is the baseline of BenchmarkKVNVLink: the request's
 // blocks copied between two pools of GPU 0 in this process on one stream,
 // one event at the end waited for by polling: the gather kernel, in one
-// launch over all of them ("kernel") or in launches of 64 slices as a
-// ring's Posts make ("kernel-64") or 256, with 256 threads a block or
-// another count ("-t1024"), one block a slice or N ("-pN"), a
+// launch over all of them ("kernel") or in launches of 64 or 256 slices
+// as a ring's Posts make ("kernel-256"), in the lane's geometry or with
+// another block size ("-t256") or blocks a slice ("-p2"), a
 // cuMemcpyDtoDAsync per
 // block ("percopy"; "percopy-events" records an event after each, as
 // nvlink did before it grouped a Post's copies), a cuMemcpyBatchAsync per
@@ -311,19 +311,19 @@ func BenchmarkRawKV(b *testing.B) {
 	sp, dp := uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
 	loff, roff := kvPlan(5, blocks, pool)
 	shapes := []string{"kernel", "percopy", "percopy-events", "batch", "contiguous"}
-	// The kernel's launch geometry: threads a block, launches over the
-	// whole request or of 64 or 256 slices each (a ring's Post of 64
-	// slices is one group, one launch; a group holds up to 256), and
-	// blocks a slice (-pN; else 1).
+	// The kernel's launch geometry: threads a block (-tN; else
+	// gatherThreads), launches over the whole request or of 64 or 256
+	// slices each (a ring's Post is one group, one launch; a wide one
+	// holds 256), and blocks a slice (-pN; else what the lane gives a 32
+	// KiB slice, or 1 with -tN).
+	lp := int(partsFor(kvBlock, gatherThreads)) // the lane's rows for a 32 KiB slice
 	geometry := map[string]struct{ threads, per, parts int }{
-		"kernel":    {gatherThreads, blocks, 1},
-		"kernel-64": {gatherThreads, 64, 1}, "kernel-64-t1024": {1024, 64, 1}, "kernel-64-p4": {gatherThreads, 64, 4},
-		"kernel-256": {gatherThreads, 256, 1}, "kernel-256-p2": {gatherThreads, 256, 2},
-		"kernel-256-p4": {gatherThreads, 256, 4}, "kernel-256-p8": {gatherThreads, 256, 8},
-		"kernel-256-t1024": {1024, 256, 1}, "kernel-256-t512-p2": {512, 256, 2},
+		"kernel": {gatherThreads, blocks, lp}, "kernel-64": {gatherThreads, 64, lp}, "kernel-256": {gatherThreads, 256, lp},
+		"kernel-256-p2": {gatherThreads, 256, 2}, "kernel-64-t256": {256, 64, 1}, "kernel-256-t256": {256, 256, 1},
+		"kernel-256-t256-p4": {256, 256, 4}, "kernel-256-t512-p2": {512, 256, 2},
 	}
-	shapes = append(shapes, "kernel-64", "kernel-64-t1024", "kernel-64-p4", "kernel-256", "kernel-256-p2",
-		"kernel-256-p4", "kernel-256-p8", "kernel-256-t1024", "kernel-256-t512-p2")
+	shapes = append(shapes, "kernel-64", "kernel-256", "kernel-256-p2", "kernel-64-t256", "kernel-256-t256",
+		"kernel-256-t256-p4", "kernel-256-t512-p2")
 	for _, shape := range shapes {
 		geo, isKernel := geometry[shape]
 		b.Run(shape, func(b *testing.B) {

@@ -81,8 +81,9 @@ type Config struct {
 	// remote buffer's GPU) are copied in one launch of a small kernel on
 	// the GPU's SMs (see kernel.go), since a copy engine spends about 5 µs
 	// on each copy whatever its size: on an H200 a request's 16,384
-	// scattered 32 KiB blocks moved between two engines at 87-92 GB/s
-	// through the kernel against 7 GB/s on copy engines (BENCHMARKS.md).
+	// scattered 32 KiB blocks moved between two engines at 87-94 GB/s
+	// through the kernel against 6-7 GB/s on copy engines, and the same
+	// bytes as 1 MiB blocks at 1.36 TB/s against 0.2 (BENCHMARKS.md).
 	// The kernel takes SMs from the application's own kernels while it
 	// runs; set NoCopyKernel where they must have every SM. A driver that
 	// cannot load the kernel leaves the lane on copy engines anyway.
