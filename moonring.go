@@ -68,6 +68,12 @@ const (
 	FlagTransportPrefer = sq.FlagTransportPrefer
 )
 
+// FlagList on a READ or WRITE Entry moves a run of a prepared list's
+// blocks (Engine.PrepareList): Local is the ListID, Remote the index of
+// the first block, Length the number of blocks. See sq.FlagList and
+// ListEntry.
+const FlagList = sq.FlagList
+
 // Class is the priority class of a ring (RingConfig.Class) or of a batch
 // task (TransferRequest.Class). A poller steps rings of a higher class
 // first; while a higher-class ring of the same poller is busy (it took or
@@ -371,6 +377,7 @@ type Engine struct {
 	buffers    segtable.Buffers
 	segments   segtable.Segments[transport.Endpoint]
 	tables     ring.Tables
+	lists      segtable.Handles[ring.List] // prepared lists (lists.go); lock-free
 	transports [segtable.MaxTransports]transport.Transport
 	// tnames are the installed transports' names by slot, for readers
 	// without mu (TransportSlot, the health manager's log lines).
@@ -482,7 +489,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.local.SetNotify(cfg.Name, e.deliver)
 	e.health.init(e)
-	e.tables = ring.Tables{Buffers: &e.buffers, Segments: &e.segments, PathDown: e.health.pathDown}
+	e.tables = ring.Tables{Buffers: &e.buffers, Segments: &e.segments, Lists: &e.lists, PathDown: e.health.pathDown}
 	e.buffers.Busy = func(b *segtable.Buffer) bool { return e.inFlight(b, nil) }
 	e.segments.Busy = func(s *segtable.Segment[transport.Endpoint]) bool { return e.inFlight(nil, s) }
 	e.transports[0] = e.local

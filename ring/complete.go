@@ -132,7 +132,12 @@ func (r *Ring) applySlice(tok uint64, code cq.Code, path bool) {
 	case code == cq.CodeOK && i == q.nslices: // the notification was taken
 		r.finish(idx, cq.CodeOK)
 	case code == cq.CodeOK:
-		_, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
+		var n uint64
+		if q.blocks != nil {
+			n = q.blocks[i].Length
+		} else {
+			_, n = sliceRange(q.length, q.sliceSize, q.nslices, i)
+		}
 		q.bytes += n
 		q.done++
 		if q.done == q.nslices {
@@ -196,6 +201,7 @@ func (r *Ring) release(idx int32) {
 	q.buf, q.seg, q.path = nil, nil, nil
 	q.bytes, q.posted, q.done, q.outstanding, q.retries, q.forgive = 0, 0, 0, 0, 0, 0
 	q.notify, q.tag, q.pinned = false, 0, false
+	q.blocks, q.rvaries = nil, false
 	q.gen, q.state = gen, stFree
 	q.gone.Store(false)
 	r.free = append(r.free, idx)

@@ -222,7 +222,8 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		r.cancel(e.Remote)
 		return
 	}
-	if e.Length == 0 || e.Length > r.cfg.MaxLength {
+	list := e.Flags&sq.FlagList != 0
+	if !list && (e.Length == 0 || e.Length > r.cfg.MaxLength) {
 		r.complete(e.UserData, cq.CodeLength, 0)
 		return
 	}
@@ -235,7 +236,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		r.complete(e.UserData, cq.CodeBadBuffer, 0)
 		return
 	}
-	if !buf.Contains(e.Local, e.Length) {
+	if !list && !buf.Contains(e.Local, e.Length) {
 		r.complete(e.UserData, cq.CodeLocalRange, 0)
 		return
 	}
@@ -244,8 +245,19 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		r.complete(e.UserData, cq.CodeBadSegment, 0)
 		return
 	}
-	ri := seg.Resolve(e.Remote, e.Length)
-	if ri < 0 {
+	var (
+		run    listRun
+		length = e.Length
+		ri     int
+	)
+	if list {
+		var code cq.Code
+		if run, code = r.checkList(e, buf, seg); code != cq.CodeOK {
+			r.complete(e.UserData, code, 0)
+			return
+		}
+		length, ri = run.bytes, int(run.rindex)
+	} else if ri = seg.Resolve(e.Remote, e.Length); ri < 0 {
 		r.complete(e.UserData, cq.CodeRemoteRange, 0)
 		return
 	}
@@ -283,6 +295,15 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	if size == 0 {
 		size = r.cfg.SliceSize
 	}
+	if list {
+		if reg.Staged && MaxSlice(size) < run.maxLen {
+			// A block moves as one slice: a staged buffer's bounce
+			// buffers hold no more than a slice.
+			r.complete(e.UserData, cq.CodeLength, 0)
+			return
+		}
+		size = run.maxLen // the request's slice size, for a failover's check (retry.go)
+	}
 	if r.yieldAt != noYield && size > yieldBytes {
 		// A ring of a higher class shares the poller: copies on the
 		// poller go in slices of yieldBytes, so that its requests wait
@@ -292,7 +313,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		}
 	}
 	first := uint64(0) // the token of the first slice's first post
-	if e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size && !reg.Staged && !r.sharing(e.Length, path.Endpoint) {
+	if !list && e.Flags&sq.FlagNotify == 0 && !r.lent && e.Length <= size && !reg.Staged && !r.sharing(e.Length, path.Endpoint) {
 		switch r.copyInline(e, buf, seg, path, reg.Handle, uint32(ri)) {
 		case inlineDone:
 			return
@@ -307,10 +328,13 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	// Field by field: a composite literal with pointers would be built
 	// aside and copied with write barriers.
 	q.userData, q.buf, q.seg, q.path = e.UserData, buf, seg, path
-	q.local, q.remote, q.length = e.Local, e.Remote, e.Length
+	q.local, q.remote, q.length = e.Local, e.Remote, length
 	q.sliceSize, q.deadline, q.handle, q.rindex = size, deadline, reg.Handle, uint32(ri)
 	q.started = t
-	q.nslices, q.rail, q.state, q.op = sliceCount(e.Length, size), r.rail, stActive, transport.Read
+	q.nslices, q.rail, q.state, q.op = sliceCount(length, size), r.rail, stActive, transport.Read
+	if list {
+		q.blocks, q.rvaries, q.nslices = run.blocks, run.varies, uint32(len(run.blocks))
+	}
 	if e.Op == sq.Write {
 		q.op = transport.Write
 	}

@@ -177,7 +177,15 @@ func (r *Ring) add(q *request, tok uint64) bool {
 		sl.Local = unsafe.Pointer(unsafe.SliceData(msg))
 		return true
 	}
-	off, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
+	var local, remote, n uint64
+	rindex := q.rindex
+	if q.blocks != nil {
+		local, remote, n, rindex = q.block(i)
+	} else {
+		var off uint64
+		off, n = sliceRange(q.length, q.sliceSize, q.nslices, i)
+		local, remote = q.local+off, q.remote+off
+	}
 	if r.yieldAt != noYield {
 		if _, ok := ep.(transport.Copier); ok {
 			r.inlineBytes += n // copied on the poller at the flush
@@ -185,8 +193,8 @@ func (r *Ring) add(q *request, tok uint64) bool {
 	}
 	r.postedBytes += n
 	sl.Op = q.op
-	sl.Local = q.buf.Pointer(q.local + off)
-	sl.Remote, sl.Length, sl.RemoteIndex = q.remote+off, n, q.rindex
+	sl.Local = q.buf.Pointer(local)
+	sl.Remote, sl.Length, sl.RemoteIndex = remote, n, rindex
 	return true
 }
 

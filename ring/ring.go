@@ -132,6 +132,9 @@ func (c *Config) fill() error {
 type Tables struct {
 	Buffers  *segtable.Buffers
 	Segments *segtable.Segments[transport.Endpoint]
+	// Lists holds the prepared lists that entries with sq.FlagList name
+	// (nil: such entries complete with CodeInvalid).
+	Lists *segtable.Handles[List]
 	// PathDown, when set before rings use the tables, hears of each path
 	// a ring marked down (segtable.Segment.Fail): a request failed on it
 	// for a reason of the path while another path of the segment was up,
@@ -318,6 +321,11 @@ type request struct {
 	pinned      bool   // sq.FlagTransportOnly: it never leaves path
 	forgive     uint32 // slices that were out on a path it left: their failures cost no retry
 	tag         uint64 // the notification's tag
+	// blocks are the list's blocks a request with sq.FlagList moves, one
+	// a slice (nil for others); rvaries says they lie in several remote
+	// buffers, so that rindex is only the first's.
+	blocks  []Block
+	rvaries bool
 	// pq is the queue of its endpoint while it has slices left to post
 	// (postq.go), qnext and qprev its neighbours there.
 	pq           *postQueue

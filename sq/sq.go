@@ -89,11 +89,20 @@ const (
 	// is up; otherwise (down, not open) it takes the segment's current
 	// path, and fails over as any request does.
 	FlagTransportPrefer
+	// FlagList makes a Read or Write move the blocks of a prepared list
+	// (ring.List, moonring.Engine.PrepareList) rather than one range:
+	// Local is then the list's ID, Remote the index of its first block
+	// and Length the number of its blocks, and each block moves its own
+	// bytes between Buffer at the block's offset and Segment at the
+	// block's address. The request completes once every block has moved,
+	// its completion's Bytes their sum; any block outside its buffer or
+	// segment fails it before one byte moves.
+	FlagList
 )
 
 // FlagsMask holds the flags this version knows; others are refused, and
 // so is an entry with both FlagTransportOnly and FlagTransportPrefer.
-const FlagsMask = FlagNotify | FlagDeadline | FlagTransportOnly | FlagTransportPrefer
+const FlagsMask = FlagNotify | FlagDeadline | FlagTransportOnly | FlagTransportPrefer | FlagList
 
 // FlagsTransport are the flags that make Entry.Transport a hint.
 const FlagsTransport = FlagTransportOnly | FlagTransportPrefer

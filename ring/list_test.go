@@ -1,0 +1,260 @@
+package ring
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/moonring/moonring/cq"
+	"github.com/moonring/moonring/segtable"
+	"github.com/moonring/moonring/sq"
+)
+
+// listHarness is a harness whose tables hold lists.
+func listHarness(t *testing.T, cfg Config, ep *fakeEP, manual bool) (*harness, *segtable.Handles[List]) {
+	h := newHarness(t, cfg, ep, manual)
+	lists := new(segtable.Handles[List])
+	h.tables.Lists = lists
+	return h, lists
+}
+
+func addList(t *testing.T, lists *segtable.Handles[List], blocks []Block) ListID {
+	t.Helper()
+	l, err := NewList(blocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := lists.Add(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func listEntry(h *harness, op sq.Op, id ListID, first, count, ud uint64) sq.Entry {
+	return sq.Entry{Op: op, Flags: sq.FlagList, Segment: h.seg.ID, Buffer: h.lbuf.ID, Local: uint64(id), Remote: first, Length: count, UserData: ud}
+}
+
+// A list's blocks, scattered over both of the segment's buffers and
+// given in no order, each move as one slice with its own offsets and the
+// position of its own remote buffer; the request completes once, with the
+// run's bytes; a run in the middle of the list moves only its blocks; a
+// READ brings them back.
+func TestListMoves(t *testing.T) {
+	ep := &fakeEP{async: true}
+	h, lists := listHarness(t, Config{SliceSize: 4096}, ep, false)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range h.local {
+		h.local[i] = byte(rng.Uint32())
+	}
+	// 48 blocks of 1 to 3,000 bytes: the first 32 in R1, the rest in R2,
+	// at disjoint places, shuffled.
+	var blocks []Block
+	for i := range 48 {
+		n := uint64(1 + rng.IntN(3000))
+		loc := uint64(i) * 8192
+		rem := h.r1 + uint64(i)*8192 + uint64(rng.IntN(100))
+		if i >= 32 {
+			rem = h.r2 + uint64(i-32)*4096
+			n = min(n, 4096)
+		}
+		blocks = append(blocks, Block{Local: loc + uint64(rng.IntN(100)), Remote: rem, Length: n})
+	}
+	rng.Shuffle(len(blocks), func(i, j int) { blocks[i], blocks[j] = blocks[j], blocks[i] })
+	id := addList(t, lists, blocks)
+	h.submit(listEntry(h, sq.Write, id, 0, 48, 1))
+	c := h.one(1)
+	var sum uint64
+	for _, b := range blocks {
+		sum += b.Length
+	}
+	if c.Code != cq.CodeOK || c.Bytes != sum {
+		t.Fatalf("completion %+v; want OK with %d bytes", c, sum)
+	}
+	want := bytes.Repeat([]byte{0xEE}, len(h.remote))
+	for _, b := range blocks {
+		copy(want[b.Remote-h.r1:], h.local[b.Local:b.Local+b.Length])
+	}
+	if !bytes.Equal(h.remote, want) {
+		t.Fatal("the segment does not hold exactly the blocks written")
+	}
+	posts := ep.postsCopy()
+	if len(posts) != 48 {
+		t.Fatalf("%d slices posted for 48 blocks", len(posts))
+	}
+	for _, s := range posts {
+		_, _, i := splitToken(s.Token)
+		b := blocks[i]
+		if s.Remote != b.Remote || s.Length != b.Length || s.LocalHandle != handle {
+			t.Fatalf("slice %d: remote %#x length %d; want block %+v", i, s.Remote, s.Length, b)
+		}
+		if ri := h.seg.Resolve(b.Remote, b.Length); s.RemoteIndex != uint32(ri) {
+			t.Fatalf("slice %d: remote index %d; the block's buffer is at %d", i, s.RemoteIndex, ri)
+		}
+	}
+
+	// A run of the middle: blocks 10 to 19, READ into a cleared buffer.
+	clear(h.local)
+	h.submit(listEntry(h, sq.Read, id, 10, 10, 2))
+	c = h.one(2)
+	sum = 0
+	wantLocal := make([]byte, len(h.local))
+	for _, b := range blocks[10:20] {
+		sum += b.Length
+		copy(wantLocal[b.Local:], h.remote[b.Remote-h.r1:][:b.Length])
+	}
+	if c.Code != cq.CodeOK || c.Bytes != sum {
+		t.Fatalf("run's completion %+v; want OK with %d bytes", c, sum)
+	}
+	if !bytes.Equal(h.local, wantLocal) {
+		t.Fatal("the READ of blocks 10-19 did not bring back exactly them")
+	}
+}
+
+// An entry with FlagList that names no list, a run outside its list, or a
+// block outside its buffer or the segment completes with its code, and
+// nothing of it moves: not even the blocks before the bad one.
+func TestListRefused(t *testing.T) {
+	ep := &fakeEP{}
+	h, lists := listHarness(t, Config{SliceSize: 4096, MaxLength: 1 << 20}, ep, false)
+	good := []Block{{0, h.r1, 100}, {100, h.r2, 100}}
+	id := addList(t, lists, good)
+	badLocal := addList(t, lists, append(slices.Clone(good), Block{hLocal - 10, h.r1, 11}))
+	badRemote := addList(t, lists, append(slices.Clone(good), Block{0, h.r1 + hR1, 1})) // in the gap
+	straddle := addList(t, lists, append(slices.Clone(good), Block{0, h.r2 - hGap - 4, 8}))
+	freed := addList(t, lists, good)
+	lists.Remove(freed)
+	big := make([]Block, 5)
+	for i := range big {
+		big[i] = Block{0, h.r1, 256 << 10}
+	}
+	tooLong := addList(t, lists, big) // 1.25 MiB, above MaxLength
+	cases := []struct {
+		name string
+		code cq.Code
+		e    sq.Entry
+	}{
+		{"list 0", cq.CodeInvalid, listEntry(h, sq.Write, 0, 0, 1, 0)},
+		{"freed list", cq.CodeInvalid, listEntry(h, sq.Write, freed, 0, 1, 0)},
+		{"ID above 32 bits", cq.CodeInvalid, listEntry(h, sq.Write, id, 0, 1, 0)},
+		{"no blocks", cq.CodeInvalid, listEntry(h, sq.Write, id, 0, 0, 0)},
+		{"run past the end", cq.CodeInvalid, listEntry(h, sq.Write, id, 1, 2, 0)},
+		{"first past the end", cq.CodeInvalid, listEntry(h, sq.Write, id, 2, 1, 0)},
+		{"count wrapping", cq.CodeInvalid, listEntry(h, sq.Write, id, 1, math.MaxUint64, 0)},
+		{"block past the buffer", cq.CodeLocalRange, listEntry(h, sq.Write, badLocal, 0, 3, 0)},
+		{"block in the gap", cq.CodeRemoteRange, listEntry(h, sq.Read, badRemote, 0, 3, 0)},
+		{"block straddling R1's end", cq.CodeRemoteRange, listEntry(h, sq.Write, straddle, 0, 3, 0)},
+		{"run above MaxLength", cq.CodeLength, listEntry(h, sq.Write, tooLong, 0, 5, 0)},
+		{"notify on a read", cq.CodeInvalid, func() sq.Entry {
+			e := listEntry(h, sq.Read, id, 0, 1, 0)
+			e.Flags |= sq.FlagNotify
+			return e
+		}()},
+	}
+	cases[2].e.Local |= 1 << 32
+	var es []sq.Entry
+	for i, c := range cases {
+		c.e.UserData = uint64(i)
+		es = append(es, c.e)
+	}
+	h.submit(es...)
+	for _, c := range h.collect(len(es)) {
+		tc := cases[c.UserData]
+		if c.Code != tc.code || c.Bytes != 0 {
+			t.Errorf("%s: code %d (%v), %d bytes; want code %d (%v)", tc.name, c.Code, c.Err(), c.Bytes, tc.code, tc.code.Err())
+		}
+	}
+	if n := len(ep.postsCopy()); n != 0 {
+		t.Fatalf("%d slices posted by refused entries", n)
+	}
+	for i, b := range h.remote {
+		if b != 0xEE {
+			t.Fatalf("remote byte %d changed by a refused entry", i)
+		}
+	}
+	// A ring whose tables hold no lists refuses every such entry.
+	h.tables.Lists = nil
+	h.submit(listEntry(h, sq.Write, id, 0, 2, 9))
+	if c := h.one(9); c.Code != cq.CodeInvalid {
+		t.Fatalf("with no lists: code %d; want CodeInvalid", c.Code)
+	}
+}
+
+// A list freed while a request of it is in flight: the request finishes
+// with the blocks it took; an entry naming it afterwards is refused.
+func TestListFreedInFlight(t *testing.T) {
+	ep := &fakeEP{}
+	ep.setHold(true)
+	h, lists := listHarness(t, Config{SliceSize: 4096}, ep, false)
+	for i := range 4096 {
+		h.local[i] = byte(i*5 + 3)
+	}
+	id := addList(t, lists, []Block{{0, h.r1 + 4096, 2048}, {2048, h.r2, 2048}})
+	h.submit(listEntry(h, sq.Write, id, 0, 2, 1))
+	for ep.heldCount() < 2 {
+		h.poll()
+	}
+	if !lists.Remove(id) {
+		t.Fatal("the list was not in the table")
+	}
+	ep.release(-1, nil)
+	if c := h.one(1); c.Code != cq.CodeOK || c.Bytes != 4096 {
+		t.Fatalf("request in flight across the free: %+v", c)
+	}
+	if !bytes.Equal(h.remote[4096:6144], h.local[:2048]) || !bytes.Equal(h.remote[h.r2-h.r1:][:2048], h.local[2048:4096]) {
+		t.Fatal("blocks of the freed list not in place")
+	}
+	h.submit(listEntry(h, sq.Write, id, 0, 2, 2))
+	if c := h.one(2); c.Code != cq.CodeInvalid {
+		t.Fatalf("entry naming a freed list: code %d; want CodeInvalid", c.Code)
+	}
+}
+
+// A failed block fails its request, once, after its other blocks are
+// back; nothing is reported as moved.
+func TestListBlockFails(t *testing.T) {
+	ep := &fakeEP{}
+	h, lists := listHarness(t, Config{SliceSize: 4096, RetryLimit: 0}, ep, false)
+	// The fake endpoint refuses a slice past its memory: a block whose
+	// check passes (R2 is in the descriptor) but whose move fails.
+	ep.mem = ep.mem[:hR1]
+	id := addList(t, lists, []Block{{0, h.r1, 64}, {64, h.r2, 64}, {128, h.r1 + 64, 64}})
+	h.submit(listEntry(h, sq.Write, id, 0, 3, 1))
+	c := h.one(1)
+	if c.Code == cq.CodeOK || c.Status != c.Code.Status() {
+		t.Fatalf("a request with a failed block: %+v; want it failed", c)
+	}
+	if got := h.fence(); len(got) != 0 {
+		t.Fatalf("more completions: %+v", got)
+	}
+}
+
+func TestNewList(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		blocks []Block
+	}{
+		{"none", nil},
+		{"too many", make([]Block, MaxListBlocks+1)},
+		{"zero length", []Block{{0, 0, 1}, {0, 0, 0}}},
+		{"above MaxBlock", []Block{{0, 0, MaxBlock + 1}}},
+		{"local wraps", []Block{{math.MaxUint64 - 1, 0, 4}}},
+		{"remote wraps", []Block{{0, math.MaxUint64 - 1, 4}}},
+	} {
+		if _, err := NewList(c.blocks); !errors.Is(err, ErrList) {
+			t.Errorf("%s: %v; want ErrList", c.name, err)
+		}
+	}
+	in := []Block{{1, 2, 3}, {4, 5, MaxBlock}}
+	l, err := NewList(in)
+	if err != nil || l.Len() != 2 {
+		t.Fatalf("NewList: %v, %v", l, err)
+	}
+	in[0].Length = 0 // the list holds a copy
+	if l.blocks[0].Length != 3 {
+		t.Fatal("the list shares the caller's slice")
+	}
+}
