@@ -192,13 +192,15 @@ func BenchmarkKVBatch(b *testing.B) {
 	}
 }
 
-// BenchmarkKVAPIs sets the batch API beside the ring API on the kv
-// pattern, request by request: one op is a request of 8,192 WRITEs of 32
-// KiB between random blocks of two 1 GiB pools moved through the batch
-// API (AllocateBatchID, SubmitTransfer, GetTransferStatus of every task,
-// FreeBatchID) and a request of the same shape moved through a ring of
-// 4,096 entries (Submit, PeekBatch, Advance, the CQ's Wait), in turn, the
-// first of the two alternating; the engine's default copy workers; one
+// BenchmarkKVAPIs sets the batch API, the ring API and prepared lists
+// beside each other on the kv pattern, request by request: one op is a
+// request of 8,192 WRITEs of 32 KiB between random blocks of two 1 GiB
+// pools moved through the batch API (AllocateBatchID, SubmitTransfer,
+// GetTransferStatus of every task, FreeBatchID), a request of the same
+// shape moved through a ring of 4,096 entries (Submit, PeekBatch,
+// Advance, the CQ's Wait), and one moved as a prepared list (PrepareList
+// of its blocks, entries of 256 of them through the ring, FreeList), in
+// turn, the first of the three rotating; the engine's default copy workers; one
 // or two requests in flight (inflight), as `moonring bench --pattern kv`
 // keeps two. The
 // target is an engine of this process (transport=local) or a child
@@ -206,7 +208,8 @@ func BenchmarkKVBatch(b *testing.B) {
 // a request's grain (tens of ms) keeps the machine's drift out of the
 // ratio: batch/ring is the batch API's rate over the ring's, and what it
 // lacks of 1 is the batch API's own cost (its submit, its task table,
-// its waits) against the ring's.
+// its waits) against the ring's; lists/ring is what a prepared list saves
+// of the ring's entry a block (or costs: the list is made per request).
 func BenchmarkKVAPIs(b *testing.B) {
 	const pool = 1 << 30
 	b.Run("transport=local", func(b *testing.B) {
@@ -272,10 +275,12 @@ func kvAPIs(b *testing.B, a *moonring.Engine, seg moonring.SegmentID, base uint6
 	}
 	defer a.UnregisterLocalMemory(context.Background(), amem)
 	type stream struct {
-		reqs []moonring.TransferRequest
-		es   []moonring.Entry
-		ring *moonring.Ring
-		cqes []moonring.Completion
+		reqs   []moonring.TransferRequest
+		es     []moonring.Entry
+		ring   *moonring.Ring
+		cqes   []moonring.Completion
+		blocks []moonring.Block // the lists API's: es as a list
+		les    []moonring.Entry // and its entries
 	}
 	streams := make([]stream, inflight)
 	for w := range streams {
@@ -284,7 +289,8 @@ func kvAPIs(b *testing.B, a *moonring.Engine, seg moonring.SegmentID, base uint6
 			b.Fatal(err)
 		}
 		defer ring.Close()
-		streams[w] = stream{make([]moonring.TransferRequest, tasks), make([]moonring.Entry, tasks), ring, make([]moonring.Completion, 256)}
+		streams[w] = stream{make([]moonring.TransferRequest, tasks), make([]moonring.Entry, tasks), ring, make([]moonring.Completion, 256),
+			make([]moonring.Block, tasks), make([]moonring.Entry, 0, tasks/kvListBlocks+1)}
 	}
 	rng := rand.New(rand.NewPCG(7, 8))
 	// Mooncake names a task's local side by address (Source), the ring
@@ -321,11 +327,11 @@ func kvAPIs(b *testing.B, a *moonring.Engine, seg moonring.SegmentID, base uint6
 		}
 		return nil
 	}
-	viaRing := func(st *stream) error {
-		next, done := 0, 0
+	viaEntries := func(st *stream, es []moonring.Entry) error {
+		next, done, tasks := 0, 0, len(es)
 		for done < tasks {
 			if next < tasks {
-				n, err := st.ring.Submit(st.es[next:min(tasks, done+4096)])
+				n, err := st.ring.Submit(es[next:min(tasks, done+4096)])
 				next += n
 				if err != nil && !errors.Is(err, moonring.ErrSQFull) {
 					return err
@@ -350,16 +356,34 @@ func kvAPIs(b *testing.B, a *moonring.Engine, seg moonring.SegmentID, base uint6
 		}
 		return nil
 	}
+	viaLists := func(st *stream) error {
+		for i, e := range st.es {
+			st.blocks[i] = moonring.Block{Local: e.Local, Remote: e.Remote, Length: e.Length}
+		}
+		lid, err := a.PrepareList(st.blocks)
+		if err != nil {
+			return err
+		}
+		defer a.FreeList(lid)
+		les := st.les[:0]
+		for first := 0; first < tasks; first += kvListBlocks {
+			les = append(les, moonring.ListEntry(moonring.OpWrite, id, seg, lid, first, min(kvListBlocks, tasks-first), uint64(len(les))))
+		}
+		return viaEntries(st, les)
+	}
 	errs := make([]error, inflight)
-	phase := func(batch bool) time.Duration {
+	phase := func(api int) time.Duration {
 		start := time.Now()
 		var wg sync.WaitGroup
 		for w := range streams {
 			wg.Go(func() {
-				if batch {
+				switch api {
+				case apiBatch:
 					errs[w] = viaBatch(&streams[w])
-				} else {
-					errs[w] = viaRing(&streams[w])
+				case apiRing:
+					errs[w] = viaEntries(&streams[w], streams[w].es)
+				default:
+					errs[w] = viaLists(&streams[w])
 				}
 			})
 		}
@@ -371,24 +395,36 @@ func kvAPIs(b *testing.B, a *moonring.Engine, seg moonring.SegmentID, base uint6
 		return d
 	}
 	draw()
-	phase(true) // the batch ring made, the task table grown
-	phase(false)
-	var inBatch, inRing time.Duration
-	b.SetBytes(int64(2 * inflight * tasks * size))
+	for api := range apis { // the batch ring made, the task table grown
+		phase(api)
+	}
+	var in [apis]time.Duration
+	b.SetBytes(int64(apis * inflight * tasks * size))
 	round := 0
 	for b.Loop() {
 		draw()
-		for k := range 2 {
-			if (round+k)%2 == 0 {
-				inBatch += phase(true)
-			} else {
-				inRing += phase(false)
-			}
+		for k := range apis {
+			api := (round + k) % apis
+			in[api] += phase(api)
 		}
 		round++
 	}
 	gbps := func(d time.Duration) float64 { return float64(round*inflight*tasks*size) / d.Seconds() / 1e9 }
-	b.ReportMetric(gbps(inBatch), "batch-GB/s")
-	b.ReportMetric(gbps(inRing), "ring-GB/s")
-	b.ReportMetric(gbps(inBatch)/gbps(inRing), "batch/ring")
+	b.ReportMetric(gbps(in[apiBatch]), "batch-GB/s")
+	b.ReportMetric(gbps(in[apiRing]), "ring-GB/s")
+	b.ReportMetric(gbps(in[apiLists]), "lists-GB/s")
+	b.ReportMetric(gbps(in[apiBatch])/gbps(in[apiRing]), "batch/ring")
+	b.ReportMetric(gbps(in[apiLists])/gbps(in[apiRing]), "lists/ring")
 }
+
+// kvAPIs' APIs, taken in turn.
+const (
+	apiBatch = iota
+	apiRing
+	apiLists
+	apis
+)
+
+// kvListBlocks is how many of a prepared list's blocks kvAPIs' lists API
+// moves with one entry.
+const kvListBlocks = 256

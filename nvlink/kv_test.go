@@ -199,7 +199,7 @@ func BenchmarkKVNVLink(b *testing.B) {
 		"kv-copyengine": newEnginePairWith(b, pool, Config{Library: lib, NoCopyKernel: true}),
 		"kv-percopy":    newEnginePairWith(b, pool, Config{Library: lib, NoBatchCopies: true, NoCopyKernel: true}),
 	}
-	pairs["contiguous"], pairs["contiguous-copyengine"] = pairs["kv"], pairs["kv-copyengine"]
+	pairs["contiguous"], pairs["contiguous-copyengine"], pairs["kv-lists"] = pairs["kv"], pairs["kv-copyengine"], pairs["kv"]
 	pairs["kv-rings4"] = newEnginePairPollers(b, pool, Config{Library: lib}, 4)
 	pairs["kv-rings4-depth4096"] = newEnginePairPollers(b, pool, Config{Library: lib, Depth: 4096}, 4)
 	loff, roff := kvPlan(5, blocks, pool)
@@ -207,7 +207,7 @@ func BenchmarkKVNVLink(b *testing.B) {
 		name string
 		op   moonring.Op
 	}{{"write", moonring.OpWrite}, {"read", moonring.OpRead}} {
-		for _, shape := range []string{"kv", "kv-rings4", "kv-rings4-depth4096", "kv-copyengine", "kv-percopy", "contiguous", "contiguous-copyengine"} {
+		for _, shape := range []string{"kv", "kv-lists", "kv-rings4", "kv-rings4-depth4096", "kv-copyengine", "kv-percopy", "contiguous", "contiguous-copyengine"} {
 			b.Run(op.name+"/"+shape, func(b *testing.B) {
 				p := pairs[shape]
 				var es []moonring.Entry
@@ -242,6 +242,16 @@ func BenchmarkKVNVLink(b *testing.B) {
 				}
 				b.SetBytes(int64(blocks * kvBlock))
 				errs := make([]error, nr)
+				if shape == "kv-lists" {
+					// The request as a prepared list, made and freed each
+					// time, 256 blocks an entry.
+					for b.Loop() {
+						if err := moveList(p, op.op, es, rs[0], entries); err != nil {
+							b.Fatal(err)
+						}
+					}
+					return
+				}
 				for b.Loop() {
 					var wg sync.WaitGroup
 					for i, r := range rs {
@@ -258,6 +268,25 @@ func BenchmarkKVNVLink(b *testing.B) {
 			})
 		}
 	}
+}
+
+// moveList moves the blocks of es (entries of one buffer and segment)
+// as a prepared list, 256 blocks an entry of r, and frees it.
+func moveList(p *enginePair, op moonring.Op, es []moonring.Entry, r *moonring.Ring, entries int) error {
+	blocks := make([]moonring.Block, len(es))
+	for i, e := range es {
+		blocks[i] = moonring.Block{Local: e.Local, Remote: e.Remote, Length: e.Length}
+	}
+	id, err := p.e.PrepareList(blocks)
+	if err != nil {
+		return err
+	}
+	defer p.e.FreeList(id)
+	var les []moonring.Entry
+	for first := 0; first < len(blocks); first += 256 {
+		les = append(les, moonring.ListEntry(op, p.id, p.seg, id, first, min(256, len(blocks)-first), uint64(len(les))))
+	}
+	return moveAll(r, les, entries)
 }
 
 // moveAll submits es to r (of entries entries) and reaps their

@@ -131,8 +131,8 @@ run() {
 
 # kernel: the gather kernel alone, for a short run: its tests, the launch
 # geometry sweep (BenchmarkRawKV's kernel rows beside contiguous 1 MiB
-# copies), the engines' kv through it (one ring, and four on four
-# pollers) beside contiguous, and a CPU profile of the initiator moving
+# copies), the engines' kv through it (one ring, a prepared list of 256
+# blocks an entry, and four rings on four pollers) beside contiguous, and a CPU profile of the initiator moving
 # kv through four rings ($OUT/kv.prof; read
 # it here with go tool pprof bin/gpu-check/nvlink.test FILE). About a
 # minute and a half.
@@ -144,7 +144,7 @@ kernel() {
 	status=0
 	(cd nvlink && timeout 100 "../$bin/nvlink.test" -test.v -test.count=1 -test.run 'GPUScattered|GatherPTX|GPUTwoProcesses' -test.timeout 90s) >"$out/tests.log" 2>&1 || status=1
 	grep -E '^(--- |ok|FAIL|PASS)|^\s+(kv|kernel|gpu)_test.go' "$out/tests.log" | tee -a "$log"
-	(cd nvlink && timeout 150 "../$bin/nvlink.test" -test.run '^$' -test.bench 'RawKV/(kernel|contiguous)|KVNVLink/(write|read)/^(kv|kv-rings4.*|contiguous|contiguous-copyengine)$' \
+	(cd nvlink && timeout 150 "../$bin/nvlink.test" -test.run '^$' -test.bench 'RawKV/(kernel|contiguous)|KVNVLink/(write|read)/^(kv|kv-lists|kv-rings4.*|contiguous|contiguous-copyengine)$' \
 		-test.benchtime 1s -test.count 3 -test.timeout 140s) >"$out/bench.log" 2>&1 || status=1
 	(cd nvlink && timeout 60 "../$bin/nvlink.test" -test.run '^$' -test.bench 'KVNVLink/write/^kv-rings4$' \
 		-test.benchtime 5s -test.count 1 -test.timeout 50s -test.cpuprofile "$out/kv.prof") >>"$out/bench.log" 2>&1 || status=1

@@ -175,6 +175,7 @@ type kvBench struct {
 	remote  []*kvPool
 	sample  int // check 1 in sample transfers (0: every READ, a WRITE 1 in 64 read back, every one in-process)
 	useRing bool
+	lists   int // --lists: blocks an entry of a prepared list (0: none)
 	cpu     bool
 	// keepGoing (--keep-going): a transfer that does not complete does
 	// not end the step. Its destination slot's stamp becomes 0 (not
@@ -329,6 +330,9 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 	}
 	if k.useRing {
 		res.API = "ring"
+		if k.lists > 0 {
+			res.API = "lists"
+		}
 	}
 	res.Check = k.checkText(op)
 	units := l.blocks
@@ -548,6 +552,9 @@ func minTime(a, b time.Time) time.Time {
 // an error is one of the batch or ring themselves (or ctx's).
 func (k *kvBench) move(ctx context.Context, ring *moonring.Ring, op moonring.Op, r *kvRequest, c *statusCounts) ([]moonring.TransferStatus, error) {
 	l, e := k.l, k.t.ini
+	if ring != nil && k.lists > 0 {
+		return k.listMove(ctx, ring, op, r, c)
+	}
 	if ring != nil {
 		es := make([]moonring.Entry, len(r.runs))
 		for i, run := range r.runs {
@@ -570,6 +577,40 @@ func (k *kvBench) move(ctx context.Context, ring *moonring.Ring, op moonring.Op,
 	return transfer(ctx, e, reqs, c) // one batch, every status checked
 }
 
+// listMove runs one request as a prepared list of its transfers
+// (--lists): PrepareList, entries of k.lists blocks through ring
+// (ringMove), FreeList. A transfer's status is its entry's.
+func (k *kvBench) listMove(ctx context.Context, ring *moonring.Ring, op moonring.Op, r *kvRequest, c *statusCounts) ([]moonring.TransferStatus, error) {
+	l, e := k.l, k.t.ini
+	blocks := make([]moonring.Block, len(r.runs))
+	for i, run := range r.runs {
+		lo, ro := run.src, run.dst
+		if op == moonring.OpRead {
+			lo, ro = run.dst, run.src
+		}
+		blocks[i] = moonring.Block{Local: uint64(lo * l.block), Remote: r.rp.base + uint64(ro*l.block), Length: uint64(run.count * l.block)}
+	}
+	id, err := e.PrepareList(blocks)
+	if err != nil {
+		return nil, err
+	}
+	defer e.FreeList(id)
+	es := make([]moonring.Entry, 0, (len(blocks)+k.lists-1)/k.lists)
+	for first := 0; first < len(blocks); first += k.lists {
+		es = append(es, moonring.ListEntry(op, k.localID, r.rp.seg, id, first, min(k.lists, len(blocks)-first), uint64(len(es))))
+	}
+	ests, err := k.ringMove(ctx, ring, es, c)
+	sts := make([]moonring.TransferStatus, len(blocks))
+	for i := range sts {
+		st := ests[i/k.lists]
+		if st.Status == moonring.COMPLETED {
+			st.Bytes = blocks[i].Length
+		}
+		sts[i] = st
+	}
+	return sts, err
+}
+
 // ringMove keeps up to 4,096 of es (UserData: their index) in flight on
 // ring until they have ended, counting their ends in c, and returns their
 // statuses. Without keepGoing it submits no more after one that did not
@@ -577,7 +618,7 @@ func (k *kvBench) move(ctx context.Context, ring *moonring.Ring, op moonring.Op,
 // touched only then); those never submitted keep the status WAITING.
 func (k *kvBench) ringMove(ctx context.Context, ring *moonring.Ring, es []moonring.Entry, c *statusCounts) ([]moonring.TransferStatus, error) {
 	for i := range es {
-		es[i].Buffer = k.localID
+		es[i].Buffer = k.localID // a list's entries name it already
 	}
 	const window = 4096
 	sts := make([]moonring.TransferStatus, len(es))

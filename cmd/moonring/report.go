@@ -114,6 +114,9 @@ type runInfo struct {
 	Inflight int    `json:"inflight,omitempty"`
 	Targets  int    `json:"targets,omitempty"`
 	CPU      bool   `json:"cpu,omitempty"`
+	// Lists is --lists: a kv request's transfers go as a prepared list,
+	// Lists blocks an entry (0: an entry a transfer).
+	Lists int `json:"lists,omitempty"`
 }
 
 // header is the lines of settings before the table.
@@ -142,6 +145,9 @@ func (r *runInfo) header() string {
 	if r.Pattern == "kv" {
 		mode = fmt.Sprintf("# KV pattern: %s\n# %d requests in flight over %d target(s); a row's latencies are whole requests' (submit to the last transfer's end);\n#   each kv row follows a contig row: the same bytes per request as contiguous transfers, same pools, same run\n", r.Layout, r.Inflight, r.Targets)
 		verify = "data checked as each row says"
+		if r.Lists > 0 {
+			mode += fmt.Sprintf("# --lists %d: a request's transfers go as a prepared list (made and freed per request), %d of its blocks an entry\n", r.Lists, r.Lists)
+		}
 	}
 	if r.CPU {
 		mode += "# --cpu: CPU seconds (user+system) per GB moved in the measured window: this process (getrusage) and the target processes it started (/proc/PID/stat); checks' CPU left out\n"
