@@ -9,6 +9,8 @@
 //     descriptors (READ: remote -> local, WRITE: local -> remote), submits
 //     them and reaps Completions from the ring's CQ, from its own event loop
 //     (Peek/Advance, no syscall), blocking (Wait) or through an eventfd;
+//     many scattered blocks (a KV cache's pages) go as a prepared list
+//     (PrepareList, ListEntry): one entry for a run of up to 65,536 blocks;
 //   - the Mooncake-style batch API: AllocateBatchID, SubmitTransfer,
 //     GetTransferStatus, FreeBatchID, and Transfer for one synchronous call.
 //
@@ -35,7 +37,8 @@
 // An Engine lives until Close, which closes its rings and segments, fails
 // what is in flight with ErrClosed, withdraws its segment from the metadata
 // store and unregisters its buffers. A registered buffer must stay valid
-// until UnregisterLocalMemory returns; memory from Alloc until Free.
+// until UnregisterLocalMemory returns; memory from Alloc until Free. A
+// prepared list lives until FreeList (requests already taken keep it).
 //
 // # Errors
 //

@@ -11,7 +11,9 @@
 // its transport hint names), records the request in a slot of the in-flight
 // table, cuts it into slices (the transport's slice size, 64 KiB by default,
 // a short tail merged into the slice before it), spreads the slices over the
-// endpoint's rails and posts them. Transports report each slice through the
+// endpoint's rails and posts them. An entry with sq.FlagList moves a run of
+// a prepared List instead: every block checked first, one slice a block,
+// one completion for the run. Transports report each slice through the
 // ring's Completer, which only pushes a token onto a lock-free queue; the
 // poller applies it. The last slice of a request writes one completion.
 //
