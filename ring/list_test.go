@@ -258,3 +258,31 @@ func TestNewList(t *testing.T) {
 		t.Fatal("the list shares the caller's slice")
 	}
 }
+
+// BenchmarkCheckList is the poller's check of a run of a list when it
+// takes the entry, per block (ns/op is a block's): its local range and
+// its remote buffer (Segment.Resolve), blocks at random in both of the
+// segment's buffers.
+func BenchmarkCheckList(b *testing.B) {
+	h := newHarness(b, Config{SliceSize: 4096}, &fakeEP{}, true)
+	rng := rand.New(rand.NewPCG(3, 4))
+	blocks := make([]Block, MaxListBlocks)
+	for i := range blocks {
+		rem := h.r1 + uint64(rng.IntN(hR1/64))*64
+		if i%2 == 1 {
+			rem = h.r2 + uint64(rng.IntN(hR2/64))*64
+		}
+		blocks[i] = Block{Local: uint64(rng.IntN(hLocal/64)) * 64, Remote: rem, Length: 64}
+	}
+	lists := new(segtable.Handles[List])
+	h.tables.Lists = lists
+	l, _ := NewList(blocks)
+	id, _ := lists.Add(l)
+	e := listEntry(h, sq.Write, id, 0, uint64(len(blocks)), 0)
+	b.ResetTimer()
+	for i := 0; i < b.N; i += len(blocks) {
+		if _, code := h.r.checkList(&e, h.lbuf, h.seg); code != cq.CodeOK {
+			b.Fatal(code)
+		}
+	}
+}

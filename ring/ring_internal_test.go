@@ -348,7 +348,7 @@ const (
 )
 
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	r      *Ring
 	p      *Poller
 	manual bool
@@ -379,14 +379,14 @@ func manualPoller() *Poller {
 	return p
 }
 
-func newHarness(t *testing.T, cfg Config, ep *fakeEP, manual bool) *harness {
+func newHarness(t testing.TB, cfg Config, ep *fakeEP, manual bool) *harness {
 	t.Helper()
 	return newHarnessPoller(t, cfg, ep, manual, PollerConfig{})
 }
 
 // newHarnessPoller is newHarness with a poller of its own configuration
 // (manual false).
-func newHarnessPoller(t *testing.T, cfg Config, ep *fakeEP, manual bool, pcfg PollerConfig) *harness {
+func newHarnessPoller(t testing.TB, cfg Config, ep *fakeEP, manual bool, pcfg PollerConfig) *harness {
 	t.Helper()
 	h := &harness{t: t, ep: ep, manual: manual, clock: now()}
 	if ep.rails == 0 {
@@ -561,7 +561,7 @@ func (h *harness) fence() []cq.Completion {
 	return other
 }
 
-func expectCode(t *testing.T, c cq.Completion, code cq.Code) {
+func expectCode(t testing.TB, c cq.Completion, code cq.Code) {
 	t.Helper()
 	if c.Code != code || c.Status != code.Status() {
 		t.Fatalf("completion %d: status %v code %d (%v); want %v code %d (%v)", c.UserData, c.Status, c.Code, c.Err(), code.Status(), code, code.Err())
