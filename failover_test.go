@@ -1023,3 +1023,53 @@ func TestFailoverPeerWithdrawsTransport(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFailoverList: a prepared list's request whose path dies with its
+// blocks out moves to the other path, every block in its own place.
+func TestFailoverList(t *testing.T) {
+	const block, n = 16 << 10, 8
+	p := newFailoverPairCfg(t, nil, n*block, moonring.Config{RetryLimit: 1})
+	fill(p.src, 13)
+	base := uint64(moonring.AddressOf(p.dst))
+	blocks := make([]moonring.Block, n)
+	for i := range blocks { // block i to place n-1-i
+		blocks[i] = moonring.Block{Local: uint64(i * block), Remote: base + uint64((n-1-i)*block), Length: block}
+	}
+	list, err := p.a.PrepareList(blocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.a.NewRing(moonring.RingConfig{Entries: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	p.fa.setHold(true)
+	if err := r.SubmitOne(ptr(moonring.ListEntry(moonring.OpWrite, p.srcID, p.seg, list, 0, n, 1))); err != nil {
+		t.Fatal(err)
+	}
+	p.fa.waitHeld(t, n)
+	p.fa.setHold(false)
+	p.fa.setDown(true)
+	p.fa.releaseWith(-1, transport.ErrPeer, nil)
+	ctx, cancel := context.WithTimeout(t.Context(), hangLimit)
+	defer cancel()
+	if err := r.CQ().Wait(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	c := r.Peek()
+	if c == nil || c.Err() != nil || c.Bytes != n*block {
+		t.Fatalf("completion %+v; want OK with %d bytes", c, n*block)
+	}
+	r.Advance(1)
+	for i, b := range blocks {
+		if !bytes.Equal(p.dst[b.Remote-base:][:block], p.src[b.Local:][:block]) {
+			t.Fatalf("block %d not in its place after the failover", i)
+		}
+	}
+	if got := segTransport(t, p.a, p.seg); got != "fault2" {
+		t.Fatalf("segment on %q; want fault2", got)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
