@@ -89,6 +89,15 @@ type TransferRequest struct {
 	// Class is the task's priority class (default ClassNormal): the batch
 	// API keeps a ring per NUMA node and class. See Class.
 	Class Class
+	// List, when not 0, makes the task a run of a prepared list
+	// (PrepareList): Count of its blocks from First on, each between
+	// Buffer (which must be set) at the block's offset and TargetID at
+	// the block's address. Source, Local, TargetOffset, TargetBuffer and
+	// Length must then be 0. The task's Bytes once COMPLETED are the
+	// run's; a block outside the buffer or the segment fails the task
+	// before any of them moves.
+	List         ListID
+	First, Count int
 }
 
 // Notify is the notification a TransferRequest delivers.
@@ -501,6 +510,10 @@ func (e *Engine) submitTransfer(id BatchID, reqs []TransferRequest, drive bool, 
 			}
 			es[n] = sq.Entry{Op: req.Opcode, Flags: sq.FlagDeadline, Segment: req.TargetID, Buffer: buf.ID, Local: local,
 				Remote: remote, Length: req.Length, UserData: userData(slot, gen, task), Timeout: uint64(deadline)}
+			if req.List != 0 {
+				es[n].Flags |= sq.FlagList
+				es[n].Local, es[n].Remote, es[n].Length = uint64(req.List), uint64(req.First), uint64(req.Count)
+			}
 			if req.Transport != "" {
 				ts, err := e.TransportSlot(req.Transport)
 				if err != nil { // checked above; uninstalled since
@@ -566,7 +579,11 @@ func (e *Engine) check(req *TransferRequest, hint *segtable.Buffer) (*segtable.B
 	if req.Opcode != Read && req.Opcode != Write {
 		return nil, fmt.Errorf("opcode %s (want Read or Write): %w", req.Opcode, ErrInvalid)
 	}
-	if req.Length == 0 {
+	if req.List != 0 {
+		if err := e.checkListTask(req); err != nil {
+			return nil, err
+		}
+	} else if req.Length == 0 {
 		return nil, ErrLength
 	}
 	if req.Class >= transport.NumClasses {
@@ -583,7 +600,7 @@ func (e *Engine) check(req *TransferRequest, hint *segtable.Buffer) (*segtable.B
 		if buf = e.buffers.Get(req.Buffer); buf == nil {
 			return nil, fmt.Errorf("buffer %d: %w", req.Buffer, ErrBadBuffer)
 		}
-		if !buf.Contains(req.Local, req.Length) {
+		if req.List == 0 && !buf.Contains(req.Local, req.Length) {
 			return nil, fmt.Errorf("buffer %d [%d, +%d): %w", req.Buffer, req.Local, req.Length, ErrLocalRange)
 		}
 	default:
@@ -605,6 +622,23 @@ func (e *Engine) check(req *TransferRequest, hint *segtable.Buffer) (*segtable.B
 		return nil, err
 	}
 	return buf, nil
+}
+
+// checkListTask checks the fields of a task that moves a run of a
+// prepared list (TransferRequest.List); its blocks are the poller's to
+// check.
+func (e *Engine) checkListTask(req *TransferRequest) error {
+	if req.Buffer == 0 || req.Source != 0 || req.Local != 0 || req.TargetOffset != 0 || req.TargetBuffer != 0 || req.Length != 0 {
+		return fmt.Errorf("a list's task sets Buffer, and no Source, Local, TargetOffset, TargetBuffer or Length: %w", ErrInvalid)
+	}
+	l := e.lists.Get(req.List)
+	if l == nil {
+		return fmt.Errorf("list %d: not prepared, or freed: %w", req.List, ErrInvalid)
+	}
+	if req.First < 0 || req.Count < 1 || req.Count > l.Len()-req.First {
+		return fmt.Errorf("blocks [%d, +%d) of a list of %d: %w", req.First, req.Count, l.Len(), ErrInvalid)
+	}
+	return nil
 }
 
 // localBuffer returns the registered buffer of a request's local side, or

@@ -214,3 +214,63 @@ func TestPreparedListAllocs(t *testing.T) {
 		t.Fatalf("%.1f allocations a list entry of 256 blocks; want 0", a)
 	}
 }
+
+// Through the batch API a task may be a run of a prepared list: its
+// status and bytes are the run's, its blocks land where the list says,
+// and SubmitTransfer refuses a list task with a range or length of its
+// own, an unknown list or a run outside it.
+func TestPreparedListsBatch(t *testing.T) {
+	const block, n, size = 8 << 10, 64, 4 << 20
+	p := newListPair(t, "local", size)
+	fill(p.local, 21)
+	blocks := make([]moonring.Block, n)
+	for i := range blocks {
+		blocks[i] = moonring.Block{Local: uint64(i * 3 * block), Remote: p.remoteBase + uint64((n-i)*2*block), Length: block}
+	}
+	id, err := p.ini.PrepareList(blocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.ini.FreeList(id)
+	task := func(first, count int) moonring.TransferRequest {
+		return moonring.TransferRequest{Opcode: moonring.Write, Buffer: p.lid, TargetID: p.seg, List: id, First: first, Count: count}
+	}
+	bid, err := p.ini.AllocateBatchID(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.SubmitTransfer(bid, []moonring.TransferRequest{task(0, 40), task(40, 24)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.WaitBatch(t.Context(), bid); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []uint64{40 * block, 24 * block} {
+		if st, err := p.ini.GetTransferStatus(bid, i); err != nil || st.Status != moonring.COMPLETED || st.Bytes != want {
+			t.Fatalf("task %d: %+v, %v; want COMPLETED with %d bytes", i, st, err, want)
+		}
+	}
+	if err := p.ini.FreeBatchID(bid); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range blocks {
+		if !bytes.Equal(p.pool[b.Remote-p.remoteBase:][:block], p.local[b.Local:][:block]) {
+			t.Fatalf("block %d not in its place", i)
+		}
+	}
+	bad := []moonring.TransferRequest{task(0, 0), task(60, 5), task(-1, 2), task(0, 1), task(0, 1), task(0, 1), task(0, 1)}
+	bad[3].Length = block
+	bad[4].Local = 8
+	bad[5].Buffer, bad[5].Source = 0, moonring.AddressOf(p.local)
+	bad[6].List = id + 1
+	for i, req := range bad {
+		bid, err := p.ini.AllocateBatchID(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.ini.SubmitTransfer(bid, []moonring.TransferRequest{req}); !errors.Is(err, moonring.ErrInvalid) {
+			t.Errorf("bad list task %d: %v; want ErrInvalid", i, err)
+		}
+		p.ini.FreeBatchID(bid)
+	}
+}
