@@ -120,7 +120,7 @@ func bench(args []string, out io.Writer) (err error) {
 	poolSize := fs.String("pool", "2G", "--pattern kv: the paged pool on each side (this process, and each target)")
 	inflight := fs.Int("inflight", 2, "--pattern kv: requests in flight (each a batch of its transfers, or with --ring its entries through a ring of its own)")
 	targets := fs.Int("targets", 1, "--pattern kv: targets; requests go to them in turn (the processes this command starts, or the engines in this process; with --segment, the segments given)")
-	lists := fs.Int("lists", 0, "--pattern kv with --ring: move each request's transfers as a prepared list (Engine.PrepareList, made and freed per request, in the timed window), N blocks an entry (FlagList); 0: an entry a transfer")
+	lists := fs.Int("lists", 0, "--pattern kv: move each request's transfers as a prepared list (Engine.PrepareList, made and freed per request, in the timed window), N blocks an entry (FlagList; with the batch API a task, TransferRequest.List); 0: an entry or task a transfer")
 	kvSample := fs.Int("kv-sample", 0, "--pattern kv: check 1 in N transfers of each request at its destination (0: every READ's; a WRITE's, read back from a target process, 1 in 64; every WRITE's in-process); with WRITEs every target's whole pool is also read back and checked after the step")
 	baseline := fs.Bool("baseline", true, "--pattern kv: before each kv row, move the same bytes per request as contiguous 1 MiB transfers (the contig row) and give the ratio")
 	cpuFlag := fs.Bool("cpu", false, "report CPU seconds per GB moved on each side: this process (getrusage) and the target processes it started (/proc/PID/stat)")
@@ -259,9 +259,6 @@ func bench(args []string, out io.Writer) (err error) {
 		}
 		if *lists < 0 || *lists > moonring.MaxListBlocks {
 			return fmt.Errorf("bench: --lists %d: want 0 (no lists) to %d blocks an entry", *lists, moonring.MaxListBlocks)
-		}
-		if *lists > 0 && !*useRing {
-			return errors.New("bench: --lists moves a request's blocks through a ring: add --ring")
 		}
 		if layout, err = newKVLayout(*layers, sizes[0], *blockTokens, *tokens, ps, *inflight); err != nil {
 			return fmt.Errorf("bench: %w", err)

@@ -330,9 +330,9 @@ func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.
 	}
 	if k.useRing {
 		res.API = "ring"
-		if k.lists > 0 {
-			res.API = "lists"
-		}
+	}
+	if k.lists > 0 {
+		res.API += "+lists"
 	}
 	res.Check = k.checkText(op)
 	units := l.blocks
@@ -552,7 +552,7 @@ func minTime(a, b time.Time) time.Time {
 // an error is one of the batch or ring themselves (or ctx's).
 func (k *kvBench) move(ctx context.Context, ring *moonring.Ring, op moonring.Op, r *kvRequest, c *statusCounts) ([]moonring.TransferStatus, error) {
 	l, e := k.l, k.t.ini
-	if ring != nil && k.lists > 0 {
+	if k.lists > 0 {
 		return k.listMove(ctx, ring, op, r, c)
 	}
 	if ring != nil {
@@ -578,8 +578,9 @@ func (k *kvBench) move(ctx context.Context, ring *moonring.Ring, op moonring.Op,
 }
 
 // listMove runs one request as a prepared list of its transfers
-// (--lists): PrepareList, entries of k.lists blocks through ring
-// (ringMove), FreeList. A transfer's status is its entry's.
+// (--lists): PrepareList, runs of k.lists blocks as entries through ring
+// (ringMove) or, without one, as tasks of a batch, FreeList. A
+// transfer's status is its run's.
 func (k *kvBench) listMove(ctx context.Context, ring *moonring.Ring, op moonring.Op, r *kvRequest, c *statusCounts) ([]moonring.TransferStatus, error) {
 	l, e := k.l, k.t.ini
 	blocks := make([]moonring.Block, len(r.runs))
@@ -595,11 +596,23 @@ func (k *kvBench) listMove(ctx context.Context, ring *moonring.Ring, op moonring
 		return nil, err
 	}
 	defer e.FreeList(id)
-	es := make([]moonring.Entry, 0, (len(blocks)+k.lists-1)/k.lists)
-	for first := 0; first < len(blocks); first += k.lists {
-		es = append(es, moonring.ListEntry(op, k.localID, r.rp.seg, id, first, min(k.lists, len(blocks)-first), uint64(len(es))))
+	var ests []moonring.TransferStatus
+	if ring != nil {
+		es := make([]moonring.Entry, 0, (len(blocks)+k.lists-1)/k.lists)
+		for first := 0; first < len(blocks); first += k.lists {
+			es = append(es, moonring.ListEntry(op, k.localID, r.rp.seg, id, first, min(k.lists, len(blocks)-first), uint64(len(es))))
+		}
+		ests, err = k.ringMove(ctx, ring, es, c)
+	} else {
+		reqs := make([]moonring.TransferRequest, 0, (len(blocks)+k.lists-1)/k.lists)
+		for first := 0; first < len(blocks); first += k.lists {
+			reqs = append(reqs, moonring.TransferRequest{Opcode: op, Buffer: k.localID, TargetID: r.rp.seg, List: id, First: first, Count: min(k.lists, len(blocks)-first)})
+		}
+		ests, err = transfer(ctx, e, reqs, c)
 	}
-	ests, err := k.ringMove(ctx, ring, es, c)
+	if ests == nil {
+		return nil, err // the batch itself failed
+	}
 	sts := make([]moonring.TransferStatus, len(blocks))
 	for i := range sts {
 		st := ests[i/k.lists]

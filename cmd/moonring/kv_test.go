@@ -73,14 +73,20 @@ func TestBenchKVLocal(t *testing.T) {
 	}
 }
 
-// --lists moves each request as a prepared list, in entries of N blocks
-// (the last one shorter), in process and over TCP, every transfer's bytes
-// checked.
+// --lists moves each request as a prepared list, in entries (or batch
+// tasks) of N blocks (the last one shorter), in process and over TCP,
+// every transfer's bytes checked.
 func TestBenchKVLists(t *testing.T) {
 	for _, proto := range []string{"local", "tcp"} {
-		for _, r := range kvJSON(t, "--protocol", proto, "--ring", "--lists", "5", "--kv-sample", "1") {
-			if r.API != "lists" || r.Run.Lists != 5 || !strings.Contains(r.Check, "every transfer") {
-				t.Errorf("%s: api %q, lists %d, check %q; want lists, 5, every transfer checked", proto, r.API, r.Run.Lists, r.Check)
+		for _, api := range []string{"ring", "batch"} {
+			args := []string{"--protocol", proto, "--lists", "5", "--kv-sample", "1"}
+			if api == "ring" {
+				args = append(args, "--ring")
+			}
+			for _, r := range kvJSON(t, args...) {
+				if r.API != api+"+lists" || r.Run.Lists != 5 || !strings.Contains(r.Check, "every transfer") {
+					t.Errorf("%s: api %q, lists %d, check %q; want %s+lists, 5, every transfer checked", proto, r.API, r.Run.Lists, r.Check, api)
+				}
 			}
 		}
 	}
@@ -152,7 +158,6 @@ func TestBenchKVFlagsRefused(t *testing.T) {
 		{[]string{"--pattern", "kv", "--kv-sample", "-1"}, "--kv-sample -1"},
 		{[]string{"--pattern", "kv", "--ring", "--lists", "-1"}, "--lists -1"},
 		{[]string{"--pattern", "kv", "--ring", "--lists", "65537"}, "--lists 65537"},
-		{[]string{"--pattern", "kv", "--lists", "256"}, "add --ring"},
 		{[]string{"--lists", "256"}, "--lists goes with --pattern kv"},
 		{[]string{"--pattern", "kv", "--pool", "64M"}, "grow --pool"},
 		{[]string{"--pattern", "kv", "--inflight", "5"}, "grow --pool"},

@@ -146,7 +146,7 @@ func (r *runInfo) header() string {
 		mode = fmt.Sprintf("# KV pattern: %s\n# %d requests in flight over %d target(s); a row's latencies are whole requests' (submit to the last transfer's end);\n#   each kv row follows a contig row: the same bytes per request as contiguous transfers, same pools, same run\n", r.Layout, r.Inflight, r.Targets)
 		verify = "data checked as each row says"
 		if r.Lists > 0 {
-			mode += fmt.Sprintf("# --lists %d: a request's transfers go as a prepared list (made and freed per request), %d of its blocks an entry\n", r.Lists, r.Lists)
+			mode += fmt.Sprintf("# --lists %d: a request's transfers go as a prepared list (made and freed per request), %d of its blocks an entry or task\n", r.Lists, r.Lists)
 		}
 	}
 	if r.CPU {
@@ -180,7 +180,7 @@ type tableReport struct {
 	titled bool
 }
 
-const kvRowFmt = "%-14s %-5s %-5s %-6s %6s %6s %8s %7s %9s %9s %9s %8s%s%s\n"
+const kvRowFmt = "%-14s %-11s %-5s %-6s %6s %6s %8s %7s %9s %9s %9s %8s%s%s\n"
 
 // cpuCols are the --cpu columns: CPU seconds per GB on each side.
 func (t *tableReport) cpuCols(r *result, title bool) string {
