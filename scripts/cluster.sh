@@ -2,7 +2,8 @@
 # cluster.sh: a cluster in a box (issue 19). N hosts, each a network
 # namespace on one bridge, a three-member etcd cluster in namespaces of its
 # own (Debian's etcd-server), moonring serve engines on every host and a
-# KV-cache initiator per host (moonring bench --pattern kv) driving two
+# KV-cache initiator per host (moonring bench --pattern kv, every other run
+# with its requests as prepared lists: --lists) driving two
 # other hosts at once, every byte checked by bench; then faults, each in a
 # phase of its own, while it runs:
 #
@@ -275,15 +276,19 @@ echo $sampler >>"$RUN/pids"
 STEP=1s
 HANG=90
 bench_loop() {
-	local i=$1 seq=0 segs t0 t1 rc f
+	local i=$1 seq=0 segs t0 t1 rc f lists
 	while [ ! -e "$RUN/stop" ]; do
+		# Every other run moves each request as prepared lists of 64
+		# blocks a task (bench --lists): a fault then fails whole runs.
+		lists=0
+		[ $((seq % 2)) = 1 ] && lists=64
 		segs=""
 		for t in $(targets_of "$i"); do segs="${segs:+$segs,}$(serve_name "$t" "$i")"; done
 		f="$RUN/bench/h$i-$seq"
 		t0=$(date +%s.%N)
 		timeout -s KILL $HANG ip netns exec "$(nsname h$i)" "$BIN" bench --pattern kv --metadata "$META" --ttl $TTL \
 			--segment "$segs" --targets $FAN --key-file "$RUN/key" --pool $POOL --layers 8 --block-size 16K \
-			--tokens 512 --inflight 2 --operation write,read --duration $STEP --baseline=false --json --keep-going \
+			--tokens 512 --inflight 2 --operation write,read --duration $STEP --baseline=false --json --keep-going --lists $lists \
 			>"$f.json" 2>"$f.err" </dev/null
 		rc=$?
 		t1=$(date +%s.%N)

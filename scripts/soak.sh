@@ -12,7 +12,9 @@
 #                tcp  --protocol tcp, 4K,64K,1M, write,read,mix
 #                shm  --protocol shm, 4K,64K,1M, write,read,mix
 #                kv   --pattern kv over tcp, both targets (L-kv and P-kv)
-#              every other run through the Ring API (--ring); every step's
+#              every other run through the Ring API (--ring), kv's
+#              requests every other pair of runs as prepared lists
+#              (--lists 64); every step's
 #              bytes checked by bench
 #
 # RSS and descriptors of the long-lived processes (the metadata server and
@@ -148,6 +150,7 @@ bench_loop() { # kind
 	while [ ! -e "$RUN/stop" ]; do
 		ring=""
 		[ $((seq % 2)) = 1 ] && ring="--ring"
+		[ "$kind" = kv ] && [ $((seq / 2 % 2)) = 1 ] && ring="$ring --lists 64"
 		case $kind in
 		kv)
 			target="$(cat "$RUN/logs/L-kv.name"),$(cat "$RUN/logs/P-kv.name")"
