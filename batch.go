@@ -117,7 +117,8 @@ func AddressOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceDat
 // returns, which waits for them.
 type TransferStatus struct {
 	Status Status
-	// Bytes is the number of bytes moved: Length once COMPLETED, else 0.
+	// Bytes is the number of bytes moved: Length once COMPLETED (a list
+	// task's: the sum of its run's blocks), else 0.
 	Bytes uint64
 	// Code says why a task did not complete.
 	Code Code
@@ -579,11 +580,14 @@ func (e *Engine) check(req *TransferRequest, hint *segtable.Buffer) (*segtable.B
 	if req.Opcode != Read && req.Opcode != Write {
 		return nil, fmt.Errorf("opcode %s (want Read or Write): %w", req.Opcode, ErrInvalid)
 	}
-	if req.List != 0 {
+	switch {
+	case req.List != 0:
 		if err := e.checkListTask(req); err != nil {
 			return nil, err
 		}
-	} else if req.Length == 0 {
+	case req.First != 0 || req.Count != 0:
+		return nil, fmt.Errorf("First and Count without a List: %w", ErrInvalid)
+	case req.Length == 0:
 		return nil, ErrLength
 	}
 	if req.Class >= transport.NumClasses {

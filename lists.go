@@ -19,28 +19,39 @@ type (
 	// of the entry's buffer and at address Remote of its segment.
 	Block = ring.Block
 	// ListID names a prepared list; the zero value names none. An ID
-	// kept after FreeList never names a list prepared later.
+	// kept after FreeList never names a list prepared later (IDs do not
+	// run out: a slot's generation has 44 bits).
 	ListID = ring.ListID
 )
 
-// Limits of a prepared list: at most MaxListBlocks blocks, each 1 to
-// MaxBlock bytes.
+// Limits of prepared lists: at most MaxListBlocks blocks a list, each 1
+// to MaxBlock bytes (and no longer than the slices of the path a request
+// takes: 1.25 MiB over tcp and in process, 5 MiB over shm), MaxLists
+// lists an engine at once.
 const (
 	MaxListBlocks = ring.MaxListBlocks
 	MaxBlock      = ring.MaxBlock
+	MaxLists      = ring.MaxLists
 )
 
-// ErrList reports a list PrepareList refuses.
-var ErrList = ring.ErrList
+// Errors of PrepareList: a list it refuses (ErrList), or one too many
+// (ErrListsFull).
+var (
+	ErrList      = ring.ErrList
+	ErrListsFull = ring.ErrListsFull
+)
 
 // PrepareList copies blocks into a list that entries with FlagList name by
 // the returned ID, on every ring of the engine and the batch API's. It
-// checks the blocks' count and lengths (ErrList); where they lie is
-// checked per entry, against the entry's buffer and segment, when a
-// poller takes it: a block outside either fails the whole request before
-// any byte moves (ErrLocalRange, ErrRemoteRange). The list lives until
-// FreeList or Close; it is immutable, so one list may serve any number of
-// requests at once. Safe for concurrent use.
+// checks the blocks' count and lengths (ErrList), and refuses a list
+// beyond the MaxLists the engine holds at once (ErrListsFull); where the
+// blocks lie is checked per entry, against the entry's buffer and
+// segment, when a poller takes it: a block outside either fails the whole
+// request before any byte moves (ErrLocalRange, ErrRemoteRange), and so
+// does one longer than the path's transport takes in one slice
+// (ErrLength: see MaxBlock). The list lives until FreeList or Close; it
+// is immutable, so one list may serve any number of requests at once.
+// Safe for concurrent use.
 func (e *Engine) PrepareList(blocks []Block) (ListID, error) {
 	if e.closed.Load() {
 		return 0, ErrClosed

@@ -258,11 +258,12 @@ func TestPreparedListsBatch(t *testing.T) {
 			t.Fatalf("block %d not in its place", i)
 		}
 	}
-	bad := []moonring.TransferRequest{task(0, 0), task(60, 5), task(-1, 2), task(0, 1), task(0, 1), task(0, 1), task(0, 1)}
+	bad := []moonring.TransferRequest{task(0, 0), task(60, 5), task(-1, 2), task(0, 1), task(0, 1), task(0, 1), task(0, 1), task(0, 1)}
 	bad[3].Length = block
 	bad[4].Local = 8
 	bad[5].Buffer, bad[5].Source = 0, moonring.AddressOf(p.local)
 	bad[6].List = id + 1
+	bad[7].List, bad[7].Source, bad[7].Buffer, bad[7].Length = 0, moonring.AddressOf(p.local), 0, block // First and Count, no List
 	for i, req := range bad {
 		bid, err := p.ini.AllocateBatchID(1)
 		if err != nil {

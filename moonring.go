@@ -377,7 +377,7 @@ type Engine struct {
 	buffers    segtable.Buffers
 	segments   segtable.Segments[transport.Endpoint]
 	tables     ring.Tables
-	lists      segtable.Handles[ring.List] // prepared lists (lists.go); lock-free
+	lists      ring.Lists // prepared lists (lists.go)
 	transports [segtable.MaxTransports]transport.Transport
 	// tnames are the installed transports' names by slot, for readers
 	// without mu (TransportSlot, the health manager's log lines).

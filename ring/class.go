@@ -97,7 +97,8 @@ const maxTake = 64
 // yieldBytes bounds the inline copies (local, shm: done on the poller) a
 // ring makes in one round while a ring of a higher class on its poller is
 // busy or was within stall: a request of that class waits for at most
-// this much copying (and one request's) before the poller looks at it.
+// this much copying (and one request's, or one block of a prepared
+// list's, which is not cut: see MaxBlock) before the poller looks at it.
 // noYield is the bound otherwise (an idle higher class costs a lower one's
 // copies nothing: 64 KiB slices cost a third of 1 MiB ones' throughput).
 const (

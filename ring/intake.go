@@ -296,13 +296,14 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		size = r.cfg.SliceSize
 	}
 	if list {
-		if reg.Staged && MaxSlice(size) < run.maxLen {
-			// A block moves as one slice: a staged buffer's bounce
-			// buffers hold no more than a slice.
+		if run.maxLen > MaxSlice(size) {
+			// A block moves as one slice, and the path's transport
+			// takes none longer than its slice size allows (a staged
+			// buffer's bounce buffers, a provider's largest message).
 			r.complete(e.UserData, cq.CodeLength, 0)
 			return
 		}
-		size = run.maxLen // the request's slice size, for a failover's check (retry.go)
+		size = run.maxLen // its longest slice, for a failover's check (request.maxSlice)
 	}
 	if r.yieldAt != noYield && size > yieldBytes {
 		// A ring of a higher class shares the poller: copies on the

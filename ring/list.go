@@ -9,7 +9,8 @@ package ring
 import (
 	"errors"
 	"fmt"
-	"math"
+	"sync"
+	"sync/atomic"
 
 	"github.com/moonring/moonring/cq"
 	"github.com/moonring/moonring/segtable"
@@ -29,27 +30,33 @@ const (
 	// checked in one go when the poller takes its entry, 10-18 ns a
 	// block on the development VM (BenchmarkCheckList): a run of 256
 	// holds the poller a few µs, one of MaxListBlocks about 1 ms (the
-	// time it takes to copy some 20 MiB; the run moves 64 KiB or more).
+	// time it takes to copy some 20 MiB; the run moves 64 KiB or more),
+	// and a round takes up to 64 entries.
 	MaxListBlocks = 1 << 16
-	// MaxBlock is the longest block (4 MiB): a block moves as one
-	// slice, whatever the transport's slice size.
+	// MaxBlock is the longest block (4 MiB). A block moves as one slice:
+	// a run with a block longer than its path's slice size allows
+	// (MaxSlice: 1.25 MiB for tcp and in process, 5 MiB for shm) fails
+	// with CodeLength, and such a request does not fail over to a path
+	// with shorter slices. Nor is a block cut while a ring of a higher
+	// class shares the poller (yieldBytes).
 	MaxBlock = 4 << 20
 )
 
 // ErrList reports a list that NewList refuses: empty, too long, or with a
-// block of length 0 or above MaxBlock.
+// block of length 0, above MaxBlock or wrapping around the address space.
 var ErrList = errors.New("ring: bad block list")
 
-// ListID names a prepared list (an index and a generation, as a
-// segtable.Handle: an ID kept after its list was freed never names a
-// later one). The zero value names none.
-type ListID = segtable.Handle
+// ListID names a prepared list in a Lists table: an index and a 44-bit
+// generation, so an ID kept after its list was freed never names a later
+// one (a slot would have to be reused 2^44 times). The zero value names
+// none.
+type ListID uint64
 
 // List is an immutable list of blocks. Rings find it by its ID in
-// Tables.Lists; a request keeps the *List it started with, so freeing a
-// list (taking it out of the table) ends no request that uses it: the
-// entries not yet taken that name it complete with CodeInvalid. Safe for
-// concurrent use.
+// Tables.Lists; a request keeps the run of its blocks it started with, so
+// freeing a list (taking it out of the table) ends no request that uses
+// it: the entries not yet taken that name it complete with CodeInvalid.
+// Safe for concurrent use.
 type List struct {
 	blocks []Block
 }
@@ -72,6 +79,107 @@ func NewList(blocks []Block) (*List, error) {
 		l.blocks[i] = b
 	}
 	return l, nil
+}
+
+// Lists is a table of prepared lists by ListID: Get is lock-free (a few
+// loads), Add and Remove take a lock and allocate nothing once the slot's
+// chunk of 1,024 exists. It holds up to MaxLists lists at once, and never
+// runs out of IDs (a freed slot's next ID has the next generation). The
+// zero value is an empty table ready for use; safe for concurrent use.
+type Lists struct {
+	mu     sync.Mutex
+	chunks [MaxLists / listChunk]atomic.Pointer[[listChunk]listSlot]
+	size   uint32   // indexes handed out; under mu
+	free   []uint32 // indexes free again; under mu
+}
+
+// listSlot holds a list and the ID that names it (0 when free); gen is
+// the generation of the slot's last ID, under the table's mutex.
+type listSlot struct {
+	id  atomic.Uint64
+	l   atomic.Pointer[List]
+	gen uint64
+}
+
+const (
+	// MaxLists is how many lists a Lists table holds at once.
+	MaxLists  = 1 << listIndexBits
+	listChunk = 1 << 10
+	// listIndexBits of a ListID are the slot's index, the rest its
+	// generation.
+	listIndexBits = 20
+)
+
+// ErrListsFull reports a Lists table that holds MaxLists lists.
+var ErrListsFull = errors.New("ring: too many prepared lists")
+
+// Add stores l and returns its ID, or ErrListsFull.
+func (t *Lists) Add(l *List) (ListID, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var idx uint32
+	if n := len(t.free); n > 0 {
+		idx, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		if t.size >= MaxLists-1 {
+			return 0, ErrListsFull
+		}
+		t.size++
+		idx = t.size // index 0 is never used: ID 0 names none
+	}
+	c := t.chunks[idx/listChunk].Load()
+	if c == nil {
+		c = new([listChunk]listSlot)
+		t.chunks[idx/listChunk].Store(c)
+	}
+	s := &c[idx%listChunk]
+	s.gen++
+	id := ListID(s.gen<<listIndexBits | uint64(idx))
+	s.l.Store(l)
+	s.id.Store(uint64(id)) // after the list: Get reads the ID first
+	return id, nil
+}
+
+// slot returns the slot id's index names, or nil.
+func (t *Lists) slot(id ListID) *listSlot {
+	idx := uint32(id & (1<<listIndexBits - 1))
+	c := t.chunks[idx/listChunk].Load()
+	if c == nil {
+		return nil
+	}
+	return &c[idx%listChunk]
+}
+
+// Get returns the list id names, or nil (freed, never added, 0).
+// Lock-free.
+func (t *Lists) Get(id ListID) *List {
+	s := t.slot(id)
+	if id == 0 || s == nil || s.id.Load() != uint64(id) {
+		return nil
+	}
+	l := s.l.Load()
+	// The ID again: a Remove and an Add since the first load would have
+	// left another ID's list (the ID goes before the list on Remove, and
+	// the new list comes before the new ID on Add).
+	if s.id.Load() != uint64(id) {
+		return nil
+	}
+	return l
+}
+
+// Remove takes the list id names out of the table and reports whether
+// there was one.
+func (t *Lists) Remove(id ListID) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.slot(id)
+	if id == 0 || s == nil || s.id.Load() != uint64(id) {
+		return false
+	}
+	s.id.Store(0)
+	s.l.Store(nil)
+	t.free = append(t.free, uint32(id&(1<<listIndexBits-1)))
+	return true
 }
 
 // Len returns the number of blocks.
@@ -103,7 +211,7 @@ type listRun struct {
 // CodeLength for a run above the ring's MaxLength.
 func (r *Ring) checkList(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint]) (listRun, cq.Code) {
 	var l *List
-	if r.tables.Lists != nil && e.Local <= math.MaxUint32 {
+	if r.tables.Lists != nil {
 		l = r.tables.Lists.Get(ListID(e.Local))
 	}
 	if l == nil {
@@ -134,6 +242,15 @@ func (r *Ring) checkList(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segmen
 		return listRun{}, cq.CodeLength
 	}
 	return run, cq.CodeOK
+}
+
+// maxSlice returns the longest slice request q posts: its longest block
+// for a list's, else MaxSlice of its slice size.
+func (q *request) maxSlice() uint64 {
+	if q.blocks != nil {
+		return q.sliceSize
+	}
+	return MaxSlice(q.sliceSize)
 }
 
 // block returns the local offset, remote address, length and remote

@@ -9,19 +9,18 @@ import (
 	"testing"
 
 	"github.com/moonring/moonring/cq"
-	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/sq"
 )
 
 // listHarness is a harness whose tables hold lists.
-func listHarness(t *testing.T, cfg Config, ep *fakeEP, manual bool) (*harness, *segtable.Handles[List]) {
+func listHarness(t *testing.T, cfg Config, ep *fakeEP, manual bool) (*harness, *Lists) {
 	h := newHarness(t, cfg, ep, manual)
-	lists := new(segtable.Handles[List])
+	lists := new(Lists)
 	h.tables.Lists = lists
 	return h, lists
 }
 
-func addList(t *testing.T, lists *segtable.Handles[List], blocks []Block) ListID {
+func addList(t *testing.T, lists *Lists, blocks []Block) ListID {
 	t.Helper()
 	l, err := NewList(blocks)
 	if err != nil {
@@ -132,6 +131,8 @@ func TestListRefused(t *testing.T) {
 		big[i] = Block{0, h.r1, 256 << 10}
 	}
 	tooLong := addList(t, lists, big) // 1.25 MiB, above MaxLength
+	// A block longer than the path's slices may be (MaxSlice(4096)).
+	wide := addList(t, lists, []Block{{0, h.r1, 100}, {0, h.r1, MaxSlice(4096) + 1}})
 	cases := []struct {
 		name string
 		code cq.Code
@@ -139,7 +140,7 @@ func TestListRefused(t *testing.T) {
 	}{
 		{"list 0", cq.CodeInvalid, listEntry(h, sq.Write, 0, 0, 1, 0)},
 		{"freed list", cq.CodeInvalid, listEntry(h, sq.Write, freed, 0, 1, 0)},
-		{"ID above 32 bits", cq.CodeInvalid, listEntry(h, sq.Write, id, 0, 1, 0)},
+		{"ID of another generation", cq.CodeInvalid, listEntry(h, sq.Write, id, 0, 1, 0)},
 		{"no blocks", cq.CodeInvalid, listEntry(h, sq.Write, id, 0, 0, 0)},
 		{"run past the end", cq.CodeInvalid, listEntry(h, sq.Write, id, 1, 2, 0)},
 		{"first past the end", cq.CodeInvalid, listEntry(h, sq.Write, id, 2, 1, 0)},
@@ -148,13 +149,14 @@ func TestListRefused(t *testing.T) {
 		{"block in the gap", cq.CodeRemoteRange, listEntry(h, sq.Read, badRemote, 0, 3, 0)},
 		{"block straddling R1's end", cq.CodeRemoteRange, listEntry(h, sq.Write, straddle, 0, 3, 0)},
 		{"run above MaxLength", cq.CodeLength, listEntry(h, sq.Write, tooLong, 0, 5, 0)},
+		{"block above the path's slices", cq.CodeLength, listEntry(h, sq.Write, wide, 0, 2, 0)},
 		{"notify on a read", cq.CodeInvalid, func() sq.Entry {
 			e := listEntry(h, sq.Read, id, 0, 1, 0)
 			e.Flags |= sq.FlagNotify
 			return e
 		}()},
 	}
-	cases[2].e.Local |= 1 << 32
+	cases[2].e.Local += 1 << listIndexBits
 	var es []sq.Entry
 	for i, c := range cases {
 		c.e.UserData = uint64(i)
@@ -213,19 +215,21 @@ func TestListFreedInFlight(t *testing.T) {
 	}
 }
 
-// A failed block fails its request, once, after its other blocks are
-// back; nothing is reported as moved.
+// A failed block fails its request, once, with no bytes reported moved.
 func TestListBlockFails(t *testing.T) {
 	ep := &fakeEP{}
-	h, lists := listHarness(t, Config{SliceSize: 4096, RetryLimit: 0}, ep, false)
+	h, lists := listHarness(t, Config{SliceSize: 4096, RetryLimit: -1}, ep, false)
 	// The fake endpoint refuses a slice past its memory: a block whose
 	// check passes (R2 is in the descriptor) but whose move fails.
 	ep.mem = ep.mem[:hR1]
 	id := addList(t, lists, []Block{{0, h.r1, 64}, {64, h.r2, 64}, {128, h.r1 + 64, 64}})
 	h.submit(listEntry(h, sq.Write, id, 0, 3, 1))
 	c := h.one(1)
-	if c.Code == cq.CodeOK || c.Status != c.Code.Status() {
-		t.Fatalf("a request with a failed block: %+v; want it failed", c)
+	if c.Code != cq.CodeRemoteRange || c.Status != c.Code.Status() || c.Bytes != 0 {
+		t.Fatalf("a request with a failed block: %+v; want it failed (remote range) with no bytes", c)
+	}
+	if n := len(ep.postsCopy()); n != 3 {
+		t.Fatalf("%d slices posted; want the 3 blocks once each (no retries)", n)
 	}
 	if got := h.fence(); len(got) != 0 {
 		t.Fatalf("more completions: %+v", got)
@@ -274,7 +278,7 @@ func BenchmarkCheckList(b *testing.B) {
 		}
 		blocks[i] = Block{Local: uint64(rng.IntN(hLocal/64)) * 64, Remote: rem, Length: 64}
 	}
-	lists := new(segtable.Handles[List])
+	lists := new(Lists)
 	h.tables.Lists = lists
 	l, _ := NewList(blocks)
 	id, _ := lists.Add(l)
@@ -284,5 +288,126 @@ func BenchmarkCheckList(b *testing.B) {
 		if _, code := h.r.checkList(&e, h.lbuf, h.seg); code != cq.CodeOK {
 			b.Fatal(code)
 		}
+	}
+}
+
+// Lists hands out IDs that name one list each: a freed slot's next ID has
+// the next generation, so an old ID names nothing, however often the slot
+// is reused; IDs are never 0; Remove of an unknown ID reports false.
+func TestListsTable(t *testing.T) {
+	var lists Lists
+	l, _ := NewList([]Block{{0, 0, 1}})
+	first, err := lists.Add(l)
+	if err != nil || first == 0 || lists.Get(first) != l {
+		t.Fatalf("Add: %d, %v", first, err)
+	}
+	old := first
+	for range 10000 { // one slot, reused: far past a 12-bit generation
+		if !lists.Remove(old) || lists.Get(old) != nil || lists.Remove(old) {
+			t.Fatalf("Remove of %#x", old)
+		}
+		id, err := lists.Add(l)
+		if err != nil || id == old || id&(1<<listIndexBits-1) != first&(1<<listIndexBits-1) {
+			t.Fatalf("Add after Remove: %#x (%v); want the same slot, a new ID", id, err)
+		}
+		if lists.Get(first) != nil && id != first {
+			t.Fatal("the first ID names a later list")
+		}
+		old = id
+	}
+	for _, id := range []ListID{0, 1 << 19, 5 << listIndexBits} {
+		if lists.Get(id) != nil || lists.Remove(id) {
+			t.Errorf("ID %#x names a list", id)
+		}
+	}
+	second, _ := lists.Add(l)
+	if second == old || lists.Get(second) != l || lists.Get(old) != l {
+		t.Fatal("a second list took the first's ID")
+	}
+}
+
+// A property over random lists: a run moves exactly its blocks when every
+// block lies inside the local buffer and one of the segment's buffers,
+// and nothing at all (with the code of the first bad block's kind) when
+// one does not; READs and WRITEs alike, runs anywhere in the list.
+func TestListProperty(t *testing.T) {
+	ep := &fakeEP{async: true}
+	h, lists := listHarness(t, Config{SliceSize: 4096}, ep, false)
+	rng := rand.New(rand.NewPCG(11, 12))
+	const slot = 4096
+	patL, patR := make([]byte, hLocal+256), make([]byte, hR1+hGap+hR2+256)
+	for i := range patL {
+		patL[i] = byte(i * 13)
+	}
+	for i := range patR {
+		patR[i] = byte(i * 7)
+	}
+	for round := range 80 {
+		// Distinct 4 KiB slots on both sides, so no two blocks overlap
+		// where they land.
+		n := 1 + rng.IntN(24)
+		lslots, rslots := rng.Perm(hLocal / slot)[:n], rng.Perm((hR1 + hR2) / slot)[:n]
+		blocks := make([]Block, n)
+		for i := range blocks {
+			rem := h.r1 + uint64(rslots[i]*slot)
+			if rslots[i] >= hR1/slot {
+				rem = h.r2 + uint64(rslots[i]-hR1/slot)*slot
+			}
+			ln := uint64(1 + rng.IntN(slot))
+			blocks[i] = Block{Local: uint64(lslots[i] * slot), Remote: rem, Length: ln}
+			switch rng.IntN(40) {
+			case 0:
+				blocks[i].Local = hLocal - ln/2 // past the local buffer's end
+			case 1:
+				blocks[i].Remote = h.r1 + hR1 + uint64(rng.IntN(hGap)) // in the gap
+			case 2:
+				blocks[i].Remote = h.r2 + hR2 - ln/2 // past the segment's end
+			}
+		}
+		id := addList(t, lists, blocks)
+		first := rng.IntN(n)
+		count := 1 + rng.IntN(n-first)
+		run := blocks[first : first+count]
+		op := sq.Write
+		if rng.IntN(2) == 0 {
+			op = sq.Read
+		}
+		copy(h.local, patL[round:])
+		copy(h.remote, patR[round:])
+		wantL, wantR := bytes.Clone(h.local), bytes.Clone(h.remote)
+		code, sum := cq.CodeOK, uint64(0)
+		for _, b := range run {
+			inR1 := b.Remote >= h.r1 && b.Remote+b.Length <= h.r1+hR1
+			inR2 := b.Remote >= h.r2 && b.Remote+b.Length <= h.r2+hR2
+			switch {
+			case b.Local+b.Length > hLocal:
+				code = cq.CodeLocalRange
+			case !inR1 && !inR2:
+				code = cq.CodeRemoteRange
+			}
+			if code != cq.CodeOK {
+				break
+			}
+			sum += b.Length
+			l, r := wantL[b.Local:][:b.Length], wantR[b.Remote-h.r1:][:b.Length]
+			if op == sq.Write {
+				copy(r, l)
+			} else {
+				copy(l, r)
+			}
+		}
+		if code != cq.CodeOK {
+			wantL, wantR, sum = h.local, h.remote, 0 // nothing moves
+		}
+		wantL, wantR = bytes.Clone(wantL), bytes.Clone(wantR)
+		h.submit(listEntry(h, op, id, uint64(first), uint64(count), uint64(round)))
+		c := h.one(uint64(round))
+		if c.Code != code || c.Bytes != sum {
+			t.Fatalf("round %d (%d of %d blocks from %d, %v): code %d, %d bytes; want code %d, %d bytes", round, count, n, first, op, c.Code, c.Bytes, code, sum)
+		}
+		if !bytes.Equal(h.local, wantL) || !bytes.Equal(h.remote, wantR) {
+			t.Fatalf("round %d: memory is not what the run's blocks make it", round)
+		}
+		lists.Remove(id)
 	}
 }

@@ -114,12 +114,14 @@ func (r *Ring) failover(q *request) int {
 	if reg == nil || reg.Staged != q.staged {
 		return pathStay
 	}
-	if q.staged {
+	if q.staged || q.blocks != nil {
+		// Its slices are cut already: the next path must take slices as
+		// long (and have bounce buffers for a staged buffer).
 		size := next.SliceSize
 		if size == 0 {
 			size = r.cfg.SliceSize
 		}
-		if next.Staged == nil || MaxSlice(size) < MaxSlice(q.sliceSize) {
+		if (q.staged && next.Staged == nil) || MaxSlice(size) < q.maxSlice() {
 			return pathStay
 		}
 	}

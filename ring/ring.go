@@ -134,7 +134,7 @@ type Tables struct {
 	Segments *segtable.Segments[transport.Endpoint]
 	// Lists holds the prepared lists that entries with sq.FlagList name
 	// (nil: such entries complete with CodeInvalid).
-	Lists *segtable.Handles[List]
+	Lists *Lists
 	// PathDown, when set before rings use the tables, hears of each path
 	// a ring marked down (segtable.Segment.Fail): a request failed on it
 	// for a reason of the path while another path of the segment was up,

@@ -263,6 +263,10 @@ func bench(args []string, out io.Writer) (err error) {
 		if layout, err = newKVLayout(*layers, sizes[0], *blockTokens, *tokens, ps, *inflight); err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}
+		if *lists > 0 && (layout.transfers() > moonring.MaxListBlocks || layout.chunk > moonring.MaxBlock) {
+			return fmt.Errorf("bench: --lists: a request of %d transfers (contig: of %s) is more than a list holds (%d blocks of at most %s)",
+				layout.transfers(), fmtSize(layout.chunk), moonring.MaxListBlocks, fmtSize(moonring.MaxBlock))
+		}
 		bs[0] = layout.bytes()
 		if *segment != "" && set["targets"] && *targets != len(strings.Split(*segment, ",")) {
 			return fmt.Errorf("bench: --targets %d but --segment names %d", *targets, len(strings.Split(*segment, ",")))

@@ -316,7 +316,7 @@ type kvDone struct {
 // kvStep runs op with the KV pattern, or its contiguous baseline, for d
 // after a warm-up of d/5, inflight requests in flight; then for a WRITE
 // it reads every target's pool back and checks it. Every transfer's end
-// is counted in the result's Statuses. A transfer that does not complete
+// (with --lists, every run's) is counted in the result's Statuses. A transfer that does not complete
 // ends the step with its error; under --keep-going the step runs to its
 // end and returns its result with a *requestsError.
 func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.Duration) (result, error) {

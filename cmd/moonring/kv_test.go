@@ -159,6 +159,7 @@ func TestBenchKVFlagsRefused(t *testing.T) {
 		{[]string{"--pattern", "kv", "--ring", "--lists", "-1"}, "--lists -1"},
 		{[]string{"--pattern", "kv", "--ring", "--lists", "65537"}, "--lists 65537"},
 		{[]string{"--lists", "256"}, "--lists goes with --pattern kv"},
+		{[]string{"--pattern", "kv", "--lists", "256", "--tokens", "65536", "--pool", "64G"}, "more than a list holds"},
 		{[]string{"--pattern", "kv", "--pool", "64M"}, "grow --pool"},
 		{[]string{"--pattern", "kv", "--inflight", "5"}, "grow --pool"},
 		{[]string{"--pattern", "kv", "--pool", "0"}, "--pool"},
