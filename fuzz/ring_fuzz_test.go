@@ -213,6 +213,14 @@ func reserved(e *sq.Entry) bool {
 // the code e must complete with, the buffers it reads and writes, and
 // whether it completes at all (a Cancel does not).
 func (w *world) expect(e *sq.Entry) (code moonring.Code, src, dst *gbuf, srcOff, dstOff uint64, completes bool) {
+	return w.expectAs(e, false, false)
+}
+
+// expectAs is expect for e, or (asList) for the entry that moves e's
+// range as a prepared list's one block, which PrepareList took or
+// refused (prepared): the same checks but for the order, the buffer and
+// the segment before the list and its block's ranges.
+func (w *world) expectAs(e *sq.Entry, asList, prepared bool) (code moonring.Code, src, dst *gbuf, srcOff, dstOff uint64, completes bool) {
 	if e.Flags&^sq.FlagsMask != 0 || reserved(e) || !e.Op.Valid() || (e.Flags&sq.FlagNotify != 0 && e.Op != sq.Write) {
 		return cq.CodeInvalid, nil, nil, 0, 0, true
 	}
@@ -222,7 +230,7 @@ func (w *world) expect(e *sq.Entry) (code moonring.Code, src, dst *gbuf, srcOff,
 	case sq.Cancel:
 		return cq.CodeOK, nil, nil, 0, 0, false
 	}
-	if e.Length == 0 || e.Length > ring.DefaultMaxLength {
+	if !asList && (e.Length == 0 || e.Length > ring.DefaultMaxLength) {
 		return cq.CodeLength, nil, nil, 0, 0, true
 	}
 	var local *gbuf
@@ -234,7 +242,8 @@ func (w *world) expect(e *sq.Entry) (code moonring.Code, src, dst *gbuf, srcOff,
 	if local == nil {
 		return cq.CodeBadBuffer, nil, nil, 0, 0, true
 	}
-	if e.Length > uint64(len(local.b)) || e.Local > uint64(len(local.b))-e.Length {
+	badLocal := e.Length > uint64(len(local.b)) || e.Local > uint64(len(local.b))-e.Length
+	if !asList && badLocal {
 		return cq.CodeLocalRange, nil, nil, 0, 0, true
 	}
 	var granted []*gbuf
@@ -246,6 +255,12 @@ func (w *world) expect(e *sq.Entry) (code moonring.Code, src, dst *gbuf, srcOff,
 	default:
 		return cq.CodeBadSegment, nil, nil, 0, 0, true
 	}
+	if asList && !prepared {
+		return cq.CodeInvalid, nil, nil, 0, 0, true // the entry names list 0
+	}
+	if asList && badLocal {
+		return cq.CodeLocalRange, nil, nil, 0, 0, true
+	}
 	var target *gbuf
 	var roff uint64
 	for _, g := range granted {
@@ -255,6 +270,16 @@ func (w *world) expect(e *sq.Entry) (code moonring.Code, src, dst *gbuf, srcOff,
 	}
 	if target == nil {
 		return cq.CodeRemoteRange, nil, nil, 0, 0, true
+	}
+	// A list's block moves as one slice: no longer than its path allows
+	// (the local transport's 1 MiB to B, the engine's SliceSize to its
+	// own segment).
+	pathSlice := uint64(1 << 20)
+	if e.Segment == moonring.LocalSegmentID {
+		pathSlice = sliceSize
+	}
+	if asList && e.Length > ring.MaxSlice(pathSlice) {
+		return cq.CodeLength, nil, nil, 0, 0, true
 	}
 	if e.Op == sq.Write {
 		return 0, local, target, e.Local, roff, true
@@ -287,13 +312,35 @@ func (w *world) run(tb testing.TB, data []byte) {
 	w.reset(seed)
 	for i := 0; (i+1)*recSize <= len(data) && i < 64; i++ {
 		ud := uint64(i + 1)
-		e := w.entry(data[i*recSize:(i+1)*recSize], ud)
-		code, src, dst, soff, doff, completes := w.expect(&e)
-		w.submit(tb, i, &e)
+		r := data[i*recSize : (i+1)*recSize]
+		e := w.entry(r, ud)
+		// Bit 7 of byte 15: a READ or WRITE goes as a prepared list of
+		// one block, its range, instead (PrepareList refuses a length of
+		// 0 or above MaxBlock, and a range that wraps: the entry then
+		// names no list).
+		asList := r[15]&0x80 != 0 && (e.Op == sq.Read || e.Op == sq.Write)
+		var list moonring.ListID
+		sent := e
+		if asList {
+			var err error
+			list, err = w.a.PrepareList([]moonring.Block{{Local: e.Local, Remote: e.Remote, Length: e.Length}})
+			if err != nil && !errors.Is(err, moonring.ErrList) {
+				tb.Fatalf("entry %d: PrepareList: %v", i, err)
+			}
+			sent.Flags |= sq.FlagList
+			sent.Local, sent.Remote, sent.Length = uint64(list), 0, 1
+		}
+		code, src, dst, soff, doff, completes := w.expectAs(&e, asList, list != 0)
+		w.submit(tb, i, &sent)
 		if !completes {
 			continue
 		}
 		c := w.wait(tb)
+		if list != 0 {
+			if err := w.a.FreeList(list); err != nil {
+				tb.Fatalf("entry %d: FreeList: %v", i, err)
+			}
+		}
 		if c.UserData != ud {
 			tb.Fatalf("entry %d (%+v): completion for %d; want %d (a completion lost, doubled or from a Cancel)", i, e, c.UserData, ud)
 		}
@@ -390,6 +437,9 @@ func FuzzRingEntries(f *testing.F) {
 	f.Add(join(rec(0, 6, 0, 0, 0, 0, 10, 0), rec(0, 7, 0, 0, 0, 0, 10, 0)))                               // bad segments
 	f.Add(join(rec(4, 0, 0, 0, 0, 0, 0, 0), rec(5, 0, 0, 0, 0, 0, 0, 0), rec(6, 0, 0, 0, 0, 0, 10, 0), rec(7, 0, 0, 0, 0, 0, 10, 0)))
 	f.Add(join(rec(0xf8, 0, 0, 0, 0, 0, 10, 0))) // a flag
+	asList := func(r []byte) []byte { r[15] |= 0x80; return r }
+	f.Add(join(asList(rec(0, 3, 3, 0, 1, 2, 5000, 0)), asList(rec(1, 3, 0, 3, 7, 0, 4096, 0)), asList(rec(0, 3, 0, 0, 0, 6000, 2, 0)),
+		asList(rec(0, 0, 0, 0, 12410, 0, 10, 0)), asList(rec(0, 0, 0, 0, 0, 0, 0, 0)), asList(rec(0, 6, 0, 0, 0, 0, 10, 0)))) // as lists
 	bad := rec(0, 0, 0, 4, 0, 0, 10, 0)
 	bad[10], bad[11] = 0xA5, 3 // a reserved byte
 	f.Add(bad)
