@@ -123,11 +123,11 @@ func (t *Lists) Add(l *List) (ListID, error) {
 	if n := len(t.free); n > 0 {
 		idx, t.free = t.free[n-1], t.free[:n-1]
 	} else {
-		if t.size >= MaxLists-1 {
+		if t.size >= MaxLists {
 			return 0, ErrListsFull
 		}
+		idx = t.size
 		t.size++
-		idx = t.size // index 0 is never used: ID 0 names none
 	}
 	c := t.chunks[idx/listChunk].Load()
 	if c == nil {
@@ -135,7 +135,7 @@ func (t *Lists) Add(l *List) (ListID, error) {
 		t.chunks[idx/listChunk].Store(c)
 	}
 	s := &c[idx%listChunk]
-	s.gen++
+	s.gen++ // from 1: no ID is 0
 	id := ListID(s.gen<<listIndexBits | uint64(idx))
 	s.l.Store(l)
 	s.id.Store(uint64(id)) // after the list: Get reads the ID first

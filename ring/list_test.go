@@ -411,3 +411,29 @@ func TestListProperty(t *testing.T) {
 		lists.Remove(id)
 	}
 }
+
+// A table holds MaxLists lists at once, and one more after a Remove.
+func TestListsFull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SKIP: fills a table of 2^20 lists (-short)")
+	}
+	var lists Lists
+	l, _ := NewList([]Block{{0, 0, 1}})
+	var last ListID
+	for i := range MaxLists {
+		id, err := lists.Add(l)
+		if err != nil || id == 0 {
+			t.Fatalf("Add %d: %#x, %v", i, id, err)
+		}
+		last = id
+	}
+	if _, err := lists.Add(l); !errors.Is(err, ErrListsFull) {
+		t.Fatalf("Add past MaxLists: %v; want ErrListsFull", err)
+	}
+	if !lists.Remove(last) {
+		t.Fatal("Remove")
+	}
+	if id, err := lists.Add(l); err != nil || id == last || lists.Get(id) != l {
+		t.Fatalf("Add after a Remove: %#x, %v", id, err)
+	}
+}
