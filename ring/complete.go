@@ -132,13 +132,7 @@ func (r *Ring) applySlice(tok uint64, code cq.Code, path bool) {
 	case code == cq.CodeOK && i == q.nslices: // the notification was taken
 		r.finish(idx, cq.CodeOK)
 	case code == cq.CodeOK:
-		var n uint64
-		if q.blocks != nil {
-			n = q.blocks[i].Length
-		} else {
-			_, n = sliceRange(q.length, q.sliceSize, q.nslices, i)
-		}
-		q.bytes += n
+		q.bytes += q.sliceLen(i)
 		q.done++
 		if q.done == q.nslices {
 			if q.notify {

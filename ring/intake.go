@@ -332,9 +332,12 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	q.local, q.remote, q.length = e.Local, e.Remote, length
 	q.sliceSize, q.deadline, q.handle, q.rindex = size, deadline, reg.Handle, uint32(ri)
 	q.started = t
-	q.nslices, q.rail, q.state, q.op = sliceCount(length, size), r.rail, stActive, transport.Read
+	q.rail, q.state, q.op = r.rail, stActive, transport.Read
+	q.blocks, q.rvaries = run.blocks, run.varies // nil, false but for a list's
 	if list {
-		q.blocks, q.rvaries, q.nslices = run.blocks, run.varies, uint32(len(run.blocks))
+		q.nslices = uint32(len(run.blocks))
+	} else {
+		q.nslices = sliceCount(length, size)
 	}
 	if e.Op == sq.Write {
 		q.op = transport.Write

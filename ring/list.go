@@ -37,10 +37,9 @@ const (
 	// a run with a block longer than its path's slice size allows
 	// (MaxSlice: 1.25 MiB for tcp and to another engine in process, 5
 	// MiB for shm, Config.SliceSize's to the engine's own segment: 80
-	// KiB by default) fails
-	// with CodeLength, and such a request does not fail over to a path
-	// with shorter slices. Nor is a block cut while a ring of a higher
-	// class shares the poller (yieldBytes).
+	// KiB by default) fails with CodeLength, and such a request does not
+	// fail over to a path with shorter slices. Nor is a block cut while a
+	// ring of a higher class shares the poller (yieldBytes).
 	MaxBlock = 4 << 20
 )
 
@@ -244,29 +243,4 @@ func (r *Ring) checkList(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segmen
 		return listRun{}, cq.CodeLength
 	}
 	return run, cq.CodeOK
-}
-
-// maxSlice returns the longest slice request q posts: its longest block
-// for a list's, else MaxSlice of its slice size.
-func (q *request) maxSlice() uint64 {
-	if q.blocks != nil {
-		return q.sliceSize
-	}
-	return MaxSlice(q.sliceSize)
-}
-
-// block returns the local offset, remote address, length and remote
-// buffer position of slice i of request q, one of a list's.
-func (q *request) block(i uint32) (local, remote, n uint64, rindex uint32) {
-	b := &q.blocks[i]
-	rindex = q.rindex
-	if q.rvaries {
-		// The blocks lie in several remote buffers: find this one's
-		// again (a hint only: a transport checks it, and searches when
-		// the descriptor changed since).
-		if ri := q.seg.Resolve(b.Remote, b.Length); ri >= 0 {
-			rindex = uint32(ri)
-		}
-	}
-	return b.Local, b.Remote, b.Length, rindex
 }

@@ -46,6 +46,46 @@ func sliceRange(n, size uint64, count, i uint32) (off, length uint64) {
 	return off, size
 }
 
+// maxSlice returns the longest slice request q posts: its longest block
+// for a list's, else MaxSlice of its slice size.
+func (q *request) maxSlice() uint64 {
+	if q.blocks != nil {
+		return q.sliceSize
+	}
+	return MaxSlice(q.sliceSize)
+}
+
+// slice returns the local offset, remote address, length and remote
+// buffer position of data slice i of request q: a cut of its range, or
+// for a list's request its block i.
+func (q *request) slice(i uint32) (local, remote, n uint64, rindex uint32) {
+	if q.blocks == nil {
+		off, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
+		return q.local + off, q.remote + off, n, q.rindex
+	}
+	b := &q.blocks[i]
+	rindex = q.rindex
+	if q.rvaries {
+		// The blocks lie in several remote buffers: find this one's
+		// again (a hint only: a transport checks it, and searches when
+		// the descriptor changed since).
+		if ri := q.seg.Resolve(b.Remote, b.Length); ri >= 0 {
+			rindex = uint32(ri)
+		}
+	}
+	return b.Local, b.Remote, b.Length, rindex
+}
+
+// sliceLen returns the length of data slice i of request q (slice's n,
+// without the search).
+func (q *request) sliceLen(i uint32) uint64 {
+	if q.blocks != nil {
+		return q.blocks[i].Length
+	}
+	_, n := sliceRange(q.length, q.sliceSize, q.nslices, i)
+	return n
+}
+
 // live returns the active request a token names, or nil.
 func (r *Ring) live(tok uint64) *request {
 	idx, gen, _ := splitToken(tok)
@@ -177,15 +217,7 @@ func (r *Ring) add(q *request, tok uint64) bool {
 		sl.Local = unsafe.Pointer(unsafe.SliceData(msg))
 		return true
 	}
-	var local, remote, n uint64
-	rindex := q.rindex
-	if q.blocks != nil {
-		local, remote, n, rindex = q.block(i)
-	} else {
-		var off uint64
-		off, n = sliceRange(q.length, q.sliceSize, q.nslices, i)
-		local, remote = q.local+off, q.remote+off
-	}
+	local, remote, n, rindex := q.slice(i)
 	if r.yieldAt != noYield {
 		if _, ok := ep.(transport.Copier); ok {
 			r.inlineBytes += n // copied on the poller at the flush

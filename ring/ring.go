@@ -301,7 +301,7 @@ type request struct {
 	local       uint64
 	remote      uint64
 	length      uint64
-	sliceSize   uint64
+	sliceSize   uint64 // for a list's request: its longest block (see maxSlice)
 	deadline    int64
 	bytes       uint64
 	handle      uint64

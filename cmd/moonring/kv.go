@@ -316,9 +316,10 @@ type kvDone struct {
 // kvStep runs op with the KV pattern, or its contiguous baseline, for d
 // after a warm-up of d/5, inflight requests in flight; then for a WRITE
 // it reads every target's pool back and checks it. Every transfer's end
-// (with --lists, every run's) is counted in the result's Statuses. A transfer that does not complete
-// ends the step with its error; under --keep-going the step runs to its
-// end and returns its result with a *requestsError.
+// (with --lists, every run's) is counted in the result's Statuses. A
+// transfer that does not complete ends the step with its error; under
+// --keep-going the step runs to its end and returns its result with a
+// *requestsError.
 func (k *kvBench) step(ctx context.Context, op moonring.Op, contig bool, d time.Duration) (result, error) {
 	l := k.l
 	res := result{Transport: k.t.transport, Op: op.String(), Pattern: "kv", BlockSize: l.block, Block: fmtSize(l.block), Batch: l.inflight, BatchAsked: l.inflight,
@@ -596,18 +597,22 @@ func (k *kvBench) listMove(ctx context.Context, ring *moonring.Ring, op moonring
 		return nil, err
 	}
 	defer e.FreeList(id)
-	var ests []moonring.TransferStatus
-	if ring != nil {
-		es := make([]moonring.Entry, 0, (len(blocks)+k.lists-1)/k.lists)
-		for first := 0; first < len(blocks); first += k.lists {
-			es = append(es, moonring.ListEntry(op, k.localID, r.rp.seg, id, first, min(k.lists, len(blocks)-first), uint64(len(es))))
+	var (
+		es   []moonring.Entry
+		reqs []moonring.TransferRequest
+		ests []moonring.TransferStatus
+	)
+	for first := 0; first < len(blocks); first += k.lists {
+		n := min(k.lists, len(blocks)-first)
+		if ring != nil {
+			es = append(es, moonring.ListEntry(op, k.localID, r.rp.seg, id, first, n, uint64(len(es))))
+		} else {
+			reqs = append(reqs, moonring.TransferRequest{Opcode: op, Buffer: k.localID, TargetID: r.rp.seg, List: id, First: first, Count: n})
 		}
+	}
+	if ring != nil {
 		ests, err = k.ringMove(ctx, ring, es, c)
 	} else {
-		reqs := make([]moonring.TransferRequest, 0, (len(blocks)+k.lists-1)/k.lists)
-		for first := 0; first < len(blocks); first += k.lists {
-			reqs = append(reqs, moonring.TransferRequest{Opcode: op, Buffer: k.localID, TargetID: r.rp.seg, List: id, First: first, Count: min(k.lists, len(blocks)-first)})
-		}
 		ests, err = transfer(ctx, e, reqs, c)
 	}
 	if ests == nil {
