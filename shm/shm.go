@@ -461,8 +461,9 @@ func (t *Transport) accept() {
 		}
 		t.mu.Unlock()
 		for i, d := range drop {
-			d.c.Close() // its serve ends and forgets it
+			// Counted before the close, which its peer may see at once.
 			t.refused(reasons[i], d.uid)
+			d.c.Close() // its serve ends and forgets it
 		}
 		if ok {
 			go s.serve()
