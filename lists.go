@@ -26,9 +26,8 @@ type (
 
 // Limits of prepared lists: at most MaxListBlocks blocks a list, each 1
 // to MaxBlock bytes (and no longer than the slices of the path a request
-// takes: 1.25 MiB over tcp and to another engine in process, 5 MiB over
-// shm, 80 KiB to the engine's own segment by default), MaxLists
-// lists an engine at once.
+// takes: 1.25 MiB over tcp and in process, the engine's own segment too,
+// 5 MiB over shm), MaxLists lists an engine at once.
 const (
 	MaxListBlocks = ring.MaxListBlocks
 	MaxBlock      = ring.MaxBlock

@@ -275,3 +275,50 @@ func TestPreparedListsBatch(t *testing.T) {
 		p.ini.FreeBatchID(bid)
 	}
 }
+
+// TestListOwnSegment: a list's blocks to the engine's own segment take
+// the local transport's slices, as to another engine (up to MaxSlice of 1
+// MiB); a longer block fails the run with ErrLength, moving nothing.
+func TestListOwnSegment(t *testing.T) {
+	e := newEngine(t, t.Name())
+	const mib = 1 << 20
+	src, dst := make([]byte, 4*mib), make([]byte, 4*mib)
+	fill(src, 3)
+	sid, err := e.RegisterLocalMemory(src, "cpu:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.RegisterLocalMemory(dst, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	base := uint64(moonring.AddressOf(dst))
+	longest := uint64(mib + mib/4 - 1)
+	ok, err := e.PrepareList([]moonring.Block{{Local: 0, Remote: base + 2*mib, Length: longest}, {Local: 2 * mib, Remote: base, Length: mib}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tooLong, err := e.PrepareList([]moonring.Block{{Local: 0, Remote: base, Length: longest + 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.NewRing(moonring.RingConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got := runEntries(t, r,
+		moonring.ListEntry(moonring.Write, sid, moonring.LocalSegmentID, ok, 0, 2, 1),
+		moonring.ListEntry(moonring.Write, sid, moonring.LocalSegmentID, tooLong, 0, 1, 2))
+	if c := got[1]; c.Err() != nil || c.Bytes != longest+mib {
+		t.Fatalf("1.25 MiB and 1 MiB blocks to the own segment: %v, %d bytes; want %d", c.Err(), c.Bytes, longest+mib)
+	}
+	if c := got[2]; !errors.Is(c.Err(), moonring.ErrLength) || c.Bytes != 0 {
+		t.Fatalf("a block past MaxSlice: %v, %d bytes; want ErrLength", c.Err(), c.Bytes)
+	}
+	want := make([]byte, 4*mib)
+	copy(want[2*mib:], src[:longest])
+	copy(want, src[2*mib:3*mib])
+	if !bytes.Equal(dst, want) {
+		t.Fatal("the own segment's pool differs from its blocks")
+	}
+}

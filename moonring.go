@@ -494,7 +494,7 @@ func New(cfg Config) (*Engine, error) {
 	e.segments.Busy = func(s *segtable.Segment[transport.Endpoint]) bool { return e.inFlight(nil, s) }
 	e.transports[0] = e.local
 	e.refreshNames()
-	e.self = e.segments.SetLocal(cfg.Name, e.desc(false), 0, 0, e.local.Self())
+	e.self = e.segments.SetLocal(cfg.Name, e.desc(false), 0, e.local.SliceSize(), e.local.Self())
 	if err := e.publish(); err != nil {
 		e.health.stop()
 		e.local.Close()

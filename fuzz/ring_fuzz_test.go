@@ -272,13 +272,9 @@ func (w *world) expectAs(e *sq.Entry, asList, prepared bool) (code moonring.Code
 		return cq.CodeRemoteRange, nil, nil, 0, 0, true
 	}
 	// A list's block moves as one slice: no longer than its path allows
-	// (the local transport's 1 MiB to B, the engine's SliceSize to its
-	// own segment).
-	pathSlice := uint64(1 << 20)
-	if e.Segment == moonring.LocalSegmentID {
-		pathSlice = sliceSize
-	}
-	if asList && e.Length > ring.MaxSlice(pathSlice) {
+	// (the local transport's 1 MiB, to B and to the engine's own segment
+	// alike, whatever the engine's SliceSize).
+	if asList && e.Length > ring.MaxSlice(1<<20) {
 		return cq.CodeLength, nil, nil, 0, 0, true
 	}
 	if e.Op == sq.Write {

@@ -35,11 +35,11 @@ const (
 	MaxListBlocks = 1 << 16
 	// MaxBlock is the longest block (4 MiB). A block moves as one slice:
 	// a run with a block longer than its path's slice size allows
-	// (MaxSlice: 1.25 MiB for tcp and to another engine in process, 5
-	// MiB for shm, Config.SliceSize's to the engine's own segment: 80
-	// KiB by default) fails with CodeLength, and such a request does not
-	// fail over to a path with shorter slices. Nor is a block cut while a
-	// ring of a higher class shares the poller (yieldBytes).
+	// (MaxSlice: 1.25 MiB for tcp and in process, the engine's own
+	// segment too, 5 MiB for shm) fails with CodeLength, and such a
+	// request does not fail over to a path with shorter slices. Nor is a
+	// block cut while a ring of a higher class shares the poller
+	// (yieldBytes).
 	MaxBlock = 4 << 20
 )
 
