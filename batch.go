@@ -635,12 +635,12 @@ func (e *Engine) checkListTask(req *TransferRequest) error {
 	if req.Buffer == 0 || req.Source != 0 || req.Local != 0 || req.TargetOffset != 0 || req.TargetBuffer != 0 || req.Length != 0 {
 		return fmt.Errorf("a list's task sets Buffer, and no Source, Local, TargetOffset, TargetBuffer or Length: %w", ErrInvalid)
 	}
-	l := e.lists.Get(req.List)
-	if l == nil {
+	n := e.lists.Blocks(req.List)
+	if n == 0 {
 		return fmt.Errorf("list %d: not prepared, or freed: %w", req.List, ErrInvalid)
 	}
-	if req.First < 0 || req.Count < 1 || req.Count > l.Len()-req.First {
-		return fmt.Errorf("blocks [%d, +%d) of a list of %d: %w", req.First, req.Count, l.Len(), ErrInvalid)
+	if req.First < 0 || req.Count < 1 || req.Count > n-req.First {
+		return fmt.Errorf("blocks [%d, +%d) of a list of %d: %w", req.First, req.Count, n, ErrInvalid)
 	}
 	return nil
 }

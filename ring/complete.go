@@ -159,6 +159,13 @@ func (r *Ring) finish(idx int32, code cq.Code) {
 	if code != cq.CodeOK {
 		bytes = 0 // a request that did not complete moved no bytes it can rely on
 	}
+	if q.list != nil {
+		// Before the completion: a caller that frees the list once it
+		// reaps it finds the storage free for its next (a zombie's
+		// slices still out read no block).
+		q.list.release()
+		q.list, q.blocks = nil, nil
+	}
 	r.ended(q.seg, q.path.Transport, q.op, q.userData, code, bytes, max(r.now-q.started, 0))
 	r.dequeue(idx)
 	r.qredo -= int(q.qredo) // its tokens there are dead now
@@ -195,7 +202,7 @@ func (r *Ring) release(idx int32) {
 	q.buf, q.seg, q.path = nil, nil, nil
 	q.bytes, q.posted, q.done, q.outstanding, q.retries, q.forgive = 0, 0, 0, 0, 0, 0
 	q.notify, q.tag, q.pinned = false, 0, false
-	q.blocks, q.rvaries = nil, false
+	q.list, q.blocks, q.rvaries = nil, nil, false // the list released at finish
 	q.gen, q.state = gen, stFree
 	q.gone.Store(false)
 	r.free = append(r.free, idx)

@@ -258,7 +258,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		}
 		length, ri = run.bytes, int(run.rindex)
 	} else if ri = seg.Resolve(e.Remote, e.Length); ri < 0 {
-		r.complete(e.UserData, cq.CodeRemoteRange, 0)
+		r.refuseRun(e.UserData, cq.CodeRemoteRange, run.list)
 		return
 	}
 	path := seg.Path()
@@ -268,7 +268,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		hp := seg.PathOf(int(e.Transport))
 		switch {
 		case e.Flags&sq.FlagTransportOnly != 0 && (hp == nil || hp.Down()):
-			r.complete(e.UserData, cq.CodeTransportDown, 0)
+			r.refuseRun(e.UserData, cq.CodeTransportDown, run.list)
 			return
 		case hp != nil && !hp.Down():
 			path = hp
@@ -276,7 +276,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	}
 	reg := buf.Regs[path.Transport].Load()
 	if reg == nil || (reg.Staged && path.Staged == nil) {
-		r.complete(e.UserData, cq.CodeNoTransport, 0)
+		r.refuseRun(e.UserData, cq.CodeNoTransport, run.list)
 		return
 	}
 	// No reference is taken: the request's slot in the in-flight table is
@@ -284,11 +284,11 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	// buffer or segment that began closing before this point is refused;
 	// one that begins after finds the slot when it asks the poller.
 	if buf.Closing() {
-		r.complete(e.UserData, cq.CodeBadBuffer, 0)
+		r.refuseRun(e.UserData, cq.CodeBadBuffer, run.list)
 		return
 	}
 	if seg.Closing() {
-		r.complete(e.UserData, cq.CodeBadSegment, 0)
+		r.refuseRun(e.UserData, cq.CodeBadSegment, run.list)
 		return
 	}
 	size := path.SliceSize
@@ -300,7 +300,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 			// A block moves as one slice, and the path's transport
 			// takes none longer than its slice size allows (a staged
 			// buffer's bounce buffers, a provider's largest message).
-			r.complete(e.UserData, cq.CodeLength, 0)
+			r.refuseRun(e.UserData, cq.CodeLength, run.list)
 			return
 		}
 		size = run.maxLen // its longest slice, for a failover's check (request.maxSlice)
@@ -333,7 +333,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 	q.sliceSize, q.deadline, q.handle, q.rindex = size, deadline, reg.Handle, uint32(ri)
 	q.started = t
 	q.rail, q.state, q.op = r.rail, stActive, transport.Read
-	q.blocks, q.rvaries = run.blocks, run.varies // nil, false but for a list's
+	q.list, q.blocks, q.rvaries = run.list, run.blocks, run.varies // nil, nil, false but for a list's
 	if list {
 		q.nslices = uint32(len(run.blocks))
 	} else {

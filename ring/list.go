@@ -9,8 +9,10 @@ package ring
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/moonring/moonring/cq"
 	"github.com/moonring/moonring/segtable"
@@ -53,45 +55,89 @@ var ErrList = errors.New("ring: bad block list")
 // none.
 type ListID uint64
 
-// List is an immutable list of blocks. Rings find it by its ID in
-// Tables.Lists; a request keeps the run of its blocks it started with, so
-// freeing a list (taking it out of the table) ends no request that uses
-// it: the entries not yet taken that name it complete with CodeInvalid.
-// Safe for concurrent use.
+// List is a list of blocks, immutable while a Lists table holds it.
+// Rings find it by its ID in Tables.Lists; a request keeps the run of its
+// blocks it started with, holding a reference, so freeing a list (taking
+// it out of the table) ends no request that uses it: the entries not yet
+// taken that name it complete with CodeInvalid. A list made by
+// Lists.Prepare goes back to its table's cache once freed and no request
+// holds it. Safe for concurrent use.
 type List struct {
 	blocks []Block
+	// refs counts the table slots that hold the list and the requests
+	// that took it (Acquire); at zero a list of home's goes back to its
+	// cache.
+	refs atomic.Int32
+	home *Lists
 }
 
 // NewList returns a list of a copy of blocks, checked: 1 to MaxListBlocks
 // blocks, each 1 to MaxBlock bytes long. Where they lie is checked per
-// request, against the entry's buffer and segment.
+// request, against the entry's buffer and segment. Lists.Prepare does the
+// same with storage it reuses.
 func NewList(blocks []Block) (*List, error) {
-	if len(blocks) == 0 || len(blocks) > MaxListBlocks {
-		return nil, fmt.Errorf("%w: %d blocks (1 to %d)", ErrList, len(blocks), MaxListBlocks)
+	if err := checkBlocks(blocks); err != nil {
+		return nil, err
 	}
-	l := &List{blocks: make([]Block, len(blocks))}
-	for i, b := range blocks {
-		if b.Length == 0 || b.Length > MaxBlock {
-			return nil, fmt.Errorf("%w: block %d is %d bytes long (1 to %d)", ErrList, i, b.Length, MaxBlock)
-		}
-		if b.Local+b.Length < b.Local || b.Remote+b.Length < b.Remote {
-			return nil, fmt.Errorf("%w: block %d wraps around", ErrList, i)
-		}
-		l.blocks[i] = b
-	}
-	return l, nil
+	return &List{blocks: append([]Block(nil), blocks...)}, nil
 }
 
-// Lists is a table of prepared lists by ListID: Get is lock-free (a few
-// loads), Add and Remove take a lock and allocate nothing once the slot's
-// chunk of 1,024 exists. It holds up to MaxLists lists at once, and never
-// runs out of IDs (a freed slot's next ID has the next generation). The
-// zero value is an empty table ready for use; safe for concurrent use.
+// checkBlocks checks a list's blocks as NewList says.
+func checkBlocks(blocks []Block) error {
+	if len(blocks) == 0 || len(blocks) > MaxListBlocks {
+		return fmt.Errorf("%w: %d blocks (1 to %d)", ErrList, len(blocks), MaxListBlocks)
+	}
+	for i, b := range blocks {
+		if b.Length == 0 || b.Length > MaxBlock {
+			return fmt.Errorf("%w: block %d is %d bytes long (1 to %d)", ErrList, i, b.Length, MaxBlock)
+		}
+		if b.Local+b.Length < b.Local || b.Remote+b.Length < b.Remote {
+			return fmt.Errorf("%w: block %d wraps around", ErrList, i)
+		}
+	}
+	return nil
+}
+
+// ref takes a reference to l unless it has none left (freed: in its
+// table's cache, or being filled again), and reports whether it did.
+func (l *List) ref() bool {
+	for {
+		n := l.refs.Load()
+		if n <= 0 {
+			return false
+		}
+		if l.refs.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// release drops a reference to l; the last one gives l's storage back
+// to its table's cache (a list NewList made is left to the GC).
+func (l *List) release() {
+	if l.refs.Add(-1) == 0 && l.home != nil {
+		l.home.recycle(l)
+	}
+}
+
+// Lists is a table of prepared lists by ListID: Acquire is lock-free (a
+// few loads and a compare-and-swap), Add and Remove take a lock and
+// allocate nothing once the slot's chunk of 1,024 exists. It holds up to
+// MaxLists lists at once, and never runs out of IDs (a freed slot's next
+// ID has the next generation). It keeps the storage of lists Prepare made,
+// once freed and no longer held, for Prepare to reuse (up to
+// listCacheBytes), so that a list prepared and freed per request
+// allocates nothing once warm. The zero value is an empty table ready for
+// use; safe for concurrent use.
 type Lists struct {
 	mu     sync.Mutex
 	chunks [MaxLists / listChunk]atomic.Pointer[[listChunk]listSlot]
 	size   uint32   // indexes handed out; under mu
 	free   []uint32 // indexes free again; under mu
+	// cache holds freed lists by class, capacity 1<<class blocks;
+	// cached is their bytes. Under mu.
+	cache  [listClasses][]*List
+	cached uint64
 }
 
 // listSlot holds a list and the ID that names it (0 when free); gen is
@@ -109,12 +155,59 @@ const (
 	// listIndexBits of a ListID are the slot's index, the rest its
 	// generation.
 	listIndexBits = 20
+	// listClasses are the capacities of cached lists: 1, 2, 4, … blocks,
+	// up to MaxListBlocks.
+	listClasses = 17
+	// listCacheBytes bounds the storage a table keeps for reuse: 16 MiB,
+	// about 700,000 blocks; past it, a freed list is left to the GC.
+	listCacheBytes = 16 << 20
+	blockBytes     = uint64(unsafe.Sizeof(Block{}))
 )
 
 // ErrListsFull reports a Lists table that holds MaxLists lists.
 var ErrListsFull = errors.New("ring: too many prepared lists")
 
-// Add stores l and returns its ID, or ErrListsFull.
+// Prepare copies blocks (checked as NewList does) into a list, reusing
+// the storage of a freed one of the table's where it can, and adds it.
+func (t *Lists) Prepare(blocks []Block) (ListID, error) {
+	if err := checkBlocks(blocks); err != nil {
+		return 0, err
+	}
+	class := bits.Len(uint(len(blocks) - 1))
+	var l *List
+	t.mu.Lock()
+	if c := t.cache[class]; len(c) > 0 {
+		l, t.cache[class] = c[len(c)-1], c[:len(c)-1]
+		t.cached -= uint64(cap(l.blocks)) * blockBytes
+	}
+	t.mu.Unlock()
+	if l == nil {
+		l = &List{blocks: make([]Block, 0, 1<<class), home: t}
+	}
+	l.blocks = append(l.blocks[:0], blocks...) // no reference: nobody reads it
+	id, err := t.Add(l)
+	if err != nil {
+		t.recycle(l)
+		return 0, err
+	}
+	return id, nil
+}
+
+// recycle keeps l's storage for Prepare, unless the cache is full.
+func (t *Lists) recycle(l *List) {
+	n := uint64(cap(l.blocks)) * blockBytes
+	class := bits.Len(uint(cap(l.blocks) - 1))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cached+n > listCacheBytes || cap(l.blocks) != 1<<class {
+		return
+	}
+	t.cache[class] = append(t.cache[class], l)
+	t.cached += n
+}
+
+// Add stores l, taking a reference to it, and returns its ID, or
+// ErrListsFull. A list may be added under several IDs.
 func (t *Lists) Add(l *List) (ListID, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -136,8 +229,9 @@ func (t *Lists) Add(l *List) (ListID, error) {
 	s := &c[idx%listChunk]
 	s.gen++ // from 1: no ID is 0
 	id := ListID(s.gen<<listIndexBits | uint64(idx))
+	l.refs.Add(1)
 	s.l.Store(l)
-	s.id.Store(uint64(id)) // after the list: Get reads the ID first
+	s.id.Store(uint64(id)) // after the list: get reads the ID first
 	return id, nil
 }
 
@@ -151,9 +245,9 @@ func (t *Lists) slot(id ListID) *listSlot {
 	return &c[idx%listChunk]
 }
 
-// Get returns the list id names, or nil (freed, never added, 0).
-// Lock-free.
-func (t *Lists) Get(id ListID) *List {
+// get returns the list id names, or nil (freed, never added, 0), without
+// a reference: its blocks are not to be read. Lock-free.
+func (t *Lists) get(id ListID) *List {
 	s := t.slot(id)
 	if id == 0 || s == nil || s.id.Load() != uint64(id) {
 		return nil
@@ -168,22 +262,58 @@ func (t *Lists) Get(id ListID) *List {
 	return l
 }
 
-// Remove takes the list id names out of the table and reports whether
-// there was one.
+// Acquire returns the list id names with a reference taken, or nil
+// (freed, never added, 0). Its blocks stay as they are until the
+// reference is dropped with Release. Lock-free.
+func (t *Lists) Acquire(id ListID) *List { return t.hold(id, t.get(id)) }
+
+// hold takes a reference to l, which get(id) returned, and returns it if
+// id still names it, else nil.
+func (t *Lists) hold(id ListID, l *List) *List {
+	if l == nil || !l.ref() {
+		return nil
+	}
+	if t.get(id) != l {
+		// Freed meanwhile, and maybe made again under another ID
+		// (Prepare's reuse): not the list id named.
+		l.release()
+		return nil
+	}
+	return l
+}
+
+// Release drops a reference Acquire took.
+func (t *Lists) Release(l *List) { l.release() }
+
+// Blocks returns the number of blocks of the list id names, 0 for none.
+func (t *Lists) Blocks(id ListID) int {
+	l := t.Acquire(id)
+	if l == nil {
+		return 0
+	}
+	defer l.release()
+	return len(l.blocks)
+}
+
+// Remove takes the list id names out of the table, dropping the table's
+// reference, and reports whether there was one.
 func (t *Lists) Remove(id ListID) bool {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	s := t.slot(id)
 	if id == 0 || s == nil || s.id.Load() != uint64(id) {
+		t.mu.Unlock()
 		return false
 	}
+	l := s.l.Load()
 	s.id.Store(0)
 	s.l.Store(nil)
 	t.free = append(t.free, uint32(id&(1<<listIndexBits-1)))
+	t.mu.Unlock()
+	l.release() // outside mu: the last reference takes it to recycle
 	return true
 }
 
-// Len returns the number of blocks.
+// Len returns the number of blocks (of a list NewList made, or one held).
 func (l *List) Len() int { return len(l.blocks) }
 
 // run returns the blocks an entry with FlagList names (first, count), or
@@ -198,6 +328,7 @@ func (l *List) run(first, count uint64) []Block {
 // listRun is a run of a list's blocks that a request moves, as
 // checkList found it.
 type listRun struct {
+	list   *List // held: the request releases it when it ends
 	blocks []Block
 	bytes  uint64 // their sum
 	maxLen uint64 // the longest
@@ -209,15 +340,28 @@ type listRun struct {
 // against buf and seg, or a code that fails the request: CodeInvalid for
 // an ID that names no list or a run outside it, CodeLocalRange or
 // CodeRemoteRange for a block outside its buffer or the segment,
-// CodeLength for a run above the ring's MaxLength.
+// CodeLength for a run above the ring's MaxLength. A run it returns holds
+// a reference to its list, for the caller to release (refuseRun, or the
+// request's end).
 func (r *Ring) checkList(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint]) (listRun, cq.Code) {
 	var l *List
 	if r.tables.Lists != nil {
-		l = r.tables.Lists.Get(ListID(e.Local))
+		l = r.tables.Lists.Acquire(ListID(e.Local))
 	}
 	if l == nil {
 		return listRun{}, cq.CodeInvalid
 	}
+	run, code := checkRun(l, e, buf, seg, r.cfg.MaxLength)
+	if code != cq.CodeOK {
+		l.release()
+		return listRun{}, code
+	}
+	run.list = l
+	return run, cq.CodeOK
+}
+
+// checkRun is checkList's checks of the run of l, which is held.
+func checkRun(l *List, e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint], maxLength uint64) (listRun, cq.Code) {
 	run := listRun{blocks: l.run(e.Remote, e.Length)}
 	if run.blocks == nil {
 		return listRun{}, cq.CodeInvalid
@@ -239,8 +383,17 @@ func (r *Ring) checkList(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segmen
 		run.bytes += b.Length // at most 2^16 blocks of 2^22 bytes: no overflow
 		run.maxLen = max(run.maxLen, b.Length)
 	}
-	if run.bytes > r.cfg.MaxLength {
+	if run.bytes > maxLength {
 		return listRun{}, cq.CodeLength
 	}
 	return run, cq.CodeOK
+}
+
+// refuseRun completes a request refused after checkList, releasing its
+// run's list (nil for a request of no list).
+func (r *Ring) refuseRun(userData uint64, code cq.Code, l *List) {
+	if l != nil {
+		l.release()
+	}
+	r.complete(userData, code, 0)
 }

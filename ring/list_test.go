@@ -3,6 +3,7 @@ package ring
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -22,16 +23,15 @@ func listHarness(t *testing.T, cfg Config, ep *fakeEP, manual bool) (*harness, *
 
 func addList(t *testing.T, lists *Lists, blocks []Block) ListID {
 	t.Helper()
-	l, err := NewList(blocks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := lists.Add(l)
+	id, err := lists.Prepare(blocks)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return id
 }
+
+// storage returns the address of the blocks of the list id names.
+func storage(lists *Lists, id ListID) *Block { return &lists.get(id).blocks[0] }
 
 func listEntry(h *harness, op sq.Op, id ListID, first, count, ud uint64) sq.Entry {
 	return sq.Entry{Op: op, Flags: sq.FlagList, Segment: h.seg.ID, Buffer: h.lbuf.ID, Local: uint64(id), Remote: first, Length: count, UserData: ud}
@@ -199,8 +199,15 @@ func TestListFreedInFlight(t *testing.T) {
 	for ep.heldCount() < 2 {
 		h.poll()
 	}
+	held := storage(lists, id)
 	if !lists.Remove(id) {
 		t.Fatal("the list was not in the table")
+	}
+	// A list prepared while the request holds the freed one's blocks
+	// gets storage of its own, and a run of it reads its own blocks.
+	other := addList(t, lists, []Block{{0, h.r1, 1}, {1, h.r1 + 1, 1}})
+	if storage(lists, other) == held {
+		t.Fatal("a list made while a request held a freed list's blocks reused them")
 	}
 	ep.release(-1, nil)
 	if c := h.one(1); c.Code != cq.CodeOK || c.Bytes != 4096 {
@@ -212,6 +219,151 @@ func TestListFreedInFlight(t *testing.T) {
 	h.submit(listEntry(h, sq.Write, id, 0, 2, 2))
 	if c := h.one(2); c.Code != cq.CodeInvalid {
 		t.Fatalf("entry naming a freed list: code %d; want CodeInvalid", c.Code)
+	}
+	// Once the request ended, the next list of its size reuses them.
+	if again := addList(t, lists, []Block{{0, h.r1, 7}, {7, h.r1 + 7, 1}}); storage(lists, again) != held {
+		t.Fatal("the freed list's storage was not reused once no request held it")
+	}
+}
+
+// Prepare reuses the storage of freed lists by class of size, keeps at
+// most listCacheBytes of it, and an ID kept past its list's free never
+// names the list that reused its storage.
+func TestListsReuse(t *testing.T) {
+	lists := new(Lists)
+	a := addList(t, lists, make3(3))
+	sa := storage(lists, a)
+	lists.Remove(a)
+	b := addList(t, lists, make3(4)) // class 4: a's storage (capacity 4)
+	if storage(lists, b) != sa || lists.Acquire(a) != nil || lists.Blocks(a) != 0 {
+		t.Fatal("storage of a freed list of the class not reused, or its old ID still names it")
+	}
+	c := addList(t, lists, make3(5)) // class 8: new storage
+	if storage(lists, c) == sa || lists.Blocks(b) != 4 || lists.Blocks(c) != 5 {
+		t.Fatal("a list of another class took the storage of one live")
+	}
+	l := lists.Acquire(b)
+	if l == nil || l.blocks[3] != (Block{3, 3, 4}) {
+		t.Fatalf("Acquire(%d): %v", b, l)
+	}
+	lists.Remove(b)
+	d := addList(t, lists, make3(4))
+	if storage(lists, d) == sa {
+		t.Fatal("storage reused while a reference held it")
+	}
+	lists.Release(l)
+	lists.Remove(d)
+	if n := len(lists.cache[2]); n != 2 {
+		t.Fatalf("%d lists of 4 blocks cached; want b's, once released, and d's", n)
+	}
+	// The cache's bound: lists of MaxListBlocks (1.5 MiB each) freed
+	// at once keep no more than listCacheBytes.
+	var big []ListID
+	for range 2 * listCacheBytes / (MaxListBlocks * int(blockBytes)) {
+		big = append(big, addList(t, lists, make3(MaxListBlocks)))
+	}
+	for _, id := range big {
+		lists.Remove(id)
+	}
+	if lists.cached > listCacheBytes || lists.cached < listCacheBytes/2 {
+		t.Fatalf("%d bytes cached; want at most %d, and most of it", lists.cached, listCacheBytes)
+	}
+}
+
+// An ID looked up just before its list was freed and its storage reused
+// for another: the reference Acquire takes then is to the other list,
+// and it lets go of it.
+func TestListsAcquireRace(t *testing.T) {
+	lists := new(Lists)
+	a := addList(t, lists, make3(2))
+	stale := lists.get(a)
+	lists.Remove(a)
+	b := addList(t, lists, make3(2))
+	if lists.get(b) != stale {
+		t.Fatal("the freed list's storage was not reused")
+	}
+	if lists.hold(a, stale) != nil {
+		t.Fatal("a freed ID held the list that reused its storage")
+	}
+	if n := stale.refs.Load(); n != 1 {
+		t.Fatalf("%d references to the new list; want the table's one", n)
+	}
+	lists.Remove(b)
+	if n := stale.refs.Load(); n != 0 || lists.hold(b, stale) != nil {
+		t.Fatalf("a freed list: %d references, or held again", n)
+	}
+}
+
+// make3 returns n blocks, block i {i, i, i+1}.
+func make3(n int) []Block {
+	bs := make([]Block, n)
+	for i := range bs {
+		bs[i] = Block{uint64(i), uint64(i), uint64(i + 1)}
+	}
+	return bs
+}
+
+// Lists prepared and freed on some goroutines while others acquire them
+// by ID: an Acquire gets the list the ID named, with its blocks as they
+// were prepared, or nil (run with -race).
+func TestListsConcurrentReuse(t *testing.T) {
+	lists := new(Lists)
+	type named struct {
+		id    ListID
+		stamp uint64
+	}
+	ids := make(chan named, 64)
+	done := make(chan struct{})
+	errs := make(chan string, 4)
+	for w := range 2 {
+		go func() {
+			defer func() { errs <- "" }()
+			for {
+				select {
+				case <-done:
+					return
+				case n := <-ids:
+					l := lists.Acquire(n.id)
+					if l == nil {
+						continue
+					}
+					for _, b := range l.blocks {
+						if b.Remote != n.stamp {
+							errs <- fmt.Sprintf("reader %d: list %d holds a block of stamp %d; want %d", w, n.id, b.Remote, n.stamp)
+							lists.Release(l)
+							return
+						}
+					}
+					lists.Release(l)
+				}
+			}
+		}()
+	}
+	var live []ListID
+	blocks := make([]Block, 8)
+	for stamp := range uint64(20000) {
+		for i := range blocks {
+			blocks[i] = Block{uint64(i), stamp, 1}
+		}
+		id, err := lists.Prepare(blocks[:1+stamp%8])
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, id)
+		select {
+		case ids <- named{id, stamp}:
+		default:
+		}
+		if len(live) > 4 {
+			lists.Remove(live[0])
+			live = live[1:]
+		}
+	}
+	close(done)
+	for range 2 {
+		if e := <-errs; e != "" {
+			t.Fatal(e)
+		}
 	}
 }
 
@@ -298,30 +450,30 @@ func TestListsTable(t *testing.T) {
 	var lists Lists
 	l, _ := NewList([]Block{{0, 0, 1}})
 	first, err := lists.Add(l)
-	if err != nil || first == 0 || lists.Get(first) != l {
+	if err != nil || first == 0 || lists.get(first) != l {
 		t.Fatalf("Add: %d, %v", first, err)
 	}
 	old := first
 	for range 10000 { // one slot, reused: far past a 12-bit generation
-		if !lists.Remove(old) || lists.Get(old) != nil || lists.Remove(old) {
+		if !lists.Remove(old) || lists.get(old) != nil || lists.Remove(old) {
 			t.Fatalf("Remove of %#x", old)
 		}
 		id, err := lists.Add(l)
 		if err != nil || id == old || id&(1<<listIndexBits-1) != first&(1<<listIndexBits-1) {
 			t.Fatalf("Add after Remove: %#x (%v); want the same slot, a new ID", id, err)
 		}
-		if lists.Get(first) != nil && id != first {
+		if lists.get(first) != nil && id != first {
 			t.Fatal("the first ID names a later list")
 		}
 		old = id
 	}
 	for _, id := range []ListID{0, 1 << 19, 5 << listIndexBits} {
-		if lists.Get(id) != nil || lists.Remove(id) {
+		if lists.get(id) != nil || lists.Remove(id) {
 			t.Errorf("ID %#x names a list", id)
 		}
 	}
 	second, _ := lists.Add(l)
-	if second == old || lists.Get(second) != l || lists.Get(old) != l {
+	if second == old || lists.get(second) != l || lists.get(old) != l {
 		t.Fatal("a second list took the first's ID")
 	}
 }
@@ -433,7 +585,7 @@ func TestListsFull(t *testing.T) {
 	if !lists.Remove(last) {
 		t.Fatal("Remove")
 	}
-	if id, err := lists.Add(l); err != nil || id == last || lists.Get(id) != l {
+	if id, err := lists.Add(l); err != nil || id == last || lists.get(id) != l {
 		t.Fatalf("Add after a Remove: %#x, %v", id, err)
 	}
 }

@@ -322,8 +322,10 @@ type request struct {
 	forgive     uint32 // slices that were out on a path it left: their failures cost no retry
 	tag         uint64 // the notification's tag
 	// blocks are the list's blocks a request with sq.FlagList moves, one
-	// a slice (nil for others); rvaries says they lie in several remote
-	// buffers, so that rindex is only the first's.
+	// a slice (nil for others), of list, which it holds until it
+	// finishes; rvaries says they lie in several remote buffers, so that
+	// rindex is only the first's.
+	list    *List
 	blocks  []Block
 	rvaries bool
 	// pq is the queue of its endpoint while it has slices left to post
