@@ -26,11 +26,23 @@ func (r *Ring) Complete(tok uint64, err error) {
 // queueDone is Complete without getting the result seen to: the caller
 // lends (or wakes) the poller once it has queued them all.
 func (r *Ring) queueDone(tok uint64, err error) {
-	d := sliceDone{token: tok, code: codeOf(err), path: err != nil && isPath(err)}
+	d := doneOf(tok, err)
 	if !r.done.PushOne(&d) {
 		// Cannot happen: the poller posts at most done.Cap() slices at once.
 		panic("ring: slice completion queue overrun")
 	}
+}
+
+// queueDones queues the results ds of slices at once, as queueDone each.
+func (r *Ring) queueDones(ds []sliceDone) {
+	if r.done.Push(ds) != len(ds) {
+		panic("ring: slice completion queue overrun") // as queueDone's
+	}
+}
+
+// doneOf returns the result of the slice tok for the completion queue.
+func doneOf(tok uint64, err error) sliceDone {
+	return sliceDone{token: tok, code: codeOf(err), path: err != nil && isPath(err)}
 }
 
 // lend gets new work on the rings seen to: a slice completion (Complete) or
