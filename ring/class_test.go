@@ -325,6 +325,22 @@ func TestLowClassCopiesSliced(t *testing.T) {
 	if string(h.remote[:256<<10]) != string(h.local[:256<<10]) {
 		t.Fatal("data differs")
 	}
+
+	// A list's block is not cut: one copy of its whole 256 KiB.
+	lists := new(Lists)
+	h.tables.Lists = lists
+	id := addList(t, lists, []Block{{0, h.r1 + 8, 256 << 10}})
+	ep.copies = nil
+	clear(h.remote[:hR1])
+	h.p.busyAt[0] = h.clock - 2*int64(linger)
+	h.submit(listEntry(h, sq.Write, id, 0, 1, 4))
+	h.p.round(h.p.list(), h.clock)
+	if len(ep.copies) != 1 || ep.copies[0].Length != 256<<10 {
+		t.Fatalf("a list's block beside a high-class ring: %d copies; want one of 256 KiB", len(ep.copies))
+	}
+	if drain(t, h.r) != 1 || string(h.remote[8:8+256<<10]) != string(h.local[:256<<10]) {
+		t.Fatal("the list's block did not land")
+	}
 }
 
 // A high-class ring whose request is stuck (no completion) holds lower

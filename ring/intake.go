@@ -305,10 +305,11 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		}
 		size = run.maxLen // its longest slice, for a failover's check (request.maxSlice)
 	}
-	if r.yieldAt != noYield && size > yieldBytes {
+	if !list && r.yieldAt != noYield && size > yieldBytes {
 		// A ring of a higher class shares the poller: copies on the
 		// poller go in slices of yieldBytes, so that its requests wait
-		// for one such slice, not a whole large one.
+		// for one such slice, not a whole large one. (A list's blocks
+		// are not cut, and its size stays its longest block's.)
 		if _, ok := path.Endpoint.(transport.Copier); ok && path.Staged == nil {
 			size = yieldBytes
 		}
