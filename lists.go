@@ -53,8 +53,8 @@ var (
 // is immutable, so one list may serve any number of requests at once.
 // Its storage is reused once it is freed and no request holds it, so a
 // list prepared and freed per request allocates nothing once the engine
-// has held as many at once (up to 16 MiB of blocks kept for reuse). Safe
-// for concurrent use.
+// has held as many of its size class (a power of two) at once; up to 16
+// MiB is kept for reuse. Safe for concurrent use.
 func (e *Engine) PrepareList(blocks []Block) (ListID, error) {
 	if e.closed.Load() {
 		return 0, ErrClosed

@@ -121,8 +121,11 @@ func (l *List) release() {
 }
 
 // Lists is a table of prepared lists by ListID: Acquire is lock-free (a
-// few loads and a compare-and-swap), Add and Remove take a lock and
-// allocate nothing once the slot's chunk of 1,024 exists. It holds up to
+// few loads and a compare-and-swap; a reference taken on a list freed
+// meanwhile is given back, which may recycle it), Add and Remove take a
+// lock and allocate nothing once the slot's chunk of 1,024 exists and
+// the cache has held as many lists of the class (a last release takes
+// the lock again to recycle). It holds up to
 // MaxLists lists at once, and never runs out of IDs (a freed slot's next
 // ID has the next generation). It keeps the storage of lists Prepare made,
 // once freed and no longer held, for Prepare to reuse (up to
@@ -158,8 +161,9 @@ const (
 	// listClasses are the capacities of cached lists: 1, 2, 4, … blocks,
 	// up to MaxListBlocks.
 	listClasses = 17
-	// listCacheBytes bounds the storage a table keeps for reuse: 16 MiB,
-	// about 700,000 blocks; past it, a freed list is left to the GC.
+	// listCacheBytes bounds the storage a table keeps for reuse, lists'
+	// headers counted: 16 MiB, about 700,000 blocks in large lists or
+	// 200,000 lists of one; past it, a freed list is left to the GC.
 	listCacheBytes = 16 << 20
 	blockBytes     = uint64(unsafe.Sizeof(Block{}))
 )
@@ -178,7 +182,7 @@ func (t *Lists) Prepare(blocks []Block) (ListID, error) {
 	t.mu.Lock()
 	if c := t.cache[class]; len(c) > 0 {
 		l, t.cache[class] = c[len(c)-1], c[:len(c)-1]
-		t.cached -= uint64(cap(l.blocks)) * blockBytes
+		t.cached -= l.size()
 	}
 	t.mu.Unlock()
 	if l == nil {
@@ -193,9 +197,15 @@ func (t *Lists) Prepare(blocks []Block) (ListID, error) {
 	return id, nil
 }
 
+// size is what keeping l in a cache holds: its blocks' storage, its
+// header and the cache's pointer to it.
+func (l *List) size() uint64 {
+	return uint64(cap(l.blocks))*blockBytes + uint64(unsafe.Sizeof(List{})) + 8
+}
+
 // recycle keeps l's storage for Prepare, unless the cache is full.
 func (t *Lists) recycle(l *List) {
-	n := uint64(cap(l.blocks)) * blockBytes
+	n := l.size()
 	class := bits.Len(uint(cap(l.blocks) - 1))
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -45,13 +45,15 @@ type copyJob struct {
 	cp   transport.Copier
 	s    []transport.Slice
 	errs []error
-	// done gathers the results of consecutive slices of one request,
-	// queued for the poller in one reservation when the next slice is
-	// another request's or the job ends (a reservation a slice had the
-	// worker and the poller contend for the queue's counters: 4 % of a kv
-	// step's profile in process). No request's result waits behind
-	// another's copy; a request's own slices cannot complete it before
-	// its later ones do.
+	// done gathers results for the poller's queue, queued in one
+	// reservation (one a slice had the worker and the poller contend for
+	// the queue's counters: 4 % of a kv step's profile in process). Copied
+	// one by one, the slices' results go as a group once the next slice is
+	// another request's, the job ends, or a copy failed (a failure ends or
+	// moves its request at once): no request's result is queued behind
+	// another's copy, and a request's successful slices finish it only
+	// with its later ones anyway. A BatchCopier's are queued after its
+	// one call, those of requests that ended before it.
 	done []sliceDone
 	// holds are the references the job's copies keep on the target's
 	// memory (copyOne), given back when the job is done.
@@ -190,6 +192,10 @@ func (j *copyJob) copy() {
 			s[k] = s[i]
 			k++
 		}
+		if len(j.done) > 0 {
+			r.queueDones(j.done) // their slots free before the copy
+			j.done = j.done[:0]
+		}
 		errs := j.errs[:k]
 		bc.CopyBatch(s[:k], errs)
 		for i := range k {
@@ -207,6 +213,10 @@ func (j *copyJob) copy() {
 				err = copyOne(j.cp, &s[i], &j.holds)
 			}
 			j.done = append(j.done, doneOf(s[i].Token, err))
+			if err != nil {
+				r.queueDones(j.done)
+				j.done = j.done[:0]
+			}
 		}
 		j.holds.Release()
 	}

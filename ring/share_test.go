@@ -103,6 +103,31 @@ func TestCopyWorkersShare(t *testing.T) {
 	}
 }
 
+// A worker queues its results request by request: while its copy of
+// request 10 waits, the requests it copied before (its part starts at 8
+// or earlier) complete, each once.
+func TestCopyWorkerQueuesByRequest(t *testing.T) {
+	f := &fakeEP{}
+	h := newHarnessPoller(t, Config{SliceSize: 64 << 10}, f, false, PollerConfig{CopyWorkers: 1})
+	ep := &parEP{fakeEP: f, r1: h.r1, gateAt: 10 * shareBlock, gate: make(chan struct{}), gated: make(chan struct{})}
+	h.seg.Path().Endpoint = ep
+	defer close(ep.gate)
+	h.submit(shareWrites(h, 16)...)
+	select {
+	case <-ep.gated:
+	case <-time.After(hang):
+		t.Fatal("the gated copy never started")
+	}
+	seen := map[uint64]bool{}
+	for _, c := range h.collect(10) {
+		expectCode(t, c, cq.CodeOK)
+		if c.UserData >= 10 || seen[c.UserData] {
+			t.Fatalf("completion of %d while the worker holds 10-15 (seen %v)", c.UserData, seen)
+		}
+		seen[c.UserData] = true
+	}
+}
+
 // TestCopyWorkerHoldsSlot: a request canceled while a worker copies its
 // slice completes CANCELED at once, but keeps its slot (its buffer is in
 // use) until the copy ends; and the poller's Stop waits for the worker.
