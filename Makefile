@@ -42,11 +42,12 @@ vet:
 # The race detector turns fastcopy's assembly off (Copy is copy() there),
 # so the packages that copy with it run once more without it; and its
 # sync.Pool drops items at random, so tcp's allocation counts (its target's
-# pooled buffers) are asserted without it.
+# pooled buffers), and the engine's through tcp, are asserted without it.
 race:
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(GO) test -count=1 -timeout 5m ./internal/fastcopy ./local ./shm
 	$(GO) test -count=1 -timeout 5m -run 'Allocs' ./tcp
+	$(GO) test -count=1 -timeout 5m -run 'TestSubmitAndWaitTCP' .
 
 # Every Fuzz target in the module, each for FUZZSHORT.
 fuzz-short:

@@ -128,6 +128,11 @@ func TestSubmitAndWaitTCP(t *testing.T) {
 	close(stop)
 	wg.Wait()
 
+	if raceEnabled {
+		// make test runs it again without the race detector.
+		t.Log("allocations not counted under the race detector (its sync.Pool drops the tcp target's buffers at random)")
+		return
+	}
 	e = moonring.Entry{Op: moonring.OpRead, Segment: p.seg, Buffer: lid, Remote: base, Length: 8}
 	es := []moonring.Entry{e}
 	allocs := testing.AllocsPerRun(100, func() {
