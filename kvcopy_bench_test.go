@@ -200,11 +200,11 @@ func BenchmarkKVBatch(b *testing.B) {
 // shape moved through a ring of 4,096 entries (Submit, PeekBatch,
 // Advance, the CQ's Wait), and one moved as a prepared list (PrepareList
 // of its blocks, entries of 256 of them through the ring, FreeList), in
-// turn, the first of the three rotating; the engine's default copy workers; one
-// or two requests in flight (inflight), as `moonring bench --pattern kv`
-// keeps two. The
-// target is an engine of this process (transport=local) or a child
-// process whose pool the initiator maps (transport=shm). Interleaving at
+// turn, the first of the three rotating; the engine's default copy
+// workers; one or two requests in flight (inflight), as `moonring bench
+// --pattern kv` keeps two. The target is an engine of this process
+// (transport=local) or a child process whose pool the initiator maps
+// (transport=shm). Interleaving at
 // a request's grain (tens of ms) keeps the machine's drift out of the
 // ratio: batch/ring is the batch API's rate over the ring's, and what it
 // lacks of 1 is the batch API's own cost (its submit, its task table,

@@ -258,7 +258,7 @@ func (r *Ring) start(e *sq.Entry, t int64) {
 		}
 		length, ri = run.bytes, int(run.rindex)
 	} else if ri = seg.Resolve(e.Remote, e.Length); ri < 0 {
-		r.refuseRun(e.UserData, cq.CodeRemoteRange, run.list)
+		r.complete(e.UserData, cq.CodeRemoteRange, 0)
 		return
 	}
 	path := seg.Path()

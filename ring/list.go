@@ -45,7 +45,7 @@ const (
 	MaxBlock = 4 << 20
 )
 
-// ErrList reports a list that NewList refuses: empty, too long, or with a
+// ErrList reports a list that Prepare refuses: empty, too long, or with a
 // block of length 0, above MaxBlock or wrapping around the address space.
 var ErrList = errors.New("ring: bad block list")
 
@@ -55,34 +55,25 @@ var ErrList = errors.New("ring: bad block list")
 // none.
 type ListID uint64
 
-// List is a list of blocks, immutable while a Lists table holds it.
-// Rings find it by its ID in Tables.Lists; a request keeps the run of its
-// blocks it started with, holding a reference, so freeing a list (taking
-// it out of the table) ends no request that uses it: the entries not yet
-// taken that name it complete with CodeInvalid. A list made by
-// Lists.Prepare goes back to its table's cache once freed and no request
-// holds it. Safe for concurrent use.
+// List is a list of blocks (Lists.Prepare makes them), immutable while a
+// Lists table holds it. Rings find it by its ID in Tables.Lists; a request
+// keeps the run of its blocks it started with, holding a reference, so
+// freeing a list (taking it out of the table) ends no request that uses
+// it: the entries not yet taken that name it complete with CodeInvalid.
+// Its storage goes back to its table's cache once it is freed and no
+// request holds it. Safe for concurrent use.
 type List struct {
 	blocks []Block
 	// refs counts the table slots that hold the list and the requests
-	// that took it (Acquire); at zero a list of home's goes back to its
+	// that took it (acquire); at zero a list of home's goes back to its
 	// cache.
 	refs atomic.Int32
 	home *Lists
 }
 
-// NewList returns a list of a copy of blocks, checked: 1 to MaxListBlocks
-// blocks, each 1 to MaxBlock bytes long. Where they lie is checked per
-// request, against the entry's buffer and segment. Lists.Prepare does the
-// same with storage it reuses.
-func NewList(blocks []Block) (*List, error) {
-	if err := checkBlocks(blocks); err != nil {
-		return nil, err
-	}
-	return &List{blocks: append([]Block(nil), blocks...)}, nil
-}
-
-// checkBlocks checks a list's blocks as NewList says.
+// checkBlocks checks a list's blocks: 1 to MaxListBlocks of them, each 1
+// to MaxBlock bytes long and not wrapping around. Where they lie is
+// checked per request, against the entry's buffer and segment.
 func checkBlocks(blocks []Block) error {
 	if len(blocks) == 0 || len(blocks) > MaxListBlocks {
 		return fmt.Errorf("%w: %d blocks (1 to %d)", ErrList, len(blocks), MaxListBlocks)
@@ -113,25 +104,24 @@ func (l *List) ref() bool {
 }
 
 // release drops a reference to l; the last one gives l's storage back
-// to its table's cache (a list NewList made is left to the GC).
+// to its table's cache (a list made without one is left to the GC).
 func (l *List) release() {
 	if l.refs.Add(-1) == 0 && l.home != nil {
 		l.home.recycle(l)
 	}
 }
 
-// Lists is a table of prepared lists by ListID: Acquire is lock-free (a
-// few loads and a compare-and-swap; a reference taken on a list freed
-// meanwhile is given back, which may recycle it), Add and Remove take a
-// lock and allocate nothing once the slot's chunk of 1,024 exists and
-// the cache has held as many lists of the class (a last release takes
-// the lock again to recycle). It holds up to
-// MaxLists lists at once, and never runs out of IDs (a freed slot's next
-// ID has the next generation). It keeps the storage of lists Prepare made,
-// once freed and no longer held, for Prepare to reuse (up to
-// listCacheBytes), so that a list prepared and freed per request
-// allocates nothing once warm. The zero value is an empty table ready for
-// use; safe for concurrent use.
+// Lists is a table of prepared lists by ListID. Looking a list up for a
+// request (acquire) is lock-free: a few loads and a compare-and-swap, and
+// a reference taken on a list freed meanwhile is given back, which may
+// recycle it. Prepare and Remove take a lock, and allocate nothing once
+// the slot's chunk of 1,024 exists and the cache has held as many lists
+// of the size class (a last release takes the lock again to recycle). It
+// holds up to MaxLists lists at once, and never runs out of IDs (a freed
+// slot's next ID has the next generation). It keeps the storage of freed
+// lists for Prepare to reuse (up to listCacheBytes), so that a list
+// prepared and freed per request allocates nothing once warm. The zero
+// value is an empty table ready for use; safe for concurrent use.
 type Lists struct {
 	mu     sync.Mutex
 	chunks [MaxLists / listChunk]atomic.Pointer[[listChunk]listSlot]
@@ -171,13 +161,14 @@ const (
 // ErrListsFull reports a Lists table that holds MaxLists lists.
 var ErrListsFull = errors.New("ring: too many prepared lists")
 
-// Prepare copies blocks (checked as NewList does) into a list, reusing
-// the storage of a freed one of the table's where it can, and adds it.
+// Prepare copies blocks (checked: ErrList, see checkBlocks) into a list,
+// reusing the storage of a freed one of the table's where it can, and
+// adds it (ErrListsFull past MaxLists).
 func (t *Lists) Prepare(blocks []Block) (ListID, error) {
 	if err := checkBlocks(blocks); err != nil {
 		return 0, err
 	}
-	class := bits.Len(uint(len(blocks) - 1))
+	class := listClass(len(blocks))
 	var l *List
 	t.mu.Lock()
 	if c := t.cache[class]; len(c) > 0 {
@@ -189,13 +180,16 @@ func (t *Lists) Prepare(blocks []Block) (ListID, error) {
 		l = &List{blocks: make([]Block, 0, 1<<class), home: t}
 	}
 	l.blocks = append(l.blocks[:0], blocks...) // no reference: nobody reads it
-	id, err := t.Add(l)
+	id, err := t.add(l)
 	if err != nil {
 		t.recycle(l)
 		return 0, err
 	}
 	return id, nil
 }
+
+// listClass is the size class of a list of n blocks: capacity 1<<class.
+func listClass(n int) int { return bits.Len(uint(n - 1)) }
 
 // size is what keeping l in a cache holds: its blocks' storage, its
 // header and the cache's pointer to it.
@@ -206,19 +200,19 @@ func (l *List) size() uint64 {
 // recycle keeps l's storage for Prepare, unless the cache is full.
 func (t *Lists) recycle(l *List) {
 	n := l.size()
-	class := bits.Len(uint(cap(l.blocks) - 1))
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.cached+n > listCacheBytes || cap(l.blocks) != 1<<class {
+	if t.cached+n > listCacheBytes {
 		return
 	}
+	class := listClass(cap(l.blocks)) // a power of two: Prepare made it
 	t.cache[class] = append(t.cache[class], l)
 	t.cached += n
 }
 
-// Add stores l, taking a reference to it, and returns its ID, or
-// ErrListsFull. A list may be added under several IDs.
-func (t *Lists) Add(l *List) (ListID, error) {
+// add stores l, taking a reference to it, and returns its ID, or
+// ErrListsFull. A list may be added under several IDs (tests do).
+func (t *Lists) add(l *List) (ListID, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var idx uint32
@@ -272,10 +266,10 @@ func (t *Lists) get(id ListID) *List {
 	return l
 }
 
-// Acquire returns the list id names with a reference taken, or nil
+// acquire returns the list id names with a reference taken, or nil
 // (freed, never added, 0). Its blocks stay as they are until the
-// reference is dropped with Release. Lock-free.
-func (t *Lists) Acquire(id ListID) *List { return t.hold(id, t.get(id)) }
+// reference is dropped (release). Lock-free.
+func (t *Lists) acquire(id ListID) *List { return t.hold(id, t.get(id)) }
 
 // hold takes a reference to l, which get(id) returned, and returns it if
 // id still names it, else nil.
@@ -292,12 +286,9 @@ func (t *Lists) hold(id ListID, l *List) *List {
 	return l
 }
 
-// Release drops a reference Acquire took.
-func (t *Lists) Release(l *List) { l.release() }
-
 // Blocks returns the number of blocks of the list id names, 0 for none.
 func (t *Lists) Blocks(id ListID) int {
-	l := t.Acquire(id)
+	l := t.acquire(id)
 	if l == nil {
 		return 0
 	}
@@ -322,9 +313,6 @@ func (t *Lists) Remove(id ListID) bool {
 	l.release() // outside mu: the last reference takes it to recycle
 	return true
 }
-
-// Len returns the number of blocks (of a list NewList made, or one held).
-func (l *List) Len() int { return len(l.blocks) }
 
 // run returns the blocks an entry with FlagList names (first, count), or
 // nil when they are not all in l.
@@ -356,7 +344,7 @@ type listRun struct {
 func (r *Ring) checkList(e *sq.Entry, buf *segtable.Buffer, seg *segtable.Segment[transport.Endpoint]) (listRun, cq.Code) {
 	var l *List
 	if r.tables.Lists != nil {
-		l = r.tables.Lists.Acquire(ListID(e.Local))
+		l = r.tables.Lists.acquire(ListID(e.Local))
 	}
 	if l == nil {
 		return listRun{}, cq.CodeInvalid

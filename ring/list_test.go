@@ -21,7 +21,7 @@ func listHarness(t *testing.T, cfg Config, ep *fakeEP, manual bool) (*harness, *
 	return h, lists
 }
 
-func addList(t *testing.T, lists *Lists, blocks []Block) ListID {
+func addList(t testing.TB, lists *Lists, blocks []Block) ListID {
 	t.Helper()
 	id, err := lists.Prepare(blocks)
 	if err != nil {
@@ -235,23 +235,23 @@ func TestListsReuse(t *testing.T) {
 	sa := storage(lists, a)
 	lists.Remove(a)
 	b := addList(t, lists, make3(4)) // class 4: a's storage (capacity 4)
-	if storage(lists, b) != sa || lists.Acquire(a) != nil || lists.Blocks(a) != 0 {
+	if storage(lists, b) != sa || lists.acquire(a) != nil || lists.Blocks(a) != 0 {
 		t.Fatal("storage of a freed list of the class not reused, or its old ID still names it")
 	}
 	c := addList(t, lists, make3(5)) // class 8: new storage
 	if storage(lists, c) == sa || lists.Blocks(b) != 4 || lists.Blocks(c) != 5 {
 		t.Fatal("a list of another class took the storage of one live")
 	}
-	l := lists.Acquire(b)
+	l := lists.acquire(b)
 	if l == nil || l.blocks[3] != (Block{3, 3, 4}) {
-		t.Fatalf("Acquire(%d): %v", b, l)
+		t.Fatalf("acquire(%d): %v", b, l)
 	}
 	lists.Remove(b)
 	d := addList(t, lists, make3(4))
 	if storage(lists, d) == sa {
 		t.Fatal("storage reused while a reference held it")
 	}
-	lists.Release(l)
+	l.release()
 	lists.Remove(d)
 	if n := len(lists.cache[2]); n != 2 {
 		t.Fatalf("%d lists of 4 blocks cached; want b's, once released, and d's", n)
@@ -271,7 +271,7 @@ func TestListsReuse(t *testing.T) {
 }
 
 // An ID looked up just before its list was freed and its storage reused
-// for another: the reference Acquire takes then is to the other list,
+// for another: the reference acquire takes then is to the other list,
 // and it lets go of it.
 func TestListsAcquireRace(t *testing.T) {
 	lists := new(Lists)
@@ -304,7 +304,7 @@ func make3(n int) []Block {
 }
 
 // Lists prepared and freed on some goroutines while others acquire them
-// by ID: an Acquire gets the list the ID named, with its blocks as they
+// by ID: an acquire gets the list the ID named, with its blocks as they
 // were prepared, or nil (run with -race).
 func TestListsConcurrentReuse(t *testing.T) {
 	lists := new(Lists)
@@ -323,18 +323,18 @@ func TestListsConcurrentReuse(t *testing.T) {
 				case <-done:
 					return
 				case n := <-ids:
-					l := lists.Acquire(n.id)
+					l := lists.acquire(n.id)
 					if l == nil {
 						continue
 					}
 					for _, b := range l.blocks {
 						if b.Remote != n.stamp {
 							errs <- fmt.Sprintf("reader %d: list %d holds a block of stamp %d; want %d", w, n.id, b.Remote, n.stamp)
-							lists.Release(l)
+							l.release()
 							return
 						}
 					}
-					lists.Release(l)
+					l.release()
 				}
 			}
 		}()
@@ -388,7 +388,8 @@ func TestListBlockFails(t *testing.T) {
 	}
 }
 
-func TestNewList(t *testing.T) {
+func TestPrepareChecks(t *testing.T) {
+	lists := new(Lists)
 	for _, c := range []struct {
 		name   string
 		blocks []Block
@@ -400,17 +401,17 @@ func TestNewList(t *testing.T) {
 		{"local wraps", []Block{{math.MaxUint64 - 1, 0, 4}}},
 		{"remote wraps", []Block{{0, math.MaxUint64 - 1, 4}}},
 	} {
-		if _, err := NewList(c.blocks); !errors.Is(err, ErrList) {
+		if _, err := lists.Prepare(c.blocks); !errors.Is(err, ErrList) {
 			t.Errorf("%s: %v; want ErrList", c.name, err)
 		}
 	}
 	in := []Block{{1, 2, 3}, {4, 5, MaxBlock}}
-	l, err := NewList(in)
-	if err != nil || l.Len() != 2 {
-		t.Fatalf("NewList: %v, %v", l, err)
+	id, err := lists.Prepare(in)
+	if err != nil || lists.Blocks(id) != 2 {
+		t.Fatalf("Prepare: %d blocks, %v", lists.Blocks(id), err)
 	}
 	in[0].Length = 0 // the list holds a copy
-	if l.blocks[0].Length != 3 {
+	if lists.get(id).blocks[0].Length != 3 {
 		t.Fatal("the list shares the caller's slice")
 	}
 }
@@ -432,8 +433,7 @@ func BenchmarkCheckList(b *testing.B) {
 	}
 	lists := new(Lists)
 	h.tables.Lists = lists
-	l, _ := NewList(blocks)
-	id, _ := lists.Add(l)
+	id := addList(b, lists, blocks)
 	e := listEntry(h, sq.Write, id, 0, uint64(len(blocks)), 0)
 	b.ResetTimer()
 	for i := 0; i < b.N; i += len(blocks) {
@@ -448,8 +448,8 @@ func BenchmarkCheckList(b *testing.B) {
 // is reused; IDs are never 0; Remove of an unknown ID reports false.
 func TestListsTable(t *testing.T) {
 	var lists Lists
-	l, _ := NewList([]Block{{0, 0, 1}})
-	first, err := lists.Add(l)
+	l := &List{blocks: []Block{{0, 0, 1}}} // added under many IDs
+	first, err := lists.add(l)
 	if err != nil || first == 0 || lists.get(first) != l {
 		t.Fatalf("Add: %d, %v", first, err)
 	}
@@ -458,7 +458,7 @@ func TestListsTable(t *testing.T) {
 		if !lists.Remove(old) || lists.get(old) != nil || lists.Remove(old) {
 			t.Fatalf("Remove of %#x", old)
 		}
-		id, err := lists.Add(l)
+		id, err := lists.add(l)
 		if err != nil || id == old || id&(1<<listIndexBits-1) != first&(1<<listIndexBits-1) {
 			t.Fatalf("Add after Remove: %#x (%v); want the same slot, a new ID", id, err)
 		}
@@ -472,7 +472,7 @@ func TestListsTable(t *testing.T) {
 			t.Errorf("ID %#x names a list", id)
 		}
 	}
-	second, _ := lists.Add(l)
+	second, _ := lists.add(l)
 	if second == old || lists.get(second) != l || lists.get(old) != l {
 		t.Fatal("a second list took the first's ID")
 	}
@@ -570,22 +570,22 @@ func TestListsFull(t *testing.T) {
 		t.Skip("SKIP: fills a table of 2^20 lists (-short)")
 	}
 	var lists Lists
-	l, _ := NewList([]Block{{0, 0, 1}})
+	l := &List{blocks: []Block{{0, 0, 1}}} // added under many IDs
 	var last ListID
 	for i := range MaxLists {
-		id, err := lists.Add(l)
+		id, err := lists.add(l)
 		if err != nil || id == 0 {
 			t.Fatalf("Add %d: %#x, %v", i, id, err)
 		}
 		last = id
 	}
-	if _, err := lists.Add(l); !errors.Is(err, ErrListsFull) {
+	if _, err := lists.add(l); !errors.Is(err, ErrListsFull) {
 		t.Fatalf("Add past MaxLists: %v; want ErrListsFull", err)
 	}
 	if !lists.Remove(last) {
 		t.Fatal("Remove")
 	}
-	if id, err := lists.Add(l); err != nil || id == last || lists.get(id) != l {
+	if id, err := lists.add(l); err != nil || id == last || lists.get(id) != l {
 		t.Fatalf("Add after a Remove: %#x, %v", id, err)
 	}
 }

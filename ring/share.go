@@ -192,10 +192,7 @@ func (j *copyJob) copy() {
 			s[k] = s[i]
 			k++
 		}
-		if len(j.done) > 0 {
-			r.queueDones(j.done) // their slots free before the copy
-			j.done = j.done[:0]
-		}
+		j.flush() // their slots free before the copy
 		errs := j.errs[:k]
 		bc.CopyBatch(s[:k], errs)
 		for i := range k {
@@ -205,8 +202,7 @@ func (j *copyJob) copy() {
 	} else {
 		for i := range s {
 			if n := len(j.done); n > 0 && !sameRequest(j.done[n-1].token, s[i].Token) {
-				r.queueDones(j.done)
-				j.done = j.done[:0]
+				j.flush()
 			}
 			err := transport.ErrClosed
 			if !r.gone(s[i].Token) {
@@ -214,17 +210,23 @@ func (j *copyJob) copy() {
 			}
 			j.done = append(j.done, doneOf(s[i].Token, err))
 			if err != nil {
-				r.queueDones(j.done)
-				j.done = j.done[:0]
+				j.flush()
 			}
 		}
 		j.holds.Release()
 	}
-	r.queueDones(j.done)
-	j.done = j.done[:0]
+	j.flush()
 	clear(s) // no pointer into a buffer outlives the copy
 	j.s, j.r, j.cp = s[:0], nil, nil
 	r.poller.lend()
+}
+
+// flush queues the results gathered in done for the ring's poller.
+func (j *copyJob) flush() {
+	if len(j.done) > 0 {
+		j.r.queueDones(j.done)
+		j.done = j.done[:0]
+	}
 }
 
 // sameRequest reports whether slice tokens a and b are of one request.
