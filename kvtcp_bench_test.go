@@ -24,7 +24,7 @@ import (
 // blocks of 1 MiB (pattern=contig, the command's contig row), over two
 // connections (the TCP transport's two rails), each with the engine's
 // loopback send buffer (tcp.DefaultLoopbackSendBuffer). A sender writes
-// 16 blocks a writev (512 KiB, a group frame's payloads) and a receiver
+// 32 blocks a writev (1 MiB, a wide group frame's payloads) and a receiver
 // reads them with readv straight into their destinations, as the
 // engine's target reads a group's payloads; with 1 MiB blocks one block a
 // call. The pools are Engine.Alloc's without shm (anonymous memory, huge
@@ -32,7 +32,7 @@ import (
 // is what an engine over TCP can reach here; cpu-s/GB is both sides'
 // (getrusage of this process).
 func BenchmarkKVRawTCP(b *testing.B) {
-	const pool, request, group, conns = 2 << 30, 512 << 20, 16, 2
+	const pool, request, group, conns = 2 << 30, 512 << 20, 32, 2
 	e, err := moonring.New(moonring.Config{Name: "kvrawtcp", Metadata: metadata.NewMemory(), Transports: []string{"tcp"}})
 	if err != nil {
 		b.Fatal(err)

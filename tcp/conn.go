@@ -59,12 +59,14 @@ type conn struct {
 	// position never gathered: the receiver refuses an answer to one.
 	parts    [][3][]byte
 	gathered atomic.Uint64
-	// groups says the target takes group frames (its hello's features):
-	// runs of WRITEs then go out as one group frame, every header first
-	// (group.go has the target's side). pre holds each group frame's own
-	// header, by the slot of its first WRITE; groupEnd is the position
-	// after the last WRITE a group frame announced. Written by send.
-	groups   bool
+	// groupMax is the most WRITEs a group frame takes to this target
+	// (its hello's features: maxWide, maxGroup, or 0 for no group
+	// frames): runs of WRITEs then go out as one group frame, every
+	// header first (group.go has the target's side). pre holds each group
+	// frame's own header, by the slot of its first WRITE; groupEnd is the
+	// position after the last WRITE a group frame announced. Written by
+	// send.
+	groupMax int
 	pre      [][reqSize]byte
 	groupEnd uint64
 
@@ -220,15 +222,12 @@ func (c *conn) frame(iov [][]byte, pos, end uint64, skip int) ([][]byte, int) {
 const groupBytes = min(ackAfter, maxGroupBytes)
 
 // groupLen is how many WRITEs from pos (of slot idx) one group frame
-// takes: a run of committed WRITEs before end, at most maxGroup and
+// takes: a run of committed WRITEs before end, at most c.groupMax and
 // groupBytes, whose headers lie in hdrs without wrapping (they go out as
 // one iovec). Less than 2 means no group. The sending flag must be held.
 func (c *conn) groupLen(pos, end uint64, idx int) int {
-	if !c.groups {
-		return 0
-	}
 	k, bytes := 0, uint64(0)
-	for ; k < maxGroup && pos+uint64(k) < end && idx+k < len(c.hdrs); k++ {
+	for ; k < c.groupMax && pos+uint64(k) < end && idx+k < len(c.hdrs); k++ {
 		p := c.q.Slot(pos + uint64(k))
 		if p.s.Op != transport.Write || bytes+p.s.Length > groupBytes {
 			break

@@ -79,7 +79,7 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 		return nil, err
 	}
 	raw.SetDeadline(time.Time{})
-	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, groups: features&featGroups != 0 && !e.t.cfg.noGroups, nc: nc, src: src, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth),
+	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, groupMax: groupMax(features, e.t.cfg.noGroups), nc: nc, src: src, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth),
 		parts: make([][3][]byte, e.t.cfg.Depth), pre: make([][reqSize]byte, e.t.cfg.Depth),
 		resume: make(chan struct{}, 1), quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
@@ -155,6 +155,19 @@ func helloErr(err error) error {
 		return fmt.Errorf("%w: hello: %w (%v)", transport.ErrPeer, errCut, err)
 	}
 	return fmt.Errorf("%w: hello: %v", transport.ErrPeer, err)
+}
+
+// groupMax is the most WRITEs a group frame may take to a target whose
+// hello offered features; 0: none (no group frames, or a test's
+// noGroups).
+func groupMax(features uint32, noGroups bool) int {
+	switch {
+	case noGroups || features&featGroups == 0:
+		return 0
+	case features&featWide != 0:
+		return maxWide
+	}
+	return maxGroup
 }
 
 func clientHello(nc net.Conn, br *bufio.Reader, key []byte) (maxLen, features uint32, err error) {

@@ -181,9 +181,9 @@ func (ht *helloTarget) run(t *testing.T, stream []byte, hold bool) {
 			exp = binary.BigEndian.AppendUint16(exp, uint16(want.challenge))
 			exp = append(exp, make([]byte, 16)...) // the snonce: random when status 0
 			exp = binary.BigEndian.AppendUint32(exp, ht.cfg.MaxLength)
-			// The features word: group frames (bit 0) on an accepted
-			// hello, nothing on a refusal.
-			exp = binary.BigEndian.AppendUint32(exp, map[bool]uint32{true: 1}[want.challenge == 0])
+			// The features word: group frames and wide ones (bits 0
+			// and 1) on an accepted hello, nothing on a refusal.
+			exp = binary.BigEndian.AppendUint32(exp, map[bool]uint32{true: 3}[want.challenge == 0])
 		}
 		if want.refused {
 			exp = binary.BigEndian.AppendUint16(exp, 3)

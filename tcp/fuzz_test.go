@@ -195,7 +195,7 @@ func (w *fuzzWant) modelWrite(stream []byte, ok bool, off, length int) (rest []b
 func (ft *fuzzTarget) modelGroup(w *fuzzWant, h, stream []byte) ([]byte, bool) {
 	size := uint64(len(w.mem))
 	k := binary.BigEndian.Uint32(h[12:])
-	if allEqual(h[1:12], 0) >= 0 || allEqual(h[16:32], 0) >= 0 || k < 2 || k > 16 {
+	if allEqual(h[1:12], 0) >= 0 || allEqual(h[16:32], 0) >= 0 || k < 2 || k > 64 {
 		return nil, false
 	}
 	if len(stream) < int(k)*specReqLen {
@@ -390,16 +390,21 @@ func FuzzServerFrames(f *testing.F) {
 	binary.BigEndian.PutUint32(named[8:], rid) // a NOTIFY naming a buffer
 	f.Add(named)
 
-	// Group frames: the headers of 2 to 16 WRITEs, then their payloads.
+	// Group frames: the headers of 2 to 64 WRITEs, then their payloads.
 	group := groupFrame
 	f.Add(group(write(1, 0, data[:100]), write(2, 300, data[:200])))
 	f.Add(cat(read(1, 0, 64), group(write(2, 0, data[:64]), write(3, 64, data[:64]), write(4, 2*page-8, data[:16])), read(5, 0, 128)))
 	refused := specReq{op: specWrite, id: 2, buffer: rid, length: 64, key: fuzzKey ^ 1, addr: fuzzAddr}.frame(data[:64])
-	f.Add(cat(group(write(1, 0, data[:64]), refused, write(3, 8, data[:8])), read(4, 0, 8)))  // a refused member
-	f.Add(group(write(1, 0, data[:64]), write(2, 64, data[:64]))[:200])                       // cut in a payload
-	f.Add(group(write(1, 0, data[:64]), write(2, 64, data[:64]))[:50])                        // cut in the headers
-	f.Add(cat(group(write(1, 0, data[:8]), read(2, 0, 8)), read(3, 0, 8)))                    // a READ in a group
-	f.Add(specReq{op: specGroup, length: 17}.frame(nil))                                      // too many
+	f.Add(cat(group(write(1, 0, data[:64]), refused, write(3, 8, data[:8])), read(4, 0, 8))) // a refused member
+	f.Add(group(write(1, 0, data[:64]), write(2, 64, data[:64]))[:200])                      // cut in a payload
+	f.Add(group(write(1, 0, data[:64]), write(2, 64, data[:64]))[:50])                       // cut in the headers
+	f.Add(cat(group(write(1, 0, data[:8]), read(2, 0, 8)), read(3, 0, 8)))                   // a READ in a group
+	var wide [][]byte                                                                        // a wide group: more than 16 WRITEs
+	for i := range 40 {
+		wide = append(wide, write(uint32(i+1), 8*i, data[:8]))
+	}
+	f.Add(cat(group(wide...), read(41, 0, 8)))
+	f.Add(specReq{op: specGroup, length: 65}.frame(nil))                                      // too many
 	f.Add(cat(specReq{op: specGroup, length: 1}.frame(write(1, 0, data[:8])), read(2, 0, 8))) // too few
 	f.Add(specReq{op: specGroup, id: 1, length: 2}.frame(cat(write(1, 0, data[:8])[:32], write(2, 0, data[:8]))))
 

@@ -1,5 +1,5 @@
 // group.go holds the target's side of a group frame (PROTOCOL.md,
-// Groups): the headers of up to maxGroup WRITEs come first, so the target
+// Groups): the headers of up to maxWide WRITEs come first, so the target
 // knows every destination before the payloads arrive and reads them
 // straight from the socket into registered memory, most in one readv,
 // instead of through the frames' buffer and a copy each.
@@ -18,7 +18,7 @@ import (
 
 // headRoom is the most bytes of headers a frame takes: a group frame and
 // the headers of its WRITEs.
-const headRoom = reqSize * (1 + maxGroup)
+const headRoom = reqSize * (1 + maxWide)
 
 // groupTail is the buffer a payload's last readv reads past it into: the
 // next frame's headers, which the frames' bufio.Reader then gets from
@@ -31,12 +31,16 @@ const groupTail = headRoom
 // readvs of their payloads (and of WRITEs read as one, fillOne), those
 // that read past a payload into its tail, the waits that set a low-water
 // mark (lowat.go), and the payload bytes copied out of the frames' buffer
-// or the tail rather than read into their destinations.
-type groupStats struct{ frames, readvs, tails, marks, copied atomic.Uint64 }
+// or the tail rather than read into their destinations; widest is the
+// most WRITEs one group frame held.
+type groupStats struct{ frames, readvs, tails, marks, copied, widest atomic.Uint64 }
 
-// add counts one group frame served by g, and g's reads since the last.
-func (s *groupStats) add(g *groupIn) {
+// add counts one group frame of k WRITEs served by g, and g's reads since
+// the last.
+func (s *groupStats) add(g *groupIn, k int) {
 	s.frames.Add(1)
+	for w := s.widest.Load(); uint64(k) > w && !s.widest.CompareAndSwap(w, uint64(k)); w = s.widest.Load() {
+	}
 	s.flush(g)
 }
 
@@ -61,13 +65,13 @@ func take(sum *atomic.Uint64, n *uint64) {
 // groupIn is a connection's state for the group frames it serves; made on
 // the first one and owned by the connection's goroutine.
 type groupIn struct {
-	hdrs [maxGroup * reqSize]byte
-	reqs [maxGroup]request
-	regs [maxGroup]*region // held from the checks until the payload is in
-	st   [maxGroup]uint8
-	dst  [maxGroup][]byte // a payload's destination; nil when it is dropped
-	ds   [][]byte         // what is left of the destinations being filled, in dsb
-	dsb  [maxGroup][]byte
+	hdrs [maxWide * reqSize]byte
+	reqs [maxWide]request
+	regs [maxWide]*region // held from the checks until the payload is in
+	st   [maxWide]uint8
+	dst  [maxWide][]byte // a payload's destination; nil when it is dropped
+	ds   [][]byte        // what is left of the destinations being filled, in dsb
+	dsb  [maxWide][]byte
 	v    []unix.Iovec
 	one  [1][]byte // fillOne's destination
 	tail [groupTail]byte

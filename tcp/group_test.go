@@ -223,18 +223,22 @@ func unregisterSoon(t *testing.T, s *side, buf testBuf, whose string) {
 }
 
 // TestGroupsNegotiated: an initiator sends runs of WRITEs as group frames
-// only to a target whose hello offers them, and either way every WRITE
-// lands and completes.
+// only to a target whose hello offers them, of more than 16 WRITEs only
+// to one that offers wide groups (a target from before them closes the
+// connection at such a frame), and either way every WRITE lands and
+// completes.
 func TestGroupsNegotiated(t *testing.T) {
 	for _, tc := range []struct {
 		name             string
 		target, initiate Config
 		groups           bool
+		widest           int // the most WRITEs a group frame held: 1 MiB of 32 KiB, or maxGroup
 	}{
-		{"both", Config{}, Config{Rails: 1}, true},
-		{"initiator without", Config{}, Config{Rails: 1, noGroups: true}, false},
-		{"target without", Config{noGroups: true}, Config{Rails: 1}, false},
-		{"TLS", Config{AutoTLS: true}, Config{Rails: 1, AutoTLS: true}, true}, // the payloads through the frames' buffer
+		{"both", Config{}, Config{Rails: 1}, true, 32},
+		{"initiator without", Config{}, Config{Rails: 1, noGroups: true}, false, 0},
+		{"target without", Config{noGroups: true}, Config{Rails: 1}, false, 0},
+		{"target without wide", Config{narrowGroups: true}, Config{Rails: 1}, true, 16},
+		{"TLS", Config{AutoTLS: true}, Config{Rails: 1, AutoTLS: true}, true, 32}, // the payloads through the frames' buffer
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const n, size = 64, 32 << 10
@@ -271,6 +275,9 @@ func TestGroupsNegotiated(t *testing.T) {
 			}
 			if g := targ.tr.groups.frames.Load(); (g > 0) != tc.groups {
 				t.Fatalf("the target served %d group frames; want some: %v", g, tc.groups)
+			}
+			if w := targ.tr.groups.widest.Load(); w != uint64(tc.widest) {
+				t.Fatalf("the widest group frame held %d WRITEs; want %d", w, tc.widest)
 			}
 		})
 	}

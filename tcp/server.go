@@ -203,7 +203,11 @@ func (t *Transport) challenge(w io.Writer, status uint16, snonce []byte) error {
 	copy(b[8:24], snonce)
 	binary.BigEndian.PutUint32(b[24:], t.cfg.MaxLength)
 	if status == helloOK && !t.cfg.noGroups {
-		binary.BigEndian.PutUint32(b[28:], featGroups)
+		f := uint32(featGroups | featWide)
+		if t.cfg.narrowGroups {
+			f = featGroups
+		}
+		binary.BigEndian.PutUint32(b[28:], f)
 	}
 	_, err := w.Write(b[:])
 	return err
@@ -468,6 +472,9 @@ next:
 			// The WRITEs' payloads may change bytes that READ payloads
 			// gathered by reference hold: those go first.
 			k := int(req.length)
+			if t.cfg.narrowGroups && k > maxGroup {
+				return fmt.Errorf("%w: a group of %d WRITEs (this target offered %d)", ErrProtocol, k, maxGroup)
+			}
 			if len(held) > 0 || cap(out)-len(out) < k*respSize {
 				if err := flush(); err != nil {
 					return err
@@ -481,7 +488,7 @@ next:
 			if err := grp.read(t, br, nb, k, sv); err != nil {
 				return err
 			}
-			t.groups.add(grp)
+			t.groups.add(grp, k)
 			for i := range k {
 				out = out[:len(out)+respSize]
 				encodeResp(out[len(out)-respSize:], grp.reqs[i].id, grp.st[i])

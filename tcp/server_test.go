@@ -72,7 +72,7 @@ type specChallenge struct {
 	version, status uint16
 	snonce          []byte
 	maxLen          uint32
-	features        uint32 // bit 0: group frames
+	features        uint32 // bit 0: group frames; bit 1: wide ones
 }
 
 func readChallenge(r io.Reader) (specChallenge, error) {
@@ -287,8 +287,8 @@ func helloRaw(t testing.TB, c net.Conn, k []byte) *rawConn {
 	if err != nil {
 		t.Fatalf("challenge: %v", err)
 	}
-	if ch.version != 1 || ch.status != 0 || ch.features != 1 || ch.maxLen == 0 {
-		t.Fatalf("challenge: version %d status %d maxlen %d features %#x, want 1, 0, >0, 1 (group frames)", ch.version, ch.status, ch.maxLen, ch.features)
+	if ch.version != 1 || ch.status != 0 || ch.features != 3 || ch.maxLen == 0 {
+		t.Fatalf("challenge: version %d status %d maxlen %d features %#x, want 1, 0, >0, 3 (group frames, wide ones)", ch.version, ch.status, ch.maxLen, ch.features)
 	}
 	if _, err := c.Write(specMAC(k, "initiator", cnonce, ch.snonce)); err != nil {
 		t.Fatalf("proof: %v", err)

@@ -192,6 +192,10 @@ type Config struct {
 	// frame of its own; as a target, do not offer group frames in the
 	// hello (as a target from before them).
 	noGroups bool
+	// narrowGroups, set only by tests: as a target, offer group frames
+	// but not wide ones, and close a connection that sends a group of
+	// more than maxGroup WRITEs (as a target from before wide groups).
+	narrowGroups bool
 	// idleWatch, set only by tests, replaces defaultIdleWatch (drive.go).
 	idleWatch time.Duration
 	// railConfig, set only by tests, configures each endpoint's rail
