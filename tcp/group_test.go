@@ -373,3 +373,54 @@ func TestServerGroupTooLarge(t *testing.T) {
 		t.Fatalf("byte %d of the buffer changed: a payload landed", i)
 	}
 }
+
+// TestServerGroupWide: a target takes a group of 64 WRITEs (each lands,
+// each is answered in order) and closes the connection at a group frame
+// that announces 65; one that offers no wide groups (features bit 0
+// alone, as a target from before them) closes it at 17, before any
+// payload lands.
+func TestServerGroupWide(t *testing.T) {
+	const size = 64
+	for _, tc := range []struct {
+		name     string
+		cfg      Config
+		features uint32
+		k        int
+		ok       bool
+	}{
+		{"wide 64", Config{}, 3, maxWide, true},
+		{"wide 65", Config{}, 3, maxWide + 1, false},
+		{"narrow 16", Config{narrowGroups: true}, 1, maxGroup, true},
+		{"narrow 17", Config{narrowGroups: true}, 1, maxGroup + 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSide(t, tc.cfg)
+			buf := s.register(t, s.alloc(t, (maxWide+1)*size, 7), true)
+			var ws [][]byte
+			for i := range tc.k {
+				ws = append(ws, specReq{op: specWrite, id: uint32(i + 1), buffer: buf.id, length: size, key: buf.key, addr: buf.addr + uint64(i*size)}.frame(bytes.Repeat([]byte{byte(i)}, size)))
+			}
+			rc := helloRawFeatures(t, dialRaw(t, s.tr.Addr()), s.k, tc.features)
+			if !tc.ok {
+				var wg sync.WaitGroup
+				wg.Add(1)
+				go func() { defer wg.Done(); rc.c.Write(groupFrame(ws...)) }() // fails once the target closes
+				rc.expectClosed(fmt.Sprintf("a group of %d", tc.k))
+				wg.Wait()
+				if i := allEqual(buf.mem, 7); i >= 0 {
+					t.Fatalf("byte %d of the buffer changed: a payload landed", i)
+				}
+				return
+			}
+			rc.send(groupFrame(ws...))
+			for i := range tc.k {
+				if id, st := rc.resp(); id != uint32(i+1) || st != 0 {
+					t.Fatalf("response %d: id %d status %d, want %d, 0", i, id, st, i+1)
+				}
+				if j := allEqual(buf.mem[i*size:(i+1)*size], byte(i)); j >= 0 {
+					t.Fatalf("WRITE %d: byte %d not its payload's", i, j)
+				}
+			}
+		})
+	}
+}

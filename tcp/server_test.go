@@ -278,6 +278,13 @@ func dialRaw(t testing.TB, addr string) net.Conn {
 // field the target sends.
 func helloRaw(t testing.TB, c net.Conn, k []byte) *rawConn {
 	t.Helper()
+	return helloRawFeatures(t, c, k, 3)
+}
+
+// helloRawFeatures is helloRaw with the features word the challenge must
+// carry.
+func helloRawFeatures(t testing.TB, c net.Conn, k []byte, features uint32) *rawConn {
+	t.Helper()
 	cnonce := make([]byte, 16)
 	rand.Read(cnonce)
 	if _, err := c.Write(specHello(1, cnonce)); err != nil {
@@ -287,8 +294,8 @@ func helloRaw(t testing.TB, c net.Conn, k []byte) *rawConn {
 	if err != nil {
 		t.Fatalf("challenge: %v", err)
 	}
-	if ch.version != 1 || ch.status != 0 || ch.features != 3 || ch.maxLen == 0 {
-		t.Fatalf("challenge: version %d status %d maxlen %d features %#x, want 1, 0, >0, 3 (group frames, wide ones)", ch.version, ch.status, ch.maxLen, ch.features)
+	if ch.version != 1 || ch.status != 0 || ch.features != features || ch.maxLen == 0 {
+		t.Fatalf("challenge: version %d status %d maxlen %d features %#x, want 1, 0, >0, %#x", ch.version, ch.status, ch.maxLen, ch.features, features)
 	}
 	if _, err := c.Write(specMAC(k, "initiator", cnonce, ch.snonce)); err != nil {
 		t.Fatalf("proof: %v", err)
