@@ -22,10 +22,19 @@ const headRoom = reqSize * (1 + maxWide)
 
 // groupTail is the buffer a payload's last readv reads past it into: the
 // next frame's headers, which the frames' bufio.Reader then gets from
-// nbReader.over without a system call. It holds no more than a frame's
-// headers, so that little of the next payload is read into it (and
-// copied out again).
+// nbReader.over without a system call. It holds a frame's headers at
+// most, and a readv takes no more of it than the next frame is expected
+// to need (nextHeads), so that little of the next payload is read into
+// it (and copied out again).
 const groupTail = headRoom
+
+// nextHeads is how many bytes of headers the frame after a bulk one of k
+// WRITEs (a group, or k = 1 a lone WRITE) is expected to take: a stream of
+// bulk WRITEs sends frames alike, so as many as this one's, and at least
+// a narrow group's (after a lone WRITE, a run that grew into a group). A
+// next frame with more headers costs one more read; one with fewer, a
+// copy of the next payload's first bytes.
+func nextHeads(k int) int { return reqSize * (1 + max(k, maxGroup)) }
 
 // groupStats counts, for tests, the group frames a target served, the
 // readvs of their payloads (and of WRITEs read as one, fillOne), those
@@ -142,7 +151,11 @@ func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, sv *
 		for j < k && g.dst[j] != nil {
 			j++
 		}
-		if err := g.fill(br, nb, g.dst[i:j], j == k); err != nil {
+		tail := 0
+		if j == k {
+			tail = nextHeads(k)
+		}
+		if err := g.fill(br, nb, g.dst[i:j], tail); err != nil {
 			return err
 		}
 		for ; i < j; i++ {
@@ -160,7 +173,7 @@ func (g *groupIn) read(t *Transport, br *bufio.Reader, nb *nbReader, k int, sv *
 // the next frame's headers in the same readv.
 func (g *groupIn) fillOne(br *bufio.Reader, nb *nbReader, dst []byte) error {
 	g.one[0] = dst
-	err := g.fill(br, nb, g.one[:], true)
+	err := g.fill(br, nb, g.one[:], nextHeads(1))
 	g.forget()
 	return err
 }
@@ -186,9 +199,9 @@ func (g *groupIn) release(k int) {
 
 // fill reads the stream's next bytes into dsts, in order: first what the
 // frames' buffer and nb's over hold (copies), then the rest straight from
-// the socket. last adds the tail buffer to the readvs (the group's end:
-// what follows is the next frame).
-func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool) error {
+// the socket. A tail above 0 adds that much of the tail buffer to the
+// readvs (at the group's end: what follows is the next frame).
+func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, tail int) error {
 	g.ds = append(g.dsb[:0], dsts...)
 	// Bytes the buffer holds come before any the socket has: Read copies
 	// them without reading the socket while Buffered is not 0.
@@ -219,8 +232,8 @@ func (g *groupIn) fill(br *bufio.Reader, nb *nbReader, dsts [][]byte, last bool)
 		}
 		nb.expect(owed) // the initiator has sent the frame's header: they come
 		g.v = appendIovecs(g.v[:0], g.ds)
-		if last {
-			g.v = appendIovec(g.v, g.tail[:])
+		if tail > 0 {
+			g.v = appendIovec(g.v, g.tail[:tail])
 		}
 		n, err := nb.readv(g.v)
 		nb.expect(0)

@@ -424,3 +424,49 @@ func TestServerGroupWide(t *testing.T) {
 		})
 	}
 }
+
+// TestServerGroupStreamNoCopies: in a stream of alike group frames the
+// target reads each frame's headers, and no byte more, after the last
+// payload of the frame before (the readv's tail, then the header read
+// take what the next frame needs), so beyond the first frame's bytes,
+// which the frames' buffer may read ahead, no payload byte is copied out
+// of the buffer or the tail: every one is read straight into its
+// destination.
+func TestServerGroupStreamNoCopies(t *testing.T) {
+	const k, size, frames = 32, 32 << 10, 160
+	s := newSide(t, Config{})
+	buf := s.register(t, s.alloc(t, k*size, 0), true)
+	var ws [][]byte
+	for i := range k {
+		ws = append(ws, specReq{op: specWrite, id: uint32(i), buffer: buf.id, length: size, key: buf.key, addr: buf.addr + uint64(i*size)}.frame(bytes.Repeat([]byte{byte(i)}, size)))
+	}
+	frame := groupFrame(ws...)
+	copied := s.tr.groups.copied.Load()
+	rc := s.raw(t)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // write while the responses are read, or both sides could block
+		defer wg.Done()
+		for range frames {
+			if _, err := rc.c.Write(frame); err != nil {
+				return
+			}
+		}
+	}()
+	for f := range frames {
+		for i := range k {
+			if id, st := rc.resp(); id != uint32(i) || st != 0 {
+				t.Fatalf("frame %d, response %d: id %d status %d, want %d, 0", f, i, id, st, i)
+			}
+		}
+	}
+	wg.Wait()
+	if i := allEqual(buf.mem[(k-1)*size:], byte(k-1)); i >= 0 {
+		t.Fatalf("the last WRITE's byte %d is not its payload's", i)
+	}
+	// The frames' buffer is 64 KiB: the first frame's payload bytes it
+	// read ahead are copied out of it once.
+	if c := s.tr.groups.copied.Load() - copied; c > 64<<10 {
+		t.Fatalf("%d payload bytes copied out of the buffer or the tail over %d frames; want at most the first frame's 64 KiB", c, frames)
+	}
+}

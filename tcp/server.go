@@ -365,15 +365,17 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 	// owed counts the WRITE payload bytes read since the last flush at the
 	// loop's top (the others leave it: at worst an ack goes out early).
 	owed := 0
-	// bulk says the last frame carried a bulk payload (a group, or a WRITE
-	// of at least bulkMin): the next header is then read with no more
-	// than a frame's headers (nbReader.limit), as the next payload's
-	// bytes read into the frames' buffer would be copied out of it.
-	bulk := false
+	// heads is, after a frame that carried a bulk payload (a group, or a
+	// WRITE of at least bulkMin), the header bytes the next frame is
+	// expected to take (nextHeads), and 0 after any other: the next
+	// header is then read with no more than those (nbReader.limit), as
+	// the next payload's bytes read into the frames' buffer would be
+	// copied out of it.
+	heads := 0
 next:
 	for {
-		if nb != nil && bulk {
-			nb.limit = headRoom
+		if nb != nil && heads > 0 {
+			nb.limit = heads
 		}
 		// Write what is gathered before waiting for more requests, so a
 		// pipelined burst leaves in one writev and a lone request at once,
@@ -455,7 +457,7 @@ next:
 			pc.holdsOut.Store(true)
 			out = buf[:0]
 		}
-		bulk = false
+		heads = 0
 		served++
 		if err := req.decode(hdr[:], t.cfg.MaxLength); err != nil {
 			return err
@@ -483,7 +485,7 @@ next:
 			if grp == nil {
 				grp = new(groupIn)
 			}
-			bulk = true
+			heads = nextHeads(k)
 			armFrame(time.Now())
 			if err := grp.read(t, br, nb, k, sv); err != nil {
 				return err
@@ -540,7 +542,7 @@ next:
 					if grp == nil {
 						grp = new(groupIn)
 					}
-					bulk = true
+					heads = nextHeads(1)
 					err = grp.fillOne(br, nb, dst)
 					t.groups.flush(grp)
 				} else {
