@@ -127,6 +127,10 @@ type peerConn struct {
 	// frames' read buffer (server.go, ins): while it has requests in
 	// hand, not while it waits.
 	holdsIn atomic.Bool
+	// holdsGroup says the connection holds the state of the group
+	// frames and bulk WRITEs it reads (server.go, grps): from the first
+	// such frame of a run of requests until it waits.
+	holdsGroup atomic.Bool
 	// idleWaits counts the waits for a request made holding no read
 	// buffer (tests read it).
 	idleWaits atomic.Uint64

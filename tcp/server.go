@@ -278,7 +278,7 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 		iovs = make([][]byte, 0, 64)
 		held = make([]*region, 0, 32)
 		bufs net.Buffers
-		grp  *groupIn // made on the first group frame
+		grp  *groupIn // from grps while the connection has group frames or bulk WRITEs in hand
 	)
 	w := respWriter(conn)
 	var rw *rawWriter                // the socket's raw writev, without TLS (rawio.go)
@@ -356,6 +356,14 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 			outs.Put(buf)
 			pc.holdsOut.Store(false)
 		}
+		if grp != nil {
+			// read and fillOne left it holding no region and no
+			// pointer into registered memory, on every way out; a
+			// failed read's counts are flushed here.
+			t.groups.flush(grp)
+			grps.Put(grp)
+			pc.holdsGroup.Store(false)
+		}
 		if raw && br != nil {
 			// Nothing else reads it once frames returns.
 			giveIn(br)
@@ -408,6 +416,13 @@ next:
 				outs.Put(buf)
 				pc.holdsOut.Store(false)
 				buf, out = nil, nil
+			}
+			if idle && grp != nil {
+				// Its group state too: about 10 KiB, mostly the
+				// headers, destinations and tail of a wide group.
+				grps.Put(grp)
+				pc.holdsGroup.Store(false)
+				grp = nil
 			}
 			if idle && raw && br.Buffered() == 0 && nb.held() == 0 {
 				// So does its read buffer, empty: the connection waits
@@ -483,7 +498,8 @@ next:
 				}
 			}
 			if grp == nil {
-				grp = new(groupIn)
+				grp = grps.Get().(*groupIn)
+				pc.holdsGroup.Store(true)
 			}
 			heads = nextHeads(k)
 			armFrame(time.Now())
@@ -540,7 +556,8 @@ next:
 					// Straight from the socket, not through the frames'
 					// buffer and a copy.
 					if grp == nil {
-						grp = new(groupIn)
+						grp = grps.Get().(*groupIn)
+						pc.holdsGroup.Store(true)
 					}
 					heads = nextHeads(1)
 					err = grp.fillOne(br, nb, dst)
@@ -586,6 +603,12 @@ type outBuf [64 << 10]byte
 
 // outs holds the gathering buffers of connections waiting for requests.
 var outs = sync.Pool{New: func() any { return new(outBuf) }}
+
+// grps holds the group state (group.go) of connections waiting for
+// requests. A groupIn is given back with its counts flushed
+// (groupStats) and its pointers into registered memory dropped
+// (groupIn.forget).
+var grps = sync.Pool{New: func() any { return new(groupIn) }}
 
 // inSize is the size of the frames' read buffer of a connection.
 const inSize = 64 << 10

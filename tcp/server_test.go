@@ -964,11 +964,12 @@ func TestServerStalledNotifyReleases(t *testing.T) {
 }
 
 // TestIdleConnsHoldNoBuffers: the target's connections take a response
-// buffer and a read buffer from shared pools while they have requests
-// and give them back when they wait: eight initiators WRITE bytes of
-// their own (small payloads, read through the read buffer) and READ them
-// back at once, and each gets its own (the buffers pass from connection
-// to connection); once they are idle the target holds no buffer.
+// buffer, a read buffer and a group state from shared pools while they
+// have requests and give them back when they wait: eight initiators WRITE
+// bytes of their own (small payloads, read through the read buffer; two
+// WRITEs a Post, most of them a group frame) and READ them back at once,
+// and each gets its own (the buffers pass from connection to
+// connection); once they are idle the target holds no buffer.
 func TestIdleConnsHoldNoBuffers(t *testing.T) {
 	const peers, size, rounds = 8, 4096, 200
 	targ := newSide(t, Config{})
@@ -990,7 +991,7 @@ func TestIdleConnsHoldNoBuffers(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			comp := make(chanCompleter, 1)
+			comp := make(chanCompleter, 2)
 			src, got := local[:size], local[size:]
 			at := remote.addr + uint64(p*size)
 			for r := range rounds {
@@ -1008,13 +1009,19 @@ func TestIdleConnsHoldNoBuffers(t *testing.T) {
 					clear(got)
 				}
 				s := []transport.Slice{localSlice(op, buf, at, uint64(r))}
-				if n, err := ep.Post(comp, s); n != 1 || err != nil {
+				if op == transport.Write { // in two halves: a run of WRITEs
+					h := size / 2
+					s = []transport.Slice{localSlice(op, buf[:h], at, uint64(r)), localSlice(op, buf[h:], at+uint64(h), uint64(r))}
+				}
+				if n, err := ep.Post(comp, s); n != len(s) || err != nil {
 					errs <- fmt.Errorf("peer %d: Post = %d, %v", p, n, err)
 					return
 				}
-				if c := <-comp; c.err != nil {
-					errs <- fmt.Errorf("peer %d: %v: %v", p, op, c.err)
-					return
+				for range s {
+					if c := <-comp; c.err != nil {
+						errs <- fmt.Errorf("peer %d: %v: %v", p, op, c.err)
+						return
+					}
 				}
 				if op == transport.Read && !bytes.Equal(got, src) {
 					errs <- fmt.Errorf("peer %d, round %d: read other bytes than it wrote", p, r)
@@ -1032,11 +1039,14 @@ func TestIdleConnsHoldNoBuffers(t *testing.T) {
 		targ.tr.mu.Lock()
 		defer targ.tr.mu.Unlock()
 		for _, pc := range targ.tr.conns {
-			if pc.holdsOut.Load() || pc.holdsIn.Load() {
+			if pc.holdsOut.Load() || pc.holdsIn.Load() || pc.holdsGroup.Load() {
 				holding++
 			}
 		}
 		return len(targ.tr.conns), holding
+	}
+	if targ.tr.groups.frames.Load() == 0 {
+		t.Fatal("the target served no group frame: no connection took a group state")
 	}
 	targ.tr.mu.Lock()
 	for _, pc := range targ.tr.conns {
@@ -1057,7 +1067,7 @@ func TestIdleConnsHoldNoBuffers(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d idle connections hold a response or read buffer 10 s after the last request", holding, conns)
+			t.Fatalf("%d of %d idle connections hold a response or read buffer or a group state 10 s after the last request", holding, conns)
 		}
 		time.Sleep(time.Millisecond)
 	}
