@@ -71,8 +71,9 @@ func take(sum *atomic.Uint64, n *uint64) {
 	}
 }
 
-// groupIn is a connection's state for the group frames it serves; made on
-// the first one and owned by the connection's goroutine.
+// groupIn is a connection's state for the group frames and bulk WRITEs it
+// reads: taken from grps (server.go) while it has them in hand, owned by
+// the connection's goroutine until it gives it back.
 type groupIn struct {
 	hdrs [maxWide * reqSize]byte
 	reqs [maxWide]request

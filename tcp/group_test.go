@@ -103,7 +103,7 @@ func testServerGroupPipeline(t *testing.T, pieces bool) {
 			bad, past := odd()
 			stream = append(stream, req(specWrite, sizes[rng.IntN(len(sizes))], bad, past)...)
 		default:
-			k := 2 + rng.IntN(15)
+			k := 2 + rng.IntN(maxWide-1)
 			n := sizes[rng.IntN(len(sizes))] // mostly one size, as a KV cache's blocks
 			var ws [][]byte
 			for total := 0; len(ws) < k; total += n {
@@ -395,7 +395,7 @@ func TestServerGroupWide(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSide(t, tc.cfg)
-			buf := s.register(t, s.alloc(t, (maxWide+1)*size, 7), true)
+			buf := s.register(t, s.alloc(t, (maxWide+1)*size, 0xff), true)
 			var ws [][]byte
 			for i := range tc.k {
 				ws = append(ws, specReq{op: specWrite, id: uint32(i + 1), buffer: buf.id, length: size, key: buf.key, addr: buf.addr + uint64(i*size)}.frame(bytes.Repeat([]byte{byte(i)}, size)))
@@ -407,7 +407,7 @@ func TestServerGroupWide(t *testing.T) {
 				go func() { defer wg.Done(); rc.c.Write(groupFrame(ws...)) }() // fails once the target closes
 				rc.expectClosed(fmt.Sprintf("a group of %d", tc.k))
 				wg.Wait()
-				if i := allEqual(buf.mem, 7); i >= 0 {
+				if i := allEqual(buf.mem, 0xff); i >= 0 {
 					t.Fatalf("byte %d of the buffer changed: a payload landed", i)
 				}
 				return
@@ -465,8 +465,10 @@ func TestServerGroupStreamNoCopies(t *testing.T) {
 		t.Fatalf("the last WRITE's byte %d is not its payload's", i)
 	}
 	// The frames' buffer is 64 KiB: the first frame's payload bytes it
-	// read ahead are copied out of it once.
-	if c := s.tr.groups.copied.Load() - copied; c > 64<<10 {
-		t.Fatalf("%d payload bytes copied out of the buffer or the tail over %d frames; want at most the first frame's 64 KiB", c, frames)
+	// read ahead are copied out of it once. A frame's headers split
+	// between a readv's tail and the socket may bring less than a header
+	// of the next payload with them.
+	if c := s.tr.groups.copied.Load() - copied; c > 64<<10+frames*reqSize {
+		t.Fatalf("%d payload bytes copied out of the buffer or the tail over %d frames; want at most the first frame's 64 KiB and a header a frame", c, frames)
 	}
 }

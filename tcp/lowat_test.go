@@ -143,7 +143,7 @@ func testPayloadsSkipBuffer(t *testing.T, paced bool) {
 	// The first frame's header may come with a whole buffer of payload;
 	// after it, each frame's headers may bring no more than a frame's
 	// headers' room of payload.
-	bound := 64<<10 + len(frames)*headRoom
+	bound := 64<<10 + len(frames)*nextHeads(maxGroup)
 	t.Logf("%d frames, %d payload bytes, %d copied out of the buffers (at most %d)", len(frames), total, copied, bound)
 	if copied > bound {
 		t.Fatalf("%d of %d payload bytes were copied out of the frames' buffer or a tail; want at most %d", copied, total, bound)

@@ -30,7 +30,7 @@ const (
 	// maxGroup bounds the WRITEs one group frame announces to a target
 	// that offers groups but not wide ones, maxWide to one that offers
 	// both, and maxGroupBytes their payloads together. Wide groups let
-	// WRITEs of 16 to 64 KiB fill a group's 1 MiB: per group the target
+	// WRITEs of 16 KiB to under 64 KiB fill a group's 1 MiB: per group the target
 	// pays a wake, a header read and readvs that do not shrink with its
 	// payloads (32 KiB WRITEs: a third fewer readvs and epoll waits, a
 	// quarter fewer context switches per GB).

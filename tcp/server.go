@@ -361,6 +361,9 @@ func (t *Transport) frames(conn net.Conn, br *bufio.Reader, nb *nbReader, pc *pe
 			// pointer into registered memory, on every way out; a
 			// failed read's counts are flushed here.
 			t.groups.flush(grp)
+			if nb != nil {
+				nb.over = nil // may lie in its tail
+			}
 			grps.Put(grp)
 			pc.holdsGroup.Store(false)
 		}
@@ -417,9 +420,11 @@ next:
 				pc.holdsOut.Store(false)
 				buf, out = nil, nil
 			}
-			if idle && grp != nil {
+			if idle && grp != nil && (nb == nil || nb.held() == 0) {
 				// Its group state too: about 10 KiB, mostly the
-				// headers, destinations and tail of a wide group.
+				// headers, destinations and tail of a wide group. Not
+				// while nb's over holds bytes read into its tail.
+				t.groups.flush(grp)
 				grps.Put(grp)
 				pc.holdsGroup.Store(false)
 				grp = nil
