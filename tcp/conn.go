@@ -75,6 +75,10 @@ type conn struct {
 	// no slice is left behind in a dead queue.
 	posting atomic.Int32
 	failed  atomic.Bool
+	// growing is set by a post that found the queue full below
+	// Config.Depth: posts are refused until the sender has grown the
+	// connection (grow.go).
+	growing atomic.Bool
 	once    sync.Once
 	err     error // why it failed; written once, read after dead closes
 	// sending is held by whoever writes frames: kick (on a poller, with
@@ -123,16 +127,33 @@ type conn struct {
 }
 
 // post queues one slice, posted at now on the picker's clock: false when
-// the connection is full.
+// the connection is full, or waits to grow (grow.go).
 func (c *conn) post(comp transport.Completer, s *transport.Slice, b *remoteBuf, now int64) (bool, error) {
 	c.posting.Add(1)
-	defer c.posting.Add(-1)
+	ok, err := c.enqueue(comp, s, b, now)
+	c.posting.Add(-1)
+	if !ok && err == nil && c.growing.Load() {
+		// After the count: the sender grows the connection once no post
+		// is in progress, and parks until one rings past it.
+		c.bell.Ring()
+	}
+	return ok, err
+}
+
+// enqueue is post's work, counted in posting.
+func (c *conn) enqueue(comp transport.Completer, s *transport.Slice, b *remoteBuf, now int64) (bool, error) {
 	if c.failed.Load() {
 		return false, transport.ErrPeer
+	}
+	if c.growing.Load() {
+		return false, nil
 	}
 	idle := c.q.Len() == 0
 	pos, n := c.q.Reserve(1)
 	if n == 0 {
+		if c.q.Cap() < c.e.t.cfg.Depth {
+			c.growing.CompareAndSwap(false, true)
+		}
 		return false, nil
 	}
 	if idle {
@@ -341,9 +362,9 @@ func (c *conn) send() {
 	defer close(c.sendDone)
 	var bufs net.Buffers
 	for {
-		if c.sent.Load() == c.q.Committed() {
+		if c.sent.Load() == c.q.Committed() && !c.growReady() {
 			c.bell.Arm()
-			if c.sent.Load() == c.q.Committed() {
+			if c.sent.Load() == c.q.Committed() && !c.growReady() {
 				select {
 				case <-c.bell.C():
 				case <-c.quit:
@@ -357,6 +378,7 @@ func (c *conn) send() {
 			runtime.Gosched() // a kick is writing; it hands over what it leaves
 			continue
 		}
+		c.grow()
 		end := c.q.Committed()
 		for c.next < end {
 			bufs = c.gather(end)

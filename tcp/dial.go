@@ -79,10 +79,11 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 		return nil, err
 	}
 	raw.SetDeadline(time.Time{})
-	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, groupMax: groupMax(features, e.t.cfg.noGroups), nc: nc, src: src, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, e.t.cfg.Depth),
-		parts: make([][3][]byte, e.t.cfg.Depth), pre: make([][reqSize]byte, e.t.cfg.Depth),
+	depth := min(e.t.cfg.Depth, startDepth) // grow.go
+	c := &conn{e: e, rail: rail, to: to, maxLen: maxLen, groupMax: groupMax(features, e.t.cfg.noGroups), nc: nc, src: src, br: br, bell: bell.New(), hdrs: make([][reqSize]byte, depth),
+		parts: make([][3][]byte, depth), pre: make([][reqSize]byte, depth),
 		resume: make(chan struct{}, 1), quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
-	c.q, _ = mpsc.New[pending](e.t.cfg.Depth)
+	c.q, _ = mpsc.New[pending](depth)
 	c.rdr = reader{c: c, last: time.Now().UnixNano(), timeout: int64(e.t.cfg.ResponseTimeout)}
 	c.iov = make([][]byte, 0, 192)
 	c.sizes = make([]int, 0, 192)

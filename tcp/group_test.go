@@ -326,16 +326,7 @@ func TestGroupsPartialWrites(t *testing.T) {
 					copy(model[off:], local[off:off+n])
 					off += n + rng.IntN(100)
 				}
-				for posted := 0; posted < len(sl); {
-					n, err := ep.Post(comp, sl[posted:])
-					if err != nil {
-						t.Fatalf("round %d: Post: %v", round, err)
-					}
-					posted += n
-					if posted < len(sl) {
-						time.Sleep(time.Millisecond) // the queue is full: let it drain
-					}
-				}
+				postAll(t, ep, comp, sl)
 				for tok, err := range comp.await(t, len(sl)) {
 					if err != nil {
 						t.Fatalf("round %d: slice %d: %v", round, tok, err)

@@ -517,9 +517,7 @@ func TestReadPlanLoopback(t *testing.T) {
 			}
 			off += size + planGap
 		}
-		if k, err := ep.Post(comp, sl); k != n || err != nil {
-			t.Fatalf("round %d: Post: %d of %d, %v", round, k, n, err)
-		}
+		postAll(t, ep, comp, sl)
 		for i := range n {
 			select {
 			case x := <-comp:

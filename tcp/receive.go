@@ -126,6 +126,9 @@ func (c *conn) receiveOne() error {
 	comp, tok := p.c, p.s.Token
 	p.c, p.s.Local = nil, nil
 	c.q.Release(1)
+	if c.growing.Load() && c.q.Len() == 0 {
+		c.bell.Ring() // the last answer the connection waited for to grow
+	}
 	comp.Complete(tok, result)
 	return nil
 }

@@ -933,6 +933,26 @@ func (c chanCompleter) await(t testing.TB, n int) map[uint64]error {
 	return got
 }
 
+// postAll posts every slice of sl to ep, waiting while the connection is
+// full (Post's backpressure: a connection takes startDepth slices until
+// it grows, and Config.Depth after).
+func postAll(t testing.TB, ep transport.Endpoint, c transport.Completer, sl []transport.Slice) {
+	t.Helper()
+	deadline := time.Now().Add(hang)
+	for posted := 0; posted < len(sl); {
+		n, err := ep.Post(c, sl[posted:])
+		if err != nil {
+			t.Fatalf("Post: %d of %d, %v", posted+n, len(sl), err)
+		}
+		if posted += n; posted < len(sl) {
+			if time.Now().After(deadline) {
+				t.Fatalf("hang: Post took %d of %d slices in %v", posted, len(sl), hang)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
 func localSlice(op transport.Op, local []byte, remote uint64, token uint64) transport.Slice {
 	return transport.Slice{Op: op, Local: unsafe.Pointer(unsafe.SliceData(local)), Remote: remote, Length: uint64(len(local)), Token: token}
 }

@@ -70,9 +70,13 @@ type Config struct {
 	// Rails is the number of connections per peer (default 2).
 	Rails int
 	// Depth bounds the slices in flight per connection (default 1024).
-	// Each slot costs about 240 bytes of the connection's memory, made
-	// when it is dialed (1024: about 240 KiB a rail); a fleet with many
-	// idle peers can take less. A request's KV cache as 32 KiB WRITEs
+	// Each slot costs about 240 bytes of the connection's memory. A
+	// connection is dialed with 64 slots (Depth when smaller) and takes
+	// Depth's the first time a post finds all 64 in flight: posts are
+	// refused (Post's backpressure) until every slice in flight is
+	// answered, one round trip once in the connection's life. A peer
+	// that never has more than 64 in flight keeps about 15 KiB of slots;
+	// one that had, about 240 KiB at 1024. A request's KV cache as 32 KiB WRITEs
 	// moved 9-41 % faster by round (median 13 %) at 1024 than at 128
 	// (BENCHMARKS.md, the twenty-third session): with 128 a connection's
 	// 4 MiB in flight did not cover the target's answers' delays on a

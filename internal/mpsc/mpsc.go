@@ -42,6 +42,9 @@ import (
 // ErrSize reports a capacity that is not a power of two in [2, 1<<30].
 var ErrSize = errors.New("mpsc: size must be a power of two between 2 and 1<<30")
 
+// ErrNotEmpty reports a Grow of a queue that holds reserved positions.
+var ErrNotEmpty = errors.New("mpsc: the queue is not empty")
+
 // Queue is a bounded MPSC ring of T. Its zero value is not usable; use New.
 // T should hold no pointers so the ring is invisible to the garbage collector.
 type Queue[T any] struct {
@@ -82,6 +85,28 @@ func New[T any](size int) (*Queue[T], error) {
 
 // Cap returns the number of slots.
 func (q *Queue[T]) Cap() int { return len(q.buf) }
+
+// Grow gives an empty queue size slots (at least its Cap), keeping its
+// positions: the next reserved is the one that would have been. It is for
+// a queue that starts small and grows the first time it fills. No
+// producer and no consumer may use the queue during the call, and the
+// caller's way of keeping them out must order their next calls after it
+// (an atomic flag they load, a lock); Len may be called meanwhile. It
+// returns ErrSize for a bad size and ErrNotEmpty if any position is
+// reserved and not released, changing nothing then.
+func (q *Queue[T]) Grow(size int) error {
+	if size < len(q.buf) || size > 1<<30 || size&(size-1) != 0 {
+		return ErrSize
+	}
+	h := q.head.Load()
+	if q.claim.Load() != h || q.committed.Load() != h || q.local != h {
+		return ErrNotEmpty
+	}
+	q.buf = make([]T, size)
+	q.mask = uint64(size - 1)
+	q.limit.Store(h + uint64(size))
+	return nil
+}
 
 // Reserve claims up to n consecutive positions and returns the first and the
 // count, which is 0 when the queue is full. The caller must fill every

@@ -317,3 +317,63 @@ func TestPushPopNoAlloc(t *testing.T) {
 		t.Errorf("Push+PushOne+Pop allocate %v times per run", allocs)
 	}
 }
+
+// Grow keeps an empty queue's positions and gives it room for size
+// values; it refuses a queue holding a reservation or values, and sizes
+// below Cap or not a power of two, changing nothing.
+func TestGrow(t *testing.T) {
+	q, err := mpsc.New[uint64](4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [16]uint64
+	for i := range uint64(6) { // positions past a wrap before the growth
+		if !q.PushOne(&i) || q.Pop(out[:1]) != 1 || out[0] != i {
+			t.Fatalf("value %d: not through the queue (got %d)", i, out[0])
+		}
+	}
+	for _, size := range []int{2, 12, 1<<30 + 1} {
+		if err := q.Grow(size); !errors.Is(err, mpsc.ErrSize) || q.Cap() != 4 {
+			t.Errorf("Grow(%d) = %v, Cap %d; want ErrSize, 4", size, err, q.Cap())
+		}
+	}
+	pos, n := q.Reserve(1)
+	if err := q.Grow(16); !errors.Is(err, mpsc.ErrNotEmpty) || q.Cap() != 4 {
+		t.Fatalf("Grow with a reservation = %v, Cap %d; want ErrNotEmpty, 4", err, q.Cap())
+	}
+	*q.Slot(pos) = 99
+	q.Commit(pos, n)
+	if err := q.Grow(16); !errors.Is(err, mpsc.ErrNotEmpty) {
+		t.Fatalf("Grow with a value = %v; want ErrNotEmpty", err)
+	}
+	if q.Pop(out[:1]) != 1 || out[0] != 99 {
+		t.Fatalf("the value held across a refused Grow: %d", out[0])
+	}
+	if err := q.Grow(16); err != nil {
+		t.Fatal(err)
+	}
+	if q.Cap() != 16 || q.Len() != 0 || !q.Empty() {
+		t.Fatalf("after Grow(16): Cap %d Len %d Empty %v", q.Cap(), q.Len(), q.Empty())
+	}
+	if pos, n := q.Reserve(1); pos != 7 || n != 1 {
+		t.Fatalf("first reservation after Grow: %d, %d; want position 7", pos, n)
+	} else {
+		*q.Slot(pos) = 100
+		q.Commit(pos, n)
+	}
+	vs := make([]uint64, 16)
+	for i := range vs {
+		vs[i] = 101 + uint64(i)
+	}
+	if got := q.Push(vs); got != 15 {
+		t.Fatalf("Push after Grow took %d of 16; want the 15 that fit", got)
+	}
+	if got := q.Pop(out[:]); got != 16 {
+		t.Fatalf("Pop after Grow: %d values; want 16", got)
+	}
+	for i, v := range out {
+		if v != 100+uint64(i) {
+			t.Fatalf("value %d after Grow is %d; want %d", i, v, 100+i)
+		}
+	}
+}
