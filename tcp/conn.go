@@ -43,11 +43,15 @@ type conn struct {
 	to     *dest  // where it was dialed
 	maxLen uint32 // the target's MaxLength, from the hello
 	nc     net.Conn
-	src    io.Reader     // nc's bytes: raw reads without TLS (rawio.go)
-	br     *bufio.Reader // over src
-	q      *mpsc.Queue[pending]
-	bell   *bell.Doorbell
-	hdrs   [][reqSize]byte // request headers by slot, written by send
+	src    io.Reader // nc's bytes: raw reads without TLS (rawio.go)
+	// br reads over src. Without TLS it comes from ins (server.go) and
+	// goes back there while the receiver waits on an idle connection
+	// (idleWait, receive.go): nil then, and holdsIn false (tests read it).
+	br      *bufio.Reader
+	holdsIn atomic.Bool
+	q       *mpsc.Queue[pending]
+	bell    *bell.Doorbell
+	hdrs    [][reqSize]byte // request headers by slot, written by send
 	// notes are NOTIFY payload prefixes by slot, written by send, made
 	// at the connection's first NOTIFY (a connection that sends none
 	// keeps 265 bytes a slot less).

@@ -66,16 +66,22 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 	// makes ctx's end (Endpoint.Close stopping a redial) cut it short.
 	stop := context.AfterFunc(ctx, func() { raw.Close() })
 	var src io.Reader = nc // what br and large payloads read from
+	var br *bufio.Reader
 	if nc == raw {
 		src = newNBReader(raw) // raw reads (rawio.go)
+		br = takeIn(src)       // given back while idle (receive.go)
+	} else {
+		br = bufio.NewReaderSize(src, inSize) // TLS keeps its own
 	}
-	br := bufio.NewReaderSize(src, 64<<10)
 	maxLen, features, err := clientHello(nc, br, to.key)
 	if !stop() && err == nil {
 		err = fmt.Errorf("%w: hello: %v", transport.ErrPeer, context.Cause(ctx))
 	}
 	if err != nil {
 		raw.Close()
+		if nc == raw {
+			giveIn(br)
+		}
 		return nil, err
 	}
 	raw.SetDeadline(time.Time{})
@@ -84,6 +90,7 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 		parts: make([][3][]byte, depth), pre: make([][reqSize]byte, depth),
 		resume: make(chan struct{}, 1), quit: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), dead: make(chan struct{})}
 	c.q, _ = mpsc.New[pending](depth)
+	c.holdsIn.Store(true)
 	c.rdr = reader{c: c, last: time.Now().UnixNano(), timeout: int64(e.t.cfg.ResponseTimeout)}
 	c.iov = make([][]byte, 0, 192)
 	c.sizes = make([]int, 0, 192)

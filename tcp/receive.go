@@ -251,6 +251,14 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 		if between && r.until != 0 && c.interrupt.Load() {
 			return errLeave
 		}
+		if between && r.until == 0 && src == io.Reader(c.br) && c.idle() {
+			// The receiver, with nothing in flight: it waits for the
+			// socket holding no read buffer (idleWait).
+			if err := c.idleWait(); err != nil {
+				return err
+			}
+			src = c.br
+		}
 		buffered := src == io.Reader(c.br) && c.br.Buffered() >= len(dst)-got // came with an earlier read
 		k, err := src.Read(dst[got:])
 		got += k
@@ -281,6 +289,36 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 				continue
 			}
 		}
+		return err
+	}
+	return nil
+}
+
+// idle reports whether the receiver may wait for the next answer holding
+// no read buffer: reads are raw (not TLS) and nothing is in flight, so
+// that a connection that waits for answers keeps its buffer and one that
+// waits for requests to post does not.
+func (c *conn) idle() bool {
+	nb, ok := c.src.(*nbReader)
+	return ok && nb.rc != nil && c.q.Head() == c.q.Committed()
+}
+
+// idleWait gives the receiver's empty read buffer back to ins (server.go)
+// and waits until the socket has bytes, an end or an error, reading none;
+// then it takes a buffer from ins again. An idle peer so holds no 64 KiB
+// of its own, as the target's idle connections do not. Its error (the
+// read deadline included) is the one the read would have had: the
+// caller's read loop sees it through the next Read, so idleWait returns
+// only errors other than the deadline's, with a buffer taken either way.
+func (c *conn) idleWait() error {
+	nb := c.src.(*nbReader)
+	giveIn(c.br)
+	c.br = nil
+	c.holdsIn.Store(false)
+	err := nb.waitIdle()
+	c.br = takeIn(nb)
+	c.holdsIn.Store(true)
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		return err
 	}
 	return nil

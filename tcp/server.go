@@ -618,8 +618,9 @@ var grps = sync.Pool{New: func() any { return new(groupIn) }}
 // inSize is the size of the frames' read buffer of a connection.
 const inSize = 64 << 10
 
-// ins holds the frames' read buffers of connections waiting for requests
-// (raw reads only: a TLS connection keeps its own).
+// ins holds the read buffers of idle raw connections: the target's frames
+// waiting for requests, and an initiator's receiver waiting for answers
+// with nothing in flight (receive.go). A TLS connection keeps its own.
 var ins = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, inSize) }}
 
 // takeIn returns a read buffer of ins reading r.
