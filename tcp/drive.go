@@ -64,6 +64,7 @@ func (c *conn) settle() bool {
 	if !c.lastDriven.Load() || c.q.Head() != c.q.Committed() {
 		return false
 	}
+	c.letGoIn()
 	c.rd.Store(rdIdle)
 	// From here another goroutine may hold the reading: the queue's
 	// consumer side is no longer ours, only its atomic ends are.
@@ -163,6 +164,7 @@ func (c *conn) drive(w transport.Until, deadline int64) {
 		deadline = math.MaxInt64
 	}
 	c.rdr.until = deadline
+	c.holdIn() // spin looks at it
 	for !w.Done() && !c.failed.Load() && c.q.Head() != c.q.Committed() {
 		var start int64
 		var caught bool
@@ -191,6 +193,7 @@ func (c *conn) leave() {
 		c.rdr.deadline = -1 // Interrupt moved the socket's: the next read sets it
 	}
 	if c.lastDriven.Load() && c.q.Head() == c.q.Committed() {
+		c.letGoIn()
 		c.rd.Store(rdIdle)
 		// As in settle, the consumer side is no longer ours.
 		if c.q.Released() == c.q.Committed() || !c.rd.CompareAndSwap(rdIdle, rdRecv) {

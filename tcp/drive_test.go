@@ -52,7 +52,8 @@ func driven(s transport.Slice) transport.Slice {
 
 // A Driven slice posted to an idle connection is read by Drive on the
 // caller's goroutine: the receiver stays parked (the connection is owed
-// to the driver before Drive, idle after it), and the bytes are right.
+// to the driver before Drive, idle after it, and holds no read buffer
+// then), and the bytes are right.
 // A slice that is not Driven wakes the receiver instead.
 func TestDriveReadsAnswer(t *testing.T) {
 	tp := newTimeoutPair(t, 0, 7, false)
@@ -69,6 +70,9 @@ func TestDriveReadsAnswer(t *testing.T) {
 	tp.ep.(*Endpoint).Drive(u, 0) // nothing owed: returns at once
 	u.ch.await(t, 1)
 	waitFor(t, "the receiver to let the reading go", func() bool { return c.rd.Load() == rdIdle })
+	if c.holdsIn.Load() {
+		t.Fatal("the receiver let the reading go holding a read buffer")
+	}
 
 	for i := range 20 {
 		clear(tp.local[:4096])
@@ -86,6 +90,9 @@ func TestDriveReadsAnswer(t *testing.T) {
 		}
 		if st := c.rd.Load(); st != rdIdle {
 			t.Fatalf("after Drive: state %d, want idle (%d)", st, rdIdle)
+		}
+		if c.holdsIn.Load() {
+			t.Fatal("after Drive, idle, the connection holds a read buffer")
 		}
 		for tok, err := range u.ch.await(t, 1) {
 			if err != nil {

@@ -56,6 +56,7 @@ func (c *conn) receive() {
 func (c *conn) receiveOne() error {
 	hdr := &c.hdr // a field: a local passed to Read would escape, once per answer
 	r := &c.rdr
+	c.holdIn()
 	// An answer the last payload's readv took (readplan.go) is taken from
 	// the plan, its header and as much of its payload as came: in bytes
 	// of the planned payload, planned, which the answer is checked
@@ -301,6 +302,27 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 func (c *conn) idle() bool {
 	nb, ok := c.src.(*nbReader)
 	return ok && nb.rc != nil && c.q.Head() == c.q.Committed()
+}
+
+// holdIn gives the holder of the reading a read buffer when the last
+// holder let go of it (letGoIn): at the start of each answer's reading.
+func (c *conn) holdIn() {
+	if c.br == nil {
+		c.br = takeIn(c.src)
+		c.holdsIn.Store(true)
+	}
+}
+
+// letGoIn gives the read buffer back to ins when the holder of the
+// reading lets go of it with nothing in flight and nothing read ahead
+// (settle, leave): whoever holds the reading next takes one (holdIn). A
+// connection left to drivers so holds no buffer between their requests.
+func (c *conn) letGoIn() {
+	if c.br != nil && c.idle() && c.br.Buffered() == 0 && c.held() == 0 {
+		giveIn(c.br)
+		c.br = nil
+		c.holdsIn.Store(false)
+	}
 }
 
 // idleWait gives the receiver's empty read buffer back to ins (server.go)
