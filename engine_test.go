@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"regexp"
 	"testing"
 	"time"
 
@@ -132,5 +135,36 @@ func TestOpenSegmentUnlocked(t *testing.T) {
 	close(store.release)
 	if err := <-opened; err == nil {
 		t.Fatal("OpenSegment of a segment nobody published: no error")
+	}
+}
+
+// An engine without a Name is named <hostname>-<pid>-<n>-<8 hex digits>:
+// the random part keeps apart engines of one host name and pid (containers
+// on the host's network, a restarted process with a dead one's pid), and
+// a name never repeats in a process.
+func TestDefaultName(t *testing.T) {
+	hn, _ := os.Hostname()
+	re := regexp.MustCompile(fmt.Sprintf(`^%s-%d-([0-9]+)-([0-9a-f]{8})$`, regexp.QuoteMeta(hn), os.Getpid()))
+	seen := map[string]bool{}
+	suffixes := map[string]bool{}
+	for range 4 {
+		e, err := moonring.New(moonring.Config{Metadata: metadata.NewMemory()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := e.Name()
+		e.Close()
+		m := re.FindStringSubmatch(name)
+		if m == nil {
+			t.Fatalf("default name %q: want <hostname>-<pid>-<n>-<8 hex digits>", name)
+		}
+		if seen[name] {
+			t.Fatalf("default name %q given twice", name)
+		}
+		seen[name] = true
+		suffixes[m[2]] = true
+	}
+	if len(suffixes) < 2 {
+		t.Fatalf("four engines, one random suffix: %v", suffixes)
 	}
 }

@@ -7,6 +7,7 @@ package moonring
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -167,7 +168,11 @@ var (
 // prints.
 type Config struct {
 	// Name is the engine's segment name (default: the p2p store's address
-	// when Metadata is a metadata.P2P, else "<hostname>-<pid>-<n>").
+	// when Metadata is a metadata.P2P, else "<hostname>-<pid>-<n>-<8 random
+	// hex digits>": processes of one host name in pid namespaces of their
+	// own, containers on the host's network, have the same pids, and a
+	// restarted process would meet the entry of the one it replaces, held
+	// under its owner token until its time to live ends).
 	Name string
 	// Metadata is where the engine publishes its segment and looks up
 	// others (default: a store shared by the engines of this process).
@@ -275,7 +280,9 @@ func (c *Config) fill() {
 	}
 	if c.Name == "" {
 		host, _ := os.Hostname()
-		c.Name = fmt.Sprintf("%s-%d-%d", host, os.Getpid(), engineSeq.Add(1))
+		var r [4]byte
+		rand.Read(r[:])
+		c.Name = fmt.Sprintf("%s-%d-%d-%x", host, os.Getpid(), engineSeq.Add(1), r)
 	}
 	if c.Metadata == nil {
 		c.Metadata = processStore

@@ -76,7 +76,7 @@ segment name (with p2p, its RPC port's ip:port) and its first buffer,
 into which it first writes the pattern that READs are checked against.
 
 With --metadata http://... or etcd://..., bench publishes its own segment
-too (--local-name, default <hostname>-<pid>-<n>), and so do the target
+too (--local-name, default <hostname>-<pid>-<n>-<8 hex digits>), and so do the target
 processes it starts: --ttl is their time to live, as serve's:
 
 ` + ttlHelp + `

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -86,10 +87,16 @@ flags:
 `
 
 // defaultSegName is serve's segment name with a metadata server when
-// --name is not given: <hostname>-<pid>.
+// --name is not given: <hostname>-<pid>-<8 random hex digits>. A killed
+// target's entry outlives it until its TTL, held under its owner token: a
+// later one given the same pid (a busy host reuses them within seconds, a
+// container's process is often pid 1) and another key must not find its
+// name taken, nor may two containers on the host's network share one.
 func defaultSegName() string {
 	hn, _ := os.Hostname()
-	return fmt.Sprintf("%s-%d", hn, os.Getpid())
+	var r [4]byte
+	rand.Read(r[:])
+	return fmt.Sprintf("%s-%d-%x", hn, os.Getpid(), r)
 }
 
 // serve runs a standing target: it registers a buffer remote-accessible,
@@ -108,7 +115,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	noSHM := fs.Bool("no-shm", false, "serve over TCP only, without the same-host shm transport")
 	grace := fs.Duration("grace", 5*time.Second, "how long peers' requests in flight get at shutdown (a second signal ends it); then the peers still using the buffer are cut and serve exits with status 3")
 	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
-	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>)")
+	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>-<8 random hex digits>)")
 	ttl := addTTLFlag(fs)
 	useTLS := fs.Bool("tls", false, "serve TCP as TLS 1.3 with a certificate made at start, whose SHA-256 the signed descriptor pins: peers' frames (payloads, addresses, buffer keys) can be neither read nor changed on the path; plain hellos are refused")
 	mc := addMooncakeFlags(fs, true)

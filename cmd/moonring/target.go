@@ -8,7 +8,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -394,15 +393,11 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 
 // targetName is the segment name of a target process this command
 // starts (bench --mode target) with a metadata server: serve's default,
-// <hostname>-<pid>, and a random suffix. Each run's targets hold a key of
-// their own, and a killed one's entry outlives it until its TTL: a later
-// target given the same PID (a busy host reuses them within seconds)
-// would find its name held under another key, and be refused.
-func targetName() string {
-	var b [4]byte
-	rand.Read(b[:])
-	return fmt.Sprintf("%s-%x", defaultSegName(), b)
-}
+// <hostname>-<pid>-<8 random hex digits>, made here so that the initiator
+// knows it. Each run's targets hold a key of their own, and a killed
+// one's entry outlives it until its TTL: the random part keeps a later
+// target given the same PID from finding its name held under another key.
+func targetName() string { return defaultSegName() }
 
 // start starts a target process on loopback with key and returns its
 // segment's name; the first one's exit is what stepError reports.
