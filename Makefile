@@ -54,9 +54,11 @@ fuzz-short:
 	@scripts/fuzz.sh $(FUZZSHORT)
 
 # System tools of the end-to-end tests (iproute2, nftables), installed when
-# missing and possible; the tests say loudly what they lack otherwise.
+# missing and possible, and a few reserved huge pages for Config.HugeTLB's
+# tests; the tests say loudly what they lack otherwise.
 deps:
 	-@scripts/ensure-deps.sh
+	-@scripts/ensure-hugepages.sh
 
 test: deps vet race fuzz-short test-rdma test-efa test-cluster test-soak
 

@@ -70,7 +70,9 @@ func runChild() bool {
 // MOONRING_CHILD_CPUPROFILE=FILE writes a CPU profile to FILE.<pid>.
 // With MOONRING_SHM set it also installs the shm transport; with
 // MOONRING_HEAP set its buffer is Go memory rather than from Alloc (which
-// shm then reaches through process_vm calls, not a mapping). It takes two
+// shm then reaches through process_vm calls, not a mapping); with
+// MOONRING_HUGETLB set Alloc takes reserved huge pages (Config.HugeTLB).
+// It takes two
 // commands: "shm-off" uninstalls its shm transport (peers' shm paths
 // die, TCP stays) and answers "ok"; "shm-on" installs a new one and
 // answers its descriptor, republished.
@@ -90,6 +92,7 @@ func childTarget() error {
 	if os.Getenv("MOONRING_SHM") != "" {
 		cfg.SHM = &shm.Config{}
 	}
+	cfg.HugeTLB = os.Getenv("MOONRING_HUGETLB") != ""
 	e, err := moonring.New(cfg)
 	if err != nil {
 		return err

@@ -272,6 +272,17 @@ type Config struct {
 	// BatchEntries sizes the SQ and in-flight table of the ring that serves
 	// the batch API, per NUMA node (default 4096).
 	BatchEntries int
+	// HugeTLB makes Alloc take CPU memory whose size is a multiple of
+	// 2 MiB from the kernel's reserved huge pages (vm.nr_hugepages or
+	// vm.nr_overcommit_hugepages) while enough are free, and ordinary
+	// pages otherwise. Reserved pages serve shared memory on any kernel,
+	// where a memfd's transparent huge pages (what Alloc gives memory
+	// that the shm transport hands to peers) depend on the kernel's
+	// shmem_enabled, whose Debian default (never) gives none: a pool of
+	// 4 KiB pages costs TCP and RDMA a TLB miss every 4 KiB. Off by
+	// default: the reserved pages are the host's, set aside for whoever
+	// asks for them first.
+	HugeTLB bool
 }
 
 func (c *Config) fill() {
@@ -358,8 +369,8 @@ func (c Config) String() string {
 	} else {
 		ts += "\nmooncake: off (Config.Mooncake speaks Mooncake's wire, without authentication)"
 	}
-	return fmt.Sprintf("name: %s\nmetadata: %s (descriptors signed: %v)\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npollers a node: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\ncopy workers: %d\npromote after: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\n",
-		c.Name, c.Metadata, len(c.Key) > 0, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.Pollers, c.PollerSpin, c.BusyPoll, c.PinPollers, max(c.CopyWorkers, 0), c.PromoteAfter, c.MaxBatches, c.BatchEntries, c.NotifyQueue)
+	return fmt.Sprintf("name: %s\nmetadata: %s (descriptors signed: %v)\ntransports: %s\ntimeout: %v\nslice size: %d\nretry limit: %d\npollers a node: %d\npoller spin: %v\nbusy poll: %v\npin pollers: %v\ncopy workers: %d\npromote after: %v\nmax batches: %d\nbatch entries: %d\nnotify queue: %d\nreserved huge pages for Alloc: %v\n",
+		c.Name, c.Metadata, len(c.Key) > 0, ts, c.Timeout, c.SliceSize, c.RetryLimit, c.Pollers, c.PollerSpin, c.BusyPoll, c.PinPollers, max(c.CopyWorkers, 0), c.PromoteAfter, c.MaxBatches, c.BatchEntries, c.NotifyQueue, c.HugeTLB)
 }
 
 var (

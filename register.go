@@ -202,8 +202,9 @@ func (e *Engine) UnregisterLocalMemoryBatch(ctx context.Context, bufs [][]byte) 
 // when the machine has several and advised for huge pages when large. With
 // the shm transport installed it is a sealed memfd, which the transport
 // hands to peers of this host that then copy into and out of it directly
-// (such memory gets huge pages only where the kernel's shmem_enabled
-// allows). Register it to use it; release it with Free.
+// (such memory gets transparent huge pages only where the kernel's
+// shmem_enabled allows; Config.HugeTLB takes reserved ones). Register it
+// to use it; release it with Free.
 func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 	kind, idx, err := loc.Parse()
 	if err != nil {
@@ -221,8 +222,18 @@ func (e *Engine) Alloc(size int, loc Location) ([]byte, error) {
 		}
 		return nil, fmt.Errorf("moonring: alloc on %s: no installed transport serves it: %w", loc, transport.ErrNotSupported)
 	}
+	shared := e.Transport(shm.Name) != nil
+	if e.cfg.HugeTLB {
+		b, err := mem.AllocHugeTLB(size, idx, shared)
+		if err == nil {
+			return b, nil
+		}
+		if !errors.Is(err, mem.ErrNoHugeTLB) {
+			return nil, fmt.Errorf("moonring: alloc: %w", err)
+		}
+	}
 	alloc := mem.Alloc
-	if e.Transport(shm.Name) != nil {
+	if shared {
 		alloc = mem.AllocShared
 	}
 	b, err := alloc(size, idx)

@@ -113,6 +113,7 @@ func bench(args []string, out io.Writer) (err error) {
 	plotPath := fs.String("plot", "", "also draw GB/s and p99 latency against block size into this PNG file")
 	keyFile := fs.String("key-file", "", "--segment, --mode target: read the segment key from this file (mode 0600; default: $"+keyEnv+")")
 	insecure := fs.Bool("insecure", false, "--mode target: as serve --insecure")
+	hugeTLB := fs.Bool("hugetlb", false, "both sides' buffers from the kernel's reserved huge pages (vm.nr_hugepages) while enough are free (Config.HugeTLB; the target bench starts gets it too)")
 	pat := fs.String("pattern", "blocks", "blocks (the sweep of equal blocks), or kv: a KV cache's paged pool on each side, requests of scattered blocks (see --layers, --tokens, --pool)")
 	layers := fs.Int("layers", 32, "--pattern kv: layers in the pool, each with a K and a V tensor of blocks")
 	blockTokens := fs.Int("block-tokens", 16, "--pattern kv: tokens per block (a label: the block's bytes are --block-size, default 32K)")
@@ -176,6 +177,9 @@ func bench(args []string, out io.Writer) (err error) {
 		}
 		if *useTLS {
 			sargs = append(sargs, "--tls")
+		}
+		if *hugeTLB {
+			sargs = append(sargs, "--hugetlb")
 		}
 		return serve(sargs, out, stop)
 	}
@@ -316,9 +320,9 @@ func bench(args []string, out io.Writer) (err error) {
 		if set["ttl"] {
 			ttlSet = *ttl
 		}
-		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, ttlSet, bs[0], *pollers, !kvMode && !seedMode, mcOn)
+		tg, err = remoteTarget(ctx, *protocol, *noMap, *useTLS, names, *targets, *meta, *localName, *keyFile, ttlSet, bs[0], *pollers, !kvMode && !seedMode, *hugeTLB, mcOn)
 	case "local":
-		tg, err = localTarget(ctx, bs[0], *targets, *pollers, !kvMode)
+		tg, err = localTarget(ctx, bs[0], *targets, *pollers, !kvMode, *hugeTLB)
 	default:
 		return fmt.Errorf("protocol %q is not in this build (have: tcp, shm, local)", *protocol)
 	}

@@ -113,6 +113,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	bufSize := fs.String("buffer-size", "64M", "the buffer to serve (K, M, G suffixes in either case; at most 64G)")
 	nbufs := fs.Int("buffers", 1, "serve this many buffers of --buffer-size, each filled and registered alike (Mooncake's transfer_engine_bench uses the target's buffer [thread % its NUMA nodes]: give it as many as the initiator host has NUMA nodes); --check-seed checks the first")
 	noSHM := fs.Bool("no-shm", false, "serve over TCP only, without the same-host shm transport")
+	hugeTLB := fs.Bool("hugetlb", false, "take the buffer from the kernel's reserved huge pages (vm.nr_hugepages) when enough are free and its size is a multiple of 2 MiB (Config.HugeTLB): shared memory gets 2 MiB pages whatever the kernel's shmem_enabled")
 	grace := fs.Duration("grace", 5*time.Second, "how long peers' requests in flight get at shutdown (a second signal ends it); then the peers still using the buffer are cut and serve exits with status 3")
 	meta := fs.String("metadata", "p2p", "p2p (the segment is named by --listen), http://HOST:PORT of a metadata-server, or etcd://HOST:PORT[,...]")
 	name := fs.String("name", "", "the segment's name with an http metadata server (default <hostname>-<pid>-<8 random hex digits>)")
@@ -280,7 +281,7 @@ func serve(args []string, out io.Writer, stop <-chan struct{}) (retErr error) {
 	// hello, handshake timeout, ...) at info, a line a second per reason
 	// at most: serve shows those beside the warnings.
 	tcpLogger := slog.New(refusalsHandler{slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})})
-	cfg := moonring.Config{Name: segName, Metadata: store, Logger: logger, TCP: &tcp.Config{Listen: *tcpListen, Key: key, Logger: tcpLogger, AutoTLS: *useTLS}}
+	cfg := moonring.Config{Name: segName, Metadata: store, Logger: logger, TCP: &tcp.Config{Listen: *tcpListen, Key: key, Logger: tcpLogger, AutoTLS: *useTLS}, HugeTLB: *hugeTLB}
 	if !*noSHM {
 		cfg.SHM = &shm.Config{Logger: logger}
 	}

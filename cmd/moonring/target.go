@@ -92,6 +92,9 @@ type target struct {
 	// ttl is --ttl, handed to the target processes this command starts;
 	// 0 when not given.
 	ttl time.Duration
+	// huge is --hugetlb, handed to the target processes this command
+	// starts.
+	huge bool
 }
 
 // peer is one target of a sweep.
@@ -219,16 +222,16 @@ func (t *target) close() {
 // localTarget is a second engine of this process (n of them for --targets
 // n); the initiator engine runs pollers pollers a NUMA node. Without a
 // model (kv) the buffers are left as Alloc made them.
-func localTarget(ctx context.Context, size, n, pollers int, model bool) (*target, error) {
+func localTarget(ctx context.Context, size, n, pollers int, model, huge bool) (*target, error) {
 	t := &target{transport: "local"}
-	ini, err := moonring.New(moonring.Config{Pollers: pollers})
+	ini, err := moonring.New(moonring.Config{Pollers: pollers, HugeTLB: huge})
 	if err != nil {
 		return nil, err
 	}
 	t.ini = ini
 	t.closers = append(t.closers, func() { ini.Close() })
 	for range max(1, n) {
-		tgt, err := moonring.New(moonring.Config{})
+		tgt, err := moonring.New(moonring.Config{HugeTLB: huge})
 		if err != nil {
 			t.close()
 			return nil, err
@@ -268,11 +271,11 @@ func localTarget(ctx context.Context, size, n, pollers int, model bool) (*target
 // time to live of what this process's store and the target processes it
 // starts publish. Without a model (kv) the first target's contents are not
 // modelled.
-func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names []string, n int, meta, localName, keyFile string, ttl time.Duration, size, pollers int, model bool, mc *mooncakeFlags) (*target, error) {
+func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names []string, n int, meta, localName, keyFile string, ttl time.Duration, size, pollers int, model, huge bool, mc *mooncakeFlags) (*target, error) {
 	if localName != "" && meta == "p2p" {
 		return nil, errors.New("--local-name needs --metadata http or etcd: with p2p the name is the endpoint's address")
 	}
-	t := &target{transport: proto, ttl: ttl}
+	t := &target{transport: proto, ttl: ttl, huge: huge}
 	if mc != nil {
 		t.mcArgs = mc.args()
 	}
@@ -317,7 +320,7 @@ func remoteTarget(ctx context.Context, proto string, noMap, useTLS bool, names [
 	if store != nil {
 		t.closers = append(t.closers, func() { store.Close() })
 	}
-	cfg := moonring.Config{Name: localName, Metadata: store, Transports: []string{proto}, TCP: &tcp.Config{Key: key}, Pollers: pollers}
+	cfg := moonring.Config{Name: localName, Metadata: store, Transports: []string{proto}, TCP: &tcp.Config{Key: key}, Pollers: pollers, HugeTLB: huge}
 	if proto == "shm" {
 		cfg.SHM = &shm.Config{NoMap: noMap}
 	}
@@ -417,6 +420,9 @@ func (t *target) start(ctx context.Context, key []byte, size int, meta string, u
 	}
 	if useTLS {
 		cmd.Args = append(cmd.Args, "--tls")
+	}
+	if t.huge {
+		cmd.Args = append(cmd.Args, "--hugetlb")
 	}
 	// The key through the environment, which only this user can read
 	// (/proc/PID/environ), not the command line, which anyone can.

@@ -14,7 +14,16 @@ var (
 	// allocation of [Alloc] in its entirety: a foreign or resliced slice, or
 	// one already freed. Nothing is unmapped. A retry does not help.
 	ErrNotAllocated = errors.New("mem: not a live allocation")
+	// ErrNoHugeTLB reports that [AllocHugeTLB] could not take the memory
+	// from the kernel's reserved huge pages: the size is not a multiple of
+	// [HugeTLBSize], too few are free, or the kernel has none. The caller
+	// falls back to [Alloc] or [AllocShared].
+	ErrNoHugeTLB = errors.New("mem: no reserved huge pages for this allocation")
 )
+
+// HugeTLBSize is the size of the reserved huge pages [AllocHugeTLB] takes
+// (the kernel's default huge page size on x86-64 and most arm64 kernels).
+const HugeTLBSize = 2 << 20
 
 // hugePageSize is the size from which Alloc asks for transparent huge pages.
 const hugePageSize = 2 << 20

@@ -58,16 +58,45 @@ func AllocShared(size int, node int) ([]byte, error) {
 	return alloc(size, node, true)
 }
 
+// AllocHugeTLB is [Alloc], or [AllocShared] when shared, for memory of the
+// kernel's reserved huge pages (hugetlbfs: vm.nr_hugepages, or
+// vm.nr_overcommit_hugepages), which every kernel gives shared memory as
+// well, where transparent huge pages for a memfd depend on the kernel's
+// shmem_enabled (Debian's default, never, gives none). size must be a
+// multiple of [HugeTLBSize]; the pages are reserved and faulted in before
+// it returns. It fails with [ErrNoHugeTLB] when they cannot be had, and
+// takes nothing then. The memory is freed with [Free]; a shared one's
+// [File] is a hugetlbfs memfd, sealed as AllocShared's. Safe for
+// concurrent use.
+func AllocHugeTLB(size int, node int, shared bool) ([]byte, error) {
+	if size <= 0 || size%HugeTLBSize != 0 {
+		return nil, fmt.Errorf("mem: alloc %d bytes of huge pages: not a multiple of %d: %w", size, HugeTLBSize, ErrNoHugeTLB)
+	}
+	return allocMapped(size, size, node, shared, true)
+}
+
 func alloc(size int, node int, shared bool) ([]byte, error) {
 	n, ok := roundUp(size)
 	if !ok {
 		return nil, fmt.Errorf("mem: alloc %d bytes: %w", size, ErrBadSize)
 	}
+	return allocMapped(size, n, node, shared, false)
+}
+
+// allocMapped maps n bytes (size rounded up) as alloc and AllocHugeTLB
+// describe.
+func allocMapped(size, n int, node int, shared, huge bool) ([]byte, error) {
 	fd := -1
 	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
+	if huge {
+		flags |= unix.MAP_HUGETLB
+	}
 	if shared {
 		var err error
-		if fd, err = memfd(n); err != nil {
+		if fd, err = memfd(n, huge); err != nil {
+			if huge {
+				err = fmt.Errorf("%w (%v)", ErrNoHugeTLB, err)
+			}
 			return nil, fmt.Errorf("mem: alloc %d bytes: %w", size, err)
 		}
 		flags = unix.MAP_SHARED
@@ -75,13 +104,17 @@ func alloc(size int, node int, shared bool) ([]byte, error) {
 	b, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
 		closeFD(fd)
+		if huge {
+			// Too few free (ENOMEM), or no hugetlb in this kernel.
+			err = fmt.Errorf("%w (%v)", ErrNoHugeTLB, err)
+		}
 		return nil, fmt.Errorf("mem: alloc %d bytes: %w", size, err)
 	}
 	fail := func() {
 		unix.Munmap(b)
 		closeFD(fd)
 	}
-	if n >= hugePageSize {
+	if n >= hugePageSize && !huge {
 		if err := unix.Madvise(b, unix.MADV_HUGEPAGE); err != nil && !errors.Is(err, unix.EINVAL) {
 			fail()
 			return nil, fmt.Errorf("mem: alloc %d bytes: madvise: %w", size, err)
@@ -99,6 +132,10 @@ func alloc(size int, node int, shared bool) ([]byte, error) {
 	// MADV_POPULATE_WRITE (before 5.14) leaves it to the first touch.
 	if err := unix.Madvise(b, unix.MADV_POPULATE_WRITE); err != nil && !errors.Is(err, unix.EINVAL) {
 		fail()
+		if huge {
+			// The node bound to has too few of them.
+			err = fmt.Errorf("%w (%v)", ErrNoHugeTLB, err)
+		}
 		return nil, fmt.Errorf("mem: alloc %d bytes: populate: %w", size, err)
 	}
 	live.Lock()
@@ -110,13 +147,18 @@ func alloc(size int, node int, shared bool) ([]byte, error) {
 	return b[:size:n], nil
 }
 
-// memfd creates a sealed memfd of n bytes.
-func memfd(n int) (int, error) {
-	fd, err := unix.MemfdCreate("moonring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+// memfd creates a sealed memfd of n bytes, of reserved huge pages when
+// huge (hugetlbfs; they are reserved when it is mapped).
+func memfd(n int, huge bool) (int, error) {
+	flags := unix.MFD_CLOEXEC | unix.MFD_ALLOW_SEALING
+	if huge {
+		flags |= unix.MFD_HUGETLB
+	}
+	fd, err := unix.MemfdCreate("moonring", flags)
 	if err == unix.EACCES {
 		// vm.memfd_noexec=2 (Linux 6.3 and up) refuses memfds that could
 		// be made executable: ask for one sealed against exec.
-		fd, err = unix.MemfdCreate("moonring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_NOEXEC_SEAL)
+		fd, err = unix.MemfdCreate("moonring", flags|unix.MFD_NOEXEC_SEAL)
 	}
 	if err != nil {
 		return -1, fmt.Errorf("memfd_create: %w", err)

@@ -20,6 +20,12 @@ func AllocShared(size int, node int) ([]byte, error) {
 	return nil, fmt.Errorf("mem: alloc shared: %w", errors.ErrUnsupported)
 }
 
+// AllocHugeTLB maps memory of reserved huge pages; only Linux supports it,
+// elsewhere it returns an error wrapping ErrNoHugeTLB.
+func AllocHugeTLB(size int, node int, shared bool) ([]byte, error) {
+	return nil, fmt.Errorf("mem: alloc huge pages: %w", ErrNoHugeTLB)
+}
+
 // File returns the file behind shared memory; outside Linux there is none.
 func File(addr uintptr, n uint64) (*os.File, int64, error) {
 	return nil, 0, fmt.Errorf("mem: file: %w", ErrNotAllocated)
