@@ -259,6 +259,11 @@ func (r *reader) read(src io.Reader, dst []byte, header bool) error {
 				return err
 			}
 			src = c.br
+			if c.directNext() {
+				// A large READ posted meanwhile: its header and
+				// payload come straight from the socket (readHeader).
+				src = c.src
+			}
 		}
 		buffered := src == io.Reader(c.br) && c.br.Buffered() >= len(dst)-got // came with an earlier read
 		k, err := src.Read(dst[got:])
@@ -328,21 +333,21 @@ func (c *conn) letGoIn() {
 // idleWait gives the receiver's empty read buffer back to ins (server.go)
 // and waits until the socket has bytes, an end or an error, reading none;
 // then it takes a buffer from ins again. An idle peer so holds no 64 KiB
-// of its own, as the target's idle connections do not. Its error (the
-// read deadline included) is the one the read would have had: the
-// caller's read loop sees it through the next Read, so idleWait returns
-// only errors other than the deadline's, with a buffer taken either way.
+// of its own, as the target's idle connections do not. Its error is the
+// one the read would have had: at the read deadline it takes a buffer and
+// returns nil, and the caller's read loop sees the deadline through the
+// next Read; any other error breaks the connection, which then holds no
+// buffer (whoever reads next would take one, holdIn).
 func (c *conn) idleWait() error {
 	nb := c.src.(*nbReader)
 	giveIn(c.br)
 	c.br = nil
 	c.holdsIn.Store(false)
-	err := nb.waitIdle()
-	c.br = takeIn(nb)
-	c.holdsIn.Store(true)
-	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err := nb.waitIdle(); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		return err
 	}
+	c.br = takeIn(nb)
+	c.holdsIn.Store(true)
 	return nil
 }
 
