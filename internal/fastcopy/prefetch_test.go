@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"unsafe"
@@ -85,14 +86,14 @@ func BenchmarkScattered(b *testing.B) {
 					ms[i] = move{rng.IntN(pool/size) * size, rng.IntN(pool/size) * size}
 				}
 			}
-			for _, store := range []string{"plain", "plain+prefetch", "stream"} {
-				if store == "stream" && !had || order == "seq" && store == "plain+prefetch" {
+			for _, store := range []string{"plain", "plain+prefetch", "stream", "stream+prefetch"} {
+				if strings.HasPrefix(store, "stream") && !had || order == "seq" && strings.HasSuffix(store, "+prefetch") {
 					continue
 				}
 				for _, streams := range []int{1, 2} {
 					b.Run(fmt.Sprintf("size=%dKiB/order=%s/store=%s/streams=%d", size>>10, order, store, streams), func(b *testing.B) {
-						stream = store == "stream"
-						pf := store == "plain+prefetch"
+						stream = strings.HasPrefix(store, "stream")
+						pf := strings.HasSuffix(store, "+prefetch")
 						b.SetBytes(int64(len(ms) * size))
 						for b.Loop() {
 							var wg sync.WaitGroup
