@@ -324,10 +324,15 @@ func (c *conn) holdIn() {
 // connection left to drivers so holds no buffer between their requests.
 func (c *conn) letGoIn() {
 	if c.br != nil && c.idle() && c.br.Buffered() == 0 && c.held() == 0 {
-		giveIn(c.br)
-		c.br = nil
-		c.holdsIn.Store(false)
+		c.giveBackIn()
 	}
+}
+
+// giveBackIn gives the read buffer, empty, back to ins.
+func (c *conn) giveBackIn() {
+	giveIn(c.br)
+	c.br = nil
+	c.holdsIn.Store(false)
 }
 
 // idleWait gives the receiver's empty read buffer back to ins (server.go)
@@ -339,15 +344,11 @@ func (c *conn) letGoIn() {
 // next Read; any other error breaks the connection, which then holds no
 // buffer (whoever reads next would take one, holdIn).
 func (c *conn) idleWait() error {
-	nb := c.src.(*nbReader)
-	giveIn(c.br)
-	c.br = nil
-	c.holdsIn.Store(false)
-	if err := nb.waitIdle(); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+	c.giveBackIn()
+	if err := c.src.(*nbReader).waitIdle(); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		return err
 	}
-	c.br = takeIn(nb)
-	c.holdsIn.Store(true)
+	c.holdIn()
 	return nil
 }
 
