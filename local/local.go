@@ -249,6 +249,7 @@ type keyRange struct {
 var (
 	_ transport.Endpoint      = (*Endpoint)(nil)
 	_ transport.HoldingCopier = (*Endpoint)(nil)
+	_ transport.InlineCopier  = (*Endpoint)(nil)
 )
 
 // Rails returns 1: a copy has one lane.
@@ -331,37 +332,105 @@ func (e *Endpoint) Copy(s *transport.Slice) error { return e.copy(s, nil) }
 // (see transport.HoldingCopier).
 func (e *Endpoint) CopyHold(s *transport.Slice, h *transport.Holds) error { return e.copy(s, h) }
 
-func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {
-	to := e.to.Load()
-	if e.closed.Load() || to.closed.Load() || e.from.closed.Load() {
-		return transport.ErrClosed
-	}
+// CopyNow moves s at once unless it is a notification, which it leaves
+// to CopyBatch: a copy gains nothing from a batch but a pair
+// (transport.InlineCopier).
+func (e *Endpoint) CopyNow(s *transport.Slice, h *transport.Holds) (bool, error) {
 	if s.Op == transport.Notify {
+		return false, nil
+	}
+	return true, e.copy(s, h)
+}
+
+// CopyBatch moves the slices in order, as Copy would, but two
+// consecutive copies large enough move at once (fastcopy.CopyPair): a run
+// of scattered blocks then keeps twice the misses in flight
+// (transport.BatchCopier).
+func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
+	var h transport.Holds
+	for i := 0; i < len(s); i++ {
+		a := &s[i]
+		if i+1 < len(s) && a.Op != transport.Notify && s[i+1].Op != transport.Notify && fastcopy.Pairs(uintptr(a.Length), uintptr(s[i+1].Length)) {
+			b := &s[i+1]
+			ra, relA, err := e.take(a, &h)
+			if err != nil {
+				errs[i] = err
+				continue // b is next round's a
+			}
+			rb, relB, err := e.take(b, &h)
+			if err == nil {
+				da, sa := through(ra, a)
+				db, sb := through(rb, b)
+				fastcopy.CopyPair(da, sa, db, sb)
+			} else {
+				fastcopy.Copy(through(ra, a))
+			}
+			if relA {
+				ra.ref.Release()
+			}
+			if relB {
+				rb.ref.Release()
+			}
+			errs[i], errs[i+1] = nil, err
+			i++
+			continue
+		}
+		if a.Op == transport.Notify {
+			h.Release() // the handler may wait on what waits for a reference
+		}
+		errs[i] = e.copy(a, &h)
+	}
+	h.Release()
+}
+
+func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {
+	if s.Op == transport.Notify {
+		if e.closed.Load() || e.to.Load().closed.Load() || e.from.closed.Load() {
+			return transport.ErrClosed
+		}
 		return e.notify(s)
 	}
-	var r *region
-	if e.self {
-		if r = find(&to.regs, s.Remote, s.Length); r == nil {
-			return transport.ErrRange
-		}
-	} else if r = e.target(to, s); r == nil {
-		return refused(to, s)
+	r, release, err := e.take(s, h)
+	if err != nil {
+		return err
 	}
-	ok, release := h.Take(&r.ref)
-	if !ok {
-		return transport.ErrDenied // being unregistered
-	}
-	remote := unsafe.Slice((*byte)(unsafe.Add(r.base, s.Remote-uint64(r.addr))), s.Length)
-	local := unsafe.Slice((*byte)(s.Local), s.Length)
-	if s.Op == transport.Write {
-		fastcopy.Copy(remote, local)
-	} else {
-		fastcopy.Copy(local, remote)
-	}
+	fastcopy.Copy(through(r, s))
 	if release {
 		r.ref.Release()
 	}
 	return nil
+}
+
+// take checks s, a copy, and takes the reference on the target region it
+// reaches, in h when h can hold it (release: the caller releases it after
+// the copy).
+func (e *Endpoint) take(s *transport.Slice, h *transport.Holds) (r *region, release bool, err error) {
+	to := e.to.Load()
+	if e.closed.Load() || to.closed.Load() || e.from.closed.Load() {
+		return nil, false, transport.ErrClosed
+	}
+	if e.self {
+		if r = find(&to.regs, s.Remote, s.Length); r == nil {
+			return nil, false, transport.ErrRange
+		}
+	} else if r = e.target(to, s); r == nil {
+		return nil, false, refused(to, s)
+	}
+	ok, release := h.Take(&r.ref)
+	if !ok {
+		return nil, false, transport.ErrDenied // being unregistered
+	}
+	return r, release, nil
+}
+
+// through returns the destination and the source of s, a copy in r.
+func through(r *region, s *transport.Slice) (dst, src []byte) {
+	remote := unsafe.Slice((*byte)(unsafe.Add(r.base, s.Remote-uint64(r.addr))), s.Length)
+	local := unsafe.Slice((*byte)(s.Local), s.Length)
+	if s.Op == transport.Write {
+		return remote, local
+	}
+	return local, remote
 }
 
 // target returns the region a peer's slice may reach, or nil: the

@@ -3,10 +3,12 @@ package local_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/moonring/moonring/internal/leakcheck"
+	"github.com/moonring/moonring/internal/testpattern"
 	"github.com/moonring/moonring/local"
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/transport"
@@ -15,10 +17,10 @@ import (
 
 func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
-// TestConformance: Post, Copy and Hold variants; losing Copier,
-// HoldingCopier or Notifier fails it.
+// TestConformance: Post, Copy, batch and Hold variants; losing Copier,
+// BatchCopier, InlineCopier, HoldingCopier or Notifier fails it.
 func TestConformance(t *testing.T) {
-	want := []transporttest.Interface{transporttest.Copier, transporttest.HoldingCopier, transporttest.Notifier}
+	want := []transporttest.Interface{transporttest.Copier, transporttest.BatchCopier, transporttest.InlineCopier, transporttest.HoldingCopier, transporttest.Notifier}
 	transporttest.RunWith(t, transporttest.Options{Want: want}, func(t *testing.T) (transport.Transport, transport.Transport) {
 		return local.New(), local.New()
 	})
@@ -79,5 +81,79 @@ func TestCopyHold(t *testing.T) {
 	s := transport.Slice{Op: transport.Write, Local: bs.Pointer(0), Remote: uint64(bd.Addr), Length: 1}
 	if err := ep.CopyHold(&s, &h); err == nil {
 		t.Fatal("a copy to an unregistered region succeeded")
+	}
+}
+
+// TestCopyBatchPairs: a batch of large slices, which CopyBatch moves two
+// at a time, leaves what moving them one by one in order leaves, each
+// with its own result: a refused slice beside one that moves (either
+// side of a pair), blocks of unequal lengths and odd offsets, and a pair
+// whose second reads what its first writes (which must move in order).
+func TestCopyBatchPairs(t *testing.T) {
+	tr := local.New()
+	defer tr.Close()
+	var bufs segtable.Buffers
+	const size = 4 << 20
+	src, dst := make([]byte, size), make([]byte, size)
+	testpattern.Fill(src, 1)
+	testpattern.Fill(dst, 2)
+	bs, err := bufs.Register(src, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bd, err := bufs.Register(dst, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bufs.Unregister(context.Background(), bs.ID)
+	defer bufs.Unregister(context.Background(), bd.ID)
+	rd, err := tr.Register(bd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Unregister(bd, rd)
+	srcM, dstM := bytes.Clone(src), bytes.Clone(dst)
+	type xfer struct {
+		op         transport.Op
+		loff, roff uint64
+		n          uint64
+		refused    bool
+	}
+	const blk = 32 << 10
+	xs := []xfer{
+		{transport.Write, 0, 5 * blk, blk, false},
+		{transport.Write, 3 * blk, 40 * blk, blk, false},
+		{transport.Read, 7*blk + 3, 9*blk + 5, blk + 4097, false},
+		{transport.Write, 11 * blk, size, blk, true}, // past the region: the pair's second refused
+		{transport.Read, 20 * blk, 60 * blk, 3 * blk, false},
+		{transport.Write, 30*blk + 1, 70*blk + 63, 2*blk + 1, false},
+		{transport.Read, 40 * blk, size + blk, blk, true}, // the pair's first refused
+		{transport.Write, 50 * blk, 80 * blk, blk, false},
+		{transport.Read, 52 * blk, 84 * blk, blk, false},
+		{transport.Write, 90 * blk, 100 * blk, blk, false},
+		{transport.Read, 91 * blk, 100 * blk, blk, false}, // reads what the one before wrote
+		{transport.Read, 110 * blk, 99 * blk, blk, false},
+	}
+	s := make([]transport.Slice, len(xs))
+	for i, x := range xs {
+		s[i] = transport.Slice{Op: x.op, Local: bs.Pointer(x.loff), Remote: uint64(bd.Addr) + x.roff, Length: x.n, Token: uint64(i + 1)}
+		if x.refused {
+			continue
+		}
+		if x.op == transport.Write {
+			copy(dstM[x.roff:x.roff+x.n], srcM[x.loff:x.loff+x.n])
+		} else {
+			copy(srcM[x.loff:x.loff+x.n], dstM[x.roff:x.roff+x.n])
+		}
+	}
+	errs := make([]error, len(s))
+	tr.Self().(transport.BatchCopier).CopyBatch(s, errs)
+	for i, x := range xs {
+		if x.refused != (errs[i] != nil) || x.refused && !errors.Is(errs[i], transport.ErrRange) {
+			t.Errorf("slice %d (refused %v): %v", i, x.refused, errs[i])
+		}
+	}
+	if !bytes.Equal(src, srcM) || !bytes.Equal(dst, dstM) {
+		t.Fatalf("the batch left other bytes than its slices one by one: local equal %v, target equal %v", bytes.Equal(src, srcM), bytes.Equal(dst, dstM))
 	}
 }

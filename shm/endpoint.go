@@ -360,13 +360,7 @@ func (e *Endpoint) copyHold(c *client, m *mapping, s *transport.Slice, h *transp
 	}
 	var err error
 	if m.base != nil {
-		remote := unsafe.Slice((*byte)(unsafe.Add(m.base, s.Remote-m.raddr)), s.Length)
-		local := unsafe.Slice((*byte)(s.Local), s.Length)
-		if s.Op == transport.Write {
-			fastcopy.Copy(remote, local)
-		} else {
-			fastcopy.Copy(local, remote)
-		}
+		fastcopy.Copy(through(m, s))
 	} else {
 		err = vmCopy(m.pid, s)
 	}
@@ -374,6 +368,40 @@ func (e *Endpoint) copyHold(c *client, m *mapping, s *transport.Slice, h *transp
 		m.ref.Release()
 	}
 	return err
+}
+
+// through returns the destination and the source of s, a copy through m (a
+// mapping).
+func through(m *mapping, s *transport.Slice) (dst, src []byte) {
+	remote := unsafe.Slice((*byte)(unsafe.Add(m.base, s.Remote-m.raddr)), s.Length)
+	local := unsafe.Slice((*byte)(s.Local), s.Length)
+	if s.Op == transport.Write {
+		return remote, local
+	}
+	return local, remote
+}
+
+// copyPair moves a and b, copies through ma and mb (mappings), at once
+// (fastcopy.CopyPair), with what copyHold does for each: the references
+// left in h, a mapping going meanwhile said by missing.
+func (e *Endpoint) copyPair(c *client, ma *mapping, a *transport.Slice, mb *mapping, b *transport.Slice, h *transport.Holds) (ea, eb error) {
+	okA, relA := h.Take(&ma.ref)
+	okB, relB := h.Take(&mb.ref)
+	if okA && okB {
+		da, sa := through(ma, a)
+		db, sb := through(mb, b)
+		fastcopy.CopyPair(da, sa, db, sb)
+	}
+	if relA {
+		ma.ref.Release()
+	}
+	if relB {
+		mb.ref.Release()
+	}
+	if !okA || !okB { // one is going: each alone, which says which
+		return e.copyHold(c, ma, a, h), e.copyHold(c, mb, b, h)
+	}
+	return nil, nil
 }
 
 // prefetch starts loading the head of s's source and destination in m, a
@@ -393,11 +421,12 @@ const maxIov = 64
 
 // CopyBatch moves the slices in order, as Copy would, but the runs of
 // consecutive slices in the same direction that go through process_vm
-// calls move with one call per run. Before a copy through a mapping it
-// asks the CPU for the start of the next slice's source and destination
-// when that one is a copy through a mapping too (fastcopy.Prefetch), so
-// that a run of scattered blocks keeps the next one's first misses in
-// flight.
+// calls move with one call per run. Two consecutive copies through
+// mappings large enough move at once (fastcopy.CopyPair), so that a run of
+// scattered blocks keeps twice the misses in flight; before a smaller
+// one it asks the CPU for the start of the next slice's source and
+// destination when that one is a copy through a mapping too
+// (fastcopy.Prefetch), to the same end.
 func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 	c := e.conn.Load()
 	if e.closed.Load() || c == nil {
@@ -422,6 +451,12 @@ func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 		if m == nil || m.base != nil {
 			next := find(i + 1) // looked up once: it is the next round's m
 			if m != nil && next != nil && next.base != nil {
+				if fastcopy.Pairs(uintptr(s[i].Length), uintptr(s[i+1].Length)) {
+					errs[i], errs[i+1] = e.copyPair(c, m, &s[i], next, &s[i+1], &h)
+					i += 2
+					m = find(i)
+					continue
+				}
 				prefetch(&s[i+1], next)
 			}
 			if s[i].Op == transport.Notify {

@@ -58,3 +58,12 @@ func move512(dst, src unsafe.Pointer, n uintptr)
 //
 //go:noescape
 func moveStream(dst, src unsafe.Pointer, n uintptr)
+
+// movePair copies n bytes from s1 to d1 and n bytes from s2 to d2 at once,
+// 128 bytes of each a round, with moveStream's loads, non-temporal stores
+// and prefetches, and ends with SFENCE. n must be a positive multiple of
+// 128, d1 and d2 on 64-byte boundaries, and no two of the four ranges
+// may overlap.
+//
+//go:noescape
+func movePair(d1, s1, d2, s2 unsafe.Pointer, n uintptr)

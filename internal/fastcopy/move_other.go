@@ -24,3 +24,8 @@ func move512(dst, src unsafe.Pointer, n uintptr) { moveString(dst, src, n) }
 func prefetch(dst, src unsafe.Pointer, n uintptr, mode uint8) {}
 
 func moveStream(dst, src unsafe.Pointer, n uintptr) { moveString(dst, src, n) }
+
+func movePair(d1, s1, d2, s2 unsafe.Pointer, n uintptr) {
+	moveString(d1, s1, n)
+	moveString(d2, s2, n)
+}

@@ -86,21 +86,29 @@ func BenchmarkScattered(b *testing.B) {
 					ms[i] = move{rng.IntN(pool/size) * size, rng.IntN(pool/size) * size}
 				}
 			}
-			for _, store := range []string{"plain", "plain+prefetch", "stream", "stream+prefetch"} {
-				if strings.HasPrefix(store, "stream") && !had || order == "seq" && strings.HasSuffix(store, "+prefetch") {
+			for _, store := range []string{"plain", "plain+prefetch", "stream", "stream+prefetch", "stream+pair"} {
+				if strings.HasPrefix(store, "stream") && !had || order == "seq" && strings.Contains(store, "+") {
 					continue
 				}
 				for _, streams := range []int{1, 2} {
 					b.Run(fmt.Sprintf("size=%dKiB/order=%s/store=%s/streams=%d", size>>10, order, store, streams), func(b *testing.B) {
 						stream = strings.HasPrefix(store, "stream")
 						pf := strings.HasSuffix(store, "+prefetch")
+						pair := strings.HasSuffix(store, "+pair")
 						b.SetBytes(int64(len(ms) * size))
 						for b.Loop() {
 							var wg sync.WaitGroup
 							for g := range streams {
 								wg.Go(func() {
 									part := ms[g*len(ms)/streams : (g+1)*len(ms)/streams]
+									for i := 0; pair && i < len(part); i += 2 {
+										m, n := part[i], part[min(i+1, len(part)-1)]
+										CopyPair(dst[m.d:m.d+size], src[m.s:m.s+size], dst[n.d:n.d+size], src[n.s:n.s+size])
+									}
 									for i, m := range part {
+										if pair {
+											break
+										}
 										if pf && i+1 < len(part) {
 											n := part[i+1]
 											Prefetch(unsafe.Pointer(&dst[n.d]), unsafe.Pointer(&src[n.s]), uintptr(size))

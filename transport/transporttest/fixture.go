@@ -86,6 +86,7 @@ type fixture struct {
 	tokens     atomic.Uint64
 	copy       bool // open copyEndpoints
 	hold       bool // open holdEndpoints
+	batch      bool // open batchEndpoints
 }
 
 func newFixture(t *testing.T, su suite) *fixture {
@@ -97,11 +98,12 @@ func newFixtureSize(t *testing.T, su suite, aLen int) *fixture {
 	t.Helper()
 	it, tt := su.newPair(t)
 	f := &fixture{
-		t:    t,
-		copy: su.copy,
-		hold: su.hold,
-		init: &side{tr: it, regs: map[*segtable.Buffer]segtable.Registration{}},
-		targ: &side{tr: tt, regs: map[*segtable.Buffer]segtable.Registration{}},
+		t:     t,
+		copy:  su.copy,
+		hold:  su.hold,
+		batch: su.batch,
+		init:  &side{tr: it, regs: map[*segtable.Buffer]segtable.Registration{}},
+		targ:  &side{tr: tt, regs: map[*segtable.Buffer]segtable.Registration{}},
 	}
 	t.Cleanup(func() {
 		f.init.close(t)
@@ -188,6 +190,13 @@ func (f *fixture) open(desc *segtable.SegmentDesc) transport.Endpoint {
 		f.t.Fatalf("%s: Rails() = %d, want >= 1", f.init.tr.Name(), ep.Rails())
 	}
 	f.t.Cleanup(func() { ep.Close() })
+	if f.batch {
+		bc, ok := ep.(transport.BatchCopier)
+		if !ok {
+			f.t.Fatalf("%s: endpoint %T does not implement transport.BatchCopier, though the first one opened did", f.init.tr.Name(), ep)
+		}
+		return batchEndpoint{ep, bc}
+	}
 	if f.hold {
 		switch ep.(type) {
 		case transport.HoldingCopier, transport.InlineCopier:

@@ -34,9 +34,11 @@ const hang = 60 * time.Second
 // memory that the slices address. The subtests run under "Post". When the
 // initiator's endpoints implement transport.Copier, they run a second time
 // under "Copy", moving every slice with Copy, which the engine then calls
-// instead of Post; and when they hold references (transport.HoldingCopier,
-// transport.InlineCopier), a third time under "Hold", as the engine's
-// poller copies one-slice requests. A variant that cannot apply is not run
+// instead of Post; when they move several at once (transport.BatchCopier),
+// under "Batch", each Post's slices in one CopyBatch, as the engine moves
+// a batch; and when they hold references (transport.HoldingCopier,
+// transport.InlineCopier), under "Hold", as the engine's poller copies
+// one-slice requests. A variant that cannot apply is not run
 // (the run's log says so), rather than skipped: a skip is kept for what the
 // machine cannot give. Declare the interfaces the transport must have with
 // RunWith's Options.Want, so that losing one fails the test instead of
@@ -138,6 +140,11 @@ func RunWith(t *testing.T, o Options, newPair func(t *testing.T) (initiator, tar
 	} else {
 		t.Logf("transporttest: no Copy variant: the endpoints do not implement transport.Copier")
 	}
+	if have[BatchCopier] {
+		t.Run("Batch", func(t *testing.T) { runAll(t, suite{newPair: newPair, batch: true, skip: o.Skip}) })
+	} else {
+		t.Logf("transporttest: no Batch variant: the endpoints do not implement transport.BatchCopier")
+	}
 	if have[HoldingCopier] || have[InlineCopier] {
 		t.Run("Hold", func(t *testing.T) { runAll(t, suite{newPair: newPair, copy: true, hold: true, skip: o.Skip}) })
 	} else {
@@ -208,6 +215,10 @@ type suite struct {
 	// transport.InlineCopier): the references of a Post's slices are held
 	// until all of them are done.
 	hold bool
+	// batch moves each Post's slices with one call of the endpoint's
+	// CopyBatch (transport.BatchCopier), as the engine's poller and copy
+	// workers move a batch, and then completes them.
+	batch bool
 	// skip maps subtests to skip to the reason.
 	skip map[string]string
 }
@@ -253,6 +264,23 @@ type copyEndpoint struct {
 func (e copyEndpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
 	for i := range s {
 		c.Complete(s[i].Token, e.cp.Copy(&s[i]))
+	}
+	return len(s), nil
+}
+
+// batchEndpoint moves the slices posted to it with one call of the
+// endpoint's CopyBatch on the caller's goroutine, and then completes each
+// with its result.
+type batchEndpoint struct {
+	transport.Endpoint
+	bc transport.BatchCopier
+}
+
+func (e batchEndpoint) Post(c transport.Completer, s []transport.Slice) (int, error) {
+	errs := make([]error, len(s))
+	e.bc.CopyBatch(s, errs)
+	for i := range s {
+		c.Complete(s[i].Token, errs[i])
 	}
 	return len(s), nil
 }
