@@ -351,27 +351,7 @@ func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 	for i := 0; i < len(s); i++ {
 		a := &s[i]
 		if i+1 < len(s) && a.Op != transport.Notify && s[i+1].Op != transport.Notify && fastcopy.Pairs(uintptr(a.Length), uintptr(s[i+1].Length)) {
-			b := &s[i+1]
-			ra, relA, err := e.take(a, &h)
-			if err != nil {
-				errs[i] = err
-				continue // b is next round's a
-			}
-			rb, relB, err := e.take(b, &h)
-			if err == nil {
-				da, sa := through(ra, a)
-				db, sb := through(rb, b)
-				fastcopy.CopyPair(da, sa, db, sb)
-			} else {
-				fastcopy.Copy(through(ra, a))
-			}
-			if relA {
-				ra.ref.Release()
-			}
-			if relB {
-				rb.ref.Release()
-			}
-			errs[i], errs[i+1] = nil, err
+			errs[i], errs[i+1] = e.copyPair(a, &s[i+1], &h)
 			i++
 			continue
 		}
@@ -381,6 +361,31 @@ func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 		errs[i] = e.copy(a, &h)
 	}
 	h.Release()
+}
+
+// copyPair moves a and b, two copies, at once (fastcopy.CopyPair), with
+// what copy does for each; one that take refuses leaves the other to move
+// alone.
+func (e *Endpoint) copyPair(a, b *transport.Slice, h *transport.Holds) (ea, eb error) {
+	ra, relA, ea := e.take(a, h)
+	if ea != nil {
+		return ea, e.copy(b, h)
+	}
+	rb, relB, eb := e.take(b, h)
+	if eb == nil {
+		da, sa := through(ra, a)
+		db, sb := through(rb, b)
+		fastcopy.CopyPair(da, sa, db, sb)
+	} else {
+		fastcopy.Copy(through(ra, a))
+	}
+	if relA {
+		ra.ref.Release()
+	}
+	if relB {
+		rb.ref.Release()
+	}
+	return nil, eb
 }
 
 func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {
