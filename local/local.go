@@ -342,50 +342,31 @@ func (e *Endpoint) CopyNow(s *transport.Slice, h *transport.Holds) (bool, error)
 	return true, e.copy(s, h)
 }
 
-// CopyBatch moves the slices in order, as Copy would, but two
-// consecutive copies large enough move at once (fastcopy.CopyPair): a run
-// of scattered blocks then keeps twice the misses in flight
+// CopyBatch moves the slices in order, as Copy would, but consecutive
+// copies large enough move four at once (transport.CopyGroup): a run of
+// scattered blocks then keeps four times the misses in flight
 // (transport.BatchCopier).
 func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 	var h transport.Holds
-	for i := 0; i < len(s); i++ {
+	var g transport.CopyGroup
+	for i := range s {
 		a := &s[i]
-		if i+1 < len(s) && a.Op != transport.Notify && s[i+1].Op != transport.Notify && fastcopy.Pairs(uintptr(a.Length), uintptr(s[i+1].Length)) {
-			errs[i], errs[i+1] = e.copyPair(a, &s[i+1], &h)
-			i++
+		if a.Op == transport.Notify || !transport.CopyGroups(a.Length) {
+			g.Flush()
+			if a.Op == transport.Notify {
+				h.Release() // the handler may wait on what waits for a reference
+			}
+			errs[i] = e.copy(a, &h)
 			continue
 		}
-		if a.Op == transport.Notify {
-			h.Release() // the handler may wait on what waits for a reference
+		r, release, err := e.take(a, &h)
+		if errs[i] = err; err == nil {
+			dst, src := through(r, a)
+			g.Add(dst, src, &r.ref, release)
 		}
-		errs[i] = e.copy(a, &h)
 	}
+	g.Flush()
 	h.Release()
-}
-
-// copyPair moves a and b, two copies, at once (fastcopy.CopyPair), with
-// what copy does for each; one that take refuses leaves the other to move
-// alone.
-func (e *Endpoint) copyPair(a, b *transport.Slice, h *transport.Holds) (ea, eb error) {
-	ra, relA, ea := e.take(a, h)
-	if ea != nil {
-		return ea, e.copy(b, h)
-	}
-	rb, relB, eb := e.take(b, h)
-	if eb == nil {
-		da, sa := through(ra, a)
-		db, sb := through(rb, b)
-		fastcopy.CopyPair(da, sa, db, sb)
-	} else {
-		fastcopy.Copy(through(ra, a))
-	}
-	if relA {
-		ra.ref.Release()
-	}
-	if relB {
-		rb.ref.Release()
-	}
-	return nil, eb
 }
 
 func (e *Endpoint) copy(s *transport.Slice, h *transport.Holds) error {

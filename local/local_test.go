@@ -93,12 +93,13 @@ func TestCopyHold(t *testing.T) {
 	}
 }
 
-// TestCopyBatchPairs: a batch of large slices, which CopyBatch moves two
-// at a time, leaves what moving them one by one in order leaves, each
-// with its own result: a refused slice beside one that moves (either
-// side of a pair), blocks of unequal lengths and odd offsets, and a pair
-// whose second reads what its first writes (which must move in order).
-func TestCopyBatchPairs(t *testing.T) {
+// TestCopyBatchGroups: a batch of large slices, which CopyBatch moves
+// four at a time, leaves what moving them one by one in order leaves,
+// each with its own result: refused slices among those that move, blocks
+// of unequal lengths and odd offsets, a small slice that ends a group, and
+// groups in which a later slice reads or overwrites what an earlier one
+// writes or reads (which must move in order).
+func TestCopyBatchGroups(t *testing.T) {
 	tr := local.New()
 	defer tr.Close()
 	var bufs segtable.Buffers
@@ -124,14 +125,20 @@ func TestCopyBatchPairs(t *testing.T) {
 		{transport.Write, 0, 5 * blk, blk, false},
 		{transport.Write, 3 * blk, 40 * blk, blk, false},
 		{transport.Read, 7*blk + 3, 9*blk + 5, blk + 4097, false},
-		{transport.Write, 11 * blk, size, blk, true}, // past the region: the pair's second refused
+		{transport.Write, 11 * blk, size, blk, true}, // past the region: refused inside a group
 		{transport.Read, 20 * blk, 60 * blk, 3 * blk, false},
 		{transport.Write, 30*blk + 1, 70*blk + 63, 2*blk + 1, false},
-		{transport.Read, 40 * blk, size + blk, blk, true}, // the pair's first refused
+		{transport.Read, 40 * blk, size + blk, blk, true},
 		{transport.Write, 50 * blk, 80 * blk, blk, false},
+		{transport.Write, 52 * blk, 80*blk + 100, 4096, false}, // small, over what the one before wrote: the two before it move first
 		{transport.Write, 90 * blk, 100 * blk, blk, false},
 		{transport.Read, 91 * blk, 100 * blk, blk, false}, // reads what the one before wrote
 		{transport.Read, 110 * blk, 99 * blk, blk, false},
+		{transport.Read, 90*blk + 100, 120 * blk, blk, false}, // overwrites what the third before read
+		{transport.Write, 0, 10 * blk, blk, false},
+		{transport.Write, 2 * blk, 14 * blk, blk, false},
+		{transport.Read, 4 * blk, 18 * blk, blk, false},
+		{transport.Read, 8 * blk, 22 * blk, blk + 77, false}, // four apart
 	}
 	s := make([]transport.Slice, len(xs))
 	for i, x := range xs {

@@ -381,29 +381,6 @@ func through(m *mapping, s *transport.Slice) (dst, src []byte) {
 	return local, remote
 }
 
-// copyPair moves a and b, copies through ma and mb (mappings), at once
-// (fastcopy.CopyPair), with what copyHold does for each: the references
-// left in h, a mapping going meanwhile said by missing.
-func (e *Endpoint) copyPair(c *client, ma *mapping, a *transport.Slice, mb *mapping, b *transport.Slice, h *transport.Holds) (ea, eb error) {
-	okA, relA := h.Take(&ma.ref)
-	okB, relB := h.Take(&mb.ref)
-	if okA && okB {
-		da, sa := through(ma, a)
-		db, sb := through(mb, b)
-		fastcopy.CopyPair(da, sa, db, sb)
-	}
-	if relA {
-		ma.ref.Release()
-	}
-	if relB {
-		mb.ref.Release()
-	}
-	if !okA || !okB { // one is going: each alone, which says which
-		return e.copyHold(c, ma, a, h), e.copyHold(c, mb, b, h)
-	}
-	return nil, nil
-}
-
 // prefetch starts loading the head of s's source and destination in m, a
 // mapping. A hint: m may be going (a prefetch reads nothing and cannot
 // fault); copyHold takes the reference.
@@ -421,11 +398,11 @@ const maxIov = 64
 
 // CopyBatch moves the slices in order, as Copy would, but the runs of
 // consecutive slices in the same direction that go through process_vm
-// calls move with one call per run. Two consecutive copies through
-// mappings large enough move at once (fastcopy.CopyPair), so that a run of
-// scattered blocks keeps twice the misses in flight; before a smaller
-// one it asks the CPU for the start of the next slice's source and
-// destination when that one is a copy through a mapping too
+// calls move with one call per run. Consecutive copies through mappings
+// large enough move four at once (transport.CopyGroup), so that a run of
+// scattered blocks keeps four times the misses in flight; before a
+// smaller one it asks the CPU for the start of the next slice's source
+// and destination when that one is a copy through a mapping too
 // (fastcopy.Prefetch), to the same end.
 func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 	c := e.conn.Load()
@@ -447,16 +424,24 @@ func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 	// writes, and a batch of scattered blocks copies through one mapping
 	// again and again. A notification's round trip holds none.
 	var h transport.Holds
+	var g transport.CopyGroup
 	for i, m := 0, find(0); i < len(s); {
 		if m == nil || m.base != nil {
 			next := find(i + 1) // looked up once: it is the next round's m
-			if m != nil && next != nil && next.base != nil {
-				if fastcopy.Pairs(uintptr(s[i].Length), uintptr(s[i+1].Length)) {
-					errs[i], errs[i+1] = e.copyPair(c, m, &s[i], next, &s[i+1], &h)
-					i += 2
-					m = find(i)
-					continue
+			if m != nil && transport.CopyGroups(s[i].Length) {
+				if ok, release := h.Take(&m.ref); ok {
+					dst, src := through(m, &s[i])
+					g.Add(dst, src, &m.ref, release)
+					errs[i] = nil
+				} else {
+					errs[i] = e.missing(c, &s[i]) // going
 				}
+				i++
+				m = next
+				continue
+			}
+			g.Flush()
+			if m != nil && next != nil && next.base != nil {
 				prefetch(&s[i+1], next)
 			}
 			if s[i].Op == transport.Notify {
@@ -467,11 +452,13 @@ func (e *Endpoint) CopyBatch(s []transport.Slice, errs []error) {
 			m = next
 			continue
 		}
+		g.Flush()
 		n := e.vmRun(s[i:min(len(s), i+maxIov)])
 		e.vmBatch(s[i:i+n], errs[i:i+n])
 		i += n
 		m = find(i)
 	}
+	g.Flush()
 	h.Release()
 }
 

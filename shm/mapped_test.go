@@ -22,6 +22,7 @@ import (
 	"github.com/moonring/moonring/segtable"
 	"github.com/moonring/moonring/shm"
 	"github.com/moonring/moonring/transport"
+	"github.com/moonring/moonring/transport/transporttest"
 )
 
 // world is a target and an initiator transport with their buffers.
@@ -386,10 +387,12 @@ func TestCopyBatch(t *testing.T) {
 
 // TestCopyBatchMapped moves a batch of slices through six mapped buffers
 // in turn, more than a batch holds references to at once, with a
-// notification among them: every byte lands both ways, a batch of copies
-// allocates nothing, and it keeps no reference when it returns (one kept
-// would hold the target's withdrawal of the buffer for ever): the target
-// withdraws every buffer after it.
+// notification among them: runs of five large slices (which move four at
+// once, a CopyGroup holding the references the Holds cannot) between
+// small ones. Every byte lands both ways, a batch of copies allocates
+// nothing, and it keeps no reference when it returns (one kept would hold
+// the target's withdrawal of the buffer for ever): the target withdraws
+// every buffer after it.
 func TestCopyBatchMapped(t *testing.T) {
 	w := newWorld(t, shm.Config{})
 	var got atomic.Int64
@@ -398,7 +401,7 @@ func TestCopyBatchMapped(t *testing.T) {
 		return nil
 	})
 	w.init.SetNotify("initiator", func(*transport.Notification) error { return nil })
-	const nbuf, size = 6, 64 << 10
+	const nbuf, size, stride = 6, 1 << 20, 100 << 10
 	var bufs []*segtable.Buffer
 	var mems [][]byte
 	for range nbuf {
@@ -415,8 +418,11 @@ func TestCopyBatchMapped(t *testing.T) {
 		var s []transport.Slice
 		for i := range nbuf * per {
 			b, k := i%nbuf, i/nbuf // each buffer in turn
-			n := uint64(1000 + 37*i)
-			s = append(s, w.slice(op, uint64(i)*8192, uint64(bufs[b].Addr)+uint64(k)*6000, n))
+			n := uint64(32<<10 + 37*i)
+			if i%6 == 5 {
+				n = uint64(1000 + 37*i)
+			}
+			s = append(s, w.slice(op, uint64(i)*stride, uint64(bufs[b].Addr)+uint64(k)*stride, n))
 			if i == nbuf*per/2 {
 				copy(lm[7<<20:], "note")
 				s = append(s, transport.Slice{Op: transport.Notify, Local: w.local.Pointer(7 << 20), Remote: 3, Length: 4, Token: w.tok.Add(1)})
@@ -425,7 +431,7 @@ func TestCopyBatchMapped(t *testing.T) {
 		return s
 	}
 	for _, op := range []transport.Op{transport.Write, transport.Read} {
-		testpattern.Fill(lm[:nbuf*per*8192], 21)
+		testpattern.Fill(lm[:nbuf*per*stride], 21)
 		for i, m := range mems {
 			testpattern.Fill(m, uint64(30+i))
 		}
@@ -485,6 +491,23 @@ func TestCopyBatchMapped(t *testing.T) {
 	if mp, _ := ep.Granted(); mp != 0 {
 		t.Fatalf("still %d mapped after Unregister", mp)
 	}
+}
+
+// TestCopyBatchMappedInOrder: a batch of large copies through a mapping,
+// which move four at once, some reading or overwriting what earlier ones
+// wrote or read, leaves what they leave one by one in order
+// (transporttest.InOrder; the conformance suite's buffers are not memfds,
+// so its slices go through process_vm calls).
+func TestCopyBatchMappedInOrder(t *testing.T) {
+	w := newWorld(t, shm.Config{})
+	b, m := w.shared(transporttest.InOrderSpan, true)
+	ep := w.open()
+	if mp, _ := ep.Granted(); mp != 1 {
+		t.Fatalf("granted %d mapped; want 1", mp)
+	}
+	transporttest.InOrder(t, ep, w.local.Bytes(), m, func(op transport.Op, loff, roff, n uint64) transport.Slice {
+		return w.slice(op, loff, uint64(b.Addr)+roff, n)
+	})
 }
 
 // TestNotifyAllocs: a notification is one round trip on the control

@@ -67,3 +67,11 @@ func moveStream(dst, src unsafe.Pointer, n uintptr)
 //
 //go:noescape
 func movePair(d1, s1, d2, s2 unsafe.Pointer, n uintptr)
+
+// moveQuad copies n bytes from s[i] to d[i] for each i at once, 128 bytes
+// of each a round, as movePair does two. n must be a positive multiple of
+// 128, each d[i] on a 64-byte boundary, and no destination may overlap
+// another range.
+//
+//go:noescape
+func moveQuad(d, s *[4]unsafe.Pointer, n uintptr)

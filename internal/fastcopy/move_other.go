@@ -29,3 +29,9 @@ func movePair(d1, s1, d2, s2 unsafe.Pointer, n uintptr) {
 	moveString(d1, s1, n)
 	moveString(d2, s2, n)
 }
+
+func moveQuad(d, s *[4]unsafe.Pointer, n uintptr) {
+	for i := range d {
+		moveString(d[i], s[i], n)
+	}
+}

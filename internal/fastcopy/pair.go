@@ -21,7 +21,7 @@ const pairMin = threshold
 // goroutine writes.
 func CopyPair(d1, s1, d2, s2 []byte) (n1, n2 int) {
 	n1, n2 = min(len(d1), len(s1)), min(len(d2), len(s2))
-	if !Pairs(uintptr(n1), uintptr(n2)) {
+	if !Groups(uintptr(n1)) || !Groups(uintptr(n2)) {
 		return Copy(d1, s1), Copy(d2, s2)
 	}
 	pd1, ps1 := uintptr(unsafe.Pointer(&d1[0])), uintptr(unsafe.Pointer(&s1[0]))
@@ -51,9 +51,3 @@ func CopyPair(d1, s1, d2, s2 []byte) (n1, n2 int) {
 
 // overlaps reports whether [a, a+n) and [b, b+m) share a byte.
 func overlaps(a, n, b, m uintptr) bool { return a < b+m && b < a+n }
-
-// Pairs reports whether CopyPair moves two copies of n1 and n2 bytes at
-// once (when their ranges are apart), rather than one after the other:
-// a caller that would otherwise prefetch the second while the first runs
-// (Prefetch) need not. Safe for concurrent use.
-func Pairs(n1, n2 uintptr) bool { return stream && n1 >= pairMin && n2 >= pairMin }

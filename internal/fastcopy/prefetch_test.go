@@ -86,7 +86,7 @@ func BenchmarkScattered(b *testing.B) {
 					ms[i] = move{rng.IntN(pool/size) * size, rng.IntN(pool/size) * size}
 				}
 			}
-			for _, store := range []string{"plain", "plain+prefetch", "stream", "stream+prefetch", "stream+pair"} {
+			for _, store := range []string{"plain", "plain+prefetch", "stream", "stream+prefetch", "stream+pair", "stream+group"} {
 				if strings.HasPrefix(store, "stream") && !had || order == "seq" && strings.Contains(store, "+") {
 					continue
 				}
@@ -95,6 +95,7 @@ func BenchmarkScattered(b *testing.B) {
 						stream = strings.HasPrefix(store, "stream")
 						pf := strings.HasSuffix(store, "+prefetch")
 						pair := strings.HasSuffix(store, "+pair")
+						group := strings.HasSuffix(store, "+group")
 						b.SetBytes(int64(len(ms) * size))
 						for b.Loop() {
 							var wg sync.WaitGroup
@@ -104,6 +105,16 @@ func BenchmarkScattered(b *testing.B) {
 									for i := 0; pair && i < len(part); i += 2 {
 										m, n := part[i], part[min(i+1, len(part)-1)]
 										CopyPair(dst[m.d:m.d+size], src[m.s:m.s+size], dst[n.d:n.d+size], src[n.s:n.s+size])
+									}
+									if group {
+										var g Group
+										for _, m := range part {
+											if g.Add(dst[m.d:m.d+size], src[m.s:m.s+size]) {
+												g.Copy()
+											}
+										}
+										g.Copy()
+										return
 									}
 									for i, m := range part {
 										if pair {

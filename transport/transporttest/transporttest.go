@@ -252,6 +252,9 @@ func runAll(t *testing.T, su suite) {
 	run("InitiatorCloseInFlight", inFlight(closeInitiator))
 	run("TargetCloseInFlight", inFlight(closeTarget))
 	run("UnregisterTarget", testUnregisterTarget)
+	if su.batch {
+		run("InOrder", testBatchInOrder)
+	}
 }
 
 // copyEndpoint moves the slices posted to it with the endpoint's Copy, one
