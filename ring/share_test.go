@@ -301,9 +301,10 @@ func TestShareSkipsGone(t *testing.T) {
 // back a step each time a worker has a part queued, up to an equal share;
 // share splits a batch's bytes by it.
 func TestShareWeighs(t *testing.T) {
-	c := &copiers{n: 1, free: make(chan *copyJob, 2), jobs: make(chan *copyJob, 2), pw: fullWeight}
-	c.free <- &copyJob{}
-	c.free <- &copyJob{}
+	c := &copiers{n: 1, free: make(chan *copyJob, jobsPerWorker), jobs: make(chan *copyJob, jobsPerWorker), pw: fullWeight}
+	for range jobsPerWorker {
+		c.free <- &copyJob{}
+	}
 	for i := 1; i <= fullWeight; i++ {
 		want := max(fullWeight-i, minWeight)
 		if got := c.weigh(); got != want {
@@ -313,11 +314,13 @@ func TestShareWeighs(t *testing.T) {
 	if got := c.weigh(); got != minWeight {
 		t.Fatalf("idle worker at the floor: weight %d; want %d", got, minWeight)
 	}
-	<-c.free // the worker copies one part
-	if got := c.weigh(); got != minWeight {
-		t.Fatalf("worker busy, nothing queued: weight %d; want it kept at %d", got, minWeight)
+	for len(c.free) > 1 {
+		<-c.free // the worker copies one part, and has others queued
+		if got := c.weigh(); got != minWeight {
+			t.Fatalf("worker busy, %d jobs free: weight %d; want it kept at %d", len(c.free), got, minWeight)
+		}
 	}
-	<-c.free // and has one queued
+	<-c.free // and has every job
 	for i := 1; i <= fullWeight; i++ {
 		want := min(minWeight+i, fullWeight)
 		if got := c.weigh(); got != want {
