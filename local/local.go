@@ -333,8 +333,8 @@ func (e *Endpoint) Copy(s *transport.Slice) error { return e.copy(s, nil) }
 func (e *Endpoint) CopyHold(s *transport.Slice, h *transport.Holds) error { return e.copy(s, h) }
 
 // CopyNow moves s at once unless it is a notification, which it leaves
-// to CopyBatch: a copy gains nothing from a batch but a pair
-// (transport.InlineCopier).
+// to CopyBatch: a copy gains nothing from a batch but the company of
+// others (transport.InlineCopier).
 func (e *Endpoint) CopyNow(s *transport.Slice, h *transport.Holds) (bool, error) {
 	if s.Op == transport.Notify {
 		return false, nil

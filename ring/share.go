@@ -322,8 +322,10 @@ func (r *Ring) share(cp transport.Copier) {
 // workers' pace. Every job free means every worker was done before this
 // batch (it polled, idle, while the poller copied its part beside its
 // other work: the next entries, the completions), so the poller takes
-// less; fewer free than workers means the workers have parts queued
-// behind the ones they copy, so it takes more, up to an equal share. In a
+// less; fewer free than workers means the workers' queues are full
+// (with one worker, three parts queued behind the one it copies), so it
+// takes more, up to an equal share. In between it keeps its weight: a
+// worker with parts queued has work until the poller's next batch. In a
 // profile of the kv pattern in process with equal shares, the worker
 // polled for its next part a quarter of its time.
 func (c *copiers) weigh() int {

@@ -297,9 +297,9 @@ func TestShareSkipsGone(t *testing.T) {
 }
 
 // TestShareWeighs: the poller's weight in a shared batch falls a step
-// each time every worker is found idle, down to minWeight, and climbs
-// back a step each time a worker has a part queued, up to an equal share;
-// share splits a batch's bytes by it.
+// each time every worker is found idle, down to minWeight, stays while a
+// worker has room, and climbs back a step each time the workers' queues
+// are full, up to an equal share; share splits a batch's bytes by it.
 func TestShareWeighs(t *testing.T) {
 	c := &copiers{n: 1, free: make(chan *copyJob, jobsPerWorker), jobs: make(chan *copyJob, jobsPerWorker), pw: fullWeight}
 	for range jobsPerWorker {

@@ -24,7 +24,8 @@ const InOrderSpan = 2 << 20
 // by one in order would. The slices are large enough to move together
 // (transport.CopyGroups), in runs of four in which one reads or
 // overwrites what an earlier one wrote or read, on either side, then a
-// small one over what the two before it wrote, then four apart. slice
+// small one over what the two before it wrote, then four apart, then four
+// in which the third reads what the first wrote. slice
 // returns a slice of op between local[loff:] and the remote memory's byte
 // at offset roff, n bytes long.
 func InOrder(t *testing.T, bc transport.BatchCopier, local, remote []byte, slice func(op transport.Op, loff, roff, n uint64) transport.Slice) {
@@ -39,7 +40,8 @@ func InOrder(t *testing.T, bc transport.BatchCopier, local, remote []byte, slice
 		n          uint64
 	}
 	xs := []xfer{
-		// The second reads what the first wrote.
+		// The second reads what the first wrote (the other two apart, as
+		// in the runs below).
 		{transport.Write, 0, 0, blk}, {transport.Read, slot, 100, blk},
 		{transport.Write, 2 * slot, 2*slot + 1, blk}, {transport.Read, 3*slot + 7, 3 * slot, blk},
 		// The second overwrites what the first read.
@@ -54,6 +56,10 @@ func InOrder(t *testing.T, bc transport.BatchCopier, local, remote []byte, slice
 		// Four apart.
 		{transport.Write, 15 * slot, 15 * slot, 2 * blk}, {transport.Read, 17*slot + 7, 17 * slot, blk},
 		{transport.Write, 18 * slot, 18*slot + 64, blk}, {transport.Read, 19 * slot, 19 * slot, blk + 77},
+		// The third reads what the first wrote (in pairs, the second pair
+		// after the first).
+		{transport.Write, 20 * slot, 20 * slot, blk}, {transport.Write, 21 * slot, 21 * slot, blk},
+		{transport.Read, 22 * slot, 20*slot + 300, blk}, {transport.Write, 23 * slot, 23 * slot, blk},
 	}
 	testpattern.Fill(local[:InOrderSpan], 1)
 	testpattern.Fill(remote[:InOrderSpan], 2)
