@@ -7,9 +7,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// setPeerTimeout makes the kernel break the connection when what was sent
-// on it stays unacknowledged for d (TCP_USER_TIMEOUT); d <= 0 keeps the
-// kernel's default.
+// setPeerTimeout makes the kernel break the connection when its peer's
+// host stays silent for about d (d <= 0 keeps the kernel's defaults):
+// what was sent stays unacknowledged for d (TCP_USER_TIMEOUT), or, with
+// nothing unacknowledged, keepalive probes from d/2 of silence on, a
+// second or d/10 apart, go unanswered until d has passed (the kernel
+// measures keepalive's silence against TCP_USER_TIMEOUT once a probe is
+// out). Without the probes a connection that only waits (an initiator
+// whose requests the target acknowledged, waiting for their answers; a
+// target waiting for the next request) would outlive a vanished host by
+// Go's keepalive, half a minute and more.
 func setPeerTimeout(c *net.TCPConn, d time.Duration) error {
 	if d <= 0 {
 		return nil
@@ -25,5 +32,21 @@ func setPeerTimeout(c *net.TCPConn, d time.Duration) error {
 	}); err != nil {
 		return err
 	}
-	return serr
+	if serr != nil {
+		return serr
+	}
+	return c.SetKeepAliveConfig(peerKeepAlive(d))
+}
+
+// peerKeepAlive is the keepalive that setPeerTimeout gives a connection
+// with a peer timeout of d > 0: the first probe after d/2 of silence,
+// then one every d/10 (whole seconds, at least one: the kernel's unit).
+// TCP_USER_TIMEOUT, not Count, ends the probes.
+func peerKeepAlive(d time.Duration) net.KeepAliveConfig {
+	return net.KeepAliveConfig{
+		Enable:   true,
+		Idle:     max(time.Second, (d / 2).Truncate(time.Second)),
+		Interval: max(time.Second, (d / 10).Truncate(time.Second)),
+		Count:    9,
+	}
 }

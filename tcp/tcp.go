@@ -133,13 +133,18 @@ type Config struct {
 	// WRITE's bytes in, a READ's out; default 30 s), so that a stalled
 	// initiator cannot hold a buffer's Unregister.
 	FrameTimeout time.Duration
-	// PeerTimeout is how long bytes a rail sent may stay unacknowledged by
-	// the peer's host before the rail breaks (TCP_USER_TIMEOUT, Linux
-	// only; default 10 s; negative: the kernel's default, about 15
-	// minutes of retransmission). A peer whose host vanished or whose link
-	// is down then fails the rail's slices, and the rail is redialed,
-	// instead of the slices staying out: each holds its request's slot in
-	// the in-flight table, after the request timed out, until it returns.
+	// PeerTimeout is how long the peer's host may stay silent before a
+	// connection breaks (Linux only; default 10 s; negative: the kernel's
+	// defaults, about 15 minutes of retransmission): bytes it sent
+	// unacknowledged (TCP_USER_TIMEOUT), or, with nothing unacknowledged,
+	// keepalive probes unanswered (the first after PeerTimeout/2 of
+	// silence), so that a rail waiting for answers to requests the peer
+	// acknowledged breaks as soon as one still sending. A peer whose host
+	// vanished or whose link is down then fails the rail's slices, and
+	// the rail is redialed, instead of the slices staying out: each holds
+	// its request's slot in the in-flight table, after the request timed
+	// out, until it returns. A live host answers the probes, however busy
+	// its engine: a slow target is ResponseTimeout's.
 	PeerTimeout time.Duration
 	// MaxHandshakes bounds the connections the target holds that have not
 	// yet proved the segment key (default 64; negative: no bound). Each
