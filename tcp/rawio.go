@@ -84,8 +84,27 @@ func (r *nbReader) readable(fd uintptr) bool {
 			r.setLowat(fd, r.lowat)
 			return false
 		}
+		r.keep(e)
 		return true
 	}
+}
+
+// keep keeps e, what a peek at the socket returned, for the next read
+// when it is an error the peek took from the socket (not "no bytes").
+func (r *nbReader) keep(e syscall.Errno) {
+	if e != 0 && e != unix.EAGAIN && e != unix.EINTR {
+		r.peeked = e
+	}
+}
+
+// takePeeked reports, as a read's result, the error a peek took from the
+// socket, if any (true: the read is not made).
+func (r *nbReader) takePeeked() bool {
+	if r.peeked == 0 {
+		return false
+	}
+	r.n, r.err, r.peeked = 0, r.peeked, 0
+	return true
 }
 
 // readv is Read (waiting for bytes) into the buffers of v, in order, in
@@ -228,6 +247,9 @@ func rawWritev(fd uintptr, v []unix.Iovec, bufs [][]byte) (int, syscall.Errno) {
 // rawReadv reads what the socket holds into the buffers of r.v, without
 // blocking: readv(2), as rawRead.
 func (r *nbReader) rawReadv(fd uintptr) {
+	if r.takePeeked() {
+		return
+	}
 	var n uintptr
 	var e syscall.Errno
 	for {
@@ -248,6 +270,9 @@ func (r *nbReader) rawReadv(fd uintptr) {
 
 // rawRead reads what the socket holds into r.p, without blocking.
 func (r *nbReader) rawRead(fd uintptr) {
+	if r.takePeeked() {
+		return
+	}
 	var n uintptr
 	var e syscall.Errno
 	for {

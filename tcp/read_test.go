@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -161,5 +163,47 @@ func TestReadPeerClosesMidPayload(t *testing.T) {
 	}
 	if el := time.Since(start); el > 10*time.Second {
 		t.Fatalf("the READ failed after %v, not when its connection closed", el)
+	}
+}
+
+// TestPeekKeepsSocketError: a reset that a peek took from the socket (a
+// recv consumes the pending error, MSG_PEEK or not) is what the next read
+// returns, not the end that the socket shows after it.
+func TestPeekKeepsSocketError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		s, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- s
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, ok := <-accepted
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	nb := newNBReader(c)
+	s.(*net.TCPConn).SetLinger(0)
+	s.Close() // a reset
+	time.Sleep(50 * time.Millisecond)
+	if err := nb.waitIdle(); err != nil { // peeks: takes the reset
+		t.Fatal(err)
+	}
+	if _, err := nb.Read(make([]byte, 16)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read after a peek took the reset: %v, want ECONNRESET", err)
+	}
+	if _, err := nb.Read(make([]byte, 16)); err != io.EOF {
+		t.Fatalf("the read after that: %v, want EOF", err)
 	}
 }

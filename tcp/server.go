@@ -106,6 +106,10 @@ type nbReader struct {
 	v        []unix.Iovec // readv's
 	n        int
 	err      error
+	// peeked is an error a peek took from the socket (a recv, MSG_PEEK
+	// or not, consumes the pending error; the reads after it would see
+	// only the end): the next read returns it.
+	peeked syscall.Errno
 	// over holds bytes of the stream read before they were asked for
 	// (the end of a readv, rawio.go, or the bytes a read plan gives back,
 	// readplan.go): Read returns them before reading the socket again.

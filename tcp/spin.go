@@ -79,6 +79,9 @@ func (c *conn) peekOn(fd uintptr) {
 	_, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&c.sp.b[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	c.sp.ready = e != unix.EAGAIN && e != unix.EWOULDBLOCK
+	if nb, ok := c.src.(*nbReader); ok {
+		nb.keep(e) // the driver peeking holds the reading
+	}
 }
 
 // spin polls the socket for the next answer, before the driver reads it,
