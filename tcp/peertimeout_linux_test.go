@@ -38,30 +38,7 @@ func TestPeerKeepAlive(t *testing.T) {
 // on loopback.
 func TestPeerTimeoutSilentWait(t *testing.T) {
 	const d = 2 * time.Second
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, ok := <-accepted
-	if !ok {
-		t.Fatal("accept failed")
-	}
-	defer s.Close()
+	c, s := socketPair(t)
 	if err := setPeerTimeout(c, d); err != nil {
 		t.Fatal(err)
 	}
@@ -94,10 +71,10 @@ func TestPeerTimeoutSilentWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond) // the last ACKs
-	silence(t, ln.Addr().(*net.TCPAddr).Port)
+	silence(t, s.LocalAddr().(*net.TCPAddr).Port)
 	c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	start := time.Now()
-	_, err = c.Read(b)
+	_, err := c.Read(b)
 	if !errors.Is(err, syscall.ETIMEDOUT) {
 		t.Fatalf("a read waiting on a silent peer for %v: %v, want ETIMEDOUT (peer timeout %v)", time.Since(start).Round(time.Millisecond), err, d)
 	}

@@ -170,31 +170,9 @@ func TestReadPeerClosesMidPayload(t *testing.T) {
 // recv consumes the pending error, MSG_PEEK or not) is what the next read
 // returns, not the end that the socket shows after it.
 func TestPeekKeepsSocketError(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		s, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- s
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, ok := <-accepted
-	if !ok {
-		t.Fatal("accept failed")
-	}
+	c, s := socketPair(t)
 	nb := newNBReader(c)
-	s.(*net.TCPConn).SetLinger(0)
+	s.SetLinger(0)
 	s.Close() // a reset
 	time.Sleep(50 * time.Millisecond)
 	if err := nb.waitIdle(); err != nil { // peeks: takes the reset
@@ -206,4 +184,35 @@ func TestPeekKeepsSocketError(t *testing.T) {
 	if _, err := nb.Read(make([]byte, 16)); err != io.EOF {
 		t.Fatalf("the read after that: %v, want EOF", err)
 	}
+}
+
+// socketPair returns the two ends of a loopback TCP connection, closed
+// when the test ends: the one dialed and the one accepted.
+func socketPair(t *testing.T) (dialed, accepted *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan net.Conn, 1)
+	go func() {
+		s, err := ln.Accept()
+		if err != nil {
+			close(got)
+			return
+		}
+		got <- s
+	}()
+	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, ok := <-got
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { s.Close() })
+	return c, s.(*net.TCPConn)
 }
