@@ -40,7 +40,7 @@ func (e *Endpoint) dial(ctx context.Context, rail int) (*conn, error) {
 		setLoopbackSendBuffer(tc, e.t.cfg.LoopbackSendBuffer)
 		if err := setPeerTimeout(tc, e.t.cfg.PeerTimeout); err != nil {
 			raw.Close()
-			return nil, fmt.Errorf("tcp: set TCP_USER_TIMEOUT: %w", err)
+			return nil, fmt.Errorf("tcp: set the peer timeout: %w", err)
 		}
 	}
 	var nc net.Conn = raw

@@ -15,17 +15,23 @@ import (
 )
 
 // TestPeerKeepAlive: the probes start at half the peer timeout and come
-// a second (or a tenth of it) apart, in whole seconds of at least one.
+// a second (or a tenth of it) apart, in whole seconds from one to the
+// kernel's bound, which a socket takes.
 func TestPeerKeepAlive(t *testing.T) {
 	for _, c := range []struct{ d, idle, intvl time.Duration }{
 		{10 * time.Second, 5 * time.Second, time.Second},
 		{time.Minute, 30 * time.Second, 6 * time.Second},
 		{1500 * time.Millisecond, time.Second, time.Second},
 		{time.Millisecond, time.Second, time.Second},
+		{1000 * time.Hour, keepAliveMax, keepAliveMax},
 	} {
 		k := peerKeepAlive(c.d)
 		if !k.Enable || k.Idle != c.idle || k.Interval != c.intvl {
 			t.Errorf("peerKeepAlive(%v) = %+v, want on, idle %v, interval %v", c.d, k, c.idle, c.intvl)
+		}
+		conn, _ := socketPair(t)
+		if err := setPeerTimeout(conn, c.d); err != nil {
+			t.Errorf("setPeerTimeout(%v): %v", c.d, err)
 		}
 	}
 }
@@ -101,7 +107,9 @@ func silence(t *testing.T, port int) {
 		unavailable("no nft (Debian's nftables; scripts/ensure-deps.sh installs it)")
 	}
 	table := fmt.Sprintf("mrsilence%d", os.Getpid())
-	rules := fmt.Sprintf("table inet %s {\n chain out {\n  type filter hook output priority 0;\n  ip daddr 127.0.0.1 tcp dport %d drop\n  ip daddr 127.0.0.1 tcp sport %d drop\n }\n}\n", table, port, port)
+	// The port leaves the set after a minute, should the cleanup not run
+	// (a killed test binary): the table left behind drops nothing.
+	rules := fmt.Sprintf("table inet %s {\n set ports {\n  type inet_service; flags timeout; timeout 60s; elements = { %d }\n }\n chain out {\n  type filter hook output priority 0;\n  ip daddr 127.0.0.1 tcp dport @ports drop\n  ip daddr 127.0.0.1 tcp sport @ports drop\n }\n}\n", table, port)
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -135,7 +135,9 @@ type Config struct {
 	FrameTimeout time.Duration
 	// PeerTimeout is how long the peer's host may stay silent before a
 	// connection breaks (Linux only; default 10 s; negative: the kernel's
-	// defaults, about 15 minutes of retransmission): bytes it sent
+	// retransmission, about 15 minutes, and Go's keepalive, which breaks
+	// a silent connection with nothing unacknowledged after about 2.5
+	// minutes): bytes it sent
 	// unacknowledged (TCP_USER_TIMEOUT), or, with nothing unacknowledged,
 	// keepalive probes unanswered (the first after PeerTimeout/2 of
 	// silence), so that a rail waiting for answers to requests the peer
